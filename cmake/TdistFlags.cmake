@@ -1,0 +1,25 @@
+# Compiler flags shared by every target: warnings, visibility, sanitizers.
+set(TDIST_WARNINGS -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes
+    -Wno-unused-parameter -Wformat=2 -Wvla)
+if(TDIST_WERROR)
+  list(APPEND TDIST_WARNINGS -Werror)
+endif()
+add_compile_options(${TDIST_WARNINGS})
+add_compile_definitions(_GNU_SOURCE)
+
+# Only the TD_API symbols of the public headers are exported from libtdist.so.
+set(CMAKE_C_VISIBILITY_PRESET hidden)
+
+if(TDIST_SANITIZE)
+  string(REPLACE ";" "," _san "${TDIST_SANITIZE}")
+  add_compile_options(-fsanitize=${_san} -fno-omit-frame-pointer -fno-sanitize-recover=all)
+  add_link_options(-fsanitize=${_san})
+  add_compile_definitions(TDIST_SANITIZED=1)
+endif()
+
+# Test binaries and tools print backtraces of hung ranks; -rdynamic gives them symbol names.
+set(TDIST_EXE_LINK_OPTIONS -rdynamic)
+
+if(TDIST_FUZZ)
+  add_compile_options(-fsanitize=fuzzer-no-link)
+endif()

@@ -1,0 +1,230 @@
+/* tdist/tensor.h: dtypes, storages, strided tensors and the reduce kernels.
+ *
+ * A td_tensor is a strided view (dtype, sizes, strides in elements, offset in elements) over a
+ * refcounted td_storage, as in PyTorch. Views share their storage; td_tensor_clone copies it.
+ * Both handles are refcounted: functions that return a tensor or storage through an out-parameter
+ * give the caller a new reference, to be dropped with td_tensor_release / td_storage_release;
+ * functions that take one as an argument borrow it unless they say otherwise.
+ *
+ * Shapes are passed as td_shape values: td_tensor_zeros(TD_FLOAT32, TD_SHAPE(2, 3), &t).
+ * Indices and sizes are int64_t; negative dims count from the end (dim -1 is the last).
+ */
+#ifndef TDIST_TENSOR_H
+#define TDIST_TENSOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <tdist/status.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- dtypes ------------------------------------------------------------------------------- */
+
+typedef enum td_dtype {
+    TD_BOOL = 0,
+    TD_UINT8,
+    TD_INT8,
+    TD_INT16,
+    TD_INT32,
+    TD_INT64,
+    TD_FLOAT16,
+    TD_BFLOAT16,
+    TD_FLOAT32,
+    TD_FLOAT64,
+    TD_COMPLEX64,
+    TD_COMPLEX128,
+    TD_DTYPE_COUNT
+} td_dtype;
+
+/* PyTorch's names: "bool", "uint8", ..., "float16", "bfloat16", "float32", "complex128". */
+TD_API const char *td_dtype_name(td_dtype dtype);
+/* Accepts the names above and the short forms f16, bf16, f32, f64, i8..i64, u8, c64, c128,
+ * half, float, double, int, long. */
+TD_API td_status td_dtype_from_name(const char *name, td_dtype *out);
+TD_API size_t td_dtype_size(td_dtype dtype);
+TD_API bool td_dtype_is_valid(int dtype);
+TD_API bool td_dtype_is_floating(td_dtype dtype); /* f16, bf16, f32, f64 */
+TD_API bool td_dtype_is_complex(td_dtype dtype);
+TD_API bool td_dtype_is_integral(td_dtype dtype, bool include_bool);
+/* torch.promote_types: the smallest dtype both convert to without losing their category. */
+TD_API td_dtype td_dtype_promote(td_dtype a, td_dtype b);
+
+/* Scalar conversions for the 16-bit float formats (round to nearest even). */
+TD_API float td_half_to_float(uint16_t h);
+TD_API uint16_t td_float_to_half(float f);
+TD_API float td_bfloat16_to_float(uint16_t b);
+TD_API uint16_t td_float_to_bfloat16(float f);
+
+/* ---- devices ------------------------------------------------------------------------------ */
+
+/* Where a storage lives. Only TD_DEVICE_CPU exists until the device runtime arrives; the field is
+ * here so that storages, codecs and collectives carry it from the start. */
+typedef enum td_device_type { TD_DEVICE_CPU = 0, TD_DEVICE_CUDA = 1, TD_DEVICE_SIM = 2 } td_device_type;
+typedef struct td_device {
+    td_device_type type;
+    int index; /* -1 for "the current device" */
+} td_device;
+
+/* ---- storages ----------------------------------------------------------------------------- */
+
+typedef struct td_storage td_storage;
+
+/* A zero-filled heap storage of nbytes (64-byte aligned). */
+TD_API td_status td_storage_new(size_t nbytes, td_storage **out);
+/* Wraps memory the caller owns; free_fn(ctx) (may be NULL) runs when the last reference goes. */
+TD_API td_status td_storage_wrap(void *data, size_t nbytes, void (*free_fn)(void *ctx), void *ctx,
+                                 td_storage **out);
+TD_API td_storage *td_storage_retain(td_storage *s);
+TD_API void td_storage_release(td_storage *s);
+TD_API void *td_storage_data(const td_storage *s);
+TD_API size_t td_storage_nbytes(const td_storage *s);
+TD_API td_device td_storage_device(const td_storage *s);
+/* True when the storage is backed by shared memory (tdist/mp.h moves storages there). */
+TD_API bool td_storage_is_shared(const td_storage *s);
+
+/* ---- tensors ------------------------------------------------------------------------------ */
+
+#define TD_MAX_DIMS 16
+
+typedef struct td_shape {
+    int ndim;
+    int64_t d[TD_MAX_DIMS];
+} td_shape;
+
+/* TD_SHAPE(2, 3) is a 2x3 shape; TD_SHAPE_SCALAR is the 0-dim shape. */
+#define TD_SHAPE(...) \
+    ((td_shape){.ndim = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), .d = {__VA_ARGS__}})
+#define TD_SHAPE_SCALAR ((td_shape){.ndim = 0})
+/* A shape from an array of ndim sizes. */
+TD_API td_shape td_shape_of(int ndim, const int64_t *sizes);
+TD_API int64_t td_shape_numel(const td_shape *shape);
+
+typedef struct td_tensor td_tensor;
+
+/* Creation. Every creator returns a contiguous tensor on a new storage. */
+TD_API td_status td_tensor_empty(td_dtype dtype, td_shape shape, td_tensor **out);
+TD_API td_status td_tensor_zeros(td_dtype dtype, td_shape shape, td_tensor **out);
+TD_API td_status td_tensor_ones(td_dtype dtype, td_shape shape, td_tensor **out);
+TD_API td_status td_tensor_full(td_dtype dtype, td_shape shape, double value, td_tensor **out);
+/* 1-D [start, end) by step, like torch.arange. */
+TD_API td_status td_tensor_arange(td_dtype dtype, double start, double end, double step, td_tensor **out);
+/* Copies numel * dtype size bytes from data, laid out contiguously. */
+TD_API td_status td_tensor_from_buffer(td_dtype dtype, td_shape shape, const void *data, td_tensor **out);
+/* A view over an existing storage (takes no ownership of the storage: it is retained). strides may
+ * be NULL for contiguous. Fails if the view would reach outside the storage. */
+TD_API td_status td_tensor_from_storage(td_storage *storage, int64_t offset, td_dtype dtype, td_shape shape,
+                                        const int64_t *strides, td_tensor **out);
+
+TD_API td_tensor *td_tensor_retain(td_tensor *t);
+TD_API void td_tensor_release(td_tensor *t);
+
+/* Properties. */
+TD_API td_dtype td_tensor_dtype(const td_tensor *t);
+TD_API int td_tensor_ndim(const td_tensor *t);
+TD_API td_shape td_tensor_shape(const td_tensor *t);
+TD_API int64_t td_tensor_size(const td_tensor *t, int dim);   /* dim may be negative */
+TD_API int64_t td_tensor_stride(const td_tensor *t, int dim);
+TD_API const int64_t *td_tensor_sizes(const td_tensor *t);    /* ndim entries */
+TD_API const int64_t *td_tensor_strides(const td_tensor *t);
+TD_API int64_t td_tensor_numel(const td_tensor *t);
+TD_API size_t td_tensor_nbytes(const td_tensor *t); /* numel * dtype size */
+TD_API int64_t td_tensor_offset(const td_tensor *t); /* in elements from the storage start */
+TD_API td_storage *td_tensor_storage(const td_tensor *t); /* borrowed */
+TD_API bool td_tensor_is_contiguous(const td_tensor *t);
+/* Address of element 0 (storage data + offset). Reading it is valid for a contiguous tensor; for
+ * others, address elements with the strides. */
+TD_API void *td_tensor_data(const td_tensor *t);
+
+/* Views: share the storage. */
+TD_API td_status td_tensor_view(td_tensor *t, td_shape shape, td_tensor **out);  /* -1 infers one size */
+TD_API td_status td_tensor_reshape(td_tensor *t, td_shape shape, td_tensor **out); /* view, or copy if it must */
+TD_API td_status td_tensor_narrow(td_tensor *t, int dim, int64_t start, int64_t length, td_tensor **out);
+TD_API td_status td_tensor_select(td_tensor *t, int dim, int64_t index, td_tensor **out);
+TD_API td_status td_tensor_transpose(td_tensor *t, int dim0, int dim1, td_tensor **out);
+TD_API td_status td_tensor_permute(td_tensor *t, const int *dims, int ndim, td_tensor **out);
+TD_API td_status td_tensor_expand(td_tensor *t, td_shape shape, td_tensor **out);
+TD_API td_status td_tensor_unsqueeze(td_tensor *t, int dim, td_tensor **out);
+TD_API td_status td_tensor_squeeze(td_tensor *t, int dim, td_tensor **out);
+TD_API td_status td_tensor_flatten(td_tensor *t, td_tensor **out); /* 1-D; a view when possible */
+/* A contiguous tensor with the same values: t itself (retained) when already contiguous. */
+TD_API td_status td_tensor_contiguous(td_tensor *t, td_tensor **out);
+/* A contiguous copy on a new storage. */
+TD_API td_status td_tensor_clone(const td_tensor *t, td_tensor **out);
+/* A contiguous copy converted to dtype. */
+TD_API td_status td_tensor_to(const td_tensor *t, td_dtype dtype, td_tensor **out);
+
+/* Data. copy converts dtypes (as PyTorch's copy_: floats to ints truncate toward zero, complex to
+ * real drops the imaginary part, anything to bool is != 0) and handles any two layouts; src may be
+ * broadcast to dst's shape. Overlapping src and dst give PyTorch's undefined-but-safe result. */
+TD_API td_status td_tensor_copy(td_tensor *dst, const td_tensor *src);
+TD_API td_status td_tensor_fill(td_tensor *t, double value);
+TD_API td_status td_tensor_fill_complex(td_tensor *t, double re, double im);
+/* Copies the elements, in row-major order, into / out of a contiguous buffer of nbytes. */
+TD_API td_status td_tensor_read(const td_tensor *t, void *dst, size_t nbytes);
+TD_API td_status td_tensor_write(td_tensor *t, const void *src, size_t nbytes);
+
+/* Element access by a full index (ndim entries). Values convert from / to the tensor's dtype. */
+TD_API td_status td_tensor_get_f64(const td_tensor *t, const int64_t *index, double *out);
+TD_API td_status td_tensor_get_i64(const td_tensor *t, const int64_t *index, int64_t *out);
+TD_API td_status td_tensor_get_complex(const td_tensor *t, const int64_t *index, double *re, double *im);
+TD_API td_status td_tensor_set_f64(td_tensor *t, const int64_t *index, double value);
+TD_API td_status td_tensor_set_i64(td_tensor *t, const int64_t *index, int64_t value);
+TD_API td_status td_tensor_set_complex(td_tensor *t, const int64_t *index, double re, double im);
+
+/* Comparison. equal: same shape, dtype and values (NaN != NaN, as torch.equal). allclose:
+ * |a - b| <= atol + rtol * |b| elementwise with broadcasting-free equal shapes; dtypes may differ. */
+TD_API bool td_tensor_equal(const td_tensor *a, const td_tensor *b);
+TD_API bool td_tensor_allclose(const td_tensor *a, const td_tensor *b, double rtol, double atol, bool equal_nan);
+
+/* Printing in PyTorch's style: "tensor([[1., 2.],\n        [3., 4.]], dtype=float64)". Long tensors
+ * are summarized with "..." as PyTorch does past 1000 elements. The string is malloc'd. */
+TD_API char *td_tensor_format(const td_tensor *t);
+TD_API void td_tensor_print(FILE *f, const td_tensor *t);
+
+/* ---- reduce kernels ----------------------------------------------------------------------- */
+
+typedef enum td_reduce_op {
+    TD_SUM = 0,
+    TD_PRODUCT,
+    TD_MIN,
+    TD_MAX,
+    TD_BAND,
+    TD_BOR,
+    TD_BXOR,
+    TD_AVG,
+    TD_PREMUL_SUM,
+    TD_REDUCE_OP_COUNT
+} td_reduce_op;
+
+/* "SUM", "PRODUCT", ..., as c10d's ReduceOp prints. */
+TD_API const char *td_reduce_op_name(td_reduce_op op);
+TD_API td_status td_reduce_op_from_name(const char *name, td_reduce_op *out);
+
+/* Whether op is defined for dtype: bitwise ops on integers and bool only, AVG on floating and
+ * complex only, MIN/MAX not on complex. TD_ERR_INVALID with a message naming both when not. */
+TD_API td_status td_reduce_check(td_reduce_op op, td_dtype dtype);
+
+/* dst[i] = a[i] op b[i] for count elements; dst may be a or b (exactly), nothing else may overlap.
+ * AVG and PREMUL_SUM combine as SUM: a collective scales before (td_reduce_premul) or after
+ * (td_reduce_finish). float16/bfloat16 compute in float32 and round to nearest even; MIN/MAX
+ * propagate NaN. */
+typedef void (*td_reduce_fn)(void *dst, const void *a, const void *b, size_t count);
+/* The kernel for (op, dtype), or NULL when td_reduce_check fails (with its message set). */
+TD_API td_reduce_fn td_reduce_kernel(td_reduce_op op, td_dtype dtype);
+/* One call: checks, then dst = a op b. */
+TD_API td_status td_reduce(td_reduce_op op, td_dtype dtype, void *dst, const void *a, const void *b, size_t count);
+/* PREMUL_SUM's local step: dst[i] = src[i] * factor (floating and complex dtypes). */
+TD_API td_status td_reduce_premul(td_dtype dtype, void *dst, const void *src, size_t count, double factor);
+/* The last step of a reduction over world_size inputs: AVG divides by world_size; other ops do
+ * nothing. */
+TD_API td_status td_reduce_finish(td_reduce_op op, td_dtype dtype, void *buf, size_t count, int world_size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,204 @@
+/* tdist/testing.h: the multi-process and threaded test harness (c10d's MultiProcessTestCase and
+ * MultiThreadedTestCase in C), shipped for users' own distributed tests.
+ *
+ * A test binary declares cases and hands main to the harness:
+ *
+ *     #include <tdist/testing.h>
+ *
+ *     TD_TEST(all_reduce_sums, .world_size = 4, .timeout_s = 60) {
+ *         TD_CHECK(ctx->rank < ctx->world_size);
+ *         TD_CHECK_OK(do_something(ctx->init_url));
+ *     }
+ *
+ *     TD_TEST_MAIN()
+ *
+ * Each case runs in fresh processes: the harness re-executes the binary (fork+exec, never a bare
+ * fork) once per rank, runs the body in every rank, and supervises them: it reads every child's
+ * control socket and output continuously, kills all ranks as soon as one fails, enforces the
+ * per-test timeout (asking hung ranks for their thread stacks first), reaps every child and gives
+ * the verdict with PyTorch's decision table and messages ("Process 2 exited with error code 10 and
+ * exception: ..."). With .threads = true the ranks are threads of one child process instead.
+ *
+ * Inside a body, a failed check ends the rank: a process rank sends its message to the parent and
+ * exits with code 10; a thread rank records it and unwinds its thread, and the other ranks are told
+ * to stop (td_test_add_abort_hook). Skips exit with the codes of c10d's TEST_SKIPS table; a skip
+ * counts only when every rank skips with the same code.
+ *
+ * After the body returns, each rank checks that it leaked nothing: its open file descriptors and
+ * thread count are back where they were before the body (disable with .no_leak_check), and the
+ * parent checks that the test's temp dir holds nothing the ranks left (.allow_leftovers) and that
+ * /dev/shm holds no "tdist.<pid>." segment of the ranks.
+ *
+ * Command line of a test binary:  [--list] [--ctest FILE] [--keep-going] [NAME_OR_PREFIX ...]
+ * Environment: TDIST_TEST_TIMEOUT (default per-test timeout, e.g. "300" or "5m"),
+ * TDIST_TEST_SANDCASTLE=1 (skips pass, as on Sandcastle), TDIST_TEST_QUIET=1 (children's output
+ * is captured but not echoed).
+ */
+#ifndef TDIST_TESTING_H
+#define TDIST_TESTING_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tdist/status.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Exit codes (c10d's TEST_ERROR_EXIT_CODE and TEST_SKIPS). */
+enum {
+    TD_TEST_ERROR_EXIT_CODE = 10,
+    TD_SKIP_BACKEND_UNAVAILABLE = 72, /* "Skipped because distributed backend is not available." */
+    TD_SKIP_SMALL_WORLDSIZE = 73,     /* "Skipped due to small world size." */
+    TD_SKIP_NO_CUDA = 74,             /* "CUDA is not available." */
+    TD_SKIP_MULTI_GPU_1 = 75,         /* "Need at least 1 CUDA device" */
+    TD_SKIP_NCCL = 76,                /* "c10d not compiled with NCCL support" */
+    TD_SKIP_MULTI_GPU_2 = 77,         /* "Need at least 2 CUDA devices" */
+    TD_SKIP_ROCM = 78,                /* "Test skipped for ROCm" */
+    TD_SKIP_NO_PEER_ACCESS = 79,      /* "Test skipped because no GPU peer access" */
+    /* 80..85: multi-gpu-3 .. multi-gpu-8, "Need at least N CUDA devices": TD_SKIP_MULTI_GPU(n) */
+    TD_SKIP_GENERIC = 86,             /* "Test skipped at subprocess level, look at subprocess log..." */
+    TD_SKIP_ODD_WORLDSIZE = 87,       /* "Skipped due to odd world size." */
+    TD_SKIP_IMPORTERROR = 88,         /* "Test skipped due to missing import" */
+};
+/* The skip code for "need at least n CUDA devices", n = 1..8; -1 otherwise. */
+TD_API int td_skip_multi_gpu(int n);
+/* TEST_SKIPS' message for a skip exit code, or NULL if code is not a skip code. */
+TD_API const char *td_skip_message(int code);
+
+typedef struct td_test_ctx {
+    int rank;              /* 0 .. world_size-1 */
+    int world_size;
+    const char *name;      /* the case's name, with "/param" for parameterized instances */
+    const char *param;     /* this instance's parameter (e.g. a backend name), "" when none */
+    const char *tmpdir;    /* the test's own directory, shared by its ranks, removed afterwards */
+    const char *store_path; /* a fresh path in tmpdir for a FileStore rendezvous (not yet created) */
+    const char *init_url;  /* "file://<store_path>" */
+    bool threaded;         /* ranks are threads of one process */
+} td_test_ctx;
+
+typedef struct td_test_case {
+    const char *name;
+    void (*fn)(td_test_ctx *ctx);
+    int world_size;        /* ranks; 0 means 1 */
+    bool threads;          /* ranks as threads of one child process */
+    int timeout_s;         /* 0: TDIST_TEST_TIMEOUT or 300 */
+    const char *params;    /* comma-separated: one instance per parameter, named "<name>/<param>" */
+    bool skip_return_code_check; /* only exit code 10 or a hang fails (c10d's skip_return_code_checks) */
+    const char *(*static_skip)(const char *param); /* checked in the parent; a reason means skip, no spawn */
+    bool allow_leftovers;  /* files left in tmpdir are not a failure (crash tests) */
+    bool no_leak_check;    /* do not compare fds and threads before / after the body */
+    bool hidden;           /* not run by default: only by exact name (harness meta-tests use this) */
+    struct td_test_case *next; /* registry link, set by td_test_register */
+} td_test_case;
+
+TD_API void td_test_register(td_test_case *c);
+
+/* Declares and registers a case; the body sees `td_test_ctx *ctx`. Options are td_test_case
+ * fields as designated initializers. */
+#define TD_TEST(tname, ...)                                                               \
+    static void td_test_body_##tname(td_test_ctx *ctx);                                   \
+    __attribute__((constructor)) static void td_test_reg_##tname(void)                    \
+    {                                                                                     \
+        static td_test_case c = {.name = #tname, .fn = td_test_body_##tname, __VA_ARGS__}; \
+        td_test_register(&c);                                                             \
+    }                                                                                     \
+    static void td_test_body_##tname(td_test_ctx *ctx)
+
+/* Runs the registered cases as the command line says; returns the process exit code (0 all passed
+ * or skipped, 1 a failure, 77 everything selected was skipped). Also the entry of child ranks. */
+TD_API int td_test_main(int argc, char **argv);
+#define TD_TEST_MAIN() \
+    int main(int argc, char **argv) { return td_test_main(argc, argv); }
+
+/* ---- inside a test body ------------------------------------------------------------------- */
+
+/* Ends this rank with a failure; message formatted like printf. Never returns. */
+TD_API void td_test_fail(const char *file, int line, const char *fmt, ...)
+    __attribute__((noreturn, format(printf, 3, 4)));
+/* Ends this rank with a skip exit code (72..88); reason is logged. Never returns. */
+TD_API void td_test_skip(int code, const char *reason) __attribute__((noreturn));
+/* Threaded mode: called once when any rank fails, so that ranks blocked in a collective can be
+ * woken (the threaded backend registers here). Process mode: never called (ranks are killed). */
+TD_API void td_test_add_abort_hook(td_test_ctx *ctx, void (*fn)(void *arg), void *arg);
+/* True once another rank of this threaded test failed; blocked waits should give up. */
+TD_API bool td_test_aborted(const td_test_ctx *ctx);
+/* Records a step ("all_reduce #3 of 8") shown with this rank's stack if the test hangs. */
+TD_API void td_test_breadcrumb(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#define TD_FAIL(...) td_test_fail(__FILE__, __LINE__, __VA_ARGS__)
+#define TD_SKIP(code, reason) td_test_skip((code), (reason))
+#define TD_SKIP_IF(cond, code)                       \
+    do {                                             \
+        if (cond)                                    \
+            td_test_skip((code), "condition: " #cond); \
+    } while (0)
+
+#define TD_CHECK(cond)                                 \
+    do {                                               \
+        if (!(cond))                                   \
+            TD_FAIL("Check failed: %s", #cond);        \
+    } while (0)
+#define TD_CHECK_MSG(cond, ...)       \
+    do {                              \
+        if (!(cond))                  \
+            TD_FAIL(__VA_ARGS__);     \
+    } while (0)
+/* expr is a td_status call that must succeed; the failure shows the code and td_last_error(). */
+#define TD_CHECK_OK(expr)                                                                     \
+    do {                                                                                      \
+        td_status td_chk_s_ = (expr);                                                         \
+        if (td_chk_s_ != TD_OK)                                                               \
+            TD_FAIL("%s returned %s: %s", #expr, td_status_str(td_chk_s_), td_last_error()); \
+    } while (0)
+/* expr must fail with `code`, and td_last_error() must contain `substr` (NULL: any message). */
+#define TD_CHECK_ERR(expr, code, substr) td_test_check_err_((expr), (code), (substr), #expr, __FILE__, __LINE__)
+#define TD_CHECK_EQ(a, b)                                                                           \
+    do {                                                                                            \
+        long long td_chk_a_ = (long long)(a), td_chk_b_ = (long long)(b);                           \
+        if (td_chk_a_ != td_chk_b_)                                                                 \
+            TD_FAIL("Check failed: %s == %s (%lld vs %lld)", #a, #b, td_chk_a_, td_chk_b_);         \
+    } while (0)
+#define TD_CHECK_NEAR(a, b, tol)                                                                    \
+    do {                                                                                            \
+        double td_chk_a_ = (double)(a), td_chk_b_ = (double)(b);                                    \
+        if (!(td_chk_a_ - td_chk_b_ <= (tol) && td_chk_b_ - td_chk_a_ <= (tol)))                    \
+            TD_FAIL("Check failed: %s ~= %s (%.17g vs %.17g, tol %g)", #a, #b, td_chk_a_, td_chk_b_, \
+                    (double)(tol));                                                                 \
+    } while (0)
+#define TD_CHECK_STR_EQ(a, b) td_test_check_str_((a), (b), false, #a, #b, __FILE__, __LINE__)
+#define TD_CHECK_CONTAINS(haystack, needle) td_test_check_str_((haystack), (needle), true, #haystack, #needle, __FILE__, __LINE__)
+
+TD_API void td_test_check_err_(td_status got, td_status want, const char *substr, const char *expr,
+                               const char *file, int line);
+TD_API void td_test_check_str_(const char *a, const char *b, bool contains, const char *ea, const char *eb,
+                               const char *file, int line);
+
+/* ---- running cases from code (the harness's own meta-tests use this) ---------------------- */
+
+typedef enum td_test_verdict { TD_TEST_PASS = 0, TD_TEST_FAIL = 1, TD_TEST_SKIP = 2 } td_test_verdict;
+
+#define TD_TEST_NOT_EXITED INT32_MIN /* a rank that was still running (killed at the timeout) */
+
+typedef struct td_test_result {
+    td_test_verdict verdict;
+    char *message;     /* the verdict's text (failure or skip reason); "" on a plain pass */
+    char *log;         /* the harness's own log lines for this run (timeouts, tracebacks, kills) */
+    char *output;      /* the ranks' stdout and stderr, each line prefixed "[rank R] " (last 4 MiB) */
+    double elapsed_s;
+    int world_size;
+    int exit_codes[64]; /* per rank: exit code, -signal, or TD_TEST_NOT_EXITED */
+    int spawned;       /* how many rank processes were started */
+} td_test_result;
+
+/* Runs one registered case (by name, "<name>/<param>" for a parameter) under the supervisor and
+ * fills *result (free with td_test_result_free). Returns TD_ERR_NOT_FOUND for an unknown name. */
+TD_API td_status td_test_run(const char *name, td_test_result *result);
+TD_API void td_test_result_free(td_test_result *result);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

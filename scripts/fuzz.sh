@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# `make fuzz`: build the libFuzzer targets in fuzz/ with clang (ASan+UBSan) and run each for the
+# given number of seconds, starting from its seed corpus in fuzz/corpus/<target>/. A crash, leak
+# or sanitizer report fails the run and leaves the reproducer in the build folder.
+set -euo pipefail
+build=${1:-build/fuzz}
+seconds=${2:-30}
+cc=$(command -v clang || command -v clang-14 || true)
+[ -n "$cc" ] || { echo "fuzz: clang not found (scripts/deps.sh installs it)" >&2; exit 1; }
+cmake -S . -B "$build" -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=Debug -DTDIST_FUZZ=ON \
+  -DTDIST_SANITIZE=address,undefined -DTDIST_WERROR=ON -DBUILD_TESTING=OFF \
+  -DTDIST_BUILD_TOOLS=OFF -DTDIST_BUILD_EXAMPLES=OFF -DTDIST_BUILD_BENCH=OFF \
+  -DTDIST_WITH_MPI=OFF -DTDIST_WITH_CUDA=OFF >/dev/null
+cmake --build "$build" -j "$(nproc)"
+rc=0
+for bin in "$build"/fuzz/fuzz_*; do
+  [ -x "$bin" ] || continue
+  name=$(basename "$bin")
+  corpus="$build/corpus/$name"
+  mkdir -p "$corpus"
+  seeds="fuzz/corpus/$name"
+  echo "=== $name: ${seconds}s"
+  (cd "$build" && "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+      -print_final_stats=1 "$corpus" $( [ -d "$OLDPWD/$seeds" ] && echo "$OLDPWD/$seeds" ) 2>&1 | tail -n 15) \
+    || rc=1
+done
+exit $rc

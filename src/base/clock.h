@@ -1,0 +1,33 @@
+/* Internal monotonic time and deadlines.
+ *
+ * Timeouts in tdist are int64 milliseconds; a deadline is an absolute CLOCK_MONOTONIC time in
+ * nanoseconds, with TD_DEADLINE_NONE for "no timeout" (a timeout of 0 in stores and groups). */
+#ifndef TDIST_BASE_CLOCK_H
+#define TDIST_BASE_CLOCK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+
+#define TD_DEADLINE_NONE INT64_MAX
+
+int64_t td_now_ns(void);
+static inline int64_t td_now_ms(void) { return td_now_ns() / 1000000; }
+/* Wall-clock time in nanoseconds since the epoch, for timestamps shown to people. */
+int64_t td_wall_ns(void);
+
+/* timeout_ms <= 0 means no deadline (the store and group convention). */
+int64_t td_deadline_after_ms(int64_t timeout_ms);
+bool td_deadline_passed(int64_t deadline_ns);
+/* Milliseconds left, rounded up, clamped to [0, INT32_MAX]; -1 for no deadline (poll's "forever"). */
+int td_deadline_poll_ms(int64_t deadline_ns);
+/* Milliseconds left (0 when passed); INT64_MAX for no deadline. */
+int64_t td_deadline_left_ms(int64_t deadline_ns);
+/* The CLOCK_MONOTONIC timespec for a deadline, for pthread_cond_timedwait on a condition variable
+ * made by td_cond_init (base/thread.h). */
+struct timespec td_deadline_timespec(int64_t deadline_ns);
+
+void td_sleep_ms(int64_t ms);
+void td_sleep_ns(int64_t ns);
+
+#endif

@@ -1,0 +1,112 @@
+/* Named threads, monotonic condition variables and deadline waits (thread.h). */
+#include "base/thread.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+#include "base/clock.h"
+#include "base/error.h"
+
+typedef struct start_ctx {
+    void *(*fn)(void *);
+    void *arg;
+    char name[16];
+} start_ctx;
+
+static void *thread_trampoline(void *p)
+{
+    start_ctx ctx = *(start_ctx *)p;
+    free(p);
+    pthread_setname_np(pthread_self(), ctx.name);
+    return ctx.fn(ctx.arg);
+}
+
+td_status td_thread_start(pthread_t *thread, const char *name, void *(*fn)(void *), void *arg)
+{
+    start_ctx *ctx = td_malloc(sizeof *ctx);
+    ctx->fn = fn;
+    ctx->arg = arg;
+    snprintf(ctx->name, sizeof ctx->name, "%s", name);
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(thread, NULL, thread_trampoline, ctx);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        free(ctx);
+        errno = rc;
+        return td_error_errno(TD_ERR_IO, "starting thread '%s'", name);
+    }
+    return TD_OK;
+}
+
+void td_thread_join(pthread_t thread) { pthread_join(thread, NULL); }
+
+void td_mutex_init(pthread_mutex_t *m) { pthread_mutex_init(m, NULL); }
+
+void td_cond_init(pthread_cond_t *c)
+{
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(c, &attr);
+    pthread_condattr_destroy(&attr);
+}
+
+bool td_cond_wait_until(pthread_cond_t *c, pthread_mutex_t *m, int64_t deadline_ns)
+{
+    if (deadline_ns == TD_DEADLINE_NONE) {
+        pthread_cond_wait(c, m);
+        return true;
+    }
+    struct timespec ts = td_deadline_timespec(deadline_ns);
+    return pthread_cond_timedwait(c, m, &ts) != ETIMEDOUT;
+}
+
+td_status td_thread_set_name(const char *name)
+{
+    if (!name)
+        return td_error(TD_ERR_INVALID, "thread name must not be NULL");
+    char buf[16];
+    snprintf(buf, sizeof buf, "%s", name);
+    int rc = pthread_setname_np(pthread_self(), buf);
+    if (rc != 0) {
+        errno = rc;
+        return td_error_errno(TD_ERR_IO, "pthread_setname_np(%s)", buf);
+    }
+    return TD_OK;
+}
+
+td_status td_thread_get_name(char *out, size_t size)
+{
+    char buf[16];
+    int rc = pthread_getname_np(pthread_self(), buf, sizeof buf);
+    if (rc != 0) {
+        errno = rc;
+        return td_error_errno(TD_ERR_IO, "pthread_getname_np");
+    }
+    snprintf(out, size, "%s", buf);
+    return TD_OK;
+}
+
+int td_thread_count(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (e->d_name[0] != '.')
+            n++;
+    closedir(d);
+    return n;
+}
+
+pid_t td_process_id(void) { return getpid(); }

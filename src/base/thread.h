@@ -1,0 +1,38 @@
+/* Internal thread helpers: named threads, monotonic condition variables, deadline waits.
+ *
+ * Every thread tdist starts is named (visible in top, gdb and the harness's stack dumps) and is
+ * joined by its owner; the library never leaves a detached thread running. */
+#ifndef TDIST_BASE_THREAD_H
+#define TDIST_BASE_THREAD_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <tdist/status.h>
+
+/* Starts fn(arg) on a new thread named `name` (at most 15 characters are kept). Signals are
+ * blocked on the new thread so that they are delivered to the application's threads. */
+td_status td_thread_start(pthread_t *thread, const char *name, void *(*fn)(void *), void *arg);
+void td_thread_join(pthread_t thread);
+
+void td_mutex_init(pthread_mutex_t *m);
+/* A condition variable on CLOCK_MONOTONIC, for td_cond_wait_until. */
+void td_cond_init(pthread_cond_t *c);
+/* Waits until signalled or the deadline (base/clock.h) passes; false on timeout. Spurious wakeups
+ * return true: callers re-check their predicate in a loop. */
+bool td_cond_wait_until(pthread_cond_t *c, pthread_mutex_t *m, int64_t deadline_ns);
+
+/* Sets / reads the calling thread's name (Linux keeps 15 characters plus the NUL). */
+td_status td_thread_set_name(const char *name);
+td_status td_thread_get_name(char *out, size_t size);
+
+/* The number of threads in this process (from /proc/self/task), for leak checks. */
+int td_thread_count(void);
+
+/* Process identity for fork safety: objects record td_process_id() at creation and refuse to be
+ * used from a forked child, whose id differs. */
+pid_t td_process_id(void);
+
+#endif

@@ -1,0 +1,113 @@
+/* tdist/backend.h: writing a process-group backend.
+ *
+ * A process group is the front end (tdist/pg.h: argument checks, rank translation, packing of
+ * non-contiguous and list arguments, debug-level checks, the worker that runs operations in issue
+ * order, futures) plus a backend that moves the bytes. This header is the contract between them;
+ * the built-in backends (tcp, threaded, shm, auto, mpi, nccl) implement it, and an application can
+ * register its own with td_register_backend.
+ *
+ * The front end hands the backend one td_coll at a time, in issue order, from the group's worker
+ * thread. Arguments are already checked and normalized: ranks are group ranks, every buffer is
+ * contiguous memory of `dtype`, list forms are per-rank block arrays, coalesced forms are one
+ * flattened buffer. The backend completes each operation exactly once with td_work_done, either
+ * before submit returns (a blocking algorithm running on the worker thread) or later from its own
+ * progress thread (an asynchronous send, say). It must never call back into the front end's
+ * collective API from submit.
+ */
+#ifndef TDIST_BACKEND_H
+#define TDIST_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tdist/pg.h>
+#include <tdist/status.h>
+#include <tdist/tensor.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum td_coll_kind {
+    TD_COLL_BROADCAST = 0, /* out (count): root's contents to everyone, in place */
+    TD_COLL_ALL_REDUCE,    /* out (count): reduced in place on every rank */
+    TD_COLL_REDUCE,        /* out (count): reduced in place on root; others' out is scratch */
+    TD_COLL_ALL_GATHER,    /* in (count) from every rank into out_blocks[r] */
+    TD_COLL_GATHER,        /* in (count) from every rank into out_blocks[r] on root */
+    TD_COLL_SCATTER,       /* in_blocks[r] on root to rank r's out (count) */
+    TD_COLL_REDUCE_SCATTER,/* in_blocks[r] (count each) of every rank reduced into rank r's out */
+    TD_COLL_ALL_TO_ALL,    /* in_blocks[r] (in_counts[r]) to rank r, arriving in its out_blocks[me] */
+    TD_COLL_BARRIER,       /* no data */
+    TD_COLL_SEND,          /* in (count) to peer with tag */
+    TD_COLL_RECV,          /* out (count) from peer (or TD_ANY_SOURCE) with tag */
+    TD_COLL_KIND_COUNT
+} td_coll_kind;
+
+/* "broadcast", "all_reduce", ... */
+TD_API const char *td_coll_kind_name(td_coll_kind kind);
+
+typedef struct td_coll {
+    td_coll_kind kind;
+    td_dtype dtype;
+    td_op op;            /* reducing kinds; AVG must be finished with td_reduce_finish, PREMUL_SUM
+                            inputs scaled with td_reduce_premul (the backend does both) */
+    int root;            /* BROADCAST, REDUCE, GATHER, SCATTER */
+    int peer;            /* SEND, RECV */
+    int tag;             /* SEND, RECV */
+    uint64_t seq;        /* per-group sequence number of collectives (p2p ops have their own) */
+    int64_t deadline_ns; /* CLOCK_MONOTONIC; TD_DEADLINE_NONE (INT64_MAX) for none */
+
+    size_t count;        /* elements of in / out (or of each block for the even block kinds) */
+    const void *in;
+    void *out;
+    /* Per-rank blocks (size entries each), for the kinds that say so; counts in elements. */
+    const void *const *in_blocks;
+    const size_t *in_counts;
+    void *const *out_blocks;
+    const size_t *out_counts;
+} td_coll;
+
+/* The completion handle of one submitted operation (owned by the front end). */
+typedef struct td_work td_work;
+/* Completes the operation: TD_OK, or an error with its message (printf-style; may be NULL when the
+ * message is already in td_last_error()). For RECV, sender is the source rank (ignored otherwise). */
+TD_API void td_work_done(td_work *w, td_status status, int sender, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+typedef struct td_backend_args {
+    td_store *store;        /* the group's own store (already prefixed with the group's name) */
+    int rank;               /* in the group */
+    int size;
+    const int *global_ranks;/* size entries: global rank of each group rank */
+    int64_t timeout_ms;
+    const char *group_name;
+    void *parent_state;     /* the parent group's backend state when the parent runs the same
+                               backend (for new_group), else NULL; a backend may share resources */
+} td_backend_args;
+
+typedef struct td_backend_ops {
+    const char *name;
+    /* Connects to the peers (through args->store, within args->timeout_ms) and returns the state. */
+    td_status (*create)(const td_backend_args *args, void **state);
+    /* Starts (or runs) one operation; see the header comment. A non-TD_OK return means the
+     * operation was not started and must not be completed by the backend. */
+    td_status (*submit)(void *state, const td_coll *coll, td_work *work);
+    /* Fails every operation in flight and every later one with (status, message): the group is
+     * being destroyed or has failed. Must not wait for peers. May be NULL. */
+    void (*abort)(void *state, td_status status, const char *message);
+    /* Frees the state after abort; every submitted operation has been completed by then. */
+    void (*destroy)(void *state);
+    /* TD_OK if the backend can run kind on dtype with op, else TD_ERR_UNSUPPORTED with a message.
+     * NULL means it supports everything the reduce kernels define. */
+    td_status (*supports)(void *state, td_coll_kind kind, td_dtype dtype, td_reduce_op op);
+} td_backend_ops;
+
+/* Registers a backend by ops->name (the ops struct must outlive the program's use of it).
+ * TD_ERR_ALREADY if the name is taken. */
+TD_API td_status td_register_backend(const td_backend_ops *ops);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

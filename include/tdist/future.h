@@ -1,0 +1,71 @@
+/* tdist/future.h: td_future, the result of an asynchronous operation.
+ *
+ * Every collective returns one (c10d's Work), and RPC calls will too (torch.futures.Future). A
+ * future is pending until it completes exactly once, with a value (td_value, tdist/value.h) or an
+ * error (a td_status code plus a message). It is refcounted and thread-safe: any number of threads
+ * may wait on it, query it, or add callbacks.
+ *
+ * Values by operation: a collective completes with a list of its output tensors; a receive with
+ * the sender's rank (an int); an RPC with the remote function's return value.
+ *
+ * Callbacks never run on an I/O thread: a callback added to a pending future runs on tdist's
+ * callback thread once the future completes; one added to a completed future runs at once, in the
+ * caller's thread.
+ */
+#ifndef TDIST_FUTURE_H
+#define TDIST_FUTURE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <tdist/status.h>
+#include <tdist/value.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct td_future td_future;
+
+/* A new pending future (for code that completes futures itself: backends, agents, users). */
+TD_API td_future *td_future_new(void);
+/* A future already completed with value (taken; NULL means none) or with an error. */
+TD_API td_future *td_future_completed(td_value *value);
+TD_API td_future *td_future_failed(td_status status, const char *message);
+TD_API td_future *td_future_retain(td_future *f);
+TD_API void td_future_release(td_future *f);
+
+/* Completion: exactly once. A second completion returns TD_ERR_ALREADY and changes nothing.
+ * set_result takes the value (NULL means none). */
+TD_API td_status td_future_set_result(td_future *f, td_value *value);
+TD_API td_status td_future_set_error(td_future *f, td_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Waits until the future completes or timeout_ms passes (0: no timeout). Returns TD_OK when it
+ * completed with a value; the future's own error code when it failed, with td_last_error() set to
+ * its message; TD_ERR_TIMEOUT when the wait timed out (the future stays pending). */
+TD_API td_status td_future_wait(td_future *f, int64_t timeout_ms);
+/* Waits for all n futures (timeout over the whole wait); returns the first failure in index order. */
+TD_API td_status td_future_wait_all(td_future *const *fs, int n, int64_t timeout_ms);
+
+TD_API bool td_future_is_completed(const td_future *f);
+/* TD_OK for a pending or successful future; the error code of a failed one. */
+TD_API td_status td_future_status(const td_future *f);
+/* The error message of a failed future (borrowed, valid while f lives); NULL otherwise. */
+TD_API const char *td_future_error(const td_future *f);
+/* The value of a successful future (borrowed, valid while f lives); NULL if pending, failed or none. */
+TD_API td_value *td_future_value(const td_future *f);
+
+/* Runs cb(f, arg) once f completes (see the threading note above). */
+TD_API void td_future_add_callback(td_future *f, void (*cb)(td_future *f, void *arg), void *arg);
+/* A future for fn's result once f completes. fn is always called, exactly once, with the completed
+ * parent (which may have failed: check td_future_status) so it can also free arg; it sets *result (a
+ * new reference, or NULL for none) and returns TD_OK, or returns an error code, with the message in
+ * td_last_error(), which fails the child. */
+TD_API td_future *td_future_then(td_future *f, td_status (*fn)(td_future *parent, void *arg, td_value **result),
+                                 void *arg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

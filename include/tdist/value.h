@@ -13,7 +13,9 @@
  *     ...; td_value_release(v);
  * Getters that return a td_value * (td_value_at, td_value_dict_get, ...) return a BORROWED pointer,
  * valid while the container lives and is not modified. Small constructors never fail (they abort
- * on out-of-memory, as glib does); anything sized by input returns a td_status.
+ * on out-of-memory, as glib does); anything sized by input returns a td_status. A setter that
+ * fails (wrong kind, index out of range, unhashable key) still takes, and releases, what it was
+ * given. Values are not locked: share them read-only between threads, or lock around changes.
  */
 #ifndef TDIST_VALUE_H
 #define TDIST_VALUE_H
@@ -77,6 +79,14 @@ TD_API td_value *td_value_record_new(uint32_t tag, size_t nfields); /* fields st
 /* A tuple from n values, taking them: td_value_tuple_of(2, td_value_int(1), td_value_string("a")). */
 TD_API td_value *td_value_tuple_of(size_t n, ...);
 TD_API td_value *td_value_error(const char *type_name, const char *message); /* TD_REC_ERROR */
+/* A record from n field values, taking them (as td_value_tuple_of). */
+TD_API td_value *td_value_record_of(uint32_t tag, size_t n, ...);
+TD_API td_value *td_value_worker_info(const char *name, int64_t id); /* TD_REC_WORKER_INFO */
+TD_API td_value *td_value_device(td_device device);                 /* TD_REC_DEVICE */
+
+/* Containers nest at most this deep in the codec, printing, equality, hashing and deep copy (the
+ * top-level value is depth 1). Deeper values cannot be encoded or copied (TD_ERR_INVALID). */
+#define TD_VALUE_MAX_DEPTH 512
 
 TD_API td_value *td_value_retain(td_value *v);
 TD_API void td_value_release(td_value *v);
@@ -104,6 +114,7 @@ TD_API td_status td_value_set(td_value *seq, size_t i, td_value *item); /* list/
 TD_API td_status td_value_dict_set(td_value *dict, td_value *key, td_value *value); /* takes both */
 TD_API td_value *td_value_dict_get(const td_value *dict, const td_value *key);       /* borrowed or NULL */
 TD_API td_value *td_value_dict_get_str(const td_value *dict, const char *key);
+TD_API td_status td_value_dict_set_str(td_value *dict, const char *key, td_value *value); /* takes value */
 TD_API td_value *td_value_dict_key_at(const td_value *dict, size_t i);
 TD_API td_value *td_value_dict_value_at(const td_value *dict, size_t i);
 

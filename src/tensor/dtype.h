@@ -1,0 +1,19 @@
+/* Internal dtype helpers shared by the tensor layer: the C element types behind the complex dtypes
+ * and argument checking. The public dtype API is in tdist/tensor.h. */
+#ifndef TDIST_TENSOR_DTYPE_H
+#define TDIST_TENSOR_DTYPE_H
+
+#include <tdist/tensor.h>
+
+/* complex64 and complex128 elements: real then imaginary part, as std::complex lays them out. */
+typedef struct td_c64 {
+    float re, im;
+} td_c64;
+typedef struct td_c128 {
+    double re, im;
+} td_c128;
+
+/* TD_OK for a valid dtype; otherwise TD_ERR_INVALID with a message naming the value. */
+td_status td_dtype_check(int dtype);
+
+#endif

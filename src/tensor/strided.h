@@ -1,0 +1,60 @@
+/* Internal: the tensor object and the strided loops that copy, compare and print share.
+ *
+ * A td_tensor is a view: dtype, sizes and strides (in elements) and an offset (in elements) into a
+ * storage it holds a reference to. The data pointer is computed from storage->data at each access
+ * and never cached, so a storage moved to shared memory (td_storage_swap_data) is seen by every
+ * view at once.
+ *
+ * td_strided is the same description over a raw pointer (a tensor's current data, or a caller's
+ * contiguous buffer); the copy loops work on it so that td_tensor_read/write share them. */
+#ifndef TDIST_TENSOR_STRIDED_H
+#define TDIST_TENSOR_STRIDED_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tdist/tensor.h>
+
+#include "base/ref.h"
+
+struct td_tensor {
+    td_ref refcount;
+    td_storage *storage; /* retained */
+    int64_t offset;      /* elements */
+    td_dtype dtype;
+    int ndim;
+    int64_t sizes[TD_MAX_DIMS];
+    int64_t strides[TD_MAX_DIMS]; /* elements */
+};
+
+typedef struct td_strided {
+    char *data; /* element 0 */
+    td_dtype dtype;
+    int ndim;
+    int64_t sizes[TD_MAX_DIMS];
+    int64_t strides[TD_MAX_DIMS]; /* elements */
+} td_strided;
+
+/* The tensor as a td_strided over its storage's current data. */
+td_strided td_strided_of(const td_tensor *t);
+/* A contiguous td_strided over a caller's buffer. */
+td_strided td_strided_contiguous(void *data, td_dtype dtype, int ndim, const int64_t *sizes);
+
+/* dst = src converted (PyTorch's copy_ rules) with src broadcast to dst's shape. Handles
+ * overlapping operands by staging src through a temporary copy. */
+td_status td_strided_copy(const td_strided *dst, const td_strided *src);
+
+/* A view: a new tensor on t's storage (retained) with the given geometry. */
+td_tensor *td_tensor_new_view(const td_tensor *t, int64_t offset, int ndim, const int64_t *sizes,
+                              const int64_t *strides);
+/* Wraps dim into [0, ndim) or fails with PyTorch's "Dimension out of range" message. A 0-dim
+ * tensor accepts dims -1 and 0, as in PyTorch. */
+td_status td_wrap_dim(int64_t dim, int ndim, int *out);
+/* "[2, 3]" into buf. */
+const char *td_format_sizes(char *buf, size_t len, int ndim, const int64_t *sizes);
+
+/* Converts one element from one dtype to another (PyTorch's conversion rules). */
+void td_convert_element(void *dst, td_dtype dst_dtype, const void *src, td_dtype src_dtype);
+
+#endif

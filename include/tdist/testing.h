@@ -32,7 +32,9 @@
  * Command line of a test binary:  [--list] [--ctest FILE] [--keep-going] [NAME_OR_PREFIX ...]
  * Environment: TDIST_TEST_TIMEOUT (default per-test timeout, e.g. "300" or "5m"),
  * TDIST_TEST_SANDCASTLE=1 (skips pass, as on Sandcastle), TDIST_TEST_QUIET=1 (children's output
- * is captured but not echoed).
+ * is captured but not echoed), TDIST_TEST_VERBOSE=1 (also print routine harness lines such as
+ * "Started process 0 with pid 123"). Ranks get RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1, and
+ * TEMP_DIR and TMPDIR set to the test's own directory.
  */
 #ifndef TDIST_TESTING_H
 #define TDIST_TESTING_H
@@ -123,6 +125,8 @@ TD_API void td_test_skip(int code, const char *reason) __attribute__((noreturn))
 /* Threaded mode: called once when any rank fails, so that ranks blocked in a collective can be
  * woken (the threaded backend registers here). Process mode: never called (ranks are killed). */
 TD_API void td_test_add_abort_hook(td_test_ctx *ctx, void (*fn)(void *arg), void *arg);
+/* Undoes td_test_add_abort_hook (call it before the hook's argument is freed). */
+TD_API void td_test_remove_abort_hook(td_test_ctx *ctx, void (*fn)(void *arg), void *arg);
 /* True once another rank of this threaded test failed; blocked waits should give up. */
 TD_API bool td_test_aborted(const td_test_ctx *ctx);
 /* Records a step ("all_reduce #3 of 8") shown with this rank's stack if the test hangs. */

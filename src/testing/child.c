@@ -1,0 +1,249 @@
+/* The rank side of the harness: what a re-executed test binary does as one rank of a case.
+ *
+ * c10d's run_test, in C: set up the fatal-signal backtraces, start the event-listener thread that
+ * answers the parent's GET_TRACEBACK with the stacks of all threads, run the body, and end the way
+ * the exit-code protocol says: a failed check sends "file:line: message" on the control channel and
+ * exits 10 (with _exit, so that nothing at exit can change the code); a skip exits with its code
+ * and sends nothing (trap T2); a body that returns is checked for leaked fds and threads, then the
+ * listener is stopped and main returns 0, so that LeakSanitizer's exit check still runs. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/thread.h"
+#include "testing/harness.h"
+
+#define LOGGED_MESSAGE_MAX (64u << 10)
+
+static struct {
+    bool active;
+    bool threaded;
+    int rank;
+    int ctl;
+    int stop[2];
+    const char *name;
+} g_child = {.ctl = -1, .stop = {-1, -1}};
+
+int td_harness_ctl_fd(void) { return g_child.ctl; }
+
+void td_harness_fail_process(const char *message)
+{
+    if (!g_child.active) {
+        fprintf(stderr, "%s\n", message);
+        fflush(stdout);
+        fflush(stderr);
+        _exit(TD_TEST_ERROR_EXIT_CODE);
+    }
+    size_t len = strlen(message);
+    td_buf stack = TD_BUF_INIT;
+    td_stacks_dump_self(&stack, 1);
+    td_harness_log(NULL, "Caught exception: \n%.*s%s\nat:\n%s exiting process %d with exit code: %d",
+                   (int)(len > LOGGED_MESSAGE_MAX ? LOGGED_MESSAGE_MAX : len), message,
+                   len > LOGGED_MESSAGE_MAX ? "... (cut here; the parent gets all of it)" : "",
+                   stack.data ? stack.data : "", g_child.rank, TD_TEST_ERROR_EXIT_CODE);
+    td_buf_free(&stack);
+    if (td_ctl_send(g_child.ctl, TD_CTL_ERROR, message, len) != TD_OK)
+        td_harness_log(NULL, "could not send the failure to the parent: %s", td_last_error());
+    fflush(stdout);
+    fflush(stderr);
+    _exit(TD_TEST_ERROR_EXIT_CODE);
+}
+
+void td_test_fail(const char *file, int line, const char *fmt, ...)
+{
+    td_buf m = TD_BUF_INIT;
+    td_buf_printf(&m, "%s:%d: ", file, line);
+    va_list ap;
+    va_start(ap, fmt);
+    char *text = NULL;
+    int n = vasprintf(&text, fmt, ap);
+    va_end(ap);
+    if (n >= 0) {
+        td_buf_append(&m, text, (size_t)n);
+        free(text);
+    }
+    char *msg = td_buf_steal(&m);
+    if (g_child.threaded)
+        td_harness_threaded_fail(msg); /* returns only on a thread that is not a rank */
+    td_harness_fail_process(msg);
+}
+
+void td_test_skip(int code, const char *reason)
+{
+    if (g_child.threaded)
+        td_harness_threaded_skip(code, reason);
+    if (g_child.active)
+        td_harness_log(NULL, "Process %d skipping test %s for following reason: %s", g_child.rank, g_child.name,
+                       reason ? reason : "");
+    fflush(stdout);
+    fflush(stderr);
+    _exit(code);
+}
+
+void td_test_check_err_(td_status got, td_status want, const char *substr, const char *expr, const char *file,
+                        int line)
+{
+    if (got != want) {
+        if (got == TD_OK)
+            td_test_fail(file, line, "%s succeeded, expected it to fail with %s", expr, td_status_str(want));
+        td_test_fail(file, line, "%s returned %s, expected %s: %s", expr, td_status_str(got), td_status_str(want),
+                     td_last_error());
+    }
+    if (substr && !strstr(td_last_error(), substr))
+        td_test_fail(file, line, "%s failed with %s as expected, but its message \"%s\" does not contain \"%s\"", expr,
+                     td_status_str(got), td_last_error(), substr);
+}
+
+void td_test_check_str_(const char *a, const char *b, bool contains, const char *ea, const char *eb, const char *file,
+                        int line)
+{
+    const char *sa = a ? a : "(null)", *sb = b ? b : "(null)";
+    if (contains) {
+        if (!a || !b || !strstr(a, b))
+            td_test_fail(file, line, "Check failed: %s contains %s (\"%s\" does not contain \"%s\")", ea, eb, sa, sb);
+    } else if (!a || !b ? a != b : strcmp(a, b) != 0) {
+        td_test_fail(file, line, "Check failed: %s == %s (\"%s\" vs \"%s\")", ea, eb, sa, sb);
+    }
+}
+
+void td_test_add_abort_hook(td_test_ctx *ctx, void (*fn)(void *arg), void *arg)
+{
+    if (ctx && ctx->threaded)
+        td_harness_threaded_add_hook(fn, arg);
+}
+
+void td_test_remove_abort_hook(td_test_ctx *ctx, void (*fn)(void *arg), void *arg)
+{
+    if (ctx && ctx->threaded)
+        td_harness_threaded_remove_hook(fn, arg);
+}
+
+bool td_test_aborted(const td_test_ctx *ctx) { return ctx && ctx->threaded && td_harness_threaded_aborted(); }
+
+/* ---- the event listener ------------------------------------------------------------------- */
+
+static void *listener_main(void *arg)
+{
+    (void)arg;
+    td_buf payload = TD_BUF_INIT;
+    for (;;) {
+        struct pollfd p[2] = {{.fd = g_child.ctl, .events = POLLIN}, {.fd = g_child.stop[0], .events = POLLIN}};
+        if (poll(p, 2, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        if (p[1].revents)
+            break;
+        if (!p[0].revents)
+            continue;
+        uint8_t type = 0;
+        td_status s = td_ctl_recv(g_child.ctl, &type, &payload);
+        if (s == TD_ERR_CLOSED) {
+            td_harness_log(NULL, "Pipe closed for process %d, stopping event listener thread", g_child.rank);
+            break;
+        }
+        if (s != TD_OK) {
+            td_harness_log(NULL, "Event listener of process %d stops: %s", g_child.rank, td_last_error());
+            break;
+        }
+        td_harness_log(NULL, "Received event %u on process %d", type, g_child.rank);
+        if (type != TD_CTL_GET_TRACEBACK)
+            continue;
+        td_buf text = TD_BUF_INIT;
+        if (td_harness_threaded_pending(&text)) {
+            td_ctl_send(g_child.ctl, TD_CTL_PENDING, text.data, text.len);
+            td_buf_clear(&text);
+        }
+        td_stacks_dump_all(&text);
+        if (td_ctl_send(g_child.ctl, TD_CTL_TRACEBACK, text.data ? text.data : "", text.len) == TD_OK)
+            td_harness_log(NULL, "Process %d sent traceback", g_child.rank);
+        td_buf_free(&text);
+    }
+    td_buf_free(&payload);
+    return NULL;
+}
+
+/* ---- main of a rank ----------------------------------------------------------------------- */
+
+int td_harness_child_main(const td_harness_child_args *a)
+{
+    td_test_case *c;
+    const char *param;
+    size_t plen;
+    if (!td_harness_find(a->name, &c, &param, &plen)) {
+        fprintf(stderr, "tdist test harness: no test case named '%s' in this binary\n", a->name);
+        return 2;
+    }
+    /* Nested runs (a meta-test's own ranks) must not inherit this rank's channel. */
+    fcntl(a->ctl_fd, F_SETFD, FD_CLOEXEC);
+    g_child.active = true;
+    g_child.threaded = c->threads;
+    g_child.rank = a->rank;
+    g_child.ctl = a->ctl_fd;
+    g_child.name = a->name;
+    td_stacks_install(a->rank, c->threads);
+    if (!c->threads)
+        td_stacks_set_thread_rank(a->rank);
+
+    char *param_copy = td_strndup(param, plen);
+    char *store = td_harness_store_path(a->dir);
+    char *url = td_asprintf("file://%s", store);
+    td_test_ctx ctx = {
+        .rank = a->rank,
+        .world_size = a->world_size,
+        .name = a->name,
+        .param = param_copy,
+        .tmpdir = a->dir,
+        .store_path = store,
+        .init_url = url,
+        .threaded = c->threads,
+    };
+
+    pthread_t listener;
+    bool listening = false;
+    if (pipe2(g_child.stop, O_CLOEXEC) == 0) {
+        td_harness_note(NULL, "Starting event listener thread for rank %d", a->rank);
+        listening = td_thread_start(&listener, "td-listener", listener_main, NULL) == TD_OK;
+        if (!listening)
+            td_harness_log(NULL, "%s; hung-rank stacks will not be available", td_last_error());
+    }
+
+    if (c->threads) {
+        td_harness_threaded_main(c, &ctx, a->ctl_fd);
+    } else {
+        td_leak_snapshot before = {0};
+        if (!c->no_leak_check)
+            td_leak_snapshot_take(&before);
+        c->fn(&ctx);
+        if (!c->no_leak_check) {
+            char *leak = td_leak_check(&before, 2000);
+            td_leak_snapshot_free(&before);
+            if (leak)
+                td_harness_fail_process(leak);
+        }
+    }
+
+    if (listening) {
+        (void)!write(g_child.stop[1], "x", 1);
+        td_thread_join(listener);
+    }
+    if (g_child.stop[0] >= 0) {
+        close(g_child.stop[0]);
+        close(g_child.stop[1]);
+    }
+    close(g_child.ctl);
+    free(param_copy);
+    free(store);
+    free(url);
+    fflush(stdout);
+    fflush(stderr);
+    return 0;
+}

@@ -1,0 +1,114 @@
+/* The control channel between the harness parent and a rank (c10d's Connection pipe, in C).
+ *
+ * A socketpair per rank carries small framed messages: the parent asks a hung rank for its stacks,
+ * the rank answers with them, and a failing rank sends its message before exiting with code 10.
+ * Frames are u32 little-endian payload length + u8 type + payload (docs/protocols.md). The parent
+ * reads non-blocking and parses with td_ctl_parse, which refuses lengths above TD_CTL_MAX_PAYLOAD;
+ * ranks read and write blocking. */
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "testing/harness.h"
+
+static pthread_mutex_t g_send_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static td_status write_all(int fd, const void *data, size_t len)
+{
+    const char *p = data;
+    while (len > 0) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        if (n < 0 && errno == ENOTSOCK)
+            n = write(fd, p, len);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return td_error_errno(TD_ERR_IO, "writing to the harness control channel");
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return TD_OK;
+}
+
+td_status td_ctl_send(int fd, uint8_t type, const void *data, size_t len)
+{
+    if (len > TD_CTL_MAX_PAYLOAD)
+        len = TD_CTL_MAX_PAYLOAD;
+    unsigned char hdr[TD_CTL_HEADER];
+    uint32_t n = (uint32_t)len;
+    hdr[0] = (unsigned char)(n & 0xff);
+    hdr[1] = (unsigned char)((n >> 8) & 0xff);
+    hdr[2] = (unsigned char)((n >> 16) & 0xff);
+    hdr[3] = (unsigned char)((n >> 24) & 0xff);
+    hdr[4] = type;
+    pthread_mutex_lock(&g_send_lock);
+    td_status s = write_all(fd, hdr, sizeof hdr);
+    if (s == TD_OK && len > 0)
+        s = write_all(fd, data, len);
+    pthread_mutex_unlock(&g_send_lock);
+    return s;
+}
+
+static td_status read_all(int fd, void *data, size_t len, bool *eof_at_start)
+{
+    char *p = data;
+    size_t got = 0;
+    while (got < len) {
+        ssize_t n = read(fd, p + got, len - got);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return td_error_errno(TD_ERR_IO, "reading the harness control channel");
+        }
+        if (n == 0) {
+            if (eof_at_start)
+                *eof_at_start = got == 0;
+            return td_error(TD_ERR_CLOSED, "the harness control channel was closed");
+        }
+        got += (size_t)n;
+    }
+    return TD_OK;
+}
+
+td_status td_ctl_recv(int fd, uint8_t *type, td_buf *payload)
+{
+    unsigned char hdr[TD_CTL_HEADER];
+    td_buf_clear(payload);
+    TD_TRY(read_all(fd, hdr, sizeof hdr, NULL));
+    uint32_t n = (uint32_t)hdr[0] | (uint32_t)hdr[1] << 8 | (uint32_t)hdr[2] << 16 | (uint32_t)hdr[3] << 24;
+    if (n > TD_CTL_MAX_PAYLOAD)
+        return td_error(TD_ERR_INVALID, "harness control frame of %u bytes exceeds the limit of %u", n,
+                        TD_CTL_MAX_PAYLOAD);
+    *type = hdr[4];
+    if (n > 0) {
+        TD_TRY(td_buf_try_reserve(payload, n));
+        TD_TRY(read_all(fd, td_buf_extend(payload, n), n, NULL));
+    }
+    return TD_OK;
+}
+
+td_status td_ctl_parse(td_buf *in, void (*on_frame)(void *arg, uint8_t type, const char *data, size_t len),
+                       void *arg)
+{
+    size_t off = 0;
+    td_status s = TD_OK;
+    while (in->len - off >= TD_CTL_HEADER) {
+        const unsigned char *h = (const unsigned char *)in->data + off;
+        uint32_t n = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
+        if (n > TD_CTL_MAX_PAYLOAD) {
+            s = td_error(TD_ERR_INVALID, "harness control frame of %u bytes exceeds the limit of %u", n,
+                         TD_CTL_MAX_PAYLOAD);
+            break;
+        }
+        if (in->len - off - TD_CTL_HEADER < n)
+            break;
+        on_frame(arg, h[4], (const char *)h + TD_CTL_HEADER, n);
+        off += TD_CTL_HEADER + n;
+    }
+    td_buf_consume(in, off);
+    return s;
+}

@@ -1,0 +1,445 @@
+/* The case registry and the command line of a test binary (td_test_main).
+ *
+ * TD_TEST registers each case from a constructor. td_test_main then either runs as a rank (the
+ * harness re-executed the binary with --td-child) or as the runner: it lists the cases, writes
+ * them as CTest entries (--ctest FILE, used by tests/CMakeLists.txt after each build), or runs
+ * the selected cases one after another under the supervisor (supervisor.c), printing gtest-like
+ * lines, and exits 0 (all passed or skipped), 1 (a failure) or 77 (everything was skipped).
+ * A case with .params expands to one instance per parameter, named "<case>/<param>". */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+#include "base/env.h"
+#include "base/error.h"
+#include "testing/harness.h"
+
+static td_test_case *g_head, *g_tail;
+
+void td_test_register(td_test_case *c)
+{
+    c->next = NULL;
+    if (g_tail)
+        g_tail->next = c;
+    else
+        g_head = c;
+    g_tail = c;
+}
+
+static const char *const skip_messages[] = {
+    [72 - 72] = "Skipped because distributed backend is not available.",
+    [73 - 72] = "Skipped due to small world size.",
+    [74 - 72] = "CUDA is not available.",
+    [75 - 72] = "Need at least 1 CUDA device",
+    [76 - 72] = "c10d not compiled with NCCL support",
+    [77 - 72] = "Need at least 2 CUDA devices",
+    [78 - 72] = "Test skipped for ROCm",
+    [79 - 72] = "Test skipped because no GPU peer access",
+    [80 - 72] = "Need at least 3 CUDA devices",
+    [81 - 72] = "Need at least 4 CUDA devices",
+    [82 - 72] = "Need at least 5 CUDA devices",
+    [83 - 72] = "Need at least 6 CUDA devices",
+    [84 - 72] = "Need at least 7 CUDA devices",
+    [85 - 72] = "Need at least 8 CUDA devices",
+    [86 - 72] = "Test skipped at subprocess level, look at subprocess log for skip reason",
+    [87 - 72] = "Skipped due to odd world size.",
+    [88 - 72] = "Test skipped due to missing import",
+};
+
+const char *td_skip_message(int code)
+{
+    if (code < 72 || code > 88)
+        return NULL;
+    return skip_messages[code - 72];
+}
+
+int td_skip_multi_gpu(int n)
+{
+    if (n == 1)
+        return TD_SKIP_MULTI_GPU_1;
+    if (n == 2)
+        return TD_SKIP_MULTI_GPU_2;
+    if (n >= 3 && n <= 8)
+        return 80 + n - 3;
+    return -1;
+}
+
+int td_harness_world_size(const td_test_case *c) { return c->world_size > 0 ? c->world_size : 1; }
+
+int64_t td_harness_timeout_ms(const td_test_case *c)
+{
+    if (c->timeout_s > 0)
+        return (int64_t)c->timeout_s * 1000;
+    int64_t ms = 300000;
+    if (td_env_duration_ms("TDIST_TEST_TIMEOUT", 300000, 1000, &ms) != TD_OK) {
+        td_harness_log(NULL, "%s; using 300 seconds", td_last_error());
+        ms = 300000;
+    }
+    return ms > 0 ? ms : 300000;
+}
+
+bool td_harness_sandcastle(void)
+{
+    bool on = false;
+    if (td_env_bool("TDIST_TEST_SANDCASTLE", false, &on) != TD_OK)
+        td_harness_log(NULL, "%s; treating it as off", td_last_error());
+    return on;
+}
+
+char *td_harness_store_path(const char *dir) { return td_asprintf("%s/store", dir); }
+
+__attribute__((format(printf, 3, 0))) static void log_line(td_buf *log, bool print, const char *fmt, va_list ap0)
+{
+    td_buf line = TD_BUF_INIT;
+    va_list ap;
+    va_copy(ap, ap0);
+    char small[1024];
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n >= (int)sizeof small) {
+        td_buf_reserve(&line, (size_t)n + 1);
+        va_copy(ap, ap0);
+        vsnprintf(td_buf_extend(&line, (size_t)n), (size_t)n + 1, fmt, ap);
+        va_end(ap);
+    } else if (n > 0) {
+        td_buf_append(&line, small, (size_t)n);
+    }
+    if (log) {
+        td_buf_append(log, line.data ? line.data : "", line.len);
+        td_buf_putc(log, '\n');
+    }
+    if (!print) {
+        td_buf_free(&line);
+        return;
+    }
+    td_buf out = TD_BUF_INIT;
+    td_buf_append_str(&out, "[tdist-test] ");
+    td_buf_append(&out, line.data ? line.data : "", line.len);
+    td_buf_putc(&out, '\n');
+    fflush(stderr);
+    for (size_t off = 0; off < out.len;) {
+        ssize_t w = write(STDERR_FILENO, out.data + off, out.len - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            break;
+        off += (size_t)w;
+    }
+    td_buf_free(&out);
+    td_buf_free(&line);
+}
+
+void td_harness_log(td_buf *log, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    log_line(log, true, fmt, ap);
+    va_end(ap);
+}
+
+void td_harness_note(td_buf *log, const char *fmt, ...)
+{
+    bool verbose = false;
+    if (td_env_bool("TDIST_TEST_VERBOSE", false, &verbose) != TD_OK)
+        verbose = false;
+    va_list ap;
+    va_start(ap, fmt);
+    log_line(log, verbose, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- instances ---------------------------------------------------------------------------- */
+
+/* Calls fn for each instance of c: ("" , 0) for a plain case, else each parameter. */
+static void for_each_param(const td_test_case *c, void (*fn)(void *, const td_test_case *, const char *, size_t),
+                           void *arg)
+{
+    if (!c->params || !c->params[0]) {
+        fn(arg, c, "", 0);
+        return;
+    }
+    const char *p = c->params;
+    for (;;) {
+        size_t n = strcspn(p, ",");
+        if (n > 0)
+            fn(arg, c, p, n);
+        if (!p[n])
+            break;
+        p += n + 1;
+    }
+}
+
+static char *instance_name(const td_test_case *c, const char *param, size_t plen)
+{
+    if (plen == 0)
+        return td_strdup(c->name);
+    return td_asprintf("%s/%.*s", c->name, (int)plen, param);
+}
+
+typedef struct find_ctx {
+    const char *want; /* the param part */
+    const char *found;
+    size_t found_len;
+    bool ok;
+} find_ctx;
+
+static void find_param(void *arg, const td_test_case *c, const char *param, size_t plen)
+{
+    (void)c;
+    find_ctx *f = arg;
+    if (!f->ok && strlen(f->want) == plen && strncmp(f->want, param, plen) == 0) {
+        f->ok = true;
+        f->found = param;
+        f->found_len = plen;
+    }
+}
+
+bool td_harness_find(const char *name, td_test_case **out, const char **param, size_t *param_len)
+{
+    const char *slash = strchr(name, '/');
+    size_t nlen = slash ? (size_t)(slash - name) : strlen(name);
+    for (td_test_case *c = g_head; c; c = c->next) {
+        if (strlen(c->name) != nlen || strncmp(c->name, name, nlen) != 0)
+            continue;
+        find_ctx f = {slash ? slash + 1 : "", NULL, 0, false};
+        for_each_param(c, find_param, &f);
+        if (!f.ok)
+            return false;
+        *out = c;
+        *param = f.found ? f.found : "";
+        *param_len = f.found_len;
+        return true;
+    }
+    return false;
+}
+
+static td_status validate_registry(void)
+{
+    for (td_test_case *c = g_head; c; c = c->next) {
+        if (!c->name || !c->name[0] || !c->fn)
+            return td_error(TD_ERR_INVALID, "a test case has no name or no body");
+        if (c->world_size < 0 || c->world_size > 64)
+            return td_error(TD_ERR_INVALID, "test case %s: world_size must be between 1 and 64, got %d", c->name,
+                            c->world_size);
+        if (c->timeout_s < 0)
+            return td_error(TD_ERR_INVALID, "test case %s: timeout_s must be >= 0, got %d", c->name, c->timeout_s);
+        for (td_test_case *d = c->next; d; d = d->next)
+            if (strcmp(c->name, d->name) == 0)
+                return td_error(TD_ERR_INVALID, "test case %s is registered twice", c->name);
+    }
+    return TD_OK;
+}
+
+/* ---- selection ---------------------------------------------------------------------------- */
+
+typedef struct instance {
+    td_test_case *c;
+    char *name;
+    char *param;
+} instance;
+
+typedef struct selection {
+    instance *items;
+    size_t len, cap;
+    int argc;
+    char **argv;
+    bool *used; /* per argv pattern: matched something */
+} selection;
+
+static void select_param(void *arg, const td_test_case *cc, const char *param, size_t plen)
+{
+    selection *s = arg;
+    td_test_case *c = (td_test_case *)cc;
+    char *name = instance_name(c, param, plen);
+    bool take = s->argc == 0 && !c->hidden;
+    for (int i = 0; i < s->argc; i++) {
+        const char *pat = s->argv[i];
+        bool exact = strcmp(pat, name) == 0;
+        bool prefix = !c->hidden && strncmp(pat, name, strlen(pat)) == 0;
+        if (exact || prefix) {
+            take = true;
+            s->used[i] = true;
+        }
+    }
+    if (!take) {
+        free(name);
+        return;
+    }
+    if (s->len == s->cap) {
+        s->cap = s->cap ? s->cap * 2 : 16;
+        s->items = td_realloc(s->items, s->cap * sizeof *s->items);
+    }
+    s->items[s->len++] = (instance){c, name, td_strndup(param, plen)};
+}
+
+static void selection_free(selection *s)
+{
+    for (size_t i = 0; i < s->len; i++) {
+        free(s->items[i].name);
+        free(s->items[i].param);
+    }
+    free(s->items);
+    free(s->used);
+}
+
+/* ---- CTest listing ------------------------------------------------------------------------ */
+
+static const char *base_name(const char *path)
+{
+    const char *s = strrchr(path, '/');
+    return s ? s + 1 : path;
+}
+
+static int write_ctest(const char *file, const char *exe)
+{
+    selection sel = {0};
+    for (td_test_case *c = g_head; c; c = c->next)
+        for_each_param(c, select_param, &sel);
+    char *tmp = td_asprintf("%s.tmp", file);
+    FILE *f = fopen(tmp, "we");
+    if (!f) {
+        fprintf(stderr, "cannot write %s: %s\n", tmp, strerror(errno));
+        free(tmp);
+        selection_free(&sel);
+        return 1;
+    }
+    const char *bin = base_name(exe);
+    fprintf(f, "# Generated by %s --ctest: one entry per test case (tdist/testing.h).\n", bin);
+    for (size_t i = 0; i < sel.len; i++) {
+        const instance *in = &sel.items[i];
+        int ws = td_harness_world_size(in->c);
+        int procs = in->c->threads ? 1 : (ws < 2 ? ws : 2);
+        long long timeout = (long long)(td_harness_timeout_ms(in->c) / 1000) + 30;
+        fprintf(f, "add_test([==[%s.%s]==] [==[%s]==] [==[%s]==])\n", bin, in->name, exe, in->name);
+        fprintf(f,
+                "set_tests_properties([==[%s.%s]==] PROPERTIES TIMEOUT %lld PROCESSORS %d SKIP_RETURN_CODE 77 "
+                "LABELS tdist)\n",
+                bin, in->name, timeout, procs);
+    }
+    int rc = 0;
+    if (fclose(f) != 0 || rename(tmp, file) != 0) {
+        fprintf(stderr, "cannot write %s: %s\n", file, strerror(errno));
+        rc = 1;
+    }
+    free(tmp);
+    selection_free(&sel);
+    return rc;
+}
+
+/* ---- the runner --------------------------------------------------------------------------- */
+
+static int usage(const char *argv0)
+{
+    fprintf(stderr,
+            "usage: %s [--list] [--ctest FILE] [--keep-going] [NAME_OR_PREFIX ...]\n"
+            "  Runs the test cases (all visible ones, or those named; a hidden case runs only by its\n"
+            "  exact name). Environment: TDIST_TEST_TIMEOUT, TDIST_TEST_SANDCASTLE, TDIST_TEST_QUIET.\n",
+            argv0);
+    return 2;
+}
+
+static int child_entry(int argc, char **argv)
+{
+    td_harness_child_args a = {.rank = -1, .world_size = 0, .ctl_fd = -1};
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const char *k = argv[i], *v = argv[i + 1];
+        if (strcmp(k, "--td-child") == 0)
+            a.name = v;
+        else if (strcmp(k, "--td-rank") == 0)
+            a.rank = atoi(v);
+        else if (strcmp(k, "--td-world") == 0)
+            a.world_size = atoi(v);
+        else if (strcmp(k, "--td-dir") == 0)
+            a.dir = v;
+        else if (strcmp(k, "--td-ctl") == 0)
+            a.ctl_fd = atoi(v);
+    }
+    if (!a.name || !a.dir || a.rank < 0 || a.world_size <= 0 || a.ctl_fd < 0) {
+        fprintf(stderr, "tdist test harness: malformed child command line\n");
+        return 2;
+    }
+    return td_harness_child_main(&a);
+}
+
+int td_test_main(int argc, char **argv)
+{
+    if (argc > 1 && strcmp(argv[1], "--td-child") == 0)
+        return child_entry(argc, argv);
+    if (validate_registry() != TD_OK) {
+        fprintf(stderr, "%s\n", td_last_error());
+        return 1;
+    }
+    bool list = false, keep_going = false;
+    const char *ctest = NULL;
+    char **names = td_calloc((size_t)argc + 1, sizeof *names);
+    int nnames = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--list") == 0) {
+            list = true;
+        } else if (strcmp(argv[i], "--keep-going") == 0) {
+            keep_going = true;
+        } else if (strcmp(argv[i], "--ctest") == 0 && i + 1 < argc) {
+            ctest = argv[++i];
+        } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0 || argv[i][0] == '-') {
+            free(names);
+            return usage(argv[0]);
+        } else {
+            names[nnames++] = argv[i];
+        }
+    }
+    if (ctest) {
+        char exe[4096];
+        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        exe[n > 0 ? n : 0] = '\0';
+        free(names);
+        return write_ctest(ctest, n > 0 ? exe : argv[0]);
+    }
+    selection sel = {.argc = nnames, .argv = names, .used = td_calloc((size_t)nnames + 1, sizeof(bool))};
+    for (td_test_case *c = g_head; c; c = c->next)
+        for_each_param(c, select_param, &sel);
+    int rc = 0;
+    for (int i = 0; i < nnames; i++)
+        if (!sel.used[i]) {
+            fprintf(stderr, "no test case matches '%s' (--list shows them)\n", names[i]);
+            rc = 2;
+        }
+    if (rc == 0 && list) {
+        for (size_t i = 0; i < sel.len; i++)
+            printf("%s\n", sel.items[i].name);
+    } else if (rc == 0) {
+        size_t passed = 0, skipped = 0, failed = 0;
+        for (size_t i = 0; i < sel.len; i++) {
+            const instance *in = &sel.items[i];
+            printf("[ RUN      ] %s\n", in->name);
+            fflush(stdout);
+            td_test_result r;
+            td_harness_supervise(in->c, in->param, in->name, &r);
+            if (r.verdict == TD_TEST_PASS) {
+                passed++;
+                printf("[       OK ] %s (%.2f s)\n", in->name, r.elapsed_s);
+            } else if (r.verdict == TD_TEST_SKIP) {
+                skipped++;
+                printf("[  SKIPPED ] %s (%.2f s): %s\n", in->name, r.elapsed_s, r.message);
+            } else {
+                failed++;
+                printf("[  FAILED  ] %s (%.2f s)\n%s\n", in->name, r.elapsed_s, r.message);
+            }
+            fflush(stdout);
+            td_test_result_free(&r);
+            if (failed && !keep_going && i + 1 < sel.len) {
+                printf("[  STOPPED ] after the first failure (--keep-going runs the rest)\n");
+                break;
+            }
+        }
+        printf("[==========] %zu passed, %zu skipped, %zu failed\n", passed, skipped, failed);
+        rc = failed ? 1 : (sel.len > 0 && skipped == sel.len) ? 77 : 0;
+    }
+    selection_free(&sel);
+    free(names);
+    fflush(stdout);
+    return rc;
+}

@@ -1,0 +1,955 @@
+/* The parent side of the harness: c10d's MultiProcessTestCase._join_processes and its verdict, in C.
+ *
+ * td_test_run (and the runner in registry.c) supervises one case instance:
+ *  - a fresh temp dir per run (TMPDIR of the ranks, so their temp files land there);
+ *  - world_size ranks started with fork + exec of /proc/self/exe, all in one new process group,
+ *    each with a control socketpair (ctl.c) and stdout / stderr pipes;
+ *  - a poll loop (100 ms) that always drains every fd (a rank's large error message can never
+ *    block it: trap T3), echoes the ranks' output line by line as "[rank R] ...", reaps with
+ *    waitpid(WNOHANG), aborts early when a rank fails, and enforces the per-test timeout after
+ *    asking the hung ranks for their stacks;
+ *  - SIGTERM, then SIGKILL after a grace period, and every child reaped, every fd closed;
+ *  - the verdict from c10d's decision table with its exact messages (_check_return_codes and
+ *    _check_no_test_errors; spec/c10d.md C12.5, C12.6);
+ *  - then the leftover checks: files in the temp dir, /dev/shm segments named after a rank's pid,
+ *    processes still alive in the ranks' process group.
+ * A rank that the harness killed is recorded as TD_TEST_NOT_EXITED, never as a racy signal code
+ * (trap T4). Besides exit code 10, a rank that dies by a signal or exits non-zero with a non-skip
+ * code also stops the others, after a short settling delay so that ranks finishing on their own
+ * keep their real exit codes (trap T5); the verdict texts stay those of the table. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+#include "base/clock.h"
+#include "base/env.h"
+#include "base/error.h"
+#include "testing/harness.h"
+
+extern char **environ;
+
+#define OUTPUT_CAP (4u << 20)
+#define LINE_CAP (64u << 10)
+
+typedef struct rank_proc {
+    int rank;
+    pid_t pid;
+    int fds[3]; /* ctl, stdout, stderr; -1 once closed */
+    td_buf ctl_in;
+    td_buf line[2];
+    char *error;     /* TD_CTL_ERROR payload */
+    size_t error_len;
+    char *traceback; /* TD_CTL_TRACEBACK payload */
+    char *pending;   /* TD_CTL_PENDING payload */
+    bool tb_asked;
+    int code;
+    bool exited, killed;
+} rank_proc;
+
+typedef struct sup {
+    td_test_case *c;
+    const char *name;
+    td_test_result *r;
+    rank_proc *ranks;
+    int n;
+    pid_t pgid;
+    bool quiet;
+    td_buf log, output;
+    int64_t start_ns;
+    int64_t timeout_ms;
+} sup;
+
+static void slog(sup *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void slog(sup *s, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *line = NULL;
+    if (vasprintf(&line, fmt, ap) < 0)
+        line = NULL;
+    va_end(ap);
+    td_harness_log(&s->log, "%s", line ? line : fmt);
+    free(line);
+}
+
+static void snote(sup *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void snote(sup *s, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *line = NULL;
+    if (vasprintf(&line, fmt, ap) < 0)
+        line = NULL;
+    va_end(ap);
+    td_harness_note(&s->log, "%s", line ? line : fmt);
+    free(line);
+}
+
+static int64_t clamp_ms(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* ---- output ------------------------------------------------------------------------------- */
+
+static void write_fully(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return;
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+static void emit_line(sup *s, rank_proc *p, int stream, const char *data, size_t len)
+{
+    char prefix[32];
+    int pn = snprintf(prefix, sizeof prefix, "[rank %d] ", p->rank);
+    td_buf line = TD_BUF_INIT;
+    td_buf_append(&line, prefix, (size_t)pn);
+    td_buf_append(&line, data, len);
+    td_buf_putc(&line, '\n');
+    if (!s->quiet) {
+        if (stream == 0)
+            fflush(stdout);
+        write_fully(stream == 0 ? STDOUT_FILENO : STDERR_FILENO, line.data, line.len);
+    }
+    td_buf_append(&s->output, line.data, line.len);
+    if (s->output.len > OUTPUT_CAP + OUTPUT_CAP / 4) {
+        size_t drop = s->output.len - OUTPUT_CAP;
+        const char *nl = memchr(s->output.data + drop, '\n', s->output.len - drop);
+        td_buf_consume(&s->output, nl ? (size_t)(nl - s->output.data) + 1 : drop);
+    }
+    td_buf_free(&line);
+}
+
+static void on_output(sup *s, rank_proc *p, int stream, const char *data, size_t len)
+{
+    td_buf *lb = &p->line[stream];
+    td_buf_append(lb, data, len);
+    size_t start = 0;
+    for (;;) {
+        const char *nl = memchr(lb->data + start, '\n', lb->len - start);
+        if (!nl)
+            break;
+        emit_line(s, p, stream, lb->data + start, (size_t)(nl - lb->data) - start);
+        start = (size_t)(nl - lb->data) + 1;
+    }
+    td_buf_consume(lb, start);
+    if (lb->len > LINE_CAP) {
+        emit_line(s, p, stream, lb->data, lb->len);
+        td_buf_clear(lb);
+    }
+}
+
+/* ---- control frames ----------------------------------------------------------------------- */
+
+typedef struct frame_ctx {
+    sup *s;
+    rank_proc *p;
+} frame_ctx;
+
+static char *copy_payload(const char *data, size_t len)
+{
+    char *m = td_malloc(len + 1);
+    memcpy(m, data, len);
+    m[len] = '\0';
+    return m;
+}
+
+static void on_frame(void *arg, uint8_t type, const char *data, size_t len)
+{
+    frame_ctx *f = arg;
+    rank_proc *p = f->p;
+    switch (type) {
+    case TD_CTL_ERROR:
+        if (!p->error) {
+            p->error = copy_payload(data, len);
+            p->error_len = len;
+        }
+        break;
+    case TD_CTL_TRACEBACK:
+        free(p->traceback);
+        p->traceback = copy_payload(data, len);
+        break;
+    case TD_CTL_PENDING:
+        free(p->pending);
+        p->pending = copy_payload(data, len);
+        break;
+    default:
+        slog(f->s, "Ignoring control message of unknown type %u from process %d", type, p->rank);
+        break;
+    }
+}
+
+static void close_fd(sup *s, rank_proc *p, int which)
+{
+    if (p->fds[which] < 0)
+        return;
+    close(p->fds[which]);
+    p->fds[which] = -1;
+    if (which > 0 && p->line[which - 1].len) {
+        emit_line(s, p, which - 1, p->line[which - 1].data, p->line[which - 1].len);
+        td_buf_clear(&p->line[which - 1]);
+    }
+}
+
+static void drain_fd(sup *s, rank_proc *p, int which)
+{
+    char buf[65536];
+    for (int rounds = 0; rounds < 32 && p->fds[which] >= 0; rounds++) {
+        ssize_t n = read(p->fds[which], buf, sizeof buf);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                close_fd(s, p, which);
+            return;
+        }
+        if (n == 0) {
+            close_fd(s, p, which);
+            return;
+        }
+        if (which == 0) {
+            td_buf_append(&p->ctl_in, buf, (size_t)n);
+            frame_ctx f = {s, p};
+            if (td_ctl_parse(&p->ctl_in, on_frame, &f) != TD_OK) {
+                slog(s, "Process %d sent a malformed control message (%s); closing its channel", p->rank,
+                     td_last_error());
+                td_buf_clear(&p->ctl_in);
+                close_fd(s, p, 0);
+            }
+        } else {
+            on_output(s, p, which - 1, buf, (size_t)n);
+        }
+    }
+}
+
+/* Polls every open fd for up to timeout_ms and drains what is readable; false when none is open. */
+static bool poll_once(sup *s, int timeout_ms)
+{
+    struct pollfd pfd[64 * 3];
+    int who[64 * 3];
+    int n = 0;
+    for (int i = 0; i < s->n; i++)
+        for (int k = 0; k < 3; k++)
+            if (s->ranks[i].fds[k] >= 0) {
+                pfd[n] = (struct pollfd){.fd = s->ranks[i].fds[k], .events = POLLIN};
+                who[n++] = i * 3 + k;
+            }
+    if (n == 0) {
+        if (timeout_ms > 0)
+            td_sleep_ms(timeout_ms);
+        return false;
+    }
+    int rc = poll(pfd, (nfds_t)n, timeout_ms);
+    if (rc <= 0)
+        return true;
+    for (int j = 0; j < n; j++)
+        if (pfd[j].revents)
+            drain_fd(s, &s->ranks[who[j] / 3], who[j] % 3);
+    return true;
+}
+
+/* ---- processes ---------------------------------------------------------------------------- */
+
+static void reap(sup *s, bool block)
+{
+    for (int i = 0; i < s->n; i++) {
+        rank_proc *p = &s->ranks[i];
+        if (p->exited || p->pid <= 0)
+            continue;
+        int st;
+        pid_t w;
+        do
+            w = waitpid(p->pid, &st, block ? 0 : WNOHANG);
+        while (w < 0 && errno == EINTR);
+        if (w == p->pid) {
+            p->exited = true;
+            p->code = WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? -WTERMSIG(st) : -1;
+        } else if (w < 0) {
+            p->exited = true; /* not our child any more: nothing to wait for */
+            p->code = -1;
+        }
+    }
+}
+
+static bool all_exited(const sup *s)
+{
+    for (int i = 0; i < s->n; i++)
+        if (!s->ranks[i].exited)
+            return false;
+    return true;
+}
+
+static void signal_remaining(sup *s, int sig, bool mark)
+{
+    for (int i = 0; i < s->n; i++) {
+        rank_proc *p = &s->ranks[i];
+        if (p->exited || p->pid <= 0)
+            continue;
+        if (mark)
+            p->killed = true;
+        kill(p->pid, sig);
+    }
+    if (s->pgid > 0)
+        killpg(s->pgid, sig);
+}
+
+/* Waits up to grace_ms for the ranks to exit, then SIGKILLs them; reaps all; drains the pipes. */
+static void finish(sup *s, int64_t grace_ms)
+{
+    int64_t deadline = td_now_ns() + grace_ms * 1000000;
+    while (!all_exited(s) && td_now_ns() < deadline) {
+        poll_once(s, 20);
+        reap(s, false);
+    }
+    if (!all_exited(s)) {
+        signal_remaining(s, SIGKILL, true);
+        int64_t hard = td_now_ns() + 10000 * 1000000LL;
+        while (!all_exited(s) && td_now_ns() < hard) {
+            poll_once(s, 20);
+            reap(s, false);
+        }
+        reap(s, true);
+    }
+    /* Output still buffered in the pipes; a grandchild may hold them open, so only briefly. */
+    int64_t drain_deadline = td_now_ns() + 1000 * 1000000LL;
+    while (td_now_ns() < drain_deadline && poll_once(s, 20)) {
+    }
+    for (int i = 0; i < s->n; i++)
+        for (int k = 0; k < 3; k++)
+            close_fd(s, &s->ranks[i], k);
+}
+
+static int high_fd(int fd)
+{
+    if (fd < 0 || fd > 2)
+        return fd;
+    int h = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    close(fd);
+    return h;
+}
+
+static void set_nonblock(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+static bool env_overridden(const char *entry)
+{
+    static const char *const names[] = {"RANK=", "WORLD_SIZE=", "TEMP_DIR=", "TMPDIR=", "MASTER_ADDR=", "LOCAL_RANK="};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (strncmp(entry, names[i], strlen(names[i])) == 0)
+            return true;
+    return false;
+}
+
+static td_status spawn_rank(sup *s, rank_proc *p, const char *dir, char **envp_base, size_t nenv)
+{
+    int sv[2] = {-1, -1}, outp[2] = {-1, -1}, errp[2] = {-1, -1};
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0 || pipe2(outp, O_CLOEXEC) != 0 ||
+        pipe2(errp, O_CLOEXEC) != 0) {
+        td_error_errno(TD_ERR_IO, "creating the pipes of rank %d", p->rank);
+        goto fail;
+    }
+    sv[1] = high_fd(sv[1]);
+    outp[1] = high_fd(outp[1]);
+    errp[1] = high_fd(errp[1]);
+    if (sv[1] < 0 || outp[1] < 0 || errp[1] < 0) {
+        td_error_errno(TD_ERR_IO, "moving the pipes of rank %d", p->rank);
+        goto fail;
+    }
+
+    char rank_s[16], world_s[16], ctl_s[16];
+    snprintf(rank_s, sizeof rank_s, "%d", p->rank);
+    snprintf(world_s, sizeof world_s, "%d", td_harness_world_size(s->c));
+    snprintf(ctl_s, sizeof ctl_s, "%d", sv[1]);
+    char exe[4096];
+    ssize_t en = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[en > 0 ? en : 0] = '\0';
+    char *argv[] = {en > 0 ? exe : (char *)"tdist-test", (char *)"--td-child", (char *)s->name,
+                    (char *)"--td-rank", rank_s, (char *)"--td-world", world_s, (char *)"--td-dir", (char *)dir,
+                    (char *)"--td-ctl", ctl_s, NULL};
+    /* The per-rank environment; built before fork, as only async-signal-safe calls may follow it. */
+    char **envp = td_calloc(nenv + 8, sizeof *envp);
+    size_t k = 0;
+    for (size_t i = 0; i < nenv; i++)
+        envp[k++] = envp_base[i];
+    char *own[6] = {NULL};
+    int no = 0;
+    if (!s->c->threads)
+        own[no++] = td_asprintf("RANK=%d", p->rank);
+    own[no++] = td_asprintf("WORLD_SIZE=%d", td_harness_world_size(s->c));
+    own[no++] = td_asprintf("TEMP_DIR=%s", dir);
+    own[no++] = td_asprintf("TMPDIR=%s", dir);
+    own[no++] = td_asprintf("MASTER_ADDR=127.0.0.1");
+    for (int i = 0; i < no; i++)
+        envp[k++] = own[i];
+    envp[k] = NULL;
+
+    pid_t parent = getpid();
+    pid_t pgid = s->pgid;
+    int ctl = sv[1];
+    pid_t pid = fork();
+    if (pid == 0) {
+        setpgid(0, pgid);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        static const int reset[] = {SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGCHLD};
+        struct sigaction dfl;
+        memset(&dfl, 0, sizeof dfl);
+        dfl.sa_handler = SIG_DFL;
+        for (size_t i = 0; i < sizeof reset / sizeof *reset; i++)
+            sigaction(reset[i], &dfl, NULL);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127);
+        if (dup2(outp[1], STDOUT_FILENO) < 0 || dup2(errp[1], STDERR_FILENO) < 0)
+            _exit(127);
+        fcntl(ctl, F_SETFD, 0);
+        if (ctl > 3)
+            syscall(SYS_close_range, 3u, (unsigned)ctl - 1, 0u);
+        syscall(SYS_close_range, (unsigned)ctl + 1, ~0u, 0u);
+        execve("/proc/self/exe", argv, envp);
+        static const char msg[] = "tdist test harness: execve(/proc/self/exe) failed\n";
+        (void)!write(STDERR_FILENO, msg, sizeof msg - 1);
+        _exit(127);
+    }
+    int fork_errno = errno;
+    for (int i = 0; i < no; i++)
+        free(own[i]);
+    free(envp);
+    if (pid < 0) {
+        errno = fork_errno;
+        td_error_errno(TD_ERR_IO, "fork for rank %d", p->rank);
+        goto fail;
+    }
+    if (s->pgid == 0)
+        s->pgid = pid;
+    setpgid(pid, s->pgid); /* also done by the child: whichever runs first wins the race */
+    p->pid = pid;
+    close(sv[1]);
+    close(outp[1]);
+    close(errp[1]);
+    p->fds[0] = sv[0];
+    p->fds[1] = outp[0];
+    p->fds[2] = errp[0];
+    for (int i = 0; i < 3; i++)
+        set_nonblock(p->fds[i]);
+    return TD_OK;
+fail:
+    for (int i = 0; i < 2; i++) {
+        if (sv[i] >= 0)
+            close(sv[i]);
+        if (outp[i] >= 0)
+            close(outp[i]);
+        if (errp[i] >= 0)
+            close(errp[i]);
+    }
+    return TD_ERR_IO;
+}
+
+/* ---- timeouts ----------------------------------------------------------------------------- */
+
+static void collect_tracebacks(sup *s)
+{
+    int64_t wait_ms = clamp_ms(s->timeout_ms / 2, 1000, 5000);
+    for (int i = 0; i < s->n; i++) {
+        rank_proc *p = &s->ranks[i];
+        if (p->exited)
+            continue;
+        free(p->traceback);
+        p->traceback = NULL;
+        if (p->fds[0] < 0) {
+            slog(s, "Encountered error while trying to get traceback for process %d: the pipe is closed", i);
+            continue;
+        }
+        unsigned char frame[TD_CTL_HEADER] = {0, 0, 0, 0, TD_CTL_GET_TRACEBACK};
+        ssize_t w = send(p->fds[0], frame, sizeof frame, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w != (ssize_t)sizeof frame) {
+            slog(s, "Encountered error while trying to get traceback for process %d: %s", i,
+                 w < 0 ? strerror(errno) : "short write");
+            continue;
+        }
+        p->tb_asked = true;
+    }
+    int64_t deadline = td_now_ns() + wait_ms * 1000000;
+    for (;;) {
+        bool waiting = false;
+        for (int i = 0; i < s->n; i++) {
+            rank_proc *p = &s->ranks[i];
+            if (p->tb_asked && !p->traceback && p->fds[0] >= 0)
+                waiting = true;
+        }
+        if (!waiting || td_now_ns() >= deadline)
+            break;
+        poll_once(s, 50);
+        reap(s, false);
+    }
+    for (int i = 0; i < s->n; i++) {
+        rank_proc *p = &s->ranks[i];
+        if (!p->tb_asked)
+            continue;
+        if (p->traceback)
+            slog(s, "Process %d timed out with traceback: \n\n%s", i, p->traceback);
+        else if (p->fds[0] < 0)
+            slog(s, "Pipe closed for process %d, cannot retrieve traceback", i);
+        else
+            slog(s, "Could not retrieve traceback for timed out process: %d", i);
+    }
+}
+
+/* ---- verdict ------------------------------------------------------------------------------ */
+
+static void set_verdict(td_test_result *r, td_test_verdict v, char *message)
+{
+    r->verdict = v;
+    free(r->message);
+    r->message = message ? message : td_strdup("");
+}
+
+static void check_no_test_errors(sup *s, const char *elapsed)
+{
+    for (int i = 0; i < s->n; i++) {
+        int code = s->r->exit_codes[i];
+        if (code == TD_TEST_NOT_EXITED) {
+            set_verdict(s->r, TD_TEST_FAIL, td_asprintf("Process %d timed out after %s seconds", i, elapsed));
+            return;
+        }
+        if (code == TD_TEST_ERROR_EXIT_CODE) {
+            rank_proc *p = &s->ranks[i];
+            set_verdict(s->r, TD_TEST_FAIL,
+                        td_asprintf("10 == 10 : Process %d exited with error code 10 and exception:\n%s\n", i,
+                                    p->error ? p->error : ""));
+            return;
+        }
+    }
+    set_verdict(s->r, TD_TEST_PASS, NULL);
+}
+
+static int first_pending_thread(const rank_proc *p)
+{
+    if (!p->pending)
+        return -1;
+    char *end;
+    long v = strtol(p->pending, &end, 10);
+    return end != p->pending && v >= 0 ? (int)v : -1;
+}
+
+static void check_return_codes(sup *s, const char *elapsed)
+{
+    td_test_result *r = s->r;
+    if (s->n == 0) {
+        slog(s, "Note: no subprocesses were spawned, test was likely skipped.");
+        set_verdict(r, TD_TEST_PASS, NULL);
+        return;
+    }
+    td_buf err = TD_BUF_INIT;
+    for (int i = 0; i < s->n; i++) {
+        if (r->exit_codes[i] != TD_TEST_ERROR_EXIT_CODE)
+            continue;
+        const rank_proc *p = &s->ranks[i];
+        if (s->c->threads && p->error)
+            td_buf_append(&err, p->error, p->error_len); /* already "Thread R exited with ..." */
+        else
+            td_buf_printf(&err, "Process %d exited with error code 10 and exception:\n%s\n", i,
+                          p->error ? p->error : "");
+    }
+    if (err.len) {
+        set_verdict(r, TD_TEST_FAIL, td_buf_steal(&err));
+        return;
+    }
+    td_buf_free(&err);
+    int c0 = r->exit_codes[0];
+    for (int i = 0; i < s->n; i++) {
+        int ci = r->exit_codes[i];
+        if (ci == TD_TEST_NOT_EXITED) {
+            int t = s->c->threads ? first_pending_thread(&s->ranks[i]) : -1;
+            if (t >= 0) {
+                char tmo[64];
+                td_pyfmt_seconds_ms(s->timeout_ms, tmo, sizeof tmo);
+                set_verdict(r, TD_TEST_FAIL, td_asprintf("Thread %d terminated or timed out after %s seconds\n", t, tmo));
+            } else {
+                set_verdict(r, TD_TEST_FAIL,
+                            td_asprintf("Process %d terminated or timed out after %s seconds", i, elapsed));
+            }
+            return;
+        }
+        if (ci != c0) {
+            set_verdict(r, TD_TEST_FAIL,
+                        td_asprintf("Expect process %d exit code to match Process 0 exit code of %d, but got %d", i,
+                                    c0, ci));
+            return;
+        }
+    }
+    const char *skip = td_skip_message(c0);
+    if (skip) {
+        if (td_harness_sandcastle()) {
+            slog(s, "Skipping %s on sandcastle for the following reason: %s", s->name, skip);
+            set_verdict(r, TD_TEST_PASS, NULL);
+        } else {
+            set_verdict(r, TD_TEST_SKIP, td_strdup(skip));
+        }
+        return;
+    }
+    if (c0 != 0) {
+        set_verdict(r, TD_TEST_FAIL,
+                    td_asprintf("Expected zero exit code but got %d for pid: %d", c0, (int)s->ranks[0].pid));
+        return;
+    }
+    set_verdict(r, TD_TEST_PASS, NULL);
+}
+
+/* ---- leftovers ---------------------------------------------------------------------------- */
+
+static td_buf *g_walk_list;
+static size_t g_walk_prefix;
+static int g_walk_count;
+
+static int walk_collect(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    if (ftw->level == 0)
+        return 0;
+    if (g_walk_count < 20)
+        td_buf_printf(g_walk_list, "%s%s", g_walk_count ? ", " : "", path + g_walk_prefix);
+    g_walk_count++;
+    return 0;
+}
+
+static int walk_remove(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    remove(path);
+    return 0;
+}
+
+/* nftw has no context argument; the harness runs one supervision per thread at a time. */
+static pthread_mutex_t g_walk_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static char *leftover_files(const char *dir)
+{
+    td_buf list = TD_BUF_INIT;
+    pthread_mutex_lock(&g_walk_lock);
+    g_walk_list = &list;
+    g_walk_prefix = strlen(dir) + 1;
+    g_walk_count = 0;
+    nftw(dir, walk_collect, 16, FTW_PHYS);
+    int count = g_walk_count;
+    pthread_mutex_unlock(&g_walk_lock);
+    if (count == 0) {
+        td_buf_free(&list);
+        return NULL;
+    }
+    if (count > 20)
+        td_buf_printf(&list, " and %d more", count - 20);
+    char *msg = td_asprintf("Test left files in its temp dir %s: %s (remove them before the test returns, or set "
+                            ".allow_leftovers for a crash test)",
+                            dir, list.data);
+    td_buf_free(&list);
+    return msg;
+}
+
+static void remove_tree(const char *dir)
+{
+    nftw(dir, walk_remove, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static char *leftover_shm(sup *s)
+{
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return NULL;
+    td_buf list = TD_BUF_INIT;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        for (int i = 0; i < s->n; i++) {
+            char prefix[48];
+            int n = snprintf(prefix, sizeof prefix, "tdist.%d.", (int)s->ranks[i].pid);
+            if (s->ranks[i].pid > 0 && strncmp(e->d_name, prefix, (size_t)n) == 0) {
+                td_buf_printf(&list, "%s/dev/shm/%s", list.len ? ", " : "", e->d_name);
+                char path[512];
+                snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+                unlink(path);
+                break;
+            }
+        }
+    }
+    closedir(d);
+    if (!list.len) {
+        td_buf_free(&list);
+        return NULL;
+    }
+    char *msg = td_asprintf("Test left shared-memory segments behind (now removed): %s", list.data);
+    td_buf_free(&list);
+    return msg;
+}
+
+/* Processes still in the ranks' process group once every rank was reaped (a rank's own children). */
+static char *leftover_processes(sup *s)
+{
+    if (s->pgid <= 0)
+        return NULL;
+    td_buf list = TD_BUF_INIT;
+    for (int attempt = 0; attempt < 10; attempt++) {
+        td_buf_clear(&list);
+        DIR *d = opendir("/proc");
+        if (!d)
+            break;
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            int pid = atoi(e->d_name);
+            if (pid <= 0)
+                continue;
+            char path[64], stat[512];
+            snprintf(path, sizeof path, "/proc/%d/stat", pid);
+            FILE *f = fopen(path, "re");
+            if (!f)
+                continue;
+            size_t n = fread(stat, 1, sizeof stat - 1, f);
+            fclose(f);
+            stat[n] = '\0';
+            char *rp = strrchr(stat, ')');
+            char state;
+            int ppid, pgrp;
+            if (!rp || sscanf(rp + 1, " %c %d %d", &state, &ppid, &pgrp) != 3)
+                continue;
+            if (pgrp == s->pgid && state != 'Z') {
+                char *lp = strchr(stat, '(');
+                td_buf_printf(&list, "%s%d %.*s", list.len ? ", " : "", pid, lp ? (int)(rp - lp + 1) : 0, lp ? lp : "");
+            }
+        }
+        closedir(d);
+        if (!list.len)
+            break;
+        td_sleep_ms(30);
+    }
+    if (!list.len) {
+        td_buf_free(&list);
+        return NULL;
+    }
+    killpg(s->pgid, SIGKILL);
+    char *msg = td_asprintf("Test left processes running (now killed): %s", list.data);
+    td_buf_free(&list);
+    return msg;
+}
+
+/* ---- td_test_run -------------------------------------------------------------------------- */
+
+static char *make_test_dir(const char *instance)
+{
+    const char *base = td_env_str("TMPDIR", "/tmp");
+    char clean[48];
+    size_t k = 0;
+    for (const char *p = instance; *p && k < sizeof clean - 1; p++)
+        clean[k++] = ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9')) ? *p : '_';
+    clean[k] = '\0';
+    char *dir = td_asprintf("%s/tdist-%s-XXXXXX", base, clean);
+    if (!mkdtemp(dir)) {
+        td_error_errno(TD_ERR_IO, "creating the test's temp dir %s", dir);
+        free(dir);
+        return NULL;
+    }
+    return dir;
+}
+
+void td_harness_supervise(td_test_case *c, const char *param, const char *instance, td_test_result *r)
+{
+    memset(r, 0, sizeof *r);
+    r->message = td_strdup("");
+    int64_t t0 = td_now_ns();
+    sup s = {.c = c, .name = instance, .r = r, .log = TD_BUF_INIT, .output = TD_BUF_INIT};
+    bool quiet = false;
+    td_env_bool("TDIST_TEST_QUIET", false, &quiet);
+    s.quiet = quiet;
+    s.timeout_ms = td_harness_timeout_ms(c);
+    int ws = td_harness_world_size(c);
+    r->world_size = ws;
+    for (int i = 0; i < 64; i++)
+        r->exit_codes[i] = TD_TEST_NOT_EXITED;
+
+    const char *reason = c->static_skip ? c->static_skip(param) : NULL;
+    if (reason) {
+        if (td_harness_sandcastle()) {
+            slog(&s, "Skipping %s on sandcastle for following reason: %s", instance, reason);
+            set_verdict(r, TD_TEST_PASS, NULL);
+        } else {
+            set_verdict(r, TD_TEST_SKIP, td_strdup(reason));
+        }
+        goto out;
+    }
+
+    char *dir = make_test_dir(instance);
+    if (!dir) {
+        set_verdict(r, TD_TEST_FAIL, td_strdup(td_last_error()));
+        goto out;
+    }
+    s.n = c->threads ? 1 : ws;
+    s.ranks = td_calloc((size_t)s.n, sizeof *s.ranks);
+    for (int i = 0; i < s.n; i++) {
+        s.ranks[i].rank = i;
+        s.ranks[i].fds[0] = s.ranks[i].fds[1] = s.ranks[i].fds[2] = -1;
+    }
+    size_t nenv = 0;
+    for (char **e = environ; *e; e++)
+        nenv++;
+    char **envp = td_calloc(nenv + 1, sizeof *envp);
+    size_t k = 0;
+    for (char **e = environ; *e; e++)
+        if (!env_overridden(*e))
+            envp[k++] = *e;
+
+    fflush(stdout);
+    fflush(stderr);
+    s.start_ns = td_now_ns();
+    char *spawn_error = NULL;
+    for (int i = 0; i < s.n; i++) {
+        if (spawn_rank(&s, &s.ranks[i], dir, envp, k) != TD_OK) {
+            spawn_error = td_asprintf("Could not start process %d: %s", i, td_last_error());
+            break;
+        }
+        r->spawned++;
+        snote(&s, "Started process %d with pid %d", i, (int)s.ranks[i].pid);
+    }
+    free(envp);
+
+    int64_t deadline = s.start_ns + s.timeout_ms * 1000000;
+    int64_t grace_ms = clamp_ms(s.timeout_ms / 4, 500, 3000);
+    int64_t settle_ms = clamp_ms(s.timeout_ms / 10, 200, 1000);
+    int64_t abort_at = 0;
+    int trigger = -1;
+    if (spawn_error) {
+        signal_remaining(&s, SIGKILL, true);
+    } else {
+        for (;;) {
+            poll_once(&s, 100);
+            reap(&s, false);
+            int err_rank = -1;
+            for (int i = 0; i < s.n && err_rank < 0; i++)
+                if (s.ranks[i].exited && s.ranks[i].code == TD_TEST_ERROR_EXIT_CODE)
+                    err_rank = i;
+            if (err_rank >= 0 && !all_exited(&s)) {
+                slog(&s, "Process %d terminated with exit code %d, terminating remaining processes.", err_rank,
+                     TD_TEST_ERROR_EXIT_CODE);
+                signal_remaining(&s, SIGTERM, true);
+                break;
+            }
+            if (all_exited(&s))
+                break;
+            if (!c->skip_return_code_check && trigger < 0) {
+                for (int i = 0; i < s.n && trigger < 0; i++) {
+                    const rank_proc *p = &s.ranks[i];
+                    if (p->exited && p->code != 0 && !td_skip_message(p->code)) {
+                        trigger = i;
+                        abort_at = td_now_ns() + settle_ms * 1000000;
+                    }
+                }
+            }
+            if (trigger >= 0 && td_now_ns() >= abort_at) {
+                slog(&s, "Process %d terminated with exit code %d, terminating remaining processes.", trigger,
+                     s.ranks[trigger].code);
+                signal_remaining(&s, SIGTERM, true);
+                break;
+            }
+            if (td_now_ns() >= deadline) {
+                collect_tracebacks(&s);
+                char tmo[64];
+                td_pyfmt_seconds_ms(s.timeout_ms, tmo, sizeof tmo);
+                slog(&s, "Timing out after %s seconds and killing subprocesses.", tmo);
+                signal_remaining(&s, SIGTERM, true);
+                break;
+            }
+        }
+    }
+    char elapsed[64];
+    td_pyfmt_float((double)(td_now_ns() - s.start_ns) / 1e9, elapsed, sizeof elapsed);
+    finish(&s, grace_ms);
+
+    for (int i = 0; i < s.n; i++) {
+        const rank_proc *p = &s.ranks[i];
+        bool by_us = p->killed && (p->code == -SIGTERM || p->code == -SIGKILL);
+        r->exit_codes[i] = by_us ? TD_TEST_NOT_EXITED : p->code;
+    }
+    if (spawn_error)
+        set_verdict(r, TD_TEST_FAIL, spawn_error);
+    else if (c->skip_return_code_check)
+        check_no_test_errors(&s, elapsed);
+    else
+        check_return_codes(&s, elapsed);
+
+    char *extra[3] = {leftover_processes(&s), NULL, NULL};
+    if (!c->allow_leftovers) {
+        extra[1] = leftover_shm(&s);
+        extra[2] = leftover_files(dir);
+    } else {
+        free(leftover_shm(&s));
+    }
+    for (int i = 0; i < 3; i++) {
+        if (!extra[i])
+            continue;
+        slog(&s, "%s", extra[i]);
+        if (r->verdict == TD_TEST_PASS)
+            set_verdict(r, TD_TEST_FAIL, extra[i]);
+        else
+            free(extra[i]);
+    }
+    remove_tree(dir);
+    free(dir);
+    for (int i = 0; i < s.n; i++) {
+        rank_proc *p = &s.ranks[i];
+        td_buf_free(&p->ctl_in);
+        td_buf_free(&p->line[0]);
+        td_buf_free(&p->line[1]);
+        free(p->error);
+        free(p->traceback);
+        free(p->pending);
+    }
+    free(s.ranks);
+out:
+    r->log = td_buf_steal(&s.log);
+    r->output = td_buf_steal(&s.output);
+    r->elapsed_s = (double)(td_now_ns() - t0) / 1e9;
+}
+
+td_status td_test_run(const char *name, td_test_result *result)
+{
+    td_test_case *c;
+    const char *param;
+    size_t plen;
+    if (!name || !td_harness_find(name, &c, &param, &plen)) {
+        memset(result, 0, sizeof *result);
+        return td_error(TD_ERR_NOT_FOUND, "no test case named '%s'", name ? name : "(null)");
+    }
+    char *p = td_strndup(param, plen);
+    td_harness_supervise(c, p, name, result);
+    free(p);
+    return TD_OK;
+}
+
+void td_test_result_free(td_test_result *result)
+{
+    if (!result)
+        return;
+    free(result->message);
+    free(result->log);
+    free(result->output);
+    result->message = result->log = result->output = NULL;
+}

@@ -1,0 +1,584 @@
+/* The TCPStore server's state machine (tcp_core.h): keys and values, per-connection protocol state
+ * and the wait lists that let the server hold blocked requests instead of having clients poll.
+ *
+ * Parking: a GET, WAIT or MULTI_GET whose keys are not all present copies its keys into the
+ * connection and puts the connection on the wait list of each missing key. A write to a key takes
+ * that key's list and re-examines each connection on it: it is answered if all its keys are now
+ * present, else parked again on the ones still missing. A connection has at most one request in
+ * flight while parked (clients send nothing but CANCEL then), so a parked request never delays
+ * another client's. Timeouts are the client's business: it sends CANCEL when its deadline passes,
+ * and the server needs no timers. */
+#include "store/tcp_core.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/map.h"
+#include "base/vec.h"
+#include "store/store_impl.h"
+
+#define BACKLOG_BYTES ((size_t)4 << 20)
+
+typedef struct sval {
+    size_t len, cap;
+    char data[];
+} sval;
+
+typedef struct key_ref {
+    size_t off, len;
+} key_ref;
+
+typedef TD_VEC(td_store_conn *) conn_vec;
+
+struct td_store_conn {
+    void *user;
+    td_buf in;
+    td_buf out;
+    size_t out_off;   /* bytes of out already sent */
+    size_t want;      /* frame size of the partial request in `in`, when known */
+    bool hello_done;
+    bool closing;
+    bool dirty;
+    uint8_t parked;   /* 0, or the command waiting: GET, WAIT or MULTI_GET */
+    td_buf park_keys; /* the parked request's keys, back to back */
+    TD_VEC(key_ref) park_refs;
+    size_t index;     /* position in core->conns */
+};
+
+struct td_store_core {
+    td_store_limits lim;
+    char *token;
+    size_t token_len;
+    td_map values;  /* key -> sval* */
+    td_map waiters; /* key -> conn_vec* */
+    conn_vec conns;
+    conn_vec dirty;
+    size_t parked;
+    td_store_slice_vec ks, vs; /* parser scratch */
+};
+
+td_store_core *td_store_core_new(const td_store_limits *lim, const char *token)
+{
+    td_store_core *c = TD_NEW(td_store_core);
+    c->lim = *lim;
+    if (token && *token) {
+        c->token = td_strdup(token);
+        c->token_len = strlen(token);
+    }
+    return c;
+}
+
+static void free_conn(td_store_conn *c)
+{
+    td_buf_free(&c->in);
+    td_buf_free(&c->out);
+    td_buf_free(&c->park_keys);
+    TD_VEC_FREE(&c->park_refs);
+    free(c);
+}
+
+static void free_waitlist(void *p)
+{
+    conn_vec *v = p;
+    TD_VEC_FREE(v);
+    free(v);
+}
+
+void td_store_core_free(td_store_core *core)
+{
+    if (!core)
+        return;
+    for (size_t i = 0; i < core->conns.len; i++)
+        free_conn(core->conns.items[i]);
+    TD_VEC_FREE(&core->conns);
+    TD_VEC_FREE(&core->dirty);
+    td_map_free(&core->values, free);
+    td_map_free(&core->waiters, free_waitlist);
+    TD_VEC_FREE(&core->ks);
+    TD_VEC_FREE(&core->vs);
+    free(core->token);
+    free(core);
+}
+
+td_store_conn *td_store_core_attach(td_store_core *core, void *user)
+{
+    td_store_conn *c = TD_NEW(td_store_conn);
+    c->user = user;
+    c->index = core->conns.len;
+    TD_VEC_PUSH(&core->conns, c);
+    return c;
+}
+
+void *td_store_conn_user(const td_store_conn *conn) { return conn->user; }
+td_buf *td_store_conn_input(td_store_conn *conn) { return &conn->in; }
+
+size_t td_store_conn_input_want(const td_store_conn *conn)
+{
+    return conn->want > conn->in.len ? conn->want - conn->in.len : 0;
+}
+
+const uint8_t *td_store_conn_output(const td_store_conn *conn, size_t *len)
+{
+    *len = conn->out.len - conn->out_off;
+    return (const uint8_t *)conn->out.data + conn->out_off;
+}
+
+void td_store_conn_output_done(td_store_conn *conn, size_t n)
+{
+    conn->out_off += n;
+    if (conn->out_off >= conn->out.len) {
+        conn->out.len = 0;
+        conn->out_off = 0;
+        /* Give back the memory of a huge answer once it is sent. */
+        if (conn->out.cap > BACKLOG_BYTES)
+            td_buf_free(&conn->out);
+    }
+}
+
+bool td_store_conn_closing(const td_store_conn *conn) { return conn->closing; }
+bool td_store_conn_backlogged(const td_store_conn *conn) { return conn->out.len - conn->out_off > BACKLOG_BYTES; }
+
+td_store_conn *td_store_core_pop_dirty(td_store_core *core)
+{
+    if (core->dirty.len == 0)
+        return NULL;
+    td_store_conn *c = core->dirty.items[--core->dirty.len];
+    c->dirty = false;
+    return c;
+}
+
+size_t td_store_core_num_conns(const td_store_core *core) { return core->conns.len; }
+td_store_conn *td_store_core_conn(const td_store_core *core, size_t i) { return core->conns.items[i]; }
+size_t td_store_core_num_keys(const td_store_core *core) { return core->values.len; }
+size_t td_store_core_num_parked(const td_store_core *core) { return core->parked; }
+
+/* ---- replies ------------------------------------------------------------------------------------ */
+
+static void mark_dirty(td_store_core *core, td_store_conn *c)
+{
+    if (!c->dirty) {
+        c->dirty = true;
+        TD_VEC_PUSH(&core->dirty, c);
+    }
+}
+
+static size_t reply_begin(td_store_core *core, td_store_conn *c, uint8_t kind)
+{
+    mark_dirty(core, c);
+    return td_store_msg_begin(&c->out, kind);
+}
+
+static void reply_empty(td_store_core *core, td_store_conn *c, uint8_t kind)
+{
+    size_t off = reply_begin(core, c, kind);
+    td_store_msg_end(&c->out, off);
+}
+
+static void reply_bytes(td_store_core *core, td_store_conn *c, const void *data, size_t len)
+{
+    size_t off = reply_begin(core, c, TD_STORE_REPLY_OK);
+    td_buf_append(&c->out, data, len);
+    td_store_msg_end(&c->out, off);
+}
+
+static void reply_u8(td_store_core *core, td_store_conn *c, uint8_t v) { reply_bytes(core, c, &v, 1); }
+
+static void reply_i64(td_store_core *core, td_store_conn *c, int64_t v)
+{
+    size_t off = reply_begin(core, c, TD_STORE_REPLY_OK);
+    td_store_put_i64(&c->out, v);
+    td_store_msg_end(&c->out, off);
+}
+
+/* An error answer for a request that was understood but failed (the connection stays). */
+static void reply_error(td_store_core *core, td_store_conn *c, td_status code, const char *msg)
+{
+    size_t off = reply_begin(core, c, TD_STORE_REPLY_ERROR);
+    td_buf_put_u32(&c->out, (uint32_t)(int32_t)code);
+    td_buf_append_str(&c->out, msg);
+    td_store_msg_end(&c->out, off);
+}
+
+/* ---- values ------------------------------------------------------------------------------------- */
+
+static sval *lookup(td_store_core *core, td_store_slice k) { return td_map_get(&core->values, k.data, k.len); }
+
+/* Stores len bytes (from up to two pieces, for append) at key, reusing the old block when it fits. */
+static td_status store_value(td_store_core *core, td_store_slice k, const void *a, size_t alen, const void *b,
+                             size_t blen)
+{
+    sval *old = lookup(core, k);
+    size_t len = alen + blen;
+    if (len > core->lim.max_value)
+        return td_error(TD_ERR_INVALID, "the value of key '%.*s' would be %zu bytes, over the server's limit of %llu "
+                        "bytes (TDIST_STORE_MAX_VALUE)", (int)(k.len > 200 ? 200 : k.len), (const char *)k.data, len,
+                        (unsigned long long)core->lim.max_value);
+    if (old && old->cap >= len) {
+        if (a != old->data && alen)
+            memmove(old->data, a, alen);
+        if (blen)
+            memcpy(old->data + alen, b, blen);
+        old->len = len;
+        return TD_OK;
+    }
+    /* Appends grow the block geometrically so that n appends cost O(n) copies, not O(n^2). */
+    size_t cap = len;
+    if (blen && old && old->cap < core->lim.max_value / 2 && len < old->cap * 2)
+        cap = old->cap * 2;
+    sval *v = NULL;
+    TD_TRY(td_try_malloc(sizeof *v + cap + 1, "TCPStore value", (void **)&v));
+    v->len = len;
+    v->cap = cap;
+    if (alen)
+        memcpy(v->data, a, alen);
+    if (blen)
+        memcpy(v->data + alen, b, blen);
+    td_map_put(&core->values, k.data, k.len, v);
+    free(old);
+    return TD_OK;
+}
+
+/* ---- parking ------------------------------------------------------------------------------------ */
+
+static td_store_slice park_key(const td_store_conn *c, size_t i)
+{
+    td_store_slice s = {(const uint8_t *)c->park_keys.data + c->park_refs.items[i].off, c->park_refs.items[i].len};
+    return s;
+}
+
+static void answer_parked(td_store_core *core, td_store_conn *c)
+{
+    switch (c->parked) {
+    case TD_STORE_CMD_GET: {
+        sval *v = lookup(core, park_key(c, 0));
+        reply_bytes(core, c, v->data, v->len);
+        break;
+    }
+    case TD_STORE_CMD_WAIT:
+        reply_empty(core, c, TD_STORE_REPLY_OK);
+        break;
+    case TD_STORE_CMD_MULTI_GET: {
+        size_t off = reply_begin(core, c, TD_STORE_REPLY_OK);
+        td_buf_put_u32(&c->out, (uint32_t)c->park_refs.len);
+        for (size_t i = 0; i < c->park_refs.len; i++) {
+            sval *v = lookup(core, park_key(c, i));
+            td_store_put_value(&c->out, v->data, v->len);
+        }
+        td_store_msg_end(&c->out, off);
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+static void waitlist_remove(td_store_core *core, td_store_slice k, td_store_conn *c)
+{
+    conn_vec *wl = td_map_get(&core->waiters, k.data, k.len);
+    if (!wl)
+        return;
+    for (size_t i = 0; i < wl->len;) {
+        if (wl->items[i] == c)
+            TD_VEC_SWAP_REMOVE(wl, i);
+        else
+            i++;
+    }
+    if (wl->len == 0)
+        free_waitlist(td_map_remove(&core->waiters, k.data, k.len));
+}
+
+/* Takes c off every wait list and clears its parked request. */
+static void unpark(td_store_core *core, td_store_conn *c)
+{
+    if (!c->parked)
+        return;
+    for (size_t i = 0; i < c->park_refs.len; i++)
+        waitlist_remove(core, park_key(c, i), c);
+    c->parked = 0;
+    c->park_refs.len = 0;
+    td_buf_clear(&c->park_keys);
+    core->parked--;
+}
+
+/* Answers c's request if all its keys exist, else puts it on the wait list of each missing key. */
+static void try_answer(td_store_core *core, td_store_conn *c)
+{
+    bool all = true;
+    for (size_t i = 0; i < c->park_refs.len; i++) {
+        td_store_slice k = park_key(c, i);
+        if (lookup(core, k))
+            continue;
+        all = false;
+        conn_vec *wl = td_map_get(&core->waiters, k.data, k.len);
+        if (!wl) {
+            wl = TD_NEW(conn_vec);
+            td_map_put(&core->waiters, k.data, k.len, wl);
+        }
+        TD_VEC_PUSH(wl, c);
+    }
+    if (all) {
+        answer_parked(core, c);
+        c->parked = 0;
+        c->park_refs.len = 0;
+        td_buf_clear(&c->park_keys);
+        core->parked--;
+    }
+}
+
+static void park(td_store_core *core, td_store_conn *c, uint8_t cmd, const td_store_slice *keys, size_t n)
+{
+    c->parked = cmd;
+    core->parked++;
+    td_buf_clear(&c->park_keys);
+    c->park_refs.len = 0;
+    for (size_t i = 0; i < n; i++) {
+        key_ref r = {c->park_keys.len, keys[i].len};
+        td_buf_append(&c->park_keys, keys[i].data, keys[i].len);
+        TD_VEC_PUSH(&c->park_refs, r);
+    }
+    try_answer(core, c);
+}
+
+/* After a write to k: re-examine every connection waiting on it. */
+static void wake(td_store_core *core, td_store_slice k)
+{
+    if (core->waiters.len == 0)
+        return;
+    conn_vec *wl = td_map_remove(&core->waiters, k.data, k.len);
+    if (!wl)
+        return;
+    for (size_t i = 0; i < wl->len; i++) {
+        td_store_conn *c = wl->items[i];
+        if (!c->parked)
+            continue; /* listed twice (a key repeated in its request) and already answered */
+        uint8_t cmd = c->parked;
+        /* Leave the other lists; try_answer re-registers on the keys still missing. */
+        for (size_t j = 0; j < c->park_refs.len; j++)
+            waitlist_remove(core, park_key(c, j), c);
+        c->parked = cmd;
+        try_answer(core, c);
+    }
+    free_waitlist(wl);
+}
+
+/* ---- requests ----------------------------------------------------------------------------------- */
+
+static bool all_present(td_store_core *core, const td_store_slice *keys, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!lookup(core, keys[i]))
+            return false;
+    return true;
+}
+
+static void shown_key(td_store_slice k, char *out, size_t size)
+{
+    size_t n = k.len < size - 1 ? k.len : size - 1;
+    memcpy(out, k.data, n);
+    out[n] = '\0';
+}
+
+static bool token_matches(const td_store_core *core, td_store_slice t)
+{
+    /* Constant time in the token's contents. */
+    unsigned diff = (unsigned)(t.len ^ core->token_len);
+    for (size_t i = 0; i < core->token_len; i++)
+        diff |= (unsigned)(core->token[i] ^ (i < t.len ? t.data[i] : 0));
+    return diff == 0;
+}
+
+static td_status handle_hello(td_store_core *core, td_store_conn *c, const td_store_request *r)
+{
+    if (c->hello_done)
+        return td_error(TD_ERR_INVALID, "a second HELLO on one connection");
+    if (r->magic != TD_STORE_PROTO_MAGIC)
+        return td_error(TD_ERR_INVALID, "HELLO with a wrong magic number (not a tdist TCPStore client)");
+    if (r->version != TD_STORE_PROTO_VERSION) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "unsupported TCPStore protocol version %u; this server speaks version %u",
+                 r->version, TD_STORE_PROTO_VERSION);
+        reply_error(core, c, TD_ERR_UNSUPPORTED, msg);
+        c->closing = true;
+        return TD_OK;
+    }
+    if (core->token && !token_matches(core, r->token)) {
+        reply_error(core, c, TD_ERR_INVALID,
+                    r->token.len ? "authentication failed: the client's auth token (TDIST_AUTH_TOKEN) does not match "
+                                   "the server's"
+                                 : "authentication failed: the server requires an auth token; set TDIST_AUTH_TOKEN to "
+                                   "the job's token on every rank");
+        c->closing = true;
+        return TD_OK;
+    }
+    c->hello_done = true;
+    size_t off = reply_begin(core, c, TD_STORE_REPLY_OK);
+    td_buf_put_u32(&c->out, TD_STORE_PROTO_VERSION);
+    td_buf_put_u64(&c->out, core->lim.max_key);
+    td_buf_put_u64(&c->out, core->lim.max_value);
+    td_store_msg_end(&c->out, off);
+    return TD_OK;
+}
+
+static td_status handle(td_store_core *core, td_store_conn *c, const td_store_request *r)
+{
+    if (r->cmd == TD_STORE_CMD_HELLO)
+        return handle_hello(core, c, r);
+    if (!c->hello_done)
+        return td_error(TD_ERR_INVALID, "%s request before HELLO", td_store_cmd_name(r->cmd));
+    if (r->cmd == TD_STORE_CMD_CANCEL) {
+        unpark(core, c);
+        reply_empty(core, c, TD_STORE_REPLY_CANCELED);
+        return TD_OK;
+    }
+    if (c->parked)
+        return td_error(TD_ERR_INVALID, "%s request while a %s is pending (only CANCEL may follow a blocked request)",
+                        td_store_cmd_name(r->cmd), td_store_cmd_name(c->parked));
+    td_status s = TD_OK;
+    switch (r->cmd) {
+    case TD_STORE_CMD_SET:
+        s = store_value(core, r->key, r->value.data, r->value.len, NULL, 0);
+        if (s == TD_OK) {
+            reply_empty(core, c, TD_STORE_REPLY_OK);
+            wake(core, r->key);
+        }
+        break;
+    case TD_STORE_CMD_APPEND: {
+        sval *old = lookup(core, r->key);
+        if (old && r->value.len > SIZE_MAX / 2) {
+            s = td_error(TD_ERR_INVALID, "append too large");
+            break;
+        }
+        s = old ? store_value(core, r->key, old->data, old->len, r->value.data, r->value.len)
+                : store_value(core, r->key, r->value.data, r->value.len, NULL, 0);
+        if (s == TD_OK) {
+            reply_empty(core, c, TD_STORE_REPLY_OK);
+            wake(core, r->key);
+        }
+        break;
+    }
+    case TD_STORE_CMD_GET: {
+        sval *v = lookup(core, r->key);
+        if (v)
+            reply_bytes(core, c, v->data, v->len);
+        else
+            park(core, c, TD_STORE_CMD_GET, &r->key, 1);
+        break;
+    }
+    case TD_STORE_CMD_ADD: {
+        char key[256];
+        shown_key(r->key, key, sizeof key);
+        sval *v = lookup(core, r->key);
+        int64_t cur = 0, next = 0;
+        s = v ? td_store_parse_counter(key, v->data, v->len, &cur) : TD_OK;
+        if (s == TD_OK)
+            s = td_store_counter_add(key, cur, r->delta, &next);
+        if (s == TD_OK) {
+            char text[24];
+            size_t n = td_store_format_counter(next, text);
+            s = store_value(core, r->key, text, n, NULL, 0);
+        }
+        if (s == TD_OK) {
+            reply_i64(core, c, next);
+            wake(core, r->key);
+        }
+        break;
+    }
+    case TD_STORE_CMD_COMPARE_SET: {
+        sval *v = lookup(core, r->key);
+        bool write;
+        const void *res;
+        size_t res_len;
+        td_store_compare_set_decide(v != NULL, v ? v->data : NULL, v ? v->len : 0, r->expected.data,
+                                    r->expected.len, r->value.data, r->value.len, &write, &res, &res_len);
+        if (!write) {
+            reply_bytes(core, c, res, res_len);
+            break;
+        }
+        /* Writing answers `desired`, which lives in the request, not in the value being replaced. */
+        s = store_value(core, r->key, r->value.data, r->value.len, NULL, 0);
+        if (s == TD_OK) {
+            reply_bytes(core, c, r->value.data, r->value.len);
+            wake(core, r->key);
+        }
+        break;
+    }
+    case TD_STORE_CMD_DELETE_KEY: {
+        sval *v = td_map_remove(&core->values, r->key.data, r->key.len);
+        reply_u8(core, c, v != NULL);
+        free(v);
+        break;
+    }
+    case TD_STORE_CMD_CHECK:
+        reply_u8(core, c, all_present(core, r->keys, r->nkeys));
+        break;
+    case TD_STORE_CMD_NUM_KEYS:
+        reply_i64(core, c, (int64_t)core->values.len);
+        break;
+    case TD_STORE_CMD_WAIT:
+    case TD_STORE_CMD_MULTI_GET:
+        park(core, c, r->cmd, r->keys, r->nkeys);
+        break;
+    case TD_STORE_CMD_MULTI_SET:
+        for (size_t i = 0; s == TD_OK && i < r->nkeys; i++)
+            s = store_value(core, r->keys[i], r->values[i].data, r->values[i].len, NULL, 0);
+        if (s == TD_OK) {
+            reply_empty(core, c, TD_STORE_REPLY_OK);
+            for (size_t i = 0; i < r->nkeys; i++)
+                wake(core, r->keys[i]);
+        }
+        break;
+    case TD_STORE_CMD_PING:
+        reply_empty(core, c, TD_STORE_REPLY_OK);
+        break;
+    default:
+        return td_error(TD_ERR_INVALID, "unknown request type %u", r->cmd);
+    }
+    if (s != TD_OK)
+        reply_error(core, c, s, td_last_error());
+    return TD_OK;
+}
+
+td_status td_store_core_process(td_store_core *core, td_store_conn *c)
+{
+    size_t off = 0;
+    td_status s = TD_OK;
+    while (!c->closing && !td_store_conn_backlogged(c)) {
+        td_store_request req;
+        size_t used = 0, frame = 0;
+        s = td_store_parse_request((const uint8_t *)c->in.data + off, c->in.len - off, &core->lim, &core->ks,
+                                   &core->vs, &req, &used, &frame);
+        if (s != TD_OK || used == 0) {
+            c->want = frame;
+            break;
+        }
+        s = handle(core, c, &req);
+        off += used;
+        c->want = 0;
+        if (s != TD_OK)
+            break;
+    }
+    if (off)
+        td_buf_consume(&c->in, off);
+    return s;
+}
+
+void td_store_core_detach(td_store_core *core, td_store_conn *c)
+{
+    unpark(core, c);
+    if (c->dirty) {
+        for (size_t i = 0; i < core->dirty.len; i++) {
+            if (core->dirty.items[i] == c) {
+                TD_VEC_SWAP_REMOVE(&core->dirty, i);
+                break;
+            }
+        }
+    }
+    size_t i = c->index;
+    TD_VEC_SWAP_REMOVE(&core->conns, i);
+    if (i < core->conns.len)
+        core->conns.items[i]->index = i;
+    free_conn(c);
+}

@@ -1,0 +1,59 @@
+/* Internal: the TCPStore server's state machine, without sockets.
+ *
+ * The core owns the key-value map, the connections' protocol state and the server-side wait lists:
+ * a GET, WAIT or MULTI_GET on a missing key parks its connection on that key, and the write that
+ * creates the key answers it. The epoll loop (tcp_server.c) moves bytes between sockets and each
+ * connection's input and output buffers; the fuzz target drives the same core with fake
+ * connections. Not thread-safe: one thread (the server's) owns a core. */
+#ifndef TDIST_STORE_TCP_CORE_H
+#define TDIST_STORE_TCP_CORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tdist/status.h>
+
+#include "base/buf.h"
+#include "store/tcp_proto.h"
+
+typedef struct td_store_core td_store_core;
+typedef struct td_store_conn td_store_conn;
+
+/* token: the shared secret clients must present (NULL or "": none). */
+td_store_core *td_store_core_new(const td_store_limits *lim, const char *token);
+/* Frees the core and every connection still attached. */
+void td_store_core_free(td_store_core *core);
+
+td_store_conn *td_store_core_attach(td_store_core *core, void *user);
+/* Removes a connection (closed by either side), dropping its parked request. */
+void td_store_core_detach(td_store_core *core, td_store_conn *conn);
+void *td_store_conn_user(const td_store_conn *conn);
+
+/* Received bytes go at the end of this buffer. */
+td_buf *td_store_conn_input(td_store_conn *conn);
+/* How many more bytes the partially received request needs (0 when unknown), so the reader can
+ * size one receive for a large value. */
+size_t td_store_conn_input_want(const td_store_conn *conn);
+/* Handles every complete request in the input. An error (message set) means the connection must
+ * be closed: malformed, oversize or unknown requests, or requests out of protocol order. */
+td_status td_store_core_process(td_store_core *core, td_store_conn *conn);
+
+/* Pending output; td_store_conn_output_done drops n sent bytes. */
+const uint8_t *td_store_conn_output(const td_store_conn *conn, size_t *len);
+void td_store_conn_output_done(td_store_conn *conn, size_t n);
+/* The connection must be closed once its output is sent (it was refused at HELLO). */
+bool td_store_conn_closing(const td_store_conn *conn);
+/* Reading should pause: the peer is not taking its answers. */
+bool td_store_conn_backlogged(const td_store_conn *conn);
+
+/* Connections that got output since the last call (the one processed and the waiters its writes
+ * answered), one at a time; NULL when none is left. */
+td_store_conn *td_store_core_pop_dirty(td_store_core *core);
+
+size_t td_store_core_num_conns(const td_store_core *core);
+td_store_conn *td_store_core_conn(const td_store_core *core, size_t i);
+size_t td_store_core_num_keys(const td_store_core *core);
+size_t td_store_core_num_parked(const td_store_core *core);
+
+#endif

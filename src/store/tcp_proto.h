@@ -1,0 +1,118 @@
+/* Internal: the TCPStore wire protocol, version 1 (docs/protocols.md, "TCPStore protocol").
+ *
+ * Every message is a 9-byte header, u8 tag + u64 body length (little-endian), then the body.
+ * Requests carry a command tag; responses a kind (OK, ERROR, CANCELED). Body fields are
+ *   key    u32 length + bytes        (at most max_key bytes)
+ *   value  u64 length + bytes        (at most max_value bytes)
+ *   i64, u32, u8                     little-endian
+ * A connection starts with HELLO (magic, version, auth token); the server answers with its version
+ * and limits, or an ERROR and a close.
+ *
+ * td_store_parse_request is a pure function over bytes (the server and fuzz/fuzz_store_request.c
+ * both drive it): it never trusts a length before checking it against the bytes present and the
+ * limits, and never allocates beyond the scratch arrays for multi-key requests. */
+#ifndef TDIST_STORE_TCP_PROTO_H
+#define TDIST_STORE_TCP_PROTO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tdist/status.h>
+
+#include "base/buf.h"
+#include "base/vec.h"
+
+#define TD_STORE_PROTO_MAGIC 0x54534454u /* "TDST" as little-endian bytes */
+#define TD_STORE_PROTO_VERSION 1u
+#define TD_STORE_HEADER_LEN 9
+#define TD_STORE_MAX_TOKEN 4096
+/* Room in a request body beyond its keys and values, for lengths, counts and integers. */
+#define TD_STORE_BODY_SLACK 4096
+#define TD_STORE_MAX_KEYS_PER_REQUEST (1u << 20)
+
+enum td_store_cmd {
+    TD_STORE_CMD_HELLO = 1,
+    TD_STORE_CMD_SET = 2,
+    TD_STORE_CMD_GET = 3,       /* parks until the key exists */
+    TD_STORE_CMD_ADD = 4,
+    TD_STORE_CMD_COMPARE_SET = 5,
+    TD_STORE_CMD_DELETE_KEY = 6,
+    TD_STORE_CMD_CHECK = 7,
+    TD_STORE_CMD_NUM_KEYS = 8,
+    TD_STORE_CMD_WAIT = 9,      /* parks until every key exists */
+    TD_STORE_CMD_CANCEL = 10,   /* ends this connection's parked request */
+    TD_STORE_CMD_APPEND = 11,
+    TD_STORE_CMD_MULTI_GET = 12, /* parks until every key exists */
+    TD_STORE_CMD_MULTI_SET = 13,
+    TD_STORE_CMD_PING = 14,
+    TD_STORE_CMD_MAX_ = 14,
+};
+
+enum td_store_reply_kind {
+    TD_STORE_REPLY_OK = 0,
+    TD_STORE_REPLY_ERROR = 1,    /* body: i32 td_status code, then the message text */
+    TD_STORE_REPLY_CANCELED = 2, /* answer to CANCEL (after the parked request's reply, if it won) */
+};
+
+typedef struct td_store_limits {
+    uint64_t max_key;
+    uint64_t max_value;
+} td_store_limits;
+
+#define TD_STORE_DEFAULT_MAX_KEY ((uint64_t)64 << 10)
+#define TD_STORE_DEFAULT_MAX_VALUE ((uint64_t)512 << 20)
+
+/* Fills in zeros from TDIST_STORE_MAX_KEY / TDIST_STORE_MAX_VALUE or the defaults (64 KiB, 512 MiB). */
+td_status td_store_limits_resolve(size_t max_key, size_t max_value, td_store_limits *out);
+/* The largest request body the limits allow: one key, one value and the slack. */
+uint64_t td_store_max_body(const td_store_limits *lim);
+
+typedef struct td_store_slice {
+    const uint8_t *data;
+    size_t len;
+} td_store_slice;
+
+typedef TD_VEC(td_store_slice) td_store_slice_vec;
+
+typedef struct td_store_request {
+    uint8_t cmd;
+    td_store_slice key;      /* SET GET ADD COMPARE_SET DELETE_KEY APPEND */
+    td_store_slice value;    /* SET APPEND: the value; COMPARE_SET: desired */
+    td_store_slice expected; /* COMPARE_SET */
+    int64_t delta;           /* ADD */
+    uint32_t magic, version; /* HELLO */
+    td_store_slice token;    /* HELLO */
+    size_t nkeys;            /* CHECK WAIT MULTI_GET MULTI_SET */
+    td_store_slice *keys;    /* into the scratch vector given to the parser */
+    td_store_slice *values;  /* MULTI_SET */
+} td_store_request;
+
+/* Parses one request from the front of buf.
+ *   TD_OK, *consumed > 0: *req holds it (slices point into buf).
+ *   TD_OK, *consumed == 0: incomplete; *frame_len is the whole frame's size once the header is
+ *     in (so the caller can reserve it), else 0.
+ *   TD_ERR_INVALID: malformed, unknown or over the limits; the message says why, and the
+ *     connection must be closed. */
+td_status td_store_parse_request(const uint8_t *buf, size_t len, const td_store_limits *lim,
+                                 td_store_slice_vec *keys_scratch, td_store_slice_vec *values_scratch,
+                                 td_store_request *req, size_t *consumed, size_t *frame_len);
+
+const char *td_store_cmd_name(int cmd);
+
+/* ---- encoding (client requests, server replies) ------------------------------------------------ */
+
+/* Starts a message with tag; returns the header's offset for td_store_msg_end. */
+size_t td_store_msg_begin(td_buf *b, uint8_t tag);
+/* Patches the body length of the message started at off. */
+void td_store_msg_end(td_buf *b, size_t off);
+void td_store_put_key(td_buf *b, const char *prefix, const void *key, size_t len);
+void td_store_put_value(td_buf *b, const void *value, size_t len);
+void td_store_put_i64(td_buf *b, int64_t v);
+
+/* Reads a response header: kind and body length. */
+void td_store_parse_header(const uint8_t *hdr, uint8_t *tag, uint64_t *body_len);
+uint32_t td_store_get_u32(const uint8_t *p);
+uint64_t td_store_get_u64(const uint8_t *p);
+
+#endif

@@ -1,0 +1,363 @@
+/* The TCPStore server's event loop (tcp_server.h): one thread, one epoll set, level-triggered.
+ *
+ * Each readable connection gets one receive per wake-up (at least 64 KiB, or the rest of a large
+ * request at once), so a thousand clients are served fairly; the core (tcp_core.c) turns the bytes
+ * into answers, which are sent at once and, if the socket is full, when it drains (EPOLLOUT). A
+ * connection that is not reading its answers stops being read (backpressure). A malformed,
+ * oversize or unknown request closes that one connection with a logged reason; every other client
+ * keeps being served. Closes are deferred to the end of each batch of events, since answering one
+ * connection can fail another that appears later in the same batch. */
+#include "store/tcp_server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+#include "base/clock.h"
+#include "base/env.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "base/thread.h"
+#include "base/vec.h"
+#include "net/addr.h"
+#include "net/socket.h"
+#include "store/tcp_core.h"
+
+#define READ_CHUNK ((size_t)64 << 10)
+#define MAX_EVENTS 256
+
+static char listen_tag, wake_tag;
+
+typedef struct srv_conn {
+    int fd;
+    uint32_t events;
+    bool dead;
+    td_store_conn *core;
+    char peer[TD_ADDR_STRLEN];
+} srv_conn;
+
+struct td_store_server {
+    int listen_fd, epoll_fd, wake_fd, reserve_fd;
+    int port;
+    char address[TD_ADDR_STRLEN];
+    td_store_core *core;
+    pthread_t thread;
+    int spin_us;
+    TD_VEC(srv_conn *) to_close;
+    int64_t last_emfile_log;
+    _Atomic uint64_t st_connections, st_accepted, st_dropped, st_keys, st_parked;
+};
+
+static void set_events(td_store_server *s, srv_conn *c, uint32_t events)
+{
+    if (c->dead || c->events == events)
+        return;
+    struct epoll_event ev = {.events = events, .data.ptr = c};
+    if (epoll_ctl(s->epoll_fd, EPOLL_CTL_MOD, c->fd, &ev) == 0)
+        c->events = events;
+}
+
+static void kill_conn(td_store_server *s, srv_conn *c, bool bad, const char *why)
+{
+    if (c->dead)
+        return;
+    if (bad) {
+        TD_LOG_WARN("TCPStore server %s: closing the connection from %s: %s", s->address, c->peer, why);
+        atomic_fetch_add(&s->st_dropped, 1);
+    } else {
+        TD_LOG_DEBUG("TCPStore server %s: connection from %s closed: %s", s->address, c->peer, why);
+    }
+    c->dead = true;
+    epoll_ctl(s->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
+    TD_VEC_PUSH(&s->to_close, c);
+}
+
+static void reap_closed(td_store_server *s)
+{
+    for (size_t i = 0; i < s->to_close.len; i++) {
+        srv_conn *c = s->to_close.items[i];
+        td_store_core_detach(s->core, c->core);
+        close(c->fd);
+        free(c);
+        atomic_fetch_sub(&s->st_connections, 1);
+    }
+    s->to_close.len = 0;
+}
+
+static void process_input(td_store_server *s, srv_conn *c);
+
+/* Sends what the connection has pending, then sets its interest: EPOLLOUT while output is left,
+ * EPOLLIN unless it is backlogged. */
+static void flush(td_store_server *s, srv_conn *c)
+{
+    if (c->dead)
+        return;
+    size_t len;
+    const uint8_t *p = td_store_conn_output(c->core, &len);
+    while (len > 0) {
+        ssize_t n = send(c->fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                break;
+            kill_conn(s, c, false, strerror(errno));
+            return;
+        }
+        td_store_conn_output_done(c->core, (size_t)n);
+        p = td_store_conn_output(c->core, &len);
+    }
+    if (len == 0 && td_store_conn_closing(c->core)) {
+        kill_conn(s, c, true, "refused at HELLO (wrong protocol version or auth token)");
+        return;
+    }
+    bool was_paused = !(c->events & EPOLLIN);
+    bool backlogged = td_store_conn_backlogged(c->core);
+    set_events(s, c, (backlogged ? 0 : EPOLLIN) | (len ? EPOLLOUT : 0));
+    /* Input that arrived while paused may hold whole requests already. */
+    if (was_paused && !backlogged && td_store_conn_input(c->core)->len > 0)
+        process_input(s, c);
+}
+
+static void flush_dirty(td_store_server *s)
+{
+    td_store_conn *d;
+    while ((d = td_store_core_pop_dirty(s->core)))
+        flush(s, td_store_conn_user(d));
+}
+
+static void process_input(td_store_server *s, srv_conn *c)
+{
+    if (td_store_core_process(s->core, c->core) != TD_OK)
+        kill_conn(s, c, true, td_last_error());
+    flush_dirty(s);
+}
+
+static void on_readable(td_store_server *s, srv_conn *c)
+{
+    td_buf *in = td_store_conn_input(c->core);
+    size_t want = td_store_conn_input_want(c->core);
+    size_t chunk = want > READ_CHUNK ? want : READ_CHUNK;
+    if (td_buf_try_reserve(in, chunk) != TD_OK) {
+        kill_conn(s, c, true, td_last_error());
+        return;
+    }
+    ssize_t n;
+    do
+        n = recv(c->fd, in->data + in->len, chunk, 0);
+    while (n < 0 && errno == EINTR);
+    if (n == 0) {
+        kill_conn(s, c, false, "closed by the client");
+        return;
+    }
+    if (n < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            kill_conn(s, c, false, strerror(errno));
+        return;
+    }
+    in->len += (size_t)n;
+    process_input(s, c);
+}
+
+static void accept_all(td_store_server *s)
+{
+    for (int i = 0; i < 128; i++) {
+        td_addr peer;
+        peer.len = sizeof peer.ss;
+        int fd = accept4(s->listen_fd, (struct sockaddr *)&peer.ss, &peer.len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            if ((errno == EMFILE || errno == ENFILE) && s->reserve_fd >= 0) {
+                /* Out of descriptors: accept and drop one pending client with the spare descriptor,
+                 * so that the listener does not stay readable and spin. */
+                int64_t now = td_now_ms();
+                if (now - s->last_emfile_log > 1000) {
+                    TD_LOG_ERROR("TCPStore server %s: out of file descriptors; refusing clients (raise the "
+                                 "open-files limit, ulimit -n)", s->address);
+                    s->last_emfile_log = now;
+                }
+                close(s->reserve_fd);
+                int drop = accept(s->listen_fd, NULL, NULL);
+                if (drop >= 0)
+                    close(drop);
+                s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+                continue;
+            }
+            return; /* EAGAIN, or an error the next wake-up will retry */
+        }
+        srv_conn *c = TD_NEW(srv_conn);
+        c->fd = fd;
+        td_addr_str(&peer, c->peer, sizeof c->peer);
+        if (peer.ss.ss_family == AF_INET || peer.ss.ss_family == AF_INET6) {
+            int one = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        }
+        c->events = EPOLLIN;
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+        if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+            TD_LOG_WARN("TCPStore server %s: epoll_ctl: %s", s->address, strerror(errno));
+            close(fd);
+            free(c);
+            continue;
+        }
+        c->core = td_store_core_attach(s->core, c);
+        atomic_fetch_add(&s->st_connections, 1);
+        atomic_fetch_add(&s->st_accepted, 1);
+    }
+}
+
+static void *server_main(void *arg)
+{
+    td_store_server *s = arg;
+    struct epoll_event events[MAX_EVENTS];
+    int64_t spin_until = 0;
+    for (bool stop = false; !stop;) {
+        int timeout = -1;
+        if (spin_until && td_now_ns() < spin_until)
+            timeout = 0;
+        int n = epoll_wait(s->epoll_fd, events, MAX_EVENTS, timeout);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            TD_LOG_ERROR("TCPStore server %s: epoll_wait: %s; stopping", s->address, strerror(errno));
+            break;
+        }
+        for (int i = 0; i < n; i++) {
+            void *tag = events[i].data.ptr;
+            if (tag == &wake_tag) {
+                stop = true;
+                continue;
+            }
+            if (tag == &listen_tag) {
+                accept_all(s);
+                continue;
+            }
+            srv_conn *c = tag;
+            if (c->dead)
+                continue;
+            uint32_t ev = events[i].events;
+            if (ev & EPOLLOUT)
+                flush(s, c);
+            if (!c->dead && (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)))
+                on_readable(s, c);
+        }
+        reap_closed(s);
+        if (n > 0 && s->spin_us > 0)
+            spin_until = td_now_ns() + (int64_t)s->spin_us * 1000;
+        atomic_store(&s->st_keys, td_store_core_num_keys(s->core));
+        atomic_store(&s->st_parked, td_store_core_num_parked(s->core));
+    }
+    return NULL;
+}
+
+static void close_all(td_store_server *s)
+{
+    reap_closed(s);
+    while (td_store_core_num_conns(s->core) > 0) {
+        td_store_conn *cc = td_store_core_conn(s->core, 0);
+        srv_conn *c = td_store_conn_user(cc);
+        td_store_core_detach(s->core, cc);
+        close(c->fd);
+        free(c);
+    }
+}
+
+static void free_server(td_store_server *s)
+{
+    close_all(s);
+    if (s->listen_fd >= 0)
+        close(s->listen_fd);
+    if (s->epoll_fd >= 0)
+        close(s->epoll_fd);
+    if (s->wake_fd >= 0)
+        close(s->wake_fd);
+    if (s->reserve_fd >= 0)
+        close(s->reserve_fd);
+    td_store_core_free(s->core);
+    TD_VEC_FREE(&s->to_close);
+    free(s);
+}
+
+td_status td_store_server_start(const td_store_server_options *o, td_store_server **out)
+{
+    *out = NULL;
+    td_store_limits lim;
+    TD_TRY(td_store_limits_resolve(o->max_key_len, o->max_value_len, &lim));
+    int64_t spin = 0;
+    TD_TRY(td_env_int("TDIST_STORE_SPIN_US", 0, 0, 1000000, &spin));
+    td_store_server *s = TD_NEW(td_store_server);
+    s->listen_fd = s->epoll_fd = s->wake_fd = s->reserve_fd = -1;
+    s->spin_us = (int)spin;
+    const char *token = o->auth_token ? o->auth_token : td_env_str("TDIST_AUTH_TOKEN", NULL);
+    s->core = td_store_core_new(&lim, token);
+    td_status st = td_net_listen(o->host, o->port, 0, &s->listen_fd, &s->port);
+    if (st != TD_OK) {
+        free_server(s);
+        return td_error_prefix(st, "TCPStore server");
+    }
+    td_addr local;
+    if (td_net_local_addr(s->listen_fd, &local) == TD_OK)
+        td_addr_str(&local, s->address, sizeof s->address);
+    s->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+    s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (s->epoll_fd < 0 || s->wake_fd < 0) {
+        st = td_error_errno(TD_ERR_IO, "TCPStore server: epoll_create1/eventfd");
+        free_server(s);
+        return st;
+    }
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &listen_tag};
+    struct epoll_event wev = {.events = EPOLLIN, .data.ptr = &wake_tag};
+    if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, s->listen_fd, &ev) != 0 ||
+        epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, s->wake_fd, &wev) != 0) {
+        st = td_error_errno(TD_ERR_IO, "TCPStore server: epoll_ctl");
+        free_server(s);
+        return st;
+    }
+    st = td_thread_start(&s->thread, "td-store-srv", server_main, s);
+    if (st != TD_OK) {
+        free_server(s);
+        return st;
+    }
+    TD_LOG_INFO("TCPStore server listening on %s", s->address);
+    *out = s;
+    return TD_OK;
+}
+
+void td_store_server_stop(td_store_server *s)
+{
+    if (!s)
+        return;
+    uint64_t one = 1;
+    ssize_t rc;
+    do
+        rc = write(s->wake_fd, &one, sizeof one);
+    while (rc < 0 && errno == EINTR);
+    td_thread_join(s->thread);
+    /* The thread is gone: free_server closes every client socket it still had. */
+    free_server(s);
+}
+
+int td_store_server_port(const td_store_server *s) { return s->port; }
+const char *td_store_server_address(const td_store_server *s) { return s->address; }
+
+void td_store_server_get_stats(const td_store_server *s, td_store_server_stats *st)
+{
+    st->connections = atomic_load(&s->st_connections);
+    st->accepted = atomic_load(&s->st_accepted);
+    st->dropped = atomic_load(&s->st_dropped);
+    st->keys = atomic_load(&s->st_keys);
+    st->parked = atomic_load(&s->st_parked);
+}

@@ -1,0 +1,747 @@
+/* TCPStore (tdist/store.h): the client handle, and the server it starts on the master.
+ *
+ * Each handle is one TCP connection and a mutex; a call builds its request in a reused buffer,
+ * sends it and reads the answer, so after warm-up a call allocates nothing but the value it
+ * returns. User keys travel as "/" + key (c10d's key prefix), which keeps them apart from the
+ * internal "init/" counter that wait_for_workers uses.
+ *
+ * Failure handling: timeouts are enforced here, not on the server. When a blocked GET, WAIT or
+ * MULTI_GET reaches its deadline the client sends CANCEL and reads until the server's CANCELED
+ * (dropping the real answer if it raced the cancel), then reports "Socket Timeout"; a connection
+ * that cannot be resynchronized is closed and reopened by the next call. A connection the server
+ * closed (its process died) fails this and every later call at once with TD_ERR_PEER_LOST. */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+#include "base/buf.h"
+#include "base/clock.h"
+#include "base/env.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "base/thread.h"
+#include "net/addr.h"
+#include "net/io.h"
+#include "net/socket.h"
+#include "store/store_impl.h"
+#include "store/tcp_proto.h"
+#include "store/tcp_server.h"
+
+#define KEY_PREFIX "/"
+#define INIT_KEY "init/"
+/* How long a client waits for the server to confirm a CANCEL before dropping the connection. */
+#define CANCEL_GRACE_MS 5000
+#define WORKER_POLL_MS 10
+
+/* ---- the servers this process runs (shared per port when multi_tenant) -------------------------- */
+
+typedef struct server_ref {
+    td_store_server *server;
+    int port;
+    int refs;
+    bool shared;
+    struct server_ref *next;
+} server_ref;
+
+static pthread_mutex_t g_servers_mu = PTHREAD_MUTEX_INITIALIZER;
+static server_ref *g_servers;
+
+static td_status server_acquire(const td_tcp_store_options *o, server_ref **out)
+{
+    pthread_mutex_lock(&g_servers_mu);
+    if (o->multi_tenant && o->port != 0) {
+        for (server_ref *r = g_servers; r; r = r->next) {
+            if (r->shared && r->port == o->port) {
+                r->refs++;
+                pthread_mutex_unlock(&g_servers_mu);
+                *out = r;
+                return TD_OK;
+            }
+        }
+    }
+    td_store_server_options so = {.host = o->host, .port = o->port, .auth_token = o->auth_token,
+                                  .max_key_len = o->max_key_len, .max_value_len = o->max_value_len};
+    td_store_server *srv = NULL;
+    td_status s = td_store_server_start(&so, &srv);
+    if (s != TD_OK) {
+        pthread_mutex_unlock(&g_servers_mu);
+        return s;
+    }
+    server_ref *r = TD_NEW(server_ref);
+    r->server = srv;
+    r->port = td_store_server_port(srv);
+    r->refs = 1;
+    r->shared = o->multi_tenant;
+    r->next = g_servers;
+    g_servers = r;
+    pthread_mutex_unlock(&g_servers_mu);
+    *out = r;
+    return TD_OK;
+}
+
+static void server_release(server_ref *r)
+{
+    if (!r)
+        return;
+    pthread_mutex_lock(&g_servers_mu);
+    bool last = --r->refs == 0;
+    if (last) {
+        for (server_ref **p = &g_servers; *p; p = &(*p)->next) {
+            if (*p == r) {
+                *p = r->next;
+                break;
+            }
+        }
+    }
+    pthread_mutex_unlock(&g_servers_mu);
+    if (last) {
+        td_store_server_stop(r->server);
+        free(r);
+    }
+}
+
+/* ---- the client ------------------------------------------------------------------------------- */
+
+typedef struct tcp_store {
+    td_store base;
+    pthread_mutex_t mu;
+    int fd;    /* -1: not connected (reconnects on the next call unless lost) */
+    bool lost; /* the server closed the connection: it is gone */
+    char lost_why[512];
+    char *host;
+    int port;
+    char where[TD_ADDR_STRLEN + 64];
+    char *token;
+    td_store_limits lim; /* the server's, from its HELLO answer */
+    td_buf out;
+    td_buf in;
+    size_t in_off;
+    server_ref *server;
+} tcp_store;
+
+static tcp_store *T(td_store *s) { return (tcp_store *)s; }
+
+typedef struct reply {
+    uint8_t kind;
+    uint64_t len;
+    const uint8_t *body; /* into t->in, valid until the next read */
+    void *owned;         /* with direct: the body in its own malloc'd block (NUL-terminated) */
+} reply;
+
+static void disconnect(tcp_store *t)
+{
+    if (t->fd >= 0)
+        close(t->fd);
+    t->fd = -1;
+    t->in.len = 0;
+    t->in_off = 0;
+}
+
+/* Called with the status of a failed socket call: records a lost server, drops the connection and
+ * turns the message into one that says what the client was doing. */
+static td_status io_failed(tcp_store *t, td_status s, const char *op)
+{
+    if (s == TD_ERR_PEER_LOST) {
+        snprintf(t->lost_why, sizeof t->lost_why, "%s", td_last_error());
+        t->lost = true;
+        disconnect(t);
+        return td_error(TD_ERR_PEER_LOST,
+                        "TCPStore: lost the connection to the server at %s during %s (did the master process "
+                        "exit?): %s",
+                        t->where, op, t->lost_why);
+    }
+    disconnect(t);
+    if (s == TD_ERR_TIMEOUT)
+        return td_error(TD_ERR_TIMEOUT, "Socket Timeout");
+    return td_error_prefix(s, "TCPStore: %s with the server at %s", op, t->where);
+}
+
+/* Makes the buffer hold at least n unread bytes. */
+static td_status fill(tcp_store *t, size_t n, int64_t deadline)
+{
+    size_t have = t->in.len - t->in_off;
+    if (have >= n)
+        return TD_OK;
+    if (t->in_off > 0) {
+        if (have)
+            memmove(t->in.data, t->in.data + t->in_off, have);
+        t->in.len = have;
+        t->in_off = 0;
+    }
+    size_t want = n > 65536 ? n : 65536;
+    TD_TRY(td_buf_try_reserve(&t->in, want - t->in.len));
+    while (t->in.len < n) {
+        size_t got = 0;
+        TD_TRY(td_net_recv_some(t->fd, t->in.data + t->in.len, t->in.cap - 1 - t->in.len, &got, deadline));
+        t->in.len += got;
+    }
+    return TD_OK;
+}
+
+/* Reads one reply. With direct, an OK body goes into its own block (r->owned) instead of the
+ * buffer: large values are received once, into the memory handed to the caller. */
+static td_status read_reply(tcp_store *t, int64_t deadline, uint64_t max_body, bool direct, reply *r)
+{
+    memset(r, 0, sizeof *r);
+    TD_TRY(fill(t, TD_STORE_HEADER_LEN, deadline));
+    td_store_parse_header((const uint8_t *)t->in.data + t->in_off, &r->kind, &r->len);
+    t->in_off += TD_STORE_HEADER_LEN;
+    uint64_t limit = r->kind == TD_STORE_REPLY_OK ? max_body : 65536;
+    if (r->kind > TD_STORE_REPLY_CANCELED || r->len > limit)
+        return td_error(TD_ERR_IO, "malformed reply from the server (kind %u, %" PRIu64 " bytes)", r->kind, r->len);
+    if (direct && r->kind == TD_STORE_REPLY_OK) {
+        size_t len = (size_t)r->len;
+        TD_TRY(td_try_malloc(len + 1, "TCPStore value", &r->owned));
+        size_t have = t->in.len - t->in_off;
+        size_t take = have < len ? have : len;
+        memcpy(r->owned, t->in.data + t->in_off, take);
+        t->in_off += take;
+        td_status s = td_net_recv_all(t->fd, (char *)r->owned + take, len - take, deadline);
+        if (s != TD_OK) {
+            free(r->owned);
+            r->owned = NULL;
+            return s;
+        }
+        ((char *)r->owned)[len] = '\0';
+        r->body = r->owned;
+        return TD_OK;
+    }
+    TD_TRY(fill(t, (size_t)r->len, deadline));
+    r->body = (const uint8_t *)t->in.data + t->in_off;
+    t->in_off += (size_t)r->len;
+    return TD_OK;
+}
+
+/* An ERROR reply as this thread's error. */
+static td_status remote_error(tcp_store *t, const reply *r, const char *op)
+{
+    if (r->len < 4)
+        return td_error(TD_ERR_IO, "TCPStore: malformed error reply from the server at %s", t->where);
+    int32_t code = (int32_t)td_store_get_u32(r->body);
+    if (code >= 0 || code < TD_ERR_INTERNAL)
+        code = TD_ERR_REMOTE;
+    return td_error((td_status)code, "TCPStore %s: %.*s", op, (int)(r->len - 4), (const char *)r->body + 4);
+}
+
+static td_status hello(tcp_store *t, int64_t deadline)
+{
+    t->out.len = 0;
+    size_t off = td_store_msg_begin(&t->out, TD_STORE_CMD_HELLO);
+    td_buf_put_u32(&t->out, TD_STORE_PROTO_MAGIC);
+    td_buf_put_u32(&t->out, TD_STORE_PROTO_VERSION);
+    size_t tlen = t->token ? strlen(t->token) : 0;
+    td_buf_put_u32(&t->out, (uint32_t)tlen);
+    td_buf_append(&t->out, t->token ? t->token : "", tlen);
+    td_store_msg_end(&t->out, off);
+    TD_TRY(td_net_send_all(t->fd, t->out.data, t->out.len, deadline));
+    reply r;
+    TD_TRY(read_reply(t, deadline, 64, false, &r));
+    if (r.kind == TD_STORE_REPLY_ERROR) {
+        td_status code = r.len >= 4 ? (td_status)(int32_t)td_store_get_u32(r.body) : TD_ERR_REMOTE;
+        return td_error(code < 0 && code >= TD_ERR_INTERNAL ? code : TD_ERR_REMOTE,
+                        "TCPStore server at %s refused the connection: %.*s", t->where,
+                        (int)(r.len >= 4 ? r.len - 4 : 0), r.len >= 4 ? (const char *)r.body + 4 : "");
+    }
+    if (r.kind != TD_STORE_REPLY_OK || r.len != 20)
+        return td_error(TD_ERR_IO, "TCPStore: %s did not answer like a tdist TCPStore server", t->where);
+    t->lim.max_key = td_store_get_u64(r.body + 4);
+    t->lim.max_value = td_store_get_u64(r.body + 12);
+    return TD_OK;
+}
+
+static td_status connect_server(tcp_store *t, int64_t deadline)
+{
+    td_status s = td_net_connect(t->host, t->port, deadline, &t->fd);
+    if (s != TD_OK)
+        return td_error_prefix(s, "TCPStore client");
+    s = hello(t, deadline);
+    if (s != TD_OK) {
+        td_status code = s;
+        if (s == TD_ERR_PEER_LOST || s == TD_ERR_TIMEOUT || s == TD_ERR_IO)
+            td_error_prefix(s, "TCPStore: handshake with %s", t->where);
+        disconnect(t);
+        return code;
+    }
+    return TD_OK;
+}
+
+/* Makes sure there is a connection before a request. */
+static td_status ready(tcp_store *t, int64_t deadline)
+{
+    if (t->lost)
+        return td_error(TD_ERR_PEER_LOST, "TCPStore: the connection to the server at %s was lost earlier (%s)",
+                        t->where, t->lost_why);
+    if (t->fd >= 0)
+        return TD_OK;
+    return connect_server(t, deadline);
+}
+
+/* After a blocking request timed out: cancel it on the server and resynchronize the stream. */
+static void cancel_parked(tcp_store *t)
+{
+    int64_t grace = td_deadline_after_ms(CANCEL_GRACE_MS);
+    t->out.len = 0;
+    size_t off = td_store_msg_begin(&t->out, TD_STORE_CMD_CANCEL);
+    td_store_msg_end(&t->out, off);
+    td_status s = td_net_send_all(t->fd, t->out.data, t->out.len, grace);
+    while (s == TD_OK) {
+        reply r;
+        s = read_reply(t, grace, UINT64_MAX, false, &r);
+        if (s == TD_OK && r.kind == TD_STORE_REPLY_CANCELED)
+            return;
+    }
+    if (s == TD_ERR_PEER_LOST) {
+        io_failed(t, s, "CANCEL");
+        return;
+    }
+    disconnect(t);
+}
+
+/* Sends the request in t->out and reads its reply. */
+static td_status roundtrip(tcp_store *t, int cmd, int64_t deadline, uint64_t max_body, bool direct, reply *r)
+{
+    const char *op = td_store_cmd_name(cmd);
+    uint64_t body = t->out.len - TD_STORE_HEADER_LEN;
+    if (body > td_store_max_body(&t->lim))
+        return td_error(TD_ERR_INVALID,
+                        "TCPStore %s: the request is %" PRIu64 " bytes, over the server's limit of %" PRIu64
+                        " (TDIST_STORE_MAX_VALUE on the server)",
+                        op, body, td_store_max_body(&t->lim));
+    td_status s = td_net_send_all(t->fd, t->out.data, t->out.len, deadline);
+    if (s != TD_OK)
+        return io_failed(t, s, op);
+    s = read_reply(t, deadline, max_body, direct, r);
+    if (s == TD_OK) {
+        if (r->kind == TD_STORE_REPLY_ERROR)
+            return remote_error(t, r, op);
+        if (r->kind != TD_STORE_REPLY_OK) {
+            free(r->owned);
+            r->owned = NULL;
+            disconnect(t);
+            return td_error(TD_ERR_IO, "TCPStore %s: unexpected reply kind %u from %s", op, r->kind, t->where);
+        }
+        return TD_OK;
+    }
+    bool parks = cmd == TD_STORE_CMD_GET || cmd == TD_STORE_CMD_WAIT || cmd == TD_STORE_CMD_MULTI_GET;
+    if (s == TD_ERR_TIMEOUT && parks) {
+        cancel_parked(t);
+        return td_error(TD_ERR_TIMEOUT, "Socket Timeout");
+    }
+    return io_failed(t, s, op);
+}
+
+static td_status check_key(tcp_store *t, const char *prefix, size_t len)
+{
+    if (strlen(prefix) + len > t->lim.max_key)
+        return td_error(TD_ERR_INVALID,
+                        "TCPStore: a key of %zu bytes exceeds the server's limit of %" PRIu64
+                        " bytes (TDIST_STORE_MAX_KEY)",
+                        len, t->lim.max_key);
+    return TD_OK;
+}
+
+static td_status check_value(tcp_store *t, size_t len)
+{
+    if (len > t->lim.max_value)
+        return td_error(TD_ERR_INVALID,
+                        "TCPStore: a value of %zu bytes exceeds the server's limit of %" PRIu64
+                        " bytes (TDIST_STORE_MAX_VALUE)",
+                        len, t->lim.max_value);
+    return TD_OK;
+}
+
+static int64_t op_deadline(tcp_store *t) { return td_deadline_after_ms(td_store_timeout_of(&t->base)); }
+
+/* Starts a request with one key; the caller holds t->mu and has a connection. */
+static td_status begin_key_request(tcp_store *t, uint8_t cmd, const char *prefix, const char *key, size_t *off)
+{
+    size_t klen = strlen(key);
+    TD_TRY(check_key(t, prefix, klen));
+    t->out.len = 0;
+    *off = td_store_msg_begin(&t->out, cmd);
+    td_store_put_key(&t->out, prefix, key, klen);
+    return TD_OK;
+}
+
+static td_status begin_keys_request(tcp_store *t, uint8_t cmd, const char *const *keys, size_t n, size_t *off)
+{
+    if (n > TD_STORE_MAX_KEYS_PER_REQUEST)
+        return td_error(TD_ERR_INVALID, "TCPStore: at most %u keys per request, got %zu",
+                        TD_STORE_MAX_KEYS_PER_REQUEST, n);
+    for (size_t i = 0; i < n; i++)
+        TD_TRY(check_key(t, KEY_PREFIX, strlen(keys[i])));
+    t->out.len = 0;
+    *off = td_store_msg_begin(&t->out, cmd);
+    td_buf_put_u32(&t->out, (uint32_t)n);
+    return TD_OK;
+}
+
+static td_status add_raw(tcp_store *t, const char *prefix, const char *key, int64_t delta, int64_t *result)
+{
+    int64_t deadline = op_deadline(t);
+    pthread_mutex_lock(&t->mu);
+    size_t off;
+    reply r;
+    td_status s = ready(t, deadline);
+    if (s == TD_OK)
+        s = begin_key_request(t, TD_STORE_CMD_ADD, prefix, key, &off);
+    if (s == TD_OK) {
+        td_store_put_i64(&t->out, delta);
+        td_store_msg_end(&t->out, off);
+        s = roundtrip(t, TD_STORE_CMD_ADD, deadline, 8, false, &r);
+    }
+    if (s == TD_OK) {
+        if (r.len != 8)
+            s = td_error(TD_ERR_IO, "TCPStore ADD: malformed reply from %s", t->where);
+        else
+            *result = (int64_t)td_store_get_u64(r.body);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return s;
+}
+
+static td_status tc_set(td_store *s, const char *key, const void *value, size_t len)
+{
+    tcp_store *t = T(s);
+    int64_t deadline = op_deadline(t);
+    pthread_mutex_lock(&t->mu);
+    size_t off;
+    reply r;
+    td_status st = ready(t, deadline);
+    if (st == TD_OK)
+        st = check_value(t, len);
+    if (st == TD_OK)
+        st = begin_key_request(t, TD_STORE_CMD_SET, KEY_PREFIX, key, &off);
+    if (st == TD_OK) {
+        td_store_put_value(&t->out, value, len);
+        td_store_msg_end(&t->out, off);
+        st = roundtrip(t, TD_STORE_CMD_SET, deadline, 0, false, &r);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return st;
+}
+
+static td_status tc_get(td_store *s, const char *key, void **value, size_t *len)
+{
+    tcp_store *t = T(s);
+    int64_t deadline = op_deadline(t);
+    pthread_mutex_lock(&t->mu);
+    size_t off;
+    reply r;
+    td_status st = ready(t, deadline);
+    if (st == TD_OK)
+        st = begin_key_request(t, TD_STORE_CMD_GET, KEY_PREFIX, key, &off);
+    if (st == TD_OK) {
+        td_store_msg_end(&t->out, off);
+        st = roundtrip(t, TD_STORE_CMD_GET, deadline, t->lim.max_value, true, &r);
+    }
+    if (st == TD_OK) {
+        *value = r.owned;
+        *len = (size_t)r.len;
+    }
+    pthread_mutex_unlock(&t->mu);
+    return st;
+}
+
+static td_status tc_add(td_store *s, const char *key, int64_t delta, int64_t *result)
+{
+    return add_raw(T(s), KEY_PREFIX, key, delta, result);
+}
+
+static td_status tc_compare_set(td_store *s, const char *key, const void *expected, size_t expected_len,
+                                const void *desired, size_t desired_len, void **value, size_t *len)
+{
+    tcp_store *t = T(s);
+    int64_t deadline = op_deadline(t);
+    pthread_mutex_lock(&t->mu);
+    size_t off;
+    reply r;
+    td_status st = ready(t, deadline);
+    if (st == TD_OK)
+        st = check_value(t, expected_len);
+    if (st == TD_OK)
+        st = check_value(t, desired_len);
+    if (st == TD_OK)
+        st = begin_key_request(t, TD_STORE_CMD_COMPARE_SET, KEY_PREFIX, key, &off);
+    if (st == TD_OK) {
+        td_store_put_value(&t->out, expected, expected_len);
+        td_store_put_value(&t->out, desired, desired_len);
+        td_store_msg_end(&t->out, off);
+        st = roundtrip(t, TD_STORE_CMD_COMPARE_SET, deadline, t->lim.max_value, true, &r);
+    }
+    if (st == TD_OK) {
+        *value = r.owned;
+        *len = (size_t)r.len;
+    }
+    pthread_mutex_unlock(&t->mu);
+    return st;
+}
+
+static td_status tc_delete_key(td_store *s, const char *key, bool *deleted)
+{
+    tcp_store *t = T(s);
+    int64_t deadline = op_deadline(t);
+    pthread_mutex_lock(&t->mu);
+    size_t off;
+    reply r;
+    td_status st = ready(t, deadline);
+    if (st == TD_OK)
+        st = begin_key_request(t, TD_STORE_CMD_DELETE_KEY, KEY_PREFIX, key, &off);
+    if (st == TD_OK) {
+        td_store_msg_end(&t->out, off);
+        st = roundtrip(t, TD_STORE_CMD_DELETE_KEY, deadline, 1, false, &r);
+    }
+    if (st == TD_OK)
+        *deleted = r.len == 1 && r.body[0] != 0;
+    pthread_mutex_unlock(&t->mu);
+    return st;
+}
+
+static td_status keys_call(tcp_store *t, uint8_t cmd, const char *const *keys, size_t n, int64_t deadline,
+                           uint64_t max_body, reply *r)
+{
+    size_t off;
+    td_status st = ready(t, deadline);
+    if (st == TD_OK)
+        st = begin_keys_request(t, cmd, keys, n, &off);
+    if (st == TD_OK) {
+        for (size_t i = 0; i < n; i++)
+            td_store_put_key(&t->out, KEY_PREFIX, keys[i], strlen(keys[i]));
+        td_store_msg_end(&t->out, off);
+        st = roundtrip(t, cmd, deadline, max_body, false, r);
+    }
+    return st;
+}
+
+static td_status tc_check(td_store *s, const char *const *keys, size_t n, bool *ready_out)
+{
+    tcp_store *t = T(s);
+    pthread_mutex_lock(&t->mu);
+    reply r;
+    td_status st = keys_call(t, TD_STORE_CMD_CHECK, keys, n, op_deadline(t), 1, &r);
+    if (st == TD_OK)
+        *ready_out = r.len == 1 && r.body[0] != 0;
+    pthread_mutex_unlock(&t->mu);
+    return st;
+}
+
+static td_status tc_wait(td_store *s, const char *const *keys, size_t n, int64_t timeout_ms)
+{
+    tcp_store *t = T(s);
+    pthread_mutex_lock(&t->mu);
+    reply r;
+    td_status st = keys_call(t, TD_STORE_CMD_WAIT, keys, n, td_deadline_after_ms(timeout_ms), 0, &r);
+    pthread_mutex_unlock(&t->mu);
+    return st;
+}
+
+static td_status tc_num_keys(td_store *s, int64_t *count)
+{
+    tcp_store *t = T(s);
+    int64_t deadline = op_deadline(t);
+    pthread_mutex_lock(&t->mu);
+    reply r;
+    td_status st = ready(t, deadline);
+    if (st == TD_OK) {
+        t->out.len = 0;
+        size_t off = td_store_msg_begin(&t->out, TD_STORE_CMD_NUM_KEYS);
+        td_store_msg_end(&t->out, off);
+        st = roundtrip(t, TD_STORE_CMD_NUM_KEYS, deadline, 8, false, &r);
+    }
+    if (st == TD_OK) {
+        if (r.len == 8)
+            *count = (int64_t)td_store_get_u64(r.body);
+        else
+            st = td_error(TD_ERR_IO, "TCPStore NUM_KEYS: malformed reply from %s", t->where);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return st;
+}
+
+static td_status tc_append(td_store *s, const char *key, const void *value, size_t len)
+{
+    tcp_store *t = T(s);
+    int64_t deadline = op_deadline(t);
+    pthread_mutex_lock(&t->mu);
+    size_t off;
+    reply r;
+    td_status st = ready(t, deadline);
+    if (st == TD_OK)
+        st = check_value(t, len);
+    if (st == TD_OK)
+        st = begin_key_request(t, TD_STORE_CMD_APPEND, KEY_PREFIX, key, &off);
+    if (st == TD_OK) {
+        td_store_put_value(&t->out, value, len);
+        td_store_msg_end(&t->out, off);
+        st = roundtrip(t, TD_STORE_CMD_APPEND, deadline, 0, false, &r);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return st;
+}
+
+static td_status tc_multi_get(td_store *s, const char *const *keys, size_t n, void **values, size_t *lens)
+{
+    tcp_store *t = T(s);
+    pthread_mutex_lock(&t->mu);
+    reply r;
+    uint64_t max_body = 4 + (uint64_t)n * (8 + t->lim.max_value);
+    td_status st = keys_call(t, TD_STORE_CMD_MULTI_GET, keys, n, op_deadline(t), max_body, &r);
+    if (st == TD_OK) {
+        /* u32 count, then count x (u64 length, bytes); every length checked against what is left. */
+        const uint8_t *p = r.body;
+        uint64_t left = r.len;
+        if (left < 4 || td_store_get_u32(p) != n)
+            st = td_error(TD_ERR_IO, "TCPStore MULTI_GET: malformed reply from %s", t->where);
+        p += 4;
+        left -= 4;
+        for (size_t i = 0; st == TD_OK && i < n; i++) {
+            uint64_t vlen;
+            if (left < 8 || (vlen = td_store_get_u64(p)) > left - 8) {
+                st = td_error(TD_ERR_IO, "TCPStore MULTI_GET: malformed reply from %s", t->where);
+                break;
+            }
+            st = td_store_copy_out(p + 8, (size_t)vlen, &values[i], &lens[i]);
+            p += 8 + vlen;
+            left -= 8 + vlen;
+        }
+    }
+    pthread_mutex_unlock(&t->mu);
+    return st;
+}
+
+static td_status tc_multi_set(td_store *s, const char *const *keys, const void *const *values, const size_t *lens,
+                              size_t n)
+{
+    tcp_store *t = T(s);
+    int64_t deadline = op_deadline(t);
+    pthread_mutex_lock(&t->mu);
+    size_t off;
+    reply r;
+    td_status st = ready(t, deadline);
+    for (size_t i = 0; st == TD_OK && i < n; i++)
+        st = check_value(t, lens[i]);
+    if (st == TD_OK)
+        st = begin_keys_request(t, TD_STORE_CMD_MULTI_SET, keys, n, &off);
+    if (st == TD_OK) {
+        for (size_t i = 0; i < n; i++) {
+            td_store_put_key(&t->out, KEY_PREFIX, keys[i], strlen(keys[i]));
+            td_store_put_value(&t->out, values[i], lens[i]);
+        }
+        td_store_msg_end(&t->out, off);
+        st = roundtrip(t, TD_STORE_CMD_MULTI_SET, deadline, 0, false, &r);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return st;
+}
+
+static void tc_destroy(td_store *s)
+{
+    tcp_store *t = T(s);
+    disconnect(t);
+    server_release(t->server);
+    td_buf_free(&t->out);
+    td_buf_free(&t->in);
+    pthread_mutex_destroy(&t->mu);
+    free(t->host);
+    free(t->token);
+    free(t);
+}
+
+static const td_store_ops tcp_store_ops = {
+    .kind = "TCPStore",
+    .set = tc_set,
+    .get = tc_get,
+    .add = tc_add,
+    .compare_set = tc_compare_set,
+    .delete_key = tc_delete_key,
+    .check = tc_check,
+    .num_keys = tc_num_keys,
+    .wait = tc_wait,
+    .append = tc_append,
+    .multi_get = tc_multi_get,
+    .multi_set = tc_multi_set,
+    .destroy = tc_destroy,
+};
+
+int td_tcp_store_port(td_store *store)
+{
+    if (!store || store->ops != &tcp_store_ops)
+        return -1;
+    return T(store)->port;
+}
+
+/* c10d's waitForWorkers: every handle counts itself in "init/"; the master polls the count. */
+static td_status wait_for_workers(tcp_store *t, bool master, int world_size)
+{
+    int64_t joined = 0;
+    TD_TRY(add_raw(t, "", INIT_KEY, 1, &joined));
+    if (!master)
+        return TD_OK;
+    int64_t start = td_now_ns(), timeout = td_store_timeout_of(&t->base);
+    for (;;) {
+        TD_TRY(add_raw(t, "", INIT_KEY, 0, &joined));
+        if (joined >= world_size)
+            return TD_OK;
+        int64_t elapsed_ms = (td_now_ns() - start) / 1000000;
+        if (timeout > 0 && elapsed_ms >= timeout)
+            return td_error(TD_ERR_TIMEOUT, "Timed out after %lld seconds waiting for clients. %lld/%d clients joined.",
+                            (long long)(elapsed_ms / 1000), (long long)joined, world_size);
+        td_sleep_ms(WORKER_POLL_MS);
+    }
+}
+
+td_status td_tcp_store_create(const td_tcp_store_options *o, td_store **store)
+{
+    if (!o || !store)
+        return td_error(TD_ERR_INVALID, "td_tcp_store_create: options and store must not be NULL");
+    *store = NULL;
+    if (o->port < 0 || o->port > 65535)
+        return td_error(TD_ERR_INVALID, "port must have value from 0 to 65535 but was %d.", o->port);
+    if (o->timeout_ms < 0)
+        return td_error(TD_ERR_INVALID, "td_tcp_store_create: timeout must be >= 0 ms (0: none), got %lld",
+                        (long long)o->timeout_ms);
+    if (!o->is_master && o->port == 0)
+        return td_error(TD_ERR_INVALID, "td_tcp_store_create: a client needs the master's port (port 0 only means "
+                                        "'pick one' on the master)");
+    tcp_store *t = TD_NEW(tcp_store);
+    td_store_init(&t->base, &tcp_store_ops, o->timeout_ms);
+    td_mutex_init(&t->mu);
+    t->fd = -1;
+    t->host = td_strdup(o->host && *o->host ? o->host : "127.0.0.1");
+    t->port = o->port;
+    const char *token = o->auth_token ? o->auth_token : td_env_str("TDIST_AUTH_TOKEN", NULL);
+    t->token = token ? td_strdup(token) : NULL;
+    if (t->token && strlen(t->token) > TD_STORE_MAX_TOKEN) {
+        tc_destroy(&t->base);
+        return td_error(TD_ERR_INVALID, "TDIST_AUTH_TOKEN is longer than %d bytes", TD_STORE_MAX_TOKEN);
+    }
+    int64_t deadline = td_deadline_after_ms(o->timeout_ms);
+    td_status s = TD_OK;
+    if (o->is_master) {
+        s = server_acquire(o, &t->server);
+        if (s == TD_OK)
+            t->port = t->server->port;
+    }
+    td_net_format_hostport(t->host, t->port, t->where, sizeof t->where);
+    if (s == TD_OK) {
+        pthread_mutex_lock(&t->mu);
+        s = connect_server(t, deadline);
+        pthread_mutex_unlock(&t->mu);
+    }
+    if (s == TD_OK && o->wait_for_workers && o->world_size > 0)
+        s = wait_for_workers(t, o->is_master, o->world_size);
+    if (s != TD_OK) {
+        /* Keep the message: destroying may run code that sets its own. */
+        char msg[TD_ERROR_MAX];
+        snprintf(msg, sizeof msg, "%s", td_last_error());
+        tc_destroy(&t->base);
+        return td_error_set(s, msg);
+    }
+    *store = &t->base;
+    return TD_OK;
+}

@@ -39,8 +39,12 @@ static inline float td_h2f(uint16_t h)
     const uint32_t magic_mask = UINT32_C(126) << 23;
     const float denormalized = td_f32_from_bits((two_w >> 17) | magic_mask) - 0.5f;
     const uint32_t denormalized_cutoff = UINT32_C(1) << 27;
+    /* A mask rather than ?: so that gcc computes both candidates and blends them; with a ?: it
+     * branches (it may not speculate float operations that could trap) and the loops that call
+     * this do not vectorize. */
+    const uint32_t is_denormal = (uint32_t)0 - (uint32_t)(two_w < denormalized_cutoff);
     const uint32_t result =
-        sign | (two_w < denormalized_cutoff ? td_f32_to_bits(denormalized) : td_f32_to_bits(normalized));
+        sign | (td_f32_to_bits(denormalized) & is_denormal) | (td_f32_to_bits(normalized) & ~is_denormal);
     return td_f32_from_bits(result);
 }
 
@@ -60,7 +64,8 @@ static inline uint16_t td_f2h(float f)
     const uint32_t exp_bits = (bits >> 13) & UINT32_C(0x00007C00);
     const uint32_t mantissa_bits = bits & UINT32_C(0x00000FFF);
     const uint32_t nonsign = exp_bits + mantissa_bits;
-    return (uint16_t)((sign >> 16) | (shl1_w > UINT32_C(0xFF000000) ? UINT32_C(0x7E00) : nonsign));
+    const uint32_t is_nan = (uint32_t)0 - (uint32_t)(shl1_w > UINT32_C(0xFF000000)); /* a mask: see td_h2f */
+    return (uint16_t)((sign >> 16) | (UINT32_C(0x7E00) & is_nan) | (nonsign & ~is_nan));
 }
 
 static inline float td_bf2f(uint16_t b) { return td_f32_from_bits((uint32_t)b << 16); }
@@ -69,7 +74,8 @@ static inline uint16_t td_f2bf(float f)
 {
     const uint32_t w = td_f32_to_bits(f);
     const uint32_t rounded = (w + (((w >> 16) & 1u) + UINT32_C(0x7FFF))) >> 16;
-    return (uint16_t)(f != f ? UINT32_C(0x7FC0) : rounded);
+    const uint32_t is_nan = (uint32_t)0 - (uint32_t)(f != f); /* a mask: see td_h2f */
+    return (uint16_t)((UINT32_C(0x7FC0) & is_nan) | (rounded & ~is_nan));
 }
 
 #endif

@@ -224,7 +224,7 @@ int td_harness_child_main(const td_harness_child_args *a)
             td_leak_snapshot_take(&before);
         c->fn(&ctx);
         if (!c->no_leak_check) {
-            char *leak = td_leak_check(&before, 2000);
+            char *leak = td_leak_check(&before, td_leak_grace_ms(c));
             td_leak_snapshot_free(&before);
             if (leak)
                 td_harness_fail_process(leak);

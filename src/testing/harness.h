@@ -103,6 +103,9 @@ typedef struct td_leak_snapshot {
 } td_leak_snapshot;
 
 void td_leak_snapshot_take(td_leak_snapshot *s);
+/* How long the check waits for threads and fds being torn down: a tenth of the case's timeout,
+ * between 0.2 and 2 seconds. */
+int64_t td_leak_grace_ms(const td_test_case *c);
 /* NULL when nothing leaked, else a message naming the fds (with their targets) and threads; waits
  * up to grace_ms for threads and fds that are being closed. */
 char *td_leak_check(const td_leak_snapshot *before, int64_t grace_ms);

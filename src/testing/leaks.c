@@ -48,6 +48,12 @@ void td_leak_snapshot_take(td_leak_snapshot *s)
     s->tids = (pid_t *)tids;
 }
 
+int64_t td_leak_grace_ms(const td_test_case *c)
+{
+    int64_t ms = td_harness_timeout_ms(c) / 10;
+    return ms < 200 ? 200 : ms > 2000 ? 2000 : ms;
+}
+
 void td_leak_snapshot_free(td_leak_snapshot *s)
 {
     free(s->fds);

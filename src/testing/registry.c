@@ -258,7 +258,7 @@ static void select_param(void *arg, const td_test_case *cc, const char *param, s
     bool take = s->argc == 0 && !c->hidden;
     for (int i = 0; i < s->argc; i++) {
         const char *pat = s->argv[i];
-        bool exact = strcmp(pat, name) == 0;
+        bool exact = strcmp(pat, name) == 0 || strcmp(pat, c->name) == 0;
         bool prefix = !c->hidden && strncmp(pat, name, strlen(pat)) == 0;
         if (exact || prefix) {
             take = true;

@@ -215,7 +215,7 @@ int td_harness_threaded_main(td_test_case *c, const td_test_ctx *proto, int ctl_
     pthread_mutex_unlock(&g_thr.lock);
     free(ranks);
     if (!c->no_leak_check) {
-        char *leak = td_leak_check(&before, 2000);
+        char *leak = td_leak_check(&before, td_leak_grace_ms(c));
         td_leak_snapshot_free(&before);
         if (leak)
             td_harness_fail_process(leak);

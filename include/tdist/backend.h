@@ -94,7 +94,9 @@ typedef struct td_backend_ops {
      * operation was not started and must not be completed by the backend. */
     td_status (*submit)(void *state, const td_coll *coll, td_work *work);
     /* Fails every operation in flight and every later one with (status, message): the group is
-     * being destroyed or has failed. Must not wait for peers. May be NULL. */
+     * being destroyed (status TD_ERR_CLOSED) or has failed. Must not wait for peers. May be called
+     * more than once and from any thread, while submit runs on the worker (that is how a blocked
+     * submit is woken). May be NULL. */
     void (*abort)(void *state, td_status status, const char *message);
     /* Frees the state after abort; every submitted operation has been completed by then. */
     void (*destroy)(void *state);
@@ -106,6 +108,12 @@ typedef struct td_backend_ops {
 /* Registers a backend by ops->name (the ops struct must outlive the program's use of it).
  * TD_ERR_ALREADY if the name is taken. */
 TD_API td_status td_register_backend(const td_backend_ops *ops);
+
+/* The threaded backend (ranks as threads of one process): fails every operation in flight or
+ * later in every threaded group of this process with TD_ERR_CLOSED and message, waking ranks
+ * blocked in a collective. For test harnesses, when one rank thread fails while the others wait
+ * for it (register it with td_test_add_abort_hook). Groups created afterwards are unaffected. */
+TD_API void td_threaded_abort_all(const char *message);
 
 #ifdef __cplusplus
 }

@@ -69,10 +69,14 @@ typedef struct td_pg_options {
     int rank;                /* -1: from the URL or the environment */
     int world_size;          /* -1: from the URL or the environment */
     int64_t timeout_ms;      /* 0: TD_PG_DEFAULT_TIMEOUT_MS (or TDIST_TIMEOUT_MS) */
-    const char *group_name;  /* NULL: "0", "1", ... in creation order */
+    const char *group_name;  /* NULL: "0" for a group made by td_pg_create; new_group names its
+                                subgroups "1", "2", ... in creation order within their root group */
+    const char *debug_level; /* "OFF", "INFO" or "DETAIL" (any case); NULL: TDIST_DEBUG, and for
+                                new_group the parent's. INFO logs each operation; DETAIL also checks
+                                before each collective that every rank runs the same one. */
 } td_pg_options;
 
-#define TD_PG_OPTIONS_INIT {NULL, NULL, NULL, -1, -1, 0, NULL}
+#define TD_PG_OPTIONS_INIT {NULL, NULL, NULL, -1, -1, 0, NULL, NULL}
 
 /* Creates a group (the world of its ranks); every rank must call it. */
 TD_API td_status td_pg_create(const td_pg_options *options, td_pg **out);

@@ -1,0 +1,156 @@
+/* Debug levels (TDIST_DEBUG=OFF|INFO|DETAIL) and DETAIL's collective consistency check.
+ *
+ * Under DETAIL every collective is preceded, on the worker and through the same backend, by an
+ * all_gather of a fixed-size fingerprint (sequence number, op type, dtype, shape, root, reduce op)
+ * as c10d's ProcessGroupWrapper does. When any rank's fingerprint differs from rank 0's, every rank
+ * fails the call with the same message naming both sides, instead of running mismatched
+ * collectives into a hang or corrupt data; the group stays usable. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "base/alloc.h"
+#include "base/buf.h"
+#include "base/env.h"
+#include "base/error.h"
+#include "base/map.h"
+#include "pg/pg_impl.h"
+
+static const char *const level_names[] = {"OFF", "INFO", "DETAIL", NULL};
+
+td_status pg_parse_debug_level(const char *value, pg_debug_level *out)
+{
+    int level = PG_DEBUG_OFF;
+    if (!value) {
+        TD_TRY(td_env_enum("TDIST_DEBUG", level_names, PG_DEBUG_OFF, &level));
+        *out = (pg_debug_level)level;
+        return TD_OK;
+    }
+    for (int i = 0; level_names[i]; i++) {
+        if (strcasecmp(value, level_names[i]) == 0) {
+            *out = (pg_debug_level)i;
+            return TD_OK;
+        }
+    }
+    return td_error(TD_ERR_INVALID, "The value of TDIST_DEBUG must be OFF, INFO, or DETAIL. Got '%s'.", value);
+}
+
+void pg_fingerprint_fill(td_work *w, td_tensor *const *tensors, int n, int root, int reduce_op, bool shapes)
+{
+    pg_fingerprint *fp = &w->fp;
+    memset(fp, 0, sizeof *fp);
+    w->has_fp = true;
+    fp->op = w->op;
+    fp->dtype = w->coll.dtype;
+    fp->root = root;
+    fp->reduce_op = reduce_op;
+    fp->ntensors = n;
+    fp->ndim = -1;
+    if (!shapes || n <= 0 || !tensors[0])
+        return;
+    td_shape s = td_tensor_shape(tensors[0]);
+    fp->ndim = s.ndim;
+    memcpy(fp->shape, s.d, sizeof(int64_t) * (size_t)s.ndim);
+    uint64_t h = 0;
+    for (int i = 0; i < n; i++) {
+        if (!tensors[i])
+            continue;
+        td_shape si = td_tensor_shape(tensors[i]);
+        h = td_hash_bytes(si.d, sizeof(int64_t) * (size_t)si.ndim, h ^ (uint64_t)si.ndim);
+    }
+    fp->shapes_hash = (int64_t)h;
+}
+
+static void format_shape(td_buf *b, const pg_fingerprint *fp)
+{
+    td_buf_putc(b, '[');
+    for (int64_t i = 0; i < fp->ndim && i < TD_MAX_DIMS; i++)
+        td_buf_printf(b, "%s%lld", i ? ", " : "", (long long)fp->shape[i]);
+    td_buf_putc(b, ']');
+}
+
+static const char *dtype_name(int64_t d) { return td_dtype_is_valid((int)d) ? td_dtype_name((td_dtype)d) : "?"; }
+static const char *op_name(int64_t op) { return op >= 0 && op < PG_OP_COUNT ? pg_op_type_name((pg_op)op) : "?"; }
+
+static void format_fp(td_buf *b, const pg_fingerprint *fp)
+{
+    td_buf_printf(b, "CollectiveFingerPrint(SequenceNumber=%lld, OpType=%s", (long long)fp->seq, op_name(fp->op));
+    if (fp->ndim >= 0) {
+        td_buf_append_str(b, ", TensorShape=");
+        format_shape(b, fp);
+    }
+    td_buf_printf(b, ", TensorDtypes=%s, TensorDeviceTypes=cpu", dtype_name(fp->dtype));
+    if (fp->ntensors > 1)
+        td_buf_printf(b, ", NumTensors=%lld", (long long)fp->ntensors);
+    if (fp->root >= 0)
+        td_buf_printf(b, ", Root=%lld", (long long)fp->root);
+    if (fp->reduce_op >= 0 && fp->reduce_op < TD_REDUCE_OP_COUNT)
+        td_buf_printf(b, ", ReduceOp=%s", td_reduce_op_name((td_reduce_op)fp->reduce_op));
+    td_buf_putc(b, ')');
+}
+
+/* c10d's "Collectives differ in the following aspects" summary. */
+static void format_diff(td_buf *b, const pg_fingerprint *a, const pg_fingerprint *o)
+{
+    td_buf_append_str(b, " Collectives differ in the following aspects:");
+    if (a->seq != o->seq)
+        td_buf_printf(b, " Sequence number: %lld vs %lld;", (long long)a->seq, (long long)o->seq);
+    if (a->op != o->op)
+        td_buf_printf(b, " Op type: %s vs %s;", op_name(a->op), op_name(o->op));
+    if (a->dtype != o->dtype)
+        td_buf_printf(b, " Tensor dtypes: %s vs %s;", dtype_name(a->dtype), dtype_name(o->dtype));
+    if (a->ndim != o->ndim || memcmp(a->shape, o->shape, sizeof a->shape) != 0 || a->shapes_hash != o->shapes_hash ||
+        a->ntensors != o->ntensors) {
+        td_buf_append_str(b, " Tensor shapes: ");
+        format_shape(b, a);
+        td_buf_append_str(b, " vs ");
+        format_shape(b, o);
+        td_buf_putc(b, ';');
+    }
+    if (a->root != o->root)
+        td_buf_printf(b, " Root: %lld vs %lld;", (long long)a->root, (long long)o->root);
+    if (a->reduce_op != o->reduce_op)
+        td_buf_printf(b, " Reduce op: %lld vs %lld;", (long long)a->reduce_op, (long long)o->reduce_op);
+    if (b->len && b->data[b->len - 1] == ';')
+        b->data[--b->len] = '\0';
+}
+
+td_status pg_detail_check(td_pg *pg, td_work *w)
+{
+    size_t words = PG_FP_WORDS;
+    int64_t *all = td_calloc((size_t)pg->size * words, sizeof(int64_t));
+    td_work *iw = pg_work_new(pg, PG_OP_FINGERPRINT, TD_COLL_ALL_GATHER, TD_INT64);
+    iw->seq = w->seq;
+    iw->numel_in = (int64_t)words;
+    iw->numel_out = (int64_t)words * pg->size;
+    iw->coll.deadline_ns = w->coll.deadline_ns;
+    iw->coll.count = words;
+    iw->coll.in = &w->fp;
+    iw->out_blocks = td_calloc((size_t)pg->size, sizeof(void *));
+    for (int r = 0; r < pg->size; r++)
+        iw->out_blocks[r] = all + (size_t)r * words;
+    iw->coll.out_blocks = iw->out_blocks;
+    td_status st = pg_run_internal(pg, iw);
+    if (st != TD_OK) {
+        free(all);
+        return st;
+    }
+    const pg_fingerprint *fps = (const pg_fingerprint *)all;
+    for (int r = 1; r < pg->size; r++) {
+        if (memcmp(&fps[0], &fps[r], sizeof(pg_fingerprint)) == 0)
+            continue;
+        td_buf b = TD_BUF_INIT;
+        td_buf_append_str(&b, "Detected mismatch between collectives on ranks. Rank 0 is running collective: ");
+        format_fp(&b, &fps[0]);
+        td_buf_printf(&b, ", but Rank %d is running collective: ", r);
+        format_fp(&b, &fps[r]);
+        td_buf_putc(&b, '.');
+        format_diff(&b, &fps[0], &fps[r]);
+        st = td_error_set(TD_ERR_INVALID, b.data);
+        td_buf_free(&b);
+        break;
+    }
+    free(all);
+    return st;
+}

@@ -1,0 +1,301 @@
+/* td_future (tdist/future.h): the completion handle of collectives, receives and, later, RPCs.
+ *
+ * A future is a mutex-protected state (pending, done, failed) plus a condition variable for
+ * waiters and a list of callbacks. Completion happens once; it wakes the waiters and hands the
+ * callbacks to the executor (executor.h), which runs them on its own thread when a group or agent
+ * holds it, so they never run on the I/O thread that completed the future. then() is a callback
+ * that completes a child future with the function's result. */
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <tdist/future.h>
+
+#include "base/alloc.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/ref.h"
+#include "base/thread.h"
+#include "pg/executor.h"
+
+enum { FUT_PENDING = 0, FUT_DONE = 1, FUT_FAILED = 2 };
+
+typedef struct fut_cb {
+    void (*cb)(td_future *f, void *arg);
+    void *arg;
+    struct fut_cb *next;
+} fut_cb;
+
+struct td_future {
+    td_ref ref;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    _Atomic int state;
+    td_status status;
+    char *error;
+    td_value *value;
+    fut_cb *cbs, *cbs_tail;
+};
+
+/* One callback handed to the executor: keeps the future alive until the callback ran. */
+typedef struct fut_run {
+    td_future *f;
+    void (*cb)(td_future *f, void *arg);
+    void *arg;
+} fut_run;
+
+td_future *td_future_new(void)
+{
+    td_future *f = TD_NEW(td_future);
+    td_ref_init(&f->ref);
+    td_mutex_init(&f->mu);
+    td_cond_init(&f->cv);
+    atomic_init(&f->state, FUT_PENDING);
+    return f;
+}
+
+td_future *td_future_completed(td_value *value)
+{
+    td_future *f = td_future_new();
+    td_future_set_result(f, value);
+    return f;
+}
+
+td_future *td_future_failed(td_status status, const char *message)
+{
+    td_future *f = td_future_new();
+    td_future_set_error(f, status, "%s", message ? message : "");
+    return f;
+}
+
+td_future *td_future_retain(td_future *f)
+{
+    if (f)
+        td_ref_inc(&f->ref);
+    return f;
+}
+
+void td_future_release(td_future *f)
+{
+    if (!f || !td_ref_dec(&f->ref))
+        return;
+    /* A pending future's callbacks can no longer run: drop them (their args are the caller's). */
+    for (fut_cb *c = f->cbs; c;) {
+        fut_cb *next = c->next;
+        free(c);
+        c = next;
+    }
+    td_value_release(f->value);
+    free(f->error);
+    pthread_mutex_destroy(&f->mu);
+    pthread_cond_destroy(&f->cv);
+    free(f);
+}
+
+static void run_one(void *p)
+{
+    fut_run *r = p;
+    r->cb(r->f, r->arg);
+    td_future_release(r->f);
+    free(r);
+}
+
+static td_exec_item *make_item(td_future *f, void (*cb)(td_future *, void *), void *arg)
+{
+    fut_run *r = td_malloc(sizeof *r);
+    r->f = td_future_retain(f);
+    r->cb = cb;
+    r->arg = arg;
+    td_exec_item *it = TD_NEW(td_exec_item);
+    it->fn = run_one;
+    it->arg = r;
+    return it;
+}
+
+/* Completes f; takes value and message. */
+static td_status complete(td_future *f, int state, td_status status, char *message, td_value *value)
+{
+    pthread_mutex_lock(&f->mu);
+    if (atomic_load(&f->state) != FUT_PENDING) {
+        pthread_mutex_unlock(&f->mu);
+        td_value_release(value);
+        free(message);
+        return td_error(TD_ERR_ALREADY, "The future was already completed (a future completes exactly once)");
+    }
+    f->status = status;
+    f->error = message;
+    f->value = value;
+    fut_cb *cbs = f->cbs;
+    f->cbs = f->cbs_tail = NULL;
+    atomic_store(&f->state, state);
+    pthread_cond_broadcast(&f->cv);
+    /* Build the executor items before unlocking: the waiters may release f right away, and the
+     * items hold references. */
+    td_exec_item *head = NULL, **tail = &head;
+    td_future_retain(f);
+    pthread_mutex_unlock(&f->mu);
+    while (cbs) {
+        fut_cb *next = cbs->next;
+        *tail = make_item(f, cbs->cb, cbs->arg);
+        tail = &(*tail)->next;
+        free(cbs);
+        cbs = next;
+    }
+    td_executor_dispatch(head);
+    td_future_release(f);
+    return TD_OK;
+}
+
+td_status td_future_set_result(td_future *f, td_value *value)
+{
+    if (!f) {
+        td_value_release(value);
+        return td_error(TD_ERR_INVALID, "td_future_set_result: future is NULL");
+    }
+    return complete(f, FUT_DONE, TD_OK, NULL, value);
+}
+
+td_status td_future_set_error(td_future *f, td_status status, const char *fmt, ...)
+{
+    if (!f)
+        return td_error(TD_ERR_INVALID, "td_future_set_error: future is NULL");
+    if (status == TD_OK)
+        status = TD_ERR_INTERNAL;
+    char *msg = NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    if (vasprintf(&msg, fmt ? fmt : "", ap) < 0)
+        msg = td_strdup("(error message lost: out of memory)");
+    va_end(ap);
+    return complete(f, FUT_FAILED, status, msg, NULL);
+}
+
+/* With f->mu held: waits until f completes or the deadline passes; true when completed. */
+static bool wait_locked(td_future *f, int64_t deadline_ns)
+{
+    while (atomic_load(&f->state) == FUT_PENDING) {
+        if (!td_cond_wait_until(&f->cv, &f->mu, deadline_ns) && atomic_load(&f->state) == FUT_PENDING)
+            return false;
+    }
+    return true;
+}
+
+static td_status wait_until(td_future *f, int64_t deadline_ns, int64_t timeout_ms)
+{
+    if (!f)
+        return td_error(TD_ERR_INVALID, "td_future_wait: future is NULL");
+    pthread_mutex_lock(&f->mu);
+    bool done = wait_locked(f, deadline_ns);
+    pthread_mutex_unlock(&f->mu);
+    if (!done)
+        return td_error(TD_ERR_TIMEOUT, "Timed out after %lld ms waiting for the future to complete",
+                        (long long)timeout_ms);
+    if (atomic_load(&f->state) == FUT_FAILED)
+        return td_error_set(f->status, f->error ? f->error : "");
+    return TD_OK;
+}
+
+td_status td_future_wait(td_future *f, int64_t timeout_ms)
+{
+    return wait_until(f, td_deadline_after_ms(timeout_ms), timeout_ms);
+}
+
+td_status td_future_wait_all(td_future *const *fs, int n, int64_t timeout_ms)
+{
+    int64_t deadline = td_deadline_after_ms(timeout_ms);
+    td_status first = TD_OK;
+    char *first_msg = NULL;
+    for (int i = 0; i < n; i++) {
+        td_status st = wait_until(fs[i], deadline, timeout_ms);
+        if (st == TD_ERR_TIMEOUT && fs[i] && !td_future_is_completed(fs[i])) {
+            free(first_msg);
+            return st;
+        }
+        if (st != TD_OK && first == TD_OK) {
+            first = st;
+            first_msg = td_strdup(td_last_error());
+        }
+    }
+    if (first != TD_OK) {
+        td_error_set(first, first_msg);
+        free(first_msg);
+    }
+    return first;
+}
+
+bool td_future_is_completed(const td_future *f) { return f && atomic_load(&f->state) != FUT_PENDING; }
+
+td_status td_future_status(const td_future *f)
+{
+    return f && atomic_load(&f->state) == FUT_FAILED ? f->status : TD_OK;
+}
+
+const char *td_future_error(const td_future *f)
+{
+    return f && atomic_load(&f->state) == FUT_FAILED ? f->error : NULL;
+}
+
+td_value *td_future_value(const td_future *f)
+{
+    return f && atomic_load(&f->state) == FUT_DONE ? f->value : NULL;
+}
+
+void td_future_add_callback(td_future *f, void (*cb)(td_future *f, void *arg), void *arg)
+{
+    if (!f || !cb)
+        return;
+    pthread_mutex_lock(&f->mu);
+    if (atomic_load(&f->state) == FUT_PENDING) {
+        fut_cb *c = TD_NEW(fut_cb);
+        c->cb = cb;
+        c->arg = arg;
+        if (f->cbs_tail)
+            f->cbs_tail->next = c;
+        else
+            f->cbs = c;
+        f->cbs_tail = c;
+        pthread_mutex_unlock(&f->mu);
+        return;
+    }
+    pthread_mutex_unlock(&f->mu);
+    cb(f, arg);
+}
+
+typedef struct then_ctx {
+    td_future *child;
+    td_status (*fn)(td_future *parent, void *arg, td_value **result);
+    void *arg;
+} then_ctx;
+
+static void then_cb(td_future *parent, void *p)
+{
+    then_ctx *c = p;
+    td_value *result = NULL;
+    td_status st = c->fn(parent, c->arg, &result);
+    if (st == TD_OK) {
+        td_future_set_result(c->child, result);
+    } else {
+        td_value_release(result);
+        td_future_set_error(c->child, st, "%s", td_last_error());
+    }
+    td_future_release(c->child);
+    free(c);
+}
+
+td_future *td_future_then(td_future *f, td_status (*fn)(td_future *parent, void *arg, td_value **result),
+                          void *arg)
+{
+    td_future *child = td_future_new();
+    if (!f || !fn) {
+        td_future_set_error(child, TD_ERR_INVALID, "td_future_then: %s is NULL", f ? "fn" : "future");
+        return child;
+    }
+    then_ctx *c = td_malloc(sizeof *c);
+    c->child = td_future_retain(child);
+    c->fn = fn;
+    c->arg = arg;
+    td_future_add_callback(f, then_cb, c);
+    return child;
+}

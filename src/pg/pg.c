@@ -1,0 +1,735 @@
+/* Process groups (tdist/pg.h): creation, subgroups, destruction, queries, and the worker that runs
+ * each group's operations in issue order on its backend (tdist/backend.h).
+ *
+ * A call (collectives.c) checks its arguments on the caller's thread, builds a td_work and queues
+ * it with pg_issue. The group's worker thread takes works in order, runs the DETAIL check when
+ * asked (debug.c) and submits each to the backend, which completes it with td_work_done from any
+ * thread. Completion copies results back into non-contiguous user tensors, fails the group when
+ * the backend failed (a failed group fails every later call with the same error), and completes
+ * the future. While idle the worker watches the deadlines of operations in flight: an operation
+ * that outlives the group's timeout fails the group with c10d's watchdog message, and aborting the
+ * backend fails everything else in flight, so nothing waits forever.
+ *
+ * Stores follow c10d: a rendezvous store gets the group's timeout and the prefix "default_pg"; each
+ * group then works under "<group name>/" of that root store. */
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/clock.h"
+#include "base/env.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "base/thread.h"
+#include "pg/executor.h"
+#include "pg/pg_impl.h"
+
+static const char *const op_type_names[PG_OP_COUNT] = {
+    "BROADCAST", "ALLREDUCE", "ALLREDUCE_COALESCED", "REDUCE", "ALLGATHER", "_ALLGATHER_BASE",
+    "ALLGATHER_COALESCED", "GATHER", "SCATTER", "REDUCE_SCATTER", "_REDUCE_SCATTER_BASE", "ALLTOALL",
+    "ALLTOALL_BASE", "BARRIER", "SEND", "RECV", "RECVANYSOURCE", "FINGERPRINT",
+};
+static const char *const op_api_names[PG_OP_COUNT] = {
+    "broadcast", "all_reduce", "all_reduce_coalesced", "reduce", "all_gather", "all_gather_into_tensor",
+    "all_gather_coalesced", "gather", "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
+    "all_to_all_single", "barrier", "send", "recv", "recvAnySource", "collective_fingerprint",
+};
+
+const char *pg_op_type_name(pg_op op) { return (int)op >= 0 && op < PG_OP_COUNT ? op_type_names[op] : "UNKNOWN"; }
+const char *pg_op_api_name(pg_op op) { return (int)op >= 0 && op < PG_OP_COUNT ? op_api_names[op] : "unknown"; }
+
+/* ---- works --------------------------------------------------------------------------------- */
+
+td_work *pg_work_new(td_pg *pg, pg_op op, td_coll_kind kind, td_dtype dtype)
+{
+    td_work *w = TD_NEW(td_work);
+    w->pg = pg;
+    w->future = td_future_new();
+    w->op = op;
+    w->is_p2p = kind == TD_COLL_SEND || kind == TD_COLL_RECV;
+    w->coll.kind = kind;
+    w->coll.dtype = dtype;
+    w->coll.op = TD_OP_SUM;
+    w->coll.root = -1;
+    w->coll.peer = -1;
+    w->coll.deadline_ns = TD_DEADLINE_NONE;
+    return w;
+}
+
+void pg_work_free(td_work *w)
+{
+    if (!w)
+        return;
+    for (size_t i = 0; i < w->copies.len; i++)
+        td_tensor_release(w->copies.items[i].src);
+    TD_VEC_FREE(&w->copies);
+    free(w->in_blocks);
+    free(w->in_counts);
+    free(w->out_blocks);
+    free(w->out_counts);
+    td_value_release(w->result);
+    td_future_release(w->future);
+    free(w);
+}
+
+void pg_work_copy_back(td_work *w, td_tensor *dst, td_tensor *src)
+{
+    TD_VEC_PUSH(&w->copies, ((pg_copy){dst, src}));
+}
+
+void pg_work_keep(td_work *w, td_tensor *t) { pg_work_copy_back(w, NULL, t); }
+
+/* "WorkTCP", "WorkThreaded": c10d's WorkNCCL naming for the group's backend. */
+static void work_class(const td_pg *pg, char *out, size_t size)
+{
+    size_t n = strlen(pg->backend_name);
+    snprintf(out, size, "Work%s", pg->backend_name);
+    for (size_t i = 4; out[i]; i++)
+        if (n <= 4 || i == 4)
+            out[i] = (char)toupper((unsigned char)out[i]);
+}
+
+/* c10d's watchdog line for w, which ran past the group's timeout. malloc'd. */
+static char *watchdog_message(const td_work *w)
+{
+    char cls[64];
+    work_class(w->pg, cls, sizeof cls);
+    return td_asprintf("[Rank %d] Watchdog caught collective operation timeout: %s(SeqNum=%llu, OpType=%s, "
+                       "NumelIn=%lld, NumelOut=%lld, Timeout(ms)=%lld) ran for %lld milliseconds before timing out.",
+                       w->pg->rank, cls, (unsigned long long)w->seq, pg_op_type_name(w->op),
+                       (long long)w->numel_in, (long long)w->numel_out, (long long)w->pg->timeout_ms,
+                       (long long)((td_now_ns() - w->issue_ns) / 1000000));
+}
+
+/* With pg->mu held: the group fails (the first failure wins) and the worker aborts the backend. */
+static void fail_group_locked(td_pg *pg, td_status status, const char *message)
+{
+    if (pg->failed != TD_OK)
+        return;
+    pg->failed = status;
+    pg->failed_msg = td_strdup(message);
+    pthread_cond_broadcast(&pg->cv);
+}
+
+static void inflight_unlink_locked(td_pg *pg, td_work *w)
+{
+    if (w->iprev)
+        w->iprev->inext = w->inext;
+    else
+        pg->inflight = w->inext;
+    if (w->inext)
+        w->inext->iprev = w->iprev;
+    w->iprev = w->inext = NULL;
+}
+
+static void inflight_link_locked(td_pg *pg, td_work *w)
+{
+    w->iprev = NULL;
+    w->inext = pg->inflight;
+    if (pg->inflight)
+        pg->inflight->iprev = w;
+    pg->inflight = w;
+}
+
+void pg_work_finish(td_work *w, td_status status, int sender, char *message)
+{
+    td_pg *pg = w->pg;
+    td_value *value = NULL;
+    if (status == TD_OK) {
+        for (size_t i = 0; i < w->copies.len; i++) {
+            pg_copy *c = &w->copies.items[i];
+            if (c->dst && td_tensor_copy(c->dst, c->src) != TD_OK) {
+                status = TD_ERR_INTERNAL;
+                message = td_asprintf("%s: copying the result back failed: %s", pg_op_api_name(w->op),
+                                      td_last_error());
+                break;
+            }
+        }
+    }
+    if (status == TD_OK)
+        value = w->value_sender ? td_value_int(sender) : (w->result ? td_value_retain(w->result) : NULL);
+    else if (!message)
+        message = td_strdup(td_last_error()[0] ? td_last_error() : "unknown error");
+    if (status != TD_OK && pg->debug >= PG_DEBUG_INFO)
+        td_log(TD_LOG_INFO, "Process group %s: %s (SeqNum=%llu) failed: %s", pg->name, pg_op_type_name(w->op),
+               (unsigned long long)w->seq, message);
+
+    bool linked = false;
+    pthread_mutex_lock(&pg->mu);
+    if (status != TD_OK && !w->nonfatal)
+        fail_group_locked(pg, status, message);
+    linked = w->iprev || pg->inflight == w;
+    pthread_mutex_unlock(&pg->mu);
+
+    if (status == TD_OK)
+        td_future_set_result(w->future, value);
+    else
+        td_future_set_error(w->future, status, "%s", message);
+    free(message);
+
+    /* Last: once off the in-flight list, destroy may free the group. */
+    if (linked) {
+        pthread_mutex_lock(&pg->mu);
+        inflight_unlink_locked(pg, w);
+        pthread_cond_broadcast(&pg->cv);
+        pthread_mutex_unlock(&pg->mu);
+    }
+    pg_work_free(w);
+}
+
+void td_work_done(td_work *w, td_status status, int sender, const char *fmt, ...)
+{
+    if (!w)
+        return;
+    char *msg = NULL;
+    if (status != TD_OK) {
+        if (fmt) {
+            va_list ap;
+            va_start(ap, fmt);
+            if (vasprintf(&msg, fmt, ap) < 0)
+                msg = NULL;
+            va_end(ap);
+        }
+        if (!msg)
+            msg = td_strdup(td_last_error()[0] ? td_last_error() : "unknown error");
+        if (status == TD_ERR_TIMEOUT && !strstr(msg, "Watchdog caught")) {
+            char *line = watchdog_message(w);
+            char *full = td_asprintf("%s Cause: %s", line, msg);
+            free(line);
+            free(msg);
+            msg = full;
+        }
+    }
+    pg_work_finish(w, status, sender, msg);
+}
+
+/* ---- issuing and the worker ---------------------------------------------------------------- */
+
+td_status pg_issue(td_pg *pg, td_work **ws, int n, td_future **futs)
+{
+    td_future *local[8];
+    td_future **fs = futs ? futs : (n <= 8 ? local : td_calloc((size_t)n, sizeof *fs));
+    pthread_mutex_lock(&pg->mu);
+    if (pg->failed != TD_OK || pg->stop) {
+        td_status st = pg->failed != TD_OK ? pg->failed : TD_ERR_CLOSED;
+        char *msg = td_strdup(pg->failed != TD_OK ? pg->failed_msg : "The process group is being destroyed");
+        pthread_mutex_unlock(&pg->mu);
+        for (int i = 0; i < n; i++)
+            pg_work_free(ws[i]);
+        if (fs != local && fs != futs)
+            free(fs);
+        td_error_set(st, msg);
+        free(msg);
+        return st;
+    }
+    int64_t now = td_now_ns();
+    for (int i = 0; i < n; i++) {
+        td_work *w = ws[i];
+        w->seq = w->is_p2p ? ++pg->p2p_seq : ++pg->op_seq;
+        w->issue_ns = now;
+        w->coll.deadline_ns = td_deadline_after_ms(pg->timeout_ms);
+        w->fp.seq = (int64_t)w->seq;
+        fs[i] = td_future_retain(w->future);
+        w->next = NULL;
+        if (pg->qtail)
+            pg->qtail->next = w;
+        else
+            pg->qhead = w;
+        pg->qtail = w;
+    }
+    pthread_cond_broadcast(&pg->cv);
+    pthread_mutex_unlock(&pg->mu);
+    if (futs)
+        return TD_OK;
+    td_status st = td_future_wait_all(fs, n, 0);
+    for (int i = 0; i < n; i++)
+        td_future_release(fs[i]);
+    if (fs != local)
+        free(fs);
+    return st;
+}
+
+static void log_op(td_pg *pg, const td_work *w)
+{
+    td_log(TD_LOG_INFO, "Process group %s (%s): %s SeqNum=%llu, dtype=%s, NumelIn=%lld, NumelOut=%lld%s", pg->name,
+           pg->backend_name, pg_op_type_name(w->op), (unsigned long long)w->seq, td_dtype_name(w->coll.dtype),
+           (long long)w->numel_in, (long long)w->numel_out, w->is_p2p ? " (p2p)" : "");
+}
+
+/* Worker thread: hands w to the backend. */
+static void submit(td_pg *pg, td_work *w)
+{
+    w->coll.seq = w->is_p2p ? ++pg->wire_p2p_seq : ++pg->wire_seq;
+    td_status st = pg->ops->submit(pg->state, &w->coll, w);
+    if (st != TD_OK)
+        pg_work_finish(w, st, -1, td_strdup(td_last_error()));
+}
+
+td_status pg_run_internal(td_pg *pg, td_work *w)
+{
+    td_future *f = td_future_retain(w->future);
+    w->issue_ns = td_now_ns();
+    pthread_mutex_lock(&pg->mu);
+    inflight_link_locked(pg, w);
+    pthread_mutex_unlock(&pg->mu);
+    submit(pg, w);
+    td_status st = td_future_wait(f, 0);
+    td_future_release(f);
+    return st;
+}
+
+static void run_work(td_pg *pg, td_work *w)
+{
+    if (pg->debug >= PG_DEBUG_INFO)
+        log_op(pg, w);
+    if (pg->debug == PG_DEBUG_DETAIL && w->has_fp) {
+        td_status st = pg_detail_check(pg, w);
+        if (st != TD_OK) {
+            /* A mismatch fails only this call, on every rank alike; a failed exchange fails the group. */
+            pthread_mutex_lock(&pg->mu);
+            w->nonfatal = pg->failed == TD_OK;
+            pthread_mutex_unlock(&pg->mu);
+            pg_work_finish(w, st, -1, td_strdup(td_last_error()));
+            return;
+        }
+    }
+    submit(pg, w);
+}
+
+static void *worker_main(void *arg)
+{
+    td_pg *pg = arg;
+    td_log_set_rank(pg->global_rank);
+    pthread_mutex_lock(&pg->mu);
+    for (;;) {
+        if (pg->failed != TD_OK && !pg->backend_aborted) {
+            pg->backend_aborted = true;
+            pthread_mutex_unlock(&pg->mu);
+            if (pg->ops->abort)
+                pg->ops->abort(pg->state, pg->failed, pg->failed_msg);
+            pthread_mutex_lock(&pg->mu);
+            continue;
+        }
+        td_work *w = pg->qhead;
+        if (!w) {
+            if (pg->stop)
+                break;
+            /* Idle: watch the deadlines of what is in flight (asynchronous p2p, say). */
+            td_work *oldest = NULL;
+            for (td_work *x = pg->inflight; x; x = x->inext)
+                if (!oldest || x->coll.deadline_ns < oldest->coll.deadline_ns)
+                    oldest = x;
+            int64_t deadline = oldest && pg->failed == TD_OK ? oldest->coll.deadline_ns : TD_DEADLINE_NONE;
+            if (deadline != TD_DEADLINE_NONE && td_deadline_passed(deadline)) {
+                char *msg = watchdog_message(oldest);
+                TD_LOG_ERROR("%s", msg);
+                fail_group_locked(pg, TD_ERR_TIMEOUT, msg);
+                free(msg);
+                continue;
+            }
+            td_cond_wait_until(&pg->cv, &pg->mu, deadline);
+            continue;
+        }
+        pg->qhead = w->next;
+        if (!pg->qhead)
+            pg->qtail = NULL;
+        if (pg->failed != TD_OK) {
+            td_status st = pg->failed;
+            char *msg = td_strdup(pg->failed_msg);
+            pthread_mutex_unlock(&pg->mu);
+            pg_work_finish(w, st, -1, msg);
+            pthread_mutex_lock(&pg->mu);
+            continue;
+        }
+        inflight_link_locked(pg, w);
+        pthread_mutex_unlock(&pg->mu);
+        run_work(pg, w);
+        pthread_mutex_lock(&pg->mu);
+    }
+    pthread_mutex_unlock(&pg->mu);
+    return NULL;
+}
+
+/* ---- creating groups ----------------------------------------------------------------------- */
+
+static td_pg *pg_alloc(const char *name, const char *backend, int global_rank, const int *global_ranks, int nranks)
+{
+    td_pg *pg = TD_NEW(td_pg);
+    pg->name = td_strdup(name);
+    pg->backend_name = td_strdup(backend);
+    pg->rank = pg->size = -1;
+    pg->global_rank = global_rank;
+    pg->nranks = nranks;
+    pg->global_ranks = td_malloc((size_t)nranks * sizeof(int));
+    memcpy(pg->global_ranks, global_ranks, (size_t)nranks * sizeof(int));
+    td_mutex_init(&pg->mu);
+    td_cond_init(&pg->cv);
+    return pg;
+}
+
+static void pg_free(td_pg *pg)
+{
+    td_store_release(pg->store);
+    td_store_release(pg->base_store);
+    free(pg->failed_msg);
+    free(pg->global_ranks);
+    free(pg->backend_name);
+    free(pg->name);
+    pthread_mutex_destroy(&pg->mu);
+    pthread_cond_destroy(&pg->cv);
+    free(pg);
+}
+
+static const char *const debug_names[] = {"OFF", "INFO", "DETAIL"};
+
+/* Makes the member's side of a group: its store, the backend, the worker. Takes base_store. */
+static td_status pg_start_member(td_pg *pg, const td_backend_ops *ops, td_store *base_store, int rank,
+                                 int64_t timeout_ms, pg_debug_level debug, void *parent_state)
+{
+    pg->ops = ops;
+    pg->member = true;
+    pg->rank = rank;
+    pg->size = pg->nranks;
+    pg->timeout_ms = timeout_ms;
+    pg->debug = debug;
+    pg->base_store = base_store;
+    char *prefix = td_asprintf("%s/", pg->name);
+    td_status st = td_prefix_store_create(prefix, base_store, &pg->store);
+    free(prefix);
+    if (st != TD_OK)
+        return st;
+    TD_TRY(td_executor_hold());
+    td_backend_args args = {
+        .store = pg->store,
+        .rank = rank,
+        .size = pg->size,
+        .global_ranks = pg->global_ranks,
+        .timeout_ms = timeout_ms,
+        .group_name = pg->name,
+        .parent_state = parent_state,
+    };
+    st = ops->create(&args, &pg->state);
+    if (st != TD_OK) {
+        td_executor_release();
+        return td_error_prefix(st, "Creating process group %s (backend %s, rank %d of %d)", pg->name, ops->name,
+                               rank, pg->size);
+    }
+    char tname[16];
+    snprintf(tname, sizeof tname, "td-pg-%s", pg->name);
+    st = td_thread_start(&pg->worker, tname, worker_main, pg);
+    if (st != TD_OK) {
+        if (ops->abort)
+            ops->abort(pg->state, TD_ERR_CLOSED, "process group creation failed");
+        ops->destroy(pg->state);
+        td_executor_release();
+        return st;
+    }
+    pg->worker_started = true;
+    if (debug >= PG_DEBUG_INFO)
+        td_log(TD_LOG_INFO,
+               "Process group %s initialized: backend %s, rank %d of %d (global rank %d), timeout %lld ms. "
+               "The debug level is set to %s.",
+               pg->name, ops->name, rank, pg->size, pg->global_rank, (long long)timeout_ms, debug_names[debug]);
+    return TD_OK;
+}
+
+static td_status resolve_backend(const char *name, const td_backend_ops **ops)
+{
+    if (!name)
+        name = td_env_str("TDIST_BACKEND", NULL);
+    if (!name)
+        name = td_backend_available("tcp") ? "tcp" : "threaded";
+    *ops = pg_find_backend(name);
+    if (!*ops) {
+        char *names = pg_backend_names();
+        td_status st = td_error(TD_ERR_INVALID,
+                                "Invalid backend: '%s'. Available backends: %s (td_register_backend adds others)",
+                                name, names);
+        free(names);
+        return st;
+    }
+    return TD_OK;
+}
+
+static td_status resolve_timeout(int64_t timeout_ms, int64_t *out)
+{
+    if (timeout_ms < 0)
+        return td_error(TD_ERR_INVALID, "Expected timeout argument to be a non-negative number of milliseconds, "
+                                        "got %lld",
+                        (long long)timeout_ms);
+    if (timeout_ms > 0) {
+        *out = timeout_ms;
+        return TD_OK;
+    }
+    return td_env_duration_ms("TDIST_TIMEOUT_MS", TD_PG_DEFAULT_TIMEOUT_MS, 1, out);
+}
+
+td_status td_pg_create(const td_pg_options *options, td_pg **out)
+{
+    if (!out)
+        return td_error(TD_ERR_INVALID, "td_pg_create: out is NULL");
+    *out = NULL;
+    td_pg_options o = TD_PG_OPTIONS_INIT;
+    if (options)
+        o = *options;
+    if (o.store && o.init_method)
+        return td_error(TD_ERR_INVALID, "Cannot specify both init_method and store.");
+    const td_backend_ops *ops;
+    TD_TRY(resolve_backend(o.backend, &ops));
+    int64_t timeout_ms;
+    TD_TRY(resolve_timeout(o.timeout_ms, &timeout_ms));
+    pg_debug_level debug;
+    TD_TRY(pg_parse_debug_level(o.debug_level, &debug));
+
+    td_store *base;
+    int rank = o.rank, size = o.world_size;
+    if (o.store) {
+        if (size <= 0)
+            return td_error(TD_ERR_INVALID, "world_size must be positive if using store");
+        if (rank < 0)
+            return td_error(TD_ERR_INVALID, "rank must be non-negative if using store");
+        base = td_store_retain(o.store);
+    } else {
+        td_store *rdzv;
+        TD_TRY(td_rendezvous(o.init_method ? o.init_method : "env://", rank, size, timeout_ms, &rdzv, &rank, &size));
+        td_status st = td_store_set_timeout(rdzv, timeout_ms);
+        if (st == TD_OK)
+            st = td_prefix_store_create("default_pg", rdzv, &base);
+        td_store_release(rdzv);
+        if (st != TD_OK)
+            return st;
+    }
+    if (rank >= size) {
+        td_store_release(base);
+        return td_error(TD_ERR_INVALID, "Invalid rank %d: the rank must be in [0, %d) for a world size of %d", rank,
+                        size, size);
+    }
+    int *ranks = td_malloc((size_t)size * sizeof(int));
+    for (int i = 0; i < size; i++)
+        ranks[i] = i;
+    td_pg *pg = pg_alloc(o.group_name ? o.group_name : "0", ops->name, rank, ranks, size);
+    free(ranks);
+    pg->is_root = true;
+    td_log_set_rank(rank);
+    td_status st = pg_start_member(pg, ops, base, rank, timeout_ms, debug, NULL);
+    if (st != TD_OK) {
+        pg_free(pg);
+        return st;
+    }
+    *out = pg;
+    return TD_OK;
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+td_status td_pg_new_group(td_pg *parent, const int *ranks, int n, const td_pg_options *options, td_pg **out)
+{
+    if (!out)
+        return td_error(TD_ERR_INVALID, "new_group: out is NULL");
+    *out = NULL;
+    td_pg *p;
+    TD_TRY(pg_resolve(parent, "new_group", &p));
+    if (n < 0 || (n > 0 && !ranks))
+        return td_error(TD_ERR_INVALID, "new_group: ranks must be an array of n >= 0 ranks (NULL or n == 0: all)");
+    if (n > p->size)
+        return td_error(TD_ERR_INVALID,
+                        "the new group's world size should be less or equal to the world size set by "
+                        "init_process_group");
+    int count = n > 0 ? n : p->size;
+    int *sorted = td_malloc((size_t)count * sizeof(int));
+    for (int i = 0; i < count; i++)
+        sorted[i] = n > 0 ? ranks[i] : i;
+    qsort(sorted, (size_t)count, sizeof(int), cmp_int);
+    for (int i = 0; i < count; i++) {
+        td_status st = TD_OK;
+        if (sorted[i] < 0 || sorted[i] >= p->size)
+            st = td_error(TD_ERR_INVALID,
+                          "The new group's rank should be within the world_size set by init_process_group");
+        else if (i > 0 && sorted[i] == sorted[i - 1])
+            st = td_error(TD_ERR_INVALID, "new_group: rank %d appears more than once in ranks", sorted[i]);
+        if (st != TD_OK) {
+            free(sorted);
+            return st;
+        }
+    }
+    td_pg_options o = TD_PG_OPTIONS_INIT;
+    if (options)
+        o = *options;
+    const td_backend_ops *ops = p->ops;
+    if (o.backend)
+        TD_TRY(resolve_backend(o.backend, &ops));
+    int64_t timeout_ms = p->timeout_ms;
+    if (o.timeout_ms)
+        TD_TRY(resolve_timeout(o.timeout_ms, &timeout_ms));
+    pg_debug_level debug = p->debug;
+    if (o.debug_level)
+        TD_TRY(pg_parse_debug_level(o.debug_level, &debug));
+
+    /* Every member of the parent names the subgroup the same way, members of it or not. */
+    pthread_mutex_lock(&p->mu);
+    uint64_t id = ++p->child_count;
+    pthread_mutex_unlock(&p->mu);
+    char *name;
+    if (o.group_name)
+        name = td_strdup(o.group_name);
+    else if (p->is_root)
+        name = td_asprintf("%llu", (unsigned long long)id);
+    else
+        name = td_asprintf("%s.%llu", p->name, (unsigned long long)id);
+
+    int my_rank = -1;
+    int *globals = td_malloc((size_t)count * sizeof(int));
+    for (int i = 0; i < count; i++) {
+        globals[i] = p->global_ranks[sorted[i]];
+        if (sorted[i] == p->rank)
+            my_rank = i;
+    }
+    free(sorted);
+    td_pg *g = pg_alloc(name, ops->name, p->global_rank, globals, count);
+    free(name);
+    free(globals);
+    if (my_rank < 0) {
+        g->timeout_ms = timeout_ms;
+        g->debug = debug;
+        *out = g;
+        return TD_OK;
+    }
+    td_status st = pg_start_member(g, ops, td_store_retain(p->base_store), my_rank, timeout_ms, debug,
+                                   ops == p->ops ? p->state : NULL);
+    if (st != TD_OK) {
+        pg_free(g);
+        return st;
+    }
+    *out = g;
+    return TD_OK;
+}
+
+/* ---- destroying ---------------------------------------------------------------------------- */
+
+void pg_destroy_now(td_pg *pg)
+{
+    if (pg->member) {
+        char *msg = td_asprintf("Process group %s was destroyed while the operation was pending", pg->name);
+        pthread_mutex_lock(&pg->mu);
+        pg->stop = true;
+        fail_group_locked(pg, TD_ERR_CLOSED, msg);
+        pthread_mutex_unlock(&pg->mu);
+        /* Wakes a submit blocked on its peers; the worker then drains the queue with the error. */
+        if (pg->ops->abort)
+            pg->ops->abort(pg->state, TD_ERR_CLOSED, msg);
+        free(msg);
+        if (pg->worker_started)
+            td_thread_join(pg->worker);
+        pthread_mutex_lock(&pg->mu);
+        while (pg->inflight)
+            pthread_cond_wait(&pg->cv, &pg->mu);
+        pthread_mutex_unlock(&pg->mu);
+        pg->ops->destroy(pg->state);
+        td_executor_release();
+        if (pg->debug >= PG_DEBUG_INFO)
+            td_log(TD_LOG_INFO, "Process group %s destroyed", pg->name);
+    }
+    pg_free(pg);
+}
+
+void td_pg_destroy(td_pg *pg)
+{
+    if (!pg)
+        return;
+    if (pg_default_claim_destroy(pg))
+        return;
+    pg_destroy_now(pg);
+}
+
+/* ---- queries ------------------------------------------------------------------------------- */
+
+td_status pg_resolve(td_pg *pg, const char *opname, td_pg **out)
+{
+    if (!pg) {
+        pg = pg_default_group();
+        if (!pg)
+            return td_error(TD_ERR_NOT_INIT, "Default process group has not been initialized, please make sure to "
+                                             "call init_process_group.");
+    }
+    *out = pg;
+    if (!pg->member)
+        return td_error(TD_ERR_NOT_MEMBER, "Running %s on global rank %d which does not belong to the given group.",
+                        opname, pg->global_rank);
+    return TD_OK;
+}
+
+static const td_pg *query_pg(const td_pg *pg) { return pg ? pg : pg_default_group(); }
+
+int td_pg_rank(const td_pg *pg)
+{
+    pg = query_pg(pg);
+    return pg ? pg->rank : -1;
+}
+
+int td_pg_size(const td_pg *pg)
+{
+    pg = query_pg(pg);
+    return pg ? pg->size : -1;
+}
+
+const char *td_pg_name(const td_pg *pg)
+{
+    pg = query_pg(pg);
+    return pg ? pg->name : NULL;
+}
+
+const char *td_pg_backend(const td_pg *pg)
+{
+    pg = query_pg(pg);
+    return pg ? pg->backend_name : NULL;
+}
+
+int64_t td_pg_timeout_ms(const td_pg *pg)
+{
+    pg = query_pg(pg);
+    return pg ? pg->timeout_ms : -1;
+}
+
+td_status td_pg_global_rank(const td_pg *pg, int group_rank, int *global_rank)
+{
+    const td_pg *g = query_pg(pg);
+    if (!g)
+        return td_error(TD_ERR_NOT_INIT, "Default process group has not been initialized, please make sure to "
+                                         "call init_process_group.");
+    if (group_rank < 0 || group_rank >= g->nranks)
+        return td_error(TD_ERR_INVALID, "Group rank %d is not part of group %s", group_rank, g->name);
+    if (global_rank)
+        *global_rank = g->global_ranks[group_rank];
+    return TD_OK;
+}
+
+td_status td_pg_group_rank(const td_pg *pg, int global_rank, int *group_rank)
+{
+    const td_pg *g = query_pg(pg);
+    if (!g)
+        return td_error(TD_ERR_NOT_INIT, "Default process group has not been initialized, please make sure to "
+                                         "call init_process_group.");
+    for (int i = 0; i < g->nranks; i++) {
+        if (g->global_ranks[i] == global_rank) {
+            if (group_rank)
+                *group_rank = i;
+            return TD_OK;
+        }
+    }
+    return td_error(TD_ERR_INVALID, "Global rank %d is not part of group %s", global_rank, g->name);
+}
+
+const int *td_pg_ranks(const td_pg *pg, int *size)
+{
+    pg = query_pg(pg);
+    if (size)
+        *size = pg ? pg->nranks : 0;
+    return pg ? pg->global_ranks : NULL;
+}

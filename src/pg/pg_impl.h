@@ -1,0 +1,182 @@
+/* Internal: the process-group front end's structures, shared by the files of src/pg.
+ *
+ *   pg.c           groups: create, new_group, destroy, queries, the worker, completion (td_work_done)
+ *   collectives.c  argument checks and normalization of every collective and p2p call
+ *   object.c       object collectives over the td_value codec
+ *   barrier.c      monitored_barrier over the group's store
+ *   debug.c        debug levels, collective fingerprints and the DETAIL mismatch check
+ *   default_group.c  the default group and td_new_group
+ *   registry.c     backends by name, td_coll_kind_name, capability queries
+ *
+ * An operation is a td_work: the backend's td_coll plus what the front end needs around it (the
+ * future, temporaries to copy back, the result value, the fingerprint). Works are queued in issue
+ * order and run by the group's worker thread; in flight they sit on a list that the worker watches
+ * for deadlines and that destroy waits to drain. */
+#ifndef TDIST_PG_PG_IMPL_H
+#define TDIST_PG_PG_IMPL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <tdist/backend.h>
+#include <tdist/future.h>
+#include <tdist/pg.h>
+#include <tdist/store.h>
+
+#include "base/vec.h"
+
+/* The front end's operation types, as c10d's OpType (for messages and fingerprints). */
+typedef enum pg_op {
+    PG_OP_BROADCAST = 0,
+    PG_OP_ALLREDUCE,
+    PG_OP_ALLREDUCE_COALESCED,
+    PG_OP_REDUCE,
+    PG_OP_ALLGATHER,
+    PG_OP_ALLGATHER_BASE,
+    PG_OP_ALLGATHER_COALESCED,
+    PG_OP_GATHER,
+    PG_OP_SCATTER,
+    PG_OP_REDUCE_SCATTER,
+    PG_OP_REDUCE_SCATTER_BASE,
+    PG_OP_ALLTOALL,
+    PG_OP_ALLTOALL_BASE,
+    PG_OP_BARRIER,
+    PG_OP_SEND,
+    PG_OP_RECV,
+    PG_OP_RECVANYSOURCE,
+    PG_OP_FINGERPRINT, /* the DETAIL check's own all_gather */
+    PG_OP_COUNT
+} pg_op;
+
+/* "ALLREDUCE" (c10d's OpType name) and "all_reduce" (the API name, used in messages and traces). */
+const char *pg_op_type_name(pg_op op);
+const char *pg_op_api_name(pg_op op);
+
+typedef enum pg_debug_level { PG_DEBUG_OFF = 0, PG_DEBUG_INFO = 1, PG_DEBUG_DETAIL = 2 } pg_debug_level;
+
+/* What every rank must agree on for one collective (DETAIL), as fixed-size int64 words so that it
+ * travels as one all_gather of TD_INT64. ndim -1: shapes are not compared (all_to_all). */
+typedef struct pg_fingerprint {
+    int64_t seq;
+    int64_t op;
+    int64_t dtype;
+    int64_t root;
+    int64_t reduce_op;
+    int64_t ntensors;
+    int64_t shapes_hash; /* of every tensor's shape, for list forms */
+    int64_t ndim;
+    int64_t shape[TD_MAX_DIMS];
+} pg_fingerprint;
+#define PG_FP_WORDS (sizeof(pg_fingerprint) / sizeof(int64_t))
+
+typedef struct pg_copy {
+    td_tensor *dst; /* NULL: src is only kept alive */
+    td_tensor *src;
+} pg_copy;
+
+struct td_work {
+    td_pg *pg;
+    td_future *future;
+    td_coll coll;
+    pg_op op;
+    uint64_t seq; /* the group's operation number, for messages and fingerprints */
+    int64_t issue_ns;
+    int64_t numel_in, numel_out;
+    bool is_p2p;
+    bool nonfatal;     /* a failure does not fail the group (front-end checks) */
+    bool value_sender; /* the result is the sender's rank (receives) */
+    bool has_fp;
+    pg_fingerprint fp;
+    /* storage for the coll's block arrays */
+    const void **in_blocks;
+    size_t *in_counts;
+    void **out_blocks;
+    size_t *out_counts;
+    TD_VEC(pg_copy) copies; /* on success, dst := src, in order; every src is released at the end */
+    td_value *result;       /* the value on success (a list of the output tensors) */
+    td_work *next;          /* queue */
+    td_work *iprev, *inext; /* in-flight list */
+};
+
+struct td_pg {
+    char *name;
+    char *backend_name;
+    const td_backend_ops *ops;
+    void *state;
+    bool member;
+    int rank, size;   /* in the group; -1 for a non-member */
+    int global_rank;  /* this process's rank in the root group */
+    int *global_ranks; /* group rank -> global rank, nranks entries */
+    int nranks;
+    int64_t timeout_ms;
+    pg_debug_level debug;
+    td_store *base_store;  /* the root's store, under which every group of the root has its prefix */
+    td_store *store;       /* base_store prefixed with "<name>/" */
+    bool is_root;          /* made by td_pg_create: its subgroups are named "1", "2", ... */
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t worker;
+    bool worker_started;
+    bool stop;
+    td_work *qhead, *qtail;
+    td_work *inflight;
+    td_status failed;     /* TD_OK while healthy */
+    char *failed_msg;
+    bool backend_aborted;
+    uint64_t op_seq, p2p_seq;       /* issued (front-end numbering) */
+    uint64_t wire_seq, wire_p2p_seq; /* submitted to the backend (fingerprints count) */
+    uint64_t child_count;           /* subgroups made from this group, for their names */
+    uint64_t monitored_seq;
+};
+
+/* ---- pg.c ---------------------------------------------------------------------------------- */
+
+/* NULL means the default group. TD_OK when pg can run opname now; else the error (not initialized,
+ * not a member, failed group). *out gets the group. */
+td_status pg_resolve(td_pg *pg, const char *opname, td_pg **out);
+td_work *pg_work_new(td_pg *pg, pg_op op, td_coll_kind kind, td_dtype dtype);
+void pg_work_free(td_work *w);
+/* After success, dst := src (td_tensor_copy). Takes src; dst is borrowed (the user's). */
+void pg_work_copy_back(td_work *w, td_tensor *dst, td_tensor *src);
+/* Keeps t (taken) alive until the work ends. */
+void pg_work_keep(td_work *w, td_tensor *t);
+/* Queues n works in order. With futs, futs[i] gets each one's future (a new reference); without,
+ * waits for them all and returns the first failure. Takes the works, even on failure. */
+td_status pg_issue(td_pg *pg, td_work **ws, int n, td_future **futs);
+/* Runs one operation on the backend from the worker thread, and waits for it (DETAIL's exchange). */
+td_status pg_run_internal(td_pg *pg, td_work *w);
+/* Ends a work (any thread, exactly once): copies back, fails the group if the error is fatal,
+ * completes the future and frees the work. Takes message (may be NULL). */
+void pg_work_finish(td_work *w, td_status status, int sender, char *message);
+/* Destroys pg (member or not): fails what is pending, stops the worker and the backend, frees. */
+void pg_destroy_now(td_pg *pg);
+
+/* ---- debug.c ------------------------------------------------------------------------------- */
+
+td_status pg_parse_debug_level(const char *value, pg_debug_level *out);
+void pg_fingerprint_fill(td_work *w, td_tensor *const *tensors, int n, int root, int reduce_op, bool shapes);
+/* The DETAIL check before a collective (worker thread): all_gathers the fingerprints and compares.
+ * TD_OK, or an error with the mismatch message (or the exchange's own failure). */
+td_status pg_detail_check(td_pg *pg, td_work *w);
+
+/* ---- default_group.c ----------------------------------------------------------------------- */
+
+td_pg *pg_default_group(void);
+/* For td_pg_destroy: true when pg is the default group, which was then destroyed with its
+ * subgroups; otherwise pg is forgotten by the default group's list (if there) and false. */
+bool pg_default_claim_destroy(td_pg *pg);
+
+/* ---- registry.c ---------------------------------------------------------------------------- */
+
+const td_backend_ops *pg_find_backend(const char *name);
+/* "tcp, threaded" (malloc'd), for error messages. */
+char *pg_backend_names(void);
+/* The reduce op is defined for dtype (c10d's complex rule, then the kernels'); opname prefixes the
+ * message. */
+td_status pg_check_reduce(const char *opname, td_op op, td_dtype dtype);
+/* pg_check_reduce for reducing kinds, then the backend's own supports(). */
+td_status pg_check_supported(td_pg *pg, const char *opname, td_coll_kind kind, td_dtype dtype, td_op op);
+
+#endif

@@ -35,6 +35,10 @@ td_status td_thread_start(pthread_t *thread, const char *name, void *(*fn)(void 
     snprintf(ctx->name, sizeof ctx->name, "%s", name);
     sigset_t all, old;
     sigfillset(&all);
+    static const int keep[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
+    for (size_t i = 0; i < sizeof keep / sizeof *keep; i++)
+        sigdelset(&all, keep[i]);
+    sigdelset(&all, TD_STACK_DUMP_SIGNAL);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     int rc = pthread_create(thread, NULL, thread_trampoline, ctx);
     pthread_sigmask(SIG_SETMASK, &old, NULL);

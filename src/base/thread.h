@@ -6,14 +6,20 @@
 #define TDIST_BASE_THREAD_H
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 
 #include <tdist/status.h>
 
+/* The real-time signal the test harness sends to every thread of a hung rank to collect its
+ * stack (src/testing/stacks.c); td_thread_start leaves it unblocked. */
+#define TD_STACK_DUMP_SIGNAL (SIGRTMIN + 5)
+
 /* Starts fn(arg) on a new thread named `name` (at most 15 characters are kept). Signals are
- * blocked on the new thread so that they are delivered to the application's threads. */
+ * blocked on the new thread so that they are delivered to the application's threads, except the
+ * synchronous fault signals (so a crash on it prints its backtrace) and TD_STACK_DUMP_SIGNAL. */
 td_status td_thread_start(pthread_t *thread, const char *name, void *(*fn)(void *), void *arg);
 void td_thread_join(pthread_t thread);
 

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "base/alloc.h"
@@ -181,6 +182,14 @@ int td_harness_child_main(const td_harness_child_args *a)
     if (!td_harness_find(a->name, &c, &param, &plen)) {
         fprintf(stderr, "tdist test harness: no test case named '%s' in this binary\n", a->name);
         return 2;
+    }
+    /* The kernel named this process "exe" after /proc/self/exe; show the binary's name instead. */
+    char exe[4096];
+    ssize_t en = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (en > 0) {
+        exe[en] = '\0';
+        const char *base = strrchr(exe, '/');
+        prctl(PR_SET_NAME, base ? base + 1 : exe);
     }
     /* Nested runs (a meta-test's own ranks) must not inherit this rank's channel. */
     fcntl(a->ctl_fd, F_SETFD, FD_CLOEXEC);

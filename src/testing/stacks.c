@@ -53,7 +53,7 @@ static char g_altstack[64 * 1024];
 
 static pid_t my_tid(void) { return (pid_t)syscall(SYS_gettid); }
 
-static int dump_signal(void) { return SIGRTMIN + 5; }
+static int dump_signal(void) { return TD_STACK_DUMP_SIGNAL; }
 
 void td_stacks_set_thread_rank(int rank) { tl_rank = rank; }
 

@@ -20,6 +20,7 @@
 #include <tdist/testing.h>
 
 #include "base/error.h"
+#include "base/thread.h"
 
 extern char **environ;
 
@@ -225,9 +226,25 @@ __attribute__((noinline)) static void hang_forever_in_rank0(void)
         sleep_s(1);
 }
 
+__attribute__((noinline)) static void helper_waits_here(void)
+{
+    for (;;)
+        sleep_s(2); /* not the same code as hang_forever_in_rank0, or the compiler merges them */
+}
+
+static void *helper_main(void *arg)
+{
+    (void)arg;
+    td_test_breadcrumb("helper step %d", 7);
+    helper_waits_here();
+    return NULL;
+}
+
 TD_TEST(inner_hang, .world_size = 2, .timeout_s = 2, .hidden = true)
 {
     if (ctx->rank == 0) {
+        pthread_t helper; /* a library-style thread: td_thread_start blocks most signals */
+        TD_CHECK_OK(td_thread_start(&helper, "td-helper", helper_main, NULL));
         td_test_breadcrumb("all_reduce #%d of %d", 3, 8);
         hang_forever_in_rank0();
     }
@@ -248,6 +265,9 @@ TD_TEST(hang_times_out_with_stacks, .timeout_s = 60)
     TD_CHECK_CONTAINS(r.log, "Process 0 timed out with traceback: \n\n");
     TD_CHECK_CONTAINS(r.log, "hang_forever_in_rank0");
     TD_CHECK_CONTAINS(r.log, "last step: all_reduce #3 of 8");
+    TD_CHECK_CONTAINS(r.log, "[main thread] [rank 0] (most recent call first):\n");
+    TD_CHECK_CONTAINS(r.log, "(td-helper) (most recent call first):\n    last step: helper step 7\n");
+    TD_CHECK_CONTAINS(r.log, "helper_waits_here");
     TD_CHECK_CONTAINS(r.log, "Timing out after 2 seconds and killing subprocesses.");
     TD_CHECK(strstr(r.log, "Timing out after") > strstr(r.log, "timed out with traceback"));
     td_test_result_free(&r);

@@ -4,8 +4,7 @@
  * Conversions follow PyTorch's copy_: floating to integer truncates toward zero, anything to bool
  * is `!= 0`, complex to real drops the imaginary part, double to float16/bfloat16 goes through
  * float32 (as c10::Half does). Out-of-range float to integer conversions, undefined in C, give what
- * torch gives on x86 (NaN and overflow become INT64_MIN, then wrap to the narrower type), without
- * UB. Each (source, destination) dtype pair has its own strided 1-D loop; a copy sorts and merges
+ * torch gives on x86 (see f2i32 / f2i64), without UB. Each (source, destination) dtype pair has its own strided 1-D loop; a copy sorts and merges
  * the dims of both operands so that this loop runs over the longest contiguous runs, and a
  * same-dtype copy of contiguous runs is a memcpy. */
 #include <math.h>
@@ -42,12 +41,21 @@ static inline double load_f64(const char *p) { return LOAD_AS(double, p); }
 static inline td_c64 load_c64(const char *p) { return LOAD_AS(td_c64, p); }
 static inline td_c128 load_c128(const char *p) { return LOAD_AS(td_c128, p); }
 
-/* Float to integer with x86's answer for NaN and out-of-range values (cvttsd2si gives INT64_MIN). */
-static inline int64_t f2i(double v)
+/* Float to integer with x86's answer for NaN and out-of-range values, which is what torch gives:
+ * int64 converts with the 64-bit cvttsd2si (INT64_MIN when out of range), the narrower types with
+ * the 32-bit one (INT32_MIN), then keep the low bits. */
+static inline int64_t f2i64(double v)
 {
     if (v >= -9223372036854775808.0 && v < 9223372036854775808.0)
         return (int64_t)v;
     return INT64_MIN;
+}
+
+static inline int64_t f2i32(double v)
+{
+    if (v > -2147483649.0 && v < 2147483648.0)
+        return (int32_t)v;
+    return INT32_MIN;
 }
 
 #define STORE_RAW(type, p, val)        \
@@ -57,17 +65,17 @@ static inline int64_t f2i(double v)
     } while (0)
 
 /* One store per (destination dtype, value class), picked by _Generic on the loaded value. */
-#define DEF_STORE_INT(name, type)                                                                      \
+#define DEF_STORE_INT(name, type, f2i)                                                                 \
     static inline void store_##name##_i(char *p, int64_t v) { STORE_RAW(type, p, (type)(uint64_t)v); } \
     static inline void store_##name##_f(char *p, float v) { STORE_RAW(type, p, (type)(uint64_t)f2i(v)); } \
     static inline void store_##name##_d(char *p, double v) { STORE_RAW(type, p, (type)(uint64_t)f2i(v)); } \
     static inline void store_##name##_cf(char *p, td_c64 v) { store_##name##_f(p, v.re); }          \
     static inline void store_##name##_cd(char *p, td_c128 v) { store_##name##_d(p, v.re); }
-DEF_STORE_INT(u8, uint8_t)
-DEF_STORE_INT(i8, int8_t)
-DEF_STORE_INT(i16, int16_t)
-DEF_STORE_INT(i32, int32_t)
-DEF_STORE_INT(i64, int64_t)
+DEF_STORE_INT(u8, uint8_t, f2i32)
+DEF_STORE_INT(i8, int8_t, f2i32)
+DEF_STORE_INT(i16, int16_t, f2i32)
+DEF_STORE_INT(i32, int32_t, f2i32)
+DEF_STORE_INT(i64, int64_t, f2i64)
 
 static inline void store_b8_i(char *p, int64_t v) { STORE_RAW(uint8_t, p, v != 0); }
 static inline void store_b8_f(char *p, float v) { STORE_RAW(uint8_t, p, v != 0); }

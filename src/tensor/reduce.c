@@ -266,17 +266,22 @@ td_status td_reduce_check(td_reduce_op op, td_dtype dtype)
     TD_TRY(td_dtype_check((int)dtype));
     if (kernels[op][dtype])
         return TD_OK;
-    const char *why;
     switch (op) {
     case TD_BAND:
     case TD_BOR:
-    case TD_BXOR: why = "bitwise ops need an integer or bool dtype"; break;
+    case TD_BXOR:
+        return td_error(TD_ERR_INVALID,
+                        "reduce op %s is not supported for dtype %s (bitwise ops need an integer or bool dtype)",
+                        op_names[op], td_dtype_name(dtype));
     case TD_MIN:
-    case TD_MAX: why = "complex numbers are not ordered"; break;
-    default: why = "it needs a floating point or complex dtype"; break;
+    case TD_MAX:
+        return td_error(TD_ERR_INVALID, "reduce op %s is not supported for dtype %s (complex numbers are not ordered)",
+                        op_names[op], td_dtype_name(dtype));
+    default:
+        return td_error(TD_ERR_INVALID,
+                        "reduce op %s is not supported for dtype %s (%s needs a floating point or complex dtype)",
+                        op_names[op], td_dtype_name(dtype), op_names[op]);
     }
-    return td_error(TD_ERR_INVALID, "reduce op %s is not supported for dtype %s (%s)", op_names[op],
-                    td_dtype_name(dtype), why);
 }
 
 bool td_reduce_isa_available(td_reduce_isa isa)

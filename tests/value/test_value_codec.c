@@ -679,7 +679,7 @@ TD_TEST(write_fuzz_seeds, .hidden = true)
     seeds[n++] = td_value_worker_info("worker0", 0);
     seeds[n++] = sample_value();
     for (uint64_t seed = 11; n < 8; seed++)
-        seeds[n++] = random_value_sized(&seed, 64, 4096);
+        seeds[n++] = random_value_sized(&seed, 200, 4096);
     for (int i = 0; i < n; i++) {
         size_t len;
         void *b = encode(seeds[i], &len);

@@ -341,14 +341,17 @@ static td_status broadcast_src(const td_strided *dst, const td_strided *src, int
     return TD_OK;
 }
 
-td_status td_strided_copy(const td_strided *dst, const td_strided *src)
+/* fill writes one value, so a destination whose elements share memory is fine there (as in
+ * torch's fill_); a copy of varying values into one is refused. */
+static td_status copy_impl(const td_strided *dst, const td_strided *src, bool allow_dst_overlap)
 {
     int64_t sstrides[TD_MAX_DIMS];
     TD_TRY(broadcast_src(dst, src, sstrides));
     int64_t n = numel_strided(dst);
     if (n == 0)
         return TD_OK;
-    TD_TRY(check_no_internal_overlap(dst));
+    if (!allow_dst_overlap)
+        TD_TRY(check_no_internal_overlap(dst));
 
     /* A source that overlaps the destination is staged through a contiguous copy, so the result
      * does not depend on the loop order. */
@@ -385,6 +388,8 @@ td_status td_strided_copy(const td_strided *dst, const td_strided *src)
     return TD_OK;
 }
 
+td_status td_strided_copy(const td_strided *dst, const td_strided *src) { return copy_impl(dst, src, false); }
+
 td_status td_tensor_copy(td_tensor *dst, const td_tensor *src)
 {
     if (!dst || !src)
@@ -399,7 +404,7 @@ static td_status fill_with(td_tensor *t, const void *value, td_dtype vtype)
         return td_error(TD_ERR_INVALID, "fill: tensor is NULL");
     td_strided d = td_strided_of(t);
     td_strided s = {.data = (char *)value, .dtype = vtype, .ndim = 0};
-    return td_strided_copy(&d, &s);
+    return copy_impl(&d, &s, true);
 }
 
 td_status td_tensor_fill(td_tensor *t, double value) { return fill_with(t, &value, TD_FLOAT64); }

@@ -1,27 +1,48 @@
 /* The transport interface: point-to-point byte movement between the ranks of one group.
  *
  * The collective algorithms (src/coll) are written once against this interface, as Gloo writes its
- * algorithms over transport pairs; tcp (sockets) implements it now and shm (shared-memory rings)
- * will later, so a new transport gets every algorithm and a new algorithm runs on every transport.
+ * algorithms over transport pairs; tcp (sockets, transport/tcp.h) implements it now and shm
+ * (shared-memory rings) will later, so a new transport gets every algorithm and a new algorithm
+ * runs on every transport.
  *
  * Model: tagged messages. isend posts a message of some bytes (gathered from an iovec) to a peer
  * under a 64-bit tag; irecv posts a buffer (an iovec) for the message with that tag from that peer
- * (or TD_ANY_SOURCE). Messages between one pair with one tag match in posting order. A message must
- * fill the posted receive exactly: a length mismatch fails that receive with TD_ERR_INVALID naming
- * both lengths. Operations complete asynchronously; the caller owns each td_xfer (typically on its
- * stack, or in a preallocated array so the hot path allocates nothing) and waits on it, or gets a
- * callback on the transport's progress thread (keep it short: no blocking, no user code).
+ * (or TD_TRANSPORT_ANY). Messages between one pair with one tag match in posting order; an
+ * any-source receive and a receive from the sender compete by posting order. A message must fill
+ * the posted receive exactly: a length mismatch fails that receive (only that one) with
+ * TD_ERR_INVALID naming both lengths. Operations complete asynchronously; the caller owns each
+ * td_xfer (typically on its stack, or in a preallocated array so the hot path allocates nothing)
+ * and either waits on it or gets a callback.
  *
- * Failure: when a peer's connection breaks, every pending and later operation involving that peer
- * fails with TD_ERR_PEER_LOST and a message naming the rank ("Connection to rank 2 lost: ..."), and
- * any-source receives fail too. abort() fails everything, for destroy and for group-level failures.
+ * Progress: the thread that waits drives the I/O itself while it waits (busy-polls briefly, then
+ * sleeps in the transport's poll set), so a blocking algorithm needs no thread hand-off per
+ * message; when nobody waits, the transport's own I/O thread makes progress. A callback (on_done)
+ * therefore runs on whichever thread completed the operation: the I/O thread, a waiting thread, or
+ * the posting thread itself when the operation completes at once. Keep it short and non-blocking,
+ * never call back into the transport from it, and expect that the transport does not touch the
+ * xfer after on_done returns (so the callback may recycle it). An xfer with a callback must not be
+ * waited on.
  *
- * Tags: the pg layer gives each collective a distinct tag space (sequence number in the high bits)
- * and p2p user tags their own space, so algorithms only pick small step numbers.
+ * Deadlines: each operation carries a CLOCK_MONOTONIC deadline (TD_DEADLINE_NONE for none). When
+ * one passes before the operation completes, the transport aborts itself with TD_ERR_TIMEOUT: a
+ * stream with a half-done message cannot be reused, and a group whose member stalls has failed.
+ *
+ * Failure: when a peer's connection breaks (the process died, or sent malformed bytes), the whole
+ * transport aborts with TD_ERR_PEER_LOST and a message naming the rank ("Connection to rank 2
+ * lost: ..."): collectives need everyone, so an algorithm waiting on rank 1 learns at once that
+ * rank 2 died. A peer that closes cleanly (destroys its transport) only fails the operations that
+ * involve it. abort() fails everything, pending and later, with the given status and message.
+ * Every xfer posted successfully completes exactly once, even on abort; wait returns only once it
+ * has (so its memory may be reused as soon as wait returns).
+ *
+ * Tags: the backend gives each collective a distinct tag space (TD_TAG_COLL in coll/coll.h) and
+ * user p2p tags their own, so algorithms only pick small step numbers. TD_TAG_RESERVED is the
+ * transports' own (control frames) and cannot be posted.
  */
 #ifndef TDIST_TRANSPORT_TRANSPORT_H
 #define TDIST_TRANSPORT_TRANSPORT_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -29,42 +50,62 @@
 
 #include <tdist/status.h>
 
-typedef struct td_store td_store;
 typedef struct td_transport td_transport;
 typedef struct td_xfer td_xfer;
 
 #define TD_XFER_MAX_IOV 4
+#define TD_TRANSPORT_ANY (-1)          /* any-source receives */
+#define TD_TAG_RESERVED UINT64_MAX     /* control frames of the transport itself */
+#define TD_XFER_ERROR_MAX 256
 
-/* One posted operation. Fill the public part through td_transport_isend/irecv; read the result
- * after completion. The private part belongs to the transport until completion. */
+enum { TD_XFER_SEND = 1, TD_XFER_RECV = 2 };
+
+/* One posted operation. Post it with td_transport_isend / td_transport_irecv; read the result after
+ * completion. The private part belongs to the transport until completion. */
 struct td_xfer {
-    /* results, valid once `done` is true */
+    /* results, valid once td_xfer_done(x) */
     td_status status;
     int peer;         /* the actual peer (for any-source receives) */
     size_t nbytes;    /* bytes moved */
-    /* optional completion callback, run on the progress thread */
+    char error[TD_XFER_ERROR_MAX]; /* the failure's message when status != TD_OK */
+    /* optional completion callback (see the header comment) */
     void (*on_done)(td_xfer *x, void *arg);
     void *arg;
     /* private */
-    _Atomic int done_flag;
-    int kind; /* send or recv */
+    atomic_int state; /* 0 pending, 1 done, 2 pending with a thread asleep on it */
+    int kind;
     uint64_t tag;
+    int64_t deadline_ns;
+    uint64_t order;   /* posting order, for any-source matching */
     struct iovec iov[TD_XFER_MAX_IOV];
     int iovcnt;
     size_t total;
     size_t progress;
     td_xfer *next;
-    char error[256];
 };
+
+static inline bool td_xfer_done(td_xfer *x)
+{
+    return atomic_load_explicit(&x->state, memory_order_acquire) == 1;
+}
 
 typedef struct td_transport_ops {
     const char *name;
-    td_status (*isend)(td_transport *t, int peer, uint64_t tag, td_xfer *x);
-    td_status (*irecv)(td_transport *t, int peer, uint64_t tag, td_xfer *x);
-    /* Waits for x until the deadline (CLOCK_MONOTONIC ns; INT64_MAX none). TD_ERR_TIMEOUT leaves x
-     * pending; the caller must then abort the transport before reusing x's memory. */
+    /* Post x (set up by the helpers below). A non-TD_OK return (the transport has failed, or the
+     * peer closed) means x was not posted and will not complete; the message is in
+     * td_last_error(). */
+    td_status (*isend)(td_transport *t, int peer, td_xfer *x);
+    td_status (*irecv)(td_transport *t, int peer, td_xfer *x);
+    /* Drives progress until x completes, and returns x->status with td_last_error() set to
+     * x->error on failure. If the deadline (CLOCK_MONOTONIC ns; TD_DEADLINE_NONE for none) passes
+     * first, the transport aborts with TD_ERR_TIMEOUT, which completes x. */
     td_status (*wait)(td_transport *t, td_xfer *x, int64_t deadline_ns);
+    /* Fails every pending and later operation with (status, message); the first abort wins.
+     * TD_ERR_CLOSED means an orderly shutdown (the peers are told, and fail only what involves this
+     * rank); any other status but TD_ERR_PEER_LOST (which every peer sees for itself) also breaks
+     * the connections, so that the peers fail at once too. Never waits for peers. */
     void (*abort)(td_transport *t, td_status status, const char *message);
+    /* Aborts with TD_ERR_CLOSED if not yet aborted, stops the transport's threads and frees it. */
     void (*destroy)(td_transport *t);
 } td_transport_ops;
 
@@ -74,12 +115,21 @@ struct td_transport {
     int size;
 };
 
-/* Helpers over the ops: set up x from an iovec and post it. */
+/* Set up x from an iovec (at most TD_XFER_MAX_IOV entries) and post it. x's callback fields
+ * (on_done, arg) are kept; everything else is reset. */
 td_status td_transport_isend(td_transport *t, int peer, uint64_t tag, const struct iovec *iov, int iovcnt,
-                             td_xfer *x);
+                             int64_t deadline_ns, td_xfer *x);
 td_status td_transport_irecv(td_transport *t, int peer, uint64_t tag, const struct iovec *iov, int iovcnt,
-                             td_xfer *x);
+                             int64_t deadline_ns, td_xfer *x);
+/* One-buffer forms. */
+td_status td_transport_isend1(td_transport *t, int peer, uint64_t tag, const void *buf, size_t len,
+                              int64_t deadline_ns, td_xfer *x);
+td_status td_transport_irecv1(td_transport *t, int peer, uint64_t tag, void *buf, size_t len,
+                              int64_t deadline_ns, td_xfer *x);
 td_status td_transport_wait(td_transport *t, td_xfer *x, int64_t deadline_ns);
+/* Waits for all n (each completes even when one fails); returns the first failure in index order,
+ * with its message. Entries never posted must not be passed. */
+td_status td_transport_wait_all(td_transport *t, td_xfer *xs, int n, int64_t deadline_ns);
 /* Blocking conveniences for algorithm code. */
 td_status td_transport_send(td_transport *t, int peer, uint64_t tag, const void *buf, size_t len,
                             int64_t deadline_ns);
@@ -87,5 +137,20 @@ td_status td_transport_recv(td_transport *t, int peer, uint64_t tag, void *buf, 
 /* Simultaneous send to one peer and receive from another (the step of ring algorithms). */
 td_status td_transport_sendrecv(td_transport *t, int to, const void *sbuf, size_t slen, int from, void *rbuf,
                                 size_t rlen, uint64_t tag, int64_t deadline_ns);
+static inline void td_transport_abort(td_transport *t, td_status status, const char *message)
+{
+    t->ops->abort(t, status, message);
+}
+static inline void td_transport_destroy(td_transport *t)
+{
+    if (t)
+        t->ops->destroy(t);
+}
+
+/* For transport implementations: record x's result and mark it done (waking a thread asleep on
+ * it). Does not run on_done. */
+void td_xfer_finish(td_xfer *x, td_status status, const char *message);
+/* For wait implementations: sleep until x is done or the deadline passes (false then). */
+bool td_xfer_sleep(td_xfer *x, int64_t deadline_ns);
 
 #endif

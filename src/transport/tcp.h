@@ -1,0 +1,44 @@
+/* The tcp transport: td_transport (transport/transport.h) over one TCP connection per pair of
+ * ranks, set up through a store (tcp_connect.c) and driven by a progress engine (tcp.c).
+ *
+ * Wire format and handshake: docs/protocols.md, "tcp transport". Tuning (environment):
+ *   TDIST_SOCKET_IFNAME   interface whose address each rank listens on (else the interface that
+ *                         reaches MASTER_ADDR, else loopback)
+ *   TDIST_AUTH_TOKEN      shared secret every connecting rank must present
+ *   TDIST_TCP_SPIN_US     how long a waiting thread busy-polls before sleeping (default 50)
+ *   TDIST_TCP_BUFFER      socket send/receive buffer size (default: the kernel's autotuning)
+ */
+#ifndef TDIST_TRANSPORT_TCP_H
+#define TDIST_TRANSPORT_TCP_H
+
+#include <stdint.h>
+
+#include "transport/transport.h"
+
+typedef struct td_store td_store;
+
+typedef struct td_tcp_options {
+    td_store *store;          /* rendezvous (borrowed; used only during create) */
+    const char *key_prefix;   /* prefix of the transport's store keys; NULL: "tcp/" */
+    int rank;
+    int size;
+    const int *global_ranks;  /* size entries, for messages ("rank 5"); NULL: the group ranks */
+    int64_t timeout_ms;       /* connection set-up deadline; <= 0: none */
+    const char *group_name;   /* checked in the handshake; NULL: "" */
+    const char *bind_host;    /* NULL: from the environment (see above) */
+} td_tcp_options;
+
+/* Listens, publishes this rank's address, connects to every peer (lower rank connects to higher)
+ * and starts the I/O thread. Every rank of the group must call it with the same store, group name
+ * and size. */
+td_status td_tcp_transport_create(const td_tcp_options *options, td_transport **out);
+
+/* A transport over sockets that are already connected and past the handshake: fds[peer] for every
+ * peer (fds[rank] is ignored). Takes ownership of the fds, also on failure. global_ranks may be NULL. */
+td_status td_tcp_transport_from_fds(int rank, int size, const int *fds, const int *global_ranks,
+                                    td_transport **out);
+
+/* The largest message the transport accepts (a longer length in a header is a protocol error). */
+#define TD_TCP_MAX_MESSAGE (UINT64_C(1) << 40)
+
+#endif

@@ -1,0 +1,647 @@
+/* Setting up the tcp transport's connections through a store (td_tcp_transport_create, tcp.h).
+ *
+ * Each rank listens on port 0 at its bind address (explicit, or TDIST_SOCKET_IFNAME's address, or
+ * the local address that reaches MASTER_ADDR, or loopback) and publishes "host:port nonce" under
+ * "<prefix><generation>/addr/<rank>" (the generation counts this rank's transports on the store,
+ * so a group re-created under the same name never reads the last one's addresses). Then it connects to every higher rank (the deterministic rule: lower
+ * connects to higher, so each pair has exactly one connection) and sends a hello; meanwhile it
+ * accepts the lower ranks' connections, checks their hellos and answers each with an accept or a
+ * refusal, and reads the answers to its own hellos. Everything after the connects runs in one poll
+ * loop, so a stray or silent connection cannot stall the set-up, and the whole thing is bounded by
+ * the group's timeout. The handshake is in docs/protocols.md, "tcp transport". Sockets then go to
+ * the progress engine (td_tcp_transport_from_fds in tcp.c). */
+#include "transport/tcp.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <tdist/store.h>
+
+#include "base/alloc.h"
+#include "base/buf.h"
+#include "base/clock.h"
+#include "base/env.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "net/addr.h"
+#include "net/io.h"
+#include "net/socket.h"
+
+#define HELLO_MAGIC 0x50544454u /* "TDTP" */
+#define HELLO_VERSION 1
+#define HELLO_FIXED 36
+#define MAX_GROUP_NAME 1024
+#define MAX_TOKEN 4096
+#define REPLY_FIXED 16
+#define MAX_REPLY_MSG 512
+#define MAX_PENDING 64 /* unidentified accepted connections kept at once */
+
+enum { REPLY_OK = 0, REPLY_REFUSED = 1 };
+
+static void put_u16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint16_t get_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static uint32_t get_u32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+static uint64_t get_u64(const uint8_t *p) { return (uint64_t)get_u32(p) | ((uint64_t)get_u32(p + 4) << 32); }
+
+/* ---- the bind address ------------------------------------------------------------------------- */
+
+/* The first address of interface `name`: IPv4 first, else IPv6 (link-local ones with their scope). */
+static td_status iface_addr(const char *name, char *out, size_t size)
+{
+    struct ifaddrs *ifs;
+    if (getifaddrs(&ifs) != 0)
+        return td_error_errno(TD_ERR_IO, "getifaddrs");
+    bool found6 = false, exists = false;
+    char v6[TD_ADDR_STRLEN] = "";
+    bool found4 = false;
+    for (struct ifaddrs *i = ifs; i && !found4; i = i->ifa_next) {
+        if (strcmp(i->ifa_name, name) != 0)
+            continue;
+        exists = true;
+        if (!i->ifa_addr)
+            continue;
+        if (i->ifa_addr->sa_family == AF_INET) {
+            inet_ntop(AF_INET, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, out, (socklen_t)size);
+            found4 = true;
+        } else if (i->ifa_addr->sa_family == AF_INET6 && !found6) {
+            struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)i->ifa_addr;
+            char txt[INET6_ADDRSTRLEN];
+            inet_ntop(AF_INET6, &a6->sin6_addr, txt, sizeof txt);
+            if (IN6_IS_ADDR_LINKLOCAL(&a6->sin6_addr))
+                snprintf(v6, sizeof v6, "%s%%%s", txt, name);
+            else
+                snprintf(v6, sizeof v6, "%s", txt);
+            found6 = true;
+        }
+    }
+    freeifaddrs(ifs);
+    if (found4)
+        return TD_OK;
+    if (found6) {
+        snprintf(out, size, "%s", v6);
+        return TD_OK;
+    }
+    if (!exists)
+        return td_error(TD_ERR_INVALID, "TDIST_SOCKET_IFNAME names interface '%s', which does not exist", name);
+    return td_error(TD_ERR_INVALID, "TDIST_SOCKET_IFNAME names interface '%s', which has no IP address", name);
+}
+
+/* The local address the kernel would use to reach host (a UDP connect sends nothing). */
+static bool route_to(const char *host, char *out, size_t size)
+{
+    td_addr *addrs = NULL;
+    size_t n = 0;
+    if (td_net_resolve(host, 9, false, &addrs, &n) != TD_OK || n == 0) {
+        free(addrs);
+        return false;
+    }
+    bool ok = false;
+    for (size_t i = 0; i < n && !ok; i++) {
+        if (td_addr_is_loopback(&addrs[i])) {
+            snprintf(out, size, "%s", addrs[i].ss.ss_family == AF_INET6 ? "::1" : "127.0.0.1");
+            ok = true;
+            break;
+        }
+        int fd = socket(addrs[i].ss.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            continue;
+        td_addr local;
+        local.len = sizeof local.ss;
+        if (connect(fd, (struct sockaddr *)&addrs[i].ss, addrs[i].len) == 0 &&
+            getsockname(fd, (struct sockaddr *)&local.ss, &local.len) == 0) {
+            const void *a = local.ss.ss_family == AF_INET6 ? (const void *)&((struct sockaddr_in6 *)&local.ss)->sin6_addr
+                                                           : (const void *)&((struct sockaddr_in *)&local.ss)->sin_addr;
+            ok = inet_ntop(local.ss.ss_family, a, out, (socklen_t)size) != NULL;
+        }
+        close(fd);
+    }
+    free(addrs);
+    return ok;
+}
+
+static td_status bind_host(const td_tcp_options *o, char *out, size_t size)
+{
+    if (o->bind_host && *o->bind_host) {
+        snprintf(out, size, "%s", o->bind_host);
+        return TD_OK;
+    }
+    const char *ifname = td_env_str("TDIST_SOCKET_IFNAME", NULL);
+    if (ifname)
+        return iface_addr(ifname, out, size);
+    const char *master = td_env_str("MASTER_ADDR", NULL);
+    if (master && route_to(master, out, size))
+        return TD_OK;
+    snprintf(out, size, "127.0.0.1");
+    return TD_OK;
+}
+
+/* ---- the set-up state ------------------------------------------------------------------------- */
+
+typedef struct conn {
+    int fd;
+    uint8_t buf[REPLY_FIXED + MAX_REPLY_MSG];
+    size_t got;
+} conn;
+
+typedef struct pending_in {
+    int fd;
+    uint8_t *buf; /* HELLO_FIXED + MAX_GROUP_NAME + MAX_TOKEN */
+    size_t got;
+} pending_in;
+
+typedef struct setup {
+    const td_tcp_options *o;
+    int rank, size;
+    const char *prefix;
+    const char *group;
+    const char *token;
+    uint64_t nonce;
+    int64_t generation; /* how many times this rank made a transport on this store: keys of an
+                           earlier group of the same name are never read */
+    int64_t deadline;
+    int *fds;        /* established (handshake done) */
+    conn *out;       /* to higher ranks, awaiting the reply */
+    pending_in pend[MAX_PENDING];
+    int npend;
+    char last_refusal[320];
+} setup;
+
+static int grank_of(const setup *s, int r) { return s->o->global_ranks ? s->o->global_ranks[r] : r; }
+
+static void addr_key(const setup *s, int r, char *out, size_t size)
+{
+    snprintf(out, size, "%s%lld/addr/%d", s->prefix, (long long)s->generation, r);
+}
+
+static size_t hello_encode(const setup *s, int to, uint64_t nonce, uint8_t *b)
+{
+    size_t gl = strlen(s->group), tl = s->token ? strlen(s->token) : 0;
+    put_u32(b, HELLO_MAGIC);
+    put_u16(b + 4, HELLO_VERSION);
+    put_u16(b + 6, 0);
+    put_u32(b + 8, (uint32_t)s->rank);
+    put_u32(b + 12, (uint32_t)to);
+    put_u32(b + 16, (uint32_t)s->size);
+    put_u64(b + 20, nonce);
+    put_u32(b + 28, (uint32_t)gl);
+    put_u32(b + 32, (uint32_t)tl);
+    memcpy(b + HELLO_FIXED, s->group, gl);
+    if (tl)
+        memcpy(b + HELLO_FIXED + gl, s->token, tl);
+    return HELLO_FIXED + gl + tl;
+}
+
+static bool token_equal(const char *a, size_t alen, const char *b, size_t blen)
+{
+    unsigned char diff = (unsigned char)(alen != blen);
+    for (size_t i = 0; i < alen && i < blen; i++)
+        diff |= (unsigned char)(a[i] ^ b[i]);
+    return diff == 0;
+}
+
+/* ---- connecting to the higher ranks ----------------------------------------------------------- */
+
+static td_status read_address(setup *s, int r, char **host, int *port, uint64_t *nonce)
+{
+    char key[256];
+    addr_key(s, r, key, sizeof key);
+    const char *keys[1] = {key};
+    int64_t left = td_deadline_left_ms(s->deadline);
+    td_status st = td_store_wait(s->o->store, keys, 1, left == INT64_MAX ? 0 : (left > 0 ? left : 1));
+    if (st != TD_OK)
+        return td_error_prefix(st, "waiting for rank %d to publish its tcp address in the store", grank_of(s, r));
+    void *v = NULL;
+    size_t n = 0;
+    st = td_store_get(s->o->store, key, &v, &n);
+    if (st != TD_OK)
+        return td_error_prefix(st, "reading rank %d's tcp address from the store", grank_of(s, r));
+    char addr[TD_ADDR_STRLEN + 1];
+    unsigned long long nn = 0;
+    if (n > TD_ADDR_STRLEN + 24 || sscanf((char *)v, "%96s %llx", addr, &nn) != 2) {
+        free(v);
+        return td_error(TD_ERR_INVALID, "rank %d's tcp address in the store is malformed", grank_of(s, r));
+    }
+    free(v);
+    *nonce = nn;
+    st = td_net_split_hostport(addr, host, port);
+    if (st == TD_OK && *port < 0) {
+        free(*host);
+        *host = NULL;
+        st = td_error(TD_ERR_INVALID, "rank %d's tcp address '%s' has no port", grank_of(s, r), addr);
+    }
+    return st;
+}
+
+static td_status connect_up(setup *s, int r)
+{
+    uint8_t *hello = td_malloc(HELLO_FIXED + strlen(s->group) + (s->token ? strlen(s->token) : 0));
+    td_status st;
+    for (;;) {
+        char *host = NULL;
+        int port = 0;
+        uint64_t nonce = 0;
+        st = read_address(s, r, &host, &port, &nonce);
+        if (st != TD_OK)
+            break;
+        /* A short connect deadline, then the address is read again: a key left by an earlier group
+         * of the same name may point at a port nobody listens on any more. */
+        int64_t dl = td_now_ns() + 2000000000LL;
+        if (dl > s->deadline)
+            dl = s->deadline;
+        int fd = -1;
+        st = td_net_connect(host, port, dl, &fd);
+        free(host);
+        if (st == TD_ERR_TIMEOUT && !td_deadline_passed(s->deadline))
+            continue;
+        if (st != TD_OK) {
+            td_error_prefix(st, "connecting to rank %d", grank_of(s, r));
+            break;
+        }
+        size_t len = hello_encode(s, r, nonce, hello);
+        st = td_net_send_all(fd, hello, len, s->deadline);
+        if (st != TD_OK) {
+            close(fd);
+            td_error_prefix(st, "sending the hello to rank %d", grank_of(s, r));
+            break;
+        }
+        s->out[r].fd = fd;
+        s->out[r].got = 0;
+        break;
+    }
+    free(hello);
+    return st;
+}
+
+/* ---- answering the lower ranks ---------------------------------------------------------------- */
+
+static void send_reply(int fd, int rank, int status, const char *msg, int64_t deadline)
+{
+    uint8_t b[REPLY_FIXED + MAX_REPLY_MSG];
+    size_t ml = msg ? strlen(msg) : 0;
+    if (ml > MAX_REPLY_MSG)
+        ml = MAX_REPLY_MSG;
+    put_u32(b, HELLO_MAGIC);
+    put_u16(b + 4, HELLO_VERSION);
+    put_u16(b + 6, (uint16_t)status);
+    put_u32(b + 8, (uint32_t)rank);
+    put_u32(b + 12, (uint32_t)ml);
+    if (ml)
+        memcpy(b + REPLY_FIXED, msg, ml);
+    /* Short: the peer is waiting for it, and a stuck stray must not stall the set-up. */
+    int64_t dl = td_now_ns() + 1000000000LL;
+    td_net_send_all(fd, b, REPLY_FIXED + ml, dl < deadline ? dl : deadline);
+}
+
+static void drop_pending(setup *s, int i)
+{
+    close(s->pend[i].fd);
+    free(s->pend[i].buf);
+    s->pend[i] = s->pend[--s->npend];
+}
+
+/* A complete hello (or a malformed one): refuse, accept, or wait for more bytes. Returns true when
+ * the pending entry was consumed (s->pend[i] is then another entry). */
+static bool check_hello(setup *s, int i)
+{
+    pending_in *p = &s->pend[i];
+    if (p->got < HELLO_FIXED)
+        return false;
+    const uint8_t *b = p->buf;
+    if (get_u32(b) != HELLO_MAGIC) {
+        TD_LOG_WARN("tcp transport: dropped a connection that is not a tdist peer (bad magic)");
+        drop_pending(s, i);
+        return true;
+    }
+    uint32_t gl = get_u32(b + 28), tl = get_u32(b + 32);
+    if (gl > MAX_GROUP_NAME || tl > MAX_TOKEN) {
+        TD_LOG_WARN("tcp transport: dropped a connection whose hello is oversized");
+        drop_pending(s, i);
+        return true;
+    }
+    if (p->got < HELLO_FIXED + gl + tl)
+        return false;
+    char msg[MAX_REPLY_MSG];
+    msg[0] = '\0';
+    uint16_t version = get_u16(b + 4);
+    uint32_t from = get_u32(b + 8), to = get_u32(b + 12), world = get_u32(b + 16);
+    uint64_t nonce = get_u64(b + 20);
+    const char *group = (const char *)b + HELLO_FIXED;
+    const char *token = group + gl;
+    size_t my_tl = s->token ? strlen(s->token) : 0;
+    if (version != HELLO_VERSION)
+        snprintf(msg, sizeof msg, "rank %d speaks tcp transport protocol version %d, the connecting side %u",
+                 grank_of(s, s->rank), HELLO_VERSION, version);
+    else if (!token_equal(token, tl, s->token ? s->token : "", my_tl))
+        snprintf(msg, sizeof msg,
+                 "authentication failed: the auth token (TDIST_AUTH_TOKEN) does not match rank %d's",
+                 grank_of(s, s->rank));
+    else if (world != (uint32_t)s->size || gl != strlen(s->group) || memcmp(group, s->group, gl) != 0)
+        snprintf(msg, sizeof msg,
+                 "group mismatch: the connecting rank is in group '%.*s' of %u ranks, rank %d in group '%s' of %d",
+                 (int)(gl < 200 ? gl : 200), group, world, grank_of(s, s->rank), s->group, s->size);
+    else if (to != (uint32_t)s->rank || nonce != s->nonce)
+        snprintf(msg, sizeof msg, "the connection reached a different rank or an earlier group (stale address)");
+    else if (from >= (uint32_t)s->rank)
+        snprintf(msg, sizeof msg, "rank %u must not connect to rank %d (lower ranks connect to higher ones)", from,
+                 s->rank);
+    else if (s->fds[from] >= 0)
+        snprintf(msg, sizeof msg, "rank %u is already connected", from);
+    int fd = p->fd;
+    if (msg[0]) {
+        TD_LOG_WARN("tcp transport of rank %d refused a connection: %s", grank_of(s, s->rank), msg);
+        snprintf(s->last_refusal, sizeof s->last_refusal, "%s", msg);
+        send_reply(fd, s->rank, REPLY_REFUSED, msg, s->deadline);
+        drop_pending(s, i);
+        return true;
+    }
+    send_reply(fd, s->rank, REPLY_OK, NULL, s->deadline);
+    s->fds[from] = fd;
+    free(p->buf);
+    s->pend[i] = s->pend[--s->npend];
+    return true;
+}
+
+/* Reads an accepted connection's hello bytes. True when the entry was consumed. */
+static bool read_pending(setup *s, int i)
+{
+    pending_in *p = &s->pend[i];
+    size_t want = HELLO_FIXED;
+    if (p->got >= HELLO_FIXED) {
+        uint32_t gl = get_u32(p->buf + 28), tl = get_u32(p->buf + 32);
+        want = HELLO_FIXED + (gl <= MAX_GROUP_NAME ? gl : 0) + (tl <= MAX_TOKEN ? tl : 0);
+    }
+    if (p->got < want) {
+        ssize_t n = recv(p->fd, p->buf + p->got, want - p->got, MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+            drop_pending(s, i);
+            return true;
+        }
+        if (n > 0)
+            p->got += (size_t)n;
+    }
+    return check_hello(s, i);
+}
+
+/* Reads the answer to our hello from rank r. */
+static td_status read_reply(setup *s, int r)
+{
+    conn *c = &s->out[r];
+    size_t want = REPLY_FIXED;
+    if (c->got >= REPLY_FIXED) {
+        uint32_t ml = get_u32(c->buf + 12);
+        if (get_u32(c->buf) != HELLO_MAGIC || ml > MAX_REPLY_MSG)
+            return td_error(TD_ERR_INVALID, "rank %d answered the tcp transport hello with malformed bytes",
+                            grank_of(s, r));
+        want = REPLY_FIXED + ml;
+    }
+    if (c->got < want) {
+        ssize_t n = recv(c->fd, c->buf + c->got, want - c->got, MSG_DONTWAIT);
+        if (n == 0)
+            return td_error(TD_ERR_PEER_LOST, "rank %d closed the connection during the tcp transport handshake",
+                            grank_of(s, r));
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+                return TD_OK;
+            return td_error_errno(TD_ERR_PEER_LOST, "reading rank %d's handshake answer", grank_of(s, r));
+        }
+        c->got += (size_t)n;
+        if (c->got == REPLY_FIXED)
+            return read_reply(s, r); /* validate the length, maybe read the message */
+        if (c->got < want)
+            return TD_OK;
+    }
+    if (get_u16(c->buf + 6) != REPLY_OK) {
+        uint32_t ml = get_u32(c->buf + 12);
+        return td_error(TD_ERR_INVALID, "rank %d refused the connection from rank %d: %.*s", grank_of(s, r),
+                        grank_of(s, s->rank), (int)ml, (const char *)c->buf + REPLY_FIXED);
+    }
+    s->fds[r] = c->fd;
+    c->fd = -1;
+    return TD_OK;
+}
+
+static td_status missing_msg(setup *s, int64_t timeout_ms)
+{
+    td_buf b = TD_BUF_INIT;
+    int n = 0;
+    for (int r = 0; r < s->size; r++) {
+        if (r != s->rank && s->fds[r] < 0)
+            td_buf_printf(&b, "%s%d", n++ ? ", " : "", grank_of(s, r));
+    }
+    td_status st = td_error(TD_ERR_TIMEOUT,
+                            "Timed out after %lld ms setting up the tcp transport of rank %d: no connection yet "
+                            "with rank%s %s%s%s",
+                            (long long)timeout_ms, grank_of(s, s->rank), n > 1 ? "s" : "", b.data ? b.data : "",
+                            s->last_refusal[0] ? "; last refused connection: " : "", s->last_refusal);
+    td_buf_free(&b);
+    return st;
+}
+
+static td_status handshake_loop(setup *s, int lfd)
+{
+    int lower_missing = s->rank;
+    struct pollfd *pfds = TD_NEW_ARRAY(struct pollfd, (size_t)(1 + s->size + MAX_PENDING));
+    int *who = TD_NEW_ARRAY(int, (size_t)(1 + s->size + MAX_PENDING));
+    td_status st = TD_OK;
+    for (;;) {
+        int higher_missing = 0;
+        for (int r = s->rank + 1; r < s->size; r++)
+            higher_missing += s->fds[r] < 0;
+        lower_missing = 0;
+        for (int r = 0; r < s->rank; r++)
+            lower_missing += s->fds[r] < 0;
+        if (!higher_missing && !lower_missing)
+            break;
+        if (td_deadline_passed(s->deadline)) {
+            st = missing_msg(s, s->o->timeout_ms);
+            break;
+        }
+        int n = 0;
+        if (lower_missing) {
+            pfds[n] = (struct pollfd){.fd = lfd, .events = POLLIN};
+            who[n++] = -1;
+        }
+        for (int r = s->rank + 1; r < s->size; r++) {
+            if (s->fds[r] < 0 && s->out[r].fd >= 0) {
+                pfds[n] = (struct pollfd){.fd = s->out[r].fd, .events = POLLIN};
+                who[n++] = r;
+            }
+        }
+        for (int i = 0; i < s->npend; i++) {
+            pfds[n] = (struct pollfd){.fd = s->pend[i].fd, .events = POLLIN};
+            who[n++] = -2 - i;
+        }
+        int rc = poll(pfds, (nfds_t)n, td_deadline_poll_ms(s->deadline));
+        if (rc < 0 && errno != EINTR) {
+            st = td_error_errno(TD_ERR_IO, "poll during the tcp transport set-up");
+            break;
+        }
+        if (rc <= 0)
+            continue;
+        /* Pending entries move when one is consumed, so handle them from the highest index down. */
+        for (int k = n - 1; k >= 0 && st == TD_OK; k--) {
+            if (!pfds[k].revents)
+                continue;
+            if (who[k] >= 0) {
+                st = read_reply(s, who[k]);
+            } else if (who[k] <= -2) {
+                read_pending(s, -2 - who[k]);
+            }
+        }
+        if (st != TD_OK)
+            break;
+        if (lower_missing && (pfds[0].revents & POLLIN)) {
+            for (;;) {
+                int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+                if (fd < 0)
+                    break;
+                if (s->npend == MAX_PENDING)
+                    drop_pending(s, 0);
+                s->pend[s->npend].fd = fd;
+                s->pend[s->npend].got = 0;
+                s->pend[s->npend].buf = td_malloc(HELLO_FIXED + MAX_GROUP_NAME + MAX_TOKEN);
+                s->npend++;
+                read_pending(s, s->npend - 1);
+            }
+        }
+    }
+    free(pfds);
+    free(who);
+    return st;
+}
+
+/* ---- tuning ----------------------------------------------------------------------------------- */
+
+static td_status tune_socket(int fd, int64_t bufsize)
+{
+    TD_TRY(td_net_set_nonblocking(fd, true));
+    TD_TRY(td_net_set_nodelay(fd));
+    if (bufsize > 0) {
+        int v = (int)bufsize;
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof v);
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof v);
+    }
+    return TD_OK;
+}
+
+/* ---- create ----------------------------------------------------------------------------------- */
+
+td_status td_tcp_transport_create(const td_tcp_options *o, td_transport **out)
+{
+    *out = NULL;
+    if (o->size < 1 || o->rank < 0 || o->rank >= o->size)
+        return td_error(TD_ERR_INVALID, "invalid rank %d for a group of %d", o->rank, o->size);
+    int64_t bufsize = 0;
+    TD_TRY(td_env_int("TDIST_TCP_BUFFER", 0, 0, INT32_MAX, &bufsize));
+    setup s = {0};
+    s.o = o;
+    s.rank = o->rank;
+    s.size = o->size;
+    s.prefix = o->key_prefix ? o->key_prefix : "tcp/";
+    s.group = o->group_name ? o->group_name : "";
+    s.token = td_env_str("TDIST_AUTH_TOKEN", NULL);
+    s.deadline = td_deadline_after_ms(o->timeout_ms);
+    if (strlen(s.group) > MAX_GROUP_NAME)
+        return td_error(TD_ERR_INVALID, "group name is longer than %d bytes", MAX_GROUP_NAME);
+    if (s.token && strlen(s.token) > MAX_TOKEN)
+        return td_error(TD_ERR_INVALID, "TDIST_AUTH_TOKEN is longer than %d bytes", MAX_TOKEN);
+    int *fds = TD_NEW_ARRAY(int, (size_t)o->size);
+    for (int r = 0; r < o->size; r++)
+        fds[r] = -1;
+    if (o->size == 1) {
+        td_status st = td_tcp_transport_from_fds(o->rank, o->size, fds, o->global_ranks, out);
+        free(fds);
+        return st;
+    }
+    s.fds = fds;
+    s.out = TD_NEW_ARRAY(conn, (size_t)o->size);
+    for (int r = 0; r < o->size; r++)
+        s.out[r].fd = -1;
+    if (getrandom(&s.nonce, sizeof s.nonce, 0) != sizeof s.nonce)
+        s.nonce = (uint64_t)td_now_ns() ^ ((uint64_t)getpid() << 32);
+
+    int lfd = -1;
+    char host[TD_ADDR_STRLEN];
+    char gen_key[256];
+    snprintf(gen_key, sizeof gen_key, "%sgen/%d", s.prefix, o->rank);
+    td_status st = td_store_add(o->store, gen_key, 1, &s.generation);
+    if (st != TD_OK)
+        td_error_prefix(st, "tcp transport of rank %d: counting its generation in the store", grank_of(&s, o->rank));
+    else
+        st = bind_host(o, host, sizeof host);
+    if (st == TD_OK) {
+        int port = 0;
+        st = td_net_listen(host, 0, o->size + 16, &lfd, &port);
+        if (st == TD_OK) {
+            char hp[TD_ADDR_STRLEN + 32], key[256];
+            td_net_format_hostport(host, port, hp, sizeof hp);
+            char val[TD_ADDR_STRLEN + 64];
+            snprintf(val, sizeof val, "%s %llx", hp, (unsigned long long)s.nonce);
+            addr_key(&s, o->rank, key, sizeof key);
+            st = td_store_set_str(o->store, key, val);
+            if (st != TD_OK)
+                td_error_prefix(st, "publishing rank %d's tcp address in the store", grank_of(&s, o->rank));
+            else
+                TD_LOG_DEBUG("tcp transport of rank %d listening on %s", grank_of(&s, o->rank), hp);
+        } else {
+            td_error_prefix(st, "tcp transport of rank %d", grank_of(&s, o->rank));
+        }
+    }
+    for (int r = o->rank + 1; r < o->size && st == TD_OK; r++)
+        st = connect_up(&s, r);
+    if (st == TD_OK)
+        st = handshake_loop(&s, lfd);
+    if (st == TD_ERR_TIMEOUT && !strstr(td_last_error(), "setting up the tcp transport"))
+        td_error_prefix(st, "Timed out after %lld ms setting up the tcp transport of rank %d",
+                        (long long)o->timeout_ms, grank_of(&s, o->rank));
+    for (int r = 0; r < o->size && st == TD_OK; r++)
+        if (r != o->rank)
+            st = tune_socket(fds[r], bufsize);
+
+    if (lfd >= 0)
+        close(lfd);
+    for (int i = s.npend - 1; i >= 0; i--)
+        drop_pending(&s, i);
+    for (int r = 0; r < o->size; r++)
+        if (s.out[r].fd >= 0)
+            close(s.out[r].fd);
+    free(s.out);
+    if (st != TD_OK) {
+        for (int r = 0; r < o->size; r++)
+            if (fds[r] >= 0)
+                close(fds[r]);
+        free(fds);
+        return st;
+    }
+    st = td_tcp_transport_from_fds(o->rank, o->size, fds, o->global_ranks, out);
+    free(fds);
+    return st;
+}

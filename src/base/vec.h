@@ -36,8 +36,13 @@
         (v)->items[(v)->len++] = (value);      \
     } while (0)
 
-/* Removes index i by moving the last element into its place (order not kept). */
-#define TD_VEC_SWAP_REMOVE(v, i) ((v)->items[(i)] = (v)->items[--(v)->len])
+/* Removes index i by moving the last element into its place (order not kept). i is evaluated
+ * before len changes, so TD_VEC_SWAP_REMOVE(v, v->len - 1) is defined. */
+#define TD_VEC_SWAP_REMOVE(v, i)                           \
+    do {                                                   \
+        size_t td_vec_i_ = (i);                            \
+        (v)->items[td_vec_i_] = (v)->items[--(v)->len];    \
+    } while (0)
 
 #define TD_VEC_FREE(v)          \
     do {                        \

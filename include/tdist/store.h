@@ -120,13 +120,19 @@ typedef struct td_tcp_store_options {
     const char *auth_token;  /* NULL: $TDIST_AUTH_TOKEN, if set */
     size_t max_key_len;      /* server and client limit; 0: $TDIST_STORE_MAX_KEY or 64 KiB */
     size_t max_value_len;    /* 0: $TDIST_STORE_MAX_VALUE or 512 MiB */
+    /* Master only, may be NULL: called once the server listens, before the master waits for
+     * workers, with the bound port. With port 0 this is where the master publishes its port to
+     * the other ranks (the create call itself returns only after they joined). */
+    void (*on_listening)(int port, void *arg);
+    void *on_listening_arg;
 } td_tcp_store_options;
 
 #define TD_TCP_STORE_OPTIONS_INIT                                                                   \
     {                                                                                               \
         .host = NULL, .port = 29500, .world_size = -1, .is_master = false,                          \
         .timeout_ms = TD_STORE_DEFAULT_TIMEOUT_MS, .wait_for_workers = true, .multi_tenant = false, \
-        .auth_token = NULL, .max_key_len = 0, .max_value_len = 0                                    \
+        .auth_token = NULL, .max_key_len = 0, .max_value_len = 0, .on_listening = NULL,             \
+        .on_listening_arg = NULL                                                                    \
     }
 
 TD_API td_status td_tcp_store_create(const td_tcp_store_options *options, td_store **store);

@@ -217,7 +217,8 @@ td_status td_net_connect(const char *host, int port, int64_t deadline_ns, int *f
                 *fd = c;
                 return TD_OK;
             }
-            strerror_r(err, last, sizeof last);
+            char tmp[256];
+            snprintf(last, sizeof last, "%s", strerror_r(err, tmp, sizeof tmp));
             if (transient_connect_error(err))
                 retry = true;
         }

@@ -31,6 +31,7 @@
 #include "store/store_impl.h"
 #include "store/tcp_proto.h"
 #include "store/tcp_server.h"
+#include "store/tcp_store.h"
 
 #define KEY_PREFIX "/"
 #define INIT_KEY "init/"
@@ -675,6 +676,32 @@ int td_tcp_store_port(td_store *store)
     return T(store)->port;
 }
 
+bool td_tcp_store_server_stats(td_store *store, td_store_server_stats *stats)
+{
+    if (!store || store->ops != &tcp_store_ops || !T(store)->server)
+        return false;
+    td_store_server_get_stats(T(store)->server->server, stats);
+    return true;
+}
+
+td_status td_tcp_store_workers_step(td_store *store, int world_size, int64_t start_ns, int64_t timeout_ms,
+                                    int64_t *joined, bool *done)
+{
+    *done = false;
+    if (!store || store->ops != &tcp_store_ops)
+        return td_error(TD_ERR_INVALID, "td_tcp_store_workers_step: not a TCPStore");
+    TD_TRY(add_raw(T(store), "", INIT_KEY, 0, joined));
+    if (*joined >= world_size) {
+        *done = true;
+        return TD_OK;
+    }
+    int64_t elapsed_ms = (td_now_ns() - start_ns) / 1000000;
+    if (timeout_ms > 0 && elapsed_ms >= timeout_ms)
+        return td_error(TD_ERR_TIMEOUT, "Timed out after %lld seconds waiting for clients. %lld/%d clients joined.",
+                        (long long)(elapsed_ms / 1000), (long long)*joined, world_size);
+    return TD_OK;
+}
+
 /* c10d's waitForWorkers: every handle counts itself in "init/"; the master polls the count. */
 static td_status wait_for_workers(tcp_store *t, bool master, int world_size)
 {
@@ -684,13 +711,10 @@ static td_status wait_for_workers(tcp_store *t, bool master, int world_size)
         return TD_OK;
     int64_t start = td_now_ns(), timeout = td_store_timeout_of(&t->base);
     for (;;) {
-        TD_TRY(add_raw(t, "", INIT_KEY, 0, &joined));
-        if (joined >= world_size)
+        bool done;
+        TD_TRY(td_tcp_store_workers_step(&t->base, world_size, start, timeout, &joined, &done));
+        if (done)
             return TD_OK;
-        int64_t elapsed_ms = (td_now_ns() - start) / 1000000;
-        if (timeout > 0 && elapsed_ms >= timeout)
-            return td_error(TD_ERR_TIMEOUT, "Timed out after %lld seconds waiting for clients. %lld/%d clients joined.",
-                            (long long)(elapsed_ms / 1000), (long long)joined, world_size);
         td_sleep_ms(WORKER_POLL_MS);
     }
 }
@@ -728,6 +752,8 @@ td_status td_tcp_store_create(const td_tcp_store_options *o, td_store **store)
             t->port = t->server->port;
     }
     td_net_format_hostport(t->host, t->port, t->where, sizeof t->where);
+    if (s == TD_OK && o->is_master && o->on_listening)
+        o->on_listening(t->port, o->on_listening_arg);
     if (s == TD_OK) {
         pthread_mutex_lock(&t->mu);
         s = connect_server(t, deadline);

@@ -1,0 +1,791 @@
+/* TCPStore specifics (spec/c10d.md C4, T21, T23, T35): the master and its clients with
+ * wait_for_workers and its timeout message, many concurrent clients and server-side waits, a
+ * server killed under load, hostile bytes from raw sockets, the auth token and the version
+ * handshake, IPv6, connect retry and its message, and the standalone tdist-store program. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <tdist/store.h>
+#include <tdist/testing.h>
+
+#include "store/tcp_proto.h"
+#include "store/tcp_store.h"
+#include "util.h"
+
+extern char **environ;
+
+/* ---- master, clients, wait_for_workers ---------------------------------------------------------- */
+
+TD_TEST(master_and_clients_wait_for_workers, .world_size = 4, .timeout_s = 60)
+{
+    td_store *s = ctx->rank == 0 ? tcp_master(ctx, 4, 30000) : tcp_client(ctx, 4, 30000);
+    /* Once every constructor returned, all four counted themselves in "init/". */
+    int64_t n = 0;
+    TD_CHECK_OK(td_store_num_keys(s, &n));
+    TD_CHECK(n >= 1);
+    TD_CHECK(td_tcp_store_port(s) > 0);
+    TD_CHECK_EQ(td_tcp_store_port(s), read_published_int(ctx, "port"));
+    char key[32];
+    snprintf(key, sizeof key, "rank%d", ctx->rank);
+    TD_CHECK_OK(td_store_set_str(s, key, "here"));
+    store_barrier(s, "b1", 4);
+    const char *keys[] = {"rank0", "rank1", "rank2", "rank3"};
+    bool ready = false;
+    TD_CHECK_OK(td_store_check(s, keys, 4, &ready));
+    TD_CHECK(ready);
+    /* init/ + rank0..3 + b1 + b1/done; no rank makes a key until all counted (they meet on the
+     * existing b1 counter). */
+    TD_CHECK_OK(td_store_num_keys(s, &n));
+    TD_CHECK_EQ(n, 7);
+    counter_barrier(s, "b1", 8);
+    store_barrier(s, "b2", 4);
+    if (ctx->rank == 0) {
+        /* Serve until every client is gone. */
+        td_store_server_stats st;
+        TD_CHECK(td_tcp_store_server_stats(s, &st));
+        double end = now_s() + 30;
+        while (st.connections > 1 && now_s() < end) {
+            sleep_s(0.01);
+            td_tcp_store_server_stats(s, &st);
+        }
+        TD_CHECK_EQ(st.connections, 1);
+        unpublish(ctx, "port");
+    }
+    td_store_release(s);
+}
+
+TD_TEST(wait_for_workers_timeout_two_of_four, .world_size = 4, .timeout_s = 60)
+{
+    /* A FileStore coordinates the ranks around the TCPStore under test. */
+    td_store *fs = NULL;
+    TD_CHECK_OK(td_file_store_create(ctx->store_path, 4, &fs));
+    if (ctx->rank == 0) {
+        td_tcp_store_options o = TD_TCP_STORE_OPTIONS_INIT;
+        o.host = "127.0.0.1";
+        o.port = 0;
+        o.is_master = true;
+        o.world_size = 4;
+        o.timeout_ms = 2000;
+        o.on_listening = publish_port_hook;
+        o.on_listening_arg = (void *)ctx;
+        td_store *s = NULL;
+        double t0 = now_s();
+        TD_CHECK_ERR(td_tcp_store_create(&o, &s), TD_ERR_TIMEOUT,
+                     "Timed out after 2 seconds waiting for clients. 2/4 clients joined.");
+        double dt = now_s() - t0;
+        TD_CHECK_STR_EQ(td_last_error(), "Timed out after 2 seconds waiting for clients. 2/4 clients joined.");
+        TD_CHECK_MSG(dt >= 2.0 && dt <= 3.0, "timed out after %.3f s", dt);
+        TD_CHECK(s == NULL);
+        unpublish(ctx, "port");
+        store_barrier(fs, "master_done", 4);
+    } else if (ctx->rank == 1) {
+        td_store *s = tcp_client(ctx, 4, 30000);
+        /* Stay connected until the master gave up. */
+        store_barrier(fs, "master_done", 4);
+        td_store_release(s);
+    } else {
+        store_barrier(fs, "master_done", 4);
+    }
+    td_store_release(fs);
+}
+
+/* ---- many clients --------------------------------------------------------------------------------- */
+
+#define CLIENT_THREADS 64
+#define ADDS_EACH 1000
+
+typedef struct adder {
+    const td_test_ctx *ctx;
+    td_store *store;
+    int port;
+} adder;
+
+static td_store *connect_port(int port, int64_t timeout_ms)
+{
+    td_tcp_store_options o = TD_TCP_STORE_OPTIONS_INIT;
+    o.host = "127.0.0.1";
+    o.port = port;
+    o.timeout_ms = timeout_ms;
+    o.wait_for_workers = false;
+    td_store *s = NULL;
+    TD_CHECK_OK(td_tcp_store_create(&o, &s));
+    return s;
+}
+
+static void *adder_main(void *p)
+{
+    adder *a = p;
+    for (int i = 0; i < ADDS_EACH; i++)
+        TD_CHECK_OK(td_store_add(a->store, "sum", 1, NULL));
+    return NULL;
+}
+
+/* 4 processes x 64 threads, each with its own connection: 256 clients x 1,000 adds. */
+TD_TEST(clients_256_times_1000_adds, .world_size = 4, .timeout_s = 240)
+{
+    td_store *s = ctx->rank == 0 ? tcp_master(ctx, 4, 120000) : tcp_client(ctx, 4, 120000);
+    int port = td_tcp_store_port(s);
+    adder a[CLIENT_THREADS];
+    pthread_t th[CLIENT_THREADS];
+    for (int i = 0; i < CLIENT_THREADS; i++)
+        a[i] = (adder){ctx, connect_port(port, 120000), port};
+    store_barrier(s, "connected", 4);
+    for (int i = 0; i < CLIENT_THREADS; i++)
+        TD_CHECK(pthread_create(&th[i], NULL, adder_main, &a[i]) == 0);
+    for (int i = 0; i < CLIENT_THREADS; i++) {
+        pthread_join(th[i], NULL);
+        td_store_release(a[i].store);
+    }
+    store_barrier(s, "added", 4);
+    char *t = get_str(s, "sum");
+    TD_CHECK_EQ(strtoll(t, NULL, 10), 4LL * CLIENT_THREADS * ADDS_EACH);
+    free(t);
+    store_barrier(s, "checked", 4);
+    if (ctx->rank == 0) {
+        td_store_server_stats st;
+        double end = now_s() + 30;
+        do {
+            sleep_s(0.01);
+            td_tcp_store_server_stats(s, &st);
+        } while (st.connections > 1 && now_s() < end);
+        unpublish(ctx, "port");
+    }
+    td_store_release(s);
+}
+
+static void raise_nofile(size_t want)
+{
+    struct rlimit rl;
+    TD_CHECK(getrlimit(RLIMIT_NOFILE, &rl) == 0);
+    if (rl.rlim_cur < want) {
+        if (rl.rlim_max < want)
+            TD_SKIP(TD_SKIP_GENERIC, "the open-files hard limit is too low for 1,000 connections");
+        rl.rlim_cur = want;
+        TD_CHECK(setrlimit(RLIMIT_NOFILE, &rl) == 0);
+    }
+}
+
+#define HANDLES_PER_RANK 256
+#define WAITERS_PER_RANK 16
+
+static void *waiter_main(void *p)
+{
+    td_store *s = p;
+    const char *keys[] = {"go"};
+    TD_CHECK_OK(td_store_wait(s, keys, 1, TD_STORE_TIMEOUT_DEFAULT));
+    char *t = get_str(s, "go");
+    TD_CHECK_STR_EQ(t, "now");
+    free(t);
+    return NULL;
+}
+
+/* 1,024 connections at once (4 x 256, plus each rank's own), all served; then 64 requests parked
+ * on the server (its statistics show them waiting, no client polls) and released by one set. */
+TD_TEST(thousand_concurrent_clients_and_parked_waits, .world_size = 4, .timeout_s = 240)
+{
+    raise_nofile(4096);
+    td_store *s = ctx->rank == 0 ? tcp_master(ctx, 4, 120000) : tcp_client(ctx, 4, 120000);
+    int port = td_tcp_store_port(s);
+    td_store **h = calloc(HANDLES_PER_RANK, sizeof *h);
+    for (int i = 0; i < HANDLES_PER_RANK; i++) {
+        h[i] = connect_port(port, 120000);
+        char key[64];
+        snprintf(key, sizeof key, "c/%d/%d", ctx->rank, i);
+        TD_CHECK_OK(td_store_set_str(h[i], key, key));
+    }
+    store_barrier(s, "all_connected", 4);
+    if (ctx->rank == 0) {
+        td_store_server_stats st;
+        TD_CHECK(td_tcp_store_server_stats(s, &st));
+        TD_CHECK_MSG(st.connections >= 4 * HANDLES_PER_RANK + 4, "server has %llu connections",
+                     (unsigned long long)st.connections);
+    }
+    /* Every connection is served while all are open. */
+    for (int i = 0; i < HANDLES_PER_RANK; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "c/%d/%d", (ctx->rank + 1) % 4, i);
+        char *t = get_str(h[i], key);
+        TD_CHECK_STR_EQ(t, key);
+        free(t);
+    }
+    pthread_t th[WAITERS_PER_RANK];
+    for (int i = 0; i < WAITERS_PER_RANK; i++)
+        TD_CHECK(pthread_create(&th[i], NULL, waiter_main, h[i]) == 0);
+    if (ctx->rank == 0) {
+        td_store_server_stats st;
+        double end = now_s() + 60;
+        do {
+            sleep_s(0.01);
+            td_tcp_store_server_stats(s, &st);
+        } while (st.parked < 4 * WAITERS_PER_RANK && now_s() < end);
+        TD_CHECK_EQ(st.parked, 4 * WAITERS_PER_RANK);
+        TD_CHECK_OK(td_store_set_str(s, "go", "now"));
+    }
+    for (int i = 0; i < WAITERS_PER_RANK; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < HANDLES_PER_RANK; i++)
+        td_store_release(h[i]);
+    free(h);
+    store_barrier(s, "done", 4);
+    if (ctx->rank == 0) {
+        td_store_server_stats st;
+        double end = now_s() + 30;
+        do {
+            sleep_s(0.01);
+            td_tcp_store_server_stats(s, &st);
+        } while (st.connections > 1 && now_s() < end);
+        TD_CHECK_EQ(st.parked, 0);
+        unpublish(ctx, "port");
+    }
+    td_store_release(s);
+}
+
+/* ---- the standalone server, and killing it under load ---------------------------------------------- */
+
+#ifdef TDIST_STORE_BIN
+/* Starts tdist-store with args and reads the port from its "listening on HOST:PORT" line. */
+static pid_t spawn_store_tool(const char *const *args, int *port, int *out_fd, int *err_fd)
+{
+    int out[2], err[2];
+    TD_CHECK(pipe2(out, O_CLOEXEC) == 0 && pipe2(err, O_CLOEXEC) == 0);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+    char *argv[32];
+    int n = 0;
+    argv[n++] = (char *)TDIST_STORE_BIN;
+    for (int i = 0; args[i] && n < 31; i++)
+        argv[n++] = (char *)args[i];
+    argv[n] = NULL;
+    pid_t pid;
+    TD_CHECK(posix_spawn(&pid, TDIST_STORE_BIN, &fa, NULL, argv, environ) == 0);
+    posix_spawn_file_actions_destroy(&fa);
+    close(out[1]);
+    close(err[1]);
+    char line[256];
+    size_t len = 0;
+    while (len < sizeof line - 1) {
+        struct pollfd p = {.fd = out[0], .events = POLLIN};
+        TD_CHECK_MSG(poll(&p, 1, 30000) == 1, "tdist-store printed no address within 30 s");
+        ssize_t r = read(out[0], line + len, 1);
+        TD_CHECK_MSG(r == 1, "tdist-store exited before printing its address");
+        if (line[len] == '\n')
+            break;
+        len++;
+    }
+    line[len] = '\0';
+    TD_CHECK_MSG(strncmp(line, "tdist-store listening on ", 25) == 0, "unexpected first line '%s'", line);
+    const char *colon = strrchr(line, ':');
+    TD_CHECK(colon != NULL);
+    *port = atoi(colon + 1);
+    TD_CHECK(*port > 0);
+    *out_fd = out[0];
+    *err_fd = err[0];
+    return pid;
+}
+
+/* Reads what is left on fd until EOF (at most size - 1 bytes). */
+static void read_all(int fd, char *buf, size_t size)
+{
+    size_t len = 0;
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 30000) != 1)
+            break;
+        ssize_t r = read(fd, buf + len, size - 1 - len);
+        if (r <= 0)
+            break;
+        len += (size_t)r;
+        if (len == size - 1)
+            break;
+    }
+    buf[len] = '\0';
+}
+
+TD_TEST(tdist_store_program_waits_for_workers_and_stops_on_sigterm, .timeout_s = 60)
+{
+    const char *args[] = {"--host", "127.0.0.1", "--port", "0", "--world-size", "2", "--wait-for-workers",
+                          "--timeout", "30", NULL};
+    int port, out, err;
+    pid_t pid = spawn_store_tool(args, &port, &out, &err);
+    td_tcp_store_options o = TD_TCP_STORE_OPTIONS_INIT;
+    o.host = "127.0.0.1";
+    o.port = port;
+    o.world_size = 2;
+    o.timeout_ms = 30000;
+    td_store *a = NULL, *b = NULL;
+    TD_CHECK_OK(td_tcp_store_create(&o, &a));
+    TD_CHECK_OK(td_tcp_store_create(&o, &b));
+    TD_CHECK_OK(td_store_set_str(a, "k", "v"));
+    char *t = get_str(b, "k");
+    TD_CHECK_STR_EQ(t, "v");
+    free(t);
+    char line[256] = "";
+    size_t len = 0;
+    while (len < sizeof line - 1) {
+        struct pollfd p = {.fd = out, .events = POLLIN};
+        TD_CHECK(poll(&p, 1, 30000) == 1);
+        TD_CHECK(read(out, line + len, 1) == 1);
+        if (line[len] == '\n')
+            break;
+        len++;
+    }
+    line[len] = '\0';
+    TD_CHECK_STR_EQ(line, "tdist-store: all 2 workers joined");
+    TD_CHECK(kill(pid, SIGTERM) == 0);
+    int status = 0;
+    TD_CHECK(waitpid(pid, &status, 0) == pid);
+    TD_CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "tdist-store exit status 0x%x", status);
+    char msg[1024];
+    read_all(err, msg, sizeof msg);
+    TD_CHECK_CONTAINS(msg, "stopping on");
+    /* The clients see the server gone. */
+    TD_CHECK_ERR(td_store_set_str(a, "k", "v2"), TD_ERR_PEER_LOST, "lost the connection");
+    td_store_release(a);
+    td_store_release(b);
+    close(out);
+    close(err);
+}
+
+TD_TEST(tdist_store_program_worker_timeout, .timeout_s = 60)
+{
+    const char *args[] = {"--host=127.0.0.1", "--port=0", "--world-size=3", "--wait-for-workers", "--timeout=1", NULL};
+    int port, out, err;
+    pid_t pid = spawn_store_tool(args, &port, &out, &err);
+    td_tcp_store_options o = TD_TCP_STORE_OPTIONS_INIT;
+    o.host = "127.0.0.1";
+    o.port = port;
+    o.world_size = 3;
+    o.timeout_ms = 30000;
+    td_store *a = NULL;
+    TD_CHECK_OK(td_tcp_store_create(&o, &a));
+    int status = 0;
+    TD_CHECK(waitpid(pid, &status, 0) == pid);
+    TD_CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 1, "tdist-store exit status 0x%x", status);
+    char msg[1024];
+    read_all(err, msg, sizeof msg);
+    TD_CHECK_CONTAINS(msg, "Timed out after 1 seconds waiting for clients. 1/3 clients joined.");
+    td_store_release(a);
+    close(out);
+    close(err);
+}
+
+typedef struct loader {
+    td_store *store;
+    bool parked; /* a blocked get instead of adds */
+    td_status status;
+    double failed_at, started_at;
+    char message[512];
+} loader;
+
+static void *loader_main(void *p)
+{
+    loader *l = p;
+    l->started_at = now_s();
+    td_status s;
+    if (l->parked) {
+        void *v = NULL;
+        size_t n;
+        s = td_store_get(l->store, "never", &v, &n);
+        free(v);
+    } else {
+        int64_t i = 0;
+        while ((s = td_store_add(l->store, "load", 1, &i)) == TD_OK) {
+        }
+    }
+    l->status = s;
+    l->failed_at = now_s();
+    snprintf(l->message, sizeof l->message, "%s", td_last_error());
+    return NULL;
+}
+
+#define LOADERS 6
+
+/* A server that dies under load fails every client call at once: adds in flight and gets parked on
+ * the server, with TD_ERR_PEER_LOST (or IO), well before their 60 s timeout; later calls too. */
+TD_TEST(server_killed_under_load_fails_every_client_promptly, .world_size = 4, .timeout_s = 120)
+{
+    if (ctx->rank == 0) {
+        const char *args[] = {"--host", "127.0.0.1", "--port", "0", NULL};
+        int port, out, err;
+        pid_t pid = spawn_store_tool(args, &port, &out, &err);
+        publish_int(ctx, "port", port);
+        td_store *s = connect_port(port, 60000);
+        int64_t loaded = 0;
+        double end = now_s() + 60;
+        while (loaded < 3 && now_s() < end) {
+            sleep_s(0.01);
+            TD_CHECK_OK(td_store_add(s, "loaded", 0, &loaded));
+        }
+        TD_CHECK_EQ(loaded, 3);
+        sleep_s(0.2);
+        TD_CHECK(kill(pid, SIGKILL) == 0);
+        int status;
+        TD_CHECK(waitpid(pid, &status, 0) == pid);
+        TD_CHECK_ERR(td_store_add(s, "loaded", 0, &loaded), TD_ERR_PEER_LOST, NULL);
+        td_store_release(s);
+        close(out);
+        close(err);
+        read_published_int(ctx, "clients_done_1");
+        read_published_int(ctx, "clients_done_2");
+        read_published_int(ctx, "clients_done_3");
+        unpublish(ctx, "port");
+        for (int r = 1; r < 4; r++) {
+            char name[32];
+            snprintf(name, sizeof name, "clients_done_%d", r);
+            unpublish(ctx, name);
+        }
+        return;
+    }
+    int port = read_published_int(ctx, "port");
+    loader l[LOADERS];
+    pthread_t th[LOADERS];
+    for (int i = 0; i < LOADERS; i++) {
+        l[i] = (loader){.store = connect_port(port, 60000), .parked = i % 2 == 1};
+        TD_CHECK(pthread_create(&th[i], NULL, loader_main, &l[i]) == 0);
+    }
+    td_store *s = connect_port(port, 60000);
+    int64_t n = 0;
+    while (n < 100) {
+        sleep_s(0.01);
+        TD_CHECK_OK(td_store_add(s, "load", 0, &n));
+    }
+    TD_CHECK_OK(td_store_add(s, "loaded", 1, NULL));
+    for (int i = 0; i < LOADERS; i++)
+        pthread_join(th[i], NULL);
+    double first = 1e300, last = 0;
+    for (int i = 0; i < LOADERS; i++) {
+        TD_CHECK_MSG(l[i].status == TD_ERR_PEER_LOST || l[i].status == TD_ERR_IO,
+                     "loader %d ended with %s: %s", i, td_status_str(l[i].status), l[i].message);
+        TD_CHECK_CONTAINS(l[i].message, "127.0.0.1");
+        if (l[i].failed_at < first)
+            first = l[i].failed_at;
+        if (l[i].failed_at > last)
+            last = l[i].failed_at;
+        TD_CHECK_MSG(l[i].failed_at - l[i].started_at < 30, "loader %d hung for %.1f s", i,
+                     l[i].failed_at - l[i].started_at);
+        /* Later calls fail at once too. */
+        double t0 = now_s();
+        TD_CHECK_ERR(td_store_set_str(l[i].store, "x", "y"), TD_ERR_PEER_LOST, "was lost earlier");
+        TD_CHECK(now_s() - t0 < 1);
+        td_store_release(l[i].store);
+    }
+    TD_CHECK_MSG(last - first < 5, "clients noticed the dead server %.2f s apart", last - first);
+    td_store_release(s);
+    char name[32];
+    snprintf(name, sizeof name, "clients_done_%d", ctx->rank);
+    publish_int(ctx, name, 1);
+}
+#endif
+
+/* ---- hostile bytes --------------------------------------------------------------------------------- */
+
+static int raw_connect(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    TD_CHECK(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    TD_CHECK(connect(fd, (struct sockaddr *)&a, sizeof a) == 0);
+    return fd;
+}
+
+static void raw_send(int fd, const void *p, size_t n) { TD_CHECK(send(fd, p, n, MSG_NOSIGNAL) == (ssize_t)n); }
+
+static void raw_hello(int fd, uint32_t magic, uint32_t version, const char *token)
+{
+    td_buf b = TD_BUF_INIT;
+    size_t off = td_store_msg_begin(&b, TD_STORE_CMD_HELLO);
+    td_buf_put_u32(&b, magic);
+    td_buf_put_u32(&b, version);
+    td_buf_put_u32(&b, (uint32_t)strlen(token));
+    td_buf_append_str(&b, token);
+    td_store_msg_end(&b, off);
+    raw_send(fd, b.data, b.len);
+    td_buf_free(&b);
+}
+
+/* Reads until the server closes the connection; returns the bytes it sent before (up to size). */
+static size_t expect_closed(int fd, char *buf, size_t size)
+{
+    size_t len = 0;
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        TD_CHECK_MSG(poll(&p, 1, 20000) == 1, "the server did not close the connection");
+        char tmp[4096];
+        ssize_t n = recv(fd, tmp, sizeof tmp, 0);
+        if (n == 0 || (n < 0 && errno == ECONNRESET))
+            break;
+        TD_CHECK(n > 0);
+        size_t take = (size_t)n < size - len ? (size_t)n : size - len;
+        memcpy(buf + len, tmp, take);
+        len += take;
+    }
+    close(fd);
+    return len;
+}
+
+static void still_serving(td_store *good, int i)
+{
+    char key[32], *t;
+    snprintf(key, sizeof key, "alive%d", i);
+    TD_CHECK_OK(td_store_set_str(good, key, key));
+    t = get_str(good, key);
+    TD_CHECK_STR_EQ(t, key);
+    free(t);
+}
+
+TD_TEST(garbage_and_oversize_requests_close_only_their_connection, .timeout_s = 60)
+{
+    td_store *master = tcp_master(ctx, 1, 30000);
+    unpublish(ctx, "port");
+    int port = td_tcp_store_port(master);
+    td_store *good = connect_port(port, 30000);
+    still_serving(good, 0);
+    char buf[512];
+
+    /* A partial request that never completes must not hold anyone up. */
+    int slow = raw_connect(port);
+    raw_hello(slow, TD_STORE_PROTO_MAGIC, TD_STORE_PROTO_VERSION, "");
+    uint8_t partial[TD_STORE_HEADER_LEN + 10] = {TD_STORE_CMD_SET, 0xe8, 0x03};
+    raw_send(slow, partial, sizeof partial);
+
+    /* 1: garbage */
+    int fd = raw_connect(port);
+    raw_send(fd, "\xff\xfeGARBAGE garbage garbage", 25);
+    expect_closed(fd, buf, sizeof buf);
+    still_serving(good, 1);
+    /* 2: an oversize body length after a good HELLO */
+    fd = raw_connect(port);
+    raw_hello(fd, TD_STORE_PROTO_MAGIC, TD_STORE_PROTO_VERSION, "");
+    uint8_t huge[TD_STORE_HEADER_LEN] = {TD_STORE_CMD_SET, 0, 0, 0, 0, 0, 1, 0, 0}; /* 2^40 bytes */
+    raw_send(fd, huge, sizeof huge);
+    expect_closed(fd, buf, sizeof buf);
+    still_serving(good, 2);
+    /* 3: a HELLO with the wrong magic */
+    fd = raw_connect(port);
+    raw_hello(fd, 0x12345678, TD_STORE_PROTO_VERSION, "");
+    expect_closed(fd, buf, sizeof buf);
+    /* 4: a request before HELLO */
+    fd = raw_connect(port);
+    td_buf b = TD_BUF_INIT;
+    size_t off = td_store_msg_begin(&b, TD_STORE_CMD_SET);
+    td_store_put_key(&b, "", "k", 1);
+    td_store_put_value(&b, "v", 1);
+    td_store_msg_end(&b, off);
+    raw_send(fd, b.data, b.len);
+    expect_closed(fd, buf, sizeof buf);
+    /* 5: a key length that runs past its request */
+    fd = raw_connect(port);
+    raw_hello(fd, TD_STORE_PROTO_MAGIC, TD_STORE_PROTO_VERSION, "");
+    b.len = 0;
+    off = td_store_msg_begin(&b, TD_STORE_CMD_GET);
+    td_buf_put_u32(&b, 1u << 20);
+    td_buf_append(&b, "short", 5);
+    td_store_msg_end(&b, off);
+    raw_send(fd, b.data, b.len);
+    expect_closed(fd, buf, sizeof buf);
+    /* 6: a request other than CANCEL while a GET is parked */
+    fd = raw_connect(port);
+    raw_hello(fd, TD_STORE_PROTO_MAGIC, TD_STORE_PROTO_VERSION, "");
+    b.len = 0;
+    off = td_store_msg_begin(&b, TD_STORE_CMD_GET);
+    td_store_put_key(&b, "", "absent", 6);
+    td_store_msg_end(&b, off);
+    off = td_store_msg_begin(&b, TD_STORE_CMD_NUM_KEYS);
+    td_store_msg_end(&b, off);
+    raw_send(fd, b.data, b.len);
+    expect_closed(fd, buf, sizeof buf);
+    td_buf_free(&b);
+    still_serving(good, 3);
+
+    td_store_server_stats st;
+    TD_CHECK(td_tcp_store_server_stats(master, &st));
+    TD_CHECK_EQ(st.dropped, 6);
+    TD_CHECK_EQ(st.parked, 0);
+    close(slow);
+    td_store_release(good);
+    td_store_release(master);
+}
+
+TD_TEST(version_handshake_refuses_other_versions, .timeout_s = 60)
+{
+    td_store *master = tcp_master(ctx, 1, 30000);
+    unpublish(ctx, "port");
+    int fd = raw_connect(td_tcp_store_port(master));
+    raw_hello(fd, TD_STORE_PROTO_MAGIC, 99, "");
+    char buf[512];
+    size_t n = expect_closed(fd, buf, sizeof buf - 1);
+    TD_CHECK(n > TD_STORE_HEADER_LEN + 4);
+    TD_CHECK_EQ((uint8_t)buf[0], TD_STORE_REPLY_ERROR);
+    buf[n] = '\0';
+    TD_CHECK_CONTAINS(buf + TD_STORE_HEADER_LEN + 4, "unsupported TCPStore protocol version 99");
+    td_store_release(master);
+}
+
+TD_TEST(auth_token_required_and_checked, .timeout_s = 60)
+{
+    td_tcp_store_options o = TD_TCP_STORE_OPTIONS_INIT;
+    o.host = "127.0.0.1";
+    o.port = 0;
+    o.is_master = true;
+    o.world_size = 1;
+    o.timeout_ms = 30000;
+    o.auth_token = "s3cret";
+    td_store *master = NULL;
+    TD_CHECK_OK(td_tcp_store_create(&o, &master));
+    o.is_master = false;
+    o.port = td_tcp_store_port(master);
+    o.world_size = -1;
+    td_store *c = NULL;
+    o.auth_token = "wrong";
+    TD_CHECK_ERR(td_tcp_store_create(&o, &c), TD_ERR_INVALID, "authentication failed");
+    TD_CHECK_CONTAINS(td_last_error(), "refused the connection");
+    TD_CHECK_CONTAINS(td_last_error(), "does not match");
+    o.auth_token = "";
+    TD_CHECK_ERR(td_tcp_store_create(&o, &c), TD_ERR_INVALID, "requires an auth token");
+    /* From the environment, as ranks get it. */
+    setenv("TDIST_AUTH_TOKEN", "s3cret", 1);
+    o.auth_token = NULL;
+    TD_CHECK_OK(td_tcp_store_create(&o, &c));
+    unsetenv("TDIST_AUTH_TOKEN");
+    TD_CHECK_OK(td_store_set_str(c, "k", "v"));
+    char *t = get_str(master, "k");
+    TD_CHECK_STR_EQ(t, "v");
+    free(t);
+    td_store_server_stats st;
+    TD_CHECK(td_tcp_store_server_stats(master, &st));
+    TD_CHECK_EQ(st.dropped, 2);
+    td_store_release(c);
+    td_store_release(master);
+}
+
+TD_TEST(ipv6_loopback, .timeout_s = 60)
+{
+    td_tcp_store_options o = TD_TCP_STORE_OPTIONS_INIT;
+    o.host = "::1";
+    o.port = 0;
+    o.is_master = true;
+    o.world_size = 1;
+    o.timeout_ms = 10000;
+    td_store *master = NULL;
+    td_status s = td_tcp_store_create(&o, &master);
+    if (s != TD_OK && strstr(td_last_error(), "cannot listen"))
+        TD_SKIP(TD_SKIP_GENERIC, "no IPv6 loopback on this machine");
+    TD_CHECK_OK(s);
+    o.is_master = false;
+    o.port = td_tcp_store_port(master);
+    td_store *c = NULL;
+    TD_CHECK_OK(td_tcp_store_create(&o, &c));
+    TD_CHECK_OK(td_store_set_str(c, "v6", "yes"));
+    char *t = get_str(master, "v6");
+    TD_CHECK_STR_EQ(t, "yes");
+    free(t);
+    td_store_release(c);
+    td_store_release(master);
+}
+
+TD_TEST(connect_timeout_names_address_and_last_error, .timeout_s = 60)
+{
+    /* A bound socket that does not listen: connections to its port are refused, and no other
+     * program can take the port meanwhile. */
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    TD_CHECK(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
+    socklen_t len = sizeof a;
+    TD_CHECK(getsockname(fd, (struct sockaddr *)&a, &len) == 0);
+    int port = ntohs(a.sin_port);
+    td_tcp_store_options o = TD_TCP_STORE_OPTIONS_INIT;
+    o.host = "127.0.0.1";
+    o.port = port;
+    o.timeout_ms = 700;
+    td_store *c = NULL;
+    double t0 = now_s();
+    TD_CHECK_ERR(td_tcp_store_create(&o, &c), TD_ERR_TIMEOUT, "Connection refused");
+    double dt = now_s() - t0;
+    char where[64];
+    snprintf(where, sizeof where, "connecting to 127.0.0.1:%d: ", port);
+    TD_CHECK_CONTAINS(td_last_error(), where);
+    TD_CHECK_MSG(dt >= 0.7 && dt <= 1.7, "gave up after %.3f s", dt);
+    close(fd);
+    /* Bad arguments fail at once. */
+    o.port = 70000;
+    TD_CHECK_ERR(td_tcp_store_create(&o, &c), TD_ERR_INVALID, "port must have value from 0 to 65535 but was 70000.");
+    o.port = 0;
+    TD_CHECK_ERR(td_tcp_store_create(&o, &c), TD_ERR_INVALID, "needs the master's port");
+    o.port = 1;
+    o.host = "no-such-host.invalid";
+    TD_CHECK_ERR(td_tcp_store_create(&o, &c), TD_ERR_NOT_FOUND, "cannot resolve host 'no-such-host.invalid'");
+}
+
+TD_TEST(oversize_key_and_value_rejected_by_client, .timeout_s = 60)
+{
+    td_tcp_store_options o = TD_TCP_STORE_OPTIONS_INIT;
+    o.host = "127.0.0.1";
+    o.port = 0;
+    o.is_master = true;
+    o.world_size = 1;
+    o.timeout_ms = 10000;
+    o.max_key_len = 100;
+    o.max_value_len = 1000;
+    td_store *s = NULL;
+    TD_CHECK_OK(td_tcp_store_create(&o, &s));
+    char key[200];
+    memset(key, 'k', sizeof key - 1);
+    key[sizeof key - 1] = '\0';
+    TD_CHECK_ERR(td_store_set_str(s, key, "v"), TD_ERR_INVALID, "exceeds the server's limit of 100 bytes");
+    char val[2000];
+    memset(val, 'v', sizeof val);
+    TD_CHECK_ERR(td_store_set(s, "k", val, sizeof val), TD_ERR_INVALID, "exceeds the server's limit of 1000 bytes");
+    TD_CHECK_OK(td_store_set(s, "k", val, 1000));
+    /* Appends past the limit are refused by the server, which keeps the connection. */
+    TD_CHECK_ERR(td_store_append(s, "k", "x", 1), TD_ERR_INVALID, "over the server's limit of 1000 bytes");
+    void *v;
+    size_t n;
+    TD_CHECK_OK(td_store_get(s, "k", &v, &n));
+    TD_CHECK_EQ(n, 1000);
+    free(v);
+    td_store_release(s);
+}
+
+/* A blocked get that times out is cancelled on the server: it is no longer parked, and a value
+ * set later does not arrive as a stale answer to the next call. */
+TD_TEST(timeout_cancels_the_parked_request, .timeout_s = 60)
+{
+    td_store *s = tcp_master(ctx, 1, 500);
+    unpublish(ctx, "port");
+    void *v = NULL;
+    size_t n;
+    TD_CHECK_ERR(td_store_get(s, "late", &v, &n), TD_ERR_TIMEOUT, "Socket Timeout");
+    td_store_server_stats st;
+    double end = now_s() + 10;
+    do {
+        td_tcp_store_server_stats(s, &st);
+    } while (st.parked != 0 && now_s() < end);
+    TD_CHECK_EQ(st.parked, 0);
+    TD_CHECK_OK(td_store_set_str(s, "late", "value"));
+    int64_t c = 0;
+    TD_CHECK_OK(td_store_add(s, "counter", 7, &c));
+    TD_CHECK_EQ(c, 7);
+    char *t = get_str(s, "late");
+    TD_CHECK_STR_EQ(t, "value");
+    free(t);
+    td_store_release(s);
+}
+
+TD_TEST_MAIN()

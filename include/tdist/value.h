@@ -119,7 +119,11 @@ TD_API td_value *td_value_dict_key_at(const td_value *dict, size_t i);
 TD_API td_value *td_value_dict_value_at(const td_value *dict, size_t i);
 
 /* Whole values. equal: same kind and contents, tensors by td_tensor_equal, doubles by ==. hash:
- * consistent with equal for hashable kinds. deep_copy clones tensors and containers. */
+ * consistent with equal for hashable kinds. deep_copy clones tensors and containers.
+ * Different kinds are never equal: 1, 1.0 and True are three distinct dict keys (simpler than
+ * Python's numeric tower, and exact). Dicts compare as sets of entries, whatever their order. As
+ * dict keys, tensors compare by identity (as IValue keys do); a key must not change while it is
+ * in a dict. */
 TD_API bool td_value_equal(const td_value *a, const td_value *b);
 TD_API uint64_t td_value_hash(const td_value *v);
 TD_API bool td_value_is_hashable(const td_value *v);

@@ -312,7 +312,7 @@ static int write_ctest(const char *file, const char *exe)
     for (size_t i = 0; i < sel.len; i++) {
         const instance *in = &sel.items[i];
         int ws = td_harness_world_size(in->c);
-        int procs = in->c->threads ? 1 : (ws < 2 ? ws : 2);
+        int procs = ws < 2 ? ws : 2; /* threaded ranks compete for cores too */
         long long timeout = (long long)(td_harness_timeout_ms(in->c) / 1000) + 30;
         fprintf(f, "add_test([==[%s.%s]==] [==[%s]==] [==[%s]==])\n", bin, in->name, exe, in->name);
         fprintf(f,

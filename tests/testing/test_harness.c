@@ -607,6 +607,79 @@ TD_TEST(leftovers_fail, .timeout_s = 60)
     td_test_result_free(&r);
 }
 
+/* ---- output capture, default timeout, sanitizer exit codes --------------------------------- */
+
+TD_TEST(inner_much_output, .world_size = 2, .timeout_s = 30, .hidden = true)
+{
+    if (ctx->rank != 1)
+        return;
+    char *long_line = malloc(200000);
+    memset(long_line, 'z', 199999);
+    long_line[199999] = '\0';
+    fputs(long_line, stdout); /* longer than a line may get: cut into pieces, not lost */
+    free(long_line);
+    for (int i = 0; i < 80000; i++) /* about 6 MiB */
+        printf("output line %07d of rank 1, padded to be about eighty characters long........\n", i);
+}
+
+TD_TEST(output_is_drained_and_capped, .timeout_s = 120)
+{
+    setenv("TDIST_TEST_QUIET", "1", 1);
+    td_test_result r;
+    RUN("inner_much_output", &r);
+    unsetenv("TDIST_TEST_QUIET");
+    TD_CHECK_EQ(r.verdict, TD_TEST_PASS);
+    size_t len = strlen(r.output);
+    TD_CHECK(len >= (4u << 20) && len <= (5u << 20) + 4096);
+    TD_CHECK_CONTAINS(r.output, "[rank 1] output line 0079999 of rank 1");
+    TD_CHECK(strstr(r.output, "output line 0000000 ") == NULL);
+    TD_CHECK(starts_with(r.output, "[rank ")); /* cut at a line boundary */
+    td_test_result_free(&r);
+}
+
+TD_TEST(inner_default_timeout, .world_size = 1, .hidden = true)
+{
+    hang_forever_in_rank0();
+}
+
+TD_TEST(timeout_from_env, .timeout_s = 60)
+{
+    setenv("TDIST_TEST_TIMEOUT", "1500ms", 1);
+    td_test_result r;
+    RUN("inner_default_timeout", &r);
+    unsetenv("TDIST_TEST_TIMEOUT");
+    TD_CHECK_EQ(r.verdict, TD_TEST_FAIL);
+    TD_CHECK_CONTAINS(r.log, "Timing out after 1.5 seconds and killing subprocesses.");
+    TD_CHECK(starts_with(r.message, "Process 0 terminated or timed out after "));
+    td_test_result_free(&r);
+}
+
+#ifdef TDIST_SANITIZED
+static void *volatile g_leaked;
+
+TD_TEST(inner_heap_leak, .world_size = 2, .timeout_s = 30, .hidden = true)
+{
+    g_leaked = malloc(1000);
+    g_leaked = NULL; /* unreachable: LeakSanitizer reports it at exit */
+}
+
+/* A body that returns normally lets LeakSanitizer run at exit; its exit code shows as a failure. */
+TD_TEST(leak_sanitizer_exit_code_fails, .timeout_s = 60)
+{
+    td_test_result r;
+    RUN("inner_heap_leak", &r);
+    TD_CHECK_EQ(r.verdict, TD_TEST_FAIL);
+    /* ASan's exit code for a leak is 1 (standalone LeakSanitizer's is 23) */
+    TD_CHECK(r.exit_codes[0] == 1 || r.exit_codes[0] == 23);
+    TD_CHECK_EQ(r.exit_codes[1], r.exit_codes[0]);
+    char want[128];
+    snprintf(want, sizeof want, "Expected zero exit code but got %d for pid: ", r.exit_codes[0]);
+    TD_CHECK(starts_with(r.message, want));
+    TD_CHECK_CONTAINS(r.output, "ERROR: LeakSanitizer: detected memory leaks");
+    td_test_result_free(&r);
+}
+#endif
+
 /* ---- check macros: each failure text exactly ------------------------------------------------ */
 
 static td_status fails_with_timeout(void) { return td_error(TD_ERR_TIMEOUT, "Wait timeout"); }

@@ -287,3 +287,36 @@ void td_store_put_value(td_buf *b, const void *value, size_t len)
 }
 
 void td_store_put_i64(td_buf *b, int64_t v) { td_buf_put_u64(b, (uint64_t)v); }
+
+td_status td_store_check_reply_header(const uint8_t *hdr, uint64_t max_body, uint8_t *kind, uint64_t *body_len)
+{
+    td_store_parse_header(hdr, kind, body_len);
+    uint64_t limit = *kind == TD_STORE_REPLY_OK ? max_body : 65536;
+    if (*kind > TD_STORE_REPLY_CANCELED)
+        return td_error(TD_ERR_IO, "malformed reply: unknown kind %u", *kind);
+    if (*body_len > limit)
+        return td_error(TD_ERR_IO, "malformed reply: %llu bytes where at most %llu were expected",
+                        (unsigned long long)*body_len, (unsigned long long)limit);
+    return TD_OK;
+}
+
+td_status td_store_parse_values(const uint8_t *body, size_t len, size_t n, td_store_slice *out)
+{
+    if (len < 4 || td_store_get_u32(body) != n)
+        return td_error(TD_ERR_IO, "malformed MULTI_GET reply: wrong value count");
+    size_t off = 4;
+    for (size_t i = 0; i < n; i++) {
+        if (len - off < 8)
+            return td_error(TD_ERR_IO, "malformed MULTI_GET reply: value %zu is cut off", i);
+        uint64_t vlen = td_store_get_u64(body + off);
+        off += 8;
+        if (vlen > len - off)
+            return td_error(TD_ERR_IO, "malformed MULTI_GET reply: value %zu runs past the end", i);
+        out[i].data = body + off;
+        out[i].len = (size_t)vlen;
+        off += (size_t)vlen;
+    }
+    if (off != len)
+        return td_error(TD_ERR_IO, "malformed MULTI_GET reply: %zu bytes after the values", len - off);
+    return TD_OK;
+}

@@ -110,6 +110,13 @@ void td_store_put_key(td_buf *b, const char *prefix, const void *key, size_t len
 void td_store_put_value(td_buf *b, const void *value, size_t len);
 void td_store_put_i64(td_buf *b, int64_t v);
 
+/* Checks a reply header: a known kind, and a body no longer than max_body (OK replies) or 64 KiB
+ * (others). TD_ERR_IO names what is wrong. */
+td_status td_store_check_reply_header(const uint8_t *hdr, uint64_t max_body, uint8_t *kind, uint64_t *body_len);
+/* Splits a MULTI_GET reply body (u32 count, then count x value) into n slices; the count must be n
+ * and every length must fit in what is left. */
+td_status td_store_parse_values(const uint8_t *body, size_t len, size_t n, td_store_slice *out);
+
 /* Reads a response header: kind and body length. */
 void td_store_parse_header(const uint8_t *hdr, uint8_t *tag, uint64_t *body_len);
 uint32_t td_store_get_u32(const uint8_t *p);

@@ -190,11 +190,8 @@ static td_status read_reply(tcp_store *t, int64_t deadline, uint64_t max_body, b
 {
     memset(r, 0, sizeof *r);
     TD_TRY(fill(t, TD_STORE_HEADER_LEN, deadline));
-    td_store_parse_header((const uint8_t *)t->in.data + t->in_off, &r->kind, &r->len);
+    TD_TRY(td_store_check_reply_header((const uint8_t *)t->in.data + t->in_off, max_body, &r->kind, &r->len));
     t->in_off += TD_STORE_HEADER_LEN;
-    uint64_t limit = r->kind == TD_STORE_REPLY_OK ? max_body : 65536;
-    if (r->kind > TD_STORE_REPLY_CANCELED || r->len > limit)
-        return td_error(TD_ERR_IO, "malformed reply from the server (kind %u, %" PRIu64 " bytes)", r->kind, r->len);
     if (direct && r->kind == TD_STORE_REPLY_OK) {
         size_t len = (size_t)r->len;
         TD_TRY(td_try_malloc(len + 1, "TCPStore value", &r->owned));
@@ -592,25 +589,16 @@ static td_status tc_multi_get(td_store *s, const char *const *keys, size_t n, vo
     reply r;
     uint64_t max_body = 4 + (uint64_t)n * (8 + t->lim.max_value);
     td_status st = keys_call(t, TD_STORE_CMD_MULTI_GET, keys, n, op_deadline(t), max_body, &r);
+    td_store_slice *vals = NULL;
     if (st == TD_OK) {
-        /* u32 count, then count x (u64 length, bytes); every length checked against what is left. */
-        const uint8_t *p = r.body;
-        uint64_t left = r.len;
-        if (left < 4 || td_store_get_u32(p) != n)
-            st = td_error(TD_ERR_IO, "TCPStore MULTI_GET: malformed reply from %s", t->where);
-        p += 4;
-        left -= 4;
-        for (size_t i = 0; st == TD_OK && i < n; i++) {
-            uint64_t vlen;
-            if (left < 8 || (vlen = td_store_get_u64(p)) > left - 8) {
-                st = td_error(TD_ERR_IO, "TCPStore MULTI_GET: malformed reply from %s", t->where);
-                break;
-            }
-            st = td_store_copy_out(p + 8, (size_t)vlen, &values[i], &lens[i]);
-            p += 8 + vlen;
-            left -= 8 + vlen;
-        }
+        vals = TD_NEW_ARRAY(td_store_slice, n);
+        st = td_store_parse_values(r.body, (size_t)r.len, n, vals);
+        if (st != TD_OK)
+            td_error_prefix(st, "TCPStore: from %s", t->where);
     }
+    for (size_t i = 0; st == TD_OK && i < n; i++)
+        st = td_store_copy_out(vals[i].data, vals[i].len, &values[i], &lens[i]);
+    free(vals);
     pthread_mutex_unlock(&t->mu);
     return st;
 }

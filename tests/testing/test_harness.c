@@ -177,6 +177,10 @@ __attribute__((noinline)) static void crash_in_rank1(void)
 
 TD_TEST(inner_segfault, .world_size = 3, .timeout_s = 10, .hidden = true, .allow_leftovers = true)
 {
+    /* Crash only once the others are running, so that they finish on their own (with 0) well
+     * within the delay before the harness stops the remaining ranks. */
+    static const int all[] = {0, 1, 2};
+    file_barrier(ctx, "started", all, 3);
     if (ctx->rank == 1)
         crash_in_rank1();
 }
@@ -361,7 +365,12 @@ TD_TEST(static_skip_spawns_nothing, .timeout_s = 60)
 
 /* ---- other exit codes ----------------------------------------------------------------------- */
 
-TD_TEST(inner_all_exit_1, .world_size = 3, .timeout_s = 10, .hidden = true) { exit(1); }
+TD_TEST(inner_all_exit_1, .world_size = 3, .timeout_s = 10, .hidden = true)
+{
+    static const int all[] = {0, 1, 2};
+    file_barrier(ctx, "started", all, 3); /* all exit at about the same time */
+    exit(1);
+}
 
 TD_TEST(nonzero_exit_fails, .timeout_s = 60)
 {
@@ -389,9 +398,13 @@ TD_TEST(inner_fail_unchecked, .world_size = 2, .timeout_s = 10, .hidden = true, 
         sigemptyset(&term);
         sigaddset(&term, SIGTERM);
         sigprocmask(SIG_BLOCK, &term, NULL);
+        static const int zero[] = {0};
+        file_barrier(ctx, "ready", zero, 1);
         sleep_s(0.2);
         return;
     }
+    static const int zero[] = {0};
+    file_barrier(ctx, "ready", zero, 1); /* rank 0 has blocked SIGTERM */
     TD_CHECK_MSG(ctx->rank == 0, "rank %d is not rank 0", ctx->rank);
 }
 

@@ -5,7 +5,8 @@
  * (dst = a op b: three distinct buffers) and in place (a = a op b, what the collectives do), in
  * its baseline (SSE2) build and its AVX2 build (what td_reduce_kernel picks on AVX2 CPUs), and
  * counts 3 * n * element size bytes moved (two reads, one write). memcpy counts 2 * size. The
- * figure is the best of REPS timed runs (default 5) after one warm-up, as GB/s (10^9 bytes).
+ * figure is the best of REPS rounds (default 5; each round times every kernel once, after a
+ * warm-up run), as GB/s (10^9 bytes).
  *
  * Usage: reduce_bench [SIZE_MIB [REPS]] */
 #include <stdint.h>
@@ -31,19 +32,13 @@ static unsigned char *g_a, *g_b, *g_d;
 
 typedef void (*body_fn)(void *arg);
 
-/* Best time of g_reps runs after one warm-up. */
-static double best_time(body_fn body, void *arg)
+/* Time of one run after one warm-up run. */
+static double time_once(body_fn body, void *arg)
 {
     body(arg);
-    double best = 1e30;
-    for (int r = 0; r < g_reps; r++) {
-        double t0 = now_s();
-        body(arg);
-        double t = now_s() - t0;
-        if (t < best)
-            best = t;
-    }
-    return best;
+    double t0 = now_s();
+    body(arg);
+    return now_s() - t0;
 }
 
 typedef struct kernel_arg {
@@ -118,12 +113,6 @@ int main(int argc, char **argv)
     bool avx2 = td_reduce_isa_available(TD_REDUCE_ISA_AVX2);
     printf("| kernel | baseline out of place | baseline in place | AVX2 out of place | AVX2 in place |\n");
     printf("| --- | ---: | ---: | ---: | ---: |\n");
-    double t = best_time(run_memcpy, NULL);
-    printf("| memcpy (2 x size) | %.1f | | | |\n", 2.0 * (double)g_bytes / t / 1e9);
-    fill_operands(TD_FLOAT32);
-    double plain = 3.0 * (double)g_bytes / best_time(run_plain, NULL) / 1e9;
-    printf("| plain loop a[i] += b[i] (float32, baseline) | | %.1f | | |\n", plain);
-
     static const struct {
         td_reduce_op op;
         td_dtype dtype;
@@ -134,26 +123,45 @@ int main(int argc, char **argv)
         {TD_MAX, TD_INT32},    {TD_MIN, TD_INT64},    {TD_PRODUCT, TD_FLOAT32}, {TD_PRODUCT, TD_INT64},
         {TD_PRODUCT, TD_COMPLEX64}, {TD_BXOR, TD_INT64},   {TD_BAND, TD_UINT8},   {TD_SUM, TD_BOOL},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        double gbs[2][2] = {{0}};
-        for (int isa = 0; isa < (avx2 ? 2 : 1); isa++) {
-            td_reduce_fn fn = td_reduce_kernel_isa(cases[i].op, cases[i].dtype,
-                                                   isa ? TD_REDUCE_ISA_AVX2 : TD_REDUCE_ISA_BASELINE);
-            if (!fn) {
-                fprintf(stderr, "reduce_bench: %s\n", td_last_error());
-                return 1;
-            }
-            kernel_arg k = {.fn = fn, .count = g_bytes / td_dtype_size(cases[i].dtype)};
-            for (int in_place = 0; in_place < 2; in_place++) {
-                k.in_place = in_place;
-                fill_operands(cases[i].dtype);
-                gbs[isa][in_place] = 3.0 * (double)g_bytes / best_time(run_kernel, &k) / 1e9;
+    enum { NCASES = sizeof cases / sizeof cases[0] };
+    /* Best time per (case, isa, in place), over rounds that each visit every case once, so that
+     * a burst of load from other processes costs one sample of each case rather than all samples
+     * of one. */
+    double best[NCASES][2][2], best_memcpy = 1e30, best_plain = 1e30;
+    for (size_t i = 0; i < NCASES; i++)
+        best[i][0][0] = best[i][0][1] = best[i][1][0] = best[i][1][1] = 1e30;
+    for (int round = 0; round < g_reps; round++) {
+        double t = time_once(run_memcpy, NULL);
+        best_memcpy = t < best_memcpy ? t : best_memcpy;
+        fill_operands(TD_FLOAT32);
+        t = time_once(run_plain, NULL);
+        best_plain = t < best_plain ? t : best_plain;
+        for (size_t i = 0; i < NCASES; i++) {
+            fill_operands(cases[i].dtype);
+            for (int isa = 0; isa < (avx2 ? 2 : 1); isa++) {
+                td_reduce_fn fn = td_reduce_kernel_isa(cases[i].op, cases[i].dtype,
+                                                       isa ? TD_REDUCE_ISA_AVX2 : TD_REDUCE_ISA_BASELINE);
+                if (!fn) {
+                    fprintf(stderr, "reduce_bench: %s\n", td_last_error());
+                    return 1;
+                }
+                kernel_arg k = {.fn = fn, .count = g_bytes / td_dtype_size(cases[i].dtype)};
+                for (int in_place = 0; in_place < 2; in_place++) {
+                    k.in_place = in_place;
+                    t = time_once(run_kernel, &k);
+                    best[i][isa][in_place] = t < best[i][isa][in_place] ? t : best[i][isa][in_place];
+                }
             }
         }
-        printf("| %s %s | %.1f | %.1f |", td_dtype_name(cases[i].dtype), td_reduce_op_name(cases[i].op), gbs[0][0],
-               gbs[0][1]);
+    }
+    double moved = 3.0 * (double)g_bytes / 1e9;
+    printf("| memcpy (2 x size) | %.1f | | | |\n", 2.0 * (double)g_bytes / 1e9 / best_memcpy);
+    printf("| plain loop a[i] += b[i] (float32, baseline) | | %.1f | | |\n", moved / best_plain);
+    for (size_t i = 0; i < NCASES; i++) {
+        printf("| %s %s | %.1f | %.1f |", td_dtype_name(cases[i].dtype), td_reduce_op_name(cases[i].op),
+               moved / best[i][0][0], moved / best[i][0][1]);
         if (avx2)
-            printf(" %.1f | %.1f |\n", gbs[1][0], gbs[1][1]);
+            printf(" %.1f | %.1f |\n", moved / best[i][1][0], moved / best[i][1][1]);
         else
             printf(" n/a | n/a |\n");
     }

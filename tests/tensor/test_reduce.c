@@ -493,6 +493,49 @@ TD_TEST(avg_finish_divides_by_world_size)
     TD_CHECK_ERR(td_reduce_finish(TD_BAND, TD_FLOAT32, f, 7, 2), TD_ERR_INVALID, "reduce op BAND is not supported");
 }
 
+/* Long random arrays (vector bodies and tails) against the reference: the product or quotient is
+ * rounded to float32 (float64 for float64) and then to the dtype, as the kernels compute it. */
+TD_TEST(premul_and_finish_match_reference_on_long_arrays)
+{
+    static const td_dtype dts[] = {TD_FLOAT16, TD_BFLOAT16, TD_FLOAT32, TD_FLOAT64, TD_COMPLEX64};
+    enum { N = 1031 };
+    td_reduce_isa isas[2];
+    int ni = n_isas(isas);
+    for (size_t k = 0; k < ni * sizeof dts / sizeof dts[0]; k++) {
+        td_reduce_isa isa = isas[k / (sizeof dts / sizeof dts[0])];
+        td_dtype dt = dts[k % (sizeof dts / sizeof dts[0])];
+        td_dtype real = dt == TD_COMPLEX64 ? TD_FLOAT32 : dt;
+        size_t n = dt == TD_COMPLEX64 ? 2 * N : N, es = td_dtype_size(real);
+        char *src = malloc(n * es), *out = malloc(n * es), *want = malloc(n * es);
+        TD_CHECK(src && out && want);
+        fill_random(real, src, n, 99 + k);
+        for (int divide = 0; divide < 2; divide++) {
+            double factor = divide ? 3 : 0.3;
+            float ff = (float)factor;
+            for (size_t i = 0; i < n; i++) {
+                double x = load_real(real, src + i * es);
+                double r = real == TD_FLOAT64 ? (divide ? x / factor : x * factor)
+                                              : (double)(float)(divide ? x / ff : x * (double)ff);
+                store_real(real, want + i * es, r);
+            }
+            memcpy(out, src, n * es);
+            if (divide)
+                TD_CHECK_OK(td_reduce_finish_isa(TD_AVG, dt, out, N, 3, isa));
+            else
+                TD_CHECK_OK(td_reduce_premul_isa(dt, out, out, N, factor, isa));
+            for (size_t i = 0; i < n; i++) {
+                TD_CHECK_MSG(same_element(real, out + i * es, want + i * es), "%s %s (%s): element %zu is %g, want %g",
+                             divide ? "finish" : "premul", td_dtype_name(dt), td_reduce_isa_name(isa), i,
+                             load_real(real, out + i * es),
+                             load_real(real, want + i * es));
+            }
+        }
+        free(src);
+        free(out);
+        free(want);
+    }
+}
+
 /* A whole AVG the way a collective does it: reduce world_size inputs as SUM, then finish. */
 TD_TEST(avg_over_four_inputs)
 {

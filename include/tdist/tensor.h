@@ -127,7 +127,9 @@ TD_API void td_tensor_release(td_tensor *t);
 TD_API td_dtype td_tensor_dtype(const td_tensor *t);
 TD_API int td_tensor_ndim(const td_tensor *t);
 TD_API td_shape td_tensor_shape(const td_tensor *t);
-TD_API int64_t td_tensor_size(const td_tensor *t, int dim);   /* dim may be negative */
+/* dim may be negative. A bad dim returns -1 with the message set; a 0-dim tensor has size and
+ * stride 1 at dims 0 and -1. */
+TD_API int64_t td_tensor_size(const td_tensor *t, int dim);
 TD_API int64_t td_tensor_stride(const td_tensor *t, int dim);
 TD_API const int64_t *td_tensor_sizes(const td_tensor *t);    /* ndim entries */
 TD_API const int64_t *td_tensor_strides(const td_tensor *t);
@@ -168,7 +170,9 @@ TD_API td_status td_tensor_fill_complex(td_tensor *t, double re, double im);
 TD_API td_status td_tensor_read(const td_tensor *t, void *dst, size_t nbytes);
 TD_API td_status td_tensor_write(td_tensor *t, const void *src, size_t nbytes);
 
-/* Element access by a full index (ndim entries). Values convert from / to the tensor's dtype. */
+/* Element access by a full index (ndim entries; NULL for a 0-dim tensor; negative indices count
+ * from the end). Values convert from / to the tensor's dtype with copy's rules (get_f64 and
+ * get_i64 of a complex tensor return the real part). */
 TD_API td_status td_tensor_get_f64(const td_tensor *t, const int64_t *index, double *out);
 TD_API td_status td_tensor_get_i64(const td_tensor *t, const int64_t *index, int64_t *out);
 TD_API td_status td_tensor_get_complex(const td_tensor *t, const int64_t *index, double *re, double *im);
@@ -182,7 +186,8 @@ TD_API bool td_tensor_equal(const td_tensor *a, const td_tensor *b);
 TD_API bool td_tensor_allclose(const td_tensor *a, const td_tensor *b, double rtol, double atol, bool equal_nan);
 
 /* Printing in PyTorch's style: "tensor([[1., 2.],\n        [3., 4.]], dtype=float64)". Long tensors
- * are summarized with "..." as PyTorch does past 1000 elements. The string is malloc'd. */
+ * are summarized with "..." as PyTorch does past 1000 elements. Dtypes print without torch's
+ * "torch." prefix; complex elements as "1.+2.j". The string is malloc'd. */
 TD_API char *td_tensor_format(const td_tensor *t);
 TD_API void td_tensor_print(FILE *f, const td_tensor *t);
 
@@ -210,6 +215,7 @@ TD_API td_status td_reduce_op_from_name(const char *name, td_reduce_op *out);
 TD_API td_status td_reduce_check(td_reduce_op op, td_dtype dtype);
 
 /* dst[i] = a[i] op b[i] for count elements; dst may be a or b (exactly), nothing else may overlap.
+ * Buffers must be aligned to the element size (heap storages are 64-byte aligned).
  * AVG and PREMUL_SUM combine as SUM: a collective scales before (td_reduce_premul) or after
  * (td_reduce_finish). float16/bfloat16 compute in float32 and round to nearest even; MIN/MAX
  * propagate NaN. */

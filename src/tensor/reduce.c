@@ -16,6 +16,7 @@
  * bool SUM is logical OR and PRODUCT logical AND; MIN/MAX return NaN when either input is NaN
  * (torch.minimum/maximum); float16/bfloat16 combine in float32 and round back to nearest even at
  * each call; complex PRODUCT is the schoolbook product (c10::complex). */
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 #include <strings.h>
@@ -70,6 +71,7 @@
 #define TD_HAVE_AVX2_KERNELS 1
 #define TD_AVX2 __attribute__((target("avx2")))
 #define TD_F16C __attribute__((target("avx2,f16c")))
+#include <cpuid.h>
 #include <immintrin.h>
 #else
 #define TD_HAVE_AVX2_KERNELS 0
@@ -327,6 +329,23 @@ td_status td_reduce_check(td_reduce_op op, td_dtype dtype)
     }
 }
 
+#if TD_HAVE_AVX2_KERNELS
+/* AVX2 (which __builtin_cpu_supports also checks the OS enables) and F16C (CPUID.1:ECX bit 29;
+ * clang's __builtin_cpu_supports does not know "f16c"). Cached: this runs at every kernel lookup. */
+static bool cpu_has_avx2_f16c(void)
+{
+    static atomic_int cached = -1;
+    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v < 0) {
+        unsigned eax, ebx, ecx = 0, edx;
+        bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29));
+        v = __builtin_cpu_supports("avx2") && f16c;
+        atomic_store_explicit(&cached, v, memory_order_relaxed);
+    }
+    return v;
+}
+#endif
+
 bool td_reduce_isa_available(td_reduce_isa isa)
 {
     switch (isa) {
@@ -334,7 +353,7 @@ bool td_reduce_isa_available(td_reduce_isa isa)
     case TD_REDUCE_ISA_BASELINE: return true;
     case TD_REDUCE_ISA_AVX2:
 #if TD_HAVE_AVX2_KERNELS
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+        return cpu_has_avx2_f16c();
 #else
         return false;
 #endif

@@ -30,6 +30,12 @@
  * /dev/shm holds no "tdist.<pid>." segment of the ranks.
  *
  * Command line of a test binary:  [--list] [--ctest FILE] [--keep-going] [NAME_OR_PREFIX ...]
+ * With no names it runs every visible case; a name selects the instance of that exact name, every
+ * instance of a case ("case" for "case/a", "case/b"), or (visible cases only) every instance whose
+ * name starts with it. It stops at the first failure unless --keep-going. Exit code: 0 all passed
+ * or skipped, 1 a failure, 77 everything was skipped, 2 a bad command line or a name that matches
+ * nothing. --ctest FILE writes one CTest entry per visible instance (tests/CMakeLists.txt). See
+ * docs/testing.md.
  * Environment: TDIST_TEST_TIMEOUT (default per-test timeout, e.g. "300" or "5m"),
  * TDIST_TEST_SANDCASTLE=1 (skips pass, as on Sandcastle), TDIST_TEST_QUIET=1 (children's output
  * is captured but not echoed), TDIST_TEST_VERBOSE=1 (also print routine harness lines such as
@@ -193,8 +199,10 @@ typedef struct td_test_result {
     char *output;      /* the ranks' stdout and stderr, each line prefixed "[rank R] " (last 4 MiB) */
     double elapsed_s;
     int world_size;
-    int exit_codes[64]; /* per rank: exit code, -signal, or TD_TEST_NOT_EXITED */
-    int spawned;       /* how many rank processes were started */
+    int exit_codes[64]; /* per rank process: exit code, -signal, or TD_TEST_NOT_EXITED (killed by
+                           the harness: timeout or early abort); a threaded case has one process,
+                           exit_codes[0] */
+    int spawned;       /* how many rank processes were started (0 after a static skip) */
 } td_test_result;
 
 /* Runs one registered case (by name, "<name>/<param>" for a parameter) under the supervisor and

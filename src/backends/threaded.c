@@ -221,7 +221,7 @@ static td_status threaded_create(const td_backend_args *args, void **state)
     int joined = w->joined;
     bool aborted = w->aborted;
     pthread_mutex_unlock(&w->mu);
-    if (joined < w->size || aborted) {
+    if (joined < w->size) {
         td_status st = aborted ? td_error(TD_ERR_CLOSED, "threaded backend: the world was aborted while ranks joined")
                                : td_error(TD_ERR_TIMEOUT,
                                           "threaded backend: timed out after %lld ms waiting for all %d ranks to "

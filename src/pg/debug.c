@@ -71,6 +71,10 @@ static void format_shape(td_buf *b, const pg_fingerprint *fp)
 }
 
 static const char *dtype_name(int64_t d) { return td_dtype_is_valid((int)d) ? td_dtype_name((td_dtype)d) : "?"; }
+static const char *reduce_name(int64_t op)
+{
+    return op >= 0 && op < TD_REDUCE_OP_COUNT ? td_reduce_op_name((td_reduce_op)op) : "?";
+}
 static const char *op_name(int64_t op) { return op >= 0 && op < PG_OP_COUNT ? pg_op_type_name((pg_op)op) : "?"; }
 
 static void format_fp(td_buf *b, const pg_fingerprint *fp)
@@ -108,10 +112,10 @@ static void format_diff(td_buf *b, const pg_fingerprint *a, const pg_fingerprint
         format_shape(b, o);
         td_buf_putc(b, ';');
     }
-    if (a->root != o->root)
+    if (a->root != o->root && a->root >= 0 && o->root >= 0)
         td_buf_printf(b, " Root: %lld vs %lld;", (long long)a->root, (long long)o->root);
-    if (a->reduce_op != o->reduce_op)
-        td_buf_printf(b, " Reduce op: %lld vs %lld;", (long long)a->reduce_op, (long long)o->reduce_op);
+    if (a->reduce_op != o->reduce_op && a->reduce_op >= 0 && o->reduce_op >= 0)
+        td_buf_printf(b, " Reduce op: %s vs %s;", reduce_name(a->reduce_op), reduce_name(o->reduce_op));
     if (b->len && b->data[b->len - 1] == ';')
         b->data[--b->len] = '\0';
 }

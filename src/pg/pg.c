@@ -620,6 +620,7 @@ void pg_destroy_now(td_pg *pg)
         pthread_mutex_lock(&pg->mu);
         pg->stop = true;
         fail_group_locked(pg, TD_ERR_CLOSED, msg);
+        pthread_cond_broadcast(&pg->cv); /* also when the group had failed before */
         pthread_mutex_unlock(&pg->mu);
         /* Wakes a submit blocked on its peers; the worker then drains the queue with the error. */
         if (pg->ops->abort)

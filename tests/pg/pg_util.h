@@ -1,0 +1,84 @@
+/* Helpers shared by the process-group tests: one body runs on every backend.
+ *
+ * TD_PG_TEST(name, world_size, options...) { body } registers the body twice: "name" as a
+ * multi-process case with one instance per process backend (TD_PG_PROCESS_BACKENDS, ctx->param
+ * names it), and "name_threaded" in the harness's threaded mode on the threaded backend. A backend
+ * that is not built in is skipped statically. The body makes its group with pg_test_init, which
+ * rendezvous through the case's FileStore (ctx->init_url) and, in threaded mode, wires the
+ * harness's abort hook to the threaded backend so that a failing rank wakes the others. */
+#ifndef TDIST_TESTS_PG_UTIL_H
+#define TDIST_TESTS_PG_UTIL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <tdist/backend.h>
+#include <tdist/pg.h>
+#include <tdist/store.h>
+#include <tdist/testing.h>
+
+/* Later backends ("shm", "auto", "mpi") join this list. */
+#define TD_PG_PROCESS_BACKENDS "tcp"
+#define TD_PG_THREAD_BACKENDS "threaded"
+
+const char *pg_test_skip_unavailable(const char *param);
+
+#define TD_PG_TEST(tname, ws, ...)                                                                          \
+    static void pg_body_##tname(td_test_ctx *ctx);                                                         \
+    TD_TEST(tname, .world_size = (ws), .params = TD_PG_PROCESS_BACKENDS,                                   \
+            .static_skip = pg_test_skip_unavailable, __VA_ARGS__)                                          \
+    {                                                                                                      \
+        pg_body_##tname(ctx);                                                                              \
+    }                                                                                                      \
+    TD_TEST(tname##_threaded, .world_size = (ws), .threads = true, .params = TD_PG_THREAD_BACKENDS,        \
+            .static_skip = pg_test_skip_unavailable, __VA_ARGS__)                                          \
+    {                                                                                                      \
+        pg_body_##tname(ctx);                                                                              \
+    }                                                                                                      \
+    static void pg_body_##tname(td_test_ctx *ctx)
+
+/* The same body for world sizes 1 to 4: cases name_1 .. name_4 (and their _threaded twins). */
+#define TD_PG_TEST_WORLDS(tname, ...)                                                                       \
+    static void pg_all_##tname(td_test_ctx *ctx);                                                          \
+    TD_PG_TEST(tname##_1, 1, __VA_ARGS__) { pg_all_##tname(ctx); }                                         \
+    TD_PG_TEST(tname##_2, 2, __VA_ARGS__) { pg_all_##tname(ctx); }                                         \
+    TD_PG_TEST(tname##_3, 3, __VA_ARGS__) { pg_all_##tname(ctx); }                                         \
+    TD_PG_TEST(tname##_4, 4, __VA_ARGS__) { pg_all_##tname(ctx); }                                         \
+    static void pg_all_##tname(td_test_ctx *ctx)
+
+typedef struct pg_test_opts {
+    int64_t timeout_ms;      /* 0: 60 s (well below the harness's per-test timeout) */
+    const char *debug_level; /* NULL: "OFF" (not the environment: tests choose) */
+    const char *init_url;    /* NULL: ctx->init_url */
+    const char *group_name;
+} pg_test_opts;
+
+/* A group of all ranks of the case on ctx->param's backend; fails the test on error. */
+td_pg *pg_test_init(td_test_ctx *ctx, const pg_test_opts *opts);
+/* td_pg_options for the case (backend, init URL, rank, world size, timeout), for tests that call
+ * td_pg_create or td_init_process_group themselves. */
+td_pg_options pg_test_options(td_test_ctx *ctx, const pg_test_opts *opts);
+/* "file://<tmpdir>/<name>": a fresh rendezvous for a second group in the same case. */
+const char *pg_test_url(td_test_ctx *ctx, const char *name);
+/* Destroys pg and unhooks the abort hook. */
+void pg_test_done(td_test_ctx *ctx, td_pg *pg);
+
+/* Deterministic test data: small values every dtype holds exactly and no reduction overflows. */
+double pg_test_value(td_dtype dt, int rank, int64_t i);
+/* A contiguous 1-D tensor of n elements of pg_test_value(dt, rank, i) (imaginary part: rank). */
+td_tensor *pg_test_tensor(td_dtype dt, int rank, int64_t n);
+/* A non-contiguous tensor of n (even) elements: a strided view (every other element of a 2n
+ * buffer) holding pg_test_value(dt, rank, i); the other elements hold -7. */
+td_tensor *pg_test_strided(td_dtype dt, int rank, int64_t n);
+/* The expected reduction of pg_test_value over ranks 0..ws-1 at index i (real part). */
+double pg_test_expected(td_dtype dt, td_op op, int ws, int64_t i);
+/* Checks every element of t (1-D, n elements, any layout) against f(i); tolerance from dtype. */
+void pg_test_check_values(const td_tensor *t, double (*f)(void *arg, int64_t i), void *arg, const char *what);
+/* Element i of t as a double (real part). */
+double pg_test_get(const td_tensor *t, int64_t i);
+double pg_test_get_imag(const td_tensor *t, int64_t i);
+
+#define PG_NDTYPES 9
+extern const td_dtype pg_test_dtypes[PG_NDTYPES]; /* f32 f64 f16 bf16 i32 i64 u8 bool c64 */
+
+#endif

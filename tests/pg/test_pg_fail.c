@@ -1,0 +1,253 @@
+/* Failures (spec/c10d.md C5, C6, C7, C10, C13): a rank killed in the middle of an all_reduce, a
+ * stalled rank running into the group's timeout, collectives that differ between ranks under
+ * TDIST_DEBUG=DETAIL, monitored_barrier naming the ranks that did not come, a failing rank thread
+ * waking the others, and the INFO log. After each failure a new group works in the same process. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pg_util.h"
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static td_tensor *ones(td_dtype dt, int64_t n)
+{
+    td_tensor *t = NULL;
+    TD_CHECK_OK(td_tensor_ones(dt, TD_SHAPE(n), &t));
+    return t;
+}
+
+/* After a failure: a new group (fresh rendezvous) in the same process works. */
+static void fresh_group_works(td_test_ctx *ctx, const char *name)
+{
+    pg_test_opts o = {.init_url = pg_test_url(ctx, name)};
+    td_pg *pg = pg_test_init(ctx, &o);
+    td_tensor *t = ones(TD_INT32, 5);
+    TD_CHECK_OK(td_pg_all_reduce(pg, t, TD_OP_SUM, NULL));
+    TD_CHECK_EQ(pg_test_get(t, 4), ctx->world_size);
+    td_tensor_release(t);
+    pg_test_done(ctx, pg);
+}
+
+/* ---- a rank killed in the middle of an all_reduce (processes only) --------------------------- */
+
+TD_TEST(peer_killed_mid_all_reduce, .world_size = 3, .params = TD_PG_PROCESS_BACKENDS,
+        .static_skip = pg_test_skip_unavailable, .skip_return_code_check = true, .allow_leftovers = true,
+        .timeout_s = 90)
+{
+    td_pg *pg = pg_test_init(ctx, NULL);
+    td_tensor *t = ones(TD_FLOAT32, 4 << 20);
+    TD_CHECK_OK(td_pg_all_reduce(pg, t, TD_OP_SUM, NULL));
+    char path[1024];
+    snprintf(path, sizeof path, "%s/kill_time", ctx->tmpdir);
+    if (ctx->rank == 2) {
+        /* Into the next all_reduce, then die without a word, noting when. */
+        td_future *f = NULL;
+        TD_CHECK_OK(td_pg_all_reduce(pg, t, TD_OP_SUM, &f));
+        struct timespec d = {0, 50 * 1000000L};
+        nanosleep(&d, NULL);
+        FILE *fp = fopen(path, "w");
+        fprintf(fp, "%lld\n", (long long)now_ms());
+        fclose(fp);
+        raise(SIGKILL);
+    }
+    td_status st = td_pg_all_reduce(pg, t, TD_OP_SUM, NULL);
+    int64_t failed_at = now_ms();
+    TD_CHECK_ERR(st, TD_ERR_PEER_LOST, "rank 2");
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", td_last_error());
+    FILE *fp = fopen(path, "r");
+    TD_CHECK(fp != NULL);
+    long long killed_at = 0;
+    TD_CHECK(fscanf(fp, "%lld", &killed_at) == 1);
+    fclose(fp);
+    TD_CHECK_MSG(failed_at - killed_at < 2000, "survivor failed %lld ms after the kill: %s",
+                 (long long)(failed_at - killed_at), msg);
+    /* The group stays failed, with the same error. */
+    TD_CHECK_ERR(td_pg_barrier(pg, NULL), TD_ERR_PEER_LOST, msg);
+    td_tensor_release(t);
+    pg_test_done(ctx, pg);
+}
+
+/* ---- a stalled rank and the group's timeout --------------------------------------------------- */
+
+TD_PG_TEST(stalled_rank_timeout, 2, .timeout_s = 90)
+{
+    pg_test_opts o = {.timeout_ms = 5000};
+    td_pg *pg = pg_test_init(ctx, &o);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/sync", ctx->tmpdir);
+    td_store *sync = NULL;
+    TD_CHECK_OK(td_file_store_create(path, 2, &sync));
+    td_tensor *t = ones(TD_FLOAT32, 4);
+    if (ctx->rank == 0) {
+        int64_t t0 = now_ms();
+        td_status st = td_pg_all_reduce(pg, t, TD_OP_SUM, NULL);
+        int64_t took = now_ms() - t0;
+        char cls[32];
+        snprintf(cls, sizeof cls, "Work%s", strcmp(ctx->param, "threaded") == 0 ? "Threaded" : "TCP");
+        TD_CHECK_ERR(st, TD_ERR_TIMEOUT, "[Rank 0] Watchdog caught collective operation timeout: ");
+        TD_CHECK_CONTAINS(td_last_error(), cls);
+        TD_CHECK_CONTAINS(td_last_error(), "(SeqNum=1, OpType=ALLREDUCE, NumelIn=4, NumelOut=4, Timeout(ms)=5000) ran for ");
+        TD_CHECK_CONTAINS(td_last_error(), " milliseconds before timing out.");
+        TD_CHECK_MSG(took >= 4900 && took < 20000, "the all_reduce failed after %lld ms", (long long)took);
+        /* A failed group stays failed: the next call fails at once with the same error. */
+        t0 = now_ms();
+        TD_CHECK_ERR(td_pg_broadcast(pg, t, 0, NULL), TD_ERR_TIMEOUT, "Watchdog caught collective operation timeout");
+        TD_CHECK(now_ms() - t0 < 1000);
+        TD_CHECK_OK(td_store_set_str(sync, "rank0_done", "1"));
+    } else {
+        const char *key = "rank0_done";
+        TD_CHECK_OK(td_store_wait(sync, &key, 1, 60000));
+        /* The stalled rank comes late: its all_reduce cannot complete either. */
+        int64_t t0 = now_ms();
+        TD_CHECK(td_pg_all_reduce(pg, t, TD_OP_SUM, NULL) != TD_OK);
+        TD_CHECK(now_ms() - t0 < 15000);
+    }
+    td_tensor_release(t);
+    pg_test_done(ctx, pg);
+    td_store_release(sync);
+    fresh_group_works(ctx, "after_timeout");
+}
+
+/* ---- DETAIL: collectives that differ between ranks --------------------------------------------- */
+
+static void detail_body(td_test_ctx *ctx)
+{
+    int ws = ctx->world_size, me = ctx->rank;
+    pg_test_opts o = {.debug_level = "DETAIL"};
+    td_pg *pg = pg_test_init(ctx, &o);
+    td_tensor *f4 = ones(TD_FLOAT32, 4), *f3 = ones(TD_FLOAT32, 3), *i4 = ones(TD_INT32, 4);
+    TD_CHECK_OK(td_pg_all_reduce(pg, f4, TD_OP_SUM, NULL));
+    TD_CHECK_EQ(pg_test_get(f4, 0), ws);
+
+    /* Different operations. */
+    td_status st = me == 0 ? td_pg_all_reduce(pg, f4, TD_OP_SUM, NULL) : td_pg_broadcast(pg, f4, 0, NULL);
+    TD_CHECK_ERR(st, TD_ERR_INVALID,
+                 "Detected mismatch between collectives on ranks. Rank 0 is running collective: "
+                 "CollectiveFingerPrint(SequenceNumber=2, OpType=ALLREDUCE, TensorShape=[4], TensorDtypes=float32");
+    TD_CHECK_CONTAINS(td_last_error(),
+                      ", but Rank 1 is running collective: CollectiveFingerPrint(SequenceNumber=2, OpType=BROADCAST, "
+                      "TensorShape=[4], TensorDtypes=float32, TensorDeviceTypes=cpu, Root=0)");
+    TD_CHECK_CONTAINS(td_last_error(), "Op type: ALLREDUCE vs BROADCAST");
+    TD_CHECK_EQ(pg_test_get(f4, 0), ws); /* nothing ran */
+
+    /* Different shapes. */
+    st = td_pg_all_reduce(pg, me == ws - 1 ? f3 : f4, TD_OP_SUM, NULL);
+    char want[128];
+    snprintf(want, sizeof want, "but Rank %d is running collective: CollectiveFingerPrint(SequenceNumber=3, "
+                                "OpType=ALLREDUCE, TensorShape=[3]", ws - 1);
+    TD_CHECK_ERR(st, TD_ERR_INVALID, want);
+    TD_CHECK_CONTAINS(td_last_error(), "Tensor shapes: [4] vs [3]");
+
+    /* Different dtypes, reduce ops, roots. */
+    st = td_pg_all_reduce(pg, me == 1 ? i4 : f4, TD_OP_SUM, NULL);
+    TD_CHECK_ERR(st, TD_ERR_INVALID, "TensorDtypes=int32");
+    st = td_pg_all_reduce(pg, f4, me == 1 ? TD_OP_MAX : TD_OP_SUM, NULL);
+    TD_CHECK_ERR(st, TD_ERR_INVALID, "ReduceOp=MAX");
+    TD_CHECK_CONTAINS(td_last_error(), "Reduce op: SUM vs MAX");
+    st = td_pg_broadcast(pg, f4, me == 1 ? 1 : 0, NULL);
+    TD_CHECK_ERR(st, TD_ERR_INVALID, "Root: 0 vs 1");
+
+    /* The group still works, p2p included. */
+    TD_CHECK_OK(td_pg_all_reduce(pg, f4, TD_OP_SUM, NULL));
+    TD_CHECK_EQ(pg_test_get(f4, 0), ws * ws);
+    td_future *w[2];
+    TD_CHECK_OK(td_pg_send(pg, i4, (me + 1) % ws, 0, &w[0]));
+    TD_CHECK_OK(td_pg_recv(pg, i4, (me + ws - 1) % ws, 0, NULL, &w[1]));
+    TD_CHECK_OK(td_future_wait_all(w, 2, 0));
+    td_future_release(w[0]);
+    td_future_release(w[1]);
+    td_tensor_release(f4);
+    td_tensor_release(f3);
+    td_tensor_release(i4);
+    pg_test_done(ctx, pg);
+}
+
+TD_PG_TEST(detail_mismatch_2, 2, .timeout_s = 60) { detail_body(ctx); }
+TD_PG_TEST(detail_mismatch_3, 3, .timeout_s = 60) { detail_body(ctx); }
+
+/* ---- monitored_barrier ---------------------------------------------------------------------------- */
+
+TD_PG_TEST(monitored_barrier, 3, .timeout_s = 60)
+{
+    td_pg *pg = pg_test_init(ctx, NULL);
+    TD_CHECK_OK(td_pg_monitored_barrier(pg, 20000, false));
+    if (ctx->rank != 2) {
+        /* Rank 2 stays away; rank 1 learns rank 0's verdict instead of waiting for its own timeout. */
+        TD_CHECK_ERR(td_pg_monitored_barrier(pg, 1000, false), TD_ERR_TIMEOUT,
+                     "[Rank 0]: Rank 2 failed to pass monitoredBarrier in 1000 ms");
+    }
+    if (ctx->rank == 0)
+        TD_CHECK_ERR(td_pg_monitored_barrier(pg, 1000, true), TD_ERR_TIMEOUT,
+                     "[Rank 0]: Ranks 1, 2 failed to pass monitoredBarrier in 1000 ms");
+    /* A failed monitored barrier does not fail the group. */
+    td_tensor *t = ones(TD_INT64, 2);
+    TD_CHECK_OK(td_pg_all_reduce(pg, t, TD_OP_SUM, NULL));
+    TD_CHECK_EQ(pg_test_get(t, 1), 3);
+    td_tensor_release(t);
+    pg_test_done(ctx, pg);
+}
+
+/* ---- a failing rank thread wakes the ranks blocked in a collective ------------------------------ */
+
+TD_TEST(inner_thread_fails_in_collective, .world_size = 3, .threads = true, .params = TD_PG_THREAD_BACKENDS,
+        .hidden = true, .timeout_s = 60)
+{
+    td_pg *pg = pg_test_init(ctx, NULL);
+    if (ctx->rank == 1)
+        TD_FAIL("deliberate failure on rank 1");
+    td_tensor *t = ones(TD_FLOAT32, 4);
+    td_status st = td_pg_all_reduce(pg, t, TD_OP_SUM, NULL); /* rank 1 never comes */
+    td_tensor_release(t);
+    pg_test_done(ctx, pg);
+    if (st == TD_OK)
+        TD_FAIL("the all_reduce completed without rank 1");
+}
+
+TD_TEST(thread_failure_wakes_blocked_ranks, .timeout_s = 120)
+{
+    td_test_result r;
+    TD_CHECK_OK(td_test_run("inner_thread_fails_in_collective/threaded", &r));
+    TD_CHECK_EQ(r.verdict, TD_TEST_FAIL);
+    TD_CHECK_CONTAINS(r.message, "Thread 1 exited with exception:");
+    TD_CHECK_CONTAINS(r.message, "deliberate failure on rank 1");
+    TD_CHECK_MSG(strstr(r.message, "Thread 0 exited") == NULL && strstr(r.message, "Thread 2 exited") == NULL,
+                 "the woken ranks failed too: %s", r.message);
+    TD_CHECK_MSG(r.elapsed_s < 30, "took %.1f s", r.elapsed_s);
+    td_test_result_free(&r);
+}
+
+/* ---- TDIST_DEBUG=INFO logs the group and each operation ----------------------------------------- */
+
+TD_TEST(inner_info_logging, .world_size = 1, .params = TD_PG_THREAD_BACKENDS, .hidden = true, .timeout_s = 60)
+{
+    pg_test_opts o = {.debug_level = "info"};
+    td_pg *pg = pg_test_init(ctx, &o);
+    td_tensor *t = ones(TD_FLOAT64, 6);
+    TD_CHECK_OK(td_pg_all_reduce(pg, t, TD_OP_SUM, NULL));
+    td_tensor_release(t);
+    pg_test_done(ctx, pg);
+}
+
+TD_TEST(debug_info_logs, .timeout_s = 120)
+{
+    td_test_result r;
+    TD_CHECK_OK(td_test_run("inner_info_logging/threaded", &r));
+    TD_CHECK_EQ(r.verdict, TD_TEST_PASS);
+    TD_CHECK_CONTAINS(r.output, "[tdist INFO] [rank 0] Process group 0 initialized: backend threaded, rank 0 of 1");
+    TD_CHECK_CONTAINS(r.output, "The debug level is set to INFO.");
+    TD_CHECK_CONTAINS(r.output, "Process group 0 (threaded): ALLREDUCE SeqNum=1, dtype=float64, NumelIn=6, NumelOut=6");
+    TD_CHECK_CONTAINS(r.output, "Process group 0 destroyed");
+    td_test_result_free(&r);
+}
+
+TD_TEST_MAIN()

@@ -1,0 +1,399 @@
+/* Process-group lifecycle (spec/c10d.md C1, C2, C9): the default group and its errors, creating,
+ * destroying and re-creating groups, subgroups with rank translation and non-members, several
+ * groups used at once, the backend registry, and every argument error of the collectives. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "pg_util.h"
+
+#define NOT_INIT_MSG "Default process group has not been initialized, please make sure to call init_process_group."
+
+static td_tensor *ones(td_dtype dt, int64_t n)
+{
+    td_tensor *t = NULL;
+    TD_CHECK_OK(td_tensor_ones(dt, TD_SHAPE(n), &t));
+    return t;
+}
+
+static double sum_of(const td_tensor *t)
+{
+    double s = 0;
+    for (int64_t i = 0; i < td_tensor_numel(t); i++)
+        s += pg_test_get(t, i);
+    return s;
+}
+
+/* ---- the default group ------------------------------------------------------------------------ */
+
+static void default_group_body(td_test_ctx *ctx)
+{
+    int ws = ctx->world_size;
+    TD_CHECK(!td_is_initialized());
+    TD_CHECK(td_default_pg() == NULL);
+    TD_CHECK_EQ(td_get_rank(), -1);
+    TD_CHECK_EQ(td_get_world_size(), -1);
+    td_tensor *t = ones(TD_FLOAT32, 4);
+    TD_CHECK_ERR(td_pg_all_reduce(NULL, t, TD_OP_SUM, NULL), TD_ERR_NOT_INIT, NOT_INIT_MSG);
+    td_pg *sub = NULL;
+    TD_CHECK_ERR(td_new_group(NULL, 0, NULL, &sub), TD_ERR_NOT_INIT, NOT_INIT_MSG);
+
+    /* Option errors, all before any rendezvous. */
+    td_store *hs = NULL;
+    TD_CHECK_OK(td_hash_store_create(&hs));
+    td_pg_options o = pg_test_options(ctx, NULL);
+    o.store = hs;
+    TD_CHECK_ERR(td_init_process_group(&o), TD_ERR_INVALID, "Cannot specify both init_method and store.");
+    o.init_method = NULL;
+    o.world_size = -1;
+    TD_CHECK_ERR(td_init_process_group(&o), TD_ERR_INVALID, "world_size must be positive if using store");
+    o.world_size = ws;
+    o.rank = -1;
+    TD_CHECK_ERR(td_init_process_group(&o), TD_ERR_INVALID, "rank must be non-negative if using store");
+    td_store_release(hs);
+    o = pg_test_options(ctx, NULL);
+    o.backend = "nonesuch";
+    TD_CHECK_ERR(td_init_process_group(&o), TD_ERR_INVALID, "Invalid backend: 'nonesuch'");
+    o = pg_test_options(ctx, NULL);
+    o.debug_level = "verbose";
+    TD_CHECK_ERR(td_init_process_group(&o), TD_ERR_INVALID, "The value of TDIST_DEBUG must be OFF, INFO, or DETAIL.");
+    o.debug_level = "info";
+    o.timeout_ms = -5;
+    TD_CHECK_ERR(td_init_process_group(&o), TD_ERR_INVALID, "timeout");
+    TD_CHECK(!td_is_initialized());
+
+    o = pg_test_options(ctx, NULL);
+    TD_CHECK_OK(td_init_process_group(&o));
+    TD_CHECK(td_is_initialized());
+    TD_CHECK_EQ(td_get_rank(), ctx->rank);
+    TD_CHECK_EQ(td_get_world_size(), ws);
+    TD_CHECK_STR_EQ(td_pg_name(NULL), "0");
+    TD_CHECK_STR_EQ(td_pg_backend(NULL), ctx->param);
+    TD_CHECK_ERR(td_init_process_group(&o), TD_ERR_ALREADY, "trying to initialize the default process group twice!");
+    TD_CHECK_OK(td_pg_all_reduce(NULL, t, TD_OP_SUM, NULL));
+    TD_CHECK_NEAR(sum_of(t), 4.0 * ws, 0);
+
+    /* Subgroups of the default group are named "1", "2", ...; non-members get a handle of rank -1. */
+    TD_CHECK_OK(td_new_group(NULL, 0, NULL, &sub));
+    TD_CHECK_STR_EQ(td_pg_name(sub), "1");
+    TD_CHECK_EQ(td_pg_size(sub), ws);
+    int zero = 0;
+    td_pg *only0 = NULL;
+    TD_CHECK_OK(td_new_group(&zero, 1, NULL, &only0));
+    TD_CHECK_STR_EQ(td_pg_name(only0), "2");
+    if (ctx->rank == 0) {
+        TD_CHECK_EQ(td_pg_rank(only0), 0);
+        TD_CHECK_OK(td_pg_all_reduce(only0, t, TD_OP_SUM, NULL));
+    } else {
+        TD_CHECK_EQ(td_pg_rank(only0), -1);
+        TD_CHECK_EQ(td_pg_size(only0), -1);
+        char want[160];
+        snprintf(want, sizeof want, "Running all_reduce on global rank %d which does not belong to the given group.",
+                 ctx->rank);
+        TD_CHECK_ERR(td_pg_all_reduce(only0, t, TD_OP_SUM, NULL), TD_ERR_NOT_MEMBER, want);
+    }
+    td_pg_destroy(sub); /* one subgroup by hand; only0 goes with the default group */
+    td_destroy_process_group();
+    TD_CHECK(!td_is_initialized());
+    TD_CHECK_EQ(td_get_rank(), -1);
+    TD_CHECK_ERR(td_pg_barrier(NULL, NULL), TD_ERR_NOT_INIT, NOT_INIT_MSG);
+
+    /* Re-initialized (on a fresh rendezvous file), the names start again at "0". */
+    o.init_method = pg_test_url(ctx, "second");
+    TD_CHECK_OK(td_init_process_group(&o));
+    TD_CHECK_STR_EQ(td_pg_name(NULL), "0");
+    TD_CHECK_OK(td_new_group(NULL, 0, NULL, &sub));
+    TD_CHECK_STR_EQ(td_pg_name(sub), "1");
+    TD_CHECK_OK(td_pg_all_reduce(sub, t, TD_OP_SUM, NULL));
+    td_pg_destroy(td_default_pg()); /* the default group takes its subgroups with it */
+    TD_CHECK(!td_is_initialized());
+    td_tensor_release(t);
+}
+
+TD_TEST(default_group, .world_size = 2, .params = TD_PG_PROCESS_BACKENDS, .static_skip = pg_test_skip_unavailable,
+        .timeout_s = 60)
+{
+    default_group_body(ctx);
+}
+
+/* The threaded backend hosts one rank per process only in process mode (the default group is
+ * process-global, so threaded mode cannot run this). */
+TD_TEST(default_group_single, .world_size = 1, .params = TD_PG_THREAD_BACKENDS, .timeout_s = 60)
+{
+    default_group_body(ctx);
+}
+
+/* ---- explicit groups ------------------------------------------------------------------------- */
+
+TD_PG_TEST(lifecycle, 3, .timeout_s = 60)
+{
+    int ws = ctx->world_size;
+    td_pg *pg = pg_test_init(ctx, NULL);
+    TD_CHECK_STR_EQ(td_pg_name(pg), "0");
+    TD_CHECK_STR_EQ(td_pg_backend(pg), ctx->param);
+    TD_CHECK_EQ(td_pg_timeout_ms(pg), 60000);
+    int n = 0;
+    const int *ranks = td_pg_ranks(pg, &n);
+    TD_CHECK_EQ(n, ws);
+    for (int i = 0; i < n; i++)
+        TD_CHECK_EQ(ranks[i], i);
+    int r = -1;
+    TD_CHECK_OK(td_pg_global_rank(pg, 2, &r));
+    TD_CHECK_EQ(r, 2);
+    TD_CHECK_ERR(td_pg_global_rank(pg, 5, &r), TD_ERR_INVALID, "Group rank 5 is not part of group 0");
+    TD_CHECK_ERR(td_pg_group_rank(pg, 7, &r), TD_ERR_INVALID, "Global rank 7 is not part of group 0");
+
+    /* Capability queries. */
+    TD_CHECK_OK(td_pg_supports(pg, "all_reduce", TD_FLOAT32, TD_SUM));
+    TD_CHECK_OK(td_pg_supports(pg, "send", TD_COMPLEX128, TD_SUM));
+    TD_CHECK_ERR(td_pg_supports(pg, "all_reduce", TD_COMPLEX64, TD_PRODUCT), TD_ERR_UNSUPPORTED,
+                 "all_reduce does not support PRODUCT on complex tensors");
+    TD_CHECK_ERR(td_pg_supports(pg, "reduce_scatter", TD_FLOAT32, TD_BXOR), TD_ERR_UNSUPPORTED, "BXOR");
+    TD_CHECK_ERR(td_pg_supports(pg, "all_reduce", TD_INT32, TD_AVG), TD_ERR_UNSUPPORTED, "AVG");
+    TD_CHECK_ERR(td_pg_supports(pg, "frobnicate", TD_FLOAT32, TD_SUM), TD_ERR_INVALID, "unknown collective");
+
+    /* The registry. */
+    TD_CHECK(td_backend_available("threaded"));
+    TD_CHECK(!td_backend_available("nonesuch"));
+    TD_CHECK_ERR(td_register_backend(NULL), TD_ERR_INVALID, NULL);
+
+    /* A second root group beside the first (its own rendezvous), both used at once. */
+    pg_test_opts o2 = {.init_url = pg_test_url(ctx, "other"), .group_name = "other"};
+    td_pg *pg2 = pg_test_init(ctx, &o2);
+    TD_CHECK_STR_EQ(td_pg_name(pg2), "other");
+    td_tensor *a = ones(TD_INT64, 10), *b = ones(TD_INT64, 20);
+    td_future *fa = NULL, *fb = NULL;
+    TD_CHECK_OK(td_pg_all_reduce(pg, a, TD_OP_SUM, &fa));
+    TD_CHECK_OK(td_pg_all_reduce(pg2, b, TD_OP_SUM, &fb));
+    TD_CHECK_OK(td_future_wait(fb, 0));
+    TD_CHECK_OK(td_future_wait(fa, 0));
+    TD_CHECK_NEAR(sum_of(a), 10.0 * ws, 0);
+    TD_CHECK_NEAR(sum_of(b), 20.0 * ws, 0);
+    td_future_release(fa);
+    td_future_release(fb);
+
+    /* Destroy and re-create in the same process. */
+    pg_test_done(ctx, pg);
+    pg_test_opts o3 = {.init_url = pg_test_url(ctx, "third")};
+    pg = pg_test_init(ctx, &o3);
+    TD_CHECK_OK(td_pg_all_reduce(pg, a, TD_OP_MAX, NULL));
+    TD_CHECK_NEAR(sum_of(a), 10.0 * ws, 0);
+    pg_test_done(ctx, pg);
+    pg_test_done(ctx, pg2);
+    td_tensor_release(a);
+    td_tensor_release(b);
+}
+
+/* ---- subgroups --------------------------------------------------------------------------------- */
+
+static void subgroups_body(td_test_ctx *ctx)
+{
+    int ws = ctx->world_size, me = ctx->rank;
+    td_pg *world = pg_test_init(ctx, NULL);
+    td_pg *g = NULL;
+    int bad[] = {0, ws + 4};
+    TD_CHECK_ERR(td_pg_new_group(world, bad, 2, NULL, &g), TD_ERR_INVALID,
+                 "The new group's rank should be within the world_size set by init_process_group");
+    int *many = calloc((size_t)ws + 1, sizeof(int));
+    TD_CHECK_ERR(td_pg_new_group(world, many, ws + 1, NULL, &g), TD_ERR_INVALID,
+                 "the new group's world size should be less or equal to the world size set by init_process_group");
+    free(many);
+    int dup[] = {1, 1};
+    TD_CHECK_ERR(td_pg_new_group(world, dup, 2, NULL, &g), TD_ERR_INVALID, "appears more than once");
+
+    /* {2, 1}: sorted, so global rank 1 is group rank 0. */
+    int mid[] = {2, 1};
+    TD_CHECK_OK(td_pg_new_group(world, mid, 2, NULL, &g));
+    TD_CHECK_STR_EQ(td_pg_name(g), "1");
+    int n = 0;
+    const int *ranks = td_pg_ranks(g, &n);
+    TD_CHECK(n == 2 && ranks[0] == 1 && ranks[1] == 2);
+    td_tensor *t = ones(TD_FLOAT64, 6);
+    TD_CHECK_OK(td_tensor_fill(t, me));
+    bool member = me == 1 || me == 2;
+    if (member) {
+        TD_CHECK_EQ(td_pg_rank(g), me - 1);
+        TD_CHECK_EQ(td_pg_size(g), 2);
+        int r;
+        TD_CHECK_OK(td_pg_global_rank(g, 1, &r));
+        TD_CHECK_EQ(r, 2);
+        TD_CHECK_OK(td_pg_group_rank(g, 1, &r));
+        TD_CHECK_EQ(r, 0);
+        TD_CHECK_ERR(td_pg_group_rank(g, 0, &r), TD_ERR_INVALID, "Global rank 0 is not part of group 1");
+        TD_CHECK_OK(td_pg_all_reduce(g, t, TD_OP_SUM, NULL));
+        TD_CHECK_NEAR(sum_of(t), 6 * 3.0, 0);
+        TD_CHECK_OK(td_tensor_fill(t, me));
+        TD_CHECK_OK(td_pg_broadcast(g, t, 1, NULL)); /* group rank 1 is global rank 2 */
+        TD_CHECK_NEAR(sum_of(t), 6 * 2.0, 0);
+    } else {
+        TD_CHECK_EQ(td_pg_rank(g), -1);
+        TD_CHECK_EQ(td_pg_size(g), -1);
+        char want[160];
+        snprintf(want, sizeof want, "Running broadcast on global rank %d which does not belong to the given group.", me);
+        TD_CHECK_ERR(td_pg_broadcast(g, t, 0, NULL), TD_ERR_NOT_MEMBER, want);
+        TD_CHECK_ERR(td_pg_barrier(g, NULL), TD_ERR_NOT_MEMBER, NULL);
+        TD_CHECK_NEAR(sum_of(t), 6.0 * me, 0);
+    }
+
+    /* Two disjoint groups used at once, beside the world group. */
+    int lo[] = {0, 1}, hi[] = {2, 3};
+    td_pg *glo = NULL, *ghi = NULL;
+    TD_CHECK_OK(td_pg_new_group(world, lo, 2, NULL, &glo));
+    TD_CHECK_OK(td_pg_new_group(world, hi, ws >= 4 ? 2 : 1, NULL, &ghi));
+    TD_CHECK_STR_EQ(td_pg_name(glo), "2");
+    TD_CHECK_STR_EQ(td_pg_name(ghi), "3");
+    td_pg *mine = me < 2 ? glo : ghi;
+    td_tensor *a = ones(TD_INT32, 8), *b = ones(TD_INT32, 8);
+    td_future *fa = NULL, *fb = NULL;
+    TD_CHECK_OK(td_pg_all_reduce(mine, a, TD_OP_SUM, &fa));
+    TD_CHECK_OK(td_pg_all_reduce(world, b, TD_OP_SUM, &fb));
+    TD_CHECK_OK(td_future_wait(fa, 0));
+    TD_CHECK_OK(td_future_wait(fb, 0));
+    TD_CHECK_NEAR(sum_of(a), 8.0 * td_pg_size(mine), 0);
+    TD_CHECK_NEAR(sum_of(b), 8.0 * ws, 0);
+    td_future_release(fa);
+    td_future_release(fb);
+
+    /* A subgroup of a subgroup: named within its parent, ranks translated to the root's. */
+    if (me < 2) {
+        int one = 1;
+        td_pg *nested = NULL;
+        TD_CHECK_OK(td_pg_new_group(glo, &one, 1, NULL, &nested));
+        TD_CHECK_STR_EQ(td_pg_name(nested), "2.1");
+        int r = -1;
+        TD_CHECK_OK(td_pg_global_rank(nested, 0, &r));
+        TD_CHECK_EQ(r, 1);
+        TD_CHECK_EQ(td_pg_rank(nested), me == 1 ? 0 : -1);
+        td_pg_destroy(nested);
+    }
+
+    /* Subgroups outlive their parent. */
+    td_pg_destroy(world);
+    if (member) {
+        TD_CHECK_OK(td_pg_all_reduce(g, b, TD_OP_SUM, NULL));
+        TD_CHECK_NEAR(sum_of(b), 16.0 * ws, 0);
+    }
+    td_pg_destroy(g);
+    td_pg_destroy(glo);
+    pg_test_done(ctx, ghi);
+    td_tensor_release(t);
+    td_tensor_release(a);
+    td_tensor_release(b);
+}
+
+TD_PG_TEST(subgroups_3, 3, .timeout_s = 60) { subgroups_body(ctx); }
+TD_PG_TEST(subgroups_4, 4, .timeout_s = 60) { subgroups_body(ctx); }
+
+/* ---- argument errors ---------------------------------------------------------------------------- */
+
+TD_PG_TEST(argument_errors, 2, .timeout_s = 60)
+{
+    int me = ctx->rank;
+    td_pg *pg = pg_test_init(ctx, NULL);
+    td_tensor *f4 = ones(TD_FLOAT32, 4), *f3 = ones(TD_FLOAT32, 3), *i4 = ones(TD_INT32, 4), *f8 = ones(TD_FLOAT32, 8);
+    td_tensor *c4 = ones(TD_COMPLEX64, 4), *f5 = ones(TD_FLOAT32, 5);
+
+    TD_CHECK_ERR(td_pg_all_reduce(pg, NULL, TD_OP_SUM, NULL), TD_ERR_INVALID,
+                 "Invalid function argument. Expected parameter `tensor` of type td_tensor but got NULL instead.");
+    TD_CHECK_ERR(td_pg_all_reduce(pg, c4, TD_OP_PRODUCT, NULL), TD_ERR_INVALID,
+                 "all_reduce does not support PRODUCT on complex tensors");
+    TD_CHECK_ERR(td_pg_all_reduce(pg, c4, TD_OP_MAX, NULL), TD_ERR_INVALID,
+                 "all_reduce does not support MAX on complex tensors");
+    TD_CHECK_ERR(td_pg_reduce(pg, c4, 0, TD_OP_BAND, NULL), TD_ERR_INVALID, "reduce does not support BAND on complex");
+    TD_CHECK_ERR(td_pg_all_reduce(pg, f4, TD_OP_BXOR, NULL), TD_ERR_INVALID, "all_reduce: reduce op BXOR");
+    TD_CHECK_ERR(td_pg_all_reduce(pg, i4, TD_OP_AVG, NULL), TD_ERR_INVALID, "all_reduce: reduce op AVG");
+    TD_CHECK_ERR(td_pg_all_reduce(pg, f4, td_op_of((td_reduce_op)42), NULL), TD_ERR_INVALID, "invalid reduce op");
+
+    TD_CHECK_ERR(td_pg_broadcast(pg, f4, 2, NULL), TD_ERR_INVALID, "broadcast: invalid root rank: 2");
+    TD_CHECK_ERR(td_pg_broadcast(pg, f4, -1, NULL), TD_ERR_INVALID, "broadcast: invalid root rank: -1");
+    TD_CHECK_ERR(td_pg_reduce(pg, f4, 7, TD_OP_SUM, NULL), TD_ERR_INVALID, "reduce: invalid root rank: 7");
+
+    td_tensor *mixed[2] = {f4, i4}, *short_list[2] = {f4, f3}, *f4s[2] = {f4, f4};
+    TD_CHECK_ERR(td_pg_all_gather(pg, mixed, f4, NULL), TD_ERR_INVALID,
+                 "Invalid usage of tensors with different dtypes Found float32 and  int32");
+    TD_CHECK_ERR(td_pg_all_gather(pg, short_list, f4, NULL), TD_ERR_INVALID,
+                 "all_gather: invalid tensor size in `tensor_list` at index 1 (expected 4 elements, got 3)");
+    TD_CHECK_ERR(td_pg_all_gather(pg, NULL, f4, NULL), TD_ERR_INVALID, "Expected parameter `tensor_list`");
+    TD_CHECK_ERR(td_pg_all_gather_into_tensor(pg, f4, f4, NULL), TD_ERR_INVALID,
+                 "output tensor size must be equal to world_size times input tensor size");
+    TD_CHECK_ERR(td_pg_all_gather_into_tensor(pg, f8, i4, NULL), TD_ERR_INVALID,
+                 "Invalid usage of tensors with different dtypes");
+    TD_CHECK_ERR(td_pg_reduce_scatter_tensor(pg, f4, f5, TD_OP_SUM, NULL), TD_ERR_INVALID,
+                 "input tensor must be the same size as output size times world size");
+    TD_CHECK_ERR(td_pg_reduce_scatter(pg, f3, f4s, TD_OP_SUM, NULL), TD_ERR_INVALID,
+                 "reduce_scatter: invalid tensor size in `input_list` at index 0 (expected 3 elements, got 4)");
+    TD_CHECK_ERR(td_pg_all_reduce_coalesced(pg, mixed, 2, TD_OP_SUM, NULL), TD_ERR_INVALID,
+                 "Invalid usage of tensors with different dtypes Found float32 and  int32");
+    TD_CHECK_ERR(td_pg_all_reduce_coalesced(pg, f4s, 0, TD_OP_SUM, NULL), TD_ERR_INVALID, "non-empty");
+    td_tensor *four_out[4] = {f4, f4, f4, f4};
+    TD_CHECK_ERR(td_pg_all_gather_coalesced(pg, four_out, mixed, 2, NULL), TD_ERR_INVALID,
+                 "Invalid usage of tensors with different dtypes");
+
+    if (me == 0) {
+        TD_CHECK_ERR(td_pg_gather(pg, NULL, f4, 0, NULL), TD_ERR_INVALID,
+                     "Argument ``gather_list`` must be specified on destination rank.");
+        TD_CHECK_ERR(td_pg_scatter(pg, f4, NULL, 0, NULL), TD_ERR_INVALID,
+                     "Argument ``scatter_list`` must be specified on source rank.");
+    } else {
+        TD_CHECK_ERR(td_pg_gather(pg, f4s, f4, 0, NULL), TD_ERR_INVALID,
+                     "Argument ``gather_list`` must NOT be specified on non-destination ranks.");
+        TD_CHECK_ERR(td_pg_scatter(pg, f4, f4s, 0, NULL), TD_ERR_INVALID,
+                     "Argument ``scatter_list`` must NOT be specified on non-source ranks.");
+    }
+    if (me == 1)
+        TD_CHECK_ERR(td_pg_gather(pg, short_list, f4, 1, NULL), TD_ERR_INVALID,
+                     "gather: invalid tensor size in `gather_list` at index 1 (expected 4 elements, got 3)");
+
+    td_tensor *odd = NULL;
+    TD_CHECK_OK(td_tensor_zeros(TD_FLOAT32, TD_SHAPE(5, 2), &odd));
+    TD_CHECK_ERR(td_pg_all_to_all_single(pg, odd, odd, NULL, NULL, NULL), TD_ERR_INVALID,
+                 "Tensor's dim 0 does not divide equally across group size");
+    int64_t splits[2] = {1, 3};
+    TD_CHECK_ERR(td_pg_all_to_all_single(pg, odd, odd, splits, splits, NULL), TD_ERR_INVALID,
+                 "Split sizes doesn't match total dim 0 size");
+    td_tensor *scalar = NULL;
+    TD_CHECK_OK(td_tensor_zeros(TD_FLOAT32, TD_SHAPE_SCALAR, &scalar));
+    TD_CHECK_ERR(td_pg_all_to_all_single(pg, scalar, scalar, NULL, NULL, NULL), TD_ERR_INVALID,
+                 "at least one dimension");
+    TD_CHECK_ERR(td_pg_all_to_all(pg, mixed, f4s, NULL), TD_ERR_INVALID, "Invalid usage of tensors with different dtypes");
+
+    TD_CHECK_ERR(td_pg_send(pg, f4, me, 0, NULL), TD_ERR_INVALID,
+                 "Invalid destination rank: destination rank should not be the same as the rank of the current "
+                 "process.");
+    TD_CHECK_ERR(td_pg_recv(pg, f4, me, 0, NULL, NULL), TD_ERR_INVALID,
+                 "Invalid source rank: source rank should not be the same as the rank of the current process.");
+    TD_CHECK_ERR(td_pg_send(pg, f4, 5, 0, NULL), TD_ERR_INVALID, "send: invalid destination rank: 5");
+    TD_CHECK_ERR(td_pg_recv(pg, f4, -3, 0, NULL, NULL), TD_ERR_INVALID, "recv: invalid source rank: -3");
+    TD_CHECK_ERR(td_pg_send(pg, f4, 1 - me, -1, NULL), TD_ERR_INVALID, "tag must be non-negative");
+    /* A batch with one bad op posts nothing. */
+    td_p2p_op ops[2] = {{true, f4, 1 - me, 0}, {false, f3, me, 0}};
+    td_future *works[2] = {NULL, NULL};
+    TD_CHECK_ERR(td_pg_batch_isend_irecv(pg, ops, 2, works), TD_ERR_INVALID, "batch_isend_irecv: op 1");
+    TD_CHECK(works[0] == NULL && works[1] == NULL);
+    TD_CHECK_ERR(td_pg_batch_isend_irecv(pg, ops, 0, works), TD_ERR_INVALID, "p2p_op_list");
+
+    td_value *v = td_value_int(1), *out = NULL;
+    TD_CHECK_ERR(td_pg_gather_object(pg, v, me == 0 ? NULL : &out, 0), TD_ERR_INVALID,
+                 me == 0 ? "Argument ``gather_list`` must be specified on destination rank."
+                         : "Argument ``gather_list`` must NOT be specified on non-destination ranks.");
+    TD_CHECK_ERR(td_pg_scatter_object_list(pg, NULL, v, 0), TD_ERR_INVALID,
+                 "Expected argument scatter_object_output_list to be a list of size at least 1.");
+    TD_CHECK_ERR(td_pg_broadcast_object_list(pg, v, 0), TD_ERR_INVALID, "must be a td_value list");
+    TD_CHECK_ERR(td_pg_all_gather_object(pg, NULL, &out), TD_ERR_INVALID, "NULL");
+    TD_CHECK_ERR(td_pg_monitored_barrier(pg, -1, false), TD_ERR_INVALID, "timeout");
+    td_value_release(v);
+
+    /* None of that sent anything or failed the group: the next collectives match up. */
+    TD_CHECK_OK(td_pg_all_reduce(pg, f4, TD_OP_SUM, NULL));
+    TD_CHECK_NEAR(sum_of(f4), 8, 0);
+    TD_CHECK_OK(td_pg_send(pg, f3, 1 - me, 0, &works[0]));
+    TD_CHECK_OK(td_pg_recv(pg, f3, 1 - me, 0, NULL, &works[1]));
+    TD_CHECK_OK(td_future_wait_all(works, 2, 0));
+    td_future_release(works[0]);
+    td_future_release(works[1]);
+    td_tensor *all[] = {f4, f3, i4, f8, c4, f5, odd, scalar};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        td_tensor_release(all[i]);
+    pg_test_done(ctx, pg);
+}
+
+TD_TEST_MAIN()

@@ -228,6 +228,51 @@ TD_TEST(copy_between_layouts)
     td_tensor_release(a);
 }
 
+/* Big enough that the copy walks transposed operands in tiles (sizes not multiples of the tile). */
+TD_TEST(transposed_copies_of_larger_tensors)
+{
+    enum { B = 3, R = 70, C = 101 };
+    td_tensor *a, *m, *mt;
+    TD_CHECK_OK(td_tensor_arange(TD_INT32, 0, B * R * C, 1, &a));
+    TD_CHECK_OK(td_tensor_view(a, TD_SHAPE(B, R, C), &m));
+    int perm[3] = {0, 2, 1};
+    TD_CHECK_OK(td_tensor_permute(m, perm, 3, &mt)); /* [B, C, R] */
+    static const td_dtype dts[] = {TD_INT32, TD_INT64, TD_FLOAT32, TD_FLOAT64};
+    for (size_t k = 0; k < sizeof dts / sizeof dts[0]; k++) {
+        td_tensor *dst;
+        TD_CHECK_OK(td_tensor_zeros(dts[k], TD_SHAPE(B, C, R), &dst));
+        TD_CHECK_OK(td_tensor_copy(dst, mt));
+        for (int64_t b = 0; b < B; b++) {
+            for (int64_t c = 0; c < C; c++) {
+                for (int64_t r = 0; r < R; r++) {
+                    int64_t idx[3] = {b, c, r}, v;
+                    TD_CHECK_OK(td_tensor_get_i64(dst, idx, &v));
+                    TD_CHECK_MSG(v == (b * R + r) * C + c, "%s [%lld, %lld, %lld] = %lld", td_dtype_name(dts[k]),
+                                 (long long)b, (long long)c, (long long)r, (long long)v);
+                }
+            }
+        }
+        /* And back, from contiguous into the transposed view of a fresh buffer. */
+        td_tensor *back, *backv, *backt;
+        TD_CHECK_OK(td_tensor_zeros(TD_INT32, TD_SHAPE(B * R * C), &back));
+        TD_CHECK_OK(td_tensor_view(back, TD_SHAPE(B, R, C), &backv));
+        TD_CHECK_OK(td_tensor_permute(backv, perm, 3, &backt));
+        TD_CHECK_OK(td_tensor_copy(backt, dst));
+        TD_CHECK(td_tensor_equal(back, a));
+        td_tensor_release(backt);
+        td_tensor_release(backv);
+        td_tensor_release(back);
+        td_tensor_release(dst);
+    }
+    td_tensor *c;
+    TD_CHECK_OK(td_tensor_contiguous(mt, &c));
+    TD_CHECK(td_tensor_equal(c, mt));
+    td_tensor_release(c);
+    td_tensor_release(mt);
+    td_tensor_release(m);
+    td_tensor_release(a);
+}
+
 TD_TEST(copy_broadcasts_the_source)
 {
     td_tensor *row, *dst, *col, *sc;

@@ -895,13 +895,14 @@ void td_harness_supervise(td_test_case *c, const char *param, const char *instan
     else
         check_return_codes(&s, elapsed);
 
-    char *extra[3] = {leftover_processes(&s), NULL, NULL};
-    if (!c->allow_leftovers) {
-        extra[1] = leftover_shm(&s);
-        extra[2] = leftover_files(dir);
-    } else {
-        free(leftover_shm(&s));
-    }
+    /* Leftovers fail a case that passed; after a failure (a crash, a timeout) they are expected. */
+    char *procs = leftover_processes(&s); /* always killed */
+    char *shm = leftover_shm(&s);         /* always removed */
+    bool judge = r->verdict == TD_TEST_PASS && !c->allow_leftovers;
+    char *files = judge ? leftover_files(dir) : NULL;
+    char *extra[3] = {procs, judge ? shm : NULL, files};
+    if (!judge)
+        free(shm);
     for (int i = 0; i < 3; i++) {
         if (!extra[i])
             continue;

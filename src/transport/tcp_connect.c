@@ -191,7 +191,7 @@ typedef struct setup {
     conn *out;       /* to higher ranks, awaiting the reply */
     pending_in pend[MAX_PENDING];
     int npend;
-    char last_refusal[320];
+    char last_refusal[MAX_REPLY_MSG];
 } setup;
 
 static int grank_of(const setup *s, int r) { return s->o->global_ranks ? s->o->global_ranks[r] : r; }

@@ -1,0 +1,409 @@
+/* The collective layer's entry point (coll.h): configuration (TDIST_ALGO and the size knobs), the
+ * per-group context with its reusable scratch, the choice of algorithm by size and world size, and
+ * the steps every reducing collective shares (PREMUL_SUM's scaling before, AVG's division after).
+ * The algorithms themselves live in allreduce.c, rooted.c, exchange.c and the pipelined engine in
+ * ring.c. */
+#include "coll/coll_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <strings.h>
+
+#include "base/alloc.h"
+#include "base/buf.h"
+#include "base/env.h"
+#include "base/error.h"
+
+#define DEFAULT_CHUNK ((size_t)256 << 10)
+#define DEFAULT_SMALL ((size_t)32 << 10)
+
+static const char *const algo_names[TD_ALGO_COUNT] = {
+    "auto", "rd", "ring", "rhd", "tree", "bruck", "direct", "pairwise", "dissemination",
+};
+
+const char *td_algo_name(td_algo algo)
+{
+    return (int)algo >= 0 && algo < TD_ALGO_COUNT ? algo_names[algo] : "unknown";
+}
+
+/* The algorithms each collective has; the first is what "auto" falls back to. */
+static const td_algo kind_algos[TD_COLL_KIND_COUNT][5] = {
+    [TD_COLL_BROADCAST] = {TD_ALGO_TREE, TD_ALGO_RING},
+    [TD_COLL_ALL_REDUCE] = {TD_ALGO_RD, TD_ALGO_RING, TD_ALGO_RHD, TD_ALGO_TREE},
+    [TD_COLL_REDUCE] = {TD_ALGO_TREE, TD_ALGO_RING},
+    [TD_COLL_ALL_GATHER] = {TD_ALGO_RING, TD_ALGO_BRUCK},
+    [TD_COLL_GATHER] = {TD_ALGO_DIRECT, TD_ALGO_TREE},
+    [TD_COLL_SCATTER] = {TD_ALGO_DIRECT, TD_ALGO_TREE},
+    [TD_COLL_REDUCE_SCATTER] = {TD_ALGO_RING, TD_ALGO_DIRECT},
+    [TD_COLL_ALL_TO_ALL] = {TD_ALGO_PAIRWISE, TD_ALGO_DIRECT},
+    [TD_COLL_BARRIER] = {TD_ALGO_DISSEMINATION},
+};
+
+bool td_algo_supports(td_algo algo, td_coll_kind kind)
+{
+    if ((int)kind < 0 || kind >= TD_COLL_KIND_COUNT || kind == TD_COLL_SEND || kind == TD_COLL_RECV)
+        return false;
+    if (algo == TD_ALGO_AUTO)
+        return true;
+    for (int i = 0; i < 5 && kind_algos[kind][i]; i++)
+        if (kind_algos[kind][i] == algo)
+            return true;
+    return false;
+}
+
+static const char *kind_name(int k)
+{
+    static const char *const names[TD_COLL_KIND_COUNT] = {
+        "broadcast", "all_reduce", "reduce", "all_gather", "gather", "scatter",
+        "reduce_scatter", "all_to_all", "barrier", "send", "recv",
+    };
+    return names[k];
+}
+
+static void list_algos(td_buf *b, int kind)
+{
+    for (int i = 0; i < 5 && kind_algos[kind][i]; i++)
+        td_buf_printf(b, "%s%s", i ? ", " : "", algo_names[kind_algos[kind][i]]);
+}
+
+static td_status algo_by_name(const char *name, size_t len, td_algo *out)
+{
+    for (int a = 0; a < TD_ALGO_COUNT; a++) {
+        if (strlen(algo_names[a]) == len && strncasecmp(algo_names[a], name, len) == 0) {
+            *out = (td_algo)a;
+            return TD_OK;
+        }
+    }
+    td_buf b = TD_BUF_INIT;
+    for (int a = 0; a < TD_ALGO_COUNT; a++)
+        td_buf_printf(&b, "%s%s", a ? ", " : "", algo_names[a]);
+    td_status s = td_error(TD_ERR_INVALID,
+                           "TDIST_ALGO: unknown algorithm '%.*s'; choose from %s, or per collective as in "
+                           "'all_reduce=ring,broadcast=tree'",
+                           (int)len, name, b.data);
+    td_buf_free(&b);
+    return s;
+}
+
+td_status td_coll_config_parse_algo(td_coll_config *cfg, const char *spec)
+{
+    const char *p = spec;
+    while (*p) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        while (len && (*p == ' ')) {
+            p++;
+            len--;
+        }
+        while (len && p[len - 1] == ' ')
+            len--;
+        const char *eq = memchr(p, '=', len);
+        if (!eq)
+            eq = memchr(p, ':', len);
+        if (len == 0) {
+        } else if (!eq) {
+            td_algo a;
+            TD_TRY(algo_by_name(p, len, &a));
+            /* One name forces it wherever it exists; the other collectives keep choosing. */
+            for (int k = 0; k < TD_COLL_KIND_COUNT; k++)
+                if (td_algo_supports(a, (td_coll_kind)k))
+                    cfg->forced[k] = a;
+        } else {
+            size_t klen = (size_t)(eq - p);
+            int kind = -1;
+            for (int k = 0; k < TD_COLL_KIND_COUNT; k++)
+                if (k != TD_COLL_SEND && k != TD_COLL_RECV && strlen(kind_name(k)) == klen &&
+                    strncasecmp(kind_name(k), p, klen) == 0)
+                    kind = k;
+            if (kind < 0)
+                return td_error(TD_ERR_INVALID,
+                                "TDIST_ALGO: unknown collective '%.*s'; choose from broadcast, all_reduce, reduce, "
+                                "all_gather, gather, scatter, reduce_scatter, all_to_all, barrier",
+                                (int)klen, p);
+            td_algo a;
+            TD_TRY(algo_by_name(eq + 1, len - klen - 1, &a));
+            if (!td_algo_supports(a, (td_coll_kind)kind)) {
+                td_buf b = TD_BUF_INIT;
+                list_algos(&b, kind);
+                td_status s = td_error(TD_ERR_INVALID, "TDIST_ALGO: %s has no algorithm '%s'; choose from auto, %s",
+                                       kind_name(kind), algo_names[a], b.data);
+                td_buf_free(&b);
+                return s;
+            }
+            cfg->forced[kind] = a;
+        }
+        p = end ? end + 1 : p + len;
+    }
+    return TD_OK;
+}
+
+td_status td_coll_config_from_env(td_coll_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->chunk_bytes = DEFAULT_CHUNK;
+    cfg->small_bytes = DEFAULT_SMALL;
+    const char *v = td_env_str("TDIST_COLL_CHUNK", NULL);
+    uint64_t n;
+    if (v) {
+        TD_TRY(td_parse_size("TDIST_COLL_CHUNK", v, &n));
+        if (n < 4096)
+            return td_error(TD_ERR_INVALID, "TDIST_COLL_CHUNK must be at least 4K, got '%s'", v);
+        cfg->chunk_bytes = (size_t)n;
+    }
+    v = td_env_str("TDIST_COLL_SMALL", NULL);
+    if (v) {
+        TD_TRY(td_parse_size("TDIST_COLL_SMALL", v, &n));
+        cfg->small_bytes = (size_t)n;
+    }
+    v = td_env_str("TDIST_ALGO", NULL);
+    if (v)
+        TD_TRY(td_coll_config_parse_algo(cfg, v));
+    return TD_OK;
+}
+
+/* ---- context ---------------------------------------------------------------------------------- */
+
+td_status td_coll_ctx_init(td_coll_ctx *c, td_transport *t, const td_coll_config *cfg)
+{
+    memset(c, 0, sizeof *c);
+    if (cfg)
+        c->cfg = *cfg;
+    else
+        TD_TRY(td_coll_config_from_env(&c->cfg));
+    c->t = t;
+    c->rank = t->rank;
+    c->size = t->size;
+    c->ptrs = td_calloc((size_t)c->size * 4, sizeof(void *));
+    return TD_OK;
+}
+
+void td_coll_ctx_free(td_coll_ctx *c)
+{
+    free(c->scratch);
+    free(c->xfers);
+    free(c->ptrs);
+    free(c->steps);
+    memset(c, 0, sizeof *c);
+}
+
+static size_t grow_to(size_t need)
+{
+    size_t cap = 4096;
+    while (cap < need)
+        cap *= 2;
+    return cap;
+}
+
+td_status coll_scratch(coll_run *R, size_t bytes, char **out)
+{
+    td_coll_ctx *c = R->c;
+    if (bytes > c->scratch_cap || !c->scratch) {
+        size_t cap = grow_to(bytes);
+        void *p = NULL;
+        TD_TRY(td_try_aligned_alloc(64, cap, "collective scratch buffer", &p));
+        free(c->scratch);
+        c->scratch = p;
+        c->scratch_cap = cap;
+    }
+    *out = c->scratch;
+    return TD_OK;
+}
+
+td_status coll_xfers(coll_run *R, size_t n, td_xfer **out)
+{
+    td_coll_ctx *c = R->c;
+    if (n > c->xfers_cap) {
+        size_t cap = 16;
+        while (cap < n)
+            cap *= 2;
+        free(c->xfers);
+        c->xfers = td_calloc(cap, sizeof(td_xfer));
+        c->xfers_cap = cap;
+    }
+    for (size_t i = 0; i < n; i++)
+        c->xfers[i].on_done = NULL;
+    *out = c->xfers;
+    return TD_OK;
+}
+
+ring_step *coll_steps(coll_run *R, size_t n)
+{
+    td_coll_ctx *c = R->c;
+    if (n > c->steps_cap) {
+        free(c->steps);
+        c->steps_cap = n < 16 ? 16 : n;
+        c->steps = td_calloc(c->steps_cap, sizeof(ring_step));
+    }
+    memset(c->steps, 0, n * sizeof(ring_step));
+    return c->steps;
+}
+
+td_status coll_isend(coll_run *R, int peer, uint32_t step, const void *buf, size_t bytes, td_xfer *x)
+{
+    return td_transport_isend1(R->t, peer, coll_tag(R, step), buf, bytes, R->dl, x);
+}
+
+td_status coll_irecv(coll_run *R, int peer, uint32_t step, void *buf, size_t bytes, td_xfer *x)
+{
+    return td_transport_irecv1(R->t, peer, coll_tag(R, step), buf, bytes, R->dl, x);
+}
+
+td_status coll_wait(coll_run *R, td_xfer *x) { return td_transport_wait(R->t, x, R->dl); }
+
+td_status coll_sendrecv(coll_run *R, int to, const void *sbuf, size_t sbytes, int from, void *rbuf, size_t rbytes,
+                        uint32_t step)
+{
+    return td_transport_sendrecv(R->t, to, sbuf, sbytes, from, rbuf, rbytes, coll_tag(R, step), R->dl);
+}
+
+size_t coll_nchunks(const coll_run *R, size_t count)
+{
+    size_t bytes = count * R->esize;
+    size_t chunk = R->c->cfg.chunk_bytes;
+    size_t k = (bytes + chunk - 1) / chunk;
+    return k ? k : 1;
+}
+
+/* ---- choice and dispatch ---------------------------------------------------------------------- */
+
+static size_t op_bytes(const td_coll_ctx *c, const td_coll *op)
+{
+    return op->count * td_dtype_size(op->dtype);
+}
+
+td_algo td_coll_choose(const td_coll_ctx *c, const td_coll *op)
+{
+    if (op->kind >= TD_COLL_KIND_COUNT)
+        return TD_ALGO_AUTO;
+    if (c->cfg.forced[op->kind] != TD_ALGO_AUTO)
+        return c->cfg.forced[op->kind];
+    size_t bytes = op_bytes(c, op);
+    bool small = bytes <= c->cfg.small_bytes;
+    int n = c->size;
+    switch (op->kind) {
+    case TD_COLL_ALL_REDUCE:
+        if (small || bytes < (size_t)n * 4096)
+            return TD_ALGO_RD;
+        return TD_ALGO_RING;
+    case TD_COLL_BROADCAST:
+    case TD_COLL_REDUCE:
+        return TD_ALGO_TREE;
+    case TD_COLL_ALL_GATHER:
+        return small && n > 2 ? TD_ALGO_BRUCK : TD_ALGO_RING;
+    case TD_COLL_GATHER:
+    case TD_COLL_SCATTER:
+        return small && n > 4 ? TD_ALGO_TREE : TD_ALGO_DIRECT;
+    case TD_COLL_REDUCE_SCATTER:
+        return small ? TD_ALGO_DIRECT : TD_ALGO_RING;
+    case TD_COLL_ALL_TO_ALL:
+        return small ? TD_ALGO_DIRECT : TD_ALGO_PAIRWISE;
+    case TD_COLL_BARRIER:
+        return TD_ALGO_DISSEMINATION;
+    default:
+        return TD_ALGO_AUTO;
+    }
+}
+
+static td_status dispatch(coll_run *R, td_algo a)
+{
+    const td_coll *op = R->op;
+    switch (op->kind) {
+    case TD_COLL_ALL_REDUCE:
+        switch (a) {
+        case TD_ALGO_RD:
+            return coll_all_reduce_rd(R);
+        case TD_ALGO_RING:
+            return coll_all_reduce_ring(R);
+        case TD_ALGO_RHD:
+            return coll_all_reduce_rhd(R);
+        default:
+            return coll_all_reduce_tree(R);
+        }
+    case TD_COLL_BROADCAST:
+        return coll_broadcast(R, op->out, op->count, op->root, a == TD_ALGO_RING, 0);
+    case TD_COLL_REDUCE:
+        return coll_reduce(R, op->out, op->count, op->root, a == TD_ALGO_RING, 0);
+    case TD_COLL_ALL_GATHER:
+        return a == TD_ALGO_BRUCK ? coll_all_gather_bruck(R) : coll_all_gather_ring(R);
+    case TD_COLL_GATHER:
+        return a == TD_ALGO_TREE ? coll_gather_tree(R) : coll_gather_direct(R);
+    case TD_COLL_SCATTER:
+        return a == TD_ALGO_TREE ? coll_scatter_tree(R) : coll_scatter_direct(R);
+    case TD_COLL_REDUCE_SCATTER:
+        return a == TD_ALGO_DIRECT ? coll_reduce_scatter_direct(R) : coll_reduce_scatter_ring(R);
+    case TD_COLL_ALL_TO_ALL:
+        return a == TD_ALGO_DIRECT ? coll_all_to_all_direct(R) : coll_all_to_all_pairwise(R);
+    case TD_COLL_BARRIER:
+        return coll_barrier_dissemination(R);
+    default:
+        return td_error(TD_ERR_INTERNAL, "td_coll_run: %d is not a collective", (int)op->kind);
+    }
+}
+
+static bool reduces(td_coll_kind k)
+{
+    return k == TD_COLL_ALL_REDUCE || k == TD_COLL_REDUCE || k == TD_COLL_REDUCE_SCATTER;
+}
+
+td_status td_coll_run(td_coll_ctx *c, const td_coll *op, td_algo algo)
+{
+    if (algo == TD_ALGO_AUTO)
+        algo = td_coll_choose(c, op);
+    if (!td_algo_supports(algo, op->kind))
+        return td_error(TD_ERR_INVALID, "%s has no algorithm '%s'", kind_name(op->kind), td_algo_name(algo));
+    coll_run R = {
+        .c = c,
+        .t = c->t,
+        .op = op,
+        .rank = c->rank,
+        .size = c->size,
+        .esize = td_dtype_size(op->dtype),
+        .dl = op->deadline_ns,
+    };
+    td_coll scaled;
+    td_status s = TD_OK;
+    if (reduces(op->kind)) {
+        R.fn = td_reduce_kernel(op->op.kind, op->dtype);
+        if (!R.fn)
+            return TD_ERR_INVALID; /* message set by td_reduce_kernel */
+        if (op->op.kind == TD_PREMUL_SUM) {
+            if (op->kind == TD_COLL_REDUCE_SCATTER) {
+                /* The inputs are the caller's and stay unchanged: scale copies of them. */
+                size_t bytes = op->count * R.esize;
+                char *buf = NULL;
+                TD_TRY(td_try_aligned_alloc(64, bytes * (size_t)c->size + 64, "scaled reduce_scatter inputs",
+                                            (void **)&buf));
+                const void **blocks = (const void **)c->ptrs + 3 * (size_t)c->size;
+                for (int r = 0; r < c->size && s == TD_OK; r++) {
+                    blocks[r] = buf + (size_t)r * bytes;
+                    s = td_reduce_premul(op->dtype, buf + (size_t)r * bytes, op->in_blocks[r], op->count,
+                                         op->op.factor);
+                }
+                scaled = *op;
+                scaled.in_blocks = (const void *const *)blocks;
+                R.op = &scaled;
+                if (s == TD_OK)
+                    s = dispatch(&R, algo);
+                free(buf);
+                goto done;
+            }
+            TD_TRY(td_reduce_premul(op->dtype, op->out, op->out, op->count, op->op.factor));
+        }
+    }
+    s = dispatch(&R, algo);
+done:
+    if (s == TD_OK && op->op.kind == TD_AVG && reduces(op->kind)) {
+        bool have = op->kind != TD_COLL_REDUCE || c->rank == op->root;
+        if (have)
+            s = td_reduce_finish(TD_AVG, op->dtype, op->out, op->count, c->size);
+    }
+    if (s != TD_OK) {
+        /* Whatever is still posted must complete before the caller reuses its memory, and the
+         * other ranks must not wait for this one until their timeout. */
+        char msg[TD_XFER_ERROR_MAX];
+        snprintf(msg, sizeof msg, "%s", td_last_error());
+        td_transport_abort(c->t, s, msg);
+        td_error_set(s, msg);
+    }
+    return s;
+}

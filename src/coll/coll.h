@@ -1,0 +1,97 @@
+/* Collective algorithms over td_transport (transport/transport.h), written once for every transport.
+ *
+ * A td_coll_ctx holds what the algorithms of one group reuse from one operation to the next: the
+ * transport, scratch memory and xfer arrays (grown rarely, so that the hot path allocates nothing
+ * after warm-up) and the configuration (which algorithm each collective uses, chunk size, the
+ * small/large threshold). td_coll_run runs one collective (any td_coll kind but SEND and RECV) on
+ * the calling thread and returns when it is done on this rank.
+ *
+ * Algorithms, by name (TDIST_ALGO forces them; "auto" picks by size and world size):
+ *   all_reduce      rd (recursive doubling), ring (reduce-scatter + all-gather, pipelined),
+ *                   rhd (recursive halving-doubling, Rabenseifner), tree (reduce + broadcast)
+ *   broadcast       tree (binomial, pipelined), ring (pipelined chain)
+ *   reduce          tree (binomial, pipelined), ring (pipelined chain)
+ *   all_gather      ring, bruck
+ *   gather, scatter direct, tree (binomial)
+ *   reduce_scatter  ring (pipelined), direct
+ *   all_to_all      pairwise, direct
+ *   barrier         dissemination
+ * Every all_reduce algorithm gives bit-identical results on every rank (each element's reduction
+ * happens once, in an order that does not depend on the rank, and its result is distributed).
+ *
+ * Failure: an algorithm that fails aborts the transport with its error before returning (a
+ * collective that failed on one rank has failed for the group, and no xfer may stay posted into
+ * memory the caller is about to reuse).
+ */
+#ifndef TDIST_COLL_COLL_H
+#define TDIST_COLL_COLL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tdist/backend.h>
+
+#include "transport/transport.h"
+
+typedef enum td_algo {
+    TD_ALGO_AUTO = 0,
+    TD_ALGO_RD,
+    TD_ALGO_RING,
+    TD_ALGO_RHD,
+    TD_ALGO_TREE,
+    TD_ALGO_BRUCK,
+    TD_ALGO_DIRECT,
+    TD_ALGO_PAIRWISE,
+    TD_ALGO_DISSEMINATION,
+    TD_ALGO_COUNT
+} td_algo;
+
+const char *td_algo_name(td_algo algo);
+/* Whether kind has an algorithm of that name (AUTO: every collective kind). */
+bool td_algo_supports(td_algo algo, td_coll_kind kind);
+
+/* Tags: collective messages have the top bit set, the collective's sequence number and a step;
+ * p2p messages carry the user's (non-negative) tag. */
+#define TD_TAG_COLL(seq, step) \
+    ((UINT64_C(1) << 63) | (((uint64_t)(seq) & ((UINT64_C(1) << 39) - 1)) << 24) | ((uint64_t)(step) & 0xFFFFFF))
+#define TD_TAG_P2P(tag) ((uint64_t)(uint32_t)(tag))
+
+typedef struct td_coll_config {
+    td_algo forced[TD_COLL_KIND_COUNT]; /* AUTO: choose by size */
+    size_t chunk_bytes;                 /* pipelining granularity of the large-message algorithms */
+    size_t small_bytes;                 /* up to this many bytes a message counts as small */
+} td_coll_config;
+
+/* Defaults, then the environment: TDIST_ALGO ("ring", or per collective "all_reduce=rhd,
+ * broadcast=tree"), TDIST_COLL_CHUNK and TDIST_COLL_SMALL (sizes such as 256K). An unknown name is
+ * TD_ERR_INVALID with a message listing the choices. */
+td_status td_coll_config_from_env(td_coll_config *cfg);
+/* Applies one TDIST_ALGO-style spec to cfg. */
+td_status td_coll_config_parse_algo(td_coll_config *cfg, const char *spec);
+
+typedef struct td_coll_ctx {
+    td_transport *t;
+    int rank;
+    int size;
+    td_coll_config cfg;
+    char *scratch;
+    size_t scratch_cap;
+    td_xfer *xfers;
+    size_t xfers_cap;
+    void **ptrs; /* per-rank pointer arrays for the algorithms (4 * size entries) */
+    void *steps; /* the pipelined engine's step array */
+    size_t steps_cap;
+} td_coll_ctx;
+
+/* cfg NULL: td_coll_config_from_env. The transport is borrowed. */
+td_status td_coll_ctx_init(td_coll_ctx *c, td_transport *t, const td_coll_config *cfg);
+void td_coll_ctx_free(td_coll_ctx *c);
+
+/* Runs op (not SEND / RECV) with algo (AUTO: the forced one, else chosen by size). op->seq tags
+ * the messages; op->deadline_ns bounds the whole operation. */
+td_status td_coll_run(td_coll_ctx *c, const td_coll *op, td_algo algo);
+/* The algorithm td_coll_run picks for op with algo AUTO. */
+td_algo td_coll_choose(const td_coll_ctx *c, const td_coll *op);
+
+#endif

@@ -1,0 +1,148 @@
+/* The pipelined exchange engine (coll_ring_run in coll_impl.h) behind every bandwidth-bound
+ * algorithm: ring reduce-scatter and all-gather, the halving/doubling exchanges of rhd and rd.
+ *
+ * Steps are cut into chunks (TDIST_COLL_CHUNK), numbered m = step * K + chunk. Receives are posted
+ * a window ahead (so the data of chunk m+1 is already landing while chunk m is being reduced, and
+ * a posted receive takes the payload straight from the socket); a send is posted as soon as its
+ * chunk is ready, which for step s means that chunk j of step s-1 has arrived and been reduced.
+ * Sends come straight from the caller's memory, receives for "direct" steps go straight into it,
+ * and reducing steps go through a window of scratch slots. Everything lives in preallocated xfers
+ * and scratch: nothing is allocated per chunk. */
+#include "coll/coll_impl.h"
+
+#define RECV_WINDOW 8
+#define SEND_WINDOW 8
+
+static size_t slot_bytes(const coll_run *R, size_t max_count, size_t K)
+{
+    size_t b = (max_count + K - 1) / K * R->esize;
+    return (b + 63) & ~(size_t)63;
+}
+
+size_t coll_ring_scratch(const coll_run *R, size_t max_count)
+{
+    return RECV_WINDOW * slot_bytes(R, max_count, coll_nchunks(R, max_count));
+}
+
+typedef struct engine {
+    coll_run *R;
+    const ring_step *st;
+    int to, from;
+    char *slots;
+    size_t K, M, slot;
+    uint32_t phase;
+    td_xfer *rx, *sx;
+    size_t pr, dr, ps, ds; /* receives posted / done, sends posted / done */
+} engine;
+
+/* A step without a send or a receive gets an xfer that is already complete. */
+static void null_xfer(td_xfer *x)
+{
+    x->on_done = NULL;
+    x->status = TD_OK;
+    atomic_store_explicit(&x->state, 1, memory_order_relaxed);
+}
+
+static td_status post_recv(engine *e)
+{
+    size_t m = e->pr, s = m / e->K, j = m % e->K, lo, hi;
+    const ring_step *st = &e->st[s];
+    if (st->no_recv) {
+        null_xfer(&e->rx[m % RECV_WINDOW]);
+        e->pr++;
+        return TD_OK;
+    }
+    coll_chunk(st->recv_count, j, e->K, &lo, &hi);
+    char *dst = st->recv_direct ? COLL_AT(st->recv, lo * e->R->esize) : e->slots + (m % RECV_WINDOW) * e->slot;
+    TD_TRY(coll_irecv(e->R, e->from, e->phase + (uint32_t)m, dst, (hi - lo) * e->R->esize, &e->rx[m % RECV_WINDOW]));
+    e->pr++;
+    return TD_OK;
+}
+
+static td_status post_send(engine *e)
+{
+    size_t m = e->ps, s = m / e->K, j = m % e->K, lo, hi;
+    const ring_step *st = &e->st[s];
+    coll_chunk(st->send_count, j, e->K, &lo, &hi);
+    if (e->ps - e->ds == SEND_WINDOW) {
+        TD_TRY(coll_wait(e->R, &e->sx[e->ds % SEND_WINDOW]));
+        e->ds++;
+    }
+    if (st->no_send) {
+        null_xfer(&e->sx[m % SEND_WINDOW]);
+        e->ps++;
+        return TD_OK;
+    }
+    TD_TRY(coll_isend(e->R, e->to, e->phase + (uint32_t)m, COLL_AT(st->send, lo * e->R->esize), (hi - lo) * e->R->esize,
+                      &e->sx[m % SEND_WINDOW]));
+    e->ps++;
+    return TD_OK;
+}
+
+/* Posts every send that is ready: step 0's at once, step s's chunk j once step s-1's has arrived. */
+static td_status pump_sends(engine *e)
+{
+    while (e->ps < e->M && e->ps < e->dr + e->K)
+        TD_TRY(post_send(e));
+    return TD_OK;
+}
+
+td_status coll_ring_run(coll_run *R, const ring_step *steps, int nsteps, int to, int from, char *slots,
+                        uint32_t phase)
+{
+    if (nsteps <= 0)
+        return TD_OK;
+    size_t maxc = 0;
+    for (int s = 0; s < nsteps; s++) {
+        if (steps[s].send_count > maxc)
+            maxc = steps[s].send_count;
+        if (steps[s].recv_count > maxc)
+            maxc = steps[s].recv_count;
+    }
+    engine e = {.R = R, .st = steps, .to = to, .from = from, .slots = slots, .phase = phase};
+    e.K = coll_nchunks(R, maxc);
+    e.M = (size_t)nsteps * e.K;
+    e.slot = slot_bytes(R, maxc, e.K);
+    td_xfer *xf;
+    TD_TRY(coll_xfers(R, RECV_WINDOW + SEND_WINDOW, &xf));
+    e.rx = xf;
+    e.sx = xf + RECV_WINDOW;
+
+    while (e.pr < e.M && e.pr < RECV_WINDOW)
+        TD_TRY(post_recv(&e));
+    TD_TRY(pump_sends(&e));
+    while (e.dr < e.M) {
+        size_t m = e.dr, s = m / e.K, j = m % e.K;
+        const ring_step *st = &steps[s];
+        TD_TRY(coll_wait(R, &e.rx[m % RECV_WINDOW]));
+        if (!st->recv_direct && !st->no_recv) {
+            if (st->send_is_dst) {
+                /* The chunk about to be overwritten must have left first. */
+                while (e.ps <= m)
+                    TD_TRY(post_send(&e));
+                while (e.ds <= m) {
+                    TD_TRY(coll_wait(R, &e.sx[e.ds % SEND_WINDOW]));
+                    e.ds++;
+                }
+            }
+            size_t lo, hi;
+            coll_chunk(st->recv_count, j, e.K, &lo, &hi);
+            const char *slot = slots + (m % RECV_WINDOW) * e.slot;
+            char *dst = COLL_AT(st->red_dst, lo * R->esize);
+            const char *own = COLL_AT(st->red_in, lo * R->esize);
+            if (st->own_first)
+                R->fn(dst, own, slot, hi - lo);
+            else
+                R->fn(dst, slot, own, hi - lo);
+        }
+        e.dr++;
+        TD_TRY(pump_sends(&e));
+        while (e.pr < e.M && e.pr < e.dr + RECV_WINDOW)
+            TD_TRY(post_recv(&e));
+    }
+    while (e.ds < e.ps) {
+        TD_TRY(coll_wait(R, &e.sx[e.ds % SEND_WINDOW]));
+        e.ds++;
+    }
+    return TD_OK;
+}

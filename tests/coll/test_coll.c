@@ -1,0 +1,680 @@
+/* Every collective algorithm of src/coll, forced one by one, over the tcp transport between real
+ * rank processes, for world sizes 1 to 4: sizes 0, 1, odd and multi-chunk (the chunk size is cut
+ * to 4 KiB so that pipelining runs on small data), several dtypes and reduce ops, every root,
+ * uneven all_to_all splits and aliased in-place buffers. Results are checked against references
+ * each rank computes locally from the same deterministic inputs (small integers, so every
+ * reduction order gives the exact same value), and all_reduce results of inexact floating-point
+ * sums are checked to be bit-identical across ranks (through the store, not the transport).
+ * Also: TDIST_ALGO parsing and its errors, and failures (sizes that disagree, a rank that never
+ * comes) that must fail every rank promptly. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <tdist/backend.h>
+#include <tdist/pg.h>
+#include <tdist/store.h>
+#include <tdist/testing.h>
+
+#include "base/clock.h"
+#include "coll/coll.h"
+#include "transport/tcp.h"
+
+/* The registry refers to the built-in backends weakly, which does not pull them out of the static
+ * library this test links; this strong reference does. */
+extern const td_backend_ops td_backend_tcp_ops;
+__attribute__((used)) static const td_backend_ops *const link_tcp_backend = &td_backend_tcp_ops;
+
+/* ---- set-up ----------------------------------------------------------------------------------- */
+
+typedef struct cw {
+    td_store *store;
+    td_transport *t;
+    td_coll_ctx c;
+    uint64_t seq;
+} cw;
+
+static cw open_cw(td_test_ctx *ctx)
+{
+    cw w = {0};
+    TD_CHECK_OK(td_file_store_create(ctx->store_path, ctx->world_size, &w.store));
+    td_tcp_options o = {.store = w.store, .rank = ctx->rank, .size = ctx->world_size, .timeout_ms = 30000,
+                        .group_name = "coll"};
+    TD_CHECK_OK(td_tcp_transport_create(&o, &w.t));
+    td_coll_config cfg = {0};
+    cfg.chunk_bytes = 4096;
+    cfg.small_bytes = 2048;
+    TD_CHECK_OK(td_coll_ctx_init(&w.c, w.t, &cfg));
+    return w;
+}
+
+static void close_cw(cw *w)
+{
+    td_coll_ctx_free(&w->c);
+    td_transport_destroy(w->t);
+    td_store_release(w->store);
+}
+
+static td_coll coll_of(cw *w, td_coll_kind kind, td_dtype dt, size_t count)
+{
+    td_coll c;
+    memset(&c, 0, sizeof c);
+    c.kind = kind;
+    c.dtype = dt;
+    c.op = TD_OP_SUM;
+    c.count = count;
+    c.seq = ++w->seq;
+    c.deadline_ns = td_now_ns() + 60 * 1000000000LL;
+    return c;
+}
+
+static void run(cw *w, const td_coll *c, td_algo a, const char *what)
+{
+    td_test_breadcrumb("%s %s n=%zu %s", what, td_algo_name(a), c->count, td_dtype_name(c->dtype));
+    td_status s = td_coll_run(&w->c, c, a);
+    if (s != TD_OK)
+        TD_FAIL("%s (%s, %zu x %s, op %s, root %d): %s: %s", what, td_algo_name(a), c->count, td_dtype_name(c->dtype),
+                td_reduce_op_name(c->op.kind), c->root, td_status_str(s), td_last_error());
+}
+
+/* ---- values ----------------------------------------------------------------------------------- */
+
+static double value(td_reduce_op op, int rank, size_t i)
+{
+    if (op == TD_PRODUCT) {
+        static const double t[3] = {1, 2, -1};
+        return t[(rank + i) % 3];
+    }
+    if (op == TD_BAND || op == TD_BOR || op == TD_BXOR)
+        return (double)((rank * 37 + i * 11 + 5) & 0xFF);
+    return (double)((int)((rank * 7 + i * 3) % 11) - 5);
+}
+
+static void put(td_dtype dt, void *buf, size_t i, double v)
+{
+    switch (dt) {
+    case TD_FLOAT32: ((float *)buf)[i] = (float)v; break;
+    case TD_FLOAT64: ((double *)buf)[i] = v; break;
+    case TD_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case TD_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case TD_FLOAT16: ((uint16_t *)buf)[i] = td_float_to_half((float)v); break;
+    case TD_BFLOAT16: ((uint16_t *)buf)[i] = td_float_to_bfloat16((float)v); break;
+    default: TD_FAIL("dtype %s not used here", td_dtype_name(dt));
+    }
+}
+
+static double get(td_dtype dt, const void *buf, size_t i)
+{
+    switch (dt) {
+    case TD_FLOAT32: return ((const float *)buf)[i];
+    case TD_FLOAT64: return ((const double *)buf)[i];
+    case TD_INT32: return ((const int32_t *)buf)[i];
+    case TD_INT64: return (double)((const int64_t *)buf)[i];
+    case TD_FLOAT16: return td_half_to_float(((const uint16_t *)buf)[i]);
+    case TD_BFLOAT16: return td_bfloat16_to_float(((const uint16_t *)buf)[i]);
+    default: TD_FAIL("dtype %s not used here", td_dtype_name(dt));
+    }
+}
+
+static void *filled(td_dtype dt, td_reduce_op op, int rank, size_t n)
+{
+    void *b = calloc(n + 1, td_dtype_size(dt));
+    for (size_t i = 0; i < n; i++)
+        put(dt, b, i, value(op, rank, i));
+    return b;
+}
+
+static double expected(td_op op, int ws, size_t i)
+{
+    double acc = value(op.kind, 0, i);
+    for (int r = 1; r < ws; r++) {
+        double v = value(op.kind, r, i);
+        switch (op.kind) {
+        case TD_PRODUCT: acc *= v; break;
+        case TD_MIN: acc = v < acc ? v : acc; break;
+        case TD_MAX: acc = v > acc ? v : acc; break;
+        case TD_BAND: acc = (double)((int64_t)acc & (int64_t)v); break;
+        case TD_BOR: acc = (double)((int64_t)acc | (int64_t)v); break;
+        case TD_BXOR: acc = (double)((int64_t)acc ^ (int64_t)v); break;
+        default: acc += v; break;
+        }
+    }
+    if (op.kind == TD_AVG)
+        acc /= ws;
+    if (op.kind == TD_PREMUL_SUM) {
+        acc = 0;
+        for (int r = 0; r < ws; r++)
+            acc += value(op.kind, r, i) * op.factor;
+    }
+    return acc;
+}
+
+static void check_buf(td_dtype dt, td_op op, const void *buf, size_t n, int ws, const char *what)
+{
+    for (size_t i = 0; i < n; i++) {
+        double want = expected(op, ws, i), got = get(dt, buf, i);
+        double tol = op.kind == TD_AVG ? (dt == TD_BFLOAT16 ? 2e-2 : dt == TD_FLOAT16 ? 2e-3 : 1e-6) * (1 + fabs(want)) : 0;
+        if (!(fabs(got - want) <= tol))
+            TD_FAIL("%s: element %zu of %zu is %.9g, want %.9g (%s, %s)", what, i, n, got, want, td_dtype_name(dt),
+                    td_reduce_op_name(op.kind));
+    }
+}
+
+typedef struct combo {
+    td_dtype dt;
+    td_op op;
+} combo;
+
+static const combo combos[] = {
+    {TD_FLOAT32, TD_OP_SUM},  {TD_FLOAT32, TD_OP_MAX},    {TD_FLOAT64, TD_OP_PRODUCT},
+    {TD_INT32, TD_OP_MIN},    {TD_INT32, TD_OP_BXOR},     {TD_INT64, TD_OP_BOR},
+    {TD_BFLOAT16, TD_OP_SUM}, {TD_FLOAT32, TD_OP_AVG},    {TD_FLOAT16, TD_OP_AVG},
+    {TD_FLOAT64, TD_OP_PREMUL_SUM(0.5)},
+};
+#define NCOMBOS (sizeof combos / sizeof combos[0])
+static const size_t sizes[] = {0, 1, 7, 1000, 20011};
+#define NSIZES (sizeof sizes / sizeof sizes[0])
+
+/* Four test cases per body: world sizes 1 to 4. */
+#define COLL_TEST(name, ...)                                                                   \
+    static void body_##name(td_test_ctx *ctx);                                                 \
+    TD_TEST(name##_1, .world_size = 1, __VA_ARGS__) { body_##name(ctx); }                      \
+    TD_TEST(name##_2, .world_size = 2, __VA_ARGS__) { body_##name(ctx); }                      \
+    TD_TEST(name##_3, .world_size = 3, __VA_ARGS__) { body_##name(ctx); }                      \
+    TD_TEST(name##_4, .world_size = 4, __VA_ARGS__) { body_##name(ctx); }                      \
+    static void body_##name(td_test_ctx *ctx)
+
+/* ---- all_reduce ------------------------------------------------------------------------------- */
+
+static const td_algo allreduce_algos[] = {TD_ALGO_RD, TD_ALGO_RING, TD_ALGO_RHD, TD_ALGO_TREE, TD_ALGO_AUTO};
+
+COLL_TEST(all_reduce, .timeout_s = 120)
+{
+    cw w = open_cw(ctx);
+    for (size_t a = 0; a < sizeof allreduce_algos / sizeof allreduce_algos[0]; a++) {
+        for (size_t k = 0; k < NCOMBOS; k++) {
+            for (size_t s = 0; s < NSIZES; s++) {
+                size_t n = sizes[s];
+                void *buf = filled(combos[k].dt, combos[k].op.kind, ctx->rank, n);
+                td_coll c = coll_of(&w, TD_COLL_ALL_REDUCE, combos[k].dt, n);
+                c.op = combos[k].op;
+                c.in = c.out = buf;
+                run(&w, &c, allreduce_algos[a], "all_reduce");
+                check_buf(combos[k].dt, combos[k].op, buf, n, ctx->world_size, td_algo_name(allreduce_algos[a]));
+                free(buf);
+            }
+        }
+    }
+    close_cw(&w);
+}
+
+static uint64_t fnv(const void *p, size_t n)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ ((const unsigned char *)p)[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* Inexact sums (values of every magnitude) must still give the same bits on every rank. */
+COLL_TEST(all_reduce_bit_identical, .timeout_s = 120)
+{
+    cw w = open_cw(ctx);
+    const size_t ns[] = {1, 5, 3001, 40009};
+    for (size_t a = 0; a < sizeof allreduce_algos / sizeof allreduce_algos[0]; a++) {
+        for (size_t s = 0; s < sizeof ns / sizeof ns[0]; s++) {
+            for (int dti = 0; dti < 3; dti++) {
+                td_dtype dt = dti == 0 ? TD_FLOAT32 : dti == 1 ? TD_BFLOAT16 : TD_FLOAT64;
+                size_t n = ns[s];
+                void *buf = calloc(n, td_dtype_size(dt));
+                for (size_t i = 0; i < n; i++)
+                    put(dt, buf, i, sin((double)i * 0.37 + ctx->rank * 1.91) * pow(10, (double)((i + ctx->rank) % 9) - 4));
+                td_coll c = coll_of(&w, TD_COLL_ALL_REDUCE, dt, n);
+                c.op = dti == 2 ? TD_OP_AVG : TD_OP_SUM;
+                c.in = c.out = buf;
+                run(&w, &c, allreduce_algos[a], "all_reduce");
+                char key[96], val[32];
+                snprintf(key, sizeof key, "hash/%zu/%zu/%d/%d", a, s, dti, ctx->rank);
+                snprintf(val, sizeof val, "%016llx", (unsigned long long)fnv(buf, n * td_dtype_size(dt)));
+                TD_CHECK_OK(td_store_set_str(w.store, key, val));
+                for (int r = 0; r < ctx->world_size; r++) {
+                    snprintf(key, sizeof key, "hash/%zu/%zu/%d/%d", a, s, dti, r);
+                    void *v = NULL;
+                    size_t len = 0;
+                    TD_CHECK_OK(td_store_get(w.store, key, &v, &len));
+                    TD_CHECK_MSG(strcmp(v, val) == 0, "%s all_reduce of %zu %s: rank %d and rank %d differ",
+                                 td_algo_name(allreduce_algos[a]), n, td_dtype_name(dt), ctx->rank, r);
+                    free(v);
+                }
+                free(buf);
+            }
+        }
+    }
+    close_cw(&w);
+}
+
+/* ---- broadcast and reduce --------------------------------------------------------------------- */
+
+COLL_TEST(broadcast, .timeout_s = 120)
+{
+    cw w = open_cw(ctx);
+    const td_algo algos[] = {TD_ALGO_TREE, TD_ALGO_RING};
+    for (size_t a = 0; a < 2; a++) {
+        for (int root = 0; root < ctx->world_size; root++) {
+            for (size_t s = 0; s < NSIZES; s++) {
+                for (int d = 0; d < 2; d++) {
+                    td_dtype dt = d ? TD_INT64 : TD_FLOAT32;
+                    size_t n = sizes[s];
+                    void *buf = filled(dt, TD_SUM, ctx->rank, n);
+                    td_coll c = coll_of(&w, TD_COLL_BROADCAST, dt, n);
+                    c.root = root;
+                    c.in = c.out = buf;
+                    run(&w, &c, algos[a], "broadcast");
+                    for (size_t i = 0; i < n; i++)
+                        TD_CHECK_MSG(get(dt, buf, i) == value(TD_SUM, root, i), "broadcast %s root %d: element %zu",
+                                     td_algo_name(algos[a]), root, i);
+                    free(buf);
+                }
+            }
+        }
+    }
+    close_cw(&w);
+}
+
+COLL_TEST(reduce, .timeout_s = 120)
+{
+    cw w = open_cw(ctx);
+    const td_algo algos[] = {TD_ALGO_TREE, TD_ALGO_RING};
+    const combo cs[] = {{TD_FLOAT32, TD_OP_SUM}, {TD_INT32, TD_OP_MAX}, {TD_FLOAT64, TD_OP_AVG},
+                        {TD_FLOAT32, TD_OP_PREMUL_SUM(0.5)}, {TD_INT64, TD_OP_PRODUCT}};
+    for (size_t a = 0; a < 2; a++) {
+        for (int root = 0; root < ctx->world_size; root++) {
+            for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
+                for (size_t s = 0; s < NSIZES; s++) {
+                    size_t n = sizes[s];
+                    void *buf = filled(cs[k].dt, cs[k].op.kind, ctx->rank, n);
+                    td_coll c = coll_of(&w, TD_COLL_REDUCE, cs[k].dt, n);
+                    c.root = root;
+                    c.op = cs[k].op;
+                    c.in = c.out = buf;
+                    run(&w, &c, algos[a], "reduce");
+                    if (ctx->rank == root)
+                        check_buf(cs[k].dt, cs[k].op, buf, n, ctx->world_size, "reduce");
+                    free(buf);
+                }
+            }
+        }
+    }
+    close_cw(&w);
+}
+
+/* ---- gathers and scatters --------------------------------------------------------------------- */
+
+static void **blocks(int n, size_t count, td_dtype dt)
+{
+    void **b = calloc((size_t)n, sizeof *b);
+    for (int r = 0; r < n; r++)
+        b[r] = calloc(count + 1, td_dtype_size(dt));
+    return b;
+}
+
+static void free_blocks(void **b, int n)
+{
+    for (int r = 0; r < n; r++)
+        free(b[r]);
+    free(b);
+}
+
+COLL_TEST(all_gather, .timeout_s = 120)
+{
+    cw w = open_cw(ctx);
+    int ws = ctx->world_size;
+    const td_algo algos[] = {TD_ALGO_RING, TD_ALGO_BRUCK, TD_ALGO_AUTO};
+    size_t *counts = calloc((size_t)ws, sizeof *counts);
+    for (size_t a = 0; a < 3; a++) {
+        for (size_t s = 0; s < NSIZES; s++) {
+            for (int inplace = 0; inplace < 2; inplace++) {
+                size_t n = sizes[s];
+                void **out = blocks(ws, n, TD_FLOAT32);
+                void *in = filled(TD_FLOAT32, TD_SUM, ctx->rank, n);
+                if (inplace) {
+                    memcpy(out[ctx->rank], in, n * 4);
+                    free(in);
+                    in = out[ctx->rank];
+                }
+                for (int r = 0; r < ws; r++)
+                    counts[r] = n;
+                td_coll c = coll_of(&w, TD_COLL_ALL_GATHER, TD_FLOAT32, n);
+                c.in = in;
+                c.out_blocks = out;
+                c.out_counts = counts;
+                run(&w, &c, algos[a], "all_gather");
+                for (int r = 0; r < ws; r++)
+                    for (size_t i = 0; i < n; i++)
+                        TD_CHECK_MSG(get(TD_FLOAT32, out[r], i) == value(TD_SUM, r, i),
+                                     "all_gather %s: block %d element %zu", td_algo_name(algos[a]), r, i);
+                if (!inplace)
+                    free(in);
+                free_blocks(out, ws);
+            }
+        }
+    }
+    free(counts);
+    close_cw(&w);
+}
+
+COLL_TEST(gather_scatter, .timeout_s = 120)
+{
+    cw w = open_cw(ctx);
+    int ws = ctx->world_size;
+    const td_algo algos[] = {TD_ALGO_DIRECT, TD_ALGO_TREE};
+    size_t *counts = calloc((size_t)ws, sizeof *counts);
+    for (size_t a = 0; a < 2; a++) {
+        for (int root = 0; root < ws; root++) {
+            for (size_t s = 0; s < NSIZES; s++) {
+                size_t n = sizes[s];
+                for (int r = 0; r < ws; r++)
+                    counts[r] = n;
+                /* gather */
+                void *in = filled(TD_INT32, TD_SUM, ctx->rank, n);
+                void **out = ctx->rank == root ? blocks(ws, n, TD_INT32) : NULL;
+                td_coll c = coll_of(&w, TD_COLL_GATHER, TD_INT32, n);
+                c.root = root;
+                c.in = in;
+                c.out_blocks = out;
+                c.out_counts = out ? counts : NULL;
+                run(&w, &c, algos[a], "gather");
+                if (out) {
+                    for (int r = 0; r < ws; r++)
+                        for (size_t i = 0; i < n; i++)
+                            TD_CHECK_MSG(get(TD_INT32, out[r], i) == value(TD_SUM, r, i),
+                                         "gather %s root %d: block %d element %zu", td_algo_name(algos[a]), root, r, i);
+                    free_blocks(out, ws);
+                }
+                free(in);
+                /* scatter: block r of the root holds value(r + 100) */
+                void **ins = NULL;
+                if (ctx->rank == root) {
+                    ins = blocks(ws, n, TD_INT32);
+                    for (int r = 0; r < ws; r++)
+                        for (size_t i = 0; i < n; i++)
+                            put(TD_INT32, ins[r], i, value(TD_SUM, r + 100, i));
+                }
+                void *o = calloc(n + 1, 4);
+                c = coll_of(&w, TD_COLL_SCATTER, TD_INT32, n);
+                c.root = root;
+                c.out = o;
+                c.in_blocks = (const void *const *)ins;
+                c.in_counts = ins ? counts : NULL;
+                run(&w, &c, algos[a], "scatter");
+                for (size_t i = 0; i < n; i++)
+                    TD_CHECK_MSG(get(TD_INT32, o, i) == value(TD_SUM, ctx->rank + 100, i),
+                                 "scatter %s root %d: element %zu", td_algo_name(algos[a]), root, i);
+                free(o);
+                if (ins)
+                    free_blocks(ins, ws);
+            }
+        }
+    }
+    free(counts);
+    close_cw(&w);
+}
+
+/* ---- reduce_scatter --------------------------------------------------------------------------- */
+
+COLL_TEST(reduce_scatter, .timeout_s = 120)
+{
+    cw w = open_cw(ctx);
+    int ws = ctx->world_size;
+    const td_algo algos[] = {TD_ALGO_RING, TD_ALGO_DIRECT, TD_ALGO_AUTO};
+    const combo cs[] = {{TD_FLOAT32, TD_OP_SUM}, {TD_INT32, TD_OP_MIN}, {TD_FLOAT64, TD_OP_AVG},
+                        {TD_FLOAT32, TD_OP_PREMUL_SUM(0.5)}, {TD_BFLOAT16, TD_OP_MAX}};
+    size_t *counts = calloc((size_t)ws, sizeof *counts);
+    for (size_t a = 0; a < 3; a++) {
+        for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
+            for (size_t s = 0; s < NSIZES; s++) {
+                for (int inplace = 0; inplace < 2; inplace++) {
+                    size_t n = sizes[s];
+                    td_dtype dt = cs[k].dt;
+                    size_t es = td_dtype_size(dt);
+                    /* One flat input; rank r's block is [r*n, (r+1)*n), shifted by r*... so that
+                     * every block has its own values: block b of rank p holds value(p, b*n + i). */
+                    char *flat = filled(dt, cs[k].op.kind, ctx->rank, n * (size_t)ws);
+                    const void **inb = calloc((size_t)ws, sizeof *inb);
+                    for (int r = 0; r < ws; r++) {
+                        inb[r] = flat + (size_t)r * n * es;
+                        counts[r] = n;
+                    }
+                    void *out = inplace ? (void *)inb[ctx->rank] : calloc(n + 1, es);
+                    td_coll c = coll_of(&w, TD_COLL_REDUCE_SCATTER, dt, n);
+                    c.op = cs[k].op;
+                    c.in_blocks = (const void *const *)inb;
+                    c.in_counts = counts;
+                    c.out = out;
+                    run(&w, &c, algos[a], "reduce_scatter");
+                    /* expected(op, ws, i) is over value(op, r, i); here the index is offset. */
+                    for (size_t i = 0; i < n; i++) {
+                        size_t gi = (size_t)ctx->rank * n + i;
+                        double want = expected(cs[k].op, ws, gi), got = get(dt, out, i);
+                        double tol = cs[k].op.kind == TD_AVG ? 1e-9 * (1 + fabs(want)) : 0;
+                        TD_CHECK_MSG(fabs(got - want) <= tol, "reduce_scatter %s %s %s%s: element %zu is %g, want %g",
+                                     td_algo_name(algos[a]), td_dtype_name(dt), td_reduce_op_name(cs[k].op.kind),
+                                     inplace ? " in place" : "", i, got, want);
+                    }
+                    if (!inplace)
+                        free(out);
+                    free(inb);
+                    free(flat);
+                }
+            }
+        }
+    }
+    free(counts);
+    close_cw(&w);
+}
+
+/* ---- all_to_all ------------------------------------------------------------------------------- */
+
+static size_t a2a_count(int src, int dst, size_t base) { return base + (size_t)((src * 2 + dst) % 4); }
+
+COLL_TEST(all_to_all, .timeout_s = 120)
+{
+    cw w = open_cw(ctx);
+    int ws = ctx->world_size, me = ctx->rank;
+    const td_algo algos[] = {TD_ALGO_PAIRWISE, TD_ALGO_DIRECT, TD_ALGO_AUTO};
+    const size_t bases[] = {0, 3, 5000};
+    for (size_t a = 0; a < 3; a++) {
+        for (size_t b = 0; b < 3; b++) {
+            size_t *icount = calloc((size_t)ws, sizeof(size_t)), *ocount = calloc((size_t)ws, sizeof(size_t));
+            void **in = calloc((size_t)ws, sizeof(void *)), **out = calloc((size_t)ws, sizeof(void *));
+            for (int p = 0; p < ws; p++) {
+                icount[p] = a2a_count(me, p, bases[b]);
+                ocount[p] = a2a_count(p, me, bases[b]);
+                in[p] = calloc(icount[p] + 1, 8);
+                out[p] = calloc(ocount[p] + 1, 8);
+                for (size_t i = 0; i < icount[p]; i++)
+                    ((int64_t *)in[p])[i] = (int64_t)(me * 1000000 + p * 10000) + (int64_t)i;
+            }
+            td_coll c = coll_of(&w, TD_COLL_ALL_TO_ALL, TD_INT64, 0);
+            c.in_blocks = (const void *const *)in;
+            c.in_counts = icount;
+            c.out_blocks = out;
+            c.out_counts = ocount;
+            run(&w, &c, algos[a], "all_to_all");
+            for (int p = 0; p < ws; p++)
+                for (size_t i = 0; i < ocount[p]; i++)
+                    TD_CHECK_MSG(((int64_t *)out[p])[i] == (int64_t)(p * 1000000 + me * 10000) + (int64_t)i,
+                                 "all_to_all %s: from rank %d element %zu", td_algo_name(algos[a]), p, i);
+            for (int p = 0; p < ws; p++) {
+                free(in[p]);
+                free(out[p]);
+            }
+            free(in);
+            free(out);
+            free(icount);
+            free(ocount);
+        }
+    }
+    /* In place: input and output are one buffer, block p for rank p (all_to_all_single on one
+     * tensor). Rank q receives rank p's block q into its block p. */
+    for (size_t a = 0; a < 3; a++) {
+        size_t n = 1001;
+        int64_t *flat = calloc(n * (size_t)ws, 8);
+        void **b = calloc((size_t)ws, sizeof(void *));
+        size_t *counts = calloc((size_t)ws, sizeof(size_t));
+        for (int p = 0; p < ws; p++) {
+            b[p] = flat + (size_t)p * n;
+            counts[p] = n;
+            for (size_t i = 0; i < n; i++)
+                flat[(size_t)p * n + i] = me * 1000000 + p * 10000 + (int64_t)i;
+        }
+        td_coll c = coll_of(&w, TD_COLL_ALL_TO_ALL, TD_INT64, 0);
+        c.in_blocks = (const void *const *)b;
+        c.in_counts = counts;
+        c.out_blocks = b;
+        c.out_counts = counts;
+        run(&w, &c, algos[a], "all_to_all in place");
+        for (int p = 0; p < ws; p++)
+            for (size_t i = 0; i < n; i++)
+                TD_CHECK_MSG(flat[(size_t)p * n + i] == p * 1000000 + me * 10000 + (int64_t)i,
+                             "all_to_all %s in place: from rank %d element %zu", td_algo_name(algos[a]), p, i);
+        free(flat);
+        free(b);
+        free(counts);
+    }
+    close_cw(&w);
+}
+
+/* ---- barrier ---------------------------------------------------------------------------------- */
+
+COLL_TEST(barrier)
+{
+    cw w = open_cw(ctx);
+    for (int round = 0; round < 3; round++) {
+        td_sleep_ms(30 * ((ctx->rank + round) % ctx->world_size));
+        char key[64];
+        snprintf(key, sizeof key, "arrived/%d/%d", round, ctx->rank);
+        TD_CHECK_OK(td_store_set_str(w.store, key, "1"));
+        td_coll c = coll_of(&w, TD_COLL_BARRIER, TD_UINT8, 0);
+        run(&w, &c, round == 0 ? TD_ALGO_DISSEMINATION : TD_ALGO_AUTO, "barrier");
+        for (int r = 0; r < ctx->world_size; r++) {
+            snprintf(key, sizeof key, "arrived/%d/%d", round, r);
+            const char *k = key;
+            bool ready = false;
+            TD_CHECK_OK(td_store_check(w.store, &k, 1, &ready));
+            TD_CHECK_MSG(ready, "rank %d left barrier %d before rank %d arrived", ctx->rank, round, r);
+        }
+    }
+    close_cw(&w);
+}
+
+/* ---- failures --------------------------------------------------------------------------------- */
+
+/* Ranks that disagree on the size fail (no hang): a length mismatch on one side, and the others
+ * learn that the group broke. */
+TD_TEST(size_disagreement_fails_every_rank, .world_size = 3)
+{
+    cw w = open_cw(ctx);
+    size_t n = ctx->rank == 1 ? 5000 : 4000;
+    float *buf = calloc(n, sizeof *buf);
+    td_coll c = coll_of(&w, TD_COLL_ALL_REDUCE, TD_FLOAT32, n);
+    c.in = c.out = buf;
+    int64_t t0 = td_now_ns();
+    td_status s = td_coll_run(&w.c, &c, TD_ALGO_RING);
+    TD_CHECK_MSG(s == TD_ERR_INVALID || s == TD_ERR_PEER_LOST, "got %s: %s", td_status_str(s), td_last_error());
+    TD_CHECK((td_now_ns() - t0) / 1e9 < 20);
+    free(buf);
+    close_cw(&w);
+}
+
+/* A rank that never joins the collective: the others time out at the deadline, and the timeout
+ * breaks the group for the latecomer at once. */
+TD_TEST(collective_timeout, .world_size = 2)
+{
+    cw w = open_cw(ctx);
+    float v = 1;
+    td_coll c = coll_of(&w, TD_COLL_ALL_REDUCE, TD_FLOAT32, 1);
+    c.in = c.out = &v;
+    if (ctx->rank == 0) {
+        c.deadline_ns = td_now_ns() + 300 * 1000000LL;
+        TD_CHECK_ERR(td_coll_run(&w.c, &c, TD_ALGO_AUTO), TD_ERR_TIMEOUT, "Timed out waiting for a receive from rank 1");
+        TD_CHECK_OK(td_store_set_str(w.store, "timed_out", "1"));
+    } else {
+        const char *k = "timed_out";
+        TD_CHECK_OK(td_store_wait(w.store, &k, 1, 30000));
+        /* Another collective than the one rank 0 gave up on (whose data did arrive). */
+        c.seq = 99;
+        TD_CHECK_ERR(td_coll_run(&w.c, &c, TD_ALGO_AUTO), TD_ERR_PEER_LOST, "Connection to rank 0 lost");
+    }
+    close_cw(&w);
+}
+
+/* ---- configuration ---------------------------------------------------------------------------- */
+
+TD_TEST(algo_config)
+{
+    td_coll_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    TD_CHECK_OK(td_coll_config_parse_algo(&cfg, "ring"));
+    TD_CHECK_EQ(cfg.forced[TD_COLL_ALL_REDUCE], TD_ALGO_RING);
+    TD_CHECK_EQ(cfg.forced[TD_COLL_BROADCAST], TD_ALGO_RING);
+    TD_CHECK_EQ(cfg.forced[TD_COLL_ALL_GATHER], TD_ALGO_RING);
+    TD_CHECK_EQ(cfg.forced[TD_COLL_REDUCE_SCATTER], TD_ALGO_RING);
+    TD_CHECK_EQ(cfg.forced[TD_COLL_GATHER], TD_ALGO_AUTO);
+    TD_CHECK_EQ(cfg.forced[TD_COLL_BARRIER], TD_ALGO_AUTO);
+    memset(&cfg, 0, sizeof cfg);
+    TD_CHECK_OK(td_coll_config_parse_algo(&cfg, "all_reduce=rhd, broadcast:tree,GATHER=tree"));
+    TD_CHECK_EQ(cfg.forced[TD_COLL_ALL_REDUCE], TD_ALGO_RHD);
+    TD_CHECK_EQ(cfg.forced[TD_COLL_BROADCAST], TD_ALGO_TREE);
+    TD_CHECK_EQ(cfg.forced[TD_COLL_GATHER], TD_ALGO_TREE);
+    TD_CHECK_EQ(cfg.forced[TD_COLL_REDUCE], TD_ALGO_AUTO);
+    TD_CHECK_ERR(td_coll_config_parse_algo(&cfg, "fastest"), TD_ERR_INVALID,
+                 "TDIST_ALGO: unknown algorithm 'fastest'; choose from auto, rd, ring, rhd, tree, bruck, direct");
+    TD_CHECK_ERR(td_coll_config_parse_algo(&cfg, "all_reduce=bruck"), TD_ERR_INVALID,
+                 "TDIST_ALGO: all_reduce has no algorithm 'bruck'; choose from auto, rd, ring, rhd, tree");
+    TD_CHECK_ERR(td_coll_config_parse_algo(&cfg, "allreduce=ring"), TD_ERR_INVALID,
+                 "TDIST_ALGO: unknown collective 'allreduce'");
+}
+
+/* An unknown TDIST_ALGO fails the tcp group's creation with the same message. */
+TD_TEST(algo_env_fails_group_creation, .world_size = 2)
+{
+    setenv("TDIST_ALGO", "all_reduce=bogus", 1);
+    td_pg_options o = TD_PG_OPTIONS_INIT;
+    o.backend = "tcp";
+    o.init_method = ctx->init_url;
+    o.rank = ctx->rank;
+    o.world_size = ctx->world_size;
+    o.timeout_ms = 30000;
+    td_pg *pg = NULL;
+    TD_CHECK_ERR(td_pg_create(&o, &pg), TD_ERR_INVALID, "TDIST_ALGO: unknown algorithm 'bogus'");
+    unsetenv("TDIST_ALGO");
+}
+
+/* Forcing through the environment reaches the backend: a group with TDIST_ALGO=rhd still sums. */
+TD_TEST(algo_env_forces_backend, .world_size = 3)
+{
+    setenv("TDIST_ALGO", "rhd", 1);
+    td_pg_options o = TD_PG_OPTIONS_INIT;
+    o.backend = "tcp";
+    o.init_method = ctx->init_url;
+    o.rank = ctx->rank;
+    o.world_size = ctx->world_size;
+    o.timeout_ms = 30000;
+    td_pg *pg = NULL;
+    TD_CHECK_OK(td_pg_create(&o, &pg));
+    unsetenv("TDIST_ALGO");
+    td_tensor *t = NULL;
+    TD_CHECK_OK(td_tensor_full(TD_FLOAT32, TD_SHAPE(100000), ctx->rank + 1.0, &t));
+    TD_CHECK_OK(td_pg_all_reduce(pg, t, TD_OP_SUM, NULL));
+    for (int64_t i = 0; i < 100000; i += 997) {
+        double v;
+        TD_CHECK_OK(td_tensor_get_f64(t, &i, &v));
+        TD_CHECK_EQ(v, 6);
+    }
+    td_tensor_release(t);
+    td_pg_destroy(pg);
+}
+
+TD_TEST_MAIN()

@@ -14,6 +14,9 @@
 #include "base/error.h"
 #include "testing/harness.h"
 
+/* Held across the writes of one frame, on purpose: a rank's listener thread (answering a traceback
+ * request) and a failing body may send at the same time, and their frames must not interleave. The
+ * parent reads every channel continuously, so a write under the lock always finishes. */
 static pthread_mutex_t g_send_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static td_status write_all(int fd, const void *data, size_t len)

@@ -232,7 +232,11 @@ static bool blocks_signal(pid_t tid, int sig)
 void td_stacks_dump_all(td_buf *out)
 {
     td_symbols_init();
-    pthread_mutex_lock(&g_dump_lock);
+    /* One dump at a time shares the slots; a second caller does not wait for the first. */
+    if (pthread_mutex_trylock(&g_dump_lock) != 0) {
+        td_buf_printf(out, "(another stack dump is in progress)\n");
+        return;
+    }
     pid_t self = my_tid(), pid = getpid();
     pid_t tids[MAX_SLOTS];
     bool blocked[MAX_SLOTS];

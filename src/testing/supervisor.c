@@ -254,8 +254,9 @@ static bool poll_once(sup *s, int timeout_ms)
                 who[n++] = i * 3 + k;
             }
     if (n == 0) {
+        /* Every pipe is at EOF but a rank is not reaped yet: it is exiting, so look again soon. */
         if (timeout_ms > 0)
-            td_sleep_ms(timeout_ms);
+            td_sleep_ms(timeout_ms < 5 ? timeout_ms : 5);
         return false;
     }
     int rc = poll(pfd, (nfds_t)n, timeout_ms);

@@ -277,6 +277,23 @@ TD_TEST(hang_times_out_with_stacks, .timeout_s = 60)
     td_test_result_free(&r);
 }
 
+TD_TEST(inner_stopped, .world_size = 1, .timeout_s = 2, .hidden = true)
+{
+    raise(SIGSTOP); /* cannot answer the traceback request, nor die of SIGTERM */
+}
+
+TD_TEST(unanswered_traceback_request, .timeout_s = 60)
+{
+    td_test_result r;
+    RUN("inner_stopped", &r);
+    TD_CHECK_EQ(r.verdict, TD_TEST_FAIL);
+    TD_CHECK(starts_with(r.message, "Process 0 terminated or timed out after "));
+    TD_CHECK_CONTAINS(r.log, "Could not retrieve traceback for timed out process: 0\n"
+                             "Timing out after 2 seconds and killing subprocesses.\n");
+    TD_CHECK_EQ(r.exit_codes[0], TD_TEST_NOT_EXITED); /* SIGKILLed after the grace period */
+    td_test_result_free(&r);
+}
+
 /* ---- skips ---------------------------------------------------------------------------------- */
 
 TD_TEST(inner_all_skip, .world_size = 3, .timeout_s = 10, .hidden = true)

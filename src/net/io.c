@@ -4,16 +4,41 @@
 
 #include <errno.h>
 #include <poll.h>
-#include <stdatomic.h>
 #include <string.h>
 #include <sys/socket.h>
 
 #include "base/clock.h"
 #include "base/error.h"
 
-static atomic_int g_spin_us;
+#define SPIN_BACKOFF_MAX 4096u
 
-void td_net_set_spin_us(int us) { atomic_store_explicit(&g_spin_us, us < 0 ? 0 : us, memory_order_relaxed); }
+void td_net_spin_init(td_net_spin *spin, int64_t budget_ns)
+{
+    spin->budget_ns = budget_ns > 0 ? budget_ns : 0;
+    spin->skip = 0;
+    spin->backoff = 1;
+}
+
+bool td_net_spin_now(td_net_spin *spin)
+{
+    if (!spin || spin->budget_ns <= 0)
+        return false;
+    if (spin->skip > 0) {
+        spin->skip--;
+        return false;
+    }
+    return true;
+}
+
+void td_net_spin_result(td_net_spin *spin, bool hit)
+{
+    if (hit) {
+        spin->backoff = spin->backoff > 1 ? spin->backoff / 2 : 1;
+    } else {
+        spin->skip = spin->backoff;
+        spin->backoff = spin->backoff < SPIN_BACKOFF_MAX ? spin->backoff * 2 : SPIN_BACKOFF_MAX;
+    }
+}
 
 td_status td_net_wait(int fd, short events, int64_t deadline_ns)
 {
@@ -83,13 +108,15 @@ td_status td_net_send_all(int fd, const void *buf, size_t len, int64_t deadline_
 }
 
 /* One readv that returns at least one byte (or an error), waiting as needed. */
-static td_status readv_some(int fd, struct iovec *iov, int iovcnt, size_t *got, int64_t deadline_ns)
+static td_status readv_some(int fd, struct iovec *iov, int iovcnt, size_t *got, int64_t deadline_ns, td_net_spin *spin)
 {
-    int spin_us = atomic_load_explicit(&g_spin_us, memory_order_relaxed);
-    int64_t spin_until = spin_us > 0 ? td_now_ns() + (int64_t)spin_us * 1000 : 0;
+    bool spinning = td_net_spin_now(spin);
+    int64_t spin_until = spinning ? td_now_ns() + spin->budget_ns : 0;
     for (;;) {
         ssize_t n = readv(fd, iov, iovcnt > 1024 ? 1024 : iovcnt);
         if (n > 0) {
+            if (spinning)
+                td_net_spin_result(spin, true);
             *got = (size_t)n;
             return TD_OK;
         }
@@ -99,16 +126,25 @@ static td_status readv_some(int fd, struct iovec *iov, int iovcnt, size_t *got, 
             continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK)
             return io_errno("recv");
-        if (spin_until && td_now_ns() < spin_until)
-            continue;
+        if (spinning) {
+            if (td_now_ns() < spin_until)
+                continue;
+            td_net_spin_result(spin, false);
+            spinning = false;
+        }
         TD_TRY(td_net_wait(fd, POLLIN, deadline_ns));
     }
 }
 
 td_status td_net_recv_some(int fd, void *buf, size_t cap, size_t *got, int64_t deadline_ns)
 {
+    return td_net_recv_some_spin(fd, buf, cap, got, deadline_ns, NULL);
+}
+
+td_status td_net_recv_some_spin(int fd, void *buf, size_t cap, size_t *got, int64_t deadline_ns, td_net_spin *spin)
+{
     struct iovec iov = {.iov_base = buf, .iov_len = cap};
-    return readv_some(fd, &iov, 1, got, deadline_ns);
+    return readv_some(fd, &iov, 1, got, deadline_ns, spin);
 }
 
 td_status td_net_recvv_all(int fd, struct iovec *iov, int iovcnt, int64_t deadline_ns)
@@ -121,7 +157,7 @@ td_status td_net_recvv_all(int fd, struct iovec *iov, int iovcnt, int64_t deadli
         if (iovcnt == 0)
             return TD_OK;
         size_t left = 0;
-        TD_TRY(readv_some(fd, iov, iovcnt, &left, deadline_ns));
+        TD_TRY(readv_some(fd, iov, iovcnt, &left, deadline_ns, NULL));
         while (iovcnt > 0 && left >= iov[0].iov_len) {
             left -= iov[0].iov_len;
             iov++;

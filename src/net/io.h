@@ -11,6 +11,7 @@
 #ifndef TDIST_NET_IO_H
 #define TDIST_NET_IO_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
@@ -26,10 +27,25 @@ td_status td_net_recv_some(int fd, void *buf, size_t cap, size_t *got, int64_t d
 /* Waits until fd is ready for `events` (POLLIN / POLLOUT); POLLHUP and POLLERR count as ready. */
 td_status td_net_wait(int fd, short events, int64_t deadline_ns);
 
-/* Before sleeping in poll, the receive helpers retry a non-blocking read for up to this many
- * microseconds (0 by default): on a request/response connection whose peer answers within a few
- * microseconds, this saves the sleep and wake-up. Process-wide; the store client sets it from
- * TDIST_STORE_SPIN_US. */
-void td_net_set_spin_us(int us);
+/* Adaptive busy-waiting for request/response connections (DESIGN.md: "spin briefly, then sleep").
+ * Before sleeping in poll, td_net_recv_some_spin retries a non-blocking read for up to the spin's
+ * budget: when the peer answers within microseconds this saves two scheduler wake-ups. A spin
+ * that does not pay off (the data came only after the budget) makes the next ones skip spinning,
+ * for exponentially more calls, so a busy machine quickly stops paying for it. Not thread-safe:
+ * one per connection, used under the connection's lock. */
+typedef struct td_net_spin {
+    int64_t budget_ns; /* 0: never spin */
+    uint32_t skip;     /* calls left that do not spin */
+    uint32_t backoff;  /* calls to skip after the next miss */
+} td_net_spin;
+
+void td_net_spin_init(td_net_spin *spin, int64_t budget_ns);
+/* Whether the next wait should spin (and accounts for a skipped one). */
+bool td_net_spin_now(td_net_spin *spin);
+/* Records how a spin ended: hit (the data came while spinning) or miss. */
+void td_net_spin_result(td_net_spin *spin, bool hit);
+
+/* td_net_recv_some, spinning first per spin (may be NULL). */
+td_status td_net_recv_some_spin(int fd, void *buf, size_t cap, size_t *got, int64_t deadline_ns, td_net_spin *spin);
 
 #endif

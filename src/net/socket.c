@@ -6,13 +6,17 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stddef.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "base/clock.h"
@@ -190,7 +194,120 @@ static uint64_t jitter_state(void)
     return x;
 }
 
+/* ---- same-host fast path ----------------------------------------------------------------------- */
+
+static socklen_t local_name(const char *service, const td_addr *a, struct sockaddr_un *un)
+{
+    char text[TD_ADDR_STRLEN];
+    td_addr_str(a, text, sizeof text);
+    memset(un, 0, sizeof *un);
+    un->sun_family = AF_UNIX;
+    int n = snprintf(un->sun_path + 1, sizeof un->sun_path - 1, "%s/%s", service, text);
+    if (n < 0 || (size_t)n >= sizeof un->sun_path - 1)
+        n = (int)sizeof un->sun_path - 2;
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+}
+
+td_status td_net_listen_local(int tcp_fd, const char *service, int *fd)
+{
+    *fd = -1;
+    td_addr bound;
+    TD_TRY(td_net_local_addr(tcp_fd, &bound));
+    struct sockaddr_un un;
+    socklen_t len = local_name(service, &bound, &un);
+    int u = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (u < 0)
+        return td_error_errno(TD_ERR_IO, "socket(AF_UNIX)");
+    if (bind(u, (struct sockaddr *)&un, len) != 0 || listen(u, SOMAXCONN) != 0) {
+        td_status s = td_error_errno(TD_ERR_IO, "cannot listen on the local socket @%s", un.sun_path + 1);
+        close(u);
+        return s;
+    }
+    *fd = u;
+    return TD_OK;
+}
+
+static bool is_wildcard(const td_addr *a)
+{
+    if (a->ss.ss_family == AF_INET)
+        return ((const struct sockaddr_in *)&a->ss)->sin_addr.s_addr == htonl(INADDR_ANY);
+    return is_wildcard6(a);
+}
+
+static bool same_ip(const td_addr *a, const struct sockaddr *b)
+{
+    if (!b || a->ss.ss_family != b->sa_family)
+        return false;
+    if (b->sa_family == AF_INET)
+        return ((const struct sockaddr_in *)&a->ss)->sin_addr.s_addr == ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+    if (b->sa_family == AF_INET6)
+        return memcmp(&((const struct sockaddr_in6 *)&a->ss)->sin6_addr, &((const struct sockaddr_in6 *)b)->sin6_addr,
+                      sizeof(struct in6_addr)) == 0;
+    return false;
+}
+
+/* Whether dest is an address of this host (loopback, wildcard, or one of its interfaces'). */
+static bool is_this_host(const td_addr *dest)
+{
+    if (td_addr_is_loopback(dest) || is_wildcard(dest))
+        return true;
+    struct ifaddrs *ifs = NULL;
+    if (getifaddrs(&ifs) != 0)
+        return false;
+    bool found = false;
+    for (struct ifaddrs *i = ifs; i && !found; i = i->ifa_next)
+        found = same_ip(dest, i->ifa_addr);
+    freeifaddrs(ifs);
+    return found;
+}
+
+static int connect_unix(const struct sockaddr_un *un, socklen_t len)
+{
+    int u = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (u < 0)
+        return -1;
+    if (connect(u, (const struct sockaddr *)un, len) != 0) {
+        close(u);
+        return -1;
+    }
+    return u;
+}
+
+void td_net_connect_local(const char *service, const td_addr *dest, int *fd)
+{
+    *fd = -1;
+    if (!is_this_host(dest))
+        return;
+    struct sockaddr_un un;
+    socklen_t len = local_name(service, dest, &un);
+    if ((*fd = connect_unix(&un, len)) >= 0)
+        return;
+    /* A server bound to the wildcard serves every local address. */
+    int port = td_addr_port(dest);
+    td_addr any;
+    memset(&any, 0, sizeof any);
+    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&any.ss;
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons((uint16_t)port);
+    any.len = sizeof *in6;
+    len = local_name(service, &any, &un);
+    if ((*fd = connect_unix(&un, len)) >= 0)
+        return;
+    memset(&any, 0, sizeof any);
+    struct sockaddr_in *in = (struct sockaddr_in *)&any.ss;
+    in->sin_family = AF_INET;
+    in->sin_port = htons((uint16_t)port);
+    any.len = sizeof *in;
+    len = local_name(service, &any, &un);
+    *fd = connect_unix(&un, len);
+}
+
 td_status td_net_connect(const char *host, int port, int64_t deadline_ns, int *fd)
+{
+    return td_net_connect_ex(host, port, deadline_ns, NULL, fd);
+}
+
+td_status td_net_connect_ex(const char *host, int port, int64_t deadline_ns, const char *local_service, int *fd)
 {
     *fd = -1;
     char where[TD_ADDR_STRLEN + 64];
@@ -209,6 +326,15 @@ td_status td_net_connect(const char *host, int port, int64_t deadline_ns, int *f
         bool retry = s != TD_OK;
         if (s != TD_OK)
             snprintf(last, sizeof last, "%s", td_last_error());
+        for (size_t i = 0; local_service && i < n; i++) {
+            int c = -1;
+            td_net_connect_local(local_service, &addrs[i], &c);
+            if (c >= 0) {
+                free(addrs);
+                *fd = c;
+                return TD_OK;
+            }
+        }
         for (size_t i = 0; i < n; i++) {
             int err = 0;
             int c = connect_one(&addrs[i], deadline_ns, &err);

@@ -30,6 +30,8 @@
 /* Room in a request body beyond its keys and values, for lengths, counts and integers. */
 #define TD_STORE_BODY_SLACK 4096
 #define TD_STORE_MAX_KEYS_PER_REQUEST (1u << 20)
+/* Default busy-wait before sleeping, client and server (TDIST_STORE_SPIN_US; net/io.h). */
+#define TD_STORE_DEFAULT_SPIN_US 50
 
 enum td_store_cmd {
     TD_STORE_CMD_HELLO = 1,

@@ -31,13 +31,14 @@
 #include "base/thread.h"
 #include "base/vec.h"
 #include "net/addr.h"
+#include "net/io.h"
 #include "net/socket.h"
 #include "store/tcp_core.h"
 
 #define READ_CHUNK ((size_t)64 << 10)
 #define MAX_EVENTS 256
 
-static char listen_tag, wake_tag;
+static char listen_tag, local_tag, wake_tag;
 
 typedef struct srv_conn {
     int fd;
@@ -48,15 +49,15 @@ typedef struct srv_conn {
 } srv_conn;
 
 struct td_store_server {
-    int listen_fd, epoll_fd, wake_fd, reserve_fd;
+    int listen_fd, local_fd, epoll_fd, wake_fd, reserve_fd;
     int port;
     char address[TD_ADDR_STRLEN];
     td_store_core *core;
     pthread_t thread;
-    int spin_us;
+    td_net_spin spin;
     TD_VEC(srv_conn *) to_close;
     int64_t last_emfile_log;
-    _Atomic uint64_t st_connections, st_accepted, st_dropped, st_keys, st_parked;
+    _Atomic uint64_t st_connections, st_accepted, st_accepted_local, st_dropped, st_keys, st_parked;
 };
 
 static void set_events(td_store_server *s, srv_conn *c, uint32_t events)
@@ -170,12 +171,12 @@ static void on_readable(td_store_server *s, srv_conn *c)
     process_input(s, c);
 }
 
-static void accept_all(td_store_server *s)
+static void accept_all(td_store_server *s, int lfd)
 {
     for (int i = 0; i < 128; i++) {
         td_addr peer;
         peer.len = sizeof peer.ss;
-        int fd = accept4(s->listen_fd, (struct sockaddr *)&peer.ss, &peer.len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = accept4(lfd, (struct sockaddr *)&peer.ss, &peer.len, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
@@ -189,7 +190,7 @@ static void accept_all(td_store_server *s)
                     s->last_emfile_log = now;
                 }
                 close(s->reserve_fd);
-                int drop = accept(s->listen_fd, NULL, NULL);
+                int drop = accept(lfd, NULL, NULL);
                 if (drop >= 0)
                     close(drop);
                 s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -215,6 +216,8 @@ static void accept_all(td_store_server *s)
         c->core = td_store_core_attach(s->core, c);
         atomic_fetch_add(&s->st_connections, 1);
         atomic_fetch_add(&s->st_accepted, 1);
+        if (lfd == s->local_fd)
+            atomic_fetch_add(&s->st_accepted_local, 1);
     }
 }
 
@@ -222,11 +225,10 @@ static void *server_main(void *arg)
 {
     td_store_server *s = arg;
     struct epoll_event events[MAX_EVENTS];
+    bool spinning = false; /* the last batch was followed by a spin that has not ended */
     int64_t spin_until = 0;
     for (bool stop = false; !stop;) {
-        int timeout = -1;
-        if (spin_until && td_now_ns() < spin_until)
-            timeout = 0;
+        int timeout = spinning ? 0 : -1;
         int n = epoll_wait(s->epoll_fd, events, MAX_EVENTS, timeout);
         if (n < 0) {
             if (errno == EINTR)
@@ -234,14 +236,22 @@ static void *server_main(void *arg)
             TD_LOG_ERROR("TCPStore server %s: epoll_wait: %s; stopping", s->address, strerror(errno));
             break;
         }
+        if (spinning) {
+            if (n == 0 && td_now_ns() < spin_until)
+                continue;
+            td_net_spin_result(&s->spin, n > 0);
+            spinning = false;
+            if (n == 0)
+                continue;
+        }
         for (int i = 0; i < n; i++) {
             void *tag = events[i].data.ptr;
             if (tag == &wake_tag) {
                 stop = true;
                 continue;
             }
-            if (tag == &listen_tag) {
-                accept_all(s);
+            if (tag == &listen_tag || tag == &local_tag) {
+                accept_all(s, tag == &listen_tag ? s->listen_fd : s->local_fd);
                 continue;
             }
             srv_conn *c = tag;
@@ -254,8 +264,11 @@ static void *server_main(void *arg)
                 on_readable(s, c);
         }
         reap_closed(s);
-        if (n > 0 && s->spin_us > 0)
-            spin_until = td_now_ns() + (int64_t)s->spin_us * 1000;
+        /* After a batch, a client usually sends its next request within microseconds. */
+        if (n > 0 && td_net_spin_now(&s->spin)) {
+            spinning = true;
+            spin_until = td_now_ns() + s->spin.budget_ns;
+        }
         atomic_store(&s->st_keys, td_store_core_num_keys(s->core));
         atomic_store(&s->st_parked, td_store_core_num_parked(s->core));
     }
@@ -279,6 +292,8 @@ static void free_server(td_store_server *s)
     close_all(s);
     if (s->listen_fd >= 0)
         close(s->listen_fd);
+    if (s->local_fd >= 0)
+        close(s->local_fd);
     if (s->epoll_fd >= 0)
         close(s->epoll_fd);
     if (s->wake_fd >= 0)
@@ -296,10 +311,12 @@ td_status td_store_server_start(const td_store_server_options *o, td_store_serve
     td_store_limits lim;
     TD_TRY(td_store_limits_resolve(o->max_key_len, o->max_value_len, &lim));
     int64_t spin = 0;
-    TD_TRY(td_env_int("TDIST_STORE_SPIN_US", 0, 0, 1000000, &spin));
+    TD_TRY(td_env_int("TDIST_STORE_SPIN_US", TD_STORE_DEFAULT_SPIN_US, 0, 1000000, &spin));
+    bool same_host = true;
+    TD_TRY(td_env_bool("TDIST_STORE_UNIX", true, &same_host));
     td_store_server *s = TD_NEW(td_store_server);
-    s->listen_fd = s->epoll_fd = s->wake_fd = s->reserve_fd = -1;
-    s->spin_us = (int)spin;
+    s->listen_fd = s->local_fd = s->epoll_fd = s->wake_fd = s->reserve_fd = -1;
+    td_net_spin_init(&s->spin, spin * 1000);
     const char *token = o->auth_token ? o->auth_token : td_env_str("TDIST_AUTH_TOKEN", NULL);
     s->core = td_store_core_new(&lim, token);
     td_status st = td_net_listen(o->host, o->port, 0, &s->listen_fd, &s->port);
@@ -325,6 +342,18 @@ td_status td_store_server_start(const td_store_server_options *o, td_store_serve
         st = td_error_errno(TD_ERR_IO, "TCPStore server: epoll_ctl");
         free_server(s);
         return st;
+    }
+    if (same_host) {
+        /* Same-host clients skip the TCP stack (net/socket.h); without it they still use TCP. */
+        if (td_net_listen_local(s->listen_fd, "tdist-store", &s->local_fd) == TD_OK) {
+            struct epoll_event lev = {.events = EPOLLIN, .data.ptr = &local_tag};
+            if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, s->local_fd, &lev) != 0) {
+                close(s->local_fd);
+                s->local_fd = -1;
+            }
+        } else {
+            TD_LOG_DEBUG("TCPStore server %s: no same-host socket: %s", s->address, td_last_error());
+        }
     }
     st = td_thread_start(&s->thread, "td-store-srv", server_main, s);
     if (st != TD_OK) {
@@ -357,6 +386,7 @@ void td_store_server_get_stats(const td_store_server *s, td_store_server_stats *
 {
     st->connections = atomic_load(&s->st_connections);
     st->accepted = atomic_load(&s->st_accepted);
+    st->accepted_local = atomic_load(&s->st_accepted_local);
     st->dropped = atomic_load(&s->st_dropped);
     st->keys = atomic_load(&s->st_keys);
     st->parked = atomic_load(&s->st_parked);

@@ -31,6 +31,7 @@ const char *td_store_server_address(const td_store_server *server);
 typedef struct td_store_server_stats {
     uint64_t connections; /* open now */
     uint64_t accepted;    /* since start */
+    uint64_t accepted_local; /* of which through the same-host socket */
     uint64_t dropped;     /* connections closed for a malformed, oversize or refused request */
     uint64_t keys;
     uint64_t parked;      /* requests waiting for keys */

@@ -118,6 +118,8 @@ typedef struct tcp_store {
     int port;
     char where[TD_ADDR_STRLEN + 64];
     char *token;
+    bool local; /* try the same-host socket before TCP */
+    td_net_spin spin;
     td_store_limits lim; /* the server's, from its HELLO answer */
     td_buf out;
     td_buf in;
@@ -178,7 +180,8 @@ static td_status fill(tcp_store *t, size_t n, int64_t deadline)
     TD_TRY(td_buf_try_reserve(&t->in, want - t->in.len));
     while (t->in.len < n) {
         size_t got = 0;
-        TD_TRY(td_net_recv_some(t->fd, t->in.data + t->in.len, t->in.cap - 1 - t->in.len, &got, deadline));
+        TD_TRY(td_net_recv_some_spin(t->fd, t->in.data + t->in.len, t->in.cap - 1 - t->in.len, &got, deadline,
+                                     &t->spin));
         t->in.len += got;
     }
     return TD_OK;
@@ -254,7 +257,7 @@ static td_status hello(tcp_store *t, int64_t deadline)
 
 static td_status connect_server(tcp_store *t, int64_t deadline)
 {
-    td_status s = td_net_connect(t->host, t->port, deadline, &t->fd);
+    td_status s = td_net_connect_ex(t->host, t->port, deadline, t->local ? "tdist-store" : NULL, &t->fd);
     if (s != TD_OK)
         return td_error_prefix(s, "TCPStore client");
     s = hello(t, deadline);
@@ -733,8 +736,14 @@ td_status td_tcp_store_create(const td_tcp_store_options *o, td_store **store)
         return td_error(TD_ERR_INVALID, "TDIST_AUTH_TOKEN is longer than %d bytes", TD_STORE_MAX_TOKEN);
     }
     int64_t deadline = td_deadline_after_ms(o->timeout_ms);
-    td_status s = TD_OK;
-    if (o->is_master) {
+    td_status s;
+    t->local = true;
+    s = td_env_bool("TDIST_STORE_UNIX", true, &t->local);
+    int64_t spin_us = 0;
+    if (s == TD_OK)
+        s = td_env_int("TDIST_STORE_SPIN_US", TD_STORE_DEFAULT_SPIN_US, 0, 1000000, &spin_us);
+    td_net_spin_init(&t->spin, spin_us * 1000);
+    if (s == TD_OK && o->is_master) {
         s = server_acquire(o, &t->server);
         if (s == TD_OK)
             t->port = t->server->port;

@@ -1,5 +1,6 @@
 /* The Store interface over all four stores (spec/c10d.md C4, C5): every case runs once per store,
- * ctx->param = tcp, file, hash or prefix (a PrefixStore over a TCPStore). Single-process cases use
+ * ctx->param = tcp, file, hash or prefix (a PrefixStore over a TCPStore), and tcp_inet (the
+ * TCPStore again with its same-host socket off, so its TCP path is covered too). Single-process cases use
  * one handle; the cross-process cases (world size 4) run one worker per rank process for the
  * stores processes can share, and four threads of one process over a HashStore, which lives in one
  * process by design. */
@@ -14,7 +15,7 @@
 
 #include "util.h"
 
-#define STORES "tcp,file,hash,prefix"
+#define STORES "tcp,file,hash,prefix,tcp_inet"
 
 static void check_get(td_store *s, const char *key, const void *want, size_t want_len)
 {

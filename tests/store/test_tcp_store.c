@@ -4,6 +4,7 @@
  * handshake, IPv6, connect retry and its message, and the standalone tdist-store program. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <ifaddrs.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -786,6 +787,57 @@ TD_TEST(timeout_cancels_the_parked_request, .timeout_s = 60)
     TD_CHECK_STR_EQ(t, "value");
     free(t);
     td_store_release(s);
+}
+
+/* Same-host clients use the local socket, unless TDIST_STORE_UNIX=0; clients that name the
+ * host by one of its interface addresses get it too when the server is bound to the wildcard. */
+TD_TEST(same_host_clients_use_the_local_socket, .timeout_s = 60)
+{
+    td_tcp_store_options o = TD_TCP_STORE_OPTIONS_INIT;
+    o.host = NULL; /* every interface */
+    o.port = 0;
+    o.is_master = true;
+    o.world_size = 1;
+    o.timeout_ms = 10000;
+    td_store *master = NULL;
+    TD_CHECK_OK(td_tcp_store_create(&o, &master));
+    td_store_server_stats st;
+    TD_CHECK(td_tcp_store_server_stats(master, &st));
+    TD_CHECK_EQ(st.accepted_local, 1);
+    o.is_master = false;
+    o.port = td_tcp_store_port(master);
+    o.world_size = -1;
+    /* An interface address of this host, if it has one besides loopback. */
+    struct ifaddrs *ifs = NULL;
+    char ip[INET_ADDRSTRLEN] = "";
+    TD_CHECK(getifaddrs(&ifs) == 0);
+    for (struct ifaddrs *i = ifs; i && !ip[0]; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET)
+            continue;
+        const struct sockaddr_in *in = (const struct sockaddr_in *)i->ifa_addr;
+        if ((ntohl(in->sin_addr.s_addr) >> 24) != 127)
+            inet_ntop(AF_INET, &in->sin_addr, ip, sizeof ip);
+    }
+    freeifaddrs(ifs);
+    uint64_t want_local = 1;
+    td_store *c = NULL;
+    if (ip[0]) {
+        o.host = ip;
+        TD_CHECK_OK(td_tcp_store_create(&o, &c));
+        TD_CHECK_OK(td_store_set_str(c, "via", ip));
+        td_store_release(c);
+        want_local++;
+    }
+    setenv("TDIST_STORE_UNIX", "0", 1);
+    o.host = "127.0.0.1";
+    TD_CHECK_OK(td_tcp_store_create(&o, &c));
+    unsetenv("TDIST_STORE_UNIX");
+    TD_CHECK_OK(td_store_set_str(c, "via", "tcp"));
+    TD_CHECK(td_tcp_store_server_stats(master, &st));
+    TD_CHECK_EQ(st.accepted_local, want_local);
+    TD_CHECK_EQ(st.accepted, want_local + 1);
+    td_store_release(c);
+    td_store_release(master);
 }
 
 TD_TEST_MAIN()

@@ -95,6 +95,14 @@ td_store *tcp_client(const td_test_ctx *ctx, int world_size, int64_t timeout_ms)
 
 static bool is(const td_test_ctx *ctx, const char *p) { return strcmp(ctx->param, p) == 0; }
 
+/* "tcp" and "tcp_inet" (the same TCPStore with the same-host socket off, so TCP is used). */
+static bool is_tcp(const td_test_ctx *ctx)
+{
+    if (is(ctx, "tcp_inet"))
+        setenv("TDIST_STORE_UNIX", "0", 1);
+    return is(ctx, "tcp") || is(ctx, "tcp_inet");
+}
+
 td_store *open_param_store(const td_test_ctx *ctx)
 {
     td_store *s = NULL;
@@ -102,7 +110,7 @@ td_store *open_param_store(const td_test_ctx *ctx)
         TD_CHECK_OK(td_hash_store_create(&s));
     } else if (is(ctx, "file")) {
         TD_CHECK_OK(td_file_store_create(ctx->store_path, 1, &s));
-    } else if (is(ctx, "tcp") || is(ctx, "prefix")) {
+    } else if (is_tcp(ctx) || is(ctx, "prefix")) {
         s = tcp_master(ctx, 1, TD_STORE_DEFAULT_TIMEOUT_MS);
         unpublish(ctx, "port");
         if (is(ctx, "prefix")) {
@@ -119,7 +127,7 @@ td_store *open_param_store(const td_test_ctx *ctx)
 
 int64_t param_internal_keys(const td_test_ctx *ctx)
 {
-    if (is(ctx, "tcp") || is(ctx, "prefix"))
+    if (is_tcp(ctx) || is(ctx, "prefix"))
         return 1; /* "init/" */
     if (is(ctx, "file"))
         return 1; /* "refcount/" */
@@ -139,7 +147,7 @@ const char *param_get_timeout_msg(const td_test_ctx *ctx, const char *key, int64
 
 const char *param_wait_timeout_msg(const td_test_ctx *ctx)
 {
-    return is(ctx, "tcp") || is(ctx, "prefix") ? "Socket Timeout" : "Wait timeout";
+    return is_tcp(ctx) || is(ctx, "prefix") ? "Socket Timeout" : "Wait timeout";
 }
 
 void store_barrier(td_store *store, const char *key, int world)
@@ -214,6 +222,7 @@ void run_workers(td_test_ctx *ctx, worker_fn fn)
     if (is(ctx, "file")) {
         TD_CHECK_OK(td_file_store_create(ctx->store_path, world, &s));
     } else {
+        is_tcp(ctx);
         s = ctx->rank == 0 ? tcp_master(ctx, world, 60000) : tcp_client(ctx, world, 60000);
         if (is(ctx, "prefix")) {
             td_store *p = NULL;

@@ -27,8 +27,9 @@ void publish_port_hook(int port, void *arg);
 td_store *tcp_master(const td_test_ctx *ctx, int world_size, int64_t timeout_ms);
 td_store *tcp_client(const td_test_ctx *ctx, int world_size, int64_t timeout_ms);
 
-/* The store named by ctx->param ("tcp", "file", "hash" or "prefix": a PrefixStore over a TCPStore)
- * for this process alone (world size 1). */
+/* The store named by ctx->param for this process alone (world size 1): "tcp", "tcp_inet" (a
+ * TCPStore with TDIST_STORE_UNIX=0, so that same-host clients use TCP too), "file", "hash" or
+ * "prefix" (a PrefixStore over a TCPStore). */
 td_store *open_param_store(const td_test_ctx *ctx);
 /* Extra keys the store counts in num_keys beyond the user's (init/, refcount/). */
 int64_t param_internal_keys(const td_test_ctx *ctx);

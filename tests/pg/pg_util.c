@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 const td_dtype pg_test_dtypes[PG_NDTYPES] = {TD_FLOAT32, TD_FLOAT64, TD_FLOAT16, TD_BFLOAT16, TD_INT32,
                                               TD_INT64,   TD_UINT8,   TD_BOOL,    TD_COMPLEX64};
@@ -22,6 +24,58 @@ static void abort_hook(void *arg)
 {
     (void)arg;
     td_threaded_abort_all("Test termination event occurs.");
+}
+
+/* Rank 0 runs a TCPStore server on port 0 and publishes the port in <tmpdir>/<name>.port (written
+ * whole, by rename); the others wait for the file, connect and check in, and rank 0 removes the
+ * file once all did. No port is ever guessed. */
+td_store *pg_test_store(td_test_ctx *ctx)
+{
+    static __thread int stores_made; /* the ranks make their stores in the same order */
+    char path[1024], tmp[1100];
+    snprintf(path, sizeof path, "%s/store%d.port", ctx->tmpdir, stores_made++);
+    td_tcp_store_options o = TD_TCP_STORE_OPTIONS_INIT;
+    o.host = "127.0.0.1";
+    o.world_size = ctx->world_size;
+    o.timeout_ms = 60000;
+    o.wait_for_workers = false;
+    td_store *store = NULL;
+    if (ctx->rank == 0) {
+        o.port = 0;
+        o.is_master = true;
+        TD_CHECK_OK(td_tcp_store_create(&o, &store));
+        snprintf(tmp, sizeof tmp, "%s.tmp", path);
+        FILE *f = fopen(tmp, "w");
+        TD_CHECK(f != NULL);
+        fprintf(f, "%d\n", td_tcp_store_port(store));
+        TD_CHECK(fclose(f) == 0);
+        TD_CHECK(rename(tmp, path) == 0);
+        if (ctx->world_size > 1) {
+            const char *key = "pg_test/all_connected";
+            TD_CHECK_OK(td_store_wait(store, &key, 1, 60000));
+        }
+        TD_CHECK(unlink(path) == 0);
+        return store;
+    }
+    for (int i = 0; i < 6000 && !store; i++) {
+        FILE *f = fopen(path, "r");
+        if (!f) {
+            struct timespec d = {0, 10 * 1000000L};
+            nanosleep(&d, NULL);
+            continue;
+        }
+        int port = -1;
+        TD_CHECK(fscanf(f, "%d", &port) == 1);
+        fclose(f);
+        o.port = port;
+        TD_CHECK_OK(td_tcp_store_create(&o, &store));
+    }
+    TD_CHECK_MSG(store != NULL, "rank 0 did not publish its store's port in %s within 60 s", path);
+    int64_t n = 0;
+    TD_CHECK_OK(td_store_add(store, "pg_test/connected", 1, &n));
+    if (n == ctx->world_size - 1)
+        TD_CHECK_OK(td_store_set_str(store, "pg_test/all_connected", "1"));
+    return store;
 }
 
 td_pg_options pg_test_options(td_test_ctx *ctx, const pg_test_opts *opts)
@@ -45,8 +99,15 @@ td_pg *pg_test_init(td_test_ctx *ctx, const pg_test_opts *opts)
     if (ctx->threaded)
         td_test_add_abort_hook(ctx, abort_hook, NULL);
     td_pg_options po = pg_test_options(ctx, opts);
+    td_store *store = NULL;
+    if (!opts || !opts->init_url) {
+        store = pg_test_store(ctx);
+        po.init_method = NULL;
+        po.store = store;
+    }
     td_pg *pg = NULL;
     TD_CHECK_OK(td_pg_create(&po, &pg));
+    td_store_release(store); /* the group keeps its own reference */
     TD_CHECK_EQ(td_pg_rank(pg), ctx->rank);
     TD_CHECK_EQ(td_pg_size(pg), ctx->world_size);
     return pg;

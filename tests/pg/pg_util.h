@@ -4,8 +4,9 @@
  * multi-process case with one instance per process backend (TD_PG_PROCESS_BACKENDS, ctx->param
  * names it), and "name_threaded" in the harness's threaded mode on the threaded backend. A backend
  * that is not built in is skipped statically. The body makes its group with pg_test_init, which
- * rendezvous through the case's FileStore (ctx->init_url) and, in threaded mode, wires the
- * harness's abort hook to the threaded backend so that a failing rank wakes the others. */
+ * meets through a TCPStore on port 0 (rank 0 publishes the port in a file of the case's temp dir)
+ * or an init URL, and, in threaded mode, wires the harness's abort hook to the threaded backend so
+ * that a failing rank wakes the others. */
 #ifndef TDIST_TESTS_PG_UTIL_H
 #define TDIST_TESTS_PG_UTIL_H
 
@@ -49,10 +50,13 @@ const char *pg_test_skip_unavailable(const char *param);
 typedef struct pg_test_opts {
     int64_t timeout_ms;      /* 0: 60 s (well below the harness's per-test timeout) */
     const char *debug_level; /* NULL: "OFF" (not the environment: tests choose) */
-    const char *init_url;    /* NULL: ctx->init_url */
+    const char *init_url;    /* NULL: a TCPStore on port 0 (explicit store); else this URL */
     const char *group_name;
 } pg_test_opts;
 
+/* A new TCPStore shared by the case's ranks (rank 0 serves it on port 0 and publishes the port
+ * through a file of ctx->tmpdir, removed once every rank connected). */
+td_store *pg_test_store(td_test_ctx *ctx);
 /* A group of all ranks of the case on ctx->param's backend; fails the test on error. */
 td_pg *pg_test_init(td_test_ctx *ctx, const pg_test_opts *opts);
 /* td_pg_options for the case (backend, init URL, rank, world size, timeout), for tests that call

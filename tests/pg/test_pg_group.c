@@ -97,9 +97,11 @@ static void default_group_body(td_test_ctx *ctx)
     TD_CHECK_EQ(td_get_rank(), -1);
     TD_CHECK_ERR(td_pg_barrier(NULL, NULL), TD_ERR_NOT_INIT, NOT_INIT_MSG);
 
-    /* Re-initialized (on a fresh rendezvous file), the names start again at "0". */
-    o.init_method = pg_test_url(ctx, "second");
+    /* Re-initialized (now with an explicit store), the names start again at "0". */
+    o.init_method = NULL;
+    o.store = pg_test_store(ctx);
     TD_CHECK_OK(td_init_process_group(&o));
+    td_store_release(o.store);
     TD_CHECK_STR_EQ(td_pg_name(NULL), "0");
     TD_CHECK_OK(td_new_group(NULL, 0, NULL, &sub));
     TD_CHECK_STR_EQ(td_pg_name(sub), "1");
@@ -156,7 +158,7 @@ TD_PG_TEST(lifecycle, 3, .timeout_s = 60)
     TD_CHECK(!td_backend_available("nonesuch"));
     TD_CHECK_ERR(td_register_backend(NULL), TD_ERR_INVALID, NULL);
 
-    /* A second root group beside the first (its own rendezvous), both used at once. */
+    /* A second root group beside the first (its own rendezvous, through a URL), both used at once. */
     pg_test_opts o2 = {.init_url = pg_test_url(ctx, "other"), .group_name = "other"};
     td_pg *pg2 = pg_test_init(ctx, &o2);
     TD_CHECK_STR_EQ(td_pg_name(pg2), "other");
@@ -173,8 +175,7 @@ TD_PG_TEST(lifecycle, 3, .timeout_s = 60)
 
     /* Destroy and re-create in the same process. */
     pg_test_done(ctx, pg);
-    pg_test_opts o3 = {.init_url = pg_test_url(ctx, "third")};
-    pg = pg_test_init(ctx, &o3);
+    pg = pg_test_init(ctx, NULL);
     TD_CHECK_OK(td_pg_all_reduce(pg, a, TD_OP_MAX, NULL));
     TD_CHECK_NEAR(sum_of(a), 10.0 * ws, 0);
     pg_test_done(ctx, pg);
@@ -266,7 +267,9 @@ static void subgroups_body(td_test_ctx *ctx)
         td_pg_destroy(nested);
     }
 
-    /* Subgroups outlive their parent. */
+    /* Subgroups outlive their parent. (The barrier first: rank 0 serves the store, which the
+     * others need until their subgroups exist.) */
+    TD_CHECK_OK(td_pg_barrier(world, NULL));
     td_pg_destroy(world);
     if (member) {
         TD_CHECK_OK(td_pg_all_reduce(g, b, TD_OP_SUM, NULL));

@@ -72,7 +72,8 @@ static td_status open_file(file_store *f, int flags, int *fd)
         }
         if (errno == EINTR)
             continue;
-        if (errno != ENOENT || timed_out(start, timeout))
+        /* With O_CREAT, ENOENT means the directory is missing: no writer will fix that. */
+        if (errno != ENOENT || (flags & O_CREAT) || timed_out(start, timeout))
             return td_error_errno(TD_ERR_IO, "FileStore: open(%s)", f->path);
         td_sleep_ns(POLL_NS);
     }

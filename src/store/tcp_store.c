@@ -192,6 +192,11 @@ static td_status fill(tcp_store *t, size_t n, int64_t deadline)
 static td_status read_reply(tcp_store *t, int64_t deadline, uint64_t max_body, bool direct, reply *r)
 {
     memset(r, 0, sizeof *r);
+    /* Give back the memory of a huge earlier reply. */
+    if (t->in_off == t->in.len && t->in.cap > ((size_t)4 << 20)) {
+        td_buf_free(&t->in);
+        t->in_off = 0;
+    }
     TD_TRY(fill(t, TD_STORE_HEADER_LEN, deadline));
     TD_TRY(td_store_check_reply_header((const uint8_t *)t->in.data + t->in_off, max_body, &r->kind, &r->len));
     t->in_off += TD_STORE_HEADER_LEN;

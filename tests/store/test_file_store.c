@@ -131,6 +131,18 @@ TD_TEST(missing_file_times_out_with_errno, .timeout_s = 60)
     TD_CHECK(access(ctx->store_path, F_OK) != 0);
 }
 
+TD_TEST(missing_directory_fails_at_once, .timeout_s = 60)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/no/such/dir/store", ctx->tmpdir);
+    td_store *s = NULL;
+    double t0 = now_s();
+    TD_CHECK_ERR(td_file_store_create(path, 1, &s), TD_ERR_IO, "No such file or directory");
+    TD_CHECK_CONTAINS(td_last_error(), path);
+    TD_CHECK(now_s() - t0 < 1.0);
+    TD_CHECK_ERR(td_file_store_create("", 1, &s), TD_ERR_INVALID, "path");
+}
+
 TD_TEST(corrupt_file_is_reported, .timeout_s = 60)
 {
     int fd = open(ctx->store_path, O_CREAT | O_WRONLY | O_CLOEXEC, 0644);

@@ -181,6 +181,28 @@ TD_API int td_get_world_size(void); /* -1 before init */
 /* new_group on the default group; the group is destroyed with it (td_pg_destroy also works). */
 TD_API td_status td_new_group(const int *ranks, int n, const td_pg_options *options, td_pg **out);
 
+/* ---- profiling (c10d's record_param_comms) ------------------------------------------------- */
+
+/* One finished operation, as a profiler sees it. Strings and shape are valid during the call. */
+typedef struct td_pg_trace_event {
+    const char *name;       /* "<backend>:<op>": "tcp:all_reduce", "threaded:recvAnySource" */
+    const char *group_name;
+    int rank;               /* in the group */
+    uint64_t seq;           /* the group's number for the operation (p2p ops count apart) */
+    bool is_async;          /* issued with a work handle (else the call blocked) */
+    td_status status;
+    td_dtype dtype;
+    int64_t numel_in, numel_out;
+    int ndim;               /* the shape of the (first) input tensor; -1 when not recorded */
+    const int64_t *shape;
+    int64_t begin_ns, end_ns; /* CLOCK_MONOTONIC: issue and completion */
+} td_pg_trace_event;
+
+/* Calls fn(event, arg) once per finished operation of pg (collectives and p2p; none for the
+ * checks DETAIL adds), on tdist's callback thread. fn NULL stops tracing. Setting it while
+ * operations are in flight is safe; they may or may not be reported. */
+TD_API void td_pg_set_trace_callback(td_pg *pg, void (*fn)(const td_pg_trace_event *event, void *arg), void *arg);
+
 /* ---- backends ------------------------------------------------------------------------------- */
 
 /* Whether a backend of that name is registered (built in or by td_register_backend). */

@@ -131,6 +131,8 @@ static void alloc_blocks(td_work *w, int size, bool in, bool out)
     }
 }
 
+/* The value a collective's future completes with (only built when the caller takes the future:
+ * a blocking call has no use for it). */
 static td_value *result_list(td_tensor *const *ts, int n)
 {
     td_value *v = td_value_list_new();
@@ -139,13 +141,14 @@ static td_value *result_list(td_tensor *const *ts, int n)
     return v;
 }
 
-/* Frees w when building it failed, else queues it. */
+/* Frees w when building it failed, else queues it (blocking when work is NULL). */
 static td_status issue(td_pg *g, td_work *w, td_status built, td_future **work)
 {
     if (built != TD_OK) {
         pg_work_free(w);
         return built;
     }
+    w->is_async = work != NULL;
     return pg_issue(g, &w, 1, work);
 }
 
@@ -165,7 +168,7 @@ td_status td_pg_broadcast(td_pg *pg, td_tensor *tensor, int root, td_future **wo
     w->numel_in = w->numel_out = td_tensor_numel(tensor);
     td_status st = out_data(w, tensor, g->rank == root, &w->coll.out);
     w->coll.in = w->coll.out;
-    w->result = result_list(&tensor, 1);
+    w->result = work ? result_list(&tensor, 1) : NULL;
     pg_fingerprint_fill(w, &tensor, 1, root, -1, true);
     return issue(g, w, st, work);
 }
@@ -183,7 +186,7 @@ td_status td_pg_all_reduce(td_pg *pg, td_tensor *tensor, td_op op, td_future **w
     w->numel_in = w->numel_out = td_tensor_numel(tensor);
     td_status st = out_data(w, tensor, true, &w->coll.out);
     w->coll.in = w->coll.out;
-    w->result = result_list(&tensor, 1);
+    w->result = work ? result_list(&tensor, 1) : NULL;
     pg_fingerprint_fill(w, &tensor, 1, -1, (int)op.kind, true);
     return issue(g, w, st, work);
 }
@@ -237,7 +240,7 @@ td_status td_pg_all_reduce_coalesced(td_pg *pg, td_tensor *const *tensors, int n
         w->coll.in = w->coll.out;
         w->numel_in = w->numel_out = td_tensor_numel(flat);
     }
-    w->result = result_list(tensors, n);
+    w->result = work ? result_list(tensors, n) : NULL;
     pg_fingerprint_fill(w, tensors, n, -1, (int)op.kind, true);
     return issue(g, w, st, work);
 }
@@ -269,7 +272,7 @@ td_status td_pg_reduce(td_pg *pg, td_tensor *tensor, int root, td_op op, td_futu
         }
     }
     w->coll.in = w->coll.out;
-    w->result = result_list(&tensor, 1);
+    w->result = work ? result_list(&tensor, 1) : NULL;
     pg_fingerprint_fill(w, &tensor, 1, root, (int)op.kind, true);
     return issue(g, w, st, work);
 }
@@ -296,7 +299,7 @@ td_status td_pg_all_gather(td_pg *pg, td_tensor *const *outputs, td_tensor *inpu
         st = out_data(w, outputs[r], false, &w->out_blocks[r]);
         w->out_counts[r] = (size_t)numel;
     }
-    w->result = result_list(outputs, g->size);
+    w->result = work ? result_list(outputs, g->size) : NULL;
     pg_fingerprint_fill(w, &input, 1, -1, -1, true);
     return issue(g, w, st, work);
 }
@@ -329,7 +332,7 @@ td_status td_pg_all_gather_into_tensor(td_pg *pg, td_tensor *output, td_tensor *
         w->out_blocks[r] = (char *)base + (size_t)r * (size_t)numel * esize;
         w->out_counts[r] = (size_t)numel;
     }
-    w->result = result_list(&output, 1);
+    w->result = work ? result_list(&output, 1) : NULL;
     pg_fingerprint_fill(w, &input, 1, -1, -1, true);
     return issue(g, w, st, work);
 }
@@ -378,7 +381,7 @@ td_status td_pg_all_gather_coalesced(td_pg *pg, td_tensor *const *outputs, td_te
             }
         }
     }
-    w->result = result_list(outputs, g->size * n);
+    w->result = work ? result_list(outputs, g->size * n) : NULL;
     pg_fingerprint_fill(w, inputs, n, -1, -1, true);
     return issue(g, w, st, work);
 }
@@ -416,7 +419,7 @@ td_status td_pg_gather(td_pg *pg, td_tensor *const *outputs, td_tensor *input, i
             w->out_counts[r] = (size_t)numel;
         }
     }
-    w->result = result_list(outputs, is_root ? g->size : 0);
+    w->result = work ? result_list(outputs, is_root ? g->size : 0) : NULL;
     pg_fingerprint_fill(w, &input, 1, root, -1, true);
     return issue(g, w, st, work);
 }
@@ -454,7 +457,7 @@ td_status td_pg_scatter(td_pg *pg, td_tensor *output, td_tensor *const *inputs, 
             w->in_counts[r] = (size_t)numel;
         }
     }
-    w->result = result_list(&output, 1);
+    w->result = work ? result_list(&output, 1) : NULL;
     pg_fingerprint_fill(w, &output, 1, root, -1, true);
     return issue(g, w, st, work);
 }
@@ -482,7 +485,7 @@ td_status td_pg_reduce_scatter(td_pg *pg, td_tensor *output, td_tensor *const *i
         st = in_data(w, inputs[r], &w->in_blocks[r]);
         w->in_counts[r] = (size_t)numel;
     }
-    w->result = result_list(&output, 1);
+    w->result = work ? result_list(&output, 1) : NULL;
     pg_fingerprint_fill(w, &output, 1, -1, (int)op.kind, true);
     return issue(g, w, st, work);
 }
@@ -516,7 +519,7 @@ td_status td_pg_reduce_scatter_tensor(td_pg *pg, td_tensor *output, td_tensor *i
         w->in_blocks[r] = (const char *)base + (size_t)r * (size_t)numel * esize;
         w->in_counts[r] = (size_t)numel;
     }
-    w->result = result_list(&output, 1);
+    w->result = work ? result_list(&output, 1) : NULL;
     pg_fingerprint_fill(w, &output, 1, -1, (int)op.kind, true);
     return issue(g, w, st, work);
 }
@@ -543,7 +546,7 @@ td_status td_pg_all_to_all(td_pg *pg, td_tensor *const *outputs, td_tensor *cons
         w->out_counts[r] = (size_t)td_tensor_numel(outputs[r]);
         w->numel_out += td_tensor_numel(outputs[r]);
     }
-    w->result = result_list(outputs, g->size);
+    w->result = work ? result_list(outputs, g->size) : NULL;
     pg_fingerprint_fill(w, inputs, g->size, -1, -1, false);
     return issue(g, w, st, work);
 }
@@ -607,7 +610,7 @@ td_status td_pg_all_to_all_single(td_pg *pg, td_tensor *output, td_tensor *input
     }
     w->numel_in = td_tensor_numel(input);
     w->numel_out = td_tensor_numel(output);
-    w->result = result_list(&output, 1);
+    w->result = work ? result_list(&output, 1) : NULL;
     pg_fingerprint_fill(w, &input, 1, -1, -1, false);
     return issue(g, w, st, work);
 }
@@ -645,6 +648,9 @@ static td_status build_p2p(td_pg *g, bool is_send, td_tensor *t, int peer, int t
     w->coll.peer = peer;
     w->coll.tag = tag;
     w->coll.count = (size_t)td_tensor_numel(t);
+    td_shape shape = td_tensor_shape(t); /* for traces only: p2p has no DETAIL check */
+    w->fp.ndim = shape.ndim;
+    memcpy(w->fp.shape, shape.d, sizeof(int64_t) * (size_t)shape.ndim);
     td_status st;
     if (is_send) {
         w->numel_in = td_tensor_numel(t);
@@ -669,6 +675,7 @@ td_status td_pg_send(td_pg *pg, td_tensor *tensor, int dst, int tag, td_future *
     TD_TRY(pg_resolve(pg, "send", &g));
     td_work *w;
     TD_TRY(build_p2p(g, true, tensor, dst, tag, &w));
+    w->is_async = work != NULL;
     return pg_issue(g, &w, 1, work);
 }
 
@@ -678,6 +685,7 @@ td_status td_pg_recv(td_pg *pg, td_tensor *tensor, int src, int tag, int *sender
     TD_TRY(pg_resolve(pg, "recv", &g));
     td_work *w;
     TD_TRY(build_p2p(g, false, tensor, src, tag, &w));
+    w->is_async = work != NULL;
     if (work)
         return pg_issue(g, &w, 1, work);
     td_future *f;
@@ -704,6 +712,7 @@ td_status td_pg_batch_isend_irecv(td_pg *pg, const td_p2p_op *ops, int n, td_fut
             free(ws);
             return td_error_prefix(st, "batch_isend_irecv: op %d", i);
         }
+        ws[i]->is_async = works != NULL;
     }
     td_status st = pg_issue(g, ws, n, works);
     free(ws);

@@ -134,6 +134,65 @@ static void inflight_link_locked(td_pg *pg, td_work *w)
     pg->inflight = w;
 }
 
+/* A trace event on its way to the executor, with copies of everything it points to. */
+typedef struct trace_item {
+    void (*fn)(const td_pg_trace_event *event, void *arg);
+    void *arg;
+    td_pg_trace_event ev;
+    char name[80];
+    char group[64];
+    int64_t shape[TD_MAX_DIMS];
+} trace_item;
+
+static void run_trace(void *p)
+{
+    trace_item *t = p;
+    t->ev.name = t->name;
+    t->ev.group_name = t->group;
+    t->ev.shape = t->shape;
+    t->fn(&t->ev, t->arg);
+    free(t);
+}
+
+static td_exec_item *make_trace(const td_work *w, td_status status, void (*fn)(const td_pg_trace_event *, void *),
+                                void *arg)
+{
+    trace_item *t = TD_NEW(trace_item);
+    t->fn = fn;
+    t->arg = arg;
+    snprintf(t->name, sizeof t->name, "%s:%s", w->pg->backend_name, pg_op_api_name(w->op));
+    snprintf(t->group, sizeof t->group, "%s", w->pg->name);
+    t->ev = (td_pg_trace_event){
+        .rank = w->pg->rank,
+        .seq = w->seq,
+        .is_async = w->is_async,
+        .status = status,
+        .dtype = w->coll.dtype,
+        .numel_in = w->numel_in,
+        .numel_out = w->numel_out,
+        .ndim = (int)w->fp.ndim,
+        .begin_ns = w->issue_ns,
+        .end_ns = td_now_ns(),
+    };
+    if (t->ev.ndim > 0)
+        memcpy(t->shape, w->fp.shape, sizeof(int64_t) * (size_t)t->ev.ndim);
+    td_exec_item *it = TD_NEW(td_exec_item);
+    it->fn = run_trace;
+    it->arg = t;
+    return it;
+}
+
+void td_pg_set_trace_callback(td_pg *pg, void (*fn)(const td_pg_trace_event *event, void *arg), void *arg)
+{
+    td_pg *g = NULL;
+    if (pg_resolve(pg, "set_trace_callback", &g) != TD_OK)
+        return;
+    pthread_mutex_lock(&g->mu);
+    g->trace_fn = fn;
+    g->trace_arg = arg;
+    pthread_mutex_unlock(&g->mu);
+}
+
 void pg_work_finish(td_work *w, td_status status, int sender, char *message)
 {
     td_pg *pg = w->pg;
@@ -162,7 +221,11 @@ void pg_work_finish(td_work *w, td_status status, int sender, char *message)
     if (status != TD_OK && !w->nonfatal)
         fail_group_locked(pg, status, message);
     linked = w->iprev || pg->inflight == w;
+    td_exec_item *trace = pg->trace_fn && w->op != PG_OP_FINGERPRINT
+                              ? make_trace(w, status, pg->trace_fn, pg->trace_arg)
+                              : NULL;
     pthread_mutex_unlock(&pg->mu);
+    td_executor_dispatch(trace);
 
     if (status == TD_OK)
         td_future_set_result(w->future, value);

@@ -86,8 +86,9 @@ struct td_work {
     bool is_p2p;
     bool nonfatal;     /* a failure does not fail the group (front-end checks) */
     bool value_sender; /* the result is the sender's rank (receives) */
+    bool is_async;     /* the caller took a work handle (set by the call that builds it) */
     bool has_fp;
-    pg_fingerprint fp;
+    pg_fingerprint fp; /* also the shape traces report */
     /* storage for the coll's block arrays */
     const void **in_blocks;
     size_t *in_counts;
@@ -129,6 +130,8 @@ struct td_pg {
     uint64_t wire_seq, wire_p2p_seq; /* submitted to the backend (fingerprints count) */
     uint64_t child_count;           /* subgroups made from this group, for their names */
     uint64_t monitored_seq;
+    void (*trace_fn)(const td_pg_trace_event *event, void *arg);
+    void *trace_arg;
 };
 
 /* ---- pg.c ---------------------------------------------------------------------------------- */

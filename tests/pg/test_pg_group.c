@@ -1,8 +1,11 @@
 /* Process-group lifecycle (spec/c10d.md C1, C2, C9): the default group and its errors, creating,
  * destroying and re-creating groups, subgroups with rank translation and non-members, several
  * groups used at once, the backend registry, and every argument error of the collectives. */
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "pg_util.h"
 
@@ -396,6 +399,93 @@ TD_PG_TEST(argument_errors, 2, .timeout_s = 60)
     td_tensor *all[] = {f4, f3, i4, f8, c4, f5, odd, scalar};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         td_tensor_release(all[i]);
+    pg_test_done(ctx, pg);
+}
+
+/* ---- profiling events ------------------------------------------------------------------------- */
+
+typedef struct trace_log {
+    pthread_mutex_t mu;
+    int n;
+    struct {
+        char name[48];
+        bool is_async;
+        int ndim;
+        int64_t shape0;
+        td_status status;
+        bool ordered;
+    } ev[32];
+} trace_log;
+
+static void on_trace(const td_pg_trace_event *e, void *arg)
+{
+    trace_log *l = arg;
+    pthread_mutex_lock(&l->mu);
+    if (l->n < 32) {
+        snprintf(l->ev[l->n].name, sizeof l->ev[0].name, "%s", e->name);
+        l->ev[l->n].is_async = e->is_async;
+        l->ev[l->n].ndim = e->ndim;
+        l->ev[l->n].shape0 = e->ndim > 0 ? e->shape[0] : -1;
+        l->ev[l->n].status = e->status;
+        l->ev[l->n].ordered = e->end_ns >= e->begin_ns && e->begin_ns > 0;
+        l->n++;
+    }
+    pthread_mutex_unlock(&l->mu);
+}
+
+static int count_events(trace_log *l, const char *backend, const char *op, bool is_async)
+{
+    char name[64];
+    snprintf(name, sizeof name, "%s:%s", backend, op);
+    int n = 0;
+    pthread_mutex_lock(&l->mu);
+    for (int i = 0; i < l->n; i++)
+        if (strcmp(l->ev[i].name, name) == 0 && l->ev[i].is_async == is_async && l->ev[i].status == TD_OK &&
+            l->ev[i].ordered)
+            n++;
+    pthread_mutex_unlock(&l->mu);
+    return n;
+}
+
+TD_PG_TEST(trace_events, 2, .timeout_s = 60)
+{
+    int me = ctx->rank;
+    pg_test_opts o = {.debug_level = "DETAIL"}; /* its extra checks must not show up as events */
+    td_pg *pg = pg_test_init(ctx, &o);
+    trace_log log = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    td_pg_set_trace_callback(pg, on_trace, &log);
+    td_tensor *t = NULL;
+    TD_CHECK_OK(td_tensor_zeros(TD_FLOAT32, TD_SHAPE(10, 10, 10), &t));
+    td_future *w[3];
+    TD_CHECK_OK(td_pg_all_reduce(pg, t, TD_OP_SUM, &w[0]));
+    TD_CHECK_OK(td_pg_all_reduce(pg, t, TD_OP_SUM, &w[1]));
+    TD_CHECK_OK(td_future_wait_all(w, 2, 0));
+    TD_CHECK_OK(td_pg_broadcast(pg, t, 1, NULL));
+    TD_CHECK_OK(td_pg_send(pg, t, 1 - me, 0, &w[2]));
+    TD_CHECK_OK(td_pg_recv(pg, t, TD_ANY_SOURCE, 0, NULL, NULL));
+    TD_CHECK_OK(td_future_wait(w[2], 0));
+    TD_CHECK_OK(td_pg_barrier(pg, NULL));
+    for (int i = 0; i < 3; i++)
+        td_future_release(w[i]);
+    for (int i = 0; i < 5000; i++) { /* the events arrive on the callback thread */
+        pthread_mutex_lock(&log.mu);
+        int n = log.n;
+        pthread_mutex_unlock(&log.mu);
+        if (n >= 6)
+            break;
+        struct timespec d = {0, 2000000};
+        nanosleep(&d, NULL);
+    }
+    td_pg_set_trace_callback(pg, NULL, NULL);
+    const char *b = ctx->param;
+    TD_CHECK_EQ(count_events(&log, b, "all_reduce", true), 2);
+    TD_CHECK_EQ(count_events(&log, b, "broadcast", false), 1);
+    TD_CHECK_EQ(count_events(&log, b, "send", true), 1);
+    TD_CHECK_EQ(count_events(&log, b, "recvAnySource", false), 1);
+    TD_CHECK_EQ(count_events(&log, b, "barrier", false), 1);
+    TD_CHECK_EQ(log.n, 6);
+    TD_CHECK(log.ev[0].ndim == 3 && log.ev[0].shape0 == 10);
+    td_tensor_release(t);
     pg_test_done(ctx, pg);
 }
 

@@ -116,6 +116,34 @@ TD_PG_TEST(stalled_rank_timeout, 2, .timeout_s = 90)
     fresh_group_works(ctx);
 }
 
+/* A receive nobody answers: the group's watchdog fails it at the deadline, and the group. */
+TD_PG_TEST(unanswered_recv_timeout, 2, .timeout_s = 90)
+{
+    pg_test_opts o = {.timeout_ms = 2000};
+    td_pg *pg = pg_test_init(ctx, &o);
+    td_store *sync = pg_test_store(ctx);
+    td_tensor *t = ones(TD_INT64, 3);
+    if (ctx->rank == 0) {
+        td_future *f = NULL;
+        int64_t t0 = now_ms();
+        TD_CHECK_OK(td_pg_recv(pg, t, 1, 7, NULL, &f));
+        TD_CHECK_ERR(td_future_wait(f, 60000), TD_ERR_TIMEOUT,
+                     "[Rank 0] Watchdog caught collective operation timeout: ");
+        TD_CHECK_CONTAINS(td_last_error(), "(SeqNum=1, OpType=RECV, NumelIn=0, NumelOut=3, Timeout(ms)=2000) ran for ");
+        int64_t took = now_ms() - t0;
+        TD_CHECK_MSG(took >= 1900 && took < 15000, "the receive failed after %lld ms", (long long)took);
+        td_future_release(f);
+        TD_CHECK_ERR(td_pg_send(pg, t, 1, 7, NULL), TD_ERR_TIMEOUT, "Watchdog caught");
+        TD_CHECK_OK(td_store_set_str(sync, "done", "1"));
+    } else {
+        const char *key = "done";
+        TD_CHECK_OK(td_store_wait(sync, &key, 1, 60000));
+    }
+    td_tensor_release(t);
+    pg_test_done(ctx, pg);
+    td_store_release(sync);
+}
+
 /* ---- DETAIL: collectives that differ between ranks --------------------------------------------- */
 
 static void detail_body(td_test_ctx *ctx)

@@ -55,6 +55,8 @@ typedef enum td_record_tag {
     TD_REC_RREF = 2,        /* (owner id: int, rref id: (int, int), fork id: (int, int), type: string) */
     TD_REC_ERROR = 3,       /* (type name: string, message: string) */
     TD_REC_DEVICE = 4,      /* (type: int td_device_type, index: int) */
+    TD_REC_MP_OBJECT = 5,   /* tdist/mp.h: a queue or event (td_mp_queue_value) */
+    TD_REC_MP_TENSOR = 6,   /* mp queue messages only: a tensor sent by shared-memory handle */
     TD_REC_USER = 1000,     /* tags from here up are free for applications */
 } td_record_tag;
 

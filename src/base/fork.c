@@ -1,0 +1,31 @@
+/* Fork-safety helpers (fork.h): the guard that objects owning threads check at their entry
+ * points, and the fork generation counter that objects rebuildable after fork compare. */
+#include "base/fork.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <unistd.h>
+
+#include "base/error.h"
+
+static atomic_uint_fast64_t generation;
+
+static void child_after_fork(void) { atomic_fetch_add(&generation, 1); }
+
+__attribute__((constructor)) static void fork_register(void) { pthread_atfork(NULL, NULL, child_after_fork); }
+
+uint64_t td_fork_generation(void) { return atomic_load_explicit(&generation, memory_order_relaxed); }
+
+void td_fork_guard_init(td_fork_guard *g) { g->pid = getpid(); }
+
+td_status td_fork_guard_check(const td_fork_guard *g, const char *what)
+{
+    pid_t self = getpid();
+    if (g->pid == self)
+        return TD_OK;
+    return td_error(TD_ERR_UNSUPPORTED,
+                    "Unable to use %s in a forked child process (pid %d): it was created in process %d before "
+                    "fork, and its threads do not survive fork. Create it in the child, or start the child with "
+                    "the spawn start method.",
+                    what, (int)self, (int)g->pid);
+}

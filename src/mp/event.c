@@ -1,0 +1,112 @@
+/* td_mp_event: multiprocessing.Event over one word of shared memory and a futex. The word lives
+ * in an unlinked segment, so a forked child shares it by inheritance and a spawned one (or any
+ * receiver of a queue message) by its fd. Waiting sleeps in FUTEX_WAIT (not the private variant:
+ * the word is shared between processes) with an absolute CLOCK_MONOTONIC deadline. */
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <tdist/mp.h>
+
+#include "base/alloc.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/ref.h"
+#include "mp/message.h"
+#include "mp/segment.h"
+
+#define EVENT_MAGIC 0x56454454u /* "TDEV" */
+
+typedef struct event_word {
+    _Atomic uint32_t flag;
+    uint32_t magic;
+} event_word;
+
+struct td_mp_event {
+    td_ref ref;
+    td_segment seg;
+    event_word *w;
+};
+
+static td_status event_on(td_segment seg, td_mp_event **out)
+{
+    td_mp_event *e = TD_NEW(td_mp_event);
+    td_ref_init(&e->ref);
+    e->seg = seg;
+    e->w = seg.base;
+    *out = e;
+    return TD_OK;
+}
+
+td_status td_mp_event_new(td_mp_event **out)
+{
+    if (!out)
+        return td_error(TD_ERR_INVALID, "td_mp_event_new: out is NULL");
+    td_segment seg;
+    TD_TRY(td_segment_create("ev", sizeof(event_word), true, true, &seg));
+    ((event_word *)seg.base)->magic = EVENT_MAGIC;
+    return event_on(seg, out);
+}
+
+int td_mp_event_wire(td_mp_event *e) { return e->seg.fd; }
+
+td_status td_mp_event_from_wire(int fd, td_mp_event **out)
+{
+    td_segment seg;
+    td_status st = td_segment_map_fd(fd, sizeof(event_word), &seg);
+    if (st != TD_OK) {
+        close(fd);
+        return st;
+    }
+    if (((event_word *)seg.base)->magic != EVENT_MAGIC) {
+        td_segment_unmap(&seg);
+        return td_error(TD_ERR_INVALID, "invalid mp message: an event's fd is not a tdist event");
+    }
+    return event_on(seg, out);
+}
+
+td_mp_event *td_mp_event_retain(td_mp_event *e)
+{
+    if (e)
+        td_ref_inc(&e->ref);
+    return e;
+}
+
+void td_mp_event_release(td_mp_event *e)
+{
+    if (!e || !td_ref_dec(&e->ref))
+        return;
+    td_segment_unmap(&e->seg);
+    free(e);
+}
+
+td_value *td_mp_event_value(td_mp_event *e) { return td_mp_object_value(TD_MP_OBJ_EVENT, e); }
+td_mp_event *td_mp_value_event(const td_value *v) { return td_mp_object_of(v, TD_MP_OBJ_EVENT); }
+
+void td_mp_event_set(td_mp_event *e)
+{
+    atomic_store(&e->w->flag, 1);
+    syscall(SYS_futex, &e->w->flag, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+void td_mp_event_clear(td_mp_event *e) { atomic_store(&e->w->flag, 0); }
+
+bool td_mp_event_is_set(td_mp_event *e) { return atomic_load(&e->w->flag) != 0; }
+
+td_status td_mp_event_wait(td_mp_event *e, int64_t timeout_ms)
+{
+    int64_t deadline = timeout_ms == TD_MP_NO_WAIT ? td_now_ns() : td_deadline_after_ms(timeout_ms);
+    while (!atomic_load(&e->w->flag)) {
+        if (td_deadline_passed(deadline))
+            return td_error(TD_ERR_TIMEOUT, "td_mp_event_wait: the event was not set within %lld ms",
+                            (long long)timeout_ms);
+        struct timespec ts = td_deadline_timespec(deadline);
+        syscall(SYS_futex, &e->w->flag, FUTEX_WAIT_BITSET, 0, deadline == TD_DEADLINE_NONE ? NULL : &ts, NULL,
+                FUTEX_BITSET_MATCH_ANY);
+    }
+    return TD_OK;
+}

@@ -1,0 +1,243 @@
+/* tdist-shm-manager: removes the named shared-memory segments (file_system sharing strategy) that
+ * crashed processes leave behind, then exits when its last client has gone.
+ *
+ * Started on demand by the first process that creates a named segment (src/mp/shm_manager_client.c),
+ * in its own session with stdio on /dev/null. It listens on an abstract Unix socket
+ * (SOCK_SEQPACKET; shm_manager.h and docs/protocols.md, "shm manager") and keeps, per client
+ * connection, how many references the client holds on each name. A connection that closes while
+ * it still holds references belonged to a process that died (a live one closes only when it holds
+ * nothing): the daemon drops those references in the segments' refcount headers, removing the
+ * names that reach 0. Names whose references all went to messages that were never received are
+ * remembered; once no client is connected for TDIST_SHM_MANAGER_IDLE_MS (default 2000) the daemon
+ * removes every name it still knows and exits. One daemon per socket name: a second one finds the
+ * name taken and exits at once.
+ *
+ * Usage: tdist-shm-manager [--socket NAME]   (default: tdist-shm-manager.v1.<uid>) */
+#include <errno.h>
+#include <stdarg.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "base/env.h"
+#include "base/map.h"
+#include "base/vec.h"
+#include "mp/segment.h"
+#include "mp/shm_manager.h"
+
+typedef struct client {
+    int fd;
+    pid_t pid;
+    td_map holds; /* name -> (uintptr_t) references held */
+} client;
+
+static TD_VEC(client *) clients;
+static td_map known; /* every name some client held and that may still exist -> (void *)1 */
+
+static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void logf_(const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = snprintf(buf, sizeof buf, "[tdist-shm-manager %d] ", (int)getpid());
+    vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s\n", buf);
+}
+
+/* Drops one reference on behalf of a dead client; removes the name at 0. */
+static void drop_reference(const char *name)
+{
+    td_segment seg;
+    if (td_segment_open(name, TD_SHM_HEADER_SIZE, &seg) != TD_OK)
+        return; /* already gone */
+    td_shm_header *h = seg.base;
+    if (h->magic == TD_SHM_HEADER_MAGIC && td_shm_header_decref(h)) {
+        td_segment_unlink(name);
+        td_map_remove(&known, name, strlen(name));
+        logf_("removed %s", name);
+    }
+    td_segment_unmap(&seg);
+}
+
+static void client_close(size_t i)
+{
+    client *c = clients.items[i];
+    td_map_entry *e;
+    size_t n = 0;
+    for (size_t it = 0; (e = td_map_next(&c->holds, &it));) {
+        for (uintptr_t k = (uintptr_t)e->value; k > 0; k--)
+            drop_reference(e->key);
+        n += (uintptr_t)e->value;
+    }
+    if (n)
+        logf_("client pid %d went away holding %zu references", (int)c->pid, n);
+    td_map_free(&c->holds, NULL);
+    close(c->fd);
+    free(c);
+    TD_VEC_SWAP_REMOVE(&clients, i);
+}
+
+static void hold_add(client *c, const char *name, int delta)
+{
+    size_t len = strlen(name);
+    intptr_t v = (intptr_t)(uintptr_t)td_map_get(&c->holds, name, len) + delta;
+    if (v <= 0)
+        td_map_remove(&c->holds, name, len);
+    else
+        td_map_put(&c->holds, name, len, (void *)(uintptr_t)v);
+}
+
+/* Handles one datagram; false when the client must be dropped. */
+static bool client_message(client *c, const td_shmm_msg *m, ssize_t n)
+{
+    if (n < (ssize_t)offsetof(td_shmm_msg, name) || m->version != TD_SHMM_VERSION || m->name_len >= TD_SEGMENT_NAME_MAX ||
+        (ssize_t)(offsetof(td_shmm_msg, name) + m->name_len) > n)
+        return false;
+    char name[TD_SEGMENT_NAME_MAX];
+    memcpy(name, m->name, m->name_len);
+    name[m->name_len] = '\0';
+    if (m->op == TD_SHMM_HELLO) {
+        c->pid = (pid_t)m->pid;
+        td_shmm_msg w;
+        memset(&w, 0, sizeof w);
+        w.op = TD_SHMM_WELCOME;
+        w.version = TD_SHMM_VERSION;
+        w.pid = (uint32_t)getpid();
+        return send(c->fd, &w, offsetof(td_shmm_msg, name), MSG_NOSIGNAL | MSG_DONTWAIT) >= 0;
+    }
+    if (!td_segment_name_valid(name))
+        return false;
+    switch (m->op) {
+    case TD_SHMM_HOLD:
+        hold_add(c, name, 1);
+        td_map_put(&known, name, strlen(name), (void *)1);
+        return true;
+    case TD_SHMM_DROP:
+        hold_add(c, name, -1);
+        return true;
+    case TD_SHMM_FORGET:
+        td_map_remove(&known, name, strlen(name));
+        return true;
+    default:
+        return false;
+    }
+}
+
+static void sweep(void)
+{
+    td_map_entry *e;
+    for (size_t it = 0; (e = td_map_next(&known, &it));) {
+        if (td_segment_unlink(e->key) == TD_OK)
+            logf_("removed %s (left by messages never received)", e->key);
+    }
+    td_map_free(&known, NULL);
+}
+
+int main(int argc, char **argv)
+{
+    char name[108];
+    td_shmm_socket_name(name, sizeof name);
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--socket") == 0 && i + 1 < argc) {
+            snprintf(name, sizeof name, "%s", argv[++i]);
+        } else {
+            fprintf(stderr, "usage: %s [--socket NAME]\n", argv[0]);
+            return 2;
+        }
+    }
+    int64_t idle_ms = 2000;
+    if (td_env_duration_ms("TDIST_SHM_MANAGER_IDLE_MS", 2000, 1, &idle_ms) != TD_OK)
+        idle_ms = 2000;
+    signal(SIGPIPE, SIG_IGN);
+    signal(SIGINT, SIG_IGN); /* a Ctrl-C meant for the job must not take cleanup down with it */
+
+    int lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    size_t nlen = strnlen(name, sizeof a.sun_path - 1);
+    memcpy(a.sun_path + 1, name, nlen);
+    socklen_t alen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + nlen);
+    if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, alen) != 0) {
+        if (errno == EADDRINUSE)
+            return 0; /* another daemon serves this name */
+        logf_("cannot bind @%s: %s", name, strerror(errno));
+        return 1;
+    }
+    if (listen(lfd, 128) != 0) {
+        logf_("cannot listen on @%s: %s", name, strerror(errno));
+        return 1;
+    }
+    logf_("listening on @%s", name);
+    int64_t idle_since = td_now_ns();
+    TD_VEC(struct pollfd) pfds = {0};
+    for (;;) {
+        pfds.len = 0;
+        TD_VEC_PUSH(&pfds, ((struct pollfd){.fd = lfd, .events = POLLIN}));
+        for (size_t i = 0; i < clients.len; i++)
+            TD_VEC_PUSH(&pfds, ((struct pollfd){.fd = clients.items[i]->fd, .events = POLLIN}));
+        int timeout = -1;
+        if (clients.len == 0) {
+            int64_t left = idle_ms - (td_now_ns() - idle_since) / 1000000;
+            if (left <= 0)
+                break;
+            timeout = (int)left;
+        }
+        int r = poll(pfds.items, pfds.len, timeout);
+        if (r < 0 && errno != EINTR) {
+            logf_("poll: %s", strerror(errno));
+            break;
+        }
+        if (r <= 0)
+            continue;
+        /* Clients first (indices match pfds[1..]), backwards so removal keeps the rest in place. */
+        for (size_t i = clients.len; i-- > 0;) {
+            short re = pfds.items[i + 1].revents;
+            if (!re)
+                continue;
+            client *c = clients.items[i];
+            bool keep = true;
+            for (;;) {
+                td_shmm_msg m;
+                ssize_t n = recv(c->fd, &m, sizeof m, MSG_DONTWAIT);
+                if (n < 0 && (errno == EAGAIN || errno == EINTR))
+                    break;
+                if (n <= 0 || !client_message(c, &m, n)) {
+                    keep = false;
+                    break;
+                }
+            }
+            if (!keep) {
+                client_close(i);
+                if (clients.len == 0)
+                    idle_since = td_now_ns();
+            }
+        }
+        if (pfds.items[0].revents & POLLIN) {
+            int cfd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+            if (cfd >= 0) {
+                client *c = calloc(1, sizeof *c);
+                c->fd = cfd;
+                TD_VEC_PUSH(&clients, c);
+            }
+        }
+    }
+    /* Stop taking clients first: one that comes now finds no listener and starts a new daemon. */
+    close(lfd);
+    while (clients.len)
+        client_close(clients.len - 1);
+    sweep();
+    TD_VEC_FREE(&clients);
+    TD_VEC_FREE(&pfds);
+    logf_("no clients for %lld ms: exiting", (long long)idle_ms);
+    return 0;
+}

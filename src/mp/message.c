@@ -381,12 +381,18 @@ td_status td_mp_msg_send(int sock, td_mp_msg *m, bool nonblock, int64_t deadline
                 return td_error(TD_ERR_TIMEOUT, "timed out waiting for room in the queue");
             continue;
         }
+        if (errno == ETOOMANYREFS) {
+            /* Too many of this user's fds are in flight (the kernel bounds them by RLIMIT_NOFILE):
+             * wait for readers to take some, as for a full socket. */
+            if (nonblock)
+                return td_error(TD_ERR_TIMEOUT, "too many file descriptors in flight");
+            if (td_deadline_passed(deadline_ns))
+                return td_error(TD_ERR_TIMEOUT, "timed out waiting for readers to take the file descriptors in flight");
+            td_sleep_ms(1);
+            continue;
+        }
         if (errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN)
             return td_error(TD_ERR_PEER_LOST, "the receiving end of the queue is closed in every process");
-        if (errno == ETOOMANYREFS)
-            return td_error_errno(TD_ERR_IO, "sending an mp message with %zu fds (too many fds in flight for this "
-                                             "process's open-file limit)",
-                                  m->fds.len);
         return td_error_errno(TD_ERR_IO, "sending an mp message of %zu bytes and %zu fds", m->data.len, m->fds.len);
     }
 }

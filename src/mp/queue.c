@@ -34,6 +34,9 @@
 #include "mp/segment.h"
 
 #define QUEUE_MAGIC 0x51454454u /* "TDEQ" */
+/* Unsent messages a process may hold before put waits for its feeder: each may pin an fd (a
+ * storage under the file_descriptor strategy), and fds are a bounded resource. */
+#define BACKLOG_MAX 256
 
 typedef struct qctl {
     uint32_t magic;
@@ -286,6 +289,8 @@ td_status td_mp_queue_put(td_mp_queue *q, const td_value *v, int64_t timeout_ms)
             return td_error_prefix(st, "td_mp_queue_put");
         }
     }
+    while (q->backlog.len - q->head >= BACKLOG_MAX && !q->closed)
+        pthread_cond_wait(&q->cv, &q->mu);
     TD_VEC_PUSH(&q->backlog, m);
     if (!q->feeder_on) {
         q->stop = false;

@@ -38,6 +38,8 @@
 /* How long a client waits for the server to confirm a CANCEL before dropping the connection. */
 #define CANCEL_GRACE_MS 5000
 #define WORKER_POLL_MS 10
+/* Sets sent without waiting for their answers, at most, before a set waits for them. */
+#define MAX_UNACKED_SETS 1024
 
 /* ---- the servers this process runs (shared per port when multi_tenant) -------------------------- */
 
@@ -120,6 +122,9 @@ typedef struct tcp_store {
     char *token;
     bool local; /* try the same-host socket before TCP */
     td_net_spin spin;
+    uint32_t unacked;         /* answers of sets not read yet (they come before any later answer) */
+    td_status set_error;      /* a refused set, reported by the next call */
+    char set_error_msg[512];
     td_store_limits lim; /* the server's, from its HELLO answer */
     td_buf out;
     td_buf in;
@@ -143,6 +148,7 @@ static void disconnect(tcp_store *t)
     t->fd = -1;
     t->in.len = 0;
     t->in_off = 0;
+    t->unacked = 0;
 }
 
 /* Called with the status of a failed socket call: records a lost server, drops the connection and
@@ -308,6 +314,32 @@ static void cancel_parked(tcp_store *t)
     disconnect(t);
 }
 
+/* Reads the answers of the sets sent without waiting; a refusal among them is kept for the next
+ * call to report. */
+static td_status drain_acks(tcp_store *t, int64_t deadline)
+{
+    while (t->unacked > 0) {
+        reply r;
+        TD_TRY(read_reply(t, deadline, 0, false, &r));
+        t->unacked--;
+        if (r.kind == TD_STORE_REPLY_ERROR && t->set_error == TD_OK) {
+            t->set_error = remote_error(t, &r, "SET");
+            snprintf(t->set_error_msg, sizeof t->set_error_msg, "%s", td_last_error());
+        } else if (r.kind != TD_STORE_REPLY_OK) {
+            return td_error(TD_ERR_IO, "unexpected reply kind %u to a SET", r.kind);
+        }
+    }
+    return TD_OK;
+}
+
+/* The refusal of an earlier set, once: it replaces the current call's result. */
+static td_status take_set_error(tcp_store *t)
+{
+    td_status s = t->set_error;
+    t->set_error = TD_OK;
+    return td_error(s, "an earlier set on this handle failed: %s", t->set_error_msg);
+}
+
 /* Sends the request in t->out and reads its reply. */
 static td_status roundtrip(tcp_store *t, int cmd, int64_t deadline, uint64_t max_body, bool direct, reply *r)
 {
@@ -321,7 +353,15 @@ static td_status roundtrip(tcp_store *t, int cmd, int64_t deadline, uint64_t max
     td_status s = td_net_send_all(t->fd, t->out.data, t->out.len, deadline);
     if (s != TD_OK)
         return io_failed(t, s, op);
+    s = drain_acks(t, deadline);
+    if (s != TD_OK)
+        return io_failed(t, s, op);
     s = read_reply(t, deadline, max_body, direct, r);
+    if (s == TD_OK && t->set_error != TD_OK) {
+        free(r->owned);
+        r->owned = NULL;
+        return take_set_error(t);
+    }
     if (s == TD_OK) {
         if (r->kind == TD_STORE_REPLY_ERROR)
             return remote_error(t, r, op);
@@ -411,22 +451,36 @@ static td_status add_raw(tcp_store *t, const char *prefix, const char *key, int6
     return s;
 }
 
+/* A set does not wait for its answer, as in c10d: it returns once the request is sent. The server
+ * applies it before any later request of this handle, and the handle reads its answer with the
+ * next call's (or at most MAX_UNACKED_SETS sets later). A set the server refuses (it can only run
+ * out of memory: limits are checked here) fails that later call. */
 static td_status tc_set(td_store *s, const char *key, const void *value, size_t len)
 {
     tcp_store *t = T(s);
     int64_t deadline = op_deadline(t);
     pthread_mutex_lock(&t->mu);
     size_t off;
-    reply r;
     td_status st = ready(t, deadline);
     if (st == TD_OK)
         st = check_value(t, len);
+    if (st == TD_OK && t->unacked >= MAX_UNACKED_SETS) {
+        st = drain_acks(t, deadline);
+        if (st != TD_OK)
+            st = io_failed(t, st, "SET");
+    }
+    if (st == TD_OK && t->set_error != TD_OK)
+        st = take_set_error(t);
     if (st == TD_OK)
         st = begin_key_request(t, TD_STORE_CMD_SET, KEY_PREFIX, key, &off);
     if (st == TD_OK) {
         td_store_put_value(&t->out, value, len);
         td_store_msg_end(&t->out, off);
-        st = roundtrip(t, TD_STORE_CMD_SET, deadline, 0, false, &r);
+        st = td_net_send_all(t->fd, t->out.data, t->out.len, deadline);
+        if (st == TD_OK)
+            t->unacked++;
+        else
+            st = io_failed(t, st, "SET");
     }
     pthread_mutex_unlock(&t->mu);
     return st;
@@ -639,6 +693,10 @@ static td_status tc_multi_set(td_store *s, const char *const *keys, const void *
 static void tc_destroy(td_store *s)
 {
     tcp_store *t = T(s);
+    /* Read the answers of the last sets before closing: a TCP socket closed with unread data
+     * resets the connection, and the server should see a plain close after the sets. */
+    if (t->fd >= 0 && t->unacked > 0)
+        drain_acks(t, td_deadline_after_ms(2000));
     disconnect(t);
     server_release(t->server);
     td_buf_free(&t->out);

@@ -127,6 +127,29 @@ TD_TEST(default_group_single, .world_size = 1, .params = TD_PG_THREAD_BACKENDS, 
     default_group_body(ctx);
 }
 
+/* The threaded backend needs its ranks in one process: ranks in two processes get a clear error
+ * (rank 1) or time out waiting for the other to join (rank 0), instead of hanging. */
+TD_TEST(threaded_ranks_in_two_processes, .world_size = 2, .params = TD_PG_THREAD_BACKENDS, .timeout_s = 60)
+{
+    pg_test_opts o = {.timeout_ms = 2000};
+    td_pg_options po = pg_test_options(ctx, &o);
+    po.init_method = NULL;
+    po.store = pg_test_store(ctx);
+    td_pg *pg = NULL;
+    td_status st = td_pg_create(&po, &pg);
+    if (ctx->rank == 0)
+        TD_CHECK_ERR(st, TD_ERR_TIMEOUT, "waiting for all 2 ranks to join (1 joined)");
+    else
+        TD_CHECK_ERR(st, TD_ERR_INVALID, "The threaded backend runs all ranks as threads of one process");
+    TD_CHECK(pg == NULL);
+    /* Rank 0 serves the store: it goes last. */
+    if (ctx->rank == 1)
+        TD_CHECK_OK(td_store_set_str(po.store, "rank1_done", "1"));
+    else
+        TD_CHECK_OK(td_store_wait(po.store, (const char *[]){"rank1_done"}, 1, 30000));
+    td_store_release(po.store);
+}
+
 /* ---- explicit groups ------------------------------------------------------------------------- */
 
 TD_PG_TEST(lifecycle, 3, .timeout_s = 60)

@@ -10,8 +10,9 @@
  * and scratch: nothing is allocated per chunk. */
 #include "coll/coll_impl.h"
 
-#define RECV_WINDOW 8
+#define RECV_WINDOW 32
 #define SEND_WINDOW 8
+#define PACE_WINDOW 8 /* sends ahead of own receives; receivers post RECV_WINDOW ahead */
 
 static size_t slot_bytes(const coll_run *R, size_t max_count, size_t K)
 {
@@ -79,10 +80,13 @@ static td_status post_send(engine *e)
     return TD_OK;
 }
 
-/* Posts every send that is ready: step 0's at once, step s's chunk j once step s-1's has arrived. */
+/* Posts every send that is ready: step 0's at once, step s's chunk j once step s-1's has arrived.
+ * Sends also stay within a window of this rank's own receive progress: the peers run the same
+ * schedule, so the receiver has posted about as far as this rank has, and a chunk sent further
+ * ahead would land in an unexpected-message buffer and cost a copy. */
 static td_status pump_sends(engine *e)
 {
-    while (e->ps < e->M && e->ps < e->dr + e->K)
+    while (e->ps < e->M && e->ps < e->dr + e->K && e->ps < e->dr + PACE_WINDOW)
         TD_TRY(post_send(e));
     return TD_OK;
 }

@@ -22,10 +22,12 @@
  * only what involves that peer. Deadlines are enforced by the poller for its own xfer and by the I/O
  * thread (which sleeps until the earliest pending deadline) for everything else. */
 #include "transport/tcp.h"
+#include "transport/tcp_proto.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,13 +44,15 @@
 #include "base/log.h"
 #include "base/thread.h"
 
-#define HDR_SIZE 16
+#define HDR_SIZE TD_TCP_HDR_SIZE
 #define STAGE_SIZE (16 * 1024)
 #define MAX_EVENTS 64
 #define SEND_IOV_MAX 64
 #define READ_ROUNDS 16 /* reads per peer per event, so one busy peer cannot starve the others */
 #define POOL_CLASSES 48
 #define POOL_KEEP_BYTES ((size_t)256 << 20)
+#define SPIN_MAX_BYTES (64 * 1024)
+#define CTRL_MAX TD_TCP_CTRL_MAX
 
 enum { R_HDR = 0, R_PAYLOAD = 1 };
 
@@ -77,7 +81,10 @@ typedef struct peer {
     uint64_t rtag;
     size_t rlen;
     td_xfer *rx;     /* payload target: a posted receive ... */
-    unexp *ru;       /* ... or an unexpected buffer; neither: discard */
+    unexp *ru;       /* ... or an unexpected buffer; neither: discard (or a control frame) */
+    bool in_control; /* the payload being read is a control frame's, into ctrl */
+    size_t ctrl_got;
+    uint8_t ctrl[CTRL_MAX];
     char *stage;
     size_t stage_off, stage_len;
     td_xfer *posted_head, *posted_tail;
@@ -110,6 +117,8 @@ typedef struct tcp_transport {
     unexp *free_unexp;
     pool_buf *pool[POOL_CLASSES];
     size_t pool_bytes;
+    /* counters, logged at destroy (TDIST_LOG_LEVEL=DEBUG): where received payload bytes went */
+    uint64_t n_direct, n_staged, n_unexpected, n_unexpected_msgs, n_copied_out;
 } tcp_transport;
 
 /* Xfers with callbacks completed under the lock; their callbacks run after it is released. */
@@ -123,20 +132,6 @@ static const td_transport_ops tcp_ops;
 /* ---- small helpers ---------------------------------------------------------------------------- */
 
 static int grank(const tcp_transport *t, int r) { return t->global_ranks ? t->global_ranks[r] : r; }
-
-static void put_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
 
 static void complete(td_xfer *x, td_status status, const char *msg, done_list *done)
 {
@@ -354,6 +349,20 @@ static void set_armed(tcp_transport *t, bool arm)
     t->armed = arm;
 }
 
+/* Writes a control frame if the stream is at a message boundary and the socket takes it whole at
+ * once (it is small); otherwise the stream is marked broken. Best effort: used only on the way
+ * out. */
+static void send_control(peer *p, int type, td_status status, const char *msg)
+{
+    if (p->closed || p->broken || p->bye || p->sq_head)
+        return;
+    uint8_t f[TD_TCP_CTRL_FRAME_MAX];
+    size_t len = td_tcp_control_encode(f, type, status, msg);
+    ssize_t n = send(p->fd, f, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n != (ssize_t)len)
+        p->broken = true;
+}
+
 static void abort_locked(tcp_transport *t, td_status status, const char *msg, done_list *done)
 {
     if (t->aborted)
@@ -374,11 +383,13 @@ static void abort_locked(tcp_transport *t, td_status status, const char *msg, do
             complete(p->rx, status, msg, done);
             p->rx = NULL;
         }
-        /* A failure of this rank's own (a timeout, say) breaks the connections so that the peers
-         * learn of it at once instead of at their timeouts. Not for a lost peer: every survivor
-         * sees that loss itself and must report the rank that died, not this one. */
-        if (status != TD_ERR_CLOSED && status != TD_ERR_PEER_LOST && p->fd >= 0 && !p->closed)
-            shutdown(p->fd, SHUT_RDWR);
+        /* A failure (not an orderly close) is passed on: the peers learn of it at once instead of
+         * at their timeouts, and with its cause, so that every survivor of a dead rank names that
+         * rank and not the one that told it. A stream that cannot carry the frame is just cut. */
+        if (status != TD_ERR_CLOSED && p->fd >= 0 && !p->closed) {
+            send_control(p, TD_TCP_CTRL_ABORT, status, msg);
+            shutdown(p->fd, p->broken ? SHUT_RDWR : SHUT_WR);
+        }
     }
     fail_list(&t->any_head, &t->any_tail, status, msg, done);
     t->stop = true;
@@ -464,8 +475,7 @@ static void flush_sends(tcp_transport *t, peer *p, done_list *done)
         for (td_xfer *x = p->sq_head; x && cnt + 1 + TD_XFER_MAX_IOV <= SEND_IOV_MAX; x = x->next) {
             size_t done_bytes = x->progress;
             if (done_bytes < HDR_SIZE) {
-                put_u64(hdrs[nh], x->tag);
-                put_u64(hdrs[nh] + 8, x->total);
+                td_tcp_header_encode(hdrs[nh], x->tag, x->total);
                 iov[cnt].iov_base = hdrs[nh] + done_bytes;
                 iov[cnt].iov_len = HDR_SIZE - done_bytes;
                 want += iov[cnt].iov_len;
@@ -547,8 +557,33 @@ static void fail_mismatch(tcp_transport *t, td_xfer *x, peer *p, uint64_t tag, s
               grank(t, p->rank), len, (unsigned long long)tag, x->total);
 }
 
+/* A complete control frame: the peer's goodbye, or its abort (relayed with its cause). */
+static void handle_control(tcp_transport *t, peer *p, done_list *done)
+{
+    td_tcp_control c;
+    int g = grank(t, p->rank);
+    if (!td_tcp_control_parse(p->ctrl, p->ctrl_got, &c)) {
+        peer_lost(t, p, done, "protocol error: malformed control frame (type %u, %zu bytes)", p->ctrl[0], p->ctrl_got);
+    } else if (c.type == TD_TCP_CTRL_BYE) {
+        peer_said_bye(t, p, done);
+    } else {
+        p->bye = true; /* nothing more comes from it */
+        if (c.status == TD_ERR_PEER_LOST)
+            abortf_locked(t, TD_ERR_PEER_LOST, done, "%.*s (reported by rank %d)", (int)c.msg_len, c.msg, g);
+        else
+            abortf_locked(t, TD_ERR_PEER_LOST, done, "Connection to rank %d lost: rank %d failed: %.*s", g, g,
+                          (int)c.msg_len, c.msg);
+    }
+}
+
 static void finish_message(tcp_transport *t, peer *p, done_list *done)
 {
+    if (p->in_control) {
+        p->in_control = false;
+        p->rstate = R_HDR;
+        handle_control(t, p, done);
+        return;
+    }
     if (p->rx) {
         p->rx->nbytes = p->rx->total;
         complete(p->rx, TD_OK, NULL, done);
@@ -562,11 +597,16 @@ static void finish_message(tcp_transport *t, peer *p, done_list *done)
 static bool start_message(tcp_transport *t, peer *p, uint64_t tag, uint64_t len, done_list *done)
 {
     if (tag == TD_TAG_RESERVED) {
-        if (len != 0) {
+        if (len == 0 || len > CTRL_MAX) {
             peer_lost(t, p, done, "protocol error: control frame with a length of %llu", (unsigned long long)len);
             return false;
         }
-        peer_said_bye(t, p, done);
+        p->in_control = true;
+        p->ctrl_got = 0;
+        p->rx = NULL;
+        p->ru = NULL;
+        p->remaining = (size_t)len;
+        p->rstate = R_PAYLOAD;
         return true;
     }
     if (p->bye) {
@@ -608,6 +648,7 @@ static bool start_message(tcp_transport *t, peer *p, uint64_t tag, uint64_t len,
             p->uq_head = u;
         p->uq_tail = u;
         p->ru = u;
+        t->n_unexpected_msgs++;
     }
     if (len == 0)
         finish_message(t, p, done);
@@ -625,23 +666,32 @@ static bool consume_stage(tcp_transport *t, peer *p, done_list *done)
         if (p->rstate == R_HDR) {
             if (avail < HDR_SIZE)
                 break;
-            uint64_t tag = get_u64((const uint8_t *)s), len = get_u64((const uint8_t *)s + 8);
+            uint64_t tag, len;
+            td_tcp_header_decode((const uint8_t *)s, &tag, &len);
             p->stage_off += HDR_SIZE;
             if (!start_message(t, p, tag, len, done))
                 return false;
             continue;
         }
         size_t take = avail < p->remaining ? avail : p->remaining;
-        if (p->rx)
+        if (p->in_control) {
+            memcpy(p->ctrl + p->ctrl_got, s, take);
+            p->ctrl_got += take;
+        } else if (p->rx) {
             xfer_copy_in(p->rx, s, take);
-        else if (p->ru) {
+            t->n_staged += take;
+        } else if (p->ru) {
             memcpy(p->ru->buf + p->ru->got, s, take);
             p->ru->got += take;
+            t->n_unexpected += take;
         }
         p->stage_off += take;
         p->remaining -= take;
-        if (p->remaining == 0)
+        if (p->remaining == 0) {
             finish_message(t, p, done);
+            if (t->aborted || p->closed)
+                return false;
+        }
     }
     if (p->stage_off == p->stage_len) {
         p->stage_off = p->stage_len = 0;
@@ -698,10 +748,13 @@ static void read_peer(tcp_transport *t, peer *p, done_list *done)
         }
         size_t d = (size_t)n < direct ? (size_t)n : direct;
         if (d) {
-            if (p->rx)
+            if (p->rx) {
                 p->rx->progress += d;
-            else
+                t->n_direct += d;
+            } else {
                 p->ru->got += d;
+                t->n_unexpected += d;
+            }
             p->remaining -= d;
             if (p->remaining == 0)
                 finish_message(t, p, done);
@@ -727,6 +780,7 @@ static void take_unexpected(tcp_transport *t, peer *p, unexp *prev, unexp *u, td
     } else {
         if (u->got)
             xfer_copy_in(x, u->buf, u->got);
+        t->n_copied_out += u->got;
         if (in_progress) {
             p->ru = NULL;
             p->rx = x; /* the rest arrives straight into x */
@@ -966,7 +1020,10 @@ static td_status tcp_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
     pthread_mutex_unlock(&t->mu);
 
     struct epoll_event evs[MAX_EVENTS];
-    int64_t spin_end = td_now_ns() + t->spin_ns;
+    /* Busy-poll only for small messages, whose answer comes within microseconds; a large one takes
+     * longer to arrive than the spin would last, and spinning would only steal the core from the
+     * rank that is sending it. */
+    int64_t spin_end = x->total <= SPIN_MAX_BYTES ? td_now_ns() + t->spin_ns : 0;
     while (!td_xfer_done(x)) {
         int64_t now = td_now_ns();
         if (now >= dl) {
@@ -977,8 +1034,10 @@ static td_status tcp_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
             run_callbacks(&done);
             break;
         }
-        int timeout_ms = now < spin_end ? 0 : td_deadline_poll_ms(dl);
-        int n = epoll_wait(t->inner_ep, evs, MAX_EVENTS, timeout_ms);
+        bool spinning = now < spin_end;
+        int n = epoll_wait(t->inner_ep, evs, MAX_EVENTS, spinning ? 0 : td_deadline_poll_ms(dl));
+        if (n == 0 && spinning)
+            sched_yield(); /* with more ranks than cores, the sender may be waiting for this core */
         if (n > 0) {
             pthread_mutex_lock(&t->mu);
             handle_events(t, evs, n, &done);
@@ -1006,16 +1065,12 @@ static void tcp_abort(td_transport *base, td_status status, const char *message)
 }
 
 /* An orderly goodbye: tells the peer that this end closes on purpose, so it fails only what
- * involves this rank. Best effort: a socket that does not take 16 bytes at once gets none. */
+ * involves this rank. */
 static void send_bye(peer *p)
 {
-    if (p->closed || p->broken || p->bye)
+    if (p->closed)
         return;
-    uint8_t hdr[HDR_SIZE];
-    put_u64(hdr, TD_TAG_RESERVED);
-    put_u64(hdr + 8, 0);
-    ssize_t n = send(p->fd, hdr, sizeof hdr, MSG_NOSIGNAL | MSG_DONTWAIT);
-    (void)n;
+    send_control(p, TD_TCP_CTRL_BYE, TD_OK, NULL);
     shutdown(p->fd, SHUT_WR);
 }
 
@@ -1069,6 +1124,11 @@ static void tcp_destroy(td_transport *base)
 {
     tcp_transport *t = (tcp_transport *)base;
     tcp_abort(base, TD_ERR_CLOSED, "The process group was destroyed");
+    TD_LOG_DEBUG("tcp transport of rank %d: received %llu bytes straight into posted buffers, %llu through "
+                 "the staging buffer, %llu into %llu unexpected-message buffers (%llu copied out)",
+                 grank(t, t->base.rank), (unsigned long long)t->n_direct, (unsigned long long)t->n_staged,
+                 (unsigned long long)t->n_unexpected, (unsigned long long)t->n_unexpected_msgs,
+                 (unsigned long long)t->n_copied_out);
     if (t->io_started)
         td_thread_join(t->io_thread);
     if (t->abort_status == TD_ERR_CLOSED) {
@@ -1077,6 +1137,16 @@ static void tcp_destroy(td_transport *base)
                 send_bye(&t->peers[r]);
     }
     free_transport(t);
+}
+
+bool td_tcp_transport_peer_is_local(td_transport *base, int r)
+{
+    tcp_transport *t = (tcp_transport *)base;
+    if (r < 0 || r >= base->size || r == base->rank || t->peers[r].fd < 0)
+        return false;
+    int domain = 0;
+    socklen_t len = sizeof domain;
+    return getsockopt(t->peers[r].fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) == 0 && domain == AF_UNIX;
 }
 
 static const td_transport_ops tcp_ops = {

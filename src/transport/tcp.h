@@ -7,10 +7,16 @@
  *   TDIST_AUTH_TOKEN      shared secret every connecting rank must present
  *   TDIST_TCP_SPIN_US     how long a waiting thread busy-polls before sleeping (default 50)
  *   TDIST_TCP_BUFFER      socket send/receive buffer size (default: the kernel's autotuning)
+ *   TDIST_TCP_UNIX        0 turns off UNIX-domain sockets between ranks on the same host (default 1)
+ *
+ * Peers on the same host (same boot id and network namespace) talk over a UNIX-domain stream
+ * socket instead of TCP loopback: same framing, same engine, about half the kernel time per byte
+ * and half the latency. Any failure to use one falls back to TCP.
  */
 #ifndef TDIST_TRANSPORT_TCP_H
 #define TDIST_TRANSPORT_TCP_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "transport/transport.h"
@@ -26,7 +32,14 @@ typedef struct td_tcp_options {
     int64_t timeout_ms;       /* connection set-up deadline; <= 0: none */
     const char *group_name;   /* checked in the handshake; NULL: "" */
     const char *bind_host;    /* NULL: from the environment (see above) */
+    int same_host;            /* TD_TCP_SAME_HOST_*: how to reach peers on this host */
 } td_tcp_options;
+
+enum {
+    TD_TCP_SAME_HOST_DEFAULT = 0, /* TDIST_TCP_UNIX, else UNIX-domain sockets */
+    TD_TCP_SAME_HOST_UNIX = 1,
+    TD_TCP_SAME_HOST_TCP = 2,     /* TCP loopback even on one host */
+};
 
 /* Listens, publishes this rank's address, connects to every peer (lower rank connects to higher)
  * and starts the I/O thread. Every rank of the group must call it with the same store, group name
@@ -37,6 +50,9 @@ td_status td_tcp_transport_create(const td_tcp_options *options, td_transport **
  * peer (fds[rank] is ignored). Takes ownership of the fds, also on failure. global_ranks may be NULL. */
 td_status td_tcp_transport_from_fds(int rank, int size, const int *fds, const int *global_ranks,
                                     td_transport **out);
+
+/* Whether the connection to peer is a UNIX-domain socket (a peer on this host). */
+bool td_tcp_transport_peer_is_local(td_transport *t, int peer);
 
 /* The largest message the transport accepts (a longer length in a header is a protocol error). */
 #define TD_TCP_MAX_MESSAGE (UINT64_C(1) << 40)

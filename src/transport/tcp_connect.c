@@ -1,15 +1,17 @@
 /* Setting up the tcp transport's connections through a store (td_tcp_transport_create, tcp.h).
  *
  * Each rank listens on port 0 at its bind address (explicit, or TDIST_SOCKET_IFNAME's address, or
- * the local address that reaches MASTER_ADDR, or loopback) and publishes "host:port nonce" under
+ * the local address that reaches MASTER_ADDR, or loopback), and on an abstract UNIX-domain socket
+ * for peers on the same host, and publishes "host:port nonce hostid unixname" under
  * "<prefix><generation>/addr/<rank>" (the generation counts this rank's transports on the store,
- * so a group re-created under the same name never reads the last one's addresses). Then it connects to every higher rank (the deterministic rule: lower
- * connects to higher, so each pair has exactly one connection) and sends a hello; meanwhile it
- * accepts the lower ranks' connections, checks their hellos and answers each with an accept or a
- * refusal, and reads the answers to its own hellos. Everything after the connects runs in one poll
- * loop, so a stray or silent connection cannot stall the set-up, and the whole thing is bounded by
- * the group's timeout. The handshake is in docs/protocols.md, "tcp transport". Sockets then go to
- * the progress engine (td_tcp_transport_from_fds in tcp.c). */
+ * so a group re-created under the same name never reads the last one's addresses). Then it
+ * connects to every higher rank (the deterministic rule: lower connects to higher, so each pair
+ * has exactly one connection; over the UNIX socket when the host ids match, else TCP) and sends a
+ * hello; meanwhile it accepts the lower ranks' connections, checks their hellos and answers each
+ * with an accept or a refusal, and reads the answers to its own hellos. Everything after the
+ * connects runs in one poll loop, so a stray or silent connection cannot stall the set-up, and the
+ * whole thing is bounded by the group's timeout. The handshake is in docs/protocols.md, "tcp
+ * transport". Sockets then go to the progress engine (td_tcp_transport_from_fds in tcp.c). */
 #include "transport/tcp.h"
 
 #include <arpa/inet.h>
@@ -19,11 +21,13 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <tdist/store.h>
@@ -37,39 +41,9 @@
 #include "net/addr.h"
 #include "net/io.h"
 #include "net/socket.h"
+#include "transport/tcp_proto.h"
 
-#define HELLO_MAGIC 0x50544454u /* "TDTP" */
-#define HELLO_VERSION 1
-#define HELLO_FIXED 36
-#define MAX_GROUP_NAME 1024
-#define MAX_TOKEN 4096
-#define REPLY_FIXED 16
-#define MAX_REPLY_MSG 512
 #define MAX_PENDING 64 /* unidentified accepted connections kept at once */
-
-enum { REPLY_OK = 0, REPLY_REFUSED = 1 };
-
-static void put_u16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-static void put_u32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-static uint32_t get_u32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
-static uint64_t get_u64(const uint8_t *p) { return (uint64_t)get_u32(p) | ((uint64_t)get_u32(p + 4) << 32); }
 
 /* ---- the bind address ------------------------------------------------------------------------- */
 
@@ -167,13 +141,13 @@ static td_status bind_host(const td_tcp_options *o, char *out, size_t size)
 
 typedef struct conn {
     int fd;
-    uint8_t buf[REPLY_FIXED + MAX_REPLY_MSG];
+    uint8_t buf[TD_TCP_REPLY_MAX];
     size_t got;
 } conn;
 
 typedef struct pending_in {
     int fd;
-    uint8_t *buf; /* HELLO_FIXED + MAX_GROUP_NAME + MAX_TOKEN */
+    uint8_t *buf; /* TD_TCP_HELLO_MAX */
     size_t got;
 } pending_in;
 
@@ -187,11 +161,14 @@ typedef struct setup {
     int64_t generation; /* how many times this rank made a transport on this store: keys of an
                            earlier group of the same name are never read */
     int64_t deadline;
+    bool use_unix;            /* UNIX-domain sockets to peers on this host */
+    char host_id[160];        /* boot id and network namespace: equal means "same host" */
+    char unix_name[64];       /* this rank's abstract UNIX socket name, "-" when none */
     int *fds;        /* established (handshake done) */
     conn *out;       /* to higher ranks, awaiting the reply */
     pending_in pend[MAX_PENDING];
     int npend;
-    char last_refusal[MAX_REPLY_MSG];
+    char last_refusal[TD_TCP_MAX_REPLY_MSG];
 } setup;
 
 static int grank_of(const setup *s, int r) { return s->o->global_ranks ? s->o->global_ranks[r] : r; }
@@ -203,20 +180,18 @@ static void addr_key(const setup *s, int r, char *out, size_t size)
 
 static size_t hello_encode(const setup *s, int to, uint64_t nonce, uint8_t *b)
 {
-    size_t gl = strlen(s->group), tl = s->token ? strlen(s->token) : 0;
-    put_u32(b, HELLO_MAGIC);
-    put_u16(b + 4, HELLO_VERSION);
-    put_u16(b + 6, 0);
-    put_u32(b + 8, (uint32_t)s->rank);
-    put_u32(b + 12, (uint32_t)to);
-    put_u32(b + 16, (uint32_t)s->size);
-    put_u64(b + 20, nonce);
-    put_u32(b + 28, (uint32_t)gl);
-    put_u32(b + 32, (uint32_t)tl);
-    memcpy(b + HELLO_FIXED, s->group, gl);
-    if (tl)
-        memcpy(b + HELLO_FIXED + gl, s->token, tl);
-    return HELLO_FIXED + gl + tl;
+    td_tcp_hello h = {
+        .version = TD_TCP_VERSION,
+        .from = (uint32_t)s->rank,
+        .to = (uint32_t)to,
+        .world = (uint32_t)s->size,
+        .nonce = nonce,
+        .group = s->group,
+        .group_len = (uint32_t)strlen(s->group),
+        .token = s->token,
+        .token_len = s->token ? (uint32_t)strlen(s->token) : 0,
+    };
+    return td_tcp_hello_encode(b, &h);
 }
 
 static bool token_equal(const char *a, size_t alen, const char *b, size_t blen)
@@ -227,9 +202,74 @@ static bool token_equal(const char *a, size_t alen, const char *b, size_t blen)
     return diff == 0;
 }
 
+/* ---- same-host peers over UNIX-domain sockets ------------------------------------------------ */
+
+/* "<boot id>/<network namespace>": two ranks with the same id can reach each other's abstract UNIX
+ * sockets. Empty when unknown (then every peer goes over TCP). */
+static void read_host_id(char *out, size_t size)
+{
+    out[0] = '\0';
+    char boot[64] = "", ns[64] = "";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+    if (!f)
+        return;
+    bool ok = fgets(boot, sizeof boot, f) != NULL;
+    fclose(f);
+    ssize_t n = readlink("/proc/self/ns/net", ns, sizeof ns - 1);
+    if (!ok || n <= 0)
+        return;
+    ns[n] = '\0';
+    boot[strcspn(boot, "\n")] = '\0';
+    for (char *c = ns; *c; c++)
+        if (*c == ' ')
+            *c = '_';
+    snprintf(out, size, "%s/%s", boot, ns);
+}
+
+static socklen_t unix_addr(const char *name, struct sockaddr_un *a)
+{
+    memset(a, 0, sizeof *a);
+    a->sun_family = AF_UNIX;
+    size_t len = strlen(name);
+    if (len > sizeof a->sun_path - 2)
+        len = sizeof a->sun_path - 2;
+    memcpy(a->sun_path + 1, name, len); /* abstract: leading NUL, nothing in the file system */
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len);
+}
+
+static int unix_listen(const char *name, int backlog)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_un a;
+    socklen_t len = unix_addr(name, &a);
+    if (bind(fd, (struct sockaddr *)&a, len) != 0 || listen(fd, backlog) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int unix_connect(const char *name)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_un a;
+    socklen_t len = unix_addr(name, &a);
+    /* A listening UNIX socket accepts at once (or refuses): the connect never waits on a network. */
+    if (connect(fd, (struct sockaddr *)&a, len) != 0 || td_net_set_nonblocking(fd, true) != TD_OK) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 /* ---- connecting to the higher ranks ----------------------------------------------------------- */
 
-static td_status read_address(setup *s, int r, char **host, int *port, uint64_t *nonce)
+static td_status read_address(setup *s, int r, char **host, int *port, uint64_t *nonce, char *unix_name,
+                              size_t unix_size)
 {
     char key[256];
     addr_key(s, r, key, sizeof key);
@@ -243,14 +283,17 @@ static td_status read_address(setup *s, int r, char **host, int *port, uint64_t 
     st = td_store_get(s->o->store, key, &v, &n);
     if (st != TD_OK)
         return td_error_prefix(st, "reading rank %d's tcp address from the store", grank_of(s, r));
-    char addr[TD_ADDR_STRLEN + 1];
+    char addr[TD_ADDR_STRLEN + 1], hid[160] = "", uname[64] = "-";
     unsigned long long nn = 0;
-    if (n > TD_ADDR_STRLEN + 24 || sscanf((char *)v, "%96s %llx", addr, &nn) != 2) {
+    if (n > 512 || sscanf((char *)v, "%96s %llx %159s %63s", addr, &nn, hid, uname) < 2) {
         free(v);
         return td_error(TD_ERR_INVALID, "rank %d's tcp address in the store is malformed", grank_of(s, r));
     }
     free(v);
     *nonce = nn;
+    /* Same host: offer its UNIX socket (the caller falls back to TCP if it does not answer). */
+    bool local = s->use_unix && s->host_id[0] && strcmp(hid, s->host_id) == 0 && strcmp(uname, "-") != 0;
+    snprintf(unix_name, unix_size, "%s", local ? uname : "");
     st = td_net_split_hostport(addr, host, port);
     if (st == TD_OK && *port < 0) {
         free(*host);
@@ -262,23 +305,28 @@ static td_status read_address(setup *s, int r, char **host, int *port, uint64_t 
 
 static td_status connect_up(setup *s, int r)
 {
-    uint8_t *hello = td_malloc(HELLO_FIXED + strlen(s->group) + (s->token ? strlen(s->token) : 0));
+    uint8_t *hello = td_malloc(TD_TCP_HELLO_FIXED + strlen(s->group) + (s->token ? strlen(s->token) : 0));
     td_status st;
     for (;;) {
         char *host = NULL;
         int port = 0;
         uint64_t nonce = 0;
-        st = read_address(s, r, &host, &port, &nonce);
+        char uname[64];
+        st = read_address(s, r, &host, &port, &nonce, uname, sizeof uname);
         if (st != TD_OK)
             break;
-        /* A short connect deadline, then the address is read again: a key left by an earlier group
-         * of the same name may point at a port nobody listens on any more. */
-        int64_t dl = td_now_ns() + 2000000000LL;
-        if (dl > s->deadline)
-            dl = s->deadline;
-        int fd = -1;
-        st = td_net_connect(host, port, dl, &fd);
-        free(host);
+        int fd = uname[0] ? unix_connect(uname) : -1;
+        if (fd >= 0) {
+            free(host);
+        } else {
+            /* A short connect deadline, then the address is read again: a key left by an earlier
+             * group of the same name may point at a port nobody listens on any more. */
+            int64_t dl = td_now_ns() + 2000000000LL;
+            if (dl > s->deadline)
+                dl = s->deadline;
+            st = td_net_connect(host, port, dl, &fd);
+            free(host);
+        }
         if (st == TD_ERR_TIMEOUT && !td_deadline_passed(s->deadline))
             continue;
         if (st != TD_OK) {
@@ -304,20 +352,11 @@ static td_status connect_up(setup *s, int r)
 
 static void send_reply(int fd, int rank, int status, const char *msg, int64_t deadline)
 {
-    uint8_t b[REPLY_FIXED + MAX_REPLY_MSG];
-    size_t ml = msg ? strlen(msg) : 0;
-    if (ml > MAX_REPLY_MSG)
-        ml = MAX_REPLY_MSG;
-    put_u32(b, HELLO_MAGIC);
-    put_u16(b + 4, HELLO_VERSION);
-    put_u16(b + 6, (uint16_t)status);
-    put_u32(b + 8, (uint32_t)rank);
-    put_u32(b + 12, (uint32_t)ml);
-    if (ml)
-        memcpy(b + REPLY_FIXED, msg, ml);
+    uint8_t b[TD_TCP_REPLY_MAX];
+    size_t len = td_tcp_reply_encode(b, rank, status, msg);
     /* Short: the peer is waiting for it, and a stuck stray must not stall the set-up. */
     int64_t dl = td_now_ns() + 1000000000LL;
-    td_net_send_all(fd, b, REPLY_FIXED + ml, dl < deadline ? dl : deadline);
+    td_net_send_all(fd, b, len, dl < deadline ? dl : deadline);
 }
 
 static void drop_pending(setup *s, int i)
@@ -332,97 +371,94 @@ static void drop_pending(setup *s, int i)
 static bool check_hello(setup *s, int i)
 {
     pending_in *p = &s->pend[i];
-    if (p->got < HELLO_FIXED)
+    td_tcp_hello h;
+    size_t need = 0;
+    const char *why = NULL;
+    td_tcp_parse pr = td_tcp_hello_parse(p->buf, p->got, &h, &need, &why);
+    if (pr == TD_TCP_PARSE_MORE)
         return false;
-    const uint8_t *b = p->buf;
-    if (get_u32(b) != HELLO_MAGIC) {
-        TD_LOG_WARN("tcp transport: dropped a connection that is not a tdist peer (bad magic)");
+    if (pr == TD_TCP_PARSE_BAD) {
+        TD_LOG_WARN("tcp transport of rank %d dropped a connection: %s", grank_of(s, s->rank), why);
         drop_pending(s, i);
         return true;
     }
-    uint32_t gl = get_u32(b + 28), tl = get_u32(b + 32);
-    if (gl > MAX_GROUP_NAME || tl > MAX_TOKEN) {
-        TD_LOG_WARN("tcp transport: dropped a connection whose hello is oversized");
-        drop_pending(s, i);
-        return true;
-    }
-    if (p->got < HELLO_FIXED + gl + tl)
-        return false;
-    char msg[MAX_REPLY_MSG];
+    char msg[TD_TCP_MAX_REPLY_MSG];
     msg[0] = '\0';
-    uint16_t version = get_u16(b + 4);
-    uint32_t from = get_u32(b + 8), to = get_u32(b + 12), world = get_u32(b + 16);
-    uint64_t nonce = get_u64(b + 20);
-    const char *group = (const char *)b + HELLO_FIXED;
-    const char *token = group + gl;
     size_t my_tl = s->token ? strlen(s->token) : 0;
-    if (version != HELLO_VERSION)
+    if (h.version != TD_TCP_VERSION)
         snprintf(msg, sizeof msg, "rank %d speaks tcp transport protocol version %d, the connecting side %u",
-                 grank_of(s, s->rank), HELLO_VERSION, version);
-    else if (!token_equal(token, tl, s->token ? s->token : "", my_tl))
+                 grank_of(s, s->rank), TD_TCP_VERSION, h.version);
+    else if (!token_equal(h.token, h.token_len, s->token ? s->token : "", my_tl))
         snprintf(msg, sizeof msg,
                  "authentication failed: the auth token (TDIST_AUTH_TOKEN) does not match rank %d's",
                  grank_of(s, s->rank));
-    else if (world != (uint32_t)s->size || gl != strlen(s->group) || memcmp(group, s->group, gl) != 0)
+    else if (h.world != (uint32_t)s->size || h.group_len != strlen(s->group) ||
+             memcmp(h.group, s->group, h.group_len) != 0)
         snprintf(msg, sizeof msg,
                  "group mismatch: the connecting rank is in group '%.*s' of %u ranks, rank %d in group '%s' of %d",
-                 (int)(gl < 200 ? gl : 200), group, world, grank_of(s, s->rank), s->group, s->size);
-    else if (to != (uint32_t)s->rank || nonce != s->nonce)
+                 (int)(h.group_len < 200 ? h.group_len : 200), h.group, h.world, grank_of(s, s->rank), s->group,
+                 s->size);
+    else if (h.to != (uint32_t)s->rank || h.nonce != s->nonce)
         snprintf(msg, sizeof msg, "the connection reached a different rank or an earlier group (stale address)");
-    else if (from >= (uint32_t)s->rank)
-        snprintf(msg, sizeof msg, "rank %u must not connect to rank %d (lower ranks connect to higher ones)", from,
+    else if (h.from >= (uint32_t)s->rank)
+        snprintf(msg, sizeof msg, "rank %u must not connect to rank %d (lower ranks connect to higher ones)", h.from,
                  s->rank);
-    else if (s->fds[from] >= 0)
-        snprintf(msg, sizeof msg, "rank %u is already connected", from);
+    else if (s->fds[h.from] >= 0)
+        snprintf(msg, sizeof msg, "rank %u is already connected", h.from);
     int fd = p->fd;
     if (msg[0]) {
         TD_LOG_WARN("tcp transport of rank %d refused a connection: %s", grank_of(s, s->rank), msg);
         snprintf(s->last_refusal, sizeof s->last_refusal, "%s", msg);
-        send_reply(fd, s->rank, REPLY_REFUSED, msg, s->deadline);
+        send_reply(fd, s->rank, TD_TCP_REPLY_REFUSED, msg, s->deadline);
         drop_pending(s, i);
         return true;
     }
-    send_reply(fd, s->rank, REPLY_OK, NULL, s->deadline);
-    s->fds[from] = fd;
+    send_reply(fd, s->rank, TD_TCP_REPLY_OK, NULL, s->deadline);
+    s->fds[h.from] = fd;
     free(p->buf);
     s->pend[i] = s->pend[--s->npend];
     return true;
 }
 
-/* Reads an accepted connection's hello bytes. True when the entry was consumed. */
+/* Reads an accepted connection's hello bytes (no more than the hello needs: what follows belongs
+ * to the progress engine). True when the entry was consumed. */
 static bool read_pending(setup *s, int i)
 {
     pending_in *p = &s->pend[i];
-    size_t want = HELLO_FIXED;
-    if (p->got >= HELLO_FIXED) {
-        uint32_t gl = get_u32(p->buf + 28), tl = get_u32(p->buf + 32);
-        want = HELLO_FIXED + (gl <= MAX_GROUP_NAME ? gl : 0) + (tl <= MAX_TOKEN ? tl : 0);
+    td_tcp_hello h;
+    size_t want = TD_TCP_HELLO_FIXED;
+    const char *why;
+    if (td_tcp_hello_parse(p->buf, p->got, &h, &want, &why) != TD_TCP_PARSE_MORE)
+        return check_hello(s, i);
+    ssize_t n = recv(p->fd, p->buf + p->got, want - p->got, MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        drop_pending(s, i);
+        return true;
     }
-    if (p->got < want) {
-        ssize_t n = recv(p->fd, p->buf + p->got, want - p->got, MSG_DONTWAIT);
-        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-            drop_pending(s, i);
-            return true;
-        }
-        if (n > 0)
-            p->got += (size_t)n;
-    }
+    if (n > 0)
+        p->got += (size_t)n;
     return check_hello(s, i);
 }
 
-/* Reads the answer to our hello from rank r. */
+/* Reads the answer to our hello from rank r (again no more than it). */
 static td_status read_reply(setup *s, int r)
 {
     conn *c = &s->out[r];
-    size_t want = REPLY_FIXED;
-    if (c->got >= REPLY_FIXED) {
-        uint32_t ml = get_u32(c->buf + 12);
-        if (get_u32(c->buf) != HELLO_MAGIC || ml > MAX_REPLY_MSG)
-            return td_error(TD_ERR_INVALID, "rank %d answered the tcp transport hello with malformed bytes",
-                            grank_of(s, r));
-        want = REPLY_FIXED + ml;
-    }
-    if (c->got < want) {
+    for (;;) {
+        td_tcp_reply rep;
+        size_t want = TD_TCP_REPLY_FIXED;
+        const char *why = NULL;
+        td_tcp_parse pr = td_tcp_reply_parse(c->buf, c->got, &rep, &want, &why);
+        if (pr == TD_TCP_PARSE_BAD)
+            return td_error(TD_ERR_INVALID, "rank %d answered the tcp transport hello: %s", grank_of(s, r), why);
+        if (pr == TD_TCP_PARSE_OK) {
+            if (rep.status != TD_TCP_REPLY_OK)
+                return td_error(TD_ERR_INVALID, "rank %d refused the connection from rank %d: %.*s", grank_of(s, r),
+                                grank_of(s, s->rank), (int)rep.msg_len, rep.msg);
+            s->fds[r] = c->fd;
+            c->fd = -1;
+            return TD_OK;
+        }
         ssize_t n = recv(c->fd, c->buf + c->got, want - c->got, MSG_DONTWAIT);
         if (n == 0)
             return td_error(TD_ERR_PEER_LOST, "rank %d closed the connection during the tcp transport handshake",
@@ -433,19 +469,7 @@ static td_status read_reply(setup *s, int r)
             return td_error_errno(TD_ERR_PEER_LOST, "reading rank %d's handshake answer", grank_of(s, r));
         }
         c->got += (size_t)n;
-        if (c->got == REPLY_FIXED)
-            return read_reply(s, r); /* validate the length, maybe read the message */
-        if (c->got < want)
-            return TD_OK;
     }
-    if (get_u16(c->buf + 6) != REPLY_OK) {
-        uint32_t ml = get_u32(c->buf + 12);
-        return td_error(TD_ERR_INVALID, "rank %d refused the connection from rank %d: %.*s", grank_of(s, r),
-                        grank_of(s, s->rank), (int)ml, (const char *)c->buf + REPLY_FIXED);
-    }
-    s->fds[r] = c->fd;
-    c->fd = -1;
-    return TD_OK;
 }
 
 static td_status missing_msg(setup *s, int64_t timeout_ms)
@@ -465,11 +489,11 @@ static td_status missing_msg(setup *s, int64_t timeout_ms)
     return st;
 }
 
-static td_status handshake_loop(setup *s, int lfd)
+static td_status handshake_loop(setup *s, int lfd, int ufd)
 {
     int lower_missing = s->rank;
-    struct pollfd *pfds = TD_NEW_ARRAY(struct pollfd, (size_t)(1 + s->size + MAX_PENDING));
-    int *who = TD_NEW_ARRAY(int, (size_t)(1 + s->size + MAX_PENDING));
+    struct pollfd *pfds = TD_NEW_ARRAY(struct pollfd, (size_t)(2 + s->size + MAX_PENDING));
+    int *who = TD_NEW_ARRAY(int, (size_t)(2 + s->size + MAX_PENDING));
     td_status st = TD_OK;
     for (;;) {
         int higher_missing = 0;
@@ -484,10 +508,15 @@ static td_status handshake_loop(setup *s, int lfd)
             st = missing_msg(s, s->o->timeout_ms);
             break;
         }
-        int n = 0;
+        int n = 0, nlisten = 0;
         if (lower_missing) {
             pfds[n] = (struct pollfd){.fd = lfd, .events = POLLIN};
             who[n++] = -1;
+            if (ufd >= 0) {
+                pfds[n] = (struct pollfd){.fd = ufd, .events = POLLIN};
+                who[n++] = -1;
+            }
+            nlisten = n;
         }
         for (int r = s->rank + 1; r < s->size; r++) {
             if (s->fds[r] < 0 && s->out[r].fd >= 0) {
@@ -518,16 +547,18 @@ static td_status handshake_loop(setup *s, int lfd)
         }
         if (st != TD_OK)
             break;
-        if (lower_missing && (pfds[0].revents & POLLIN)) {
+        for (int l = 0; l < nlisten; l++) {
+            if (!(pfds[l].revents & POLLIN))
+                continue;
             for (;;) {
-                int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+                int fd = accept4(pfds[l].fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
                 if (fd < 0)
                     break;
                 if (s->npend == MAX_PENDING)
                     drop_pending(s, 0);
                 s->pend[s->npend].fd = fd;
                 s->pend[s->npend].got = 0;
-                s->pend[s->npend].buf = td_malloc(HELLO_FIXED + MAX_GROUP_NAME + MAX_TOKEN);
+                s->pend[s->npend].buf = td_malloc(TD_TCP_HELLO_MAX);
                 s->npend++;
                 read_pending(s, s->npend - 1);
             }
@@ -543,7 +574,10 @@ static td_status handshake_loop(setup *s, int lfd)
 static td_status tune_socket(int fd, int64_t bufsize)
 {
     TD_TRY(td_net_set_nonblocking(fd, true));
-    TD_TRY(td_net_set_nodelay(fd));
+    int domain = 0;
+    socklen_t dlen = sizeof domain;
+    if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &dlen) == 0 && domain != AF_UNIX)
+        TD_TRY(td_net_set_nodelay(fd));
     if (bufsize > 0) {
         int v = (int)bufsize;
         setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof v);
@@ -569,10 +603,10 @@ td_status td_tcp_transport_create(const td_tcp_options *o, td_transport **out)
     s.group = o->group_name ? o->group_name : "";
     s.token = td_env_str("TDIST_AUTH_TOKEN", NULL);
     s.deadline = td_deadline_after_ms(o->timeout_ms);
-    if (strlen(s.group) > MAX_GROUP_NAME)
-        return td_error(TD_ERR_INVALID, "group name is longer than %d bytes", MAX_GROUP_NAME);
-    if (s.token && strlen(s.token) > MAX_TOKEN)
-        return td_error(TD_ERR_INVALID, "TDIST_AUTH_TOKEN is longer than %d bytes", MAX_TOKEN);
+    if (strlen(s.group) > TD_TCP_MAX_GROUP_NAME)
+        return td_error(TD_ERR_INVALID, "group name is longer than %d bytes", TD_TCP_MAX_GROUP_NAME);
+    if (s.token && strlen(s.token) > TD_TCP_MAX_TOKEN)
+        return td_error(TD_ERR_INVALID, "TDIST_AUTH_TOKEN is longer than %d bytes", TD_TCP_MAX_TOKEN);
     int *fds = TD_NEW_ARRAY(int, (size_t)o->size);
     for (int r = 0; r < o->size; r++)
         fds[r] = -1;
@@ -587,6 +621,25 @@ td_status td_tcp_transport_create(const td_tcp_options *o, td_transport **out)
         s.out[r].fd = -1;
     if (getrandom(&s.nonce, sizeof s.nonce, 0) != sizeof s.nonce)
         s.nonce = (uint64_t)td_now_ns() ^ ((uint64_t)getpid() << 32);
+    bool unix_env = true;
+    td_status est = td_env_bool("TDIST_TCP_UNIX", true, &unix_env);
+    if (est != TD_OK) {
+        free(fds);
+        free(s.out);
+        return est;
+    }
+    s.use_unix = o->same_host == TD_TCP_SAME_HOST_UNIX || (o->same_host == TD_TCP_SAME_HOST_DEFAULT && unix_env);
+    snprintf(s.unix_name, sizeof s.unix_name, "-");
+    int ufd = -1;
+    if (s.use_unix) {
+        read_host_id(s.host_id, sizeof s.host_id);
+        char name[64];
+        snprintf(name, sizeof name, "tdist-tcp-%d-%llx", (int)getpid(), (unsigned long long)s.nonce);
+        if (s.host_id[0] && (ufd = unix_listen(name, o->size + 16)) >= 0)
+            snprintf(s.unix_name, sizeof s.unix_name, "%s", name);
+    }
+    if (!s.host_id[0])
+        snprintf(s.host_id, sizeof s.host_id, "-");
 
     int lfd = -1;
     char host[TD_ADDR_STRLEN];
@@ -603,8 +656,8 @@ td_status td_tcp_transport_create(const td_tcp_options *o, td_transport **out)
         if (st == TD_OK) {
             char hp[TD_ADDR_STRLEN + 32], key[256];
             td_net_format_hostport(host, port, hp, sizeof hp);
-            char val[TD_ADDR_STRLEN + 64];
-            snprintf(val, sizeof val, "%s %llx", hp, (unsigned long long)s.nonce);
+            char val[TD_ADDR_STRLEN + 320];
+            snprintf(val, sizeof val, "%s %llx %s %s", hp, (unsigned long long)s.nonce, s.host_id, s.unix_name);
             addr_key(&s, o->rank, key, sizeof key);
             st = td_store_set_str(o->store, key, val);
             if (st != TD_OK)
@@ -618,7 +671,7 @@ td_status td_tcp_transport_create(const td_tcp_options *o, td_transport **out)
     for (int r = o->rank + 1; r < o->size && st == TD_OK; r++)
         st = connect_up(&s, r);
     if (st == TD_OK)
-        st = handshake_loop(&s, lfd);
+        st = handshake_loop(&s, lfd, ufd);
     if (st == TD_ERR_TIMEOUT && !strstr(td_last_error(), "setting up the tcp transport"))
         td_error_prefix(st, "Timed out after %lld ms setting up the tcp transport of rank %d",
                         (long long)o->timeout_ms, grank_of(&s, o->rank));
@@ -628,6 +681,8 @@ td_status td_tcp_transport_create(const td_tcp_options *o, td_transport **out)
 
     if (lfd >= 0)
         close(lfd);
+    if (ufd >= 0)
+        close(ufd);
     for (int i = s.npend - 1; i >= 0; i--)
         drop_pending(&s, i);
     for (int r = 0; r < o->size; r++)

@@ -1,0 +1,184 @@
+/* Encoders and parsers of the tcp transport's wire format (tcp_proto.h; docs/protocols.md, "tcp
+ * transport"). Nothing here does I/O or allocates: the callers own the bytes, and the parsers only
+ * point into them after checking every length against what is there and against the limits. */
+#include "transport/tcp_proto.h"
+
+#include <string.h>
+
+#include "transport/transport.h"
+
+static void put_u16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint16_t get_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+static uint32_t get_u32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+static uint64_t get_u64(const uint8_t *p) { return (uint64_t)get_u32(p) | ((uint64_t)get_u32(p + 4) << 32); }
+
+/* ---- handshake -------------------------------------------------------------------------------- */
+
+size_t td_tcp_hello_encode(uint8_t *b, const td_tcp_hello *h)
+{
+    put_u32(b, TD_TCP_MAGIC);
+    put_u16(b + 4, h->version);
+    put_u16(b + 6, 0);
+    put_u32(b + 8, h->from);
+    put_u32(b + 12, h->to);
+    put_u32(b + 16, h->world);
+    put_u64(b + 20, h->nonce);
+    put_u32(b + 28, h->group_len);
+    put_u32(b + 32, h->token_len);
+    if (h->group_len)
+        memcpy(b + TD_TCP_HELLO_FIXED, h->group, h->group_len);
+    if (h->token_len)
+        memcpy(b + TD_TCP_HELLO_FIXED + h->group_len, h->token, h->token_len);
+    return TD_TCP_HELLO_FIXED + h->group_len + h->token_len;
+}
+
+td_tcp_parse td_tcp_hello_parse(const uint8_t *b, size_t n, td_tcp_hello *h, size_t *need, const char **why)
+{
+    *why = NULL;
+    if (n >= 4 && get_u32(b) != TD_TCP_MAGIC) {
+        *why = "not a tdist tcp transport peer (bad magic)";
+        return TD_TCP_PARSE_BAD;
+    }
+    if (n < TD_TCP_HELLO_FIXED) {
+        *need = TD_TCP_HELLO_FIXED;
+        return TD_TCP_PARSE_MORE;
+    }
+    uint32_t gl = get_u32(b + 28), tl = get_u32(b + 32);
+    if (gl > TD_TCP_MAX_GROUP_NAME || tl > TD_TCP_MAX_TOKEN) {
+        *why = "the hello's group name or token is over the limit";
+        return TD_TCP_PARSE_BAD;
+    }
+    *need = TD_TCP_HELLO_FIXED + (size_t)gl + tl;
+    if (n < *need)
+        return TD_TCP_PARSE_MORE;
+    h->version = get_u16(b + 4);
+    h->from = get_u32(b + 8);
+    h->to = get_u32(b + 12);
+    h->world = get_u32(b + 16);
+    h->nonce = get_u64(b + 20);
+    h->group = (const char *)b + TD_TCP_HELLO_FIXED;
+    h->group_len = gl;
+    h->token = h->group + gl;
+    h->token_len = tl;
+    return TD_TCP_PARSE_OK;
+}
+
+size_t td_tcp_reply_encode(uint8_t *b, int rank, int status, const char *msg)
+{
+    size_t ml = msg ? strlen(msg) : 0;
+    if (ml > TD_TCP_MAX_REPLY_MSG)
+        ml = TD_TCP_MAX_REPLY_MSG;
+    put_u32(b, TD_TCP_MAGIC);
+    put_u16(b + 4, TD_TCP_VERSION);
+    put_u16(b + 6, (uint16_t)status);
+    put_u32(b + 8, (uint32_t)rank);
+    put_u32(b + 12, (uint32_t)ml);
+    if (ml)
+        memcpy(b + TD_TCP_REPLY_FIXED, msg, ml);
+    return TD_TCP_REPLY_FIXED + ml;
+}
+
+td_tcp_parse td_tcp_reply_parse(const uint8_t *b, size_t n, td_tcp_reply *r, size_t *need, const char **why)
+{
+    *why = NULL;
+    if (n >= 4 && get_u32(b) != TD_TCP_MAGIC) {
+        *why = "malformed handshake answer (bad magic)";
+        return TD_TCP_PARSE_BAD;
+    }
+    if (n < TD_TCP_REPLY_FIXED) {
+        *need = TD_TCP_REPLY_FIXED;
+        return TD_TCP_PARSE_MORE;
+    }
+    uint32_t ml = get_u32(b + 12);
+    if (ml > TD_TCP_MAX_REPLY_MSG) {
+        *why = "malformed handshake answer (message over the limit)";
+        return TD_TCP_PARSE_BAD;
+    }
+    *need = TD_TCP_REPLY_FIXED + (size_t)ml;
+    if (n < *need)
+        return TD_TCP_PARSE_MORE;
+    r->version = get_u16(b + 4);
+    r->status = get_u16(b + 6);
+    r->rank = get_u32(b + 8);
+    r->msg = (const char *)b + TD_TCP_REPLY_FIXED;
+    r->msg_len = ml;
+    return TD_TCP_PARSE_OK;
+}
+
+/* ---- frames ----------------------------------------------------------------------------------- */
+
+void td_tcp_header_encode(uint8_t *b, uint64_t tag, uint64_t len)
+{
+    put_u64(b, tag);
+    put_u64(b + 8, len);
+}
+
+void td_tcp_header_decode(const uint8_t *b, uint64_t *tag, uint64_t *len)
+{
+    *tag = get_u64(b);
+    *len = get_u64(b + 8);
+}
+
+size_t td_tcp_control_encode(uint8_t *f, int type, td_status status, const char *msg)
+{
+    uint8_t *p = f + TD_TCP_HDR_SIZE;
+    size_t len = 1;
+    p[0] = (uint8_t)type;
+    if (type == TD_TCP_CTRL_ABORT) {
+        size_t ml = msg ? strlen(msg) : 0;
+        if (ml > TD_TCP_CTRL_MSG_MAX)
+            ml = TD_TCP_CTRL_MSG_MAX;
+        put_u32(p + 1, (uint32_t)(int32_t)status);
+        put_u16(p + 5, (uint16_t)ml);
+        if (ml)
+            memcpy(p + 7, msg, ml);
+        len = 7 + ml;
+    }
+    td_tcp_header_encode(f, TD_TAG_RESERVED, len);
+    return TD_TCP_HDR_SIZE + len;
+}
+
+bool td_tcp_control_parse(const uint8_t *p, size_t n, td_tcp_control *c)
+{
+    memset(c, 0, sizeof *c);
+    if (n < 1)
+        return false;
+    c->type = p[0];
+    if (c->type == TD_TCP_CTRL_BYE)
+        return n == 1;
+    if (c->type != TD_TCP_CTRL_ABORT || n < 7)
+        return false;
+    size_t ml = get_u16(p + 5);
+    if (n != 7 + ml || ml > TD_TCP_CTRL_MSG_MAX)
+        return false;
+    int32_t st = (int32_t)get_u32(p + 1);
+    /* Only a failure can be relayed: anything else is not a td_status an abort carries. */
+    if (st >= 0 || st < -1000)
+        return false;
+    c->status = (td_status)st;
+    c->msg = (const char *)p + 7;
+    c->msg_len = ml;
+    return true;
+}

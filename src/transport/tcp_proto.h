@@ -1,0 +1,80 @@
+/* The tcp transport's wire format (docs/protocols.md, "tcp transport"): the connection handshake
+ * (hello and reply), the 16-byte frame header, and control frames (goodbye, abort). Pure encoders
+ * and parsers, shared by the set-up code (tcp_connect.c) and the progress engine (tcp.c), and
+ * fuzzed by fuzz/fuzz_tcp_hello.c and fuzz/fuzz_tcp_frames.c. Every parser checks each length
+ * against the bytes it has and against the limits below before anything is sized from it. */
+#ifndef TDIST_TRANSPORT_TCP_PROTO_H
+#define TDIST_TRANSPORT_TCP_PROTO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tdist/status.h>
+
+#define TD_TCP_MAGIC 0x50544454u /* bytes "TDTP" */
+#define TD_TCP_VERSION 1
+#define TD_TCP_HELLO_FIXED 36
+#define TD_TCP_MAX_GROUP_NAME 1024
+#define TD_TCP_MAX_TOKEN 4096
+#define TD_TCP_HELLO_MAX (TD_TCP_HELLO_FIXED + TD_TCP_MAX_GROUP_NAME + TD_TCP_MAX_TOKEN)
+#define TD_TCP_REPLY_FIXED 16
+#define TD_TCP_MAX_REPLY_MSG 512
+#define TD_TCP_REPLY_MAX (TD_TCP_REPLY_FIXED + TD_TCP_MAX_REPLY_MSG)
+
+#define TD_TCP_HDR_SIZE 16
+#define TD_TCP_CTRL_MAX 1024   /* control frame payloads */
+#define TD_TCP_CTRL_MSG_MAX 512
+#define TD_TCP_CTRL_FRAME_MAX (TD_TCP_HDR_SIZE + 7 + TD_TCP_CTRL_MSG_MAX)
+
+enum { TD_TCP_REPLY_OK = 0, TD_TCP_REPLY_REFUSED = 1 };
+enum { TD_TCP_CTRL_BYE = 1, TD_TCP_CTRL_ABORT = 2 };
+
+/* Parse results: the message is complete, more bytes are needed, or it is malformed. */
+typedef enum td_tcp_parse { TD_TCP_PARSE_OK = 0, TD_TCP_PARSE_MORE = 1, TD_TCP_PARSE_BAD = -1 } td_tcp_parse;
+
+typedef struct td_tcp_hello {
+    uint16_t version;
+    uint32_t from, to, world;
+    uint64_t nonce;
+    const char *group; /* not NUL-terminated; points into the parsed bytes */
+    uint32_t group_len;
+    const char *token;
+    uint32_t token_len;
+} td_tcp_hello;
+
+/* Writes the hello into b (TD_TCP_HELLO_FIXED + group_len + token_len bytes); returns its size. */
+size_t td_tcp_hello_encode(uint8_t *b, const td_tcp_hello *h);
+/* Parses the first n bytes of a hello. MORE: *need is how many bytes are needed in all (as far as
+ * known yet). BAD: a wrong magic or a length over the limits (*why names it). */
+td_tcp_parse td_tcp_hello_parse(const uint8_t *b, size_t n, td_tcp_hello *h, size_t *need, const char **why);
+
+typedef struct td_tcp_reply {
+    uint16_t version, status;
+    uint32_t rank;
+    const char *msg;
+    uint32_t msg_len;
+} td_tcp_reply;
+
+/* msg may be NULL; it is cut to TD_TCP_MAX_REPLY_MSG. b holds TD_TCP_REPLY_MAX bytes. */
+size_t td_tcp_reply_encode(uint8_t *b, int rank, int status, const char *msg);
+td_tcp_parse td_tcp_reply_parse(const uint8_t *b, size_t n, td_tcp_reply *r, size_t *need, const char **why);
+
+/* Frame header: u64 tag, u64 payload length (little-endian). */
+void td_tcp_header_encode(uint8_t *b, uint64_t tag, uint64_t len);
+void td_tcp_header_decode(const uint8_t *b, uint64_t *tag, uint64_t *len);
+
+typedef struct td_tcp_control {
+    int type;
+    td_status status;  /* ABORT */
+    const char *msg;   /* ABORT: not NUL-terminated */
+    size_t msg_len;
+} td_tcp_control;
+
+/* A whole control frame (header with TD_TAG_RESERVED, then payload) into f
+ * (TD_TCP_CTRL_FRAME_MAX bytes); the message is cut to TD_TCP_CTRL_MSG_MAX. Returns its size. */
+size_t td_tcp_control_encode(uint8_t *f, int type, td_status status, const char *msg);
+/* Parses a control payload of n bytes (n was checked against TD_TCP_CTRL_MAX from the header). */
+bool td_tcp_control_parse(const uint8_t *p, size_t n, td_tcp_control *c);
+
+#endif

@@ -53,6 +53,7 @@
 #define POOL_KEEP_BYTES ((size_t)256 << 20)
 #define SPIN_MAX_BYTES (64 * 1024)
 #define CTRL_MAX TD_TCP_CTRL_MAX
+#define UNEXP_STEP ((size_t)1 << 20)
 
 enum { R_HDR = 0, R_PAYLOAD = 1 };
 
@@ -64,6 +65,7 @@ typedef struct unexp {
     size_t len;
     size_t got;
     char *buf;
+    size_t cap; /* grows with what arrived, never ahead of it by more than UNEXP_STEP */
 } unexp;
 
 typedef struct peer {
@@ -271,8 +273,9 @@ static unexp *unexp_new(tcp_transport *t)
 
 static void unexp_free(tcp_transport *t, unexp *u)
 {
-    pool_put(t, u->buf, u->len);
+    pool_put(t, u->buf, u->cap);
     u->buf = NULL;
+    u->cap = 0;
     u->next = t->free_unexp;
     t->free_unexp = u;
 }
@@ -286,6 +289,26 @@ static void unexp_unlink(peer *p, unexp *prev, unexp *u)
     if (p->uq_tail == u)
         p->uq_tail = prev;
     u->next = NULL;
+}
+
+/* Room for the next bytes of an unexpected message. Its buffer follows the bytes that arrived,
+ * doubling, so a header that claims a huge length costs nothing until the bytes come. */
+static bool unexp_room(tcp_transport *t, unexp *u)
+{
+    if (u->got < u->cap)
+        return true;
+    size_t want = u->cap ? u->cap * 2 : UNEXP_STEP;
+    if (want > u->len)
+        want = u->len;
+    char *nb = pool_get(t, want);
+    if (!nb)
+        return false;
+    if (u->got)
+        memcpy(nb, u->buf, u->got);
+    pool_put(t, u->buf, u->cap);
+    u->buf = nb;
+    u->cap = want;
+    return true;
 }
 
 /* ---- iovec copies ----------------------------------------------------------------------------- */
@@ -635,8 +658,7 @@ static bool start_message(tcp_transport *t, peer *p, uint64_t tag, uint64_t len,
         u->tag = tag;
         u->arrival = ++t->arrival;
         u->len = (size_t)len;
-        u->buf = pool_get(t, (size_t)len);
-        if (len && !u->buf) {
+        if (len && !unexp_room(t, u)) {
             unexp_free(t, u);
             peer_lost(t, p, done, "cannot buffer an unexpected message of %llu bytes: %s", (unsigned long long)len,
                       td_last_error());
@@ -681,6 +703,14 @@ static bool consume_stage(tcp_transport *t, peer *p, done_list *done)
             xfer_copy_in(p->rx, s, take);
             t->n_staged += take;
         } else if (p->ru) {
+            if (!unexp_room(t, p->ru)) {
+                peer_lost(t, p, done, "cannot buffer an unexpected message of %zu bytes: %s", p->ru->len,
+                          td_last_error());
+                return false;
+            }
+            size_t room = p->ru->cap - p->ru->got;
+            if (take > room)
+                take = room;
             memcpy(p->ru->buf + p->ru->got, s, take);
             p->ru->got += take;
             t->n_unexpected += take;
@@ -716,10 +746,16 @@ static void read_peer(tcp_transport *t, peer *p, done_list *done)
                 cnt = xfer_iov_from(p->rx, p->rx->progress, p->remaining, iov, TD_XFER_MAX_IOV);
                 direct = p->remaining;
             } else if (p->ru) {
+                if (!unexp_room(t, p->ru)) {
+                    peer_lost(t, p, done, "cannot buffer an unexpected message of %zu bytes: %s", p->ru->len,
+                              td_last_error());
+                    return;
+                }
+                size_t room = p->ru->cap - p->ru->got;
                 iov[0].iov_base = p->ru->buf + p->ru->got;
-                iov[0].iov_len = p->remaining;
+                iov[0].iov_len = room < p->remaining ? room : p->remaining;
                 cnt = 1;
-                direct = p->remaining;
+                direct = iov[0].iov_len;
             }
         }
         iov[cnt].iov_base = p->stage + p->stage_len;

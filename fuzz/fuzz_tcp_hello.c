@@ -1,0 +1,107 @@
+/* libFuzzer target for the tcp transport's handshake parsers (src/transport/tcp_proto.c): the
+ * input is what a connecting stranger (hello) or a listening peer (reply) sent. Each parser runs
+ * on every prefix of the input, as the bytes would trickle in; it must never read outside them,
+ * must ask for more only up to its limit, and what it accepts must encode back to the same bytes.
+ * The control-frame parser runs on the same bytes. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "transport/tcp_proto.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static void check(int cond, const char *what)
+{
+    if (!cond) {
+        fprintf(stderr, "fuzz_tcp_hello: %s\n", what);
+        abort();
+    }
+}
+
+static void hello(const uint8_t *data, size_t size)
+{
+    for (size_t n = 0; n <= size; n++) {
+        td_tcp_hello h;
+        size_t need = 0;
+        const char *why = NULL;
+        td_tcp_parse r = td_tcp_hello_parse(data, n, &h, &need, &why);
+        if (r == TD_TCP_PARSE_BAD) {
+            check(why != NULL, "a refusal without a reason");
+            return;
+        }
+        if (r == TD_TCP_PARSE_MORE) {
+            check(need > n && need <= TD_TCP_HELLO_MAX, "asks for more than a hello can hold");
+            continue;
+        }
+        check(need <= n, "complete before its bytes are in");
+        volatile char sink = 0;
+        if (h.group_len)
+            sink ^= h.group[h.group_len - 1];
+        if (h.token_len)
+            sink ^= h.token[h.token_len - 1];
+        (void)sink;
+        uint8_t *again = malloc(TD_TCP_HELLO_MAX);
+        size_t len = td_tcp_hello_encode(again, &h);
+        check(len == need, "re-encoded hello has another size");
+        /* Byte 6 (flags) is reserved and written as zero. */
+        check(memcmp(again, data, 6) == 0 && memcmp(again + 8, data + 8, len - 8) == 0, "hello round trip");
+        free(again);
+        return;
+    }
+}
+
+static void reply(const uint8_t *data, size_t size)
+{
+    for (size_t n = 0; n <= size; n++) {
+        td_tcp_reply rep;
+        size_t need = 0;
+        const char *why = NULL;
+        td_tcp_parse r = td_tcp_reply_parse(data, n, &rep, &need, &why);
+        if (r == TD_TCP_PARSE_BAD) {
+            check(why != NULL, "a bad answer without a reason");
+            return;
+        }
+        if (r == TD_TCP_PARSE_MORE) {
+            check(need > n && need <= TD_TCP_REPLY_MAX, "asks for more than an answer can hold");
+            continue;
+        }
+        volatile char sink = 0;
+        if (rep.msg_len)
+            sink ^= rep.msg[rep.msg_len - 1];
+        (void)sink;
+        return;
+    }
+}
+
+static void control(const uint8_t *data, size_t size)
+{
+    if (size > TD_TCP_CTRL_MAX)
+        size = TD_TCP_CTRL_MAX;
+    td_tcp_control c;
+    if (!td_tcp_control_parse(data, size, &c))
+        return;
+    check(c.type == TD_TCP_CTRL_BYE || c.type == TD_TCP_CTRL_ABORT, "unknown control type accepted");
+    if (c.type == TD_TCP_CTRL_ABORT) {
+        check(c.status < 0 && c.msg_len <= TD_TCP_CTRL_MSG_MAX, "abort fields out of range");
+        char *msg = malloc(c.msg_len + 1);
+        memcpy(msg, c.msg, c.msg_len);
+        msg[c.msg_len] = '\0';
+        uint8_t frame[TD_TCP_CTRL_FRAME_MAX];
+        size_t len = td_tcp_control_encode(frame, c.type, c.status, msg);
+        /* A message with a NUL inside encodes shorter; otherwise the frame is the input again. */
+        if (strlen(msg) == c.msg_len)
+            check(len == TD_TCP_HDR_SIZE + size && memcmp(frame + TD_TCP_HDR_SIZE, data, size) == 0,
+                  "abort round trip");
+        free(msg);
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    hello(data, size);
+    reply(data, size);
+    control(data, size);
+    return 0;
+}

@@ -13,7 +13,8 @@
  * tensors work (they are packed and unpacked around the transfer).
  *
  * Ranks given to collectives (roots, peers) are ranks IN THE GROUP, as PyTorch's group_src/dst;
- * td_pg_group_rank / td_pg_global_rank translate.
+ * td_pg_group_rank / td_pg_global_rank translate. A NULL group means the default group (see the
+ * end of this header). docs/collectives.md lists every call with its errors.
  *
  * Failures: a peer that dies or disconnects fails every pending and later operation that needs it
  * with TD_ERR_PEER_LOST naming the rank; an operation that passes the group's timeout fails with

@@ -733,3 +733,30 @@ TD_TEST(hostile_messages)
     td_value_release(v);
     mpt_lc_end(lc);
 }
+
+/* Writes the seed corpus of fuzz/fuzz_mp_message.c into $TDIST_FUZZ_SEED_DIR (run by name). */
+TD_TEST(write_fuzz_seeds, .hidden = true)
+{
+    const char *dir = getenv("TDIST_FUZZ_SEED_DIR");
+    TD_CHECK(dir != NULL);
+    for (int s = 0; s < 2; s++) {
+        mpt_set_strategy((td_mp_strategy)s);
+        td_tensor *x = mpt_randn(3, 4), *col, *e;
+        TD_CHECK_OK(td_tensor_select(x, 1, 2, &col));
+        TD_CHECK_OK(td_tensor_empty(TD_INT64, TD_SHAPE(0), &e));
+        td_value *v = td_value_tuple_of(4, td_value_tensor(x), td_value_tensor(col), td_value_tensor(e),
+                                        td_value_string("label"));
+        td_mp_msg m;
+        TD_CHECK_OK(td_mp_msg_encode(v, &m));
+        char path[512];
+        snprintf(path, sizeof path, "%s/seed_%s", dir, td_mp_strategy_name((td_mp_strategy)s));
+        FILE *f = fopen(path, "wb");
+        TD_CHECK(f && fwrite(m.data.data, 1, m.data.len, f) == m.data.len);
+        fclose(f);
+        td_mp_msg_free(&m);
+        td_value_release(v);
+        td_tensor_release(e);
+        td_tensor_release(col);
+        td_tensor_release(x);
+    }
+}

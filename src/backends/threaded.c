@@ -148,6 +148,28 @@ static int first_left(const world *w)
     return -1;
 }
 
+static char *left_message(int rank)
+{
+    return td_asprintf("Rank %d left the threaded group (its process group was destroyed)", rank);
+}
+
+/* With w->mu held: the failure that an operation of rank `me` meets when the world was aborted or
+ * rank `gone` (>= 0) left it, in *status and *msg (malloc'd); false when there is none. */
+static bool world_failure(const world *w, int me, int gone, td_status *status, char **msg)
+{
+    if (w->aborted) {
+        *status = w->abort_status;
+        *msg = td_strdup(w->abort_msg);
+        return true;
+    }
+    if (gone >= 0) {
+        *status = gone == me ? TD_ERR_CLOSED : TD_ERR_PEER_LOST;
+        *msg = left_message(gone);
+        return true;
+    }
+    return false;
+}
+
 /* ---- create / destroy ---------------------------------------------------------------------- */
 
 static void threaded_destroy(void *state);
@@ -285,7 +307,7 @@ static void member_leave(member *m, const char *msg)
     }
     pthread_mutex_unlock(&w->mu);
     fail_posts(mine, TD_ERR_CLOSED, msg);
-    char *lost = td_asprintf("Rank %d left the threaded group (its process group was destroyed)", m->rank);
+    char *lost = left_message(m->rank);
     fail_posts(theirs, TD_ERR_PEER_LOST, lost);
     free(lost);
 }
@@ -480,13 +502,7 @@ static void run_collective(member *m, const td_coll *coll, td_work *work)
     char *msg = NULL;
     pthread_mutex_lock(&w->mu);
     int gone = first_left(w);
-    if (w->aborted) {
-        status = w->abort_status;
-        msg = td_strdup(w->abort_msg);
-    } else if (gone >= 0) {
-        status = gone == m->rank ? TD_ERR_CLOSED : TD_ERR_PEER_LOST;
-        msg = td_asprintf("Rank %d left the threaded group (its process group was destroyed)", gone);
-    } else {
+    if (!world_failure(w, m->rank, gone, &status, &msg)) {
         w->colls[m->rank] = coll;
         uint64_t gen = w->gen;
         if (++w->arrived == w->size) {
@@ -509,13 +525,7 @@ static void run_collective(member *m, const td_coll *coll, td_work *work)
                 /* It will not complete: withdraw, and say why. */
                 w->colls[m->rank] = NULL;
                 w->arrived--;
-                if (w->aborted) {
-                    status = w->abort_status;
-                    msg = td_strdup(w->abort_msg);
-                } else if (gone >= 0) {
-                    status = gone == m->rank ? TD_ERR_CLOSED : TD_ERR_PEER_LOST;
-                    msg = td_asprintf("Rank %d left the threaded group (its process group was destroyed)", gone);
-                } else {
+                if (!world_failure(w, m->rank, gone, &status, &msg)) {
                     td_buf b = TD_BUF_INIT;
                     td_buf_printf(&b, "threaded backend: rank %d timed out in %s #%llu waiting for rank(s) ", m->rank,
                                   td_coll_kind_name(coll->kind), (unsigned long long)coll->seq);
@@ -562,14 +572,8 @@ static void run_p2p(member *m, const td_coll *coll, td_work *work)
     char *msg = NULL;
     p2p_post *match = NULL;
     pthread_mutex_lock(&w->mu);
-    if (w->aborted) {
-        status = w->abort_status;
-        msg = td_strdup(w->abort_msg);
-    } else if (w->left[m->rank] || (coll->peer >= 0 && w->left[coll->peer])) {
-        int gone = w->left[m->rank] ? m->rank : coll->peer;
-        status = gone == m->rank ? TD_ERR_CLOSED : TD_ERR_PEER_LOST;
-        msg = td_asprintf("Rank %d left the threaded group (its process group was destroyed)", gone);
-    } else {
+    int gone = w->left[m->rank] ? m->rank : (coll->peer >= 0 && w->left[coll->peer] ? coll->peer : -1);
+    if (!world_failure(w, m->rank, gone, &status, &msg)) {
         for (p2p_post **p = &w->posts; *p; p = &(*p)->next) {
             if (matches(*p, m->rank, coll)) {
                 match = *p;

@@ -74,6 +74,24 @@ static td_status check_rank(const char *opname, const char *what, int r, const t
     return TD_OK;
 }
 
+/* gather's and scatter's list: given on the root only (c10d's words), size tensors like the other
+ * argument. side: "destination" or "source". */
+static td_status check_root_list(const char *opname, const char *arg, const char *side, td_tensor *const *list,
+                                 bool is_root, td_dtype dt, int64_t numel, int size)
+{
+    if (is_root && !list)
+        return td_error(TD_ERR_INVALID, "Argument ``%s`` must be specified on %s rank.", arg, side);
+    if (!is_root && list)
+        return td_error(TD_ERR_INVALID, "Argument ``%s`` must NOT be specified on non-%s ranks.", arg, side);
+    if (!is_root)
+        return TD_OK;
+    TD_TRY(check_list(arg, list, size));
+    TD_TRY(check_list_dtype(dt, list, size));
+    for (int r = 0; r < size; r++)
+        TD_TRY(check_numel(opname, arg, r, list[r], numel));
+    return TD_OK;
+}
+
 /* ---- building works ------------------------------------------------------------------------ */
 
 /* The contiguous memory of an input: t's own, or a packed copy kept with the work. */
@@ -395,16 +413,7 @@ td_status td_pg_gather(td_pg *pg, td_tensor *const *outputs, td_tensor *input, i
     td_dtype dt = td_tensor_dtype(input);
     int64_t numel = td_tensor_numel(input);
     bool is_root = g->rank == root;
-    if (is_root && !outputs)
-        return td_error(TD_ERR_INVALID, "Argument ``gather_list`` must be specified on destination rank.");
-    if (!is_root && outputs)
-        return td_error(TD_ERR_INVALID, "Argument ``gather_list`` must NOT be specified on non-destination ranks.");
-    if (is_root) {
-        TD_TRY(check_list("gather_list", outputs, g->size));
-        TD_TRY(check_list_dtype(dt, outputs, g->size));
-        for (int r = 0; r < g->size; r++)
-            TD_TRY(check_numel("gather", "gather_list", r, outputs[r], numel));
-    }
+    TD_TRY(check_root_list("gather", "gather_list", "destination", outputs, is_root, dt, numel, g->size));
     TD_TRY(pg_check_supported(g, "gather", TD_COLL_GATHER, dt, TD_OP_SUM));
     td_work *w = pg_work_new(g, PG_OP_GATHER, TD_COLL_GATHER, dt);
     w->coll.root = root;
@@ -433,16 +442,7 @@ td_status td_pg_scatter(td_pg *pg, td_tensor *output, td_tensor *const *inputs, 
     td_dtype dt = td_tensor_dtype(output);
     int64_t numel = td_tensor_numel(output);
     bool is_root = g->rank == root;
-    if (is_root && !inputs)
-        return td_error(TD_ERR_INVALID, "Argument ``scatter_list`` must be specified on source rank.");
-    if (!is_root && inputs)
-        return td_error(TD_ERR_INVALID, "Argument ``scatter_list`` must NOT be specified on non-source ranks.");
-    if (is_root) {
-        TD_TRY(check_list("scatter_list", inputs, g->size));
-        TD_TRY(check_list_dtype(dt, inputs, g->size));
-        for (int r = 0; r < g->size; r++)
-            TD_TRY(check_numel("scatter", "scatter_list", r, inputs[r], numel));
-    }
+    TD_TRY(check_root_list("scatter", "scatter_list", "source", inputs, is_root, dt, numel, g->size));
     TD_TRY(pg_check_supported(g, "scatter", TD_COLL_SCATTER, dt, TD_OP_SUM));
     td_work *w = pg_work_new(g, PG_OP_SCATTER, TD_COLL_SCATTER, dt);
     w->coll.root = root;

@@ -80,6 +80,38 @@ static td_status gather_sizes(td_pg *g, int64_t len, td_tensor **all, int64_t *m
     return TD_OK;
 }
 
+/* The first steps of all_gather_object and gather_object: the object's bytes, padded to the
+ * largest object of the group (*mine), and every rank's byte count (*sizes, *max). */
+static td_status exchange_sizes(td_pg *g, const td_value *obj, td_tensor **sizes, td_tensor **mine, int64_t *max)
+{
+    td_tensor *payload = NULL;
+    int64_t len = 0;
+    td_status st = encode(obj, &payload, &len);
+    if (st == TD_OK)
+        st = gather_sizes(g, len, sizes, max);
+    if (st == TD_OK)
+        st = padded(payload, len, *max, mine);
+    td_tensor_release(payload);
+    return st;
+}
+
+/* A new list of the n objects held in rows of max bytes (row r has sizes[r] of them). */
+static td_status decode_rows(const uint8_t *rows, int64_t max, const int64_t *sizes, int n, td_value **out)
+{
+    td_value *list = td_value_list_new();
+    for (int r = 0; r < n; r++) {
+        td_value *v;
+        td_status st = decode(rows + r * max, sizes[r], &v);
+        if (st != TD_OK) {
+            td_value_release(list);
+            return st;
+        }
+        td_value_list_append(list, v);
+    }
+    *out = list;
+    return TD_OK;
+}
+
 td_status td_pg_all_gather_object(td_pg *pg, td_value *obj, td_value **out)
 {
     td_pg *g;
@@ -87,39 +119,19 @@ td_status td_pg_all_gather_object(td_pg *pg, td_value *obj, td_value **out)
     if (!out)
         return td_error(TD_ERR_INVALID, "all_gather_object: out is NULL");
     *out = NULL;
-    td_tensor *payload = NULL, *sizes = NULL, *mine = NULL, *all = NULL;
-    int64_t len = 0, max = 0;
-    td_status st = encode(obj, &payload, &len);
-    if (st == TD_OK)
-        st = gather_sizes(g, len, &sizes, &max);
-    if (st == TD_OK)
-        st = padded(payload, len, max, &mine);
+    td_tensor *sizes = NULL, *mine = NULL, *all = NULL;
+    int64_t max = 0;
+    td_status st = exchange_sizes(g, obj, &sizes, &mine, &max);
     if (st == TD_OK)
         st = new_bytes(max * g->size, &all);
     if (st == TD_OK)
         st = td_pg_all_gather_into_tensor(g, all, mine, NULL);
-    td_value *list = NULL;
-    if (st == TD_OK) {
-        list = td_value_list_new();
-        const int64_t *sz = td_tensor_data(sizes);
-        const uint8_t *bytes = td_tensor_data(all);
-        for (int r = 0; r < g->size && st == TD_OK; r++) {
-            td_value *v;
-            st = decode(bytes + r * max, sz[r], &v);
-            if (st == TD_OK)
-                td_value_list_append(list, v);
-        }
-    }
-    td_tensor_release(payload);
+    if (st == TD_OK)
+        st = decode_rows(td_tensor_data(all), max, td_tensor_data(sizes), g->size, out);
     td_tensor_release(sizes);
     td_tensor_release(mine);
     td_tensor_release(all);
-    if (st != TD_OK) {
-        td_value_release(list);
-        return st;
-    }
-    *out = list;
-    return TD_OK;
+    return st;
 }
 
 td_status td_pg_gather_object(td_pg *pg, td_value *obj, td_value **out, int dst)
@@ -136,45 +148,27 @@ td_status td_pg_gather_object(td_pg *pg, td_value *obj, td_value **out, int dst)
         return td_error(TD_ERR_INVALID, "Argument ``gather_list`` must NOT be specified on non-destination ranks.");
     if (out)
         *out = NULL;
-    td_tensor *payload = NULL, *sizes = NULL, *mine = NULL;
-    td_tensor **outs = NULL;
-    int64_t len = 0, max = 0;
-    td_status st = encode(obj, &payload, &len);
-    if (st == TD_OK)
-        st = gather_sizes(g, len, &sizes, &max);
-    if (st == TD_OK)
-        st = padded(payload, len, max, &mine);
+    td_tensor *sizes = NULL, *mine = NULL, *all = NULL;
+    td_tensor **rows = NULL; /* on dst: views of all's rows, gather's outputs */
+    int64_t max = 0;
+    td_status st = exchange_sizes(g, obj, &sizes, &mine, &max);
     if (st == TD_OK && is_dst) {
-        outs = td_calloc((size_t)g->size, sizeof *outs);
+        st = new_bytes(max * g->size, &all);
+        rows = td_calloc((size_t)g->size, sizeof *rows);
         for (int r = 0; r < g->size && st == TD_OK; r++)
-            st = new_bytes(max, &outs[r]);
+            st = td_tensor_narrow(all, 0, r * max, max, &rows[r]);
     }
     if (st == TD_OK)
-        st = td_pg_gather(g, outs, mine, dst, NULL);
-    td_value *list = NULL;
-    if (st == TD_OK && is_dst) {
-        list = td_value_list_new();
-        const int64_t *sz = td_tensor_data(sizes);
-        for (int r = 0; r < g->size && st == TD_OK; r++) {
-            td_value *v;
-            st = decode(td_tensor_data(outs[r]), sz[r], &v);
-            if (st == TD_OK)
-                td_value_list_append(list, v);
-        }
-    }
-    for (int r = 0; outs && r < g->size; r++)
-        td_tensor_release(outs[r]);
-    free(outs);
-    td_tensor_release(payload);
+        st = td_pg_gather(g, rows, mine, dst, NULL);
+    if (st == TD_OK && is_dst)
+        st = decode_rows(td_tensor_data(all), max, td_tensor_data(sizes), g->size, out);
+    for (int r = 0; rows && r < g->size; r++)
+        td_tensor_release(rows[r]);
+    free(rows);
     td_tensor_release(sizes);
     td_tensor_release(mine);
-    if (st != TD_OK) {
-        td_value_release(list);
-        return st;
-    }
-    if (is_dst)
-        *out = list;
-    return TD_OK;
+    td_tensor_release(all);
+    return st;
 }
 
 td_status td_pg_broadcast_object_list(td_pg *pg, td_value *list, int src)

@@ -89,8 +89,11 @@ TD_API td_mp_event *td_mp_value_event(const td_value *v);
 
 /* ---- queues ------------------------------------------------------------------------------- */
 
-/* maxsize 0: unbounded (put never waits: messages the socket cannot take yet wait in this
- * process and a feeder thread sends them); otherwise put waits while maxsize messages are queued. */
+/* maxsize 0: unbounded (put does not wait for readers: messages the socket cannot take yet wait
+ * in this process and a feeder thread sends them in order; only a process with 256 such unsent
+ * messages waits in put, as each may hold a storage's fd); otherwise put waits while maxsize
+ * messages are queued. A message carries at most 253 fds (file_descriptor storages 1 each, queues
+ * 3, events 1), and dicts keyed by tensors cannot be sent. */
 TD_API td_status td_mp_queue_new(int64_t maxsize, td_mp_queue **out);
 TD_API td_mp_queue *td_mp_queue_retain(td_mp_queue *q);
 /* The last release in a process closes it there (td_mp_queue_close) and frees it. */

@@ -5,6 +5,7 @@
  * spilled messages, the identity cache's bound, and hostile messages. Every case runs inside the
  * mp leak checker. */
 #include <errno.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -759,4 +760,61 @@ TD_TEST(write_fuzz_seeds, .hidden = true)
         td_tensor_release(col);
         td_tensor_release(x);
     }
+}
+
+/* Forks while another thread keeps taking the cache and share locks: the child re-creates them,
+ * so it can share and receive without deadlocking (spec F). Under the sanitizers the runtime's
+ * own locks are not fork-safe in this pattern, so the case runs only in the plain build. */
+static volatile int churn_stop;
+
+static void *churn(void *arg)
+{
+    while (!churn_stop) {
+        td_tensor *t;
+        if (td_tensor_zeros(TD_FLOAT32, TD_SHAPE(4), &t) != TD_OK)
+            break;
+        td_tensor_share_memory(t);
+        td_tensor_release(t);
+    }
+    return NULL;
+}
+
+TD_MP_ENTRY(round_trip_in_child)
+{
+    td_mp_queue *q;
+    E_OK(td_mp_queue_new(0, &q));
+    td_tensor *t;
+    E_OK(td_tensor_ones(TD_FLOAT32, TD_SHAPE(4), &t));
+    td_value *v = td_value_tensor(t), *got = NULL;
+    td_status st = td_mp_queue_put(q, v, 0);
+    if (st == TD_OK)
+        st = td_mp_queue_get(q, 10000, &got);
+    if (st == TD_OK && td_tensor_storage(td_value_get_tensor(got)) != td_tensor_storage(t))
+        st = td_error(TD_ERR_INTERNAL, "the round trip lost the storage's identity");
+    td_value_release(got);
+    td_value_release(v);
+    td_tensor_release(t);
+    td_mp_queue_release(q);
+    return st;
+}
+
+TD_TEST(fork_while_cache_lock_held, .timeout_s = 120)
+{
+#ifdef TDIST_SANITIZED
+    TD_SKIP(TD_SKIP_GENERIC, "forking while another thread allocates is not safe under the sanitizers' runtime");
+#endif
+    td_mp_leak_checker *lc = mpt_lc_begin();
+    pthread_t th;
+    churn_stop = 0;
+    TD_CHECK(pthread_create(&th, NULL, churn, NULL) == 0);
+    td_status st = TD_OK;
+    for (int i = 0; i < 20 && st == TD_OK; i++) {
+        td_mp_context *pc = start_n("round_trip_in_child", NULL, 1, TD_MP_FORK, lc);
+        st = td_mp_join(pc, 30000);
+        td_mp_context_release(pc);
+    }
+    churn_stop = 1;
+    pthread_join(th, NULL);
+    TD_CHECK_OK(st);
+    mpt_lc_end(lc);
 }

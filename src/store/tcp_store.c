@@ -322,9 +322,11 @@ static td_status drain_acks(tcp_store *t, int64_t deadline)
         reply r;
         TD_TRY(read_reply(t, deadline, 0, false, &r));
         t->unacked--;
-        if (r.kind == TD_STORE_REPLY_ERROR && t->set_error == TD_OK) {
-            t->set_error = remote_error(t, &r, "SET");
-            snprintf(t->set_error_msg, sizeof t->set_error_msg, "%s", td_last_error());
+        if (r.kind == TD_STORE_REPLY_ERROR) {
+            if (t->set_error == TD_OK) {
+                t->set_error = remote_error(t, &r, "SET");
+                snprintf(t->set_error_msg, sizeof t->set_error_msg, "%s", td_last_error());
+            }
         } else if (r.kind != TD_STORE_REPLY_OK) {
             return td_error(TD_ERR_IO, "unexpected reply kind %u to a SET", r.kind);
         }

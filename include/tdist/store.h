@@ -100,17 +100,22 @@ TD_API int64_t td_store_get_timeout(td_store *store);
 /* ---- TCPStore ---------------------------------------------------------------------------------
  * A server (one epoll thread, inside the master's process or the standalone tdist-store program)
  * and one client connection per handle. Every handle, the master's included, is a client.
- * Notes users can see, as in c10d:
+ * Notes users can see (the first three and the last but one as in c10d):
  *  - with wait_for_workers and a world_size, every handle adds 1 to the key "init/" and the master
  *    waits until world_size handles did ("Timed out after S seconds waiting for clients. n/N
  *    clients joined."); num_keys counts "init/".
  *  - the server holds blocked gets and waits itself: a waiting client costs nothing until its key
  *    is set. The client enforces the timeout (then cancels its request on the server).
+ *  - set returns once the request is sent, as c10d's does; the server applies it before any later
+ *    request of the same handle, so that handle and anyone blocked on the key see it, but another
+ *    handle's non-blocking check right after may not yet. A set the server refuses fails the
+ *    handle's next call.
+ *  - same-host clients connect through a unix socket beside the TCP port (TDIST_STORE_UNIX=0: off).
  *  - if the server dies, every pending and later call fails at once with TD_ERR_PEER_LOST.
  *  - with TDIST_AUTH_TOKEN (or auth_token) set, the server refuses clients without the same token. */
 typedef struct td_tcp_store_options {
     const char *host;        /* master: address to bind (NULL or "": all interfaces); others: the
-                                master's address. IPv4, IPv6 or a host name. */
+                                master's address (NULL: 127.0.0.1). IPv4, IPv6 or a host name. */
     int port;                /* 0 on the master picks a free port: read it with td_tcp_store_port */
     int world_size;          /* number of handles that will join; -1 when unknown */
     bool is_master;          /* start the server in this process */

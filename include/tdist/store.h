@@ -100,7 +100,7 @@ TD_API int64_t td_store_get_timeout(td_store *store);
 /* ---- TCPStore ---------------------------------------------------------------------------------
  * A server (one epoll thread, inside the master's process or the standalone tdist-store program)
  * and one client connection per handle. Every handle, the master's included, is a client.
- * Notes users can see (the first three and the last but one as in c10d):
+ * Notes users can see (the first three as in c10d):
  *  - with wait_for_workers and a world_size, every handle adds 1 to the key "init/" and the master
  *    waits until world_size handles did ("Timed out after S seconds waiting for clients. n/N
  *    clients joined."); num_keys counts "init/".

@@ -203,21 +203,10 @@ static td_status fd_identity(int fd, uint64_t *dev, uint64_t *ino)
     return TD_OK;
 }
 
-/* A new file_system segment for nbytes of data, registered with the daemon. */
-static td_status create_named(size_t nbytes, shm_ctx *c)
+/* A new file_system segment named `name` for nbytes of data (the caller registered the name). */
+static td_status create_named(const char *name, size_t nbytes, shm_ctx *c)
 {
-    TD_TRY(td_shmm_acquire());
-    char name[TD_SEGMENT_NAME_MAX];
-    td_segment_make_name(name, "fs");
-    /* Registered before it exists: a crash right after creation is still cleaned up. */
-    td_shmm_notify(TD_SHMM_HOLD, name);
-    td_status st = td_segment_create_as(name, TD_SHM_HEADER_SIZE + nbytes, false, false, &c->seg);
-    if (st != TD_OK) {
-        td_shmm_notify(TD_SHMM_DROP, name);
-        td_shmm_notify(TD_SHMM_FORGET, name);
-        td_shmm_release();
-        return st;
-    }
+    TD_TRY(td_segment_create_as(name, TD_SHM_HEADER_SIZE + nbytes, false, false, &c->seg));
     td_shm_header *h = c->seg.base;
     h->magic = TD_SHM_HEADER_MAGIC;
     h->nbytes = nbytes;
@@ -227,26 +216,47 @@ static td_status create_named(size_t nbytes, shm_ctx *c)
     return TD_OK;
 }
 
+/* Undoes the registration of a name that was not created after all. */
+static void unregister_name(const char *name)
+{
+    td_shmm_notify(TD_SHMM_DROP, name);
+    td_shmm_notify(TD_SHMM_FORGET, name);
+    td_shmm_release();
+}
+
 td_status td_storage_share_memory(td_storage *s)
 {
     if (!s)
         return td_error(TD_ERR_INVALID, "td_storage_share_memory: storage is NULL");
-    pthread_mutex_lock(&share_mu);
-    if (s->nbytes == 0 || td_storage_is_shared(s)) {
-        pthread_mutex_unlock(&share_mu);
+    if (s->nbytes == 0 || td_storage_is_shared(s))
         return TD_OK;
-    }
-    if (s->device.type != TD_DEVICE_CPU) {
-        pthread_mutex_unlock(&share_mu);
+    if (s->device.type != TD_DEVICE_CPU)
         return td_error(TD_ERR_UNSUPPORTED, "share_memory: storages on this device cannot be shared yet");
+    bool named = td_mp_get_sharing_strategy() == TD_MP_FILE_SYSTEM;
+    const char *sname = td_mp_strategy_name(named ? TD_MP_FILE_SYSTEM : TD_MP_FILE_DESCRIPTOR);
+    char name[TD_SEGMENT_NAME_MAX] = "";
+    if (named) {
+        /* Outside share_mu: this may start the daemon. The name is registered before the segment
+         * exists, so a crash right after creating it is still cleaned up. */
+        td_status st = td_shmm_acquire();
+        if (st != TD_OK)
+            return td_error_prefix(st, "share_memory of %zu bytes (%s strategy)", s->nbytes, sname);
+        td_segment_make_name(name, "fs");
+        td_shmm_notify(TD_SHMM_HOLD, name);
+    }
+    pthread_mutex_lock(&share_mu);
+    if (td_storage_is_shared(s)) { /* another thread moved it meanwhile */
+        pthread_mutex_unlock(&share_mu);
+        if (named)
+            unregister_name(name);
+        return TD_OK;
     }
     shm_ctx *c = TD_NEW(shm_ctx);
     c->seg = (td_segment)TD_SEGMENT_INIT;
     c->pid = getpid();
-    bool named = td_mp_get_sharing_strategy() == TD_MP_FILE_SYSTEM;
     td_status st;
     if (named) {
-        st = create_named(s->nbytes, c);
+        st = create_named(name, s->nbytes, c);
     } else {
         st = td_segment_create("fd", s->nbytes, true, true, &c->seg);
         if (st == TD_OK)
@@ -259,8 +269,9 @@ td_status td_storage_share_memory(td_storage *s)
     if (st != TD_OK) {
         pthread_mutex_unlock(&share_mu);
         free(c);
-        return td_error_prefix(st, "share_memory of %zu bytes (%s strategy)", s->nbytes,
-                               td_mp_strategy_name(named ? TD_MP_FILE_SYSTEM : TD_MP_FILE_DESCRIPTOR));
+        if (named)
+            unregister_name(name);
+        return td_error_prefix(st, "share_memory of %zu bytes (%s strategy)", s->nbytes, sname);
     }
     char *data = (char *)c->seg.base + c->data_off;
     memcpy(data, s->data, s->nbytes);

@@ -818,3 +818,45 @@ TD_TEST(fork_while_cache_lock_held, .timeout_s = 120)
     TD_CHECK_OK(st);
     mpt_lc_end(lc);
 }
+
+/* The producer puts and exits at once; the consumer gets afterwards and still maps the storage:
+ * the fd travels inside the message (file_descriptor), or the message holds a reference on the
+ * name (file_system). */
+TD_MP_ENTRY(put_and_exit)
+{
+    td_mp_queue *q = td_mp_value_queue(args);
+    td_tensor *t;
+    E_OK(td_tensor_full(TD_INT32, TD_SHAPE(6), 9, &t));
+    td_value *v = td_value_tensor(t);
+    td_tensor_release(t);
+    td_status st = td_mp_queue_put(q, v, 0);
+    td_value_release(v);
+    return st;
+}
+
+TD_TEST(sender_exits_before_receive, .timeout_s = 120)
+{
+    for (int s = 0; s < 2; s++) {
+        mpt_set_strategy((td_mp_strategy)s);
+        td_mp_leak_checker *lc = mpt_lc_begin();
+        /* Under file_system, hold a segment so that this process is a client of the daemon: with
+         * no client at all it would sweep the name of a message nobody has received yet. */
+        td_tensor *keep;
+        TD_CHECK_OK(td_tensor_zeros(TD_FLOAT32, TD_SHAPE(1), &keep));
+        TD_CHECK_OK(td_tensor_share_memory(keep));
+        td_mp_queue *q;
+        TD_CHECK_OK(td_mp_queue_new(0, &q));
+        td_value *qv = td_mp_queue_value(q);
+        td_mp_context *pc = start_n("put_and_exit", qv, 1, TD_MP_SPAWN, lc);
+        TD_CHECK_OK(td_mp_join(pc, 30000));
+        td_mp_context_release(pc);
+        td_value *got;
+        TD_CHECK_OK(td_mp_queue_get(q, 10000, &got));
+        TD_CHECK(mpt_all_equal(td_value_get_tensor(got), 9));
+        td_value_release(got);
+        td_value_release(qv);
+        td_mp_queue_release(q);
+        td_tensor_release(keep);
+        mpt_lc_end(lc);
+    }
+}

@@ -133,22 +133,6 @@ static td_status flat_view(td_tensor *flat, int64_t offset, const td_tensor *lik
     return st;
 }
 
-static void alloc_blocks(td_work *w, int size, bool in, bool out)
-{
-    if (in) {
-        w->in_blocks = td_calloc((size_t)size, sizeof(void *));
-        w->in_counts = td_calloc((size_t)size, sizeof(size_t));
-        w->coll.in_blocks = w->in_blocks;
-        w->coll.in_counts = w->in_counts;
-    }
-    if (out) {
-        w->out_blocks = td_calloc((size_t)size, sizeof(void *));
-        w->out_counts = td_calloc((size_t)size, sizeof(size_t));
-        w->coll.out_blocks = w->out_blocks;
-        w->coll.out_counts = w->out_counts;
-    }
-}
-
 /* The value a collective's future completes with (only built when the caller takes the future:
  * a blocking call has no use for it). */
 static td_value *result_list(td_tensor *const *ts, int n)
@@ -311,7 +295,7 @@ td_status td_pg_all_gather(td_pg *pg, td_tensor *const *outputs, td_tensor *inpu
     w->coll.count = (size_t)numel;
     w->numel_in = numel;
     w->numel_out = numel * g->size;
-    alloc_blocks(w, g->size, false, true);
+    pg_work_blocks(w, false, true);
     td_status st = in_data(w, input, &w->coll.in);
     for (int r = 0; r < g->size && st == TD_OK; r++) {
         st = out_data(w, outputs[r], false, &w->out_blocks[r]);
@@ -340,7 +324,7 @@ td_status td_pg_all_gather_into_tensor(td_pg *pg, td_tensor *output, td_tensor *
     w->coll.count = (size_t)numel;
     w->numel_in = numel;
     w->numel_out = numel * g->size;
-    alloc_blocks(w, g->size, false, true);
+    pg_work_blocks(w, false, true);
     void *base = NULL;
     td_status st = in_data(w, input, &w->coll.in);
     if (st == TD_OK)
@@ -373,7 +357,7 @@ td_status td_pg_all_gather_coalesced(td_pg *pg, td_tensor *const *outputs, td_te
                                td_tensor_numel(inputs[i])));
     TD_TRY(pg_check_supported(g, "all_gather_coalesced", TD_COLL_ALL_GATHER, dt, TD_OP_SUM));
     td_work *w = pg_work_new(g, PG_OP_ALLGATHER_COALESCED, TD_COLL_ALL_GATHER, dt);
-    alloc_blocks(w, g->size, false, true);
+    pg_work_blocks(w, false, true);
     td_tensor *flat_in = NULL, *flat_out = NULL;
     td_status st = flatten(w, inputs, n, false, &flat_in);
     int64_t total = st == TD_OK ? td_tensor_numel(flat_in) : 0;
@@ -422,7 +406,7 @@ td_status td_pg_gather(td_pg *pg, td_tensor *const *outputs, td_tensor *input, i
     w->numel_out = is_root ? numel * g->size : 0;
     td_status st = in_data(w, input, &w->coll.in);
     if (is_root) {
-        alloc_blocks(w, g->size, false, true);
+        pg_work_blocks(w, false, true);
         for (int r = 0; r < g->size && st == TD_OK; r++) {
             st = out_data(w, outputs[r], false, &w->out_blocks[r]);
             w->out_counts[r] = (size_t)numel;
@@ -451,7 +435,7 @@ td_status td_pg_scatter(td_pg *pg, td_tensor *output, td_tensor *const *inputs, 
     w->numel_out = numel;
     td_status st = out_data(w, output, false, &w->coll.out);
     if (is_root) {
-        alloc_blocks(w, g->size, true, false);
+        pg_work_blocks(w, true, false);
         for (int r = 0; r < g->size && st == TD_OK; r++) {
             st = in_data(w, inputs[r], &w->in_blocks[r]);
             w->in_counts[r] = (size_t)numel;
@@ -479,7 +463,7 @@ td_status td_pg_reduce_scatter(td_pg *pg, td_tensor *output, td_tensor *const *i
     w->coll.count = (size_t)numel;
     w->numel_in = numel * g->size;
     w->numel_out = numel;
-    alloc_blocks(w, g->size, true, false);
+    pg_work_blocks(w, true, false);
     td_status st = out_data(w, output, false, &w->coll.out);
     for (int r = 0; r < g->size && st == TD_OK; r++) {
         st = in_data(w, inputs[r], &w->in_blocks[r]);
@@ -509,7 +493,7 @@ td_status td_pg_reduce_scatter_tensor(td_pg *pg, td_tensor *output, td_tensor *i
     w->coll.count = (size_t)numel;
     w->numel_in = numel * g->size;
     w->numel_out = numel;
-    alloc_blocks(w, g->size, true, false);
+    pg_work_blocks(w, true, false);
     const void *base = NULL;
     td_status st = out_data(w, output, false, &w->coll.out);
     if (st == TD_OK)
@@ -535,7 +519,7 @@ td_status td_pg_all_to_all(td_pg *pg, td_tensor *const *outputs, td_tensor *cons
     TD_TRY(check_list_dtype(dt, outputs, g->size));
     TD_TRY(pg_check_supported(g, "all_to_all", TD_COLL_ALL_TO_ALL, dt, TD_OP_SUM));
     td_work *w = pg_work_new(g, PG_OP_ALLTOALL, TD_COLL_ALL_TO_ALL, dt);
-    alloc_blocks(w, g->size, true, true);
+    pg_work_blocks(w, true, true);
     td_status st = TD_OK;
     for (int r = 0; r < g->size && st == TD_OK; r++) {
         st = in_data(w, inputs[r], &w->in_blocks[r]);
@@ -591,7 +575,7 @@ td_status td_pg_all_to_all_single(td_pg *pg, td_tensor *output, td_tensor *input
     TD_TRY(check_dtype(dt, output));
     TD_TRY(pg_check_supported(g, "all_to_all_single", TD_COLL_ALL_TO_ALL, dt, TD_OP_SUM));
     td_work *w = pg_work_new(g, PG_OP_ALLTOALL_BASE, TD_COLL_ALL_TO_ALL, dt);
-    alloc_blocks(w, g->size, true, true);
+    pg_work_blocks(w, true, true);
     const void *in = NULL;
     void *out = NULL;
     td_status st = split_counts(input, input_splits, g->size, w->in_counts);

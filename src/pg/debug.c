@@ -131,10 +131,11 @@ td_status pg_detail_check(td_pg *pg, td_work *w)
     iw->coll.deadline_ns = w->coll.deadline_ns;
     iw->coll.count = words;
     iw->coll.in = &w->fp;
-    iw->out_blocks = td_calloc((size_t)pg->size, sizeof(void *));
-    for (int r = 0; r < pg->size; r++)
+    pg_work_blocks(iw, false, true);
+    for (int r = 0; r < pg->size; r++) {
         iw->out_blocks[r] = all + (size_t)r * words;
-    iw->coll.out_blocks = iw->out_blocks;
+        iw->out_counts[r] = words;
+    }
     td_status st = pg_run_internal(pg, iw);
     if (st != TD_OK) {
         free(all);

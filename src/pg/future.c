@@ -37,6 +37,7 @@ struct td_future {
     char *error;
     td_value *value;
     fut_cb *cbs, *cbs_tail;
+    struct td_future *pool_next; /* in the pool of released futures */
 };
 
 /* One callback handed to the executor: keeps the future alive until the callback ran. */
@@ -46,13 +47,30 @@ typedef struct fut_run {
     void *arg;
 } fut_run;
 
+/* Released futures are kept for reuse (a mutex and a condition variable, idle, can serve again),
+ * so that an operation's future costs no allocation after warm-up. */
+#define FUTURE_POOL_MAX 256
+static pthread_mutex_t g_pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static td_future *g_pool;
+static int g_pool_len;
+
 td_future *td_future_new(void)
 {
-    td_future *f = TD_NEW(td_future);
+    pthread_mutex_lock(&g_pool_mu);
+    td_future *f = g_pool;
+    if (f) {
+        g_pool = f->pool_next;
+        g_pool_len--;
+    }
+    pthread_mutex_unlock(&g_pool_mu);
+    if (!f) {
+        f = TD_NEW(td_future);
+        td_mutex_init(&f->mu);
+        td_cond_init(&f->cv);
+    }
     td_ref_init(&f->ref);
-    td_mutex_init(&f->mu);
-    td_cond_init(&f->cv);
-    atomic_init(&f->state, FUT_PENDING);
+    atomic_store(&f->state, FUT_PENDING);
+    f->status = TD_OK;
     return f;
 }
 
@@ -89,9 +107,22 @@ void td_future_release(td_future *f)
     }
     td_value_release(f->value);
     free(f->error);
-    pthread_mutex_destroy(&f->mu);
-    pthread_cond_destroy(&f->cv);
-    free(f);
+    f->cbs = f->cbs_tail = NULL;
+    f->value = NULL;
+    f->error = NULL;
+    pthread_mutex_lock(&g_pool_mu);
+    if (g_pool_len < FUTURE_POOL_MAX) {
+        f->pool_next = g_pool;
+        g_pool = f;
+        g_pool_len++;
+        f = NULL;
+    }
+    pthread_mutex_unlock(&g_pool_mu);
+    if (f) {
+        pthread_mutex_destroy(&f->mu);
+        pthread_cond_destroy(&f->cv);
+        free(f);
+    }
 }
 
 static void run_one(void *p)

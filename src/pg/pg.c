@@ -43,9 +43,72 @@ const char *pg_op_api_name(pg_op op) { return (int)op >= 0 && op < PG_OP_COUNT ?
 
 /* ---- works --------------------------------------------------------------------------------- */
 
+/* Works are recycled through a small pool per group, so that the hot path allocates nothing
+ * after warm-up: a recycled work keeps its block arrays (sized for the group) and its copy list. */
+#define WORK_POOL_MAX 64
+
+/* Drops the references w holds (tensors, result, future). The rest stays readable: a work still
+ * on the in-flight list may be looked at by the worker's watchdog until it is unlinked. */
+static void work_release_refs(td_work *w)
+{
+    for (size_t i = 0; i < w->copies.len; i++)
+        td_tensor_release(w->copies.items[i].src);
+    w->copies.len = 0;
+    td_value_release(w->result);
+    w->result = NULL;
+    td_future_release(w->future);
+    w->future = NULL;
+}
+
+/* Zeroes a work whose references are gone, keeping its arrays for the next operation. */
+static void work_reset(td_work *w)
+{
+    td_work keep = *w;
+    memset(w, 0, sizeof *w);
+    w->in_blocks = keep.in_blocks;
+    w->in_counts = keep.in_counts;
+    w->out_blocks = keep.out_blocks;
+    w->out_counts = keep.out_counts;
+    w->copies.items = keep.copies.items;
+    w->copies.cap = keep.copies.cap;
+}
+
+static void work_destroy(td_work *w)
+{
+    work_release_refs(w);
+    TD_VEC_FREE(&w->copies);
+    free(w->in_blocks);
+    free(w->in_counts);
+    free(w->out_blocks);
+    free(w->out_counts);
+    free(w);
+}
+
+/* With pg->mu held: w (its references dropped, off the in-flight list) goes back to the pool. */
+static void work_recycle_locked(td_pg *pg, td_work *w)
+{
+    if (pg->nfree_works >= WORK_POOL_MAX) {
+        work_destroy(w);
+        return;
+    }
+    work_reset(w);
+    w->next = pg->free_works;
+    pg->free_works = w;
+    pg->nfree_works++;
+}
+
 td_work *pg_work_new(td_pg *pg, pg_op op, td_coll_kind kind, td_dtype dtype)
 {
-    td_work *w = TD_NEW(td_work);
+    pthread_mutex_lock(&pg->mu);
+    td_work *w = pg->free_works;
+    if (w) {
+        pg->free_works = w->next;
+        pg->nfree_works--;
+        w->next = NULL;
+    }
+    pthread_mutex_unlock(&pg->mu);
+    if (!w)
+        w = TD_NEW(td_work);
     w->pg = pg;
     w->future = td_future_new();
     w->op = op;
@@ -59,20 +122,42 @@ td_work *pg_work_new(td_pg *pg, pg_op op, td_coll_kind kind, td_dtype dtype)
     return w;
 }
 
+void pg_work_blocks(td_work *w, bool in, bool out)
+{
+    size_t n = (size_t)w->pg->size;
+    if (in) {
+        if (!w->in_blocks) {
+            w->in_blocks = td_calloc(n, sizeof(void *));
+            w->in_counts = td_calloc(n, sizeof(size_t));
+        } else {
+            memset(w->in_blocks, 0, n * sizeof(void *));
+            memset(w->in_counts, 0, n * sizeof(size_t));
+        }
+        w->coll.in_blocks = w->in_blocks;
+        w->coll.in_counts = w->in_counts;
+    }
+    if (out) {
+        if (!w->out_blocks) {
+            w->out_blocks = td_calloc(n, sizeof(void *));
+            w->out_counts = td_calloc(n, sizeof(size_t));
+        } else {
+            memset(w->out_blocks, 0, n * sizeof(void *));
+            memset(w->out_counts, 0, n * sizeof(size_t));
+        }
+        w->coll.out_blocks = w->out_blocks;
+        w->coll.out_counts = w->out_counts;
+    }
+}
+
 void pg_work_free(td_work *w)
 {
     if (!w)
         return;
-    for (size_t i = 0; i < w->copies.len; i++)
-        td_tensor_release(w->copies.items[i].src);
-    TD_VEC_FREE(&w->copies);
-    free(w->in_blocks);
-    free(w->in_counts);
-    free(w->out_blocks);
-    free(w->out_counts);
-    td_value_release(w->result);
-    td_future_release(w->future);
-    free(w);
+    td_pg *pg = w->pg;
+    work_release_refs(w);
+    pthread_mutex_lock(&pg->mu);
+    work_recycle_locked(pg, w);
+    pthread_mutex_unlock(&pg->mu);
 }
 
 void pg_work_copy_back(td_work *w, td_tensor *dst, td_tensor *src)
@@ -233,14 +318,15 @@ void pg_work_finish(td_work *w, td_status status, int sender, char *message)
         td_future_set_error(w->future, status, "%s", message);
     free(message);
 
-    /* Last: once off the in-flight list, destroy may free the group. */
+    /* Last, in one step: once off the in-flight list, destroy may free the group. */
+    work_release_refs(w);
+    pthread_mutex_lock(&pg->mu);
     if (linked) {
-        pthread_mutex_lock(&pg->mu);
         inflight_unlink_locked(pg, w);
         pthread_cond_broadcast(&pg->cv);
-        pthread_mutex_unlock(&pg->mu);
     }
-    pg_work_free(w);
+    work_recycle_locked(pg, w);
+    pthread_mutex_unlock(&pg->mu);
 }
 
 void td_work_done(td_work *w, td_status status, int sender, const char *fmt, ...)
@@ -435,6 +521,11 @@ static td_pg *pg_alloc(const char *name, const char *backend, int global_rank, c
 
 static void pg_free(td_pg *pg)
 {
+    while (pg->free_works) {
+        td_work *w = pg->free_works;
+        pg->free_works = w->next;
+        work_destroy(w);
+    }
     td_store_release(pg->store);
     td_store_release(pg->base_store);
     free(pg->failed_msg);

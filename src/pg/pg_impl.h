@@ -89,7 +89,7 @@ struct td_work {
     bool is_async;     /* the caller took a work handle (set by the call that builds it) */
     bool has_fp;
     pg_fingerprint fp; /* also the shape traces report */
-    /* storage for the coll's block arrays */
+    /* storage for the coll's block arrays (pg_work_blocks), kept when the work is recycled */
     const void **in_blocks;
     size_t *in_counts;
     void **out_blocks;
@@ -132,6 +132,8 @@ struct td_pg {
     uint64_t monitored_seq;
     void (*trace_fn)(const td_pg_trace_event *event, void *arg);
     void *trace_arg;
+    td_work *free_works; /* recycled works (pg.c) */
+    int nfree_works;
 };
 
 /* ---- pg.c ---------------------------------------------------------------------------------- */
@@ -140,7 +142,10 @@ struct td_pg {
  * not a member, failed group). *out gets the group. */
 td_status pg_resolve(td_pg *pg, const char *opname, td_pg **out);
 td_work *pg_work_new(td_pg *pg, pg_op op, td_coll_kind kind, td_dtype dtype);
+/* Gives back a work that will not run (its building or issuing failed). */
 void pg_work_free(td_work *w);
+/* Points the coll's in and/or out block arrays at the work's own (group size entries, zeroed). */
+void pg_work_blocks(td_work *w, bool in, bool out);
 /* After success, dst := src (td_tensor_copy). Takes src; dst is borrowed (the user's). */
 void pg_work_copy_back(td_work *w, td_tensor *dst, td_tensor *src);
 /* Keeps t (taken) alive until the work ends. */

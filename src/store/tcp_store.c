@@ -38,6 +38,8 @@
 /* How long a client waits for the server to confirm a CANCEL before dropping the connection. */
 #define CANCEL_GRACE_MS 5000
 #define WORKER_POLL_MS 10
+/* How long a handle tries to reopen a connection it dropped before declaring the server gone. */
+#define RECONNECT_MS 2000
 /* Sets sent without waiting for their answers, at most, before a set waits for them. */
 #define MAX_UNACKED_SETS 1024
 
@@ -282,7 +284,9 @@ static td_status connect_server(tcp_store *t, int64_t deadline)
     return TD_OK;
 }
 
-/* Makes sure there is a connection before a request. */
+/* Makes sure there is a connection before a request. A connection dropped after a timeout is
+ * reopened; a server that was there before and now refuses is taken as gone (no waiting out the
+ * timeout for a server that died). */
 static td_status ready(tcp_store *t, int64_t deadline)
 {
     if (t->lost)
@@ -290,7 +294,15 @@ static td_status ready(tcp_store *t, int64_t deadline)
                         t->where, t->lost_why);
     if (t->fd >= 0)
         return TD_OK;
-    return connect_server(t, deadline);
+    int64_t soon = td_deadline_after_ms(RECONNECT_MS);
+    td_status s = connect_server(t, soon < deadline ? soon : deadline);
+    if (s == TD_ERR_TIMEOUT || s == TD_ERR_IO) {
+        snprintf(t->lost_why, sizeof t->lost_why, "%s", td_last_error());
+        t->lost = true;
+        return td_error(TD_ERR_PEER_LOST, "TCPStore: cannot reconnect to the server at %s: %s", t->where,
+                        t->lost_why);
+    }
+    return s;
 }
 
 /* After a blocking request timed out: cancel it on the server and resynchronize the stream. */

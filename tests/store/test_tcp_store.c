@@ -789,6 +789,71 @@ TD_TEST(timeout_cancels_the_parked_request, .timeout_s = 60)
     td_store_release(s);
 }
 
+typedef struct mute_server {
+    int listen_fd;
+    int conn_fd;
+} mute_server;
+
+/* A server that answers HELLO, then reads the next request and never answers it. */
+static void *mute_main(void *p)
+{
+    mute_server *m = p;
+    m->conn_fd = accept4(m->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    TD_CHECK(m->conn_fd >= 0);
+    uint8_t hdr[TD_STORE_HEADER_LEN], body[4096];
+    TD_CHECK(recv(m->conn_fd, hdr, sizeof hdr, MSG_WAITALL) == (ssize_t)sizeof hdr);
+    size_t n = (size_t)td_store_get_u64(hdr + 1);
+    TD_CHECK(n <= sizeof body && recv(m->conn_fd, body, n, MSG_WAITALL) == (ssize_t)n);
+    td_buf b = TD_BUF_INIT;
+    size_t off = td_store_msg_begin(&b, TD_STORE_REPLY_OK);
+    td_buf_put_u32(&b, TD_STORE_PROTO_VERSION);
+    td_buf_put_u64(&b, 1 << 16);
+    td_buf_put_u64(&b, 1 << 20);
+    td_store_msg_end(&b, off);
+    raw_send(m->conn_fd, b.data, b.len);
+    td_buf_free(&b);
+    return NULL;
+}
+
+/* A request the server never answers times out ("Socket Timeout") and drops the connection; the
+ * next call tries to reconnect, and a server that is gone by then fails it at once instead of
+ * after the store's timeout. */
+TD_TEST(unanswered_request_times_out_and_a_gone_server_is_not_waited_for, .timeout_s = 60)
+{
+    mute_server m = {-1, -1};
+    int port = 0;
+    m.listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    TD_CHECK(bind(m.listen_fd, (struct sockaddr *)&a, sizeof a) == 0 && listen(m.listen_fd, 4) == 0);
+    socklen_t len = sizeof a;
+    TD_CHECK(getsockname(m.listen_fd, (struct sockaddr *)&a, &len) == 0);
+    port = ntohs(a.sin_port);
+    pthread_t th;
+    TD_CHECK(pthread_create(&th, NULL, mute_main, &m) == 0);
+    td_tcp_store_options o = TD_TCP_STORE_OPTIONS_INIT;
+    o.host = "127.0.0.1";
+    o.port = port;
+    o.timeout_ms = 500;
+    o.wait_for_workers = false;
+    td_store *c = NULL;
+    TD_CHECK_OK(td_tcp_store_create(&o, &c));
+    pthread_join(th, NULL);
+    double t0 = now_s();
+    TD_CHECK_ERR(td_store_add(c, "k", 1, NULL), TD_ERR_TIMEOUT, "Socket Timeout");
+    double dt = now_s() - t0;
+    TD_CHECK_MSG(dt >= 0.5 && dt <= 1.5, "timed out after %.3f s", dt);
+    /* The server goes away; the store's timeout is long, the failure must not be. */
+    close(m.conn_fd);
+    close(m.listen_fd);
+    TD_CHECK_OK(td_store_set_timeout(c, 60000));
+    t0 = now_s();
+    TD_CHECK_ERR(td_store_add(c, "k", 1, NULL), TD_ERR_PEER_LOST, "cannot reconnect to the server at 127.0.0.1:");
+    TD_CHECK_MSG(now_s() - t0 < 5, "took %.3f s to give up", now_s() - t0);
+    TD_CHECK_ERR(td_store_add(c, "k", 1, NULL), TD_ERR_PEER_LOST, "was lost earlier");
+    td_store_release(c);
+}
+
 /* Same-host clients use the local socket, unless TDIST_STORE_UNIX=0; clients that name the
  * host by one of its interface addresses get it too when the server is bound to the wildcard. */
 TD_TEST(same_host_clients_use_the_local_socket, .timeout_s = 60)

@@ -17,7 +17,7 @@
 #include "base/error.h"
 #include "base/ref.h"
 #include "mp/message.h"
-#include "mp/segment.h"
+#include "tensor/segment.h"
 
 #define EVENT_MAGIC 0x56454454u /* "TDEV" */
 

@@ -24,7 +24,7 @@
 
 #include "base/buf.h"
 #include "base/vec.h"
-#include "mp/segment.h"
+#include "tensor/segment.h"
 
 #define TD_MP_MSG_MAGIC 0x514d4454u /* "TDMQ" */
 #define TD_MP_MSG_VERSION 1

@@ -31,7 +31,7 @@
 #include "base/thread.h"
 #include "base/vec.h"
 #include "mp/message.h"
-#include "mp/segment.h"
+#include "tensor/segment.h"
 
 #define QUEUE_MAGIC 0x51454454u /* "TDEQ" */
 /* Unsent messages a process may hold before put waits for its feeder: each may pin an fd (a

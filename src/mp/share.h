@@ -9,7 +9,7 @@
 
 #include <tdist/mp.h>
 
-#include "mp/segment.h"
+#include "tensor/segment.h"
 
 typedef enum td_shm_kind {
     TD_SHM_EMPTY = 0, /* a 0-byte storage: nothing to map, rebuilt as a new empty storage */

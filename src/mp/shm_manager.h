@@ -23,7 +23,7 @@
 
 #include <tdist/status.h>
 
-#include "mp/segment.h"
+#include "tensor/segment.h"
 
 /* ---- named segment header ----------------------------------------------------------------- */
 

@@ -1,7 +1,7 @@
 /* Shared-memory segments in /dev/shm (segment.h): creation with reserved memory, opening by name
  * or fd, mapping, unlinking, and the "tdist.<pid>.<tag><n>" names. The mp layer's shared storages,
  * queues and events sit on these, and so does the shm process-group backend. */
-#include "mp/segment.h"
+#include "tensor/segment.h"
 
 #include <errno.h>
 #include <fcntl.h>

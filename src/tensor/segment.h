@@ -1,5 +1,5 @@
-/* Internal: shared-memory segments, the primitive under shared storages (mp), the shared-memory
- * process-group backend's rings, queue control blocks and events.
+/* Internal: shared-memory segments, the primitive under shared storages (the tensor layer owns
+ * them so that mp, the shared-memory process-group backend and the device layer can all use them).
  *
  * A segment is a tmpfs object in /dev/shm mapped MAP_SHARED. Every name is
  * "tdist.<creator pid>.<tag><n>", the convention the test harness and the leak checker rely on
@@ -11,8 +11,8 @@
  *    inheritance). Nothing is ever left in /dev/shm, even after a crash.
  *  - named: the name stays until someone calls td_segment_unlink; other processes open it by name.
  * All fds are O_CLOEXEC. Messages use PyTorch's words ("unable to mmap 100 bytes from file ..."). */
-#ifndef TDIST_MP_SEGMENT_H
-#define TDIST_MP_SEGMENT_H
+#ifndef TDIST_TENSOR_SEGMENT_H
+#define TDIST_TENSOR_SEGMENT_H
 
 #include <stdbool.h>
 #include <stddef.h>

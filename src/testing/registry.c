@@ -18,6 +18,8 @@
 #include "base/error.h"
 #include "testing/harness.h"
 
+#include <tdist/mp.h>
+
 static td_test_case *g_head, *g_tail;
 
 void td_test_register(td_test_case *c)
@@ -367,6 +369,8 @@ static int child_entry(int argc, char **argv)
 
 int td_test_main(int argc, char **argv)
 {
+    /* A process started by td_mp_spawn's spawn method runs its entry point, not the tests. */
+    TD_MP_MAIN_PROLOGUE(argc, argv);
     if (argc > 1 && strcmp(argv[1], "--td-child") == 0)
         return child_entry(argc, argv);
     if (validate_registry() != TD_OK) {

@@ -29,7 +29,7 @@
 #include "base/env.h"
 #include "base/map.h"
 #include "base/vec.h"
-#include "mp/segment.h"
+#include "tensor/segment.h"
 #include "mp/shm_manager.h"
 
 typedef struct client {

@@ -1,0 +1,18 @@
+/* tdist/tdist.h: the whole public API of tdist in one include.
+ *
+ * tdist is torch.distributed's runtime as a C library: process groups and collectives over a
+ * key-value store rendezvous (pg.h, store.h), futures (future.h), tensors and values (tensor.h,
+ * value.h), and shared-memory tensors, queues and processes (mp.h). The test harness (testing.h)
+ * and the interface for writing backends (backend.h) are included separately. */
+#ifndef TDIST_TDIST_H
+#define TDIST_TDIST_H
+
+#include <tdist/future.h>
+#include <tdist/mp.h>
+#include <tdist/pg.h>
+#include <tdist/status.h>
+#include <tdist/store.h>
+#include <tdist/tensor.h>
+#include <tdist/value.h>
+
+#endif

@@ -45,7 +45,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t *bufs[NRECV];
     td_xfer xs[NRECV + 1];
     bool posted[NRECV + 1] = {false};
-    int64_t dl = td_now_ns() + 200 * 1000000LL;
+    int64_t dl = td_now_ns() + 30 * 1000000LL;
     for (int i = 0; i < NRECV; i++) {
         bufs[i] = malloc(sizes[i] + 1);
         xs[i].on_done = NULL;

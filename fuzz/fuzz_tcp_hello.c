@@ -2,7 +2,7 @@
  * input is what a connecting stranger (hello) or a listening peer (reply) sent. Each parser runs
  * on every prefix of the input, as the bytes would trickle in; it must never read outside them,
  * must ask for more only up to its limit, and what it accepts must encode back to the same bytes.
- * The control-frame parser runs on the same bytes. */
+ * The control-frame parser (goodbye, abort, RTS, FIN) runs on the same bytes. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,9 +80,18 @@ static void control(const uint8_t *data, size_t size)
     if (size > TD_TCP_CTRL_MAX)
         size = TD_TCP_CTRL_MAX;
     td_tcp_control c;
-    if (!td_tcp_control_parse(data, size, &c))
+    if (!td_tcp_control_parse(data, size, UINT64_C(1) << 40, &c))
         return;
-    check(c.type == TD_TCP_CTRL_BYE || c.type == TD_TCP_CTRL_ABORT, "unknown control type accepted");
+    check(c.type >= TD_TCP_CTRL_BYE && c.type <= TD_TCP_CTRL_FIN, "unknown control type accepted");
+    if (c.type == TD_TCP_CTRL_RTS) {
+        uint64_t sum = 0;
+        for (int i = 0; i < c.iovcnt; i++)
+            sum += c.len[i];
+        check(c.iovcnt <= TD_TCP_RTS_MAX_IOV && sum == c.total, "RTS pieces do not add up");
+        uint8_t again[TD_TCP_RTS_MAX];
+        size_t len = td_tcp_rts_encode(again, c.tag, c.cookie, c.addr, c.len, c.iovcnt);
+        check(len == size && memcmp(again, data, size) == 0, "RTS round trip");
+    }
     if (c.type == TD_TCP_CTRL_ABORT) {
         check(c.status < 0 && c.msg_len <= TD_TCP_CTRL_MSG_MAX, "abort fields out of range");
         char *msg = malloc(c.msg_len + 1);

@@ -54,6 +54,12 @@
 #define SPIN_MAX_BYTES (64 * 1024)
 #define CTRL_MAX TD_TCP_CTRL_MAX
 #define UNEXP_STEP ((size_t)1 << 20)
+#define CMA_MIN ((size_t)64 << 10) /* smaller collective messages go inline */
+#define FRAME_BUFS 12
+
+/* Flags in a send xfer's kind: the message goes as an RTS (the peer reads it from this process's
+ * memory), or the xfer is the transport's own control frame (a FIN). */
+enum { XK_RTS = 0x10, XK_CTRL = 0x20 };
 
 enum { R_HDR = 0, R_PAYLOAD = 1 };
 
@@ -66,7 +72,20 @@ typedef struct unexp {
     size_t got;
     char *buf;
     size_t cap; /* grows with what arrived, never ahead of it by more than UNEXP_STEP */
+    /* an RTS: the message waits in the sender's memory */
+    bool rts;
+    uint64_t cookie;
+    int riovcnt;
+    uint64_t raddr[TD_TCP_RTS_MAX_IOV], rlen[TD_TCP_RTS_MAX_IOV];
 } unexp;
+
+/* A control frame of the transport's own (a FIN), queued on a send stream like a message. */
+typedef struct ctrl_msg {
+    td_xfer x;
+    uint8_t payload[TD_TCP_RTS_MAX];
+    struct ctrl_msg *next_free;
+    struct ctrl_msg *all_next;
+} ctrl_msg;
 
 typedef struct peer {
     int fd;
@@ -75,8 +94,13 @@ typedef struct peer {
     bool closed;     /* no more I/O on this socket (removed from the poll set) */
     bool broken;     /* a send was abandoned mid-message: the stream cannot carry more frames */
     bool out_armed;  /* EPOLLOUT requested */
+    /* same-host single-copy transfers (process_vm_readv), agreed in the handshake */
+    pid_t pid;
+    bool cma_send;   /* the peer can read this process's memory: large collective sends go as RTS */
+    bool cma_recv;   /* this process can read the peer's */
     /* sending */
     td_xfer *sq_head, *sq_tail;
+    td_xfer *await_head, *await_tail; /* RTS sent, waiting for the peer's FIN */
     /* receiving */
     int rstate;
     size_t remaining;
@@ -119,8 +143,10 @@ typedef struct tcp_transport {
     unexp *free_unexp;
     pool_buf *pool[POOL_CLASSES];
     size_t pool_bytes;
+    ctrl_msg *free_ctrl, *all_ctrl;
+    uint64_t next_cookie;
     /* counters, logged at destroy (TDIST_LOG_LEVEL=DEBUG): where received payload bytes went */
-    uint64_t n_direct, n_staged, n_unexpected, n_unexpected_msgs, n_copied_out;
+    uint64_t n_direct, n_staged, n_unexpected, n_unexpected_msgs, n_copied_out, n_cma;
 } tcp_transport;
 
 /* Xfers with callbacks completed under the lock; their callbacks run after it is released. */
@@ -354,13 +380,38 @@ static int xfer_iov_from(const td_xfer *x, size_t skip, size_t limit, struct iov
 
 /* ---- failure ---------------------------------------------------------------------------------- */
 
-static void fail_list(td_xfer **head, td_xfer **tail, td_status status, const char *msg, done_list *done)
+static ctrl_msg *ctrl_get(tcp_transport *t)
+{
+    ctrl_msg *c = t->free_ctrl;
+    if (c) {
+        t->free_ctrl = c->next_free;
+    } else {
+        c = TD_NEW(ctrl_msg);
+        c->all_next = t->all_ctrl;
+        t->all_ctrl = c;
+    }
+    return c;
+}
+
+static void ctrl_put(tcp_transport *t, td_xfer *x)
+{
+    ctrl_msg *c = (ctrl_msg *)x;
+    c->next_free = t->free_ctrl;
+    t->free_ctrl = c;
+}
+
+/* Fails (or, for the transport's own frames, recycles) every xfer of a list. */
+static void fail_list(tcp_transport *t, td_xfer **head, td_xfer **tail, td_status status, const char *msg,
+                      done_list *done)
 {
     td_xfer *x = *head;
     *head = *tail = NULL;
     while (x) {
         td_xfer *next = x->next;
-        complete(x, status, msg, done);
+        if (x->kind & XK_CTRL)
+            ctrl_put(t, x);
+        else
+            complete(x, status, msg, done);
         x = next;
     }
 }
@@ -400,8 +451,9 @@ static void abort_locked(tcp_transport *t, td_status status, const char *msg, do
             continue;
         if (p->sq_head && p->sq_head->progress > 0)
             p->broken = true;
-        fail_list(&p->sq_head, &p->sq_tail, status, msg, done);
-        fail_list(&p->posted_head, &p->posted_tail, status, msg, done);
+        fail_list(t, &p->sq_head, &p->sq_tail, status, msg, done);
+        fail_list(t, &p->await_head, &p->await_tail, status, msg, done);
+        fail_list(t, &p->posted_head, &p->posted_tail, status, msg, done);
         if (p->rx) {
             complete(p->rx, status, msg, done);
             p->rx = NULL;
@@ -414,7 +466,7 @@ static void abort_locked(tcp_transport *t, td_status status, const char *msg, do
             shutdown(p->fd, p->broken ? SHUT_RDWR : SHUT_WR);
         }
     }
-    fail_list(&t->any_head, &t->any_tail, status, msg, done);
+    fail_list(t, &t->any_head, &t->any_tail, status, msg, done);
     t->stop = true;
     wake_fd(t->efd_io);
     wake_fd(t->efd_poll);
@@ -444,8 +496,9 @@ static void peer_said_bye(tcp_transport *t, peer *p, done_list *done)
     char msg[TD_XFER_ERROR_MAX];
     closed_msg(t, p, msg, sizeof msg);
     p->bye = true;
-    fail_list(&p->sq_head, &p->sq_tail, TD_ERR_PEER_LOST, msg, done);
-    fail_list(&p->posted_head, &p->posted_tail, TD_ERR_PEER_LOST, msg, done);
+    fail_list(t, &p->sq_head, &p->sq_tail, TD_ERR_PEER_LOST, msg, done);
+    fail_list(t, &p->await_head, &p->await_tail, TD_ERR_PEER_LOST, msg, done);
+    fail_list(t, &p->posted_head, &p->posted_tail, TD_ERR_PEER_LOST, msg, done);
 }
 
 static void peer_close(tcp_transport *t, peer *p)
@@ -487,25 +540,52 @@ static void set_out(tcp_transport *t, peer *p, bool on)
     p->out_armed = on;
 }
 
-/* Writes as much of p's send queue as the socket takes, several messages per call. */
+static bool is_rts(const td_xfer *x) { return (x->kind & XK_RTS) != 0; }
+
+/* Bytes x occupies on the wire: header and payload, or header and RTS descriptor. */
+static size_t wire_len(const td_xfer *x)
+{
+    return HDR_SIZE + (is_rts(x) ? 26 + 16 * (size_t)x->iovcnt : x->total);
+}
+
+/* The frame's first bytes (header; for an RTS also its descriptor) into f; returns their count. */
+static size_t frame_prefix(const td_xfer *x, uint8_t *f)
+{
+    if (!is_rts(x)) {
+        td_tcp_header_encode(f, x->tag, x->total);
+        return HDR_SIZE;
+    }
+    uint64_t addr[TD_XFER_MAX_IOV], len[TD_XFER_MAX_IOV];
+    for (int i = 0; i < x->iovcnt; i++) {
+        addr[i] = (uint64_t)(uintptr_t)x->iov[i].iov_base;
+        len[i] = x->iov[i].iov_len;
+    }
+    size_t n = td_tcp_rts_encode(f + HDR_SIZE, x->tag, x->order, addr, len, x->iovcnt);
+    td_tcp_header_encode(f, TD_TAG_RESERVED, n);
+    return HDR_SIZE + n;
+}
+
+/* Writes as much of p's send queue as the socket takes, several messages per call. A message that
+ * went out whole completes, except an RTS, which waits for the peer's FIN. */
 static void flush_sends(tcp_transport *t, peer *p, done_list *done)
 {
-    uint8_t hdrs[SEND_IOV_MAX / 2][HDR_SIZE];
+    uint8_t frames[FRAME_BUFS][HDR_SIZE + TD_TCP_RTS_MAX];
     while (p->sq_head && !t->aborted) {
         struct iovec iov[SEND_IOV_MAX];
-        int cnt = 0, nh = 0;
+        int cnt = 0, nf = 0;
         size_t want = 0;
-        for (td_xfer *x = p->sq_head; x && cnt + 1 + TD_XFER_MAX_IOV <= SEND_IOV_MAX; x = x->next) {
-            size_t done_bytes = x->progress;
-            if (done_bytes < HDR_SIZE) {
-                td_tcp_header_encode(hdrs[nh], x->tag, x->total);
-                iov[cnt].iov_base = hdrs[nh] + done_bytes;
-                iov[cnt].iov_len = HDR_SIZE - done_bytes;
+        for (td_xfer *x = p->sq_head; x && nf < FRAME_BUFS && cnt + 1 + TD_XFER_MAX_IOV <= SEND_IOV_MAX;
+             x = x->next, nf++) {
+            size_t pre = frame_prefix(x, frames[nf]);
+            if (x->progress < pre) {
+                iov[cnt].iov_base = frames[nf] + x->progress;
+                iov[cnt].iov_len = pre - x->progress;
                 want += iov[cnt].iov_len;
                 cnt++;
-                nh++;
             }
-            size_t skip = done_bytes > HDR_SIZE ? done_bytes - HDR_SIZE : 0;
+            if (is_rts(x))
+                continue;
+            size_t skip = x->progress > pre ? x->progress - pre : 0;
             int k = xfer_iov_from(x, skip, SIZE_MAX, iov + cnt, SEND_IOV_MAX - cnt);
             for (int i = 0; i < k; i++)
                 want += iov[cnt + i].iov_len;
@@ -526,18 +606,24 @@ static void flush_sends(tcp_transport *t, peer *p, done_list *done)
         size_t left = (size_t)n;
         while (p->sq_head) {
             td_xfer *x = p->sq_head;
-            size_t need = HDR_SIZE + x->total - x->progress;
+            size_t need = wire_len(x) - x->progress;
             if (left < need) {
                 x->progress += left;
                 break;
             }
             left -= need;
-            x->progress = HDR_SIZE + x->total;
-            x->nbytes = x->total;
+            x->progress = wire_len(x);
             p->sq_head = x->next;
             if (!p->sq_head)
                 p->sq_tail = NULL;
-            complete(x, TD_OK, NULL, done);
+            if (x->kind & XK_CTRL) {
+                ctrl_put(t, x);
+            } else if (is_rts(x)) {
+                queue_push(&p->await_head, &p->await_tail, x);
+            } else {
+                x->nbytes = x->total;
+                complete(x, TD_OK, NULL, done);
+            }
         }
         if ((size_t)n < want) {
             set_out(t, p, true);
@@ -545,6 +631,27 @@ static void flush_sends(tcp_transport *t, peer *p, done_list *done)
         }
     }
     set_out(t, p, false);
+}
+
+/* Queues one of the transport's own control frames (payload of len bytes) behind p's sends. */
+static void queue_control(tcp_transport *t, peer *p, const uint8_t *payload, size_t len, done_list *done)
+{
+    if (p->closed || p->broken || p->bye)
+        return;
+    ctrl_msg *c = ctrl_get(t);
+    memcpy(c->payload, payload, len);
+    memset(&c->x, 0, sizeof c->x);
+    c->x.kind = XK_CTRL;
+    c->x.tag = TD_TAG_RESERVED;
+    c->x.deadline_ns = TD_DEADLINE_NONE;
+    c->x.iov[0].iov_base = c->payload;
+    c->x.iov[0].iov_len = len;
+    c->x.iovcnt = 1;
+    c->x.total = len;
+    bool idle = p->sq_head == NULL;
+    queue_push(&p->sq_head, &p->sq_tail, &c->x);
+    if (idle)
+        flush_sends(t, p, done);
 }
 
 /* ---- receiving -------------------------------------------------------------------------------- */
@@ -580,15 +687,128 @@ static void fail_mismatch(tcp_transport *t, td_xfer *x, peer *p, uint64_t tag, s
               grank(t, p->rank), len, (unsigned long long)tag, x->total);
 }
 
+/* ---- single-copy transfers between processes of one host ---------------------------------------
+ * A large collective message to a same-host peer goes as an RTS that names its pieces in the
+ * sender's memory; the receiver copies them straight into its posted buffer with process_vm_readv
+ * (one copy, no socket buffers) and answers with a FIN, which completes the send. Both sides agreed
+ * in the handshake after checking that the copy works (tcp_connect.c). */
+
+/* Copies the message described by (addr, len) in process pid into x's buffers. */
+static int cma_copy(pid_t pid, td_xfer *x, const uint64_t *addr, const uint64_t *len, int n)
+{
+    size_t total = x->total, done_bytes = 0;
+    while (done_bytes < total) {
+        struct iovec l[TD_XFER_MAX_IOV], r[TD_TCP_RTS_MAX_IOV];
+        int lc = xfer_iov_from(x, done_bytes, total - done_bytes, l, TD_XFER_MAX_IOV);
+        int rc = 0;
+        size_t skip = done_bytes;
+        for (int i = 0; i < n; i++) {
+            if (skip >= len[i]) {
+                skip -= len[i];
+                continue;
+            }
+            r[rc].iov_base = (void *)(uintptr_t)(addr[i] + skip);
+            r[rc].iov_len = len[i] - skip;
+            rc++;
+            skip = 0;
+        }
+        ssize_t got = process_vm_readv(pid, l, (unsigned long)lc, r, (unsigned long)rc, 0);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            return got < 0 ? errno : EFAULT;
+        done_bytes += (size_t)got;
+    }
+    return 0;
+}
+
+/* A matched RTS: copy, complete the receive, and tell the sender it may reuse its buffer. */
+static void rts_deliver(tcp_transport *t, peer *p, td_xfer *x, uint64_t tag, uint64_t cookie, uint64_t total,
+                        const uint64_t *addr, const uint64_t *len, int n, done_list *done)
+{
+    x->peer = p->rank;
+    td_status fin = TD_OK;
+    if (x->total != total) {
+        fail_mismatch(t, x, p, tag, (size_t)total, done);
+    } else {
+        int err = cma_copy(p->pid, x, addr, len, n);
+        if (err) {
+            completef(x, TD_ERR_IO, done, "Reading a message of %zu bytes from rank %d's memory failed: %s", x->total,
+                      grank(t, p->rank), strerror(err));
+            fin = TD_ERR_IO;
+        } else {
+            x->nbytes = x->total;
+            t->n_cma += x->total;
+            complete(x, TD_OK, NULL, done);
+        }
+    }
+    uint8_t f[TD_TCP_RTS_MAX];
+    size_t flen = td_tcp_fin_encode(f, cookie, fin);
+    queue_control(t, p, f, flen, done);
+}
+
+static void handle_rts(tcp_transport *t, peer *p, const td_tcp_control *c, done_list *done)
+{
+    if (!p->cma_recv) {
+        peer_lost(t, p, done, "protocol error: an RTS on a connection that did not agree to them");
+        return;
+    }
+    td_xfer *x = match_posted(t, p, c->tag);
+    if (x) {
+        rts_deliver(t, p, x, c->tag, c->cookie, c->total, c->addr, c->len, c->iovcnt, done);
+        return;
+    }
+    unexp *u = unexp_new(t);
+    u->tag = c->tag;
+    u->arrival = ++t->arrival;
+    u->len = (size_t)c->total;
+    u->rts = true;
+    u->cookie = c->cookie;
+    u->riovcnt = c->iovcnt;
+    memcpy(u->raddr, c->addr, sizeof u->raddr);
+    memcpy(u->rlen, c->len, sizeof u->rlen);
+    if (p->uq_tail)
+        p->uq_tail->next = u;
+    else
+        p->uq_head = u;
+    p->uq_tail = u;
+    t->n_unexpected_msgs++;
+}
+
+static void handle_fin(tcp_transport *t, peer *p, const td_tcp_control *c, done_list *done)
+{
+    td_xfer *prev = NULL, *x = p->await_head;
+    while (x && x->order != c->cookie) {
+        prev = x;
+        x = x->next;
+    }
+    if (!x) {
+        peer_lost(t, p, done, "protocol error: a FIN for no message in flight");
+        return;
+    }
+    queue_unlink(&p->await_head, &p->await_tail, prev, x);
+    if (c->status == TD_OK) {
+        x->nbytes = x->total;
+        complete(x, TD_OK, NULL, done);
+    } else {
+        completef(x, c->status, done, "Rank %d could not read a message of %zu bytes from this rank's memory",
+                  grank(t, p->rank), x->total);
+    }
+}
+
 /* A complete control frame: the peer's goodbye, or its abort (relayed with its cause). */
 static void handle_control(tcp_transport *t, peer *p, done_list *done)
 {
     td_tcp_control c;
     int g = grank(t, p->rank);
-    if (!td_tcp_control_parse(p->ctrl, p->ctrl_got, &c)) {
+    if (!td_tcp_control_parse(p->ctrl, p->ctrl_got, TD_TCP_MAX_MESSAGE, &c)) {
         peer_lost(t, p, done, "protocol error: malformed control frame (type %u, %zu bytes)", p->ctrl[0], p->ctrl_got);
     } else if (c.type == TD_TCP_CTRL_BYE) {
         peer_said_bye(t, p, done);
+    } else if (c.type == TD_TCP_CTRL_RTS) {
+        handle_rts(t, p, &c, done);
+    } else if (c.type == TD_TCP_CTRL_FIN) {
+        handle_fin(t, p, &c, done);
     } else {
         p->bye = true; /* nothing more comes from it */
         if (c.status == TD_ERR_PEER_LOST)
@@ -808,6 +1028,11 @@ static void take_unexpected(tcp_transport *t, peer *p, unexp *prev, unexp *u, td
 {
     unexp_unlink(p, prev, u);
     x->peer = p->rank;
+    if (u->rts) {
+        rts_deliver(t, p, x, u->tag, u->cookie, u->len, u->raddr, u->rlen, u->riovcnt, done);
+        unexp_free(t, u);
+        return;
+    }
     bool in_progress = p->ru == u;
     if (u->len != x->total) {
         fail_mismatch(t, x, p, u->tag, u->len, done);
@@ -863,6 +1088,9 @@ static int64_t earliest_deadline(tcp_transport *t, td_xfer **which)
     for (int r = 0; r < t->base.size; r++) {
         peer *p = &t->peers[r];
         for (td_xfer *x = p->sq_head; x; x = x->next)
+            if (!(x->kind & XK_CTRL))
+                CONSIDER(x);
+        for (td_xfer *x = p->await_head; x; x = x->next)
             CONSIDER(x);
         for (td_xfer *x = p->posted_head; x; x = x->next)
             CONSIDER(x);
@@ -954,6 +1182,12 @@ static td_status tcp_isend(td_transport *base, int peer_rank, td_xfer *x)
         td_status s = post_refused(t, p);
         pthread_mutex_unlock(&t->mu);
         return s;
+    }
+    /* Collective messages (top tag bit) only: their receives are always posted, while a user's
+     * send must complete even if the receive comes much later. */
+    if (p->cma_send && (x->tag >> 63) && x->total >= CMA_MIN) {
+        x->kind |= XK_RTS;
+        x->order = ++t->next_cookie;
     }
     bool idle = p->sq_head == NULL;
     queue_push(&p->sq_head, &p->sq_tail, x);
@@ -1130,6 +1364,11 @@ static void free_transport(tcp_transport *t)
         }
         free(p->stage);
     }
+    for (ctrl_msg *c = t->all_ctrl; c;) {
+        ctrl_msg *next = c->all_next;
+        free(c);
+        c = next;
+    }
     for (unexp *u = t->free_unexp; u;) {
         unexp *next = u->next;
         free(u);
@@ -1160,11 +1399,12 @@ static void tcp_destroy(td_transport *base)
 {
     tcp_transport *t = (tcp_transport *)base;
     tcp_abort(base, TD_ERR_CLOSED, "The process group was destroyed");
-    TD_LOG_DEBUG("tcp transport of rank %d: received %llu bytes straight into posted buffers, %llu through "
-                 "the staging buffer, %llu into %llu unexpected-message buffers (%llu copied out)",
-                 grank(t, t->base.rank), (unsigned long long)t->n_direct, (unsigned long long)t->n_staged,
-                 (unsigned long long)t->n_unexpected, (unsigned long long)t->n_unexpected_msgs,
-                 (unsigned long long)t->n_copied_out);
+    TD_LOG_DEBUG("tcp transport of rank %d: received %llu bytes straight into posted buffers, %llu by "
+                 "single copy from the sender's memory, %llu through the staging buffer, %llu into %llu "
+                 "unexpected-message buffers (%llu copied out)",
+                 grank(t, t->base.rank), (unsigned long long)t->n_direct, (unsigned long long)t->n_cma,
+                 (unsigned long long)t->n_staged, (unsigned long long)t->n_unexpected,
+                 (unsigned long long)t->n_unexpected_msgs, (unsigned long long)t->n_copied_out);
     if (t->io_started)
         td_thread_join(t->io_thread);
     if (t->abort_status == TD_ERR_CLOSED) {
@@ -1199,6 +1439,12 @@ static const td_transport_ops tcp_ops = {
 td_status td_tcp_transport_from_fds(int rank, int size, const int *fds, const int *global_ranks,
                                     td_transport **out)
 {
+    return td_tcp_transport_from_fds_ex(rank, size, fds, global_ranks, NULL, out);
+}
+
+td_status td_tcp_transport_from_fds_ex(int rank, int size, const int *fds, const int *global_ranks,
+                                       const td_tcp_peer_info *info, td_transport **out)
+{
     *out = NULL;
     if (size < 1 || rank < 0 || rank >= size) {
         for (int r = 0; r < size; r++)
@@ -1216,6 +1462,11 @@ td_status td_tcp_transport_from_fds(int rank, int size, const int *fds, const in
     for (int r = 0; r < size; r++) {
         t->peers[r].fd = r == rank ? -1 : fds[r];
         t->peers[r].rank = r;
+        if (info && r != rank) {
+            t->peers[r].pid = info[r].pid;
+            t->peers[r].cma_send = info[r].cma_send;
+            t->peers[r].cma_recv = info[r].cma_recv;
+        }
     }
     if (global_ranks) {
         t->global_ranks = TD_NEW_ARRAY(int, (size_t)size);

@@ -27,6 +27,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -162,6 +163,10 @@ typedef struct setup {
                            earlier group of the same name are never read */
     int64_t deadline;
     bool use_unix;            /* UNIX-domain sockets to peers on this host */
+    bool use_cma;             /* and single-copy transfers over them (process_vm_readv) */
+    bool *asked_cma;          /* per higher rank: our hello offered them */
+    bool *agreed_cma;         /* per rank: both sides offered them on a UNIX socket */
+    td_tcp_peer_info *info;
     char host_id[160];        /* boot id and network namespace: equal means "same host" */
     char unix_name[64];       /* this rank's abstract UNIX socket name, "-" when none */
     int *fds;        /* established (handshake done) */
@@ -178,10 +183,11 @@ static void addr_key(const setup *s, int r, char *out, size_t size)
     snprintf(out, size, "%s%lld/addr/%d", s->prefix, (long long)s->generation, r);
 }
 
-static size_t hello_encode(const setup *s, int to, uint64_t nonce, uint8_t *b)
+static size_t hello_encode(const setup *s, int to, uint64_t nonce, bool cma, uint8_t *b)
 {
     td_tcp_hello h = {
         .version = TD_TCP_VERSION,
+        .flags = cma ? TD_TCP_FLAG_CMA : 0,
         .from = (uint32_t)s->rank,
         .to = (uint32_t)to,
         .world = (uint32_t)s->size,
@@ -224,6 +230,13 @@ static void read_host_id(char *out, size_t size)
         if (*c == ' ')
             *c = '_';
     snprintf(out, size, "%s/%s", boot, ns);
+}
+
+static bool td_tcp_fd_is_unix(int fd)
+{
+    int domain = 0;
+    socklen_t len = sizeof domain;
+    return getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) == 0 && domain == AF_UNIX;
 }
 
 static socklen_t unix_addr(const char *name, struct sockaddr_un *a)
@@ -333,7 +346,9 @@ static td_status connect_up(setup *s, int r)
             td_error_prefix(st, "connecting to rank %d", grank_of(s, r));
             break;
         }
-        size_t len = hello_encode(s, r, nonce, hello);
+        bool unix_sock = uname[0] && td_tcp_fd_is_unix(fd);
+        s->asked_cma[r] = s->use_cma && unix_sock;
+        size_t len = hello_encode(s, r, nonce, s->asked_cma[r], hello);
         st = td_net_send_all(fd, hello, len, s->deadline);
         if (st != TD_OK) {
             close(fd);
@@ -350,10 +365,10 @@ static td_status connect_up(setup *s, int r)
 
 /* ---- answering the lower ranks ---------------------------------------------------------------- */
 
-static void send_reply(int fd, int rank, int status, const char *msg, int64_t deadline)
+static void send_reply(int fd, int rank, int status, unsigned flags, const char *msg, int64_t deadline)
 {
     uint8_t b[TD_TCP_REPLY_MAX];
-    size_t len = td_tcp_reply_encode(b, rank, status, msg);
+    size_t len = td_tcp_reply_encode(b, rank, status, flags, msg);
     /* Short: the peer is waiting for it, and a stuck stray must not stall the set-up. */
     int64_t dl = td_now_ns() + 1000000000LL;
     td_net_send_all(fd, b, len, dl < deadline ? dl : deadline);
@@ -409,11 +424,13 @@ static bool check_hello(setup *s, int i)
     if (msg[0]) {
         TD_LOG_WARN("tcp transport of rank %d refused a connection: %s", grank_of(s, s->rank), msg);
         snprintf(s->last_refusal, sizeof s->last_refusal, "%s", msg);
-        send_reply(fd, s->rank, TD_TCP_REPLY_REFUSED, msg, s->deadline);
+        send_reply(fd, s->rank, TD_TCP_REPLY_REFUSED, 0, msg, s->deadline);
         drop_pending(s, i);
         return true;
     }
-    send_reply(fd, s->rank, TD_TCP_REPLY_OK, NULL, s->deadline);
+    bool cma = (h.flags & TD_TCP_FLAG_CMA) && s->use_cma && td_tcp_fd_is_unix(fd);
+    send_reply(fd, s->rank, TD_TCP_REPLY_OK, cma ? TD_TCP_FLAG_CMA : 0, NULL, s->deadline);
+    s->agreed_cma[h.from] = cma;
     s->fds[h.from] = fd;
     free(p->buf);
     s->pend[i] = s->pend[--s->npend];
@@ -455,6 +472,7 @@ static td_status read_reply(setup *s, int r)
             if (rep.status != TD_TCP_REPLY_OK)
                 return td_error(TD_ERR_INVALID, "rank %d refused the connection from rank %d: %.*s", grank_of(s, r),
                                 grank_of(s, s->rank), (int)rep.msg_len, rep.msg);
+            s->agreed_cma[r] = s->asked_cma[r] && (rep.flags & TD_TCP_FLAG_CMA);
             s->fds[r] = c->fd;
             c->fd = -1;
             return TD_OK;
@@ -569,6 +587,63 @@ static td_status handshake_loop(setup *s, int lfd, int ufd)
     return st;
 }
 
+/* ---- single-copy probe ------------------------------------------------------------------------
+ * On each connection that agreed to single-copy transfers, both sides check that they can really
+ * read each other's memory (same user, no ptrace restriction, no seccomp filter in the way): each
+ * sends the address and value of a word of its own, reads the peer's word with process_vm_readv,
+ * and answers whether it got the value. A direction that fails falls back to the stream. */
+
+static td_status cma_probe(setup *s)
+{
+    uint64_t word = s->nonce ^ UINT64_C(0x9e3779b97f4a7c15);
+    for (int r = 0; r < s->size; r++) {
+        if (!s->agreed_cma[r])
+            continue;
+        struct ucred cred;
+        socklen_t len = sizeof cred;
+        if (getsockopt(s->fds[r], SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0)
+            s->info[r].pid = cred.pid;
+        uint8_t m[TD_TCP_CMA_PROBE_SIZE];
+        uint64_t v[3] = {TD_TCP_CMA_PROBE_MAGIC, (uint64_t)(uintptr_t)&word, word};
+        for (int i = 0; i < 3; i++)
+            for (int b = 0; b < 8; b++)
+                m[8 * i + b] = (uint8_t)(v[i] >> (8 * b));
+        TD_TRY(td_net_send_all(s->fds[r], m, sizeof m, s->deadline));
+    }
+    for (int r = 0; r < s->size; r++) {
+        if (!s->agreed_cma[r])
+            continue;
+        uint8_t m[TD_TCP_CMA_PROBE_SIZE];
+        td_status st = td_net_recv_all(s->fds[r], m, sizeof m, s->deadline);
+        if (st != TD_OK)
+            return td_error_prefix(st, "reading rank %d's single-copy probe", grank_of(s, r));
+        uint64_t v[3] = {0, 0, 0};
+        for (int i = 0; i < 3; i++)
+            for (int b = 0; b < 8; b++)
+                v[i] |= (uint64_t)m[8 * i + b] << (8 * b);
+        uint64_t got = 0;
+        struct iovec l = {&got, sizeof got}, rem = {(void *)(uintptr_t)v[1], sizeof got};
+        bool ok = v[0] == TD_TCP_CMA_PROBE_MAGIC && s->info[r].pid > 0 &&
+                  process_vm_readv(s->info[r].pid, &l, 1, &rem, 1, 0) == (ssize_t)sizeof got && got == v[2];
+        if (!ok)
+            TD_LOG_DEBUG("tcp transport of rank %d cannot read rank %d's memory (%s): messages go by the socket",
+                         grank_of(s, s->rank), grank_of(s, r), strerror(errno));
+        s->info[r].cma_recv = ok;
+        uint8_t answer = ok;
+        TD_TRY(td_net_send_all(s->fds[r], &answer, 1, s->deadline));
+    }
+    for (int r = 0; r < s->size; r++) {
+        if (!s->agreed_cma[r])
+            continue;
+        uint8_t answer = 0;
+        td_status st = td_net_recv_all(s->fds[r], &answer, 1, s->deadline);
+        if (st != TD_OK)
+            return td_error_prefix(st, "reading rank %d's single-copy probe answer", grank_of(s, r));
+        s->info[r].cma_send = answer == 1;
+    }
+    return TD_OK;
+}
+
 /* ---- tuning ----------------------------------------------------------------------------------- */
 
 static td_status tune_socket(int fd, int64_t bufsize)
@@ -629,6 +704,17 @@ td_status td_tcp_transport_create(const td_tcp_options *o, td_transport **out)
         return est;
     }
     s.use_unix = o->same_host == TD_TCP_SAME_HOST_UNIX || (o->same_host == TD_TCP_SAME_HOST_DEFAULT && unix_env);
+    bool cma_env = true;
+    est = td_env_bool("TDIST_TCP_CMA", true, &cma_env);
+    if (est != TD_OK) {
+        free(fds);
+        free(s.out);
+        return est;
+    }
+    s.use_cma = s.use_unix && (o->cma == TD_TCP_CMA_ON || (o->cma == TD_TCP_CMA_DEFAULT && cma_env));
+    s.asked_cma = TD_NEW_ARRAY(bool, (size_t)o->size);
+    s.agreed_cma = TD_NEW_ARRAY(bool, (size_t)o->size);
+    s.info = TD_NEW_ARRAY(td_tcp_peer_info, (size_t)o->size);
     snprintf(s.unix_name, sizeof s.unix_name, "-");
     int ufd = -1;
     if (s.use_unix) {
@@ -672,6 +758,8 @@ td_status td_tcp_transport_create(const td_tcp_options *o, td_transport **out)
         st = connect_up(&s, r);
     if (st == TD_OK)
         st = handshake_loop(&s, lfd, ufd);
+    if (st == TD_OK)
+        st = cma_probe(&s);
     if (st == TD_ERR_TIMEOUT && !strstr(td_last_error(), "setting up the tcp transport"))
         td_error_prefix(st, "Timed out after %lld ms setting up the tcp transport of rank %d",
                         (long long)o->timeout_ms, grank_of(&s, o->rank));
@@ -689,14 +777,18 @@ td_status td_tcp_transport_create(const td_tcp_options *o, td_transport **out)
         if (s.out[r].fd >= 0)
             close(s.out[r].fd);
     free(s.out);
+    free(s.asked_cma);
+    free(s.agreed_cma);
     if (st != TD_OK) {
         for (int r = 0; r < o->size; r++)
             if (fds[r] >= 0)
                 close(fds[r]);
         free(fds);
+        free(s.info);
         return st;
     }
-    st = td_tcp_transport_from_fds(o->rank, o->size, fds, o->global_ranks, out);
+    st = td_tcp_transport_from_fds_ex(o->rank, o->size, fds, o->global_ranks, s.info, out);
     free(fds);
+    free(s.info);
     return st;
 }

@@ -40,7 +40,7 @@ size_t td_tcp_hello_encode(uint8_t *b, const td_tcp_hello *h)
 {
     put_u32(b, TD_TCP_MAGIC);
     put_u16(b + 4, h->version);
-    put_u16(b + 6, 0);
+    put_u16(b + 6, h->flags);
     put_u32(b + 8, h->from);
     put_u32(b + 12, h->to);
     put_u32(b + 16, h->world);
@@ -74,6 +74,7 @@ td_tcp_parse td_tcp_hello_parse(const uint8_t *b, size_t n, td_tcp_hello *h, siz
     if (n < *need)
         return TD_TCP_PARSE_MORE;
     h->version = get_u16(b + 4);
+    h->flags = get_u16(b + 6);
     h->from = get_u32(b + 8);
     h->to = get_u32(b + 12);
     h->world = get_u32(b + 16);
@@ -85,14 +86,15 @@ td_tcp_parse td_tcp_hello_parse(const uint8_t *b, size_t n, td_tcp_hello *h, siz
     return TD_TCP_PARSE_OK;
 }
 
-size_t td_tcp_reply_encode(uint8_t *b, int rank, int status, const char *msg)
+size_t td_tcp_reply_encode(uint8_t *b, int rank, int status, unsigned flags, const char *msg)
 {
     size_t ml = msg ? strlen(msg) : 0;
     if (ml > TD_TCP_MAX_REPLY_MSG)
         ml = TD_TCP_MAX_REPLY_MSG;
     put_u32(b, TD_TCP_MAGIC);
     put_u16(b + 4, TD_TCP_VERSION);
-    put_u16(b + 6, (uint16_t)status);
+    b[6] = (uint8_t)status;
+    b[7] = (uint8_t)flags;
     put_u32(b + 8, (uint32_t)rank);
     put_u32(b + 12, (uint32_t)ml);
     if (ml)
@@ -120,7 +122,8 @@ td_tcp_parse td_tcp_reply_parse(const uint8_t *b, size_t n, td_tcp_reply *r, siz
     if (n < *need)
         return TD_TCP_PARSE_MORE;
     r->version = get_u16(b + 4);
-    r->status = get_u16(b + 6);
+    r->status = b[6];
+    r->flags = b[7];
     r->rank = get_u32(b + 8);
     r->msg = (const char *)b + TD_TCP_REPLY_FIXED;
     r->msg_len = ml;
@@ -160,25 +163,85 @@ size_t td_tcp_control_encode(uint8_t *f, int type, td_status status, const char 
     return TD_TCP_HDR_SIZE + len;
 }
 
-bool td_tcp_control_parse(const uint8_t *p, size_t n, td_tcp_control *c)
+bool td_tcp_control_parse(const uint8_t *p, size_t n, uint64_t max_message, td_tcp_control *c)
 {
     memset(c, 0, sizeof *c);
     if (n < 1)
         return false;
     c->type = p[0];
-    if (c->type == TD_TCP_CTRL_BYE)
+    switch (c->type) {
+    case TD_TCP_CTRL_BYE:
         return n == 1;
-    if (c->type != TD_TCP_CTRL_ABORT || n < 7)
+    case TD_TCP_CTRL_ABORT: {
+        if (n < 7)
+            return false;
+        size_t ml = get_u16(p + 5);
+        if (n != 7 + ml || ml > TD_TCP_CTRL_MSG_MAX)
+            return false;
+        int32_t st = (int32_t)get_u32(p + 1);
+        /* Only a failure can be relayed: anything else is not a td_status an abort carries. */
+        if (st >= 0 || st < -1000)
+            return false;
+        c->status = (td_status)st;
+        c->msg = (const char *)p + 7;
+        c->msg_len = ml;
+        return true;
+    }
+    case TD_TCP_CTRL_RTS: {
+        if (n < 26)
+            return false;
+        c->tag = get_u64(p + 1);
+        c->cookie = get_u64(p + 9);
+        c->total = get_u64(p + 17);
+        c->iovcnt = p[25];
+        if (c->iovcnt > TD_TCP_RTS_MAX_IOV || n != 26 + 16 * (size_t)c->iovcnt || c->total > max_message)
+            return false;
+        uint64_t sum = 0;
+        for (int i = 0; i < c->iovcnt; i++) {
+            c->addr[i] = get_u64(p + 26 + 16 * i);
+            c->len[i] = get_u64(p + 34 + 16 * i);
+            if (c->len[i] > max_message || c->addr[i] + c->len[i] < c->addr[i])
+                return false;
+            sum += c->len[i];
+        }
+        return sum == c->total;
+    }
+    case TD_TCP_CTRL_FIN: {
+        if (n != 13)
+            return false;
+        c->cookie = get_u64(p + 1);
+        int32_t st = (int32_t)get_u32(p + 9);
+        if (st > 0 || st < -1000)
+            return false;
+        c->status = (td_status)st;
+        return true;
+    }
+    default:
         return false;
-    size_t ml = get_u16(p + 5);
-    if (n != 7 + ml || ml > TD_TCP_CTRL_MSG_MAX)
-        return false;
-    int32_t st = (int32_t)get_u32(p + 1);
-    /* Only a failure can be relayed: anything else is not a td_status an abort carries. */
-    if (st >= 0 || st < -1000)
-        return false;
-    c->status = (td_status)st;
-    c->msg = (const char *)p + 7;
-    c->msg_len = ml;
-    return true;
+    }
+}
+
+size_t td_tcp_rts_encode(uint8_t *p, uint64_t tag, uint64_t cookie, const uint64_t *addr, const uint64_t *len,
+                         int iovcnt)
+{
+    uint64_t total = 0;
+    p[0] = TD_TCP_CTRL_RTS;
+    put_u64(p + 1, tag);
+    put_u64(p + 9, cookie);
+    for (int i = 0; i < iovcnt; i++) {
+        put_u64(p + 26 + 16 * i, addr[i]);
+        put_u64(p + 34 + 16 * i, len[i]);
+        total += len[i];
+    }
+    put_u64(p + 17, total);
+    p[25] = (uint8_t)iovcnt;
+    return 26 + 16 * (size_t)iovcnt;
+}
+
+size_t td_tcp_fin_encode(uint8_t *p, uint64_t cookie, td_status status)
+{
+    p[0] = TD_TCP_CTRL_FIN;
+    put_u64(p + 1, cookie);
+    put_u32(p + 9, (uint32_t)(int32_t)status);
+    return 13;
 }

@@ -28,13 +28,22 @@
 #define TD_TCP_CTRL_FRAME_MAX (TD_TCP_HDR_SIZE + 7 + TD_TCP_CTRL_MSG_MAX)
 
 enum { TD_TCP_REPLY_OK = 0, TD_TCP_REPLY_REFUSED = 1 };
-enum { TD_TCP_CTRL_BYE = 1, TD_TCP_CTRL_ABORT = 2 };
+enum { TD_TCP_CTRL_BYE = 1, TD_TCP_CTRL_ABORT = 2, TD_TCP_CTRL_RTS = 3, TD_TCP_CTRL_FIN = 4 };
+/* Hello and answer flags. */
+#define TD_TCP_FLAG_CMA 1u /* hello: the connecting side would read and be read with process_vm_readv;
+                              answer: agreed (a same-host socket, both sides willing): probe next */
+
+#define TD_TCP_CMA_PROBE_SIZE 24 /* u64 magic, u64 address, u64 value */
+#define TD_TCP_CMA_PROBE_MAGIC UINT64_C(0x45424f5250414d43) /* "CMAPROBE" */
+#define TD_TCP_RTS_MAX_IOV 4
+#define TD_TCP_RTS_MAX (26 + 16 * TD_TCP_RTS_MAX_IOV)
 
 /* Parse results: the message is complete, more bytes are needed, or it is malformed. */
 typedef enum td_tcp_parse { TD_TCP_PARSE_OK = 0, TD_TCP_PARSE_MORE = 1, TD_TCP_PARSE_BAD = -1 } td_tcp_parse;
 
 typedef struct td_tcp_hello {
     uint16_t version;
+    uint16_t flags;
     uint32_t from, to, world;
     uint64_t nonce;
     const char *group; /* not NUL-terminated; points into the parsed bytes */
@@ -50,14 +59,15 @@ size_t td_tcp_hello_encode(uint8_t *b, const td_tcp_hello *h);
 td_tcp_parse td_tcp_hello_parse(const uint8_t *b, size_t n, td_tcp_hello *h, size_t *need, const char **why);
 
 typedef struct td_tcp_reply {
-    uint16_t version, status;
+    uint16_t version;
+    uint8_t status, flags;
     uint32_t rank;
     const char *msg;
     uint32_t msg_len;
 } td_tcp_reply;
 
 /* msg may be NULL; it is cut to TD_TCP_MAX_REPLY_MSG. b holds TD_TCP_REPLY_MAX bytes. */
-size_t td_tcp_reply_encode(uint8_t *b, int rank, int status, const char *msg);
+size_t td_tcp_reply_encode(uint8_t *b, int rank, int status, unsigned flags, const char *msg);
 td_tcp_parse td_tcp_reply_parse(const uint8_t *b, size_t n, td_tcp_reply *r, size_t *need, const char **why);
 
 /* Frame header: u64 tag, u64 payload length (little-endian). */
@@ -66,15 +76,25 @@ void td_tcp_header_decode(const uint8_t *b, uint64_t *tag, uint64_t *len);
 
 typedef struct td_tcp_control {
     int type;
-    td_status status;  /* ABORT */
+    td_status status;  /* ABORT; FIN: TD_OK or why the message could not be read */
     const char *msg;   /* ABORT: not NUL-terminated */
     size_t msg_len;
+    /* RTS: a message of `total` bytes under `tag` waits in the sender's memory, in iovcnt pieces;
+     * FIN: the receiver is done with it. Both name it by the sender's cookie. */
+    uint64_t tag, cookie, total;
+    int iovcnt;
+    uint64_t addr[TD_TCP_RTS_MAX_IOV], len[TD_TCP_RTS_MAX_IOV];
 } td_tcp_control;
 
 /* A whole control frame (header with TD_TAG_RESERVED, then payload) into f
  * (TD_TCP_CTRL_FRAME_MAX bytes); the message is cut to TD_TCP_CTRL_MSG_MAX. Returns its size. */
 size_t td_tcp_control_encode(uint8_t *f, int type, td_status status, const char *msg);
-/* Parses a control payload of n bytes (n was checked against TD_TCP_CTRL_MAX from the header). */
-bool td_tcp_control_parse(const uint8_t *p, size_t n, td_tcp_control *c);
+/* Parses a control payload of n bytes (n was checked against TD_TCP_CTRL_MAX from the header). An
+ * RTS's pieces must add up to its total, which is at most max_message. */
+bool td_tcp_control_parse(const uint8_t *p, size_t n, uint64_t max_message, td_tcp_control *c);
+/* The payload (no header) of an RTS or a FIN into p (TD_TCP_RTS_MAX bytes); returns its size. */
+size_t td_tcp_rts_encode(uint8_t *p, uint64_t tag, uint64_t cookie, const uint64_t *addr, const uint64_t *len,
+                         int iovcnt);
+size_t td_tcp_fin_encode(uint8_t *p, uint64_t cookie, td_status status);
 
 #endif

@@ -68,7 +68,7 @@ typedef struct cw {
     uint64_t seq;
 } cw;
 
-static cw open_cw(td_test_ctx *ctx)
+static cw open_cw_chunk(td_test_ctx *ctx, size_t chunk)
 {
     cw w = {0};
     w.ctx = ctx;
@@ -77,11 +77,14 @@ static cw open_cw(td_test_ctx *ctx)
                         .group_name = "coll"};
     TD_CHECK_OK(td_tcp_transport_create(&o, &w.t));
     td_coll_config cfg = {0};
-    cfg.chunk_bytes = 4096;
+    cfg.chunk_bytes = chunk;
     cfg.small_bytes = 2048;
     TD_CHECK_OK(td_coll_ctx_init(&w.c, w.t, &cfg));
     return w;
 }
+
+/* Chunks of 4 KiB, so that pipelining runs on small data. */
+static cw open_cw(td_test_ctx *ctx) { return open_cw_chunk(ctx, 4096); }
 
 static void close_cw(cw *w)
 {
@@ -285,6 +288,60 @@ COLL_TEST(all_reduce_bit_identical, .timeout_s = 120)
             }
         }
     }
+    close_cw(&w);
+}
+
+static void **blocks(int n, size_t count, td_dtype dt);
+static void free_blocks(void **b, int n);
+
+/* Large messages with the default chunk size: between ranks of one host these chunks go by single
+ * copy from the sender's memory (transport/tcp.h). */
+COLL_TEST(large_messages, .timeout_s = 120)
+{
+    cw w = open_cw_chunk(ctx, 256 << 10);
+    int ws = ctx->world_size;
+    size_t n = 300007; /* 1.2 MB of float32, several chunks */
+    for (size_t a = 0; a < 4; a++) {
+        float *buf = filled(TD_FLOAT32, TD_SUM, ctx->rank, n);
+        td_coll c = coll_of(&w, TD_COLL_ALL_REDUCE, TD_FLOAT32, n);
+        c.in = c.out = buf;
+        run(&w, &c, allreduce_algos[a], "all_reduce");
+        check_buf(TD_FLOAT32, TD_OP_SUM, buf, n, ws, td_algo_name(allreduce_algos[a]));
+        free(buf);
+    }
+    for (int chain = 0; chain < 2; chain++) {
+        float *buf = filled(TD_FLOAT32, TD_SUM, ctx->rank, n);
+        td_coll c = coll_of(&w, TD_COLL_BROADCAST, TD_FLOAT32, n);
+        c.root = ws - 1;
+        c.in = c.out = buf;
+        run(&w, &c, chain ? TD_ALGO_RING : TD_ALGO_TREE, "broadcast");
+        for (size_t i = 0; i < n; i++)
+            TD_CHECK_MSG(get(TD_FLOAT32, buf, i) == value(TD_SUM, ws - 1, i), "broadcast element %zu", i);
+        free(buf);
+        buf = filled(TD_FLOAT32, TD_SUM, ctx->rank, n);
+        c = coll_of(&w, TD_COLL_REDUCE, TD_FLOAT32, n);
+        c.in = c.out = buf;
+        run(&w, &c, chain ? TD_ALGO_RING : TD_ALGO_TREE, "reduce");
+        if (ctx->rank == 0)
+            check_buf(TD_FLOAT32, TD_OP_SUM, buf, n, ws, "reduce");
+        free(buf);
+    }
+    size_t *counts = calloc((size_t)ws, sizeof *counts);
+    void **out = blocks(ws, n, TD_FLOAT32);
+    float *in = filled(TD_FLOAT32, TD_SUM, ctx->rank, n);
+    for (int r = 0; r < ws; r++)
+        counts[r] = n;
+    td_coll c = coll_of(&w, TD_COLL_ALL_GATHER, TD_FLOAT32, n);
+    c.in = in;
+    c.out_blocks = out;
+    c.out_counts = counts;
+    run(&w, &c, TD_ALGO_RING, "all_gather");
+    for (int r = 0; r < ws; r++)
+        for (size_t i = 0; i < n; i += 7)
+            TD_CHECK_MSG(get(TD_FLOAT32, out[r], i) == value(TD_SUM, r, i), "all_gather block %d element %zu", r, i);
+    free_blocks(out, ws);
+    free(in);
+    free(counts);
     close_cw(&w);
 }
 

@@ -603,6 +603,105 @@ TD_TEST(setup_timeout, .world_size = 2, BOTH)
     close_store(ctx, store, ctx->store_path);
 }
 
+/* ---- single-copy transfers (collective tags, 64 KiB and up, over UNIX-domain sockets) ---------- */
+
+#define COLL_TAG(x) ((UINT64_C(1) << 63) | (uint64_t)(x))
+
+/* Large collective-tagged messages in both directions at once, from and into several pieces:
+ * single copy over "unix", the stream over "tcp"; the same bytes either way. */
+TD_TEST(rendezvous_sizes, .world_size = 2, BOTH)
+{
+    tw w = open_world(ctx, NULL, 0);
+    int peer = 1 - ctx->rank;
+    const size_t sizes[] = {65535, 65536, 65537, 1024 * 1024 + 3, 5 * 1024 * 1024};
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        size_t len = sizes[si];
+        unsigned char *out = malloc(len), *in = malloc(len + 1);
+        for (size_t i = 0; i < len; i++)
+            out[i] = pattern(ctx->rank, peer, i);
+        in[len] = 0xEE;
+        size_t a = len / 3, b = len / 2;
+        struct iovec siov[3] = {{out, a}, {out + a, len - a - len / 5}, {out + len - len / 5, len / 5}};
+        struct iovec riov[2] = {{in, b}, {in + b, len - b}};
+        td_xfer xs[2];
+        xs[0].on_done = xs[1].on_done = NULL;
+        TD_CHECK_OK(td_transport_irecv(w.t, peer, COLL_TAG(si), riov, 2, after_ms(30000), &xs[0]));
+        TD_CHECK_OK(td_transport_isend(w.t, peer, COLL_TAG(si), siov, 3, after_ms(30000), &xs[1]));
+        TD_CHECK_OK(td_transport_wait_all(w.t, xs, 2, after_ms(30000)));
+        TD_CHECK_EQ(xs[0].nbytes, len);
+        TD_CHECK_EQ(xs[1].nbytes, len);
+        for (size_t i = 0; i < len; i++)
+            TD_CHECK_MSG(in[i] == pattern(peer, ctx->rank, i), "size %zu: byte %zu differs", len, i);
+        TD_CHECK(in[len] == 0xEE);
+        free(out);
+        free(in);
+    }
+    close_world(&w);
+}
+
+/* The receive comes after the message was announced; a receive of another size fails alone (and
+ * the send completes); several messages with one tag keep their order. */
+TD_TEST(rendezvous_late_and_mismatched, .world_size = 2, BOTH)
+{
+    tw w = open_world(ctx, NULL, 0);
+    size_t len = 200000;
+    enum { N = 3 };
+    unsigned char *bufs[N];
+    for (int i = 0; i < N; i++) {
+        bufs[i] = malloc(len);
+        memset(bufs[i], ctx->rank == 0 ? 'a' + i : 0, len);
+    }
+    if (ctx->rank == 0) {
+        td_xfer xs[N + 1];
+        for (int i = 0; i < N; i++) {
+            xs[i].on_done = NULL;
+            TD_CHECK_OK(td_transport_isend1(w.t, 1, COLL_TAG(7), bufs[i], len, after_ms(30000), &xs[i]));
+        }
+        xs[N].on_done = NULL;
+        TD_CHECK_OK(td_transport_isend1(w.t, 1, COLL_TAG(8), bufs[0], len, after_ms(30000), &xs[N]));
+        TD_CHECK_OK(td_store_set_str(w.store, "announced", "1"));
+        TD_CHECK_OK(td_transport_wait_all(w.t, xs, N + 1, after_ms(30000)));
+    } else {
+        const char *k = "announced";
+        TD_CHECK_OK(td_store_wait(w.store, &k, 1, 30000));
+        td_sleep_ms(50);
+        for (int i = 0; i < N; i++) {
+            TD_CHECK_OK(td_transport_recv(w.t, 0, COLL_TAG(7), bufs[i], len, after_ms(30000)));
+            for (size_t j = 0; j < len; j += 997)
+                TD_CHECK_EQ(bufs[i][j], 'a' + i);
+        }
+        TD_CHECK_ERR(td_transport_recv(w.t, 0, COLL_TAG(8), bufs[0], len - 1, after_ms(30000)), TD_ERR_INVALID,
+                     "rank 0 sent 200000 bytes");
+    }
+    for (int i = 0; i < N; i++)
+        free(bufs[i]);
+    store_barrier(ctx, w.store, "done");
+    close_world(&w);
+}
+
+/* A rank dies while a large message waits in its peer's memory for it: the sender's send fails
+ * at once, naming it. (Over TCP the send completes into the socket buffers instead.) */
+TD_TEST(rendezvous_reader_killed, .world_size = 2, .skip_return_code_check = true, .allow_leftovers = true,
+        .params = "unix")
+{
+    tw w = open_world(ctx, NULL, 0);
+    all_pairs(ctx, w.t, 10);
+    store_barrier(ctx, w.store, "ready");
+    if (ctx->rank == 1) {
+        td_sleep_ms(200);
+        raise(SIGKILL);
+    }
+    size_t len = 1 << 20;
+    char *buf = calloc(1, len);
+    int64_t t0 = td_now_ns();
+    TD_CHECK_ERR(td_transport_send(w.t, 1, COLL_TAG(1), buf, len, after_ms(60000)), TD_ERR_PEER_LOST,
+                 "Connection to rank 1 lost");
+    TD_CHECK(since_s(t0) < 2.2);
+    free(buf);
+    w.keep_store = true;
+    close_world(&w);
+}
+
 /* Groups made and destroyed again and again on one store: no fd or thread stays behind (the
  * harness compares both around the body), and a new group never reads an old one's addresses. */
 TD_TEST(create_destroy_repeatedly, .world_size = 3, BOTH)

@@ -24,6 +24,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "base/thread.h"
+#include "net/io.h"
 #include "pg/executor.h"
 #include "pg/pg_impl.h"
 
@@ -40,6 +41,79 @@ static const char *const op_api_names[PG_OP_COUNT] = {
 
 const char *pg_op_type_name(pg_op op) { return (int)op >= 0 && op < PG_OP_COUNT ? op_type_names[op] : "UNKNOWN"; }
 const char *pg_op_api_name(pg_op op) { return (int)op >= 0 && op < PG_OP_COUNT ? op_api_names[op] : "unknown"; }
+
+/* ---- waiting --------------------------------------------------------------------------------- */
+
+/* Handing an operation to the worker and its completion back costs two thread wake-ups; for short
+ * operations both sides first spin briefly (DESIGN.md: spin, then sleep), with net/io.h's adaptive
+ * policy: spins that do not pay off are skipped for exponentially more waits, so a loaded machine
+ * soon stops spinning. TDIST_PG_SPIN_US sets the budget (0: never spin). */
+#define PG_DEFAULT_SPIN_US 20
+
+static int64_t spin_budget_ns(void)
+{
+    static _Atomic int64_t budget = -1;
+    int64_t b = atomic_load(&budget);
+    if (b < 0) {
+        int64_t us = PG_DEFAULT_SPIN_US;
+        if (td_env_int("TDIST_PG_SPIN_US", PG_DEFAULT_SPIN_US, 0, 1000000, &us) != TD_OK)
+            us = PG_DEFAULT_SPIN_US;
+        b = us * 1000;
+        atomic_store(&budget, b);
+    }
+    return b;
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Spins until ready(arg) or the spin's budget passes; true when ready. */
+static bool spin_until(td_net_spin *spin, bool (*ready)(const void *arg), const void *arg)
+{
+    if (ready(arg))
+        return true;
+    if (!td_net_spin_now(spin))
+        return false;
+    int64_t until = td_now_ns() + spin->budget_ns;
+    for (;;) {
+        for (int i = 0; i < 64; i++) {
+            if (ready(arg)) {
+                td_net_spin_result(spin, true);
+                return true;
+            }
+            cpu_relax();
+        }
+        if (td_now_ns() >= until) {
+            td_net_spin_result(spin, false);
+            return false;
+        }
+    }
+}
+
+static bool future_ready(const void *f) { return td_future_is_completed(f); }
+
+static bool work_queued(const void *pg)
+{
+    return atomic_load_explicit(&((const td_pg *)pg)->queued, memory_order_acquire) != 0;
+}
+
+/* The calling thread's policy for waiting on the operations it issues. */
+static td_net_spin *waiter_spin(void)
+{
+    static __thread td_net_spin spin;
+    static __thread bool ready;
+    if (!ready) {
+        td_net_spin_init(&spin, spin_budget_ns());
+        ready = true;
+    }
+    return &spin;
+}
 
 /* ---- works --------------------------------------------------------------------------------- */
 
@@ -389,10 +463,12 @@ td_status pg_issue(td_pg *pg, td_work **ws, int n, td_future **futs)
             pg->qhead = w;
         pg->qtail = w;
     }
+    atomic_store_explicit(&pg->queued, 1, memory_order_release);
     pthread_cond_broadcast(&pg->cv);
     pthread_mutex_unlock(&pg->mu);
     if (futs)
         return TD_OK;
+    spin_until(waiter_spin(), future_ready, fs[n - 1]);
     td_status st = td_future_wait_all(fs, n, 0);
     for (int i = 0; i < n; i++)
         td_future_release(fs[i]);
@@ -452,6 +528,9 @@ static void *worker_main(void *arg)
 {
     td_pg *pg = arg;
     td_log_set_rank(pg->global_rank);
+    td_net_spin spin;
+    td_net_spin_init(&spin, spin_budget_ns());
+    bool spun = false; /* since the last work or wake-up */
     pthread_mutex_lock(&pg->mu);
     for (;;) {
         if (pg->failed != TD_OK && !pg->backend_aborted) {
@@ -479,9 +558,19 @@ static void *worker_main(void *arg)
                 free(msg);
                 continue;
             }
+            if (!spun) {
+                spun = true;
+                atomic_store_explicit(&pg->queued, 0, memory_order_relaxed);
+                pthread_mutex_unlock(&pg->mu);
+                spin_until(&spin, work_queued, pg);
+                pthread_mutex_lock(&pg->mu);
+                continue;
+            }
             td_cond_wait_until(&pg->cv, &pg->mu, deadline);
+            spun = false;
             continue;
         }
+        spun = false;
         pg->qhead = w->next;
         if (!pg->qhead)
             pg->qtail = NULL;

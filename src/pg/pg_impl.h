@@ -16,6 +16,7 @@
 #define TDIST_PG_PG_IMPL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -122,6 +123,7 @@ struct td_pg {
     bool worker_started;
     bool stop;
     td_work *qhead, *qtail;
+    _Atomic int queued;   /* set by pg_issue: what an idle worker spins on before it sleeps */
     td_work *inflight;
     td_status failed;     /* TD_OK while healthy */
     char *failed_msg;

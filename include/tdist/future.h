@@ -10,7 +10,9 @@
  *
  * Callbacks never run on an I/O thread: a callback added to a pending future runs on tdist's
  * callback thread once the future completes; one added to a completed future runs at once, in the
- * caller's thread.
+ * caller's thread. (While no process group or agent exists there is no I/O thread, and callbacks
+ * run in the thread that completes the future.) Callbacks run one at a time: a callback must not
+ * block on a future that td_future_then chains, since that future completes on the same thread.
  */
 #ifndef TDIST_FUTURE_H
 #define TDIST_FUTURE_H

@@ -131,14 +131,20 @@ static td_status create_c10d_store(const char *host, int port, int rank, int wor
     o.port = port;
     o.world_size = world;
     o.timeout_ms = timeout_ms;
-    const char *agent = td_env_str("TORCHELASTIC_USE_AGENT_STORE", NULL);
-    if (agent && strcmp(agent, "True") == 0) {
-        /* Under an elastic agent the agent hosts the store; every rank is a client, and each restart
-         * attempt gets its own key space. */
-        const char *attempt = td_env_str("TORCHELASTIC_RESTART_COUNT", NULL);
+    /* Under a launcher's agent (tdrun sets TDIST_USE_AGENT_STORE=1, torchrun's elastic agent
+     * TORCHELASTIC_USE_AGENT_STORE=True) the agent hosts the store: every rank is a client, and
+     * each restart attempt gets its own key space so that a restarted group never reads the keys
+     * of the one before. */
+    bool use_agent = false;
+    TD_TRY(td_env_bool("TDIST_USE_AGENT_STORE", false, &use_agent));
+    const char *torch_agent = td_env_str("TORCHELASTIC_USE_AGENT_STORE", NULL);
+    if (torch_agent && strcmp(torch_agent, "True") == 0)
+        use_agent = true;
+    if (use_agent) {
+        const char *attempt = td_env_str("TDIST_RESTART_COUNT", td_env_str("TORCHELASTIC_RESTART_COUNT", NULL));
         if (!attempt)
             return td_error(TD_ERR_INVALID, RDZV_ERR "env:// rendezvous: environment variable "
-                                            "TORCHELASTIC_RESTART_COUNT expected, but not set");
+                                            "TDIST_RESTART_COUNT (or TORCHELASTIC_RESTART_COUNT) expected, but not set");
         o.is_master = false;
         td_store *tcp = NULL;
         TD_TRY(td_tcp_store_create(&o, &tcp));

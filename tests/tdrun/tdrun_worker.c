@@ -1,0 +1,140 @@
+/* A worker program for tdrun's tests: each mode exercises one thing the launcher promises.
+ *
+ *   env                 print the launcher's variables on one line
+ *   spam N              N stdout and N/2 stderr lines, each written in two pieces
+ *   fail RANK CODE      RANK exits CODE after 300 ms; the others wait to be stopped and say so
+ *   restart N           rank 0 fails until TDIST_RESTART_COUNT reaches N, then everyone succeeds
+ *   sleep DIR           write DIR/<rank>.pid, then sleep until killed
+ *   store               join the job's store through env:// and count the ranks that joined */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <tdist/store.h>
+
+static int env_int(const char *name)
+{
+    const char *v = getenv(name);
+    return v ? atoi(v) : -1;
+}
+
+static const char *env_str(const char *name)
+{
+    const char *v = getenv(name);
+    return v ? v : "<unset>";
+}
+
+static volatile sig_atomic_t g_term;
+static void on_term(int sig) { g_term = sig; }
+
+static void say(const char *text)
+{
+    (void)!write(STDOUT_FILENO, text, strlen(text));
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2)
+        return 64;
+    const char *mode = argv[1];
+    int rank = env_int("RANK");
+    char line[512];
+
+    if (strcmp(mode, "env") == 0) {
+        printf("ENV RANK=%s LOCAL_RANK=%s WORLD_SIZE=%s LOCAL_WORLD_SIZE=%s GROUP_RANK=%s MASTER_ADDR=%s "
+               "MASTER_PORT=%s TDIST_RESTART_COUNT=%s TDIST_USE_AGENT_STORE=%s\n",
+               env_str("RANK"), env_str("LOCAL_RANK"), env_str("WORLD_SIZE"), env_str("LOCAL_WORLD_SIZE"),
+               env_str("GROUP_RANK"), env_str("MASTER_ADDR"), env_str("MASTER_PORT"), env_str("TDIST_RESTART_COUNT"),
+               env_str("TDIST_USE_AGENT_STORE"));
+        return 0;
+    }
+    if (strcmp(mode, "spam") == 0 && argc > 2) {
+        int n = atoi(argv[2]);
+        for (int i = 0; i < n; i++) {
+            /* Two writes per line: the launcher must join the pieces, never mix them with other
+             * workers' lines. */
+            snprintf(line, sizeof line, "LINE %d %d ", rank, i);
+            (void)!write(STDOUT_FILENO, line, strlen(line));
+            snprintf(line, sizeof line, "%064d END\n", i);
+            (void)!write(STDOUT_FILENO, line, strlen(line));
+            if (i % 2 == 0) {
+                snprintf(line, sizeof line, "ERRLINE %d %d END\n", rank, i);
+                (void)!write(STDERR_FILENO, line, strlen(line));
+            }
+        }
+        return 0;
+    }
+    if (strcmp(mode, "fail") == 0 && argc > 3) {
+        signal(SIGTERM, on_term);
+        if (rank == atoi(argv[2])) {
+            usleep(300 * 1000);
+            say("failing now\n");
+            return atoi(argv[3]);
+        }
+        for (int i = 0; i < 600 && !g_term; i++)
+            usleep(100 * 1000);
+        snprintf(line, sizeof line, "rank %d got %s\n", rank, g_term ? "SIGTERM" : "no signal");
+        say(line);
+        return g_term ? 0 : 1;
+    }
+    if (strcmp(mode, "restart") == 0 && argc > 2) {
+        int want = atoi(argv[2]);
+        int count = env_int("TDIST_RESTART_COUNT");
+        snprintf(line, sizeof line, "attempt %d\n", count);
+        say(line);
+        if (count < want) {
+            if (rank == 0) {
+                usleep(300 * 1000); /* let the others print their attempt line first */
+                return 1;
+            }
+            for (int i = 0; i < 600; i++)
+                usleep(100 * 1000);
+            return 1;
+        }
+        snprintf(line, sizeof line, "DONE restart=%d\n", count);
+        say(line);
+        return 0;
+    }
+    if (strcmp(mode, "sleep") == 0 && argc > 2) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%d.pid", argv[2], rank);
+        FILE *f = fopen(path, "w");
+        if (!f)
+            return 3;
+        fprintf(f, "%d\n", (int)getpid());
+        fclose(f);
+        for (;;)
+            pause();
+    }
+    if (strcmp(mode, "store") == 0) {
+        td_store *store = NULL;
+        int r = -1, world = -1;
+        if (td_rendezvous("env://", -1, -1, 30000, &store, &r, &world) != TD_OK) {
+            fprintf(stderr, "rendezvous failed: %s\n", td_last_error());
+            return 2;
+        }
+        int64_t joined = 0;
+        if (td_store_add(store, "joined", 1, &joined) != TD_OK) {
+            fprintf(stderr, "add failed: %s\n", td_last_error());
+            return 2;
+        }
+        if (joined == world)
+            td_store_set_str(store, "all_joined", "1");
+        const char *keys[] = {"all_joined"};
+        if (td_store_wait(store, keys, 1, TD_STORE_TIMEOUT_DEFAULT) != TD_OK) {
+            fprintf(stderr, "wait failed: %s\n", td_last_error());
+            return 2;
+        }
+        td_store_add(store, "joined", 0, &joined);
+        printf("STORE rank=%d world=%d joined=%lld\n", r, world, (long long)joined);
+        fflush(stdout);
+        /* Leave only after everyone has read the count (rank 0's store may be hosted elsewhere,
+         * but the key must stay readable until all have seen it). */
+        td_store_add(store, "done", 1, NULL);
+        td_store_release(store);
+        return 0;
+    }
+    return 64;
+}

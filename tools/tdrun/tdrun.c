@@ -1,0 +1,227 @@
+/* tdrun: the launcher, tdist's torchrun.
+ *
+ *   tdrun --nproc-per-node 4 ./train --epochs 3
+ *
+ * The agent on each node starts the local workers (workers.c) with the job's environment, relays
+ * their output, and watches them. Node 0 also hosts the job's TCPStore, so workers initialize with
+ * a plain env:// rendezvous (TDIST_USE_AGENT_STORE=1 tells them to join it as clients, under a
+ * prefix of their attempt so that a restarted group never reads the keys of the one before).
+ *
+ * When a worker fails, the others are stopped (SIGTERM, SIGKILL after a grace period), a summary in
+ * torchrun's layout names the first failure, and tdrun exits 1 - unless --max-restarts allows
+ * another attempt, in which case the whole local group starts again with TDIST_RESTART_COUNT
+ * raised. SIGINT, SIGTERM and SIGHUP sent to tdrun reach every worker; tdrun then exits with
+ * 128 + the signal number. */
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <tdist/store.h>
+
+#include "base/clock.h"
+#include "base/error.h"
+#include "tdrun.h"
+
+static const tdrun_options *g_opts;
+
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...)
+{
+    if (g_opts && g_opts->quiet)
+        return;
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n > sizeof line - 2)
+        n = (int)sizeof line - 2;
+    line[n++] = '\n';
+    fputs("tdrun: ", stderr);
+    fwrite(line, 1, (size_t)n, stderr);
+    fflush(stderr);
+}
+
+/* The program must exist before anything starts: a typo should not cost a store and N forks. */
+static td_status check_program(const char *prog)
+{
+    if (strchr(prog, '/')) {
+        if (access(prog, X_OK) != 0)
+            return td_error_errno(TD_ERR_INVALID, "cannot run '%s'", prog);
+        return TD_OK;
+    }
+    const char *path = getenv("PATH");
+    if (!path)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    char *copy = strdup(path), *save = NULL;
+    bool found = false;
+    for (char *dir = strtok_r(copy, ":", &save); dir && !found; dir = strtok_r(NULL, ":", &save)) {
+        char full[4096];
+        snprintf(full, sizeof full, "%s/%s", *dir ? dir : ".", prog);
+        struct stat st;
+        found = stat(full, &st) == 0 && S_ISREG(st.st_mode) && access(full, X_OK) == 0;
+    }
+    free(copy);
+    return found ? TD_OK : td_error(TD_ERR_INVALID, "cannot run '%s': not found in PATH", prog);
+}
+
+static void format_time(int64_t wall_ns, char *out, size_t size)
+{
+    time_t t = (time_t)(wall_ns / 1000000000);
+    struct tm tm;
+    localtime_r(&t, &tm);
+    strftime(out, size, "%Y-%m-%d_%H:%M:%S", &tm);
+}
+
+static void print_failure(const tdrun_options *o, tdrun_group *g, const tdrun_exit *f)
+{
+    char when[64], host[256] = "localhost", code[128];
+    format_time(f->when_ns, when, sizeof when);
+    gethostname(host, sizeof host);
+    if (f->code < 0)
+        snprintf(code, sizeof code, "%d (pid: %d)\n  traceback : Signal %d (SIG%s) received by PID %d", f->code,
+                 (int)f->pid, -f->code, sigabbrev_np(-f->code) ? sigabbrev_np(-f->code) : "?", (int)f->pid);
+    else
+        snprintf(code, sizeof code, "%d (pid: %d)", f->code, (int)f->pid);
+    const char *log = tdrun_group_log_file(g, f->local_rank);
+    fprintf(stderr,
+            "============================================================\n"
+            "%s FAILED\n"
+            "------------------------------------------------------------\n"
+            "Root Cause (first observed failure):\n"
+            "[0]:\n"
+            "  time      : %s\n"
+            "  host      : %s\n"
+            "  rank      : %d (local_rank: %d)\n"
+            "  exitcode  : %s\n"
+            "  log file  : %s\n"
+            "============================================================\n",
+            o->argv[0], when, host, f->rank, f->local_rank, code, log ? log : "<N/A> (use --log-dir)");
+    fflush(stderr);
+}
+
+/* After the local workers succeeded, wait until every node's did, as torchrun's agents do. Node 0
+ * hosts the store, so it must also be the last to leave: each other node acknowledges that it saw
+ * the barrier complete, and node 0 exits only after all of them did. */
+static int exit_barrier(const tdrun_options *o, td_store *store, int port)
+{
+    if (o->nnodes == 1)
+        return 0;
+    td_store *client = store ? td_store_retain(store) : NULL;
+    if (!client) {
+        td_tcp_store_options so = TD_TCP_STORE_OPTIONS_INIT;
+        so.host = o->master_addr;
+        so.port = port;
+        so.wait_for_workers = false;
+        so.timeout_ms = o->exit_barrier_timeout_ms;
+        if (td_tcp_store_create(&so, &client) != TD_OK) {
+            fprintf(stderr, "tdrun: exit barrier: cannot reach the store at %s:%d: %s\n", o->master_addr, port,
+                    td_last_error());
+            return 1;
+        }
+    }
+    td_store_set_timeout(client, o->exit_barrier_timeout_ms);
+    const char *done[] = {"/tdrun/exit_barrier/done"};
+    const char *all_left[] = {"/tdrun/exit_barrier/all_left"};
+    int64_t n = 0;
+    td_status st = td_store_add(client, "/tdrun/exit_barrier/arrived", 1, &n);
+    if (st == TD_OK && n == o->nnodes)
+        st = td_store_set_str(client, done[0], "1");
+    if (st == TD_OK) {
+        say("workers done; waiting for the other nodes (%lld of %d finished)", (long long)n, o->nnodes);
+        st = td_store_wait(client, done, 1, TD_STORE_TIMEOUT_DEFAULT);
+    }
+    if (st == TD_OK && o->node_rank != 0) {
+        st = td_store_add(client, "/tdrun/exit_barrier/left", 1, &n);
+        if (st == TD_OK && n == o->nnodes - 1)
+            st = td_store_set_str(client, all_left[0], "1");
+    } else if (st == TD_OK) {
+        st = td_store_wait(client, all_left, 1, TD_STORE_TIMEOUT_DEFAULT);
+    }
+    if (st != TD_OK)
+        fprintf(stderr, "tdrun: exit barrier: %s\n", td_last_error());
+    td_store_release(client);
+    return st == TD_OK ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+    /* Before any thread exists, so every thread inherits the blocked mask and the signals reach
+     * the monitor's signalfd. */
+    tdrun_signals_open();
+
+    static tdrun_options o;
+    if (tdrun_parse_options(argc, argv, &o) != TD_OK) {
+        fprintf(stderr, "tdrun: %s\n", td_last_error());
+        return 2;
+    }
+    g_opts = &o;
+    if (check_program(o.argv[0]) != TD_OK) {
+        fprintf(stderr, "tdrun: %s\n", td_last_error());
+        return 2;
+    }
+
+    td_store *store = NULL;
+    int port = o.master_port;
+    if (o.node_rank == 0) {
+        td_tcp_store_options so = TD_TCP_STORE_OPTIONS_INIT;
+        so.host = o.nnodes > 1 ? NULL : o.master_addr; /* other nodes reach us on any interface */
+        so.port = o.master_port;
+        so.is_master = true;
+        so.wait_for_workers = false;
+        so.timeout_ms = 0;
+        if (td_tcp_store_create(&so, &store) != TD_OK) {
+            fprintf(stderr, "tdrun: cannot host the job's store on %s:%d: %s\n", o.master_addr, o.master_port,
+                    td_last_error());
+            return 1;
+        }
+        port = td_tcp_store_port(store);
+        say("store listening on %s:%d; starting %d worker%s (world size %d)", o.master_addr, port,
+            o.nproc_per_node, o.nproc_per_node == 1 ? "" : "s", o.nnodes * o.nproc_per_node);
+    } else {
+        say("node %d of %d: starting %d workers, store at %s:%d", o.node_rank, o.nnodes, o.nproc_per_node,
+            o.master_addr, port);
+    }
+
+    int rc = 0;
+    for (int attempt = 0;; attempt++) {
+        tdrun_group *g = NULL;
+        if (tdrun_group_start(&o, o.master_addr, port, attempt, &g) != TD_OK) {
+            fprintf(stderr, "tdrun: %s\n", td_last_error());
+            rc = 1;
+            break;
+        }
+        bool failed = false;
+        int signo = 0;
+        tdrun_exit first;
+        tdrun_group_monitor(g, &failed, &first, &signo);
+        if (signo) {
+            say("received SIG%s: stopped the workers", sigabbrev_np(signo) ? sigabbrev_np(signo) : "?");
+            tdrun_group_free(g);
+            rc = 128 + signo;
+            break;
+        }
+        if (!failed) {
+            tdrun_group_free(g);
+            rc = exit_barrier(&o, store, port);
+            break;
+        }
+        print_failure(&o, g, &first);
+        tdrun_group_free(g);
+        if (attempt >= o.max_restarts) {
+            rc = 1;
+            break;
+        }
+        say("restarting the workers (restart %d of %d)", attempt + 1, o.max_restarts);
+    }
+    td_store_release(store);
+    return rc;
+}

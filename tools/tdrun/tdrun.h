@@ -1,0 +1,65 @@
+/* tdrun's pieces: the command line (options.c), the local worker group (workers.c) and the agent
+ * that hosts the job's store and restarts the group (tdrun.c). */
+#ifndef TDIST_TOOLS_TDRUN_H
+#define TDIST_TOOLS_TDRUN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <tdist/status.h>
+
+#define TDRUN_MAX_LOCAL 256
+
+typedef struct tdrun_options {
+    int nproc_per_node;
+    int nnodes;
+    int node_rank;
+    char master_addr[256];
+    int master_port;        /* -1: unset (29500, or a free port with --standalone) */
+    bool standalone;
+    int max_restarts;
+    int64_t monitor_interval_ms;
+    int64_t term_timeout_ms; /* SIGTERM -> SIGKILL grace */
+    int64_t exit_barrier_timeout_ms; /* how long a finished node waits for the others */
+    const char *log_dir;
+    int redirects[TDRUN_MAX_LOCAL]; /* per local rank: bit 1 stdout, bit 2 stderr go to files only */
+    int tee[TDRUN_MAX_LOCAL];       /* per local rank: same bits, to files and the console */
+    bool quiet;             /* no tdrun status lines (the workers' output still shows) */
+    char **argv;            /* program and its arguments */
+} tdrun_options;
+
+/* Parses argv; on a bad flag returns TD_ERR_INVALID with the message set. --help prints usage and
+ * exits 0. */
+td_status tdrun_parse_options(int argc, char **argv, tdrun_options *o);
+void tdrun_usage(FILE *f);
+
+/* How one worker ended. */
+typedef struct tdrun_exit {
+    int local_rank;
+    int rank;
+    pid_t pid;
+    int code;      /* exit code, or -signal */
+    int64_t when_ns;  /* wall clock */
+} tdrun_exit;
+
+/* The local worker group of one attempt. */
+typedef struct tdrun_group tdrun_group;
+
+/* Starts nproc workers with the job's environment for attempt `restart_count`. */
+td_status tdrun_group_start(const tdrun_options *o, const char *master_addr, int master_port, int restart_count,
+                            tdrun_group **out);
+/* Runs until every worker exited (TD_OK with *failed = false), one failed (*failed = true, *first
+ * describes it; the others are then stopped), or a signal arrived (*signo set; the workers are
+ * stopped). */
+td_status tdrun_group_monitor(tdrun_group *g, bool *failed, tdrun_exit *first, int *signo);
+/* SIGTERM every live worker, SIGKILL after the grace period, reap them all. */
+void tdrun_group_stop(tdrun_group *g, int sig);
+/* The log file of a local rank's stderr (or stdout), or NULL without --log-dir. */
+const char *tdrun_group_log_file(const tdrun_group *g, int local_rank);
+void tdrun_group_free(tdrun_group *g);
+
+/* The signals tdrun handles (blocked in tdrun, unblocked in workers), read through a signalfd. */
+int tdrun_signals_open(void);
+
+#endif

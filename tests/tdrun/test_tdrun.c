@@ -365,4 +365,36 @@ TD_TEST(bad_flags_are_reported, .timeout_s = 30)
     proc_free(&p);
 }
 
+TD_TEST(example_allreduce_through_tdrun, .timeout_s = 60)
+{
+    proc p;
+    char *argv[] = {TDRUN_BIN, "--standalone", "--quiet", "--nproc-per-node", "4", ALLREDUCE_BIN, NULL};
+    run_tdrun(&p, argv, 30000);
+    TD_CHECK_MSG(p.code == 0, "tdrun exited %d:\n%s", p.code, p.out.data);
+    for (int r = 0; r < 4; r++) {
+        char want[64];
+        snprintf(want, sizeof want, "[rank%d]: rank %d: sum = 6\n", r, r);
+        TD_CHECK_CONTAINS(p.out.data, want);
+    }
+    proc_free(&p);
+}
+
+/* The demo job, smaller: it must converge and keep the ranks' parameters bit-identical. */
+TD_TEST(example_ddp_train_through_tdrun, .timeout_s = 120)
+{
+    proc p;
+    char *argv[] = {TDRUN_BIN, "--standalone", "--quiet", "--nproc-per-node", "3", DDP_TRAIN_BIN, "--samples",
+                    "12000", "--epochs", "4", "--target", "0.75", NULL};
+    run_tdrun(&p, argv, 100000);
+    TD_CHECK_MSG(p.code == 0, "tdrun exited %d:\n%s", p.code, p.out.data);
+    TD_CHECK_CONTAINS(p.out.data, "[rank0]: epoch  4/4 [####################] loss ");
+    TD_CHECK_CONTAINS(p.out.data, "all 3 ranks hold identical parameters");
+    for (int r = 0; r < 3; r++) {
+        char want[80];
+        snprintf(want, sizeof want, "[rank%d]: rank %d: parameters bit-identical to rank 0's", r, r);
+        TD_CHECK_CONTAINS(p.out.data, want);
+    }
+    proc_free(&p);
+}
+
 TD_TEST_MAIN()

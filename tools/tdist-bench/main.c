@@ -1,0 +1,511 @@
+/* tdist-bench: collective benchmarks in the manner of nccl-tests.
+ *
+ *   tdist-bench -n 4 --op all_reduce --backend tcp --dtype f32 --min 8 --max 64M
+ *
+ * prints, for each size from --min to --max (times --factor), the size, element count, time per
+ * call, algorithm bandwidth, bus bandwidth (nccl-tests' factors) and the number of wrong elements
+ * (measure.c says how time is measured; collective.c how results are checked). --csv prints the
+ * same rows for machines.
+ *
+ * Where the ranks come from:
+ *  - under a launcher (RANK and WORLD_SIZE set by tdrun or torchrun, OMPI_COMM_WORLD_RANK/SIZE by
+ *    mpirun) or with --no-spawn, this process is one rank and meets the others through env://;
+ *  - otherwise tdist-bench is its own launcher: it starts a TCPStore on a free port and runs
+ *    /proc/self/exe -n times (fork + execve, building every environment before the fork since the
+ *    store's thread exists by then), with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
+ *    TDIST_USE_AGENT_STORE=1, so every rank is a client of that store. It waits for them; when one
+ *    fails it stops the others and says which failed and how;
+ *  - with --backend threaded the ranks are -n threads of this process, over one HashStore.
+ * Rank 0 prints. Exit code: 0; 1 a rank failed; 2 a bad command line; 3 wrong elements found. */
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <tdist/backend.h>
+#include <tdist/pg.h>
+#include <tdist/store.h>
+
+#include "base/alloc.h"
+#include "base/clock.h"
+#include "base/env.h"
+#include "base/error.h"
+#include "base/thread.h"
+#include "bench.h"
+
+extern char **environ;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: tdist-bench [-n N] [--op OP] [--backend NAME] [--dtype T] [--reduce-op OP] [--root R]\n"
+            "                   [--min SIZE] [--max SIZE] [--factor F] [--iters N] [--warmup N] [--time S]\n"
+            "                   [--min-iters N] [--batches N] [--check 0|1] [--csv] [--no-header]\n"
+            "                   [--algo SPEC] [--no-spawn] [--timeout T] [--impl NAME]\n"
+            "  -n, --nranks N     ranks to start (default 2); under a launcher, the world it gives\n"
+            "  --op OP            all_reduce (default), broadcast, reduce, all_gather, gather, scatter,\n"
+            "                     reduce_scatter, all_to_all, barrier, send_recv (ping-pong of ranks 0 and 1)\n"
+            "  --backend NAME     tcp (default), threaded, or any registered backend\n"
+            "  --dtype T          f32 (default), f16, bf16, f64, i8, i16, i32, i64, u8, bool\n"
+            "  --reduce-op OP     sum (default), product, min, max, band, bor, bxor, avg, premul_sum (x0.5)\n"
+            "  --root R           root of broadcast, reduce, gather, scatter (default 0)\n"
+            "  -b, --min SIZE     smallest size in bytes, K/M/G suffixes (default 8)\n"
+            "  -e, --max SIZE     largest size (default 64M)\n"
+            "  -f, --factor F     size multiplier from one row to the next (default 2)\n"
+            "  --iters N          timed calls per size (default: as many as --time allows)\n"
+            "  -w, --warmup N     warm-up calls per size (default: about 50 ms worth)\n"
+            "  --time S           seconds of timed calls per size when --iters is not given (default 0.3)\n"
+            "  --min-iters N      fewest timed calls per size (default 5)\n"
+            "  --batches N        timed batches per size; the time is their median (default 10)\n"
+            "  -c, --check 0|1    check every result and count wrong elements (default 1)\n"
+            "  --csv              comma-separated rows with a header line\n"
+            "  --no-header        no header or summary lines\n"
+            "  --algo SPEC        TDIST_ALGO for the ranks (ring, rd, rhd, tree, ... or all_reduce=ring,...)\n"
+            "  --no-spawn         run as one rank even without RANK/WORLD_SIZE in the environment\n"
+            "  --timeout T        the group's timeout: seconds, or 500ms, 5m (default 300)\n"
+            "  --impl NAME        the first CSV column (default tdist-<backend>)\n"
+            "Exit code: 0 ok, 1 a rank failed, 2 bad usage, 3 wrong elements.\n");
+}
+
+static void bad_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void bad_usage(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "tdist-bench: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    fprintf(stderr, "Run tdist-bench --help for the options.\n");
+    exit(2);
+}
+
+/* --name value, --name=value, or the short alias; NULL when argv[*i] is not this flag. */
+static const char *flag_value(int argc, char **argv, int *i, const char *name, const char *alias)
+{
+    const char *a = argv[*i];
+    size_t n = strlen(name);
+    const char *v = NULL;
+    if (strncmp(a, name, n) == 0 && a[n] == '=')
+        return a + n + 1;
+    if (strcmp(a, name) == 0 || (alias && strcmp(a, alias) == 0)) {
+        if (*i + 1 >= argc)
+            bad_usage("%s needs a value", a);
+        v = argv[++*i];
+    }
+    return v;
+}
+
+static int64_t int_arg(const char *what, const char *v, int64_t min, int64_t max)
+{
+    int64_t x;
+    if (td_parse_int(what, v, min, max, &x) != TD_OK)
+        bad_usage("%s", td_last_error());
+    return x;
+}
+
+static double double_arg(const char *what, const char *v, double min)
+{
+    char *end;
+    double x = strtod(v, &end);
+    if (end == v || *end || !(x >= min))
+        bad_usage("bad value for %s", what);
+    return x;
+}
+
+static void parse(int argc, char **argv, bench_options *o)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        const char *a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage(stdout);
+            exit(0);
+        } else if (strcmp(a, "--csv") == 0) {
+            o->csv = true;
+        } else if (strcmp(a, "--no-header") == 0) {
+            o->header = false;
+        } else if (strcmp(a, "--no-spawn") == 0) {
+            o->no_spawn = true;
+        } else if ((v = flag_value(argc, argv, &i, "--nranks", "-n"))) {
+            o->nranks = (int)int_arg("--nranks", v, 1, 4096);
+        } else if ((v = flag_value(argc, argv, &i, "--op", NULL))) {
+            if (!bench_op_from_name(v, &o->op))
+                bad_usage("unknown --op '%s'", v);
+        } else if ((v = flag_value(argc, argv, &i, "--backend", NULL))) {
+            o->backend = v;
+        } else if ((v = flag_value(argc, argv, &i, "--dtype", "-d"))) {
+            if (td_dtype_from_name(v, &o->dtype) != TD_OK || td_dtype_is_complex(o->dtype))
+                bad_usage("unsupported --dtype '%s' (real dtypes only)", v);
+        } else if ((v = flag_value(argc, argv, &i, "--reduce-op", "-o"))) {
+            if (td_reduce_op_from_name(v, &o->redop) != TD_OK)
+                bad_usage("unknown --reduce-op '%s'", v);
+        } else if ((v = flag_value(argc, argv, &i, "--root", "-r"))) {
+            o->root = (int)int_arg("--root", v, 0, 4095);
+        } else if ((v = flag_value(argc, argv, &i, "--min", "-b"))) {
+            if (td_parse_size("--min", v, &o->min_bytes) != TD_OK)
+                bad_usage("%s", td_last_error());
+        } else if ((v = flag_value(argc, argv, &i, "--max", "-e"))) {
+            if (td_parse_size("--max", v, &o->max_bytes) != TD_OK)
+                bad_usage("%s", td_last_error());
+        } else if ((v = flag_value(argc, argv, &i, "--factor", "-f"))) {
+            o->factor = double_arg("--factor", v, 1.0000001);
+        } else if ((v = flag_value(argc, argv, &i, "--iters", NULL))) {
+            o->iters = int_arg("--iters", v, 1, INT32_MAX);
+        } else if ((v = flag_value(argc, argv, &i, "--warmup", "-w"))) {
+            o->warmup = int_arg("--warmup", v, 0, INT32_MAX);
+        } else if ((v = flag_value(argc, argv, &i, "--time", NULL))) {
+            o->time_s = double_arg("--time", v, 0);
+        } else if ((v = flag_value(argc, argv, &i, "--min-iters", NULL))) {
+            o->min_iters = int_arg("--min-iters", v, 1, INT32_MAX);
+        } else if ((v = flag_value(argc, argv, &i, "--batches", NULL))) {
+            o->batches = (int)int_arg("--batches", v, 1, 1000);
+        } else if ((v = flag_value(argc, argv, &i, "--check", "-c"))) {
+            bool b;
+            if (td_parse_bool("--check", v, &b) != TD_OK)
+                bad_usage("%s", td_last_error());
+            o->check = b;
+        } else if ((v = flag_value(argc, argv, &i, "--algo", NULL))) {
+            o->algo = v;
+        } else if ((v = flag_value(argc, argv, &i, "--timeout", NULL))) {
+            if (td_parse_duration_ms("--timeout", v, 1000, &o->timeout_ms) != TD_OK)
+                bad_usage("%s", td_last_error());
+        } else if ((v = flag_value(argc, argv, &i, "--impl", NULL))) {
+            o->impl = v;
+        } else {
+            bad_usage("unknown argument '%s'", a);
+        }
+    }
+    if (o->min_bytes > o->max_bytes)
+        bad_usage("%s", "--min is larger than --max");
+    if (bench_op_reduces(o->op) && td_reduce_check(o->redop, o->dtype) != TD_OK)
+        bad_usage("%s", td_last_error());
+}
+
+static td_pg_options pg_options(const bench_options *o)
+{
+    td_pg_options po = TD_PG_OPTIONS_INIT;
+    po.backend = o->backend;
+    po.timeout_ms = o->timeout_ms;
+    return po;
+}
+
+static int check_world(const bench_options *o, int world)
+{
+    if (o->nranks && o->nranks != world) {
+        fprintf(stderr, "tdist-bench: -n %d, but the launcher started %d ranks\n", o->nranks, world);
+        return 2;
+    }
+    if (o->op == BENCH_SEND_RECV && world < 2) {
+        fprintf(stderr, "tdist-bench: send_recv needs at least 2 ranks\n");
+        return 2;
+    }
+    if (o->root >= world) {
+        fprintf(stderr, "tdist-bench: --root %d is not a rank of a world of %d\n", o->root, world);
+        return 2;
+    }
+    return 0;
+}
+
+/* ---- one rank of a launched job ------------------------------------------------------------- */
+
+static int run_as_rank(const bench_options *o)
+{
+    td_pg_options po = pg_options(o);
+    po.init_method = "env://";
+    const char *ompi_rank = getenv("OMPI_COMM_WORLD_RANK"), *ompi_size = getenv("OMPI_COMM_WORLD_SIZE");
+    if (!getenv("RANK") && ompi_rank && ompi_size) {
+        po.rank = (int)int_arg("OMPI_COMM_WORLD_RANK", ompi_rank, 0, INT32_MAX);
+        po.world_size = (int)int_arg("OMPI_COMM_WORLD_SIZE", ompi_size, 1, INT32_MAX);
+    } else if (o->no_spawn && !getenv("WORLD_SIZE") && o->nranks) {
+        po.world_size = o->nranks;
+    }
+    if (o->algo)
+        setenv("TDIST_ALGO", o->algo, 1); /* still single-threaded here */
+    td_pg *pg = NULL;
+    if (td_pg_create(&po, &pg) != TD_OK) {
+        fprintf(stderr, "tdist-bench: creating the %s process group: %s\n", o->backend, td_last_error());
+        return 1;
+    }
+    int rc = check_world(o, td_pg_size(pg));
+    if (!rc)
+        rc = bench_run_rank(o, pg);
+    td_pg_destroy(pg);
+    return rc;
+}
+
+/* ---- ranks as threads (threaded backend) ------------------------------------------------------ */
+
+typedef struct rank_thread {
+    const bench_options *o;
+    td_store *store;
+    int rank;
+    int rc;
+    pthread_t th;
+} rank_thread;
+
+static void *rank_thread_main(void *p)
+{
+    rank_thread *t = p;
+    td_pg_options po = pg_options(t->o);
+    po.store = t->store;
+    po.rank = t->rank;
+    po.world_size = t->o->nranks;
+    td_pg *pg = NULL;
+    if (td_pg_create(&po, &pg) != TD_OK) {
+        fprintf(stderr, "tdist-bench: [rank %d] creating the %s process group: %s\n", t->rank, t->o->backend,
+                td_last_error());
+        t->rc = 1;
+        td_threaded_abort_all("tdist-bench: another rank failed to create its group");
+        return NULL;
+    }
+    t->rc = bench_run_rank(t->o, pg);
+    if (t->rc == 1)
+        td_threaded_abort_all("tdist-bench: another rank failed");
+    td_pg_destroy(pg);
+    return NULL;
+}
+
+static int run_threads(const bench_options *o)
+{
+    int rc = check_world(o, o->nranks);
+    if (rc)
+        return rc;
+    td_store *store = NULL;
+    if (td_hash_store_create(&store) != TD_OK) {
+        fprintf(stderr, "tdist-bench: %s\n", td_last_error());
+        return 1;
+    }
+    rank_thread *ts = TD_NEW_ARRAY(rank_thread, o->nranks);
+    int started = 0;
+    for (; started < o->nranks; started++) {
+        ts[started] = (rank_thread){.o = o, .store = store, .rank = started};
+        char name[24];
+        snprintf(name, sizeof name, "bench-rank%d", started);
+        if (td_thread_start(&ts[started].th, name, rank_thread_main, &ts[started]) != TD_OK) {
+            fprintf(stderr, "tdist-bench: starting rank thread %d: %s\n", started, td_last_error());
+            td_threaded_abort_all("tdist-bench: could not start every rank");
+            rc = 1;
+            break;
+        }
+    }
+    for (int r = 0; r < started; r++) {
+        td_thread_join(ts[r].th);
+        if (ts[r].rc > rc)
+            rc = ts[r].rc;
+    }
+    free(ts);
+    td_store_release(store);
+    return rc;
+}
+
+/* ---- tdist-bench as its own launcher ---------------------------------------------------------- */
+
+/* The variables every rank gets its own value of (and TDIST_ALGO when --algo sets it). */
+static bool replaced_var(const bench_options *o, const char *entry)
+{
+    static const char *const names[] = {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=",
+                                        "MASTER_PORT=", "TDIST_USE_AGENT_STORE=", "TDIST_RESTART_COUNT=",
+                                        "TORCHELASTIC_USE_AGENT_STORE="};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (strncmp(entry, names[i], strlen(names[i])) == 0)
+            return true;
+    return o->algo && strncmp(entry, "TDIST_ALGO=", 11) == 0;
+}
+
+static char **rank_env(const bench_options *o, int rank, int port)
+{
+    size_t n = 0;
+    while (environ[n])
+        n++;
+    char **env = td_calloc(n + 12, sizeof *env);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (replaced_var(o, environ[i]))
+            continue;
+        env[k++] = td_strdup(environ[i]);
+    }
+    env[k++] = td_asprintf("RANK=%d", rank);
+    env[k++] = td_asprintf("WORLD_SIZE=%d", o->nranks);
+    env[k++] = td_asprintf("LOCAL_RANK=%d", rank);
+    env[k++] = td_asprintf("LOCAL_WORLD_SIZE=%d", o->nranks);
+    env[k++] = td_strdup("MASTER_ADDR=127.0.0.1");
+    env[k++] = td_asprintf("MASTER_PORT=%d", port);
+    env[k++] = td_strdup("TDIST_USE_AGENT_STORE=1");
+    env[k++] = td_strdup("TDIST_RESTART_COUNT=0");
+    if (o->algo)
+        env[k++] = td_asprintf("TDIST_ALGO=%s", o->algo);
+    env[k] = NULL;
+    return env;
+}
+
+static void free_env(char **env)
+{
+    for (char **p = env; *p; p++)
+        free(*p);
+    free(env);
+}
+
+static void describe_exit(int rank, int status, char *buf, size_t size)
+{
+    if (WIFEXITED(status))
+        snprintf(buf, size, "rank %d exited with code %d", rank, WEXITSTATUS(status));
+    else if (WIFSIGNALED(status))
+        snprintf(buf, size, "rank %d was killed by signal %d (%s)", rank, WTERMSIG(status), strsignal(WTERMSIG(status)));
+    else
+        snprintf(buf, size, "rank %d ended with status %d", rank, status);
+}
+
+static int spawn_ranks(const bench_options *o, char **argv)
+{
+    td_tcp_store_options so = TD_TCP_STORE_OPTIONS_INIT;
+    so.host = "127.0.0.1";
+    so.port = 0;
+    so.is_master = true;
+    so.wait_for_workers = false;
+    so.timeout_ms = o->timeout_ms;
+    td_store *store = NULL;
+    if (td_tcp_store_create(&so, &store) != TD_OK) {
+        fprintf(stderr, "tdist-bench: starting the TCPStore: %s\n", td_last_error());
+        return 1;
+    }
+    int port = td_tcp_store_port(store);
+    pid_t *pids = TD_NEW_ARRAY(pid_t, o->nranks);
+    int started = 0, rc = 0, running = 0;
+    pid_t parent = getpid();
+    fflush(stdout);
+    fflush(stderr);
+    for (; started < o->nranks; started++) {
+        char **env = rank_env(o, started, port);
+        pid_t pid = fork();
+        if (pid == 0) {
+            /* Only async-signal-safe calls until execve: the store's server thread exists. */
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (getppid() != parent)
+                _exit(127);
+            execve("/proc/self/exe", argv, env);
+            static const char msg[] = "tdist-bench: execve(/proc/self/exe) failed\n";
+            (void)!write(STDERR_FILENO, msg, sizeof msg - 1);
+            _exit(127);
+        }
+        int err = errno;
+        free_env(env);
+        if (pid < 0) {
+            fprintf(stderr, "tdist-bench: fork for rank %d: %s\n", started, strerror(err));
+            rc = 1;
+            break;
+        }
+        pids[started] = pid;
+        running++;
+    }
+    /* Wait for every rank. The first failure (anything but 0 or 3, wrong elements, which every
+     * rank reports alike) stops the others: SIGTERM, then SIGKILL after 5 s. */
+    char first[160] = "";
+    int64_t kill_at = 0;
+    bool stopping = rc != 0;
+    if (stopping)
+        for (int r = 0; r < started; r++)
+            kill(pids[r], SIGTERM);
+    if (stopping)
+        kill_at = td_now_ms() + 5000;
+    while (running > 0) {
+        int st;
+        pid_t pid = waitpid(-1, &st, stopping ? WNOHANG : 0);
+        if (pid < 0 && errno == EINTR)
+            continue;
+        if (pid < 0)
+            break;
+        if (pid == 0) {
+            if (td_now_ms() >= kill_at) {
+                for (int r = 0; r < started; r++)
+                    if (pids[r] > 0)
+                        kill(pids[r], SIGKILL);
+                kill_at = INT64_MAX;
+            }
+            td_sleep_ms(10);
+            continue;
+        }
+        int r = 0;
+        while (r < started && pids[r] != pid)
+            r++;
+        if (r == started)
+            continue;
+        pids[r] = -1;
+        running--;
+        bool ok = WIFEXITED(st) && (WEXITSTATUS(st) == 0 || WEXITSTATUS(st) == 3);
+        if (ok) {
+            if (WEXITSTATUS(st) == 3 && rc == 0)
+                rc = 3;
+            continue;
+        }
+        if (!stopping) {
+            describe_exit(r, st, first, sizeof first);
+            stopping = true;
+            rc = 1;
+            kill_at = td_now_ms() + 5000;
+            for (int q = 0; q < started; q++)
+                if (pids[q] > 0)
+                    kill(pids[q], SIGTERM);
+        }
+    }
+    if (first[0])
+        fprintf(stderr, "tdist-bench: %s; the other ranks were stopped\n", first);
+    free(pids);
+    td_store_release(store);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    bench_options o = {
+        .nranks = 0,
+        .op = BENCH_ALL_REDUCE,
+        .backend = "tcp",
+        .dtype = TD_FLOAT32,
+        .redop = TD_SUM,
+        .root = 0,
+        .min_bytes = 8,
+        .max_bytes = 64u << 20,
+        .factor = 2,
+        .iters = 0,
+        .warmup = -1,
+        .time_s = 0.3,
+        .min_iters = 5,
+        .batches = 10,
+        .check = true,
+        .csv = false,
+        .header = true,
+        .algo = NULL,
+        .no_spawn = false,
+        .timeout_ms = 300000,
+        .impl = NULL,
+    };
+    parse(argc, argv, &o);
+    char impl[64];
+    if (!o.impl) {
+        snprintf(impl, sizeof impl, "tdist-%s", o.backend);
+        o.impl = impl;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    if (strcmp(o.backend, "threaded") == 0) {
+        if (!o.nranks)
+            o.nranks = 2;
+        return run_threads(&o);
+    }
+    bool launched = (getenv("RANK") && getenv("WORLD_SIZE")) ||
+                    (getenv("OMPI_COMM_WORLD_RANK") && getenv("OMPI_COMM_WORLD_SIZE"));
+    if (launched || o.no_spawn)
+        return run_as_rank(&o);
+    if (!o.nranks)
+        o.nranks = 2;
+    if (o.op == BENCH_SEND_RECV && o.nranks < 2) {
+        fprintf(stderr, "tdist-bench: send_recv needs at least 2 ranks\n");
+        return 2;
+    }
+    return spawn_ranks(&o, argv);
+}

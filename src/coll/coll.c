@@ -13,6 +13,7 @@
 #include "base/buf.h"
 #include "base/env.h"
 #include "base/error.h"
+#include "base/hugealloc.h"
 
 #define DEFAULT_CHUNK ((size_t)256 << 10)
 #define DEFAULT_SMALL ((size_t)32 << 10)
@@ -200,7 +201,7 @@ td_status coll_scratch(coll_run *R, size_t bytes, char **out)
     if (bytes > c->scratch_cap || !c->scratch) {
         size_t cap = grow_to(bytes);
         void *p = NULL;
-        TD_TRY(td_try_aligned_alloc(64, cap, "collective scratch buffer", &p));
+        TD_TRY(td_try_alloc_huge(cap, "collective scratch buffer", &p));
         free(c->scratch);
         c->scratch = p;
         c->scratch_cap = cap;

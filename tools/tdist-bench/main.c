@@ -503,9 +503,6 @@ int main(int argc, char **argv)
         return run_as_rank(&o);
     if (!o.nranks)
         o.nranks = 2;
-    if (o.op == BENCH_SEND_RECV && o.nranks < 2) {
-        fprintf(stderr, "tdist-bench: send_recv needs at least 2 ranks\n");
-        return 2;
-    }
-    return spawn_ranks(&o, argv);
+    int rc = check_world(&o, o.nranks);
+    return rc ? rc : spawn_ranks(&o, argv);
 }

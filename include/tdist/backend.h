@@ -103,6 +103,13 @@ typedef struct td_backend_ops {
     /* TD_OK if the backend can run kind on dtype with op, else TD_ERR_UNSUPPORTED with a message.
      * NULL means it supports everything the reduce kernels define. */
     td_status (*supports)(void *state, td_coll_kind kind, td_dtype dtype, td_reduce_op op);
+    /* Optional, for a backend whose runtime assigns the ranks (mpi: the MPI launcher): this
+     * process's rank and the world's size. With it, td_pg_create takes rank and size from here
+     * (warning, as PyTorch does for MPI, when the options gave other values), does no rendezvous,
+     * and gives the group a store of this process only (a HashStore) unless options->store is
+     * given: create then gets a store the other ranks do not see, and must not need one. May be
+     * NULL. */
+    td_status (*world)(int *rank, int *size);
 } td_backend_ops;
 
 /* Registers a backend by ops->name (the ops struct must outlive the program's use of it).

@@ -9,7 +9,12 @@
 
 #include <tdist/backend.h>
 
+#include "tdist_config.h"
+
 extern const td_backend_ops td_backend_threaded_ops; /* threaded.c */
 extern const td_backend_ops td_backend_tcp_ops;      /* tcp.c */
+#if TDIST_HAVE_MPI
+extern const td_backend_ops td_backend_mpi_ops;      /* mpi/backend.c, built when CMake found an MPI */
+#endif
 
 #endif

@@ -37,6 +37,11 @@ td_status td_pg_monitored_barrier(td_pg *pg, int64_t timeout_ms, bool wait_all_r
     TD_TRY(pg_resolve(pg, "monitored_barrier", &g));
     if (timeout_ms < 0)
         return td_error(TD_ERR_INVALID, "monitored_barrier: timeout must be >= 0 ms, got %lld", (long long)timeout_ms);
+    if (g->local_store)
+        return td_error(TD_ERR_UNSUPPORTED,
+                        "monitored_barrier runs over the group's store, and this %s group has no store its ranks "
+                        "share (its backend needs none): give td_pg_create an options.store to use it",
+                        g->backend_name);
     if (timeout_ms == 0)
         timeout_ms = g->timeout_ms;
     pthread_mutex_lock(&g->mu);

@@ -710,6 +710,24 @@ static td_status resolve_timeout(int64_t timeout_ms, int64_t *out)
     return td_env_duration_ms("TDIST_TIMEOUT_MS", TD_PG_DEFAULT_TIMEOUT_MS, 1, out);
 }
 
+/* A backend whose runtime assigns the ranks (backend.h, world): PyTorch's MPI branch of
+ * init_process_group, which ignores the rank and world size it was given, with a warning. */
+static td_status runtime_world(const td_backend_ops *ops, int want_rank, int want_size, int *rank, int *size)
+{
+    TD_TRY(ops->world(rank, size));
+    if ((want_rank != -1 && want_rank != *rank) || (want_size != -1 && want_size != *size)) {
+        char name[32];
+        size_t i = 0;
+        for (; ops->name[i] && i + 1 < sizeof name; i++)
+            name[i] = (char)toupper((unsigned char)ops->name[i]);
+        name[i] = '\0';
+        td_log(TD_LOG_WARN,
+               "For %s backend, world_size (%d) and rank (%d) are ignored since they are assigned by the %s runtime.",
+               name, want_size, want_rank, name);
+    }
+    return TD_OK;
+}
+
 td_status td_pg_create(const td_pg_options *options, td_pg **out)
 {
     if (!out)
@@ -735,6 +753,8 @@ td_status td_pg_create(const td_pg_options *options, td_pg **out)
         if (rank < 0)
             return td_error(TD_ERR_INVALID, "rank must be non-negative if using store");
         base = td_store_retain(o.store);
+    } else if (ops->world) {
+        TD_TRY(td_hash_store_create(&base)); /* the backend needs no store: nothing to meet through */
     } else {
         td_store *rdzv;
         TD_TRY(td_rendezvous(o.init_method ? o.init_method : "env://", rank, size, timeout_ms, &rdzv, &rank, &size));
@@ -744,6 +764,13 @@ td_status td_pg_create(const td_pg_options *options, td_pg **out)
         td_store_release(rdzv);
         if (st != TD_OK)
             return st;
+    }
+    if (ops->world) {
+        td_status st = runtime_world(ops, o.rank, o.world_size, &rank, &size);
+        if (st != TD_OK) {
+            td_store_release(base);
+            return st;
+        }
     }
     if (rank >= size) {
         td_store_release(base);
@@ -756,6 +783,7 @@ td_status td_pg_create(const td_pg_options *options, td_pg **out)
     td_pg *pg = pg_alloc(o.group_name ? o.group_name : "0", ops->name, rank, ranks, size);
     free(ranks);
     pg->is_root = true;
+    pg->local_store = ops->world && !o.store;
     td_log_set_rank(rank);
     td_status st = pg_start_member(pg, ops, base, rank, timeout_ms, debug, NULL);
     if (st != TD_OK) {
@@ -836,6 +864,7 @@ td_status td_pg_new_group(td_pg *parent, const int *ranks, int n, const td_pg_op
     }
     free(sorted);
     td_pg *g = pg_alloc(name, ops->name, p->global_rank, globals, count);
+    g->local_store = p->local_store;
     free(name);
     free(globals);
     if (my_rank < 0) {

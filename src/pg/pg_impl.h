@@ -116,6 +116,7 @@ struct td_pg {
     td_store *base_store;  /* the root's store, under which every group of the root has its prefix */
     td_store *store;       /* base_store prefixed with "<name>/" */
     bool is_root;          /* made by td_pg_create: its subgroups are named "1", "2", ... */
+    bool local_store;      /* base_store is this process's only (a backend with a world hook) */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;

@@ -45,7 +45,11 @@ static void add_builtins_locked(void)
     if (g_builtins_added)
         return;
     g_builtins_added = true;
-    const td_backend_ops *builtins[] = {&td_backend_tcp_ops, &td_backend_threaded_ops};
+    const td_backend_ops *builtins[] = {&td_backend_tcp_ops, &td_backend_threaded_ops,
+#if TDIST_HAVE_MPI
+                                        &td_backend_mpi_ops,
+#endif
+    };
     for (size_t i = 0; i < sizeof builtins / sizeof builtins[0]; i++)
         if (builtins[i] && !find_locked(builtins[i]->name))
             g_backends[g_count++] = builtins[i];

@@ -1,0 +1,29 @@
+/* Internal: this process's rank and world size as a launcher put them in the environment.
+ *
+ * tdrun and torchrun set RANK and WORLD_SIZE (and LOCAL_RANK); MPI launchers and batch systems
+ * set their own: Open MPI's mpirun OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK, PMI launchers
+ * (MPICH's and Intel MPI's Hydra) PMI_RANK / PMI_SIZE, Slurm's srun SLURM_PROCID / SLURM_NTASKS /
+ * SLURM_LOCALID. The env:// rendezvous and the test harness's external-launcher mode read them
+ * through this one table, in that order of preference. */
+#ifndef TDIST_BASE_LAUNCHER_H
+#define TDIST_BASE_LAUNCHER_H
+
+#include <stdbool.h>
+
+#include <tdist/status.h>
+
+typedef struct td_launcher_env {
+    int rank;
+    int world_size;
+    int local_rank;      /* -1 when the launcher does not say */
+    const char *rank_var; /* the variables they came from, e.g. "OMPI_COMM_WORLD_RANK" */
+    const char *size_var;
+} td_launcher_env;
+
+/* The first launcher whose rank and size variables are both set. TD_ERR_NOT_FOUND (with a message
+ * listing the variables) when none is; TD_ERR_INVALID when a set variable is not a valid number
+ * (or the rank is not below the size). with_torch: whether RANK / WORLD_SIZE count (the env://
+ * rendezvous reads those itself, with PyTorch's messages). */
+td_status td_launcher_env_read(bool with_torch, td_launcher_env *out);
+
+#endif

@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/random.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -74,9 +75,7 @@ typedef struct unexp {
     size_t cap; /* grows with what arrived, never ahead of it by more than UNEXP_STEP */
     /* an RTS: the message waits in the sender's memory */
     bool rts;
-    uint64_t cookie;
-    int riovcnt;
-    uint64_t raddr[TD_TCP_RTS_MAX_IOV], rlen[TD_TCP_RTS_MAX_IOV];
+    td_tcp_control rts_desc;
 } unexp;
 
 /* A control frame of the transport's own (a FIN), queued on a send stream like a message. */
@@ -145,6 +144,11 @@ typedef struct tcp_transport {
     size_t pool_bytes;
     ctrl_msg *free_ctrl, *all_ctrl;
     uint64_t next_cookie;
+    /* Holds guard_value while the transport lives and is not aborted. Every RTS names it, and a
+     * reader checks it after copying: an abort clears it before failing the sends, so a reader
+     * never takes bytes that the sender's caller may already have reused. */
+    _Atomic uint64_t guard;
+    uint64_t guard_value;
     /* counters, logged at destroy (TDIST_LOG_LEVEL=DEBUG): where received payload bytes went */
     uint64_t n_direct, n_staged, n_unexpected, n_unexpected_msgs, n_copied_out, n_cma;
 } tcp_transport;
@@ -442,6 +446,7 @@ static void abort_locked(tcp_transport *t, td_status status, const char *msg, do
     if (t->aborted)
         return;
     t->aborted = true;
+    atomic_store(&t->guard, 0);
     t->abort_status = status;
     snprintf(t->abort_msg, sizeof t->abort_msg, "%s", msg);
     TD_LOG_DEBUG("tcp transport of rank %d aborted: %s", grank(t, t->base.rank), msg);
@@ -545,11 +550,11 @@ static bool is_rts(const td_xfer *x) { return (x->kind & XK_RTS) != 0; }
 /* Bytes x occupies on the wire: header and payload, or header and RTS descriptor. */
 static size_t wire_len(const td_xfer *x)
 {
-    return HDR_SIZE + (is_rts(x) ? 26 + 16 * (size_t)x->iovcnt : x->total);
+    return HDR_SIZE + (is_rts(x) ? TD_TCP_RTS_FIXED + 16 * (size_t)x->iovcnt : x->total);
 }
 
 /* The frame's first bytes (header; for an RTS also its descriptor) into f; returns their count. */
-static size_t frame_prefix(const td_xfer *x, uint8_t *f)
+static size_t frame_prefix(const tcp_transport *t, const td_xfer *x, uint8_t *f)
 {
     if (!is_rts(x)) {
         td_tcp_header_encode(f, x->tag, x->total);
@@ -560,7 +565,8 @@ static size_t frame_prefix(const td_xfer *x, uint8_t *f)
         addr[i] = (uint64_t)(uintptr_t)x->iov[i].iov_base;
         len[i] = x->iov[i].iov_len;
     }
-    size_t n = td_tcp_rts_encode(f + HDR_SIZE, x->tag, x->order, addr, len, x->iovcnt);
+    size_t n = td_tcp_rts_encode(f + HDR_SIZE, x->tag, x->order, (uint64_t)(uintptr_t)&t->guard, t->guard_value,
+                                 addr, len, x->iovcnt);
     td_tcp_header_encode(f, TD_TAG_RESERVED, n);
     return HDR_SIZE + n;
 }
@@ -576,7 +582,7 @@ static void flush_sends(tcp_transport *t, peer *p, done_list *done)
         size_t want = 0;
         for (td_xfer *x = p->sq_head; x && nf < FRAME_BUFS && cnt + 1 + TD_XFER_MAX_IOV <= SEND_IOV_MAX;
              x = x->next, nf++) {
-            size_t pre = frame_prefix(x, frames[nf]);
+            size_t pre = frame_prefix(t, x, frames[nf]);
             if (x->progress < pre) {
                 iov[cnt].iov_base = frames[nf] + x->progress;
                 iov[cnt].iov_len = pre - x->progress;
@@ -723,15 +729,29 @@ static int cma_copy(pid_t pid, td_xfer *x, const uint64_t *addr, const uint64_t 
 }
 
 /* A matched RTS: copy, complete the receive, and tell the sender it may reuse its buffer. */
-static void rts_deliver(tcp_transport *t, peer *p, td_xfer *x, uint64_t tag, uint64_t cookie, uint64_t total,
-                        const uint64_t *addr, const uint64_t *len, int n, done_list *done)
+/* Whether the sender's guard word still holds its value (it had not aborted when we finished). */
+static bool guard_holds(pid_t pid, uint64_t addr, uint64_t value)
+{
+    uint64_t got = 0;
+    struct iovec l = {&got, sizeof got}, r = {(void *)(uintptr_t)addr, sizeof got};
+    return process_vm_readv(pid, &l, 1, &r, 1, 0) == (ssize_t)sizeof got && got == value;
+}
+
+static void rts_deliver(tcp_transport *t, peer *p, td_xfer *x, const td_tcp_control *c, done_list *done)
 {
     x->peer = p->rank;
     td_status fin = TD_OK;
-    if (x->total != total) {
-        fail_mismatch(t, x, p, tag, (size_t)total, done);
+    if (x->total != c->total) {
+        fail_mismatch(t, x, p, c->tag, (size_t)c->total, done);
     } else {
-        int err = cma_copy(p->pid, x, addr, len, n);
+        int err = cma_copy(p->pid, x, c->addr, c->len, c->iovcnt);
+        if (!err && !guard_holds(p->pid, c->guard_addr, c->guard_value)) {
+            /* The sender aborted meanwhile: what was read may not be the message. Its abort frame
+             * is on the way; the receive fails now. */
+            completef(x, TD_ERR_PEER_LOST, done, "Connection to rank %d lost: it failed while its message was read",
+                      grank(t, p->rank));
+            return;
+        }
         if (err) {
             completef(x, TD_ERR_IO, done, "Reading a message of %zu bytes from rank %d's memory failed: %s", x->total,
                       grank(t, p->rank), strerror(err));
@@ -743,7 +763,7 @@ static void rts_deliver(tcp_transport *t, peer *p, td_xfer *x, uint64_t tag, uin
         }
     }
     uint8_t f[TD_TCP_RTS_MAX];
-    size_t flen = td_tcp_fin_encode(f, cookie, fin);
+    size_t flen = td_tcp_fin_encode(f, c->cookie, fin);
     queue_control(t, p, f, flen, done);
 }
 
@@ -755,7 +775,7 @@ static void handle_rts(tcp_transport *t, peer *p, const td_tcp_control *c, done_
     }
     td_xfer *x = match_posted(t, p, c->tag);
     if (x) {
-        rts_deliver(t, p, x, c->tag, c->cookie, c->total, c->addr, c->len, c->iovcnt, done);
+        rts_deliver(t, p, x, c, done);
         return;
     }
     unexp *u = unexp_new(t);
@@ -763,10 +783,7 @@ static void handle_rts(tcp_transport *t, peer *p, const td_tcp_control *c, done_
     u->arrival = ++t->arrival;
     u->len = (size_t)c->total;
     u->rts = true;
-    u->cookie = c->cookie;
-    u->riovcnt = c->iovcnt;
-    memcpy(u->raddr, c->addr, sizeof u->raddr);
-    memcpy(u->rlen, c->len, sizeof u->rlen);
+    u->rts_desc = *c;
     if (p->uq_tail)
         p->uq_tail->next = u;
     else
@@ -1029,7 +1046,7 @@ static void take_unexpected(tcp_transport *t, peer *p, unexp *prev, unexp *u, td
     unexp_unlink(p, prev, u);
     x->peer = p->rank;
     if (u->rts) {
-        rts_deliver(t, p, x, u->tag, u->cookie, u->len, u->raddr, u->rlen, u->riovcnt, done);
+        rts_deliver(t, p, x, &u->rts_desc, done);
         unexp_free(t, u);
         return;
     }
@@ -1472,6 +1489,9 @@ td_status td_tcp_transport_from_fds_ex(int rank, int size, const int *fds, const
         t->global_ranks = TD_NEW_ARRAY(int, (size_t)size);
         memcpy(t->global_ranks, global_ranks, sizeof(int) * (size_t)size);
     }
+    if (getrandom(&t->guard_value, sizeof t->guard_value, 0) != sizeof t->guard_value || !t->guard_value)
+        t->guard_value = (uint64_t)td_now_ns() | 1;
+    atomic_store(&t->guard, t->guard_value);
     int64_t spin_us = 50;
     td_status s = td_env_int("TDIST_TCP_SPIN_US", 50, 0, 1000000, &spin_us);
     if (s != TD_OK)

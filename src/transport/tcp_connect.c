@@ -38,6 +38,7 @@
 #include "base/clock.h"
 #include "base/env.h"
 #include "base/error.h"
+#include "base/host.h"
 #include "base/log.h"
 #include "net/addr.h"
 #include "net/io.h"
@@ -210,27 +211,10 @@ static bool token_equal(const char *a, size_t alen, const char *b, size_t blen)
 
 /* ---- same-host peers over UNIX-domain sockets ------------------------------------------------ */
 
-/* "<boot id>/<network namespace>": two ranks with the same id can reach each other's abstract UNIX
- * sockets. Empty when unknown (then every peer goes over TCP). */
-static void read_host_id(char *out, size_t size)
-{
-    out[0] = '\0';
-    char boot[64] = "", ns[64] = "";
-    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
-    if (!f)
-        return;
-    bool ok = fgets(boot, sizeof boot, f) != NULL;
-    fclose(f);
-    ssize_t n = readlink("/proc/self/ns/net", ns, sizeof ns - 1);
-    if (!ok || n <= 0)
-        return;
-    ns[n] = '\0';
-    boot[strcspn(boot, "\n")] = '\0';
-    for (char *c = ns; *c; c++)
-        if (*c == ' ')
-            *c = '_';
-    snprintf(out, size, "%s/%s", boot, ns);
-}
+/* Two ranks with the same id can reach each other's abstract UNIX sockets (base/host.h; it
+ * includes TDIST_HOST_ID, so simulated hosts on one machine really talk TCP). Empty when unknown
+ * (then every peer goes over TCP). */
+static void read_host_id(char *out, size_t size) { td_host_id(out, size); }
 
 static bool td_tcp_fd_is_unix(int fd)
 {

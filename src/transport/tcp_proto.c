@@ -188,18 +188,21 @@ bool td_tcp_control_parse(const uint8_t *p, size_t n, uint64_t max_message, td_t
         return true;
     }
     case TD_TCP_CTRL_RTS: {
-        if (n < 26)
+        if (n < TD_TCP_RTS_FIXED)
             return false;
         c->tag = get_u64(p + 1);
         c->cookie = get_u64(p + 9);
         c->total = get_u64(p + 17);
-        c->iovcnt = p[25];
-        if (c->iovcnt > TD_TCP_RTS_MAX_IOV || n != 26 + 16 * (size_t)c->iovcnt || c->total > max_message)
+        c->guard_addr = get_u64(p + 25);
+        c->guard_value = get_u64(p + 33);
+        c->iovcnt = p[41];
+        if (c->iovcnt > TD_TCP_RTS_MAX_IOV || n != TD_TCP_RTS_FIXED + 16 * (size_t)c->iovcnt ||
+            c->total > max_message)
             return false;
         uint64_t sum = 0;
         for (int i = 0; i < c->iovcnt; i++) {
-            c->addr[i] = get_u64(p + 26 + 16 * i);
-            c->len[i] = get_u64(p + 34 + 16 * i);
+            c->addr[i] = get_u64(p + TD_TCP_RTS_FIXED + 16 * i);
+            c->len[i] = get_u64(p + TD_TCP_RTS_FIXED + 8 + 16 * i);
             if (c->len[i] > max_message || c->addr[i] + c->len[i] < c->addr[i])
                 return false;
             sum += c->len[i];
@@ -221,21 +224,23 @@ bool td_tcp_control_parse(const uint8_t *p, size_t n, uint64_t max_message, td_t
     }
 }
 
-size_t td_tcp_rts_encode(uint8_t *p, uint64_t tag, uint64_t cookie, const uint64_t *addr, const uint64_t *len,
-                         int iovcnt)
+size_t td_tcp_rts_encode(uint8_t *p, uint64_t tag, uint64_t cookie, uint64_t guard_addr, uint64_t guard_value,
+                         const uint64_t *addr, const uint64_t *len, int iovcnt)
 {
     uint64_t total = 0;
     p[0] = TD_TCP_CTRL_RTS;
     put_u64(p + 1, tag);
     put_u64(p + 9, cookie);
+    put_u64(p + 25, guard_addr);
+    put_u64(p + 33, guard_value);
+    p[41] = (uint8_t)iovcnt;
     for (int i = 0; i < iovcnt; i++) {
-        put_u64(p + 26 + 16 * i, addr[i]);
-        put_u64(p + 34 + 16 * i, len[i]);
+        put_u64(p + TD_TCP_RTS_FIXED + 16 * i, addr[i]);
+        put_u64(p + TD_TCP_RTS_FIXED + 8 + 16 * i, len[i]);
         total += len[i];
     }
     put_u64(p + 17, total);
-    p[25] = (uint8_t)iovcnt;
-    return 26 + 16 * (size_t)iovcnt;
+    return TD_TCP_RTS_FIXED + 16 * (size_t)iovcnt;
 }
 
 size_t td_tcp_fin_encode(uint8_t *p, uint64_t cookie, td_status status)

@@ -36,7 +36,8 @@ enum { TD_TCP_CTRL_BYE = 1, TD_TCP_CTRL_ABORT = 2, TD_TCP_CTRL_RTS = 3, TD_TCP_C
 #define TD_TCP_CMA_PROBE_SIZE 24 /* u64 magic, u64 address, u64 value */
 #define TD_TCP_CMA_PROBE_MAGIC UINT64_C(0x45424f5250414d43) /* "CMAPROBE" */
 #define TD_TCP_RTS_MAX_IOV 4
-#define TD_TCP_RTS_MAX (26 + 16 * TD_TCP_RTS_MAX_IOV)
+#define TD_TCP_RTS_FIXED 42
+#define TD_TCP_RTS_MAX (TD_TCP_RTS_FIXED + 16 * TD_TCP_RTS_MAX_IOV)
 
 /* Parse results: the message is complete, more bytes are needed, or it is malformed. */
 typedef enum td_tcp_parse { TD_TCP_PARSE_OK = 0, TD_TCP_PARSE_MORE = 1, TD_TCP_PARSE_BAD = -1 } td_tcp_parse;
@@ -82,6 +83,8 @@ typedef struct td_tcp_control {
     /* RTS: a message of `total` bytes under `tag` waits in the sender's memory, in iovcnt pieces;
      * FIN: the receiver is done with it. Both name it by the sender's cookie. */
     uint64_t tag, cookie, total;
+    uint64_t guard_addr, guard_value; /* RTS: a word of the sender's that holds guard_value while
+                                         the pieces may be read (see tcp.c) */
     int iovcnt;
     uint64_t addr[TD_TCP_RTS_MAX_IOV], len[TD_TCP_RTS_MAX_IOV];
 } td_tcp_control;
@@ -93,8 +96,8 @@ size_t td_tcp_control_encode(uint8_t *f, int type, td_status status, const char 
  * RTS's pieces must add up to its total, which is at most max_message. */
 bool td_tcp_control_parse(const uint8_t *p, size_t n, uint64_t max_message, td_tcp_control *c);
 /* The payload (no header) of an RTS or a FIN into p (TD_TCP_RTS_MAX bytes); returns its size. */
-size_t td_tcp_rts_encode(uint8_t *p, uint64_t tag, uint64_t cookie, const uint64_t *addr, const uint64_t *len,
-                         int iovcnt);
+size_t td_tcp_rts_encode(uint8_t *p, uint64_t tag, uint64_t cookie, uint64_t guard_addr, uint64_t guard_value,
+                         const uint64_t *addr, const uint64_t *len, int iovcnt);
 size_t td_tcp_fin_encode(uint8_t *p, uint64_t cookie, td_status status);
 
 #endif

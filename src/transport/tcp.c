@@ -752,6 +752,12 @@ static void rts_deliver(tcp_transport *t, peer *p, td_xfer *x, const td_tcp_cont
                       grank(t, p->rank));
             return;
         }
+        if (err == ESRCH) {
+            /* The sender is gone: the same loss its socket will show, reported at once. */
+            peer_lost(t, p, done, "the process exited (reading its message failed: %s)", strerror(err));
+            complete(x, t->abort_status, t->abort_msg, done); /* x left the posted list already */
+            return;
+        }
         if (err) {
             completef(x, TD_ERR_IO, done, "Reading a message of %zu bytes from rank %d's memory failed: %s", x->total,
                       grank(t, p->rank), strerror(err));

@@ -18,5 +18,6 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/tdistConfigVersion.cmake
 install(FILES ${PROJECT_BINARY_DIR}/tdistConfig.cmake ${PROJECT_BINARY_DIR}/tdistConfigVersion.cmake
   DESTINATION ${TDIST_CMAKE_DIR})
 
+file(RELATIVE_PATH TDIST_PC_TO_PREFIX "/root/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/root")
 configure_file(${PROJECT_SOURCE_DIR}/cmake/tdist.pc.in ${PROJECT_BINARY_DIR}/tdist.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/tdist.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -244,12 +244,10 @@ static void end_locked(file_store *f, int fd)
     pthread_mutex_unlock(&f->mu);
 }
 
-/* add on a raw (already prefixed or internal) key. */
-static td_status add_raw(file_store *f, const char *raw, size_t raw_len, const char *shown, int64_t delta,
-                         int64_t *result)
+/* add on a raw (already prefixed or internal) key, with the file already locked (begin_locked). */
+static td_status add_locked(file_store *f, int fd, const char *raw, size_t raw_len, const char *shown,
+                            int64_t delta, int64_t *result)
 {
-    int fd;
-    TD_TRY(begin_locked(f, O_RDWR | O_CREAT, LOCK_EX, &fd));
     fs_value *v = td_map_get(&f->cache, raw, raw_len);
     int64_t cur = 0, next = 0;
     td_status s = v ? td_store_parse_counter(shown, v->data, v->len, &cur) : TD_OK;
@@ -264,6 +262,15 @@ static td_status add_raw(file_store *f, const char *raw, size_t raw_len, const c
         td_buf_free(&b);
         *result = next;
     }
+    return s;
+}
+
+static td_status add_raw(file_store *f, const char *raw, size_t raw_len, const char *shown, int64_t delta,
+                         int64_t *result)
+{
+    int fd;
+    TD_TRY(begin_locked(f, O_RDWR | O_CREAT, LOCK_EX, &fd));
+    td_status s = add_locked(f, fd, raw, raw_len, shown, delta, result);
     end_locked(f, fd);
     return s;
 }
@@ -476,13 +483,21 @@ static void fs_destroy(td_store *s)
     /* As c10d: count this handle out; the last of num_workers handles removes the file. A file that
      * is already gone (someone cleaned the directory) is left alone. */
     if (access(f->path, F_OK) == 0) {
+        /* Both counts move under one lock: with two separate adds, handles closing at the same
+         * moment could each see only one of the limits reached, and nobody would remove the file. */
         int64_t finished = 0, refs = 1;
-        if (add_raw(f, CLEANUP_KEY, strlen(CLEANUP_KEY), CLEANUP_KEY, 1, &finished) != TD_OK ||
-            add_raw(f, REFCOUNT_KEY, strlen(REFCOUNT_KEY), REFCOUNT_KEY, -1, &refs) != TD_OK) {
-            TD_LOG_WARN("FileStore: could not count this handle out of %s: %s", f->path, td_last_error());
-        } else if (refs == 0 && f->num_workers >= 0 && finished >= f->num_workers) {
-            unlink(f->path);
+        int fd;
+        td_status st = begin_locked(f, O_RDWR | O_CREAT, LOCK_EX, &fd);
+        if (st == TD_OK) {
+            st = add_locked(f, fd, CLEANUP_KEY, strlen(CLEANUP_KEY), CLEANUP_KEY, 1, &finished);
+            if (st == TD_OK)
+                st = add_locked(f, fd, REFCOUNT_KEY, strlen(REFCOUNT_KEY), REFCOUNT_KEY, -1, &refs);
+            if (st == TD_OK && refs == 0 && f->num_workers >= 0 && finished >= f->num_workers)
+                unlink(f->path);
+            end_locked(f, fd);
         }
+        if (st != TD_OK)
+            TD_LOG_WARN("FileStore: could not count this handle out of %s: %s", f->path, td_last_error());
     }
     td_map_free(&f->cache, free);
     pthread_mutex_destroy(&f->mu);

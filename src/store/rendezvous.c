@@ -135,16 +135,15 @@ static td_status create_c10d_store(const char *host, int port, int rank, int wor
      * TORCHELASTIC_USE_AGENT_STORE=True) the agent hosts the store: every rank is a client, and
      * each restart attempt gets its own key space so that a restarted group never reads the keys
      * of the one before. */
-    bool use_agent = false;
-    TD_TRY(td_env_bool("TDIST_USE_AGENT_STORE", false, &use_agent));
+    bool tdist_agent = false;
+    TD_TRY(td_env_bool("TDIST_USE_AGENT_STORE", false, &tdist_agent));
     const char *torch_agent = td_env_str("TORCHELASTIC_USE_AGENT_STORE", NULL);
-    if (torch_agent && strcmp(torch_agent, "True") == 0)
-        use_agent = true;
-    if (use_agent) {
-        const char *attempt = td_env_str("TDIST_RESTART_COUNT", td_env_str("TORCHELASTIC_RESTART_COUNT", NULL));
+    if (tdist_agent || (torch_agent && strcmp(torch_agent, "True") == 0)) {
+        const char *count_var = tdist_agent ? "TDIST_RESTART_COUNT" : "TORCHELASTIC_RESTART_COUNT";
+        const char *attempt = td_env_str(count_var, NULL);
         if (!attempt)
-            return td_error(TD_ERR_INVALID, RDZV_ERR "env:// rendezvous: environment variable "
-                                            "TDIST_RESTART_COUNT (or TORCHELASTIC_RESTART_COUNT) expected, but not set");
+            return td_error(TD_ERR_INVALID, RDZV_ERR "env:// rendezvous: environment variable %s expected, but not set",
+                            count_var);
         o.is_master = false;
         td_store *tcp = NULL;
         TD_TRY(td_tcp_store_create(&o, &tcp));

@@ -12,6 +12,7 @@
 #include <tdist/store.h>
 #include <tdist/testing.h>
 
+#include "base/clock.h"
 #include "util.h"
 
 TD_TEST(four_ranks_share_the_file_and_the_last_removes_it, .world_size = 4, .timeout_s = 60)
@@ -60,6 +61,41 @@ TD_TEST(four_ranks_share_the_file_and_the_last_removes_it, .world_size = 4, .tim
             unpublish(ctx, mark);
         }
     }
+}
+
+/* Handles that close at the same moment: whoever counts itself out last must see both limits
+ * reached, however the closes interleave. Rounds use fresh paths; all ranks meet on a separate
+ * FileStore before each simultaneous close. */
+TD_TEST(simultaneous_closes_remove_the_file, .world_size = 4, .timeout_s = 120)
+{
+    char meet_path[4200];
+    snprintf(meet_path, sizeof meet_path, "%s.meet", ctx->store_path);
+    td_store *meet = NULL;
+    TD_CHECK_OK(td_file_store_create(meet_path, 4, &meet));
+    for (int round = 0; round < 40; round++) {
+        char path[4300], key[32];
+        snprintf(path, sizeof path, "%s.%d", ctx->store_path, round);
+        td_store *s = NULL;
+        TD_CHECK_OK(td_file_store_create(path, 4, &s));
+        /* Rank 0 names an instant shortly ahead; CLOCK_MONOTONIC is the same clock in every
+         * process, so spinning until it lines the closes up to within microseconds. */
+        snprintf(key, sizeof key, "at%d", round);
+        if (ctx->rank == 0) {
+            char at[32];
+            snprintf(at, sizeof at, "%lld", (long long)(td_now_ns() + 40000000));
+            TD_CHECK_OK(td_store_set_str(meet, key, at));
+        }
+        char *at = get_str(meet, key);
+        int64_t when = atoll(at);
+        free(at);
+        while (td_now_ns() < when) {
+        }
+        td_store_release(s);
+        snprintf(key, sizeof key, "closed%d", round);
+        store_barrier(meet, key, 4);
+        TD_CHECK_MSG(access(path, F_OK) != 0, "round %d: four handles closed together left %s behind", round, path);
+    }
+    td_store_release(meet);
 }
 
 TD_TEST(negative_num_workers_never_removes, .timeout_s = 60)

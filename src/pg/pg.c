@@ -596,6 +596,7 @@ static void *worker_main(void *arg)
 static td_pg *pg_alloc(const char *name, const char *backend, int global_rank, const int *global_ranks, int nranks)
 {
     td_pg *pg = TD_NEW(td_pg);
+    td_fork_guard_init(&pg->guard);
     pg->name = td_strdup(name);
     pg->backend_name = td_strdup(backend);
     pg->rank = pg->size = -1;
@@ -916,6 +917,13 @@ void td_pg_destroy(td_pg *pg)
 {
     if (!pg)
         return;
+    /* An inherited copy cannot be torn down: its worker thread stayed in the parent and its locks
+     * may be held. Leave it to the process's exit rather than hang joining a thread that is not
+     * there. */
+    if (td_fork_guard_check(&pg->guard, "a process group") != TD_OK) {
+        TD_LOG_WARN("td_pg_destroy: %s; the inherited copy is left alone", td_last_error());
+        return;
+    }
     if (pg_default_claim_destroy(pg))
         return;
     pg_destroy_now(pg);
@@ -932,6 +940,7 @@ td_status pg_resolve(td_pg *pg, const char *opname, td_pg **out)
                                              "call init_process_group.");
     }
     *out = pg;
+    TD_TRY(td_fork_guard_check(&pg->guard, "a process group"));
     if (!pg->member)
         return td_error(TD_ERR_NOT_MEMBER, "Running %s on global rank %d which does not belong to the given group.",
                         opname, pg->global_rank);

@@ -25,6 +25,7 @@
 #include <tdist/pg.h>
 #include <tdist/store.h>
 
+#include "base/fork.h"
 #include "base/vec.h"
 
 /* The front end's operation types, as c10d's OpType (for messages and fingerprints). */
@@ -102,6 +103,7 @@ struct td_work {
 };
 
 struct td_pg {
+    td_fork_guard guard; /* its worker thread does not survive fork */
     char *name;
     char *backend_name;
     const td_backend_ops *ops;

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "base/hugealloc.h"
 #include "base/error.h"
 
 static void heap_free(void *data, size_t nbytes, void *ctx) { free(data); }
@@ -77,8 +78,10 @@ static td_status heap_alloc(size_t nbytes, bool zero, td_storage **out)
     char what[64];
     describe_size(what, sizeof what, nbytes);
     void *data = NULL;
-    /* A zero-byte storage still gets a real block, so element pointers are never NULL-based. */
-    TD_TRY(td_try_aligned_alloc(64, nbytes ? nbytes : 64, what, &data));
+    /* A zero-byte storage still gets a real block, so element pointers are never NULL-based. Large
+     * storages go on transparent huge pages: copies between ranks and the reduce loops then walk
+     * one page-table entry per 2 MiB (base/hugealloc.h). */
+    TD_TRY(td_try_alloc_huge(nbytes ? nbytes : 64, what, &data));
     if (zero)
         memset(data, 0, nbytes);
     *out = td_storage_new_with(data, nbytes, cpu_device, &td_storage_heap_allocator, NULL, true);

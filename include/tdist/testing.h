@@ -34,8 +34,16 @@
  * instance of a case ("case" for "case/a", "case/b"), or (visible cases only) every instance whose
  * name starts with it. It stops at the first failure unless --keep-going. Exit code: 0 all passed
  * or skipped, 1 a failure, 77 everything was skipped, 2 a bad command line or a name that matches
- * nothing. --ctest FILE writes one CTest entry per visible instance (tests/CMakeLists.txt). See
- * docs/testing.md.
+ * nothing. --ctest FILE writes one CTest entry per visible instance (tests/CMakeLists.txt); with
+ * --ctest-launcher PARAM=COMMAND, the instances of parameter PARAM become entries that run
+ * "COMMAND <binary> --td-external <instance>" ("{np}" in COMMAND: the world size).
+ * External launchers: `<binary> --td-external NAME`, started N times by a launcher (mpirun -np N,
+ * srun, tdrun), runs one rank of NAME in each process, with no supervisor (c10d's
+ * MultiProcContinousTest): the rank and world size come from RANK / WORLD_SIZE, else
+ * OMPI_COMM_WORLD_RANK / _SIZE, PMI_RANK / PMI_SIZE or SLURM_PROCID / SLURM_NTASKS; each process
+ * exits 0, 10 (the failure's message on stderr) or a skip code, and enforces the case's timeout
+ * itself (logging its threads' stacks). The ranks share a directory named after the launcher's job.
+ * See docs/testing.md.
  * Environment: TDIST_TEST_TIMEOUT (default per-test timeout, e.g. "300" or "5m"),
  * TDIST_TEST_SANDCASTLE=1 (skips pass, as on Sandcastle), TDIST_TEST_QUIET=1 (children's output
  * is captured but not echoed), TDIST_TEST_VERBOSE=1 (also print routine harness lines such as
@@ -99,6 +107,10 @@ typedef struct td_test_case {
     bool allow_leftovers;  /* files left in tmpdir are not a failure (crash tests) */
     bool no_leak_check;    /* do not compare fds and threads before / after the body */
     bool hidden;           /* not run by default: only by exact name (harness meta-tests use this) */
+    /* Runs in each rank process before the leak baseline (not in threaded mode): for process-wide
+     * runtimes the body starts and that stay until exit, such as MPI's (the pg tests create and
+     * destroy one mpi group here). */
+    void (*setup)(td_test_ctx *ctx);
     struct td_test_case *next; /* registry link, set by td_test_register */
 } td_test_case;
 

@@ -5,7 +5,13 @@
  * the exit-code protocol says: a failed check sends "file:line: message" on the control channel and
  * exits 10 (with _exit, so that nothing at exit can change the code); a skip exits with its code
  * and sends nothing (trap T2); a body that returns is checked for leaked fds and threads, then the
- * listener is stopped and main returns 0, so that LeakSanitizer's exit check still runs. */
+ * listener is stopped and main returns 0, so that LeakSanitizer's exit check still runs.
+ *
+ * A rank started by an external launcher (--td-external: mpirun, srun, tdrun; see registry.c) runs
+ * the same way without a parent: no control channel (a failure's message is logged on stderr,
+ * which the launcher shows), the case's static skip checked here, and a watchdog thread in place
+ * of the supervisor's timeout that logs the rank's stacks and exits 10. A case's setup hook runs
+ * before the leak baseline in both modes. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -17,6 +23,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/thread.h"
 #include "testing/harness.h"
@@ -50,7 +57,8 @@ void td_harness_fail_process(const char *message)
                    len > LOGGED_MESSAGE_MAX ? "... (cut here; the parent gets all of it)" : "",
                    stack.data ? stack.data : "", g_child.rank, TD_TEST_ERROR_EXIT_CODE);
     td_buf_free(&stack);
-    if (td_ctl_send(g_child.ctl, TD_CTL_ERROR, message, len) != TD_OK)
+    /* Under an external launcher there is no parent to tell: the message above is the report. */
+    if (g_child.ctl >= 0 && td_ctl_send(g_child.ctl, TD_CTL_ERROR, message, len) != TD_OK)
         td_harness_log(NULL, "could not send the failure to the parent: %s", td_last_error());
     fflush(stdout);
     fflush(stderr);
@@ -172,6 +180,41 @@ static void *listener_main(void *arg)
     return NULL;
 }
 
+/* ---- the watchdog of an externally launched rank --------------------------------------------- */
+
+/* Without a supervisor, each rank enforces the case's timeout itself: past it, it logs the stacks
+ * of all its threads and exits as failed (the launcher then stops the other ranks). */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stop;
+    int64_t deadline_ns;
+    int64_t timeout_ms;
+} g_watch = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void *watchdog_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&g_watch.mu);
+    while (!g_watch.stop) {
+        if (td_cond_wait_until(&g_watch.cv, &g_watch.mu, g_watch.deadline_ns) || g_watch.stop)
+            continue;
+        pthread_mutex_unlock(&g_watch.mu);
+        char secs[32];
+        td_pyfmt_seconds_ms(g_watch.timeout_ms, secs, sizeof secs);
+        td_buf stacks = TD_BUF_INIT;
+        td_stacks_dump_all(&stacks);
+        td_harness_log(NULL, "Process %d terminated or timed out after %s seconds (case %s). Its threads:\n%s",
+                       g_child.rank, secs, g_child.name, stacks.data ? stacks.data : "");
+        td_buf_free(&stacks);
+        fflush(stdout);
+        fflush(stderr);
+        _exit(TD_TEST_ERROR_EXIT_CODE);
+    }
+    pthread_mutex_unlock(&g_watch.mu);
+    return NULL;
+}
+
 /* ---- main of a rank ----------------------------------------------------------------------- */
 
 int td_harness_child_main(const td_harness_child_args *a)
@@ -191,8 +234,10 @@ int td_harness_child_main(const td_harness_child_args *a)
         const char *base = strrchr(exe, '/');
         prctl(PR_SET_NAME, base ? base + 1 : exe);
     }
+    bool external = a->ctl_fd < 0; /* started by a launcher (--td-external), not by the supervisor */
     /* Nested runs (a meta-test's own ranks) must not inherit this rank's channel. */
-    fcntl(a->ctl_fd, F_SETFD, FD_CLOEXEC);
+    if (!external)
+        fcntl(a->ctl_fd, F_SETFD, FD_CLOEXEC);
     g_child.active = true;
     g_child.threaded = c->threads;
     g_child.rank = a->rank;
@@ -217,8 +262,18 @@ int td_harness_child_main(const td_harness_child_args *a)
     };
 
     pthread_t listener;
-    bool listening = false;
-    if (pipe2(g_child.stop, O_CLOEXEC) == 0) {
+    bool listening = false, watching = false;
+    if (external) {
+        const char *reason = c->static_skip ? c->static_skip(ctx.param) : NULL;
+        if (reason)
+            td_test_skip(TD_SKIP_GENERIC, reason);
+        td_cond_init(&g_watch.cv);
+        g_watch.timeout_ms = td_harness_timeout_ms(c);
+        g_watch.deadline_ns = td_deadline_after_ms(g_watch.timeout_ms);
+        watching = td_thread_start(&listener, "td-watchdog", watchdog_main, NULL) == TD_OK;
+        if (!watching)
+            td_harness_log(NULL, "%s; the case's timeout is left to the launcher", td_last_error());
+    } else if (pipe2(g_child.stop, O_CLOEXEC) == 0) {
         td_harness_note(NULL, "Starting event listener thread for rank %d", a->rank);
         listening = td_thread_start(&listener, "td-listener", listener_main, NULL) == TD_OK;
         if (!listening)
@@ -228,6 +283,8 @@ int td_harness_child_main(const td_harness_child_args *a)
     if (c->threads) {
         td_harness_threaded_main(c, &ctx, a->ctl_fd);
     } else {
+        if (c->setup)
+            c->setup(&ctx);
         td_leak_snapshot before = {0};
         if (!c->no_leak_check)
             td_leak_snapshot_take(&before);
@@ -244,11 +301,19 @@ int td_harness_child_main(const td_harness_child_args *a)
         (void)!write(g_child.stop[1], "x", 1);
         td_thread_join(listener);
     }
+    if (watching) {
+        pthread_mutex_lock(&g_watch.mu);
+        g_watch.stop = true;
+        pthread_cond_broadcast(&g_watch.cv);
+        pthread_mutex_unlock(&g_watch.mu);
+        td_thread_join(listener);
+    }
     if (g_child.stop[0] >= 0) {
         close(g_child.stop[0]);
         close(g_child.stop[1]);
     }
-    close(g_child.ctl);
+    if (!external)
+        close(g_child.ctl);
     free(param_copy);
     free(store);
     free(url);

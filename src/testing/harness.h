@@ -71,7 +71,7 @@ typedef struct td_harness_child_args {
     int rank;
     int world_size;
     const char *dir;
-    int ctl_fd;
+    int ctl_fd; /* -1: started by an external launcher (--td-external), no supervisor */
 } td_harness_child_args;
 
 /* The whole life of a rank process (or of the threaded child); returns main's exit code. */

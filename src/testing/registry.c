@@ -5,17 +5,27 @@
  * them as CTest entries (--ctest FILE, used by tests/CMakeLists.txt after each build), or runs
  * the selected cases one after another under the supervisor (supervisor.c), printing gtest-like
  * lines, and exits 0 (all passed or skipped), 1 (a failure) or 77 (everything was skipped).
- * A case with .params expands to one instance per parameter, named "<case>/<param>". */
+ * A case with .params expands to one instance per parameter, named "<case>/<param>".
+ *
+ * External launchers: `--td-external NAME` runs one rank of one instance in this process, taking
+ * the rank and world size from the launcher's environment (base/launcher.h), as c10d's
+ * MultiProcContinousTest does under torchrun; `--ctest-launcher PARAM=COMMAND` (given with
+ * --ctest) makes the instances of parameter PARAM CTest entries that run
+ * `COMMAND <binary> --td-external NAME`, "{np}" in COMMAND becoming the case's world size (how the
+ * mpi backend's cases run under mpirun). */
+#include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/alloc.h"
 #include "base/env.h"
 #include "base/error.h"
+#include "base/launcher.h"
 #include "testing/harness.h"
 
 #include <tdist/mp.h>
@@ -296,7 +306,40 @@ static const char *base_name(const char *path)
     return s ? s + 1 : path;
 }
 
-static int write_ctest(const char *file, const char *exe)
+/* --ctest-launcher PARAM=COMMAND: the instances of PARAM run under COMMAND. */
+typedef struct launcher {
+    const char *param;
+    size_t param_len;
+    const char *command;
+} launcher;
+
+static const launcher *launcher_for(const launcher *ls, int n, const char *param)
+{
+    for (int i = 0; i < n; i++)
+        if (strlen(param) == ls[i].param_len && strncmp(param, ls[i].param, ls[i].param_len) == 0)
+            return &ls[i];
+    return NULL;
+}
+
+/* COMMAND's words as CTest arguments, "{np}" replaced by the world size. */
+static void write_launcher_words(FILE *f, const char *command, int np)
+{
+    const char *p = command;
+    for (;;) {
+        while (*p == ' ')
+            p++;
+        if (!*p)
+            break;
+        size_t n = strcspn(p, " ");
+        if (n == 4 && strncmp(p, "{np}", 4) == 0)
+            fprintf(f, " [==[%d]==]", np);
+        else
+            fprintf(f, " [==[%.*s]==]", (int)n, p);
+        p += n;
+    }
+}
+
+static int write_ctest(const char *file, const char *exe, const launcher *launchers, int nlaunchers)
 {
     selection sel = {0};
     for (td_test_case *c = g_head; c; c = c->next)
@@ -316,6 +359,18 @@ static int write_ctest(const char *file, const char *exe)
         int ws = td_harness_world_size(in->c);
         int procs = ws < 2 ? ws : 2; /* threaded ranks compete for cores too */
         long long timeout = (long long)(td_harness_timeout_ms(in->c) / 1000) + 30;
+        const launcher *l = launcher_for(launchers, nlaunchers, in->param);
+        if (l && !in->c->threads) {
+            /* The launcher starts the ranks; each skips by exiting with a skip code after its line. */
+            fprintf(f, "add_test([==[%s.%s]==]", bin, in->name);
+            write_launcher_words(f, l->command, ws);
+            fprintf(f, " [==[%s]==] [==[--td-external]==] [==[%s]==])\n", exe, in->name);
+            fprintf(f,
+                    "set_tests_properties([==[%s.%s]==] PROPERTIES TIMEOUT %lld PROCESSORS %d "
+                    "SKIP_REGULAR_EXPRESSION [==[skipping test .* for following reason]==] LABELS [==[tdist;%s]==])\n",
+                    bin, in->name, timeout, procs, in->param);
+            continue;
+        }
         fprintf(f, "add_test([==[%s.%s]==] [==[%s]==] [==[%s]==])\n", bin, in->name, exe, in->name);
         fprintf(f,
                 "set_tests_properties([==[%s.%s]==] PROPERTIES TIMEOUT %lld PROCESSORS %d SKIP_RETURN_CODE 77 "
@@ -337,11 +392,71 @@ static int write_ctest(const char *file, const char *exe)
 static int usage(const char *argv0)
 {
     fprintf(stderr,
-            "usage: %s [--list] [--ctest FILE] [--keep-going] [NAME_OR_PREFIX ...]\n"
+            "usage: %s [--list] [--ctest FILE [--ctest-launcher PARAM=COMMAND ...]] [--keep-going] [NAME_OR_PREFIX ...]\n"
+            "       %s --td-external NAME   (one rank of NAME, under a launcher such as mpirun)\n"
             "  Runs the test cases (all visible ones, or those named; a hidden case runs only by its\n"
             "  exact name). Environment: TDIST_TEST_TIMEOUT, TDIST_TEST_SANDCASTLE, TDIST_TEST_QUIET.\n",
-            argv0);
+            argv0, argv0);
     return 2;
+}
+
+/* The directory the ranks of one launched job share: named after the job (the launcher's job id,
+ * else the parent process, which is the launcher's on one host) and the case. */
+static char *external_dir(const char *name)
+{
+    const char *tmp = td_env_str("TMPDIR", "/tmp");
+    char job[128];
+    const char *ns = td_env_str("PMIX_NAMESPACE", td_env_str("OMPI_MCA_ess_base_jobid", NULL));
+    const char *slurm = td_env_str("SLURM_JOB_ID", NULL);
+    if (ns)
+        snprintf(job, sizeof job, "%s", ns);
+    else if (slurm)
+        snprintf(job, sizeof job, "%s.%s", slurm, td_env_str("SLURM_STEP_ID", "0"));
+    else
+        snprintf(job, sizeof job, "p%d", (int)getppid());
+    char *dir = td_asprintf("%s/tdist-test-%s-%s", tmp, job, name);
+    for (char *p = dir + strlen(tmp) + 1; *p; p++)
+        if (!isalnum((unsigned char)*p) && *p != '-' && *p != '.')
+            *p = '_';
+    return dir;
+}
+
+static int external_entry(const char *argv0, const char *name)
+{
+    td_test_case *c;
+    const char *param;
+    size_t plen;
+    if (!td_harness_find(name, &c, &param, &plen)) {
+        fprintf(stderr, "%s: no test case named '%s' (--list shows them)\n", argv0, name);
+        return 2;
+    }
+    if (c->threads) {
+        fprintf(stderr, "%s: %s runs its ranks as threads of one process; --td-external runs process ranks\n", argv0,
+                name);
+        return 2;
+    }
+    td_launcher_env env;
+    if (td_launcher_env_read(true, &env) != TD_OK) {
+        fprintf(stderr, "%s: --td-external %s: %s\n", argv0, name, td_last_error());
+        return 2;
+    }
+    int ws = td_harness_world_size(c);
+    if (env.world_size != ws) {
+        fprintf(stderr, "%s: case %s runs %d ranks, but the launcher started %d (%s=%d)\n", argv0, name, ws,
+                env.world_size, env.size_var, env.world_size);
+        return 2;
+    }
+    char *dir = external_dir(name);
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+        fprintf(stderr, "%s: cannot create %s: %s\n", argv0, dir, strerror(errno));
+        free(dir);
+        return 2;
+    }
+    td_harness_child_args a = {.name = name, .rank = env.rank, .world_size = ws, .dir = dir, .ctl_fd = -1};
+    int rc = td_harness_child_main(&a);
+    rmdir(dir); /* the last rank out removes it; files the case left stay for a look */
+    free(dir);
+    return rc;
 }
 
 static int child_entry(int argc, char **argv)
@@ -373,6 +488,14 @@ int td_test_main(int argc, char **argv)
     TD_MP_MAIN_PROLOGUE(argc, argv);
     if (argc > 1 && strcmp(argv[1], "--td-child") == 0)
         return child_entry(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "--td-external") == 0) {
+        if (argc != 3 || validate_registry() != TD_OK) {
+            if (argc == 3)
+                fprintf(stderr, "%s\n", td_last_error());
+            return usage(argv[0]);
+        }
+        return external_entry(argv[0], argv[2]);
+    }
     if (validate_registry() != TD_OK) {
         fprintf(stderr, "%s\n", td_last_error());
         return 1;
@@ -381,6 +504,8 @@ int td_test_main(int argc, char **argv)
     const char *ctest = NULL;
     char **names = td_calloc((size_t)argc + 1, sizeof *names);
     int nnames = 0;
+    launcher *launchers = td_calloc((size_t)argc + 1, sizeof *launchers);
+    int nlaunchers = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--list") == 0) {
             list = true;
@@ -388,8 +513,12 @@ int td_test_main(int argc, char **argv)
             keep_going = true;
         } else if (strcmp(argv[i], "--ctest") == 0 && i + 1 < argc) {
             ctest = argv[++i];
+        } else if (strcmp(argv[i], "--ctest-launcher") == 0 && i + 1 < argc && strchr(argv[i + 1], '=')) {
+            const char *spec = argv[++i];
+            launchers[nlaunchers++] = (launcher){spec, (size_t)(strchr(spec, '=') - spec), strchr(spec, '=') + 1};
         } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0 || argv[i][0] == '-') {
             free(names);
+            free(launchers);
             return usage(argv[0]);
         } else {
             names[nnames++] = argv[i];
@@ -400,8 +529,11 @@ int td_test_main(int argc, char **argv)
         ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
         exe[n > 0 ? n : 0] = '\0';
         free(names);
-        return write_ctest(ctest, n > 0 ? exe : argv[0]);
+        int rc = write_ctest(ctest, n > 0 ? exe : argv[0], launchers, nlaunchers);
+        free(launchers);
+        return rc;
     }
+    free(launchers);
     selection sel = {.argc = nnames, .argv = names, .used = td_calloc((size_t)nnames + 1, sizeof(bool))};
     for (td_test_case *c = g_head; c; c = c->next)
         for_each_param(c, select_param, &sel);

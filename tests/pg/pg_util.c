@@ -11,13 +11,40 @@
 const td_dtype pg_test_dtypes[PG_NDTYPES] = {TD_FLOAT32, TD_FLOAT64, TD_FLOAT16, TD_BFLOAT16, TD_INT32,
                                               TD_INT64,   TD_UINT8,   TD_BOOL,    TD_COMPLEX64};
 
+static bool is_mpi(const td_test_ctx *ctx) { return strcmp(ctx->param, "mpi") == 0; }
+
 const char *pg_test_skip_unavailable(const char *param)
 {
-    static __thread char reason[128];
-    if (td_backend_available(param))
-        return NULL;
-    snprintf(reason, sizeof reason, "Test requires backend %s to be available", param);
-    return reason;
+    static __thread char reason[256];
+    if (!td_backend_available(param)) {
+        snprintf(reason, sizeof reason, "Test requires backend %s to be available", param);
+        return reason;
+    }
+    /* MPI ranks come from mpirun (CTest's entries); ranks the supervisor starts are not a job. */
+    if (strcmp(param, "mpi") == 0 && !getenv("OMPI_COMM_WORLD_SIZE") && !getenv("PMI_SIZE") &&
+        !getenv("SLURM_NTASKS")) {
+        snprintf(reason, sizeof reason,
+                 "Test runs on backend mpi only under an MPI launcher: mpirun -np N <binary> --td-external "
+                 "<case>/mpi");
+        return reason;
+    }
+    return NULL;
+}
+
+void pg_test_setup(td_test_ctx *ctx)
+{
+    if (!is_mpi(ctx))
+        return;
+    td_pg_options po = pg_test_options(ctx, NULL);
+    po.init_method = NULL;
+    td_pg *pg = NULL;
+    TD_CHECK_OK(td_pg_create(&po, &pg));
+    td_tensor *t = NULL;
+    TD_CHECK_OK(td_tensor_ones(TD_FLOAT32, TD_SHAPE(4), &t));
+    TD_CHECK_OK(td_pg_all_reduce(pg, t, TD_OP_SUM, NULL)); /* connects the ranks */
+    TD_CHECK_OK(td_pg_barrier(pg, NULL));
+    td_tensor_release(t);
+    td_pg_destroy(pg);
 }
 
 static void abort_hook(void *arg)
@@ -100,7 +127,7 @@ td_pg *pg_test_init(td_test_ctx *ctx, const pg_test_opts *opts)
         td_test_add_abort_hook(ctx, abort_hook, NULL);
     td_pg_options po = pg_test_options(ctx, opts);
     td_store *store = NULL;
-    if (!opts || !opts->init_url) {
+    if ((!opts || !opts->init_url) && !is_mpi(ctx)) { /* an mpi group needs no store */
         store = pg_test_store(ctx);
         po.init_method = NULL;
         po.store = store;

@@ -6,7 +6,14 @@
  * that is not built in is skipped statically. The body makes its group with pg_test_init, which
  * meets through a TCPStore on port 0 (rank 0 publishes the port in a file of the case's temp dir)
  * or an init URL, and, in threaded mode, wires the harness's abort hook to the threaded backend so
- * that a failing rank wakes the others. */
+ * that a failing rank wakes the others.
+ *
+ * The "mpi" instances (when tdist was built with MPI) run under mpirun, not under the harness's
+ * supervisor: CTest starts `mpirun -np N <binary> --td-external <case>/mpi` (tests/CMakeLists.txt,
+ * cmake/TdistMpi.cmake), and run by the supervisor they are skipped. Their group needs no store
+ * (MPI assigns the ranks); pg_test_setup initializes MPI before the harness's leak baseline.
+ * TD_PG_TEST_ON names the backends for cases that need what an MPI job lacks (a rank killed
+ * mid-job, a group timeout inside a collective, a store shared by the ranks). */
 #ifndef TDIST_TESTS_PG_UTIL_H
 #define TDIST_TESTS_PG_UTIL_H
 
@@ -18,16 +25,29 @@
 #include <tdist/store.h>
 #include <tdist/testing.h>
 
-/* Later backends ("shm", "auto", "mpi") join this list. */
-#define TD_PG_PROCESS_BACKENDS "tcp"
+#include "tdist_config.h"
+
+/* Later backends ("shm", "auto") join these lists. */
+#if TDIST_HAVE_MPI
+#define TD_PG_MPI_BACKEND ",mpi"
+#else
+#define TD_PG_MPI_BACKEND ""
+#endif
+#define TD_PG_SPAWNED_BACKENDS "tcp" /* ranks started by the harness */
+#define TD_PG_PROCESS_BACKENDS TD_PG_SPAWNED_BACKENDS TD_PG_MPI_BACKEND
 #define TD_PG_THREAD_BACKENDS "threaded"
 
 const char *pg_test_skip_unavailable(const char *param);
+/* The setup hook of the process cases: makes (and destroys) one mpi group, so that MPI's own
+ * threads and files exist before the leak baseline; nothing for other backends. */
+void pg_test_setup(td_test_ctx *ctx);
 
-#define TD_PG_TEST(tname, ws, ...)                                                                          \
+#define TD_PG_TEST(tname, ws, ...) TD_PG_TEST_ON(tname, ws, TD_PG_PROCESS_BACKENDS, __VA_ARGS__)
+
+#define TD_PG_TEST_ON(tname, ws, backends, ...)                                                             \
     static void pg_body_##tname(td_test_ctx *ctx);                                                         \
-    TD_TEST(tname, .world_size = (ws), .params = TD_PG_PROCESS_BACKENDS,                                   \
-            .static_skip = pg_test_skip_unavailable, __VA_ARGS__)                                          \
+    TD_TEST(tname, .world_size = (ws), .params = backends, .static_skip = pg_test_skip_unavailable,        \
+            .setup = pg_test_setup, __VA_ARGS__)                                                           \
     {                                                                                                      \
         pg_body_##tname(ctx);                                                                              \
     }                                                                                                      \

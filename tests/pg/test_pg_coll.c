@@ -655,12 +655,14 @@ static void large_body(td_test_ctx *ctx)
 }
 
 TD_TEST(all_reduce_64mib_2, .world_size = 2, .params = TD_PG_PROCESS_BACKENDS, .static_skip = pg_test_skip_unavailable,
+        .setup = pg_test_setup,
         .timeout_s = 240)
 {
     large_body(ctx);
 }
 
 TD_TEST(all_reduce_64mib_4, .world_size = 4, .params = TD_PG_PROCESS_BACKENDS, .static_skip = pg_test_skip_unavailable,
+        .setup = pg_test_setup,
         .timeout_s = 240)
 {
     large_body(ctx);

@@ -38,7 +38,7 @@ static void fresh_group_works(td_test_ctx *ctx)
 
 /* ---- a rank killed in the middle of an all_reduce (processes only) --------------------------- */
 
-TD_TEST(peer_killed_mid_all_reduce, .world_size = 3, .params = TD_PG_PROCESS_BACKENDS,
+TD_TEST(peer_killed_mid_all_reduce, .world_size = 3, .params = TD_PG_SPAWNED_BACKENDS,
         .static_skip = pg_test_skip_unavailable, .skip_return_code_check = true, .allow_leftovers = true,
         .timeout_s = 90)
 {
@@ -77,7 +77,7 @@ TD_TEST(peer_killed_mid_all_reduce, .world_size = 3, .params = TD_PG_PROCESS_BAC
 
 /* ---- a stalled rank and the group's timeout --------------------------------------------------- */
 
-TD_PG_TEST(stalled_rank_timeout, 2, .timeout_s = 90)
+TD_PG_TEST_ON(stalled_rank_timeout, 2, TD_PG_SPAWNED_BACKENDS, .timeout_s = 90)
 {
     pg_test_opts o = {.timeout_ms = 5000};
     td_pg *pg = pg_test_init(ctx, &o);
@@ -203,7 +203,7 @@ TD_PG_TEST(detail_mismatch_3, 3, .timeout_s = 60) { detail_body(ctx); }
 
 /* ---- monitored_barrier ---------------------------------------------------------------------------- */
 
-TD_PG_TEST(monitored_barrier, 3, .timeout_s = 60)
+TD_PG_TEST_ON(monitored_barrier, 3, TD_PG_SPAWNED_BACKENDS, .timeout_s = 60)
 {
     td_pg *pg = pg_test_init(ctx, NULL);
     TD_CHECK_OK(td_pg_monitored_barrier(pg, 20000, false));

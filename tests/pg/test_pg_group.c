@@ -115,6 +115,7 @@ static void default_group_body(td_test_ctx *ctx)
 }
 
 TD_TEST(default_group, .world_size = 2, .params = TD_PG_PROCESS_BACKENDS, .static_skip = pg_test_skip_unavailable,
+        .setup = pg_test_setup,
         .timeout_s = 60)
 {
     default_group_body(ctx);

@@ -4,7 +4,7 @@
 # extra peers (python3-torch, Open MPI) in bench/, never here.
 set -euo pipefail
 
-packages=(cmake make gcc g++ pkg-config clang libclang-rt-14-dev)
+packages=(cmake make gcc g++ pkg-config clang libclang-rt-14-dev libopenmpi-dev openmpi-bin)
 
 missing=()
 for p in "${packages[@]}"; do

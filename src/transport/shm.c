@@ -1,0 +1,1553 @@
+/* The shm transport's engine (shm.h): tagged messages through single-producer rings in shared
+ * memory, doorbells on futexes, peer-death detection, and the direct-access primitives of the
+ * shared-memory collectives.
+ *
+ * Messages: the sender writes a 16-byte header (tag, length) and the payload, padded to 16 bytes,
+ * into its ring in the receiver's segment, straight from the caller's memory and as far as the
+ * ring has room; a send completes once all of it is in the ring. The receiver matches a header
+ * when it reaches the front of the ring, against its posted receives (per peer and any-source, in
+ * posting order), and copies the payload straight into the receive's buffers. A message nobody
+ * has asked for stays in the ring, to be copied once when its receive comes, unless the ring must
+ * move on (the sender waits for room, or a receive waits for a later message of that peer): then
+ * it goes into an unexpected-message buffer that grows with the bytes that arrive, taken from a
+ * pool that only grows while warming up.
+ *
+ * Progress: all state is guarded by one mutex, never held across a wait. A thread that waits on
+ * an xfer becomes the poller: it polls the rings, spinning briefly (yielding the core: four ranks
+ * on two cores must not starve each other), then sleeps on its doorbell. When nobody polls and
+ * operations are pending, the transport's thread (td-shm-io) registers on the doorbell and does
+ * the same. Writers ring a peer's doorbell only when someone is registered there, so a blocking
+ * collective's messages need no system call; a sender that finds a ring full always kicks the
+ * receiver's thread, which drains the ring even when nothing is pending there.
+ *
+ * Failure: the watcher thread (td-shm-watch) polls each peer's socket and pidfd. A goodbye (an
+ * orderly destroy) fails what involves that peer once its ring is drained; an EOF without one, or
+ * the pidfd firing, aborts the transport with TD_ERR_PEER_LOST naming the rank, within
+ * milliseconds; an abort frame carries another rank's failure with its cause. An abort (any status
+ * but TD_ERR_CLOSED) is relayed to every peer the same way, so a failure on one rank fails the
+ * others at once, and it wakes every thread asleep on this rank's doorbell, direct collectives
+ * included. */
+#include "transport/shm_impl.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <tdist/backend.h>
+#include <tdist/tensor.h>
+
+#include "base/alloc.h"
+#include "base/clock.h"
+#include "base/env.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "base/thread.h"
+
+#define HDR TD_SHM_MSG_HDR
+#define POOL_CLASSES 48
+#define POOL_KEEP_BYTES ((size_t)256 << 20)
+#define UNEXP_STEP ((size_t)1 << 20)
+#define IO_SLICE_NS (100 * 1000000LL) /* the io thread re-checks deadlines this often */
+#define SPIN_MIN_NS 2000
+
+enum { R_IDLE = 0, R_ACTIVE = 1 };
+
+typedef struct unexp {
+    struct unexp *next;
+    uint64_t tag;
+    uint64_t arrival;
+    size_t len, got;
+    char *buf;
+    size_t cap;
+} unexp;
+
+typedef struct pool_buf {
+    struct pool_buf *next;
+} pool_buf;
+
+typedef struct peer {
+    int rank;
+    int sock;
+    int pidfd;
+    pid_t pid;
+    td_segment seg;
+    /* in the peer's segment */
+    shm_bell *bell;
+    shm_arrive *arrive;
+    char *small, *large;
+    shm_ring_ctl *out_ctl; /* my ring to it */
+    char *out_data;
+    /* in my segment */
+    shm_ring_ctl *in_ctl; /* its ring to me */
+    char *in_data;
+    _Atomic bool gone;     /* said goodbye: nothing more comes from it */
+    bool sock_closed;
+    /* sending */
+    td_xfer *sq_head, *sq_tail;
+    uint64_t whead;        /* my copy of out_ctl->head (only I write it) */
+    /* receiving */
+    uint64_t rtail;        /* my copy of in_ctl->tail (only I write it) */
+    int rstate;
+    uint64_t rtag;
+    size_t rlen, rgot, rwire; /* payload length, wire bytes consumed, wire bytes in all */
+    td_xfer *rx;
+    unexp *ru;
+    td_xfer *posted_head, *posted_tail;
+    unexp *uq_head, *uq_tail;
+    /* the watcher's input */
+    uint8_t cbuf[TD_SHM_CTRL_MAX];
+    size_t cgot;
+} peer;
+
+typedef struct done_list {
+    td_xfer *head, *tail;
+} done_list;
+
+typedef struct shm_transport {
+    td_transport base;
+    pthread_mutex_t mu;
+    peer *peers;
+    int *global_ranks;
+    td_segment seg;
+    td_shm_layout layout;
+    shm_offsets off;
+    shm_bell *bell;
+    shm_arrive *arrive;
+    char *small, *large;
+    _Atomic int aborted_flag; /* read without the lock by direct waits */
+    bool aborted;
+    td_status abort_status;
+    char abort_msg[TD_XFER_ERROR_MAX];
+    bool stop;
+    bool poller_busy;
+    int xfer_sleepers;   /* threads asleep on an xfer while another polls */
+    int pending;         /* posted and not completed */
+    int pending_cb;      /* of which with a callback */
+    td_xfer *any_head, *any_tail;
+    uint64_t order, arrival;
+    int64_t spin_ns;
+    _Atomic int spin_skip, spin_skip_next; /* touched by whichever thread waits */
+    bool oversubscribed;
+    uint64_t epoch;
+    unexp *free_unexp;
+    pool_buf *pool[POOL_CLASSES];
+    size_t pool_bytes;
+    pthread_t io_thread, watch_thread;
+    bool io_started, watch_started;
+    int watch_efd;
+    uint64_t n_direct, n_unexpected;
+} shm_transport;
+
+static const td_transport_ops shm_ops;
+
+/* ---- layout ------------------------------------------------------------------------------------ */
+
+static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+void shm_layout_offsets(int world, const td_shm_layout *l, shm_offsets *o)
+{
+    o->bell = SHM_LINE;
+    o->arrive = 2 * SHM_LINE;
+    o->rings = 4 * SHM_LINE;
+    o->ring_stride = SHM_RING_CTL_SIZE + (size_t)l->ring_bytes;
+    size_t end = o->rings + (size_t)(world > 1 ? world - 1 : 0) * o->ring_stride;
+    o->small = align_up(end, SHM_LINE);
+    o->large = align_up(o->small + 2 * (size_t)l->small_bytes, 4096);
+    o->total = align_up(o->large + 2 * (size_t)l->slot_bytes, 4096);
+}
+
+td_status shm_layout_from_env(td_shm_layout *l)
+{
+    uint64_t v;
+    const char *s;
+    l->ring_bytes = (uint64_t)256 << 10;
+    l->small_bytes = (uint64_t)64 << 10;
+    l->slot_bytes = (uint64_t)1 << 20;
+    if ((s = td_env_str("TDIST_SHM_RING", NULL))) {
+        TD_TRY(td_parse_size("TDIST_SHM_RING", s, &v));
+        if (v < 4096 || v > ((uint64_t)1 << 30) || (v & (v - 1)))
+            return td_error(TD_ERR_INVALID, "TDIST_SHM_RING must be a power of two from 4K to 1G, got '%s'", s);
+        l->ring_bytes = v;
+    }
+    if ((s = td_env_str("TDIST_SHM_SMALL", NULL))) {
+        TD_TRY(td_parse_size("TDIST_SHM_SMALL", s, &v));
+        if (v < 256 || v > ((uint64_t)64 << 20))
+            return td_error(TD_ERR_INVALID, "TDIST_SHM_SMALL must be from 256 to 64M, got '%s'", s);
+        l->small_bytes = align_up(v, SHM_LINE);
+    }
+    if ((s = td_env_str("TDIST_SHM_SLOT", NULL))) {
+        TD_TRY(td_parse_size("TDIST_SHM_SLOT", s, &v));
+        if (v < 4096 || v > ((uint64_t)1 << 30))
+            return td_error(TD_ERR_INVALID, "TDIST_SHM_SLOT must be from 4K to 1G, got '%s'", s);
+        l->slot_bytes = align_up(v, 4096);
+    }
+    return TD_OK;
+}
+
+/* ---- doorbells --------------------------------------------------------------------------------- */
+
+static long futex_wait(_Atomic uint32_t *w, uint32_t val, int64_t deadline_ns, uint32_t bits)
+{
+    struct timespec ts, *tsp = NULL;
+    if (deadline_ns != TD_DEADLINE_NONE) {
+        ts.tv_sec = deadline_ns / 1000000000;
+        ts.tv_nsec = deadline_ns % 1000000000;
+        tsp = &ts;
+    }
+    /* Not FUTEX_PRIVATE: the word is in memory shared with other processes. The timeout of
+     * FUTEX_WAIT_BITSET is absolute, on CLOCK_MONOTONIC. */
+    return syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT_BITSET, val, tsp, NULL, bits);
+}
+
+static void bell_ring(shm_bell *b, uint32_t bits)
+{
+    atomic_fetch_add(&b->seq, 1);
+    syscall(SYS_futex, (uint32_t *)&b->seq, FUTEX_WAKE_BITSET, INT_MAX, NULL, NULL, bits);
+}
+
+/* After publishing something b's owner may wait for: ring whoever is registered. */
+static void bell_notify(shm_bell *b, uint32_t mask)
+{
+    atomic_thread_fence(memory_order_seq_cst);
+    uint32_t bits = 0;
+    if ((mask & SHM_BIT_WAIT) && atomic_load_explicit(&b->sleepers, memory_order_relaxed))
+        bits |= SHM_BIT_WAIT;
+    if ((mask & SHM_BIT_IO) && atomic_load_explicit(&b->io_registered, memory_order_relaxed))
+        bits |= SHM_BIT_IO;
+    if (bits)
+        bell_ring(b, bits);
+}
+
+/* ---- helpers ----------------------------------------------------------------------------------- */
+
+static int grank(const shm_transport *t, int r) { return t->global_ranks ? t->global_ranks[r] : r; }
+
+static void complete(shm_transport *t, td_xfer *x, td_status status, const char *msg, done_list *done)
+{
+    t->pending--;
+    if (x->on_done) {
+        t->pending_cb--;
+        x->status = status;
+        if (status != TD_OK)
+            snprintf(x->error, sizeof x->error, "%s", msg ? msg : td_status_str(status));
+        atomic_store_explicit(&x->state, 1, memory_order_release);
+        x->next = NULL;
+        if (done->tail)
+            done->tail->next = x;
+        else
+            done->head = x;
+        done->tail = x;
+    } else {
+        td_xfer_finish(x, status, msg);
+    }
+}
+
+static void completef(shm_transport *t, td_xfer *x, td_status status, done_list *done, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void completef(shm_transport *t, td_xfer *x, td_status status, done_list *done, const char *fmt, ...)
+{
+    char msg[TD_XFER_ERROR_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    complete(t, x, status, msg, done);
+}
+
+static void run_callbacks(done_list *done)
+{
+    td_xfer *x = done->head;
+    while (x) {
+        td_xfer *next = x->next; /* the callback may recycle x */
+        x->on_done(x, x->arg);
+        x = next;
+    }
+    done->head = done->tail = NULL;
+}
+
+static void queue_push(td_xfer **head, td_xfer **tail, td_xfer *x)
+{
+    x->next = NULL;
+    if (*tail)
+        (*tail)->next = x;
+    else
+        *head = x;
+    *tail = x;
+}
+
+static void queue_unlink(td_xfer **head, td_xfer **tail, td_xfer *prev, td_xfer *x)
+{
+    if (prev)
+        prev->next = x->next;
+    else
+        *head = x->next;
+    if (*tail == x)
+        *tail = prev;
+    x->next = NULL;
+}
+
+/* ---- buffer pool (unexpected messages) --------------------------------------------------------- */
+
+static int pool_class(size_t len)
+{
+    int c = 12;
+    while (c < POOL_CLASSES - 1 && ((size_t)1 << c) < len)
+        c++;
+    return c;
+}
+
+/* A buffer of at least len bytes; *cap gets its real size (a class size when len fits one). */
+static char *pool_get(shm_transport *t, size_t len, size_t *cap)
+{
+    int c = pool_class(len);
+    size_t size = (size_t)1 << c;
+    if (size < len)
+        size = len;
+    *cap = size;
+    if (t->pool[c] && size == ((size_t)1 << c)) {
+        pool_buf *b = t->pool[c];
+        t->pool[c] = b->next;
+        t->pool_bytes -= size;
+        return (char *)b;
+    }
+    void *p = NULL;
+    if (td_try_malloc(size, "unexpected message buffer", &p) != TD_OK)
+        return NULL;
+    return p;
+}
+
+static void pool_put(shm_transport *t, char *buf, size_t len)
+{
+    if (!buf)
+        return;
+    int c = pool_class(len);
+    size_t size = (size_t)1 << c;
+    if (size != len || t->pool_bytes + size > POOL_KEEP_BYTES) {
+        free(buf);
+        return;
+    }
+    pool_buf *b = (pool_buf *)buf;
+    b->next = t->pool[c];
+    t->pool[c] = b;
+    t->pool_bytes += size;
+}
+
+static unexp *unexp_new(shm_transport *t)
+{
+    unexp *u = t->free_unexp;
+    if (u)
+        t->free_unexp = u->next;
+    else
+        u = td_malloc(sizeof *u);
+    memset(u, 0, sizeof *u);
+    return u;
+}
+
+static void unexp_free(shm_transport *t, unexp *u)
+{
+    pool_put(t, u->buf, u->cap);
+    u->buf = NULL;
+    u->cap = 0;
+    u->next = t->free_unexp;
+    t->free_unexp = u;
+}
+
+/* Room for n more bytes of an unexpected message: its buffer follows what arrived, so a header
+ * that claims a huge length costs nothing until the bytes come. */
+static bool unexp_room(shm_transport *t, unexp *u, size_t n)
+{
+    size_t need = u->got + n;
+    if (need <= u->cap)
+        return true;
+    size_t want = u->cap ? u->cap * 2 : UNEXP_STEP;
+    while (want < need)
+        want *= 2;
+    if (want > u->len)
+        want = u->len;
+    size_t cap = 0;
+    char *nb = pool_get(t, want, &cap);
+    if (!nb)
+        return false;
+    if (u->got)
+        memcpy(nb, u->buf, u->got);
+    pool_put(t, u->buf, u->cap);
+    u->buf = nb;
+    u->cap = cap;
+    return true;
+}
+
+/* ---- iovec copies ------------------------------------------------------------------------------ */
+
+/* Copies n bytes from src into x's buffers at offset off. */
+static void iov_put(td_xfer *x, size_t off, const char *src, size_t n)
+{
+    for (int i = 0; i < x->iovcnt && n; i++) {
+        size_t len = x->iov[i].iov_len;
+        if (off >= len) {
+            off -= len;
+            continue;
+        }
+        size_t take = len - off < n ? len - off : n;
+        memcpy((char *)x->iov[i].iov_base + off, src, take);
+        src += take;
+        n -= take;
+        off = 0;
+    }
+}
+
+/* Copies n bytes of x's buffers from offset off into dst. */
+static void iov_get(const td_xfer *x, size_t off, char *dst, size_t n)
+{
+    for (int i = 0; i < x->iovcnt && n; i++) {
+        size_t len = x->iov[i].iov_len;
+        if (off >= len) {
+            off -= len;
+            continue;
+        }
+        size_t take = len - off < n ? len - off : n;
+        memcpy(dst, (const char *)x->iov[i].iov_base + off, take);
+        dst += take;
+        n -= take;
+        off = 0;
+    }
+}
+
+/* Ring copies at byte position pos (mod size, a power of two), wrapping. */
+static void ring_read(const char *data, uint64_t size, uint64_t pos, char *dst, size_t n,
+                      td_xfer *x, size_t xoff)
+{
+    size_t at = (size_t)(pos & (size - 1));
+    size_t first = size - at < n ? size - at : n;
+    if (x) {
+        iov_put(x, xoff, data + at, first);
+        if (n > first)
+            iov_put(x, xoff + first, data, n - first);
+    } else if (dst) {
+        memcpy(dst, data + at, first);
+        if (n > first)
+            memcpy(dst + first, data, n - first);
+    }
+}
+
+static void ring_write(char *data, uint64_t size, uint64_t pos, const td_xfer *x, size_t xoff, size_t n)
+{
+    size_t at = (size_t)(pos & (size - 1));
+    size_t first = size - at < n ? size - at : n;
+    iov_get(x, xoff, data + at, first);
+    if (n > first)
+        iov_get(x, xoff + first, data, n - first);
+}
+
+static size_t wire_len(size_t payload) { return HDR + align_up(payload, 16); }
+
+/* ---- failure ----------------------------------------------------------------------------------- */
+
+static void fail_list(shm_transport *t, td_xfer **head, td_xfer **tail, td_status status, const char *msg,
+                      done_list *done)
+{
+    td_xfer *x = *head;
+    *head = *tail = NULL;
+    while (x) {
+        td_xfer *next = x->next;
+        complete(t, x, status, msg, done);
+        x = next;
+    }
+}
+
+static void send_control(peer *p, int type, td_status status, const char *msg)
+{
+    if (p->sock < 0 || p->sock_closed)
+        return;
+    uint8_t f[TD_SHM_CTRL_MAX];
+    size_t len = td_shm_control_encode(f, type, status, msg);
+    ssize_t n = send(p->sock, f, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)n; /* best effort: the peer also sees the EOF */
+}
+
+static void abort_locked(shm_transport *t, td_status status, const char *msg, done_list *done)
+{
+    if (t->aborted)
+        return;
+    t->aborted = true;
+    t->abort_status = status;
+    snprintf(t->abort_msg, sizeof t->abort_msg, "%s", msg);
+    atomic_store_explicit(&t->aborted_flag, 1, memory_order_release);
+    TD_LOG_DEBUG("shm transport of rank %d aborted: %s", grank(t, t->base.rank), msg);
+    for (int r = 0; r < t->base.size; r++) {
+        if (r == t->base.rank)
+            continue;
+        peer *p = &t->peers[r];
+        fail_list(t, &p->sq_head, &p->sq_tail, status, msg, done);
+        fail_list(t, &p->posted_head, &p->posted_tail, status, msg, done);
+        if (p->rx) {
+            complete(t, p->rx, status, msg, done);
+            p->rx = NULL;
+        }
+        /* Every failure but an orderly close is passed on with its cause, so that the peers fail
+         * at once, and a rank whose failure came from elsewhere (a dead rank on another host)
+         * names the same culprit. */
+        if (status != TD_ERR_CLOSED)
+            send_control(p, TD_SHM_CTRL_ABORT, status, msg);
+    }
+    fail_list(t, &t->any_head, &t->any_tail, status, msg, done);
+    bell_ring(t->bell, SHM_BIT_ALL);
+}
+
+static void abortf_locked(shm_transport *t, td_status status, done_list *done, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void abortf_locked(shm_transport *t, td_status status, done_list *done, const char *fmt, ...)
+{
+    char msg[TD_XFER_ERROR_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    abort_locked(t, status, msg, done);
+}
+
+static void lost_locked(shm_transport *t, peer *p, done_list *done, const char *why)
+{
+    int g = grank(t, p->rank);
+    if (g != p->rank)
+        abortf_locked(t, TD_ERR_PEER_LOST, done, "Connection to rank %d (group rank %d) lost: %s", g, p->rank, why);
+    else
+        abortf_locked(t, TD_ERR_PEER_LOST, done, "Connection to rank %d lost: %s", g, why);
+}
+
+static void closed_msg(const shm_transport *t, const peer *p, char *buf, size_t size)
+{
+    snprintf(buf, size, "Connection to rank %d lost: rank %d closed its end (it destroyed its process group)",
+             grank(t, p->rank), grank(t, p->rank));
+}
+
+/* ---- sending ----------------------------------------------------------------------------------- */
+
+/* Writes as much of p's send queue into its ring as there is room for. Returns whether anything
+ * moved. */
+static bool flush_sends(shm_transport *t, peer *p, done_list *done)
+{
+    if (!p->sq_head)
+        return false;
+    uint64_t size = t->layout.ring_bytes;
+    uint64_t tail = atomic_load_explicit(&p->out_ctl->tail, memory_order_acquire);
+    uint64_t head = p->whead;
+    bool moved = false;
+    while (p->sq_head) {
+        td_xfer *x = p->sq_head;
+        uint64_t room = size - (head - tail);
+        if (x->progress == 0) {
+            if (room < HDR)
+                break;
+            uint8_t h[HDR];
+            td_shm_msg_encode(h, x->tag, x->total);
+            memcpy(p->out_data + (head & (size - 1)), h, HDR); /* never wraps: 16 | size */
+            head += HDR;
+            room -= HDR;
+            x->progress = HDR;
+            moved = true;
+        }
+        size_t wl = wire_len(x->total);
+        size_t want = wl - x->progress;
+        size_t n = room < want ? (size_t)room : want;
+        if (n) {
+            size_t done_payload = x->progress - HDR;
+            size_t pay = x->total - done_payload < n ? x->total - done_payload : n;
+            if (pay)
+                ring_write(p->out_data, size, head, x, done_payload, pay);
+            head += n; /* the padding is not written: nobody reads it */
+            x->progress += n;
+            moved = true;
+        }
+        if (x->progress < wl)
+            break;
+        p->sq_head = x->next;
+        if (!p->sq_head)
+            p->sq_tail = NULL;
+        x->nbytes = x->total;
+        complete(t, x, TD_OK, NULL, done);
+    }
+    if (moved) {
+        p->whead = head;
+        atomic_store_explicit(&p->out_ctl->head, head, memory_order_release);
+        bell_notify(p->bell, SHM_BIT_ALL);
+    }
+    if (p->sq_head && atomic_exchange(&p->out_ctl->sender_blocked, 1) == 0)
+        bell_ring(p->bell, SHM_BIT_IO); /* its thread drains the ring even when idle */
+    return moved;
+}
+
+/* ---- receiving --------------------------------------------------------------------------------- */
+
+/* The posted receive a message (p, tag) goes to: the earlier-posted of p's matching receive and
+ * the matching any-source receive. Unlinks it. */
+static td_xfer *match_posted(shm_transport *t, peer *p, uint64_t tag)
+{
+    td_xfer *prev = NULL, *x = p->posted_head;
+    while (x && x->tag != tag) {
+        prev = x;
+        x = x->next;
+    }
+    td_xfer *aprev = NULL, *a = t->any_head;
+    while (a && a->tag != tag) {
+        aprev = a;
+        a = a->next;
+    }
+    if (a && (!x || a->order < x->order)) {
+        queue_unlink(&t->any_head, &t->any_tail, aprev, a);
+        return a;
+    }
+    if (x)
+        queue_unlink(&p->posted_head, &p->posted_tail, prev, x);
+    return x;
+}
+
+static void fail_mismatch(shm_transport *t, td_xfer *x, peer *p, uint64_t tag, size_t len, done_list *done)
+{
+    completef(t, x, TD_ERR_INVALID, done,
+              "Message size mismatch: rank %d sent %zu bytes (tag %llu) to a receive of %zu bytes; the sizes "
+              "must match",
+              grank(t, p->rank), len, (unsigned long long)tag, x->total);
+}
+
+/* Reads what p's ring holds: matched messages straight into their receives, and, when the ring
+ * must move on (drain_all, or the sender waits for room, or a receive waits behind the front),
+ * unmatched ones into unexpected buffers. Returns whether anything moved. */
+static bool drain(shm_transport *t, peer *p, bool drain_all, done_list *done)
+{
+    uint64_t size = t->layout.ring_bytes;
+    uint64_t head = atomic_load_explicit(&p->in_ctl->head, memory_order_acquire);
+    uint64_t tail = p->rtail;
+    if (head == tail)
+        return false;
+    if (head - tail > size) {
+        lost_locked(t, p, done, "protocol error: its ring claims more bytes than it holds");
+        return false;
+    }
+    bool moved = false;
+    while (!t->aborted) {
+        uint64_t avail = head - tail;
+        if (avail == 0 && !(p->rstate == R_ACTIVE && p->rgot == p->rwire))
+            break;
+        if (p->rstate == R_IDLE) {
+            if (avail < HDR)
+                break;
+            uint8_t h[HDR];
+            memcpy(h, p->in_data + (tail & (size - 1)), HDR);
+            uint64_t tag, len;
+            if (!td_shm_msg_parse(h, &tag, &len)) {
+                lost_locked(t, p, done, "protocol error: a message longer than the largest allowed");
+                return moved;
+            }
+            td_xfer *x = match_posted(t, p, tag);
+            unexp *u = NULL;
+            bool discard = false;
+            if (x) {
+                x->peer = x->peer == TD_TRANSPORT_ANY ? p->rank : x->peer;
+                if (x->total != len) {
+                    fail_mismatch(t, x, p, tag, (size_t)len, done);
+                    x = NULL;
+                    discard = true;
+                }
+            } else {
+                bool must = drain_all || atomic_load_explicit(&p->in_ctl->sender_blocked, memory_order_relaxed) ||
+                            p->posted_head || t->any_head;
+                if (!must)
+                    break; /* leave it in the ring for its receive to copy once */
+                u = unexp_new(t);
+                u->tag = tag;
+                u->len = (size_t)len;
+                u->arrival = ++t->arrival;
+                if (p->uq_tail)
+                    p->uq_tail->next = u;
+                else
+                    p->uq_head = u;
+                p->uq_tail = u;
+                t->n_unexpected++;
+            }
+            (void)discard;
+            tail += HDR;
+            p->rstate = R_ACTIVE;
+            p->rtag = tag;
+            p->rlen = (size_t)len;
+            p->rgot = 0;
+            p->rwire = wire_len((size_t)len) - HDR;
+            p->rx = x;
+            p->ru = u;
+            moved = true;
+            continue;
+        }
+        size_t want = p->rwire - p->rgot;
+        size_t n = avail < want ? (size_t)avail : want;
+        size_t pay = p->rgot < p->rlen ? (p->rlen - p->rgot < n ? p->rlen - p->rgot : n) : 0;
+        if (pay) {
+            if (p->rx) {
+                ring_read(p->in_data, size, tail, NULL, pay, p->rx, p->rgot);
+                t->n_direct += pay;
+            } else if (p->ru) {
+                if (!unexp_room(t, p->ru, pay)) {
+                    abortf_locked(t, TD_ERR_NOMEM, done, "out of memory buffering a message of %zu bytes from rank %d",
+                                  p->ru->len, grank(t, p->rank));
+                    return moved;
+                }
+                ring_read(p->in_data, size, tail, p->ru->buf + p->ru->got, pay, NULL, 0);
+                p->ru->got += pay;
+            }
+        }
+        tail += n;
+        p->rgot += n;
+        moved = true;
+        if (p->rgot < p->rwire)
+            break;
+        p->rstate = R_IDLE;
+        if (p->rx) {
+            p->rx->nbytes = p->rx->total;
+            complete(t, p->rx, TD_OK, NULL, done);
+            p->rx = NULL;
+        }
+        p->ru = NULL;
+    }
+    if (tail != p->rtail) {
+        p->rtail = tail;
+        atomic_store_explicit(&p->in_ctl->tail, tail, memory_order_release);
+        atomic_store_explicit(&p->in_ctl->sender_blocked, 0, memory_order_relaxed);
+        bell_notify(p->bell, SHM_BIT_ALL); /* its sender may wait for room */
+    }
+    return moved;
+}
+
+/* One pass over every peer. Returns whether anything moved. */
+static bool progress_locked(shm_transport *t, done_list *done)
+{
+    bool moved = false;
+    for (int r = 0; r < t->base.size && !t->aborted; r++) {
+        if (r == t->base.rank)
+            continue;
+        peer *p = &t->peers[r];
+        moved |= drain(t, p, false, done);
+        moved |= flush_sends(t, p, done);
+    }
+    return moved;
+}
+
+/* Takes an unexpected message for x: copies what arrived, and if more is coming, the rest goes
+ * straight to x. */
+static void take_unexpected(shm_transport *t, peer *p, unexp *prev, unexp *u, td_xfer *x, done_list *done)
+{
+    if (prev)
+        prev->next = u->next;
+    else
+        p->uq_head = u->next;
+    if (p->uq_tail == u)
+        p->uq_tail = prev;
+    x->peer = x->peer == TD_TRANSPORT_ANY ? p->rank : x->peer;
+    bool arriving = p->ru == u;
+    if (x->total != u->len) {
+        fail_mismatch(t, x, p, u->tag, u->len, done);
+        if (arriving)
+            p->ru = NULL; /* the rest is discarded */
+        unexp_free(t, u);
+        return;
+    }
+    if (u->got)
+        iov_put(x, 0, u->buf, u->got);
+    if (arriving) {
+        p->ru = NULL;
+        p->rx = x;
+    } else {
+        x->nbytes = x->total;
+        complete(t, x, TD_OK, NULL, done);
+    }
+    unexp_free(t, u);
+}
+
+/* ---- goodbye and death (the watcher) ----------------------------------------------------------- */
+
+static void peer_bye_locked(shm_transport *t, peer *p, done_list *done)
+{
+    if (atomic_load(&p->gone))
+        return;
+    /* Everything it sent before the goodbye is in its ring: take it all first. */
+    drain(t, p, true, done);
+    atomic_store(&p->gone, true);
+    char msg[TD_XFER_ERROR_MAX];
+    closed_msg(t, p, msg, sizeof msg);
+    fail_list(t, &p->sq_head, &p->sq_tail, TD_ERR_PEER_LOST, msg, done);
+    fail_list(t, &p->posted_head, &p->posted_tail, TD_ERR_PEER_LOST, msg, done);
+    if (p->rx) { /* cut off mid-message */
+        complete(t, p->rx, TD_ERR_PEER_LOST, msg, done);
+        p->rx = NULL;
+    }
+    bell_ring(t->bell, SHM_BIT_ALL); /* direct collectives waiting for it fail */
+}
+
+/* Reads what p's socket holds. Returns false once the socket is done (EOF or error). */
+static bool read_control(shm_transport *t, peer *p, done_list *done)
+{
+    for (;;) {
+        ssize_t n = recv(p->sock, p->cbuf + p->cgot, sizeof p->cbuf - p->cgot, MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return true;
+        if (n <= 0) {
+            if (!atomic_load(&p->gone))
+                lost_locked(t, p, done,
+                            n == 0 ? "its connection closed without a goodbye (the process exited or was killed)"
+                                   : "its connection failed (the process exited or was killed)");
+            return false;
+        }
+        p->cgot += (size_t)n;
+        for (;;) {
+            td_shm_control c;
+            size_t used = 0;
+            td_shm_parse pr = td_shm_control_parse(p->cbuf, p->cgot, &c, &used);
+            if (pr == TD_SHM_PARSE_MORE)
+                break;
+            if (pr == TD_SHM_PARSE_BAD) {
+                lost_locked(t, p, done, "protocol error: a malformed control frame");
+                return false;
+            }
+            if (c.type == TD_SHM_CTRL_BYE) {
+                peer_bye_locked(t, p, done);
+            } else {
+                char msg[TD_SHM_CTRL_MSG_MAX + 1];
+                memcpy(msg, c.msg ? c.msg : "", c.msg_len);
+                msg[c.msg_len] = '\0';
+                abort_locked(t, c.status, msg, done);
+            }
+            memmove(p->cbuf, p->cbuf + used, p->cgot - used);
+            p->cgot -= used;
+        }
+    }
+}
+
+static void *watch_main(void *arg)
+{
+    shm_transport *t = arg;
+    int n = t->base.size;
+    struct pollfd *pf = td_calloc((size_t)(1 + 2 * n), sizeof *pf);
+    int *who = td_calloc((size_t)(1 + 2 * n), sizeof *who);
+    bool *pid_done = td_calloc((size_t)n, sizeof *pid_done);
+    for (;;) {
+        int k = 0;
+        pf[k] = (struct pollfd){.fd = t->watch_efd, .events = POLLIN};
+        who[k++] = -1;
+        for (int r = 0; r < n; r++) {
+            peer *p = &t->peers[r];
+            if (r == t->base.rank)
+                continue;
+            if (p->sock >= 0 && !p->sock_closed) {
+                pf[k] = (struct pollfd){.fd = p->sock, .events = POLLIN | POLLRDHUP};
+                who[k++] = r;
+            }
+            if (p->pidfd >= 0 && !pid_done[r]) {
+                pf[k] = (struct pollfd){.fd = p->pidfd, .events = POLLIN};
+                who[k++] = n + r;
+            }
+        }
+        int rc = poll(pf, (nfds_t)k, -1);
+        if (rc < 0 && errno != EINTR)
+            break;
+        if (rc <= 0)
+            continue;
+        if (pf[0].revents)
+            break; /* destroy */
+        done_list done = {0};
+        pthread_mutex_lock(&t->mu);
+        /* Sockets first: a goodbye written before the process exited must be seen before its
+         * pidfd says it is gone. */
+        for (int i = 1; i < k; i++) {
+            if (!pf[i].revents || who[i] >= n)
+                continue;
+            peer *p = &t->peers[who[i]];
+            if (!read_control(t, p, &done))
+                p->sock_closed = true;
+        }
+        for (int i = 1; i < k; i++) {
+            if (!pf[i].revents || who[i] < n)
+                continue;
+            int r = who[i] - n;
+            peer *p = &t->peers[r];
+            pid_done[r] = true;
+            if (p->sock >= 0 && !p->sock_closed && !read_control(t, p, &done))
+                p->sock_closed = true;
+            if (!atomic_load(&p->gone)) {
+                char why[96];
+                snprintf(why, sizeof why, "its process (pid %d) exited or was killed", (int)p->pid);
+                lost_locked(t, p, &done, why);
+            }
+        }
+        pthread_mutex_unlock(&t->mu);
+        run_callbacks(&done);
+    }
+    free(pf);
+    free(who);
+    free(pid_done);
+    return NULL;
+}
+
+/* ---- the io thread ----------------------------------------------------------------------------- */
+
+static int64_t earliest_deadline(shm_transport *t, td_xfer **which)
+{
+    int64_t best = TD_DEADLINE_NONE;
+    *which = NULL;
+#define CONSIDER(x)                        \
+    do {                                   \
+        if ((x)->deadline_ns < best) {     \
+            best = (x)->deadline_ns;       \
+            *which = (x);                  \
+        }                                  \
+    } while (0)
+    for (int r = 0; r < t->base.size; r++) {
+        peer *p = &t->peers[r];
+        for (td_xfer *x = p->sq_head; x; x = x->next)
+            CONSIDER(x);
+        for (td_xfer *x = p->posted_head; x; x = x->next)
+            CONSIDER(x);
+        if (p->rx)
+            CONSIDER(p->rx);
+    }
+    for (td_xfer *x = t->any_head; x; x = x->next)
+        CONSIDER(x);
+#undef CONSIDER
+    return best;
+}
+
+static void timeout_locked(shm_transport *t, td_xfer *x, done_list *done)
+{
+    if (x->kind == TD_XFER_RECV && x->peer == TD_TRANSPORT_ANY)
+        abortf_locked(t, TD_ERR_TIMEOUT, done,
+                      "Timed out waiting for a receive from any rank (%zu bytes, tag %llu) to complete", x->total,
+                      (unsigned long long)x->tag);
+    else
+        abortf_locked(t, TD_ERR_TIMEOUT, done, "Timed out waiting for a %s rank %d (%zu bytes, tag %llu) to complete",
+                      x->kind == TD_XFER_SEND ? "send to" : "receive from", grank(t, x->peer), x->total,
+                      (unsigned long long)x->tag);
+}
+
+static bool drain_wanted(shm_transport *t)
+{
+    for (int r = 0; r < t->base.size; r++)
+        if (r != t->base.rank && atomic_load_explicit(&t->peers[r].in_ctl->sender_blocked, memory_order_relaxed))
+            return true;
+    return false;
+}
+
+static void *io_main(void *arg)
+{
+    shm_transport *t = arg;
+    pthread_mutex_lock(&t->mu);
+    while (!t->stop) {
+        done_list done = {0};
+        uint32_t seq = atomic_load(&t->bell->seq);
+        int64_t dl = td_now_ns() + 10 * IO_SLICE_NS;
+        bool moved = false;
+        if (!t->poller_busy && !t->aborted && (t->pending || drain_wanted(t))) {
+            /* Register first, then look: what a peer publishes after this is rung. */
+            if (t->pending && !atomic_load(&t->bell->io_registered)) {
+                atomic_store(&t->bell->io_registered, 1);
+                seq = atomic_load(&t->bell->seq);
+            }
+            moved = progress_locked(t, &done);
+            td_xfer *which;
+            int64_t xdl = earliest_deadline(t, &which);
+            if (which && td_deadline_passed(xdl))
+                timeout_locked(t, which, &done);
+            dl = td_now_ns() + IO_SLICE_NS;
+            if (xdl < dl)
+                dl = xdl;
+        }
+        if (t->poller_busy || !t->pending || t->aborted)
+            atomic_store(&t->bell->io_registered, 0);
+        pthread_mutex_unlock(&t->mu);
+        run_callbacks(&done);
+        if (!moved) /* data flowing: look again at once (the lock was let go in between) */
+            futex_wait(&t->bell->seq, seq, dl, SHM_BIT_IO);
+        pthread_mutex_lock(&t->mu);
+    }
+    atomic_store(&t->bell->io_registered, 0);
+    pthread_mutex_unlock(&t->mu);
+    return NULL;
+}
+
+/* With the lock held, after posting x: if nobody will wait for it, the io thread must. */
+static void need_io_locked(shm_transport *t, td_xfer *x)
+{
+    if (!td_xfer_done(x) && x->on_done && !t->poller_busy && !atomic_load(&t->bell->io_registered))
+        bell_ring(t->bell, SHM_BIT_IO);
+}
+
+/* ---- ops --------------------------------------------------------------------------------------- */
+
+static td_status post_refused(shm_transport *t, peer *p)
+{
+    if (t->aborted)
+        return td_error_set(t->abort_status, t->abort_msg);
+    char msg[TD_XFER_ERROR_MAX];
+    closed_msg(t, p, msg, sizeof msg);
+    return td_error_set(TD_ERR_PEER_LOST, msg);
+}
+
+static td_status shm_isend(td_transport *base, int peer_rank, td_xfer *x)
+{
+    shm_transport *t = (shm_transport *)base;
+    done_list done = {0};
+    pthread_mutex_lock(&t->mu);
+    peer *p = &t->peers[peer_rank];
+    if (t->aborted || atomic_load(&p->gone)) {
+        td_status s = post_refused(t, p);
+        pthread_mutex_unlock(&t->mu);
+        return s;
+    }
+    t->pending++;
+    if (x->on_done)
+        t->pending_cb++;
+    bool idle = p->sq_head == NULL;
+    queue_push(&p->sq_head, &p->sq_tail, x);
+    if (idle)
+        flush_sends(t, p, &done);
+    need_io_locked(t, x);
+    pthread_mutex_unlock(&t->mu);
+    run_callbacks(&done);
+    return TD_OK;
+}
+
+static td_status shm_irecv(td_transport *base, int peer_rank, td_xfer *x)
+{
+    shm_transport *t = (shm_transport *)base;
+    done_list done = {0};
+    pthread_mutex_lock(&t->mu);
+    if (t->aborted) {
+        td_status s = td_error_set(t->abort_status, t->abort_msg);
+        pthread_mutex_unlock(&t->mu);
+        return s;
+    }
+    x->order = ++t->order;
+    t->pending++;
+    if (x->on_done)
+        t->pending_cb++;
+    if (peer_rank != TD_TRANSPORT_ANY) {
+        peer *p = &t->peers[peer_rank];
+        unexp *prev = NULL, *u = p->uq_head;
+        while (u && u->tag != x->tag) {
+            prev = u;
+            u = u->next;
+        }
+        if (u) {
+            take_unexpected(t, p, prev, u, x, &done);
+        } else if (atomic_load(&p->gone)) {
+            t->pending--;
+            if (x->on_done)
+                t->pending_cb--;
+            td_status s = post_refused(t, p);
+            pthread_mutex_unlock(&t->mu);
+            return s;
+        } else {
+            queue_push(&p->posted_head, &p->posted_tail, x);
+            drain(t, p, false, &done);
+        }
+    } else {
+        peer *bp = NULL;
+        unexp *bprev = NULL, *bu = NULL;
+        for (int r = 0; r < t->base.size; r++) {
+            if (r == t->base.rank)
+                continue;
+            peer *p = &t->peers[r];
+            unexp *prev = NULL, *u = p->uq_head;
+            while (u && u->tag != x->tag) {
+                prev = u;
+                u = u->next;
+            }
+            if (u && (!bu || u->arrival < bu->arrival)) {
+                bp = p;
+                bprev = prev;
+                bu = u;
+            }
+        }
+        if (bu) {
+            take_unexpected(t, bp, bprev, bu, x, &done);
+        } else {
+            queue_push(&t->any_head, &t->any_tail, x);
+            for (int r = 0; r < t->base.size && !td_xfer_done(x); r++)
+                if (r != t->base.rank)
+                    drain(t, &t->peers[r], false, &done);
+        }
+    }
+    need_io_locked(t, x);
+    pthread_mutex_unlock(&t->mu);
+    run_callbacks(&done);
+    return TD_OK;
+}
+
+static td_status xfer_result(td_xfer *x)
+{
+    if (x->status != TD_OK)
+        return td_error_set(x->status, x->error);
+    return TD_OK;
+}
+
+/* Spin budget for the next wait: the full budget while spinning pays off; after a spin that
+ * ended in sleep, short spins for exponentially more waits (the peer is slow, or shares the
+ * core). */
+static int64_t spin_budget(shm_transport *t)
+{
+    int skip = atomic_load_explicit(&t->spin_skip, memory_order_relaxed);
+    if (skip > 0) {
+        atomic_store_explicit(&t->spin_skip, skip - 1, memory_order_relaxed);
+        return t->spin_ns < SPIN_MIN_NS ? t->spin_ns : SPIN_MIN_NS;
+    }
+    return t->spin_ns;
+}
+
+static void spin_result(shm_transport *t, bool slept)
+{
+    if (!slept) {
+        atomic_store_explicit(&t->spin_skip_next, 0, memory_order_relaxed);
+        return;
+    }
+    int next = atomic_load_explicit(&t->spin_skip_next, memory_order_relaxed);
+    next = next ? next * 2 : 1;
+    if (next > 64)
+        next = 64;
+    atomic_store_explicit(&t->spin_skip_next, next, memory_order_relaxed);
+    atomic_store_explicit(&t->spin_skip, next, memory_order_relaxed);
+}
+
+static td_status shm_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
+{
+    shm_transport *t = (shm_transport *)base;
+    if (td_xfer_done(x))
+        return xfer_result(x);
+    int64_t dl = x->deadline_ns < deadline_ns ? x->deadline_ns : deadline_ns;
+    done_list done = {0};
+    pthread_mutex_lock(&t->mu);
+    if (t->poller_busy) {
+        /* Another thread drives progress and completes x; if it leaves first, the io thread does. */
+        t->xfer_sleepers++;
+        pthread_mutex_unlock(&t->mu);
+        bool ok = td_xfer_sleep(x, dl);
+        pthread_mutex_lock(&t->mu);
+        t->xfer_sleepers--;
+        if (!ok && !td_xfer_done(x))
+            timeout_locked(t, x, &done);
+        pthread_mutex_unlock(&t->mu);
+        run_callbacks(&done);
+        return xfer_result(x);
+    }
+    t->poller_busy = true;
+    int64_t spin_end = td_now_ns() + spin_budget(t);
+    bool slept = false;
+    for (;;) {
+        bool moved = progress_locked(t, &done);
+        if (td_xfer_done(x))
+            break;
+        int64_t now = td_now_ns();
+        if (now >= dl) {
+            timeout_locked(t, x, &done);
+            break;
+        }
+        pthread_mutex_unlock(&t->mu);
+        run_callbacks(&done);
+        if (moved) {
+            spin_end = now + t->spin_ns; /* data is flowing: keep polling */
+        } else if (now < spin_end) {
+            if (t->oversubscribed)
+                sched_yield();
+            else
+                __builtin_ia32_pause();
+        } else {
+            /* Register, look once more, then sleep until a peer rings. */
+            atomic_fetch_add(&t->bell->sleepers, 1);
+            uint32_t seq = atomic_load(&t->bell->seq);
+            pthread_mutex_lock(&t->mu);
+            moved = progress_locked(t, &done);
+            bool finished = td_xfer_done(x);
+            pthread_mutex_unlock(&t->mu);
+            run_callbacks(&done);
+            if (!finished && !moved) {
+                futex_wait(&t->bell->seq, seq, dl, SHM_BIT_WAIT);
+                slept = true;
+            }
+            atomic_fetch_sub(&t->bell->sleepers, 1);
+        }
+        pthread_mutex_lock(&t->mu);
+    }
+    t->poller_busy = false;
+    spin_result(t, slept);
+    /* Pending operations that someone else waits for (or with callbacks) go to the io thread. */
+    if (t->pending && (t->pending_cb || t->xfer_sleepers) && !atomic_load(&t->bell->io_registered))
+        bell_ring(t->bell, SHM_BIT_IO);
+    pthread_mutex_unlock(&t->mu);
+    run_callbacks(&done);
+    return xfer_result(x);
+}
+
+static void shm_abort(td_transport *base, td_status status, const char *message)
+{
+    shm_transport *t = (shm_transport *)base;
+    done_list done = {0};
+    pthread_mutex_lock(&t->mu);
+    abort_locked(t, status, message ? message : td_status_str(status), &done);
+    pthread_mutex_unlock(&t->mu);
+    run_callbacks(&done);
+}
+
+static void free_transport(shm_transport *t)
+{
+    for (int r = 0; t->peers && r < t->base.size; r++) {
+        peer *p = &t->peers[r];
+        if (p->sock >= 0)
+            close(p->sock);
+        if (p->pidfd >= 0)
+            close(p->pidfd);
+        td_segment_unmap(&p->seg);
+        for (unexp *u = p->uq_head; u;) {
+            unexp *next = u->next;
+            free(u->buf);
+            free(u);
+            u = next;
+        }
+    }
+    for (unexp *u = t->free_unexp; u;) {
+        unexp *next = u->next;
+        free(u);
+        u = next;
+    }
+    for (int c = 0; c < POOL_CLASSES; c++) {
+        for (pool_buf *b = t->pool[c]; b;) {
+            pool_buf *next = b->next;
+            free(b);
+            b = next;
+        }
+    }
+    td_segment_unmap(&t->seg);
+    if (t->watch_efd >= 0)
+        close(t->watch_efd);
+    pthread_mutex_destroy(&t->mu);
+    free(t->peers);
+    free(t->global_ranks);
+    free(t);
+}
+
+static void shm_destroy(td_transport *base)
+{
+    shm_transport *t = (shm_transport *)base;
+    shm_abort(base, TD_ERR_CLOSED, "The process group was destroyed");
+    TD_LOG_DEBUG("shm transport of rank %d: %llu bytes received straight into posted buffers, %llu messages "
+                 "through unexpected-message buffers",
+                 grank(t, t->base.rank), (unsigned long long)t->n_direct, (unsigned long long)t->n_unexpected);
+    pthread_mutex_lock(&t->mu);
+    t->stop = true;
+    pthread_mutex_unlock(&t->mu);
+    bell_ring(t->bell, SHM_BIT_ALL);
+    if (t->io_started)
+        td_thread_join(t->io_thread);
+    if (t->watch_started) {
+        uint64_t one = 1;
+        ssize_t n = write(t->watch_efd, &one, sizeof one);
+        (void)n;
+        td_thread_join(t->watch_thread);
+    }
+    if (t->abort_status == TD_ERR_CLOSED)
+        for (int r = 0; r < t->base.size; r++)
+            if (r != t->base.rank && !atomic_load(&t->peers[r].gone))
+                send_control(&t->peers[r], TD_SHM_CTRL_BYE, TD_OK, NULL);
+    free_transport(t);
+}
+
+static const td_transport_ops shm_ops = {
+    .name = "shm",
+    .isend = shm_isend,
+    .irecv = shm_irecv,
+    .wait = shm_wait,
+    .abort = shm_abort,
+    .destroy = shm_destroy,
+};
+
+bool td_transport_is_shm(const td_transport *t) { return t && t->ops == &shm_ops; }
+
+/* ---- direct access ----------------------------------------------------------------------------- */
+
+td_shm_desc td_shm_desc_make(int kind, int dtype, int op, int root, uint64_t count)
+{
+    td_shm_desc d;
+    d.what = (uint64_t)(uint8_t)kind | (uint64_t)(uint8_t)dtype << 8 | (uint64_t)(uint8_t)op << 16 |
+             (uint64_t)(uint32_t)(root + 1) << 32;
+    d.count = count;
+    return d;
+}
+
+static void desc_str(const td_shm_desc *d, char *out, size_t size)
+{
+    int kind = (int)(d->what & 0xff), dtype = (int)((d->what >> 8) & 0xff);
+    int root = (int)(uint32_t)(d->what >> 32) - 1;
+    int n = snprintf(out, size, "%s of %llu %s elements", td_coll_kind_name((td_coll_kind)kind),
+                     (unsigned long long)d->count, td_dtype_name((td_dtype)dtype));
+    if (root >= 0 && n > 0 && (size_t)n < size)
+        snprintf(out + n, size - (size_t)n, " (root %d)", root);
+}
+
+size_t td_shm_small_bytes(const td_transport *t) { return (size_t)((const shm_transport *)t)->layout.small_bytes; }
+size_t td_shm_slot_bytes(const td_transport *t) { return (size_t)((const shm_transport *)t)->layout.slot_bytes; }
+
+char *td_shm_small(td_transport *base, int r, uint64_t e)
+{
+    shm_transport *t = (shm_transport *)base;
+    char *b = r == t->base.rank ? t->small : t->peers[r].small;
+    return b + (e & 1) * t->layout.small_bytes;
+}
+
+char *td_shm_slot(td_transport *base, int r, uint64_t e)
+{
+    shm_transport *t = (shm_transport *)base;
+    char *b = r == t->base.rank ? t->large : t->peers[r].large;
+    return b + (e & 1) * t->layout.slot_bytes;
+}
+
+uint64_t td_shm_epoch(td_transport *base) { return ++((shm_transport *)base)->epoch; }
+
+void td_shm_arrive(td_transport *base, uint64_t e, const td_shm_desc *d)
+{
+    shm_transport *t = (shm_transport *)base;
+    shm_arrive *a = t->arrive;
+    int k = (int)(e & 1);
+    a->desc_epoch[k] = e;
+    a->what[k] = d ? d->what : 0;
+    a->count[k] = d ? d->count : 0;
+    atomic_store_explicit(&a->epoch, e, memory_order_release);
+    atomic_thread_fence(memory_order_seq_cst);
+    for (int r = 0; r < t->base.size; r++)
+        if (r != t->base.rank && atomic_load_explicit(&t->peers[r].bell->sleepers, memory_order_relaxed))
+            bell_ring(t->peers[r].bell, SHM_BIT_WAIT);
+}
+
+/* 1: arrived (and described as d), 0: not yet, -1: failed (error set, transport aborted). */
+static int check_peer(shm_transport *t, int r, uint64_t e, const td_shm_desc *d)
+{
+    peer *p = &t->peers[r];
+    uint64_t got = atomic_load_explicit(&p->arrive->epoch, memory_order_acquire);
+    if (got < e)
+        return 0;
+    if (d) {
+        int k = (int)(e & 1);
+        uint64_t de = p->arrive->desc_epoch[k], w = p->arrive->what[k], c = p->arrive->count[k];
+        if (de == e && (w != d->what || c != d->count)) {
+            char mine[96], theirs[96], msg[TD_XFER_ERROR_MAX + 64];
+            td_shm_desc o = {w, c};
+            desc_str(d, mine, sizeof mine);
+            desc_str(&o, theirs, sizeof theirs);
+            snprintf(msg, sizeof msg,
+                     "Ranks disagree about a collective: rank %d runs %s, rank %d runs %s; every rank must run the "
+                     "same collectives with the same sizes",
+                     grank(t, t->base.rank), mine, grank(t, r), theirs);
+            shm_abort(&t->base, TD_ERR_INVALID, msg);
+            td_error_set(TD_ERR_INVALID, msg);
+            return -1;
+        }
+    }
+    return 1;
+}
+
+/* 1 when every awaited peer arrived, 0 not yet, -1 failed. *missing: one that has not. */
+static int check_all(shm_transport *t, int r, uint64_t e, const td_shm_desc *d, int *missing)
+{
+    if (r >= 0)
+        return (*missing = r), check_peer(t, r, e, d);
+    int result = 1;
+    for (int q = 0; q < t->base.size; q++) {
+        if (q == t->base.rank)
+            continue;
+        int c = check_peer(t, q, e, d);
+        if (c < 0)
+            return -1;
+        if (c == 0) {
+            *missing = q;
+            result = 0;
+            if (!d)
+                return 0;
+        }
+    }
+    return result;
+}
+
+static td_status wait_failed(shm_transport *t, int missing, uint64_t e, int64_t deadline_ns, int64_t start_ns)
+{
+    pthread_mutex_lock(&t->mu);
+    if (!t->aborted) {
+        done_list done = {0};
+        if (atomic_load(&t->peers[missing].gone)) {
+            char msg[TD_XFER_ERROR_MAX];
+            closed_msg(t, &t->peers[missing], msg, sizeof msg);
+            abort_locked(t, TD_ERR_PEER_LOST, msg, &done);
+        } else if (td_deadline_passed(deadline_ns)) {
+            abortf_locked(t, TD_ERR_TIMEOUT, &done,
+                          "Timed out after %lld ms waiting for rank %d in a shared-memory collective (step %llu)",
+                          (long long)((td_now_ns() - start_ns) / 1000000), grank(t, missing), (unsigned long long)e);
+        }
+        pthread_mutex_unlock(&t->mu);
+        run_callbacks(&done);
+        pthread_mutex_lock(&t->mu);
+    }
+    td_status s = t->aborted ? td_error_set(t->abort_status, t->abort_msg)
+                             : td_error(TD_ERR_INTERNAL, "shm transport: a wait for rank %d ended without cause",
+                                        grank(t, missing));
+    pthread_mutex_unlock(&t->mu);
+    return s;
+}
+
+td_status td_shm_wait_arrival(td_transport *base, int r, uint64_t e, const td_shm_desc *d, int64_t deadline_ns)
+{
+    shm_transport *t = (shm_transport *)base;
+    int missing = r;
+    int c = check_all(t, r, e, d, &missing);
+    if (c != 0)
+        return c > 0 ? TD_OK : TD_ERR_INVALID;
+    int64_t start = td_now_ns();
+    int64_t spin_end = start + spin_budget(t);
+    bool slept = false;
+    for (;;) {
+        if (atomic_load_explicit(&t->aborted_flag, memory_order_acquire) || atomic_load(&t->peers[missing].gone) ||
+            td_deadline_passed(deadline_ns))
+            break;
+        if (td_now_ns() < spin_end) {
+            if (t->oversubscribed)
+                sched_yield();
+            else
+                __builtin_ia32_pause();
+        } else {
+            atomic_fetch_add(&t->bell->sleepers, 1);
+            uint32_t seq = atomic_load(&t->bell->seq);
+            c = check_all(t, r, e, d, &missing);
+            if (c == 0 && !atomic_load(&t->aborted_flag) && !atomic_load(&t->peers[missing].gone)) {
+                futex_wait(&t->bell->seq, seq, deadline_ns, SHM_BIT_WAIT);
+                slept = true;
+            }
+            atomic_fetch_sub(&t->bell->sleepers, 1);
+            if (c < 0)
+                return TD_ERR_INVALID;
+        }
+        c = check_all(t, r, e, d, &missing);
+        if (c != 0) {
+            spin_result(t, slept);
+            return c > 0 ? TD_OK : TD_ERR_INVALID;
+        }
+    }
+    /* A peer that arrived before it left (or before the abort) still counts. */
+    c = check_all(t, r, e, d, &missing);
+    if (c != 0)
+        return c > 0 ? TD_OK : TD_ERR_INVALID;
+    return wait_failed(t, missing, e, deadline_ns, start);
+}
+
+/* ---- creation ---------------------------------------------------------------------------------- */
+
+static int cpus_available(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0)
+        return (int)sysconf(_SC_NPROCESSORS_ONLN);
+    return CPU_COUNT(&set);
+}
+
+td_status shm_transport_start(int rank, int size, const int *global_ranks, td_segment *own,
+                              const td_shm_layout *layout, shm_peer_setup *setup, td_transport **out)
+{
+    *out = NULL;
+    shm_transport *t = TD_NEW(shm_transport);
+    t->base.ops = &shm_ops;
+    t->base.rank = rank;
+    t->base.size = size;
+    td_mutex_init(&t->mu);
+    t->watch_efd = -1;
+    t->seg = *own;
+    *own = (td_segment)TD_SEGMENT_INIT;
+    t->layout = *layout;
+    shm_layout_offsets(size, layout, &t->off);
+    char *mine = t->seg.base;
+    t->bell = (shm_bell *)(mine + t->off.bell);
+    t->arrive = (shm_arrive *)(mine + t->off.arrive);
+    t->small = mine + t->off.small;
+    t->large = mine + t->off.large;
+    t->peers = TD_NEW_ARRAY(peer, (size_t)size);
+    for (int r = 0; r < size; r++) {
+        peer *p = &t->peers[r];
+        p->rank = r;
+        p->sock = p->pidfd = -1;
+        p->seg = (td_segment)TD_SEGMENT_INIT;
+        if (r == rank)
+            continue;
+        p->sock = setup[r].sock;
+        p->pid = setup[r].pid;
+        p->seg = setup[r].seg;
+        setup[r].sock = -1;
+        setup[r].seg = (td_segment)TD_SEGMENT_INIT;
+        char *theirs = p->seg.base;
+        p->bell = (shm_bell *)(theirs + t->off.bell);
+        p->arrive = (shm_arrive *)(theirs + t->off.arrive);
+        p->small = theirs + t->off.small;
+        p->large = theirs + t->off.large;
+        int out_idx = rank < r ? rank : rank - 1; /* my ring in its segment */
+        int in_idx = r < rank ? r : r - 1;        /* its ring in mine */
+        p->out_ctl = (shm_ring_ctl *)(theirs + t->off.rings + (size_t)out_idx * t->off.ring_stride);
+        p->out_data = (char *)p->out_ctl + SHM_RING_CTL_SIZE;
+        p->in_ctl = (shm_ring_ctl *)(mine + t->off.rings + (size_t)in_idx * t->off.ring_stride);
+        p->in_data = (char *)p->in_ctl + SHM_RING_CTL_SIZE;
+        p->whead = atomic_load(&p->out_ctl->head);
+        p->rtail = atomic_load(&p->in_ctl->tail);
+        if (p->pid > 0) {
+            p->pidfd = (int)syscall(SYS_pidfd_open, p->pid, 0);
+            if (p->pidfd < 0)
+                TD_LOG_DEBUG("shm transport: pidfd_open(%d) failed (%s); rank %d's death is seen through its socket "
+                             "only",
+                             (int)p->pid, strerror(errno), global_ranks ? global_ranks[r] : r);
+        }
+    }
+    if (global_ranks) {
+        t->global_ranks = TD_NEW_ARRAY(int, (size_t)size);
+        memcpy(t->global_ranks, global_ranks, sizeof(int) * (size_t)size);
+    }
+    int64_t spin_us = 20;
+    td_status s = td_env_int("TDIST_SHM_SPIN_US", 20, 0, 1000000, &spin_us);
+    if (s != TD_OK)
+        goto fail;
+    t->spin_ns = spin_us * 1000;
+    /* Each rank runs a caller and a worker thread that may both be waiting: with fewer cores than
+     * that, spinning must yield. */
+    t->oversubscribed = 2 * size > cpus_available();
+    t->watch_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (t->watch_efd < 0) {
+        s = td_error_errno(TD_ERR_IO, "creating the shm transport's eventfd");
+        goto fail;
+    }
+    s = td_thread_start(&t->io_thread, "td-shm-io", io_main, t);
+    if (s != TD_OK)
+        goto fail;
+    t->io_started = true;
+    s = td_thread_start(&t->watch_thread, "td-shm-watch", watch_main, t);
+    if (s != TD_OK)
+        goto fail;
+    t->watch_started = true;
+    *out = &t->base;
+    return TD_OK;
+fail:
+    if (t->io_started) {
+        pthread_mutex_lock(&t->mu);
+        t->stop = true;
+        pthread_mutex_unlock(&t->mu);
+        bell_ring(t->bell, SHM_BIT_ALL);
+        td_thread_join(t->io_thread);
+    }
+    free_transport(t);
+    return s;
+}

@@ -1,0 +1,184 @@
+/* Encoders and parsers of the shm transport's formats (shm_proto.h; docs/protocols.md, "shm
+ * transport"). All integers are little-endian on the socket; ring headers and the segment header
+ * live in memory shared by processes of one host and use its byte order. */
+#include "transport/shm_proto.h"
+
+#include <string.h>
+
+static void put32(uint8_t *b, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put64(uint8_t *b, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get32(const uint8_t *b)
+{
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++)
+        v |= (uint32_t)b[i] << (8 * i);
+    return v;
+}
+
+static uint64_t get64(const uint8_t *b)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v |= (uint64_t)b[i] << (8 * i);
+    return v;
+}
+
+/* Hello: u32 magic, u16 version, u16 type, u32 from, to, world, pid, u64 nonce, seg_size,
+ * ring_bytes, small_bytes, slot_bytes, group_hash, u16 msg_len, u16 0, msg (the rest). */
+void td_shm_hello_encode(uint8_t *b, const td_shm_hello *h)
+{
+    memset(b, 0, TD_SHM_HELLO_SIZE);
+    put32(b, TD_SHM_MAGIC);
+    b[4] = TD_SHM_VERSION;
+    b[6] = (uint8_t)h->type;
+    put32(b + 8, h->from);
+    put32(b + 12, h->to);
+    put32(b + 16, h->world);
+    put32(b + 20, h->pid);
+    put64(b + 24, h->nonce);
+    put64(b + 32, h->seg_size);
+    put64(b + 40, h->layout.ring_bytes);
+    put64(b + 48, h->layout.small_bytes);
+    put64(b + 56, h->layout.slot_bytes);
+    put64(b + 64, h->group_hash);
+    size_t ml = h->msg ? h->msg_len : 0;
+    if (ml > TD_SHM_HELLO_MSG_MAX)
+        ml = TD_SHM_HELLO_MSG_MAX;
+    b[72] = (uint8_t)ml;
+    b[73] = (uint8_t)(ml >> 8);
+    if (ml)
+        memcpy(b + 72 + 2, h->msg, ml);
+}
+
+bool td_shm_hello_parse(const uint8_t *b, size_t n, td_shm_hello *h, const char **why)
+{
+    memset(h, 0, sizeof *h);
+    if (n != TD_SHM_HELLO_SIZE) {
+        *why = "a hello of the wrong size";
+        return false;
+    }
+    if (get32(b) != TD_SHM_MAGIC) {
+        *why = "not a tdist shm transport hello (bad magic)";
+        return false;
+    }
+    if (b[4] != TD_SHM_VERSION || b[5] != 0) {
+        *why = "a shm transport hello of another protocol version";
+        return false;
+    }
+    h->type = b[6];
+    if ((h->type != TD_SHM_HELLO && h->type != TD_SHM_REFUSE) || b[7] != 0) {
+        *why = "a shm transport hello of an unknown type";
+        return false;
+    }
+    h->from = get32(b + 8);
+    h->to = get32(b + 12);
+    h->world = get32(b + 16);
+    h->pid = get32(b + 20);
+    h->nonce = get64(b + 24);
+    h->seg_size = get64(b + 32);
+    h->layout.ring_bytes = get64(b + 40);
+    h->layout.small_bytes = get64(b + 48);
+    h->layout.slot_bytes = get64(b + 56);
+    h->group_hash = get64(b + 64);
+    size_t ml = b[72] | ((size_t)b[73] << 8);
+    if (ml > TD_SHM_HELLO_MSG_MAX) {
+        *why = "a shm transport hello with an over-long message";
+        return false;
+    }
+    h->msg = ml ? (const char *)b + 74 : NULL;
+    h->msg_len = ml;
+    return true;
+}
+
+/* Control: u8 type, u8 0, u16 msg_len, i32 status, msg. */
+size_t td_shm_control_encode(uint8_t *f, int type, td_status status, const char *msg)
+{
+    size_t ml = msg ? strlen(msg) : 0;
+    if (ml > TD_SHM_CTRL_MSG_MAX)
+        ml = TD_SHM_CTRL_MSG_MAX;
+    f[0] = (uint8_t)type;
+    f[1] = 0;
+    f[2] = (uint8_t)ml;
+    f[3] = (uint8_t)(ml >> 8);
+    put32(f + 4, (uint32_t)(int32_t)status);
+    if (ml)
+        memcpy(f + TD_SHM_CTRL_HDR, msg, ml);
+    return TD_SHM_CTRL_HDR + ml;
+}
+
+td_shm_parse td_shm_control_parse(const uint8_t *b, size_t n, td_shm_control *c, size_t *used)
+{
+    memset(c, 0, sizeof *c);
+    *used = 0;
+    if (n < TD_SHM_CTRL_HDR)
+        return TD_SHM_PARSE_MORE;
+    c->type = b[0];
+    if ((c->type != TD_SHM_CTRL_BYE && c->type != TD_SHM_CTRL_ABORT) || b[1] != 0)
+        return TD_SHM_PARSE_BAD;
+    size_t ml = b[2] | ((size_t)b[3] << 8);
+    if (ml > TD_SHM_CTRL_MSG_MAX || (c->type == TD_SHM_CTRL_BYE && ml))
+        return TD_SHM_PARSE_BAD;
+    int32_t st = (int32_t)get32(b + 4);
+    /* An abort carries a failure: a status outside the codes tdist defines is malformed. */
+    if (c->type == TD_SHM_CTRL_ABORT && (st >= 0 || st < TD_ERR_INTERNAL))
+        return TD_SHM_PARSE_BAD;
+    if (c->type == TD_SHM_CTRL_BYE && st != 0)
+        return TD_SHM_PARSE_BAD;
+    if (n < TD_SHM_CTRL_HDR + ml)
+        return TD_SHM_PARSE_MORE;
+    c->status = (td_status)st;
+    c->msg = ml ? (const char *)b + TD_SHM_CTRL_HDR : NULL;
+    c->msg_len = ml;
+    *used = TD_SHM_CTRL_HDR + ml;
+    return TD_SHM_PARSE_OK;
+}
+
+void td_shm_msg_encode(uint8_t *b, uint64_t tag, uint64_t len)
+{
+    memcpy(b, &tag, 8);
+    memcpy(b + 8, &len, 8);
+}
+
+bool td_shm_msg_parse(const uint8_t *b, uint64_t *tag, uint64_t *len)
+{
+    memcpy(tag, b, 8);
+    memcpy(len, b + 8, 8);
+    return *len <= TD_SHM_MAX_MESSAGE;
+}
+
+bool td_shm_seg_header_check(const td_shm_seg_header *h, uint32_t rank, uint32_t world, uint64_t size,
+                             const td_shm_layout *layout, const char **why)
+{
+    if (h->magic != TD_SHM_MAGIC || h->version != TD_SHM_VERSION) {
+        *why = "its segment does not start with a tdist shm header of this version";
+        return false;
+    }
+    if (h->rank != rank || h->world != world) {
+        *why = "its segment names another rank or world size";
+        return false;
+    }
+    if (h->size != size || h->layout.ring_bytes != layout->ring_bytes ||
+        h->layout.small_bytes != layout->small_bytes || h->layout.slot_bytes != layout->slot_bytes) {
+        *why = "its segment's size or layout differs from the one its hello announced";
+        return false;
+    }
+    return true;
+}
+
+uint64_t td_shm_name_hash(const char *name)
+{
+    uint64_t h = UINT64_C(1469598103934665603);
+    for (const char *p = name ? name : ""; *p; p++)
+        h = (h ^ (unsigned char)*p) * UINT64_C(1099511628211);
+    return h;
+}

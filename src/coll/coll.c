@@ -19,7 +19,7 @@
 #define DEFAULT_SMALL ((size_t)32 << 10)
 
 static const char *const algo_names[TD_ALGO_COUNT] = {
-    "auto", "rd", "ring", "rhd", "tree", "bruck", "direct", "pairwise", "dissemination",
+    "auto", "rd", "ring", "rhd", "tree", "bruck", "direct", "pairwise", "dissemination", "shm", "shm_flat",
 };
 
 const char *td_algo_name(td_algo algo)
@@ -28,16 +28,17 @@ const char *td_algo_name(td_algo algo)
 }
 
 /* The algorithms each collective has; the first is what "auto" falls back to. */
-static const td_algo kind_algos[TD_COLL_KIND_COUNT][5] = {
-    [TD_COLL_BROADCAST] = {TD_ALGO_TREE, TD_ALGO_RING},
-    [TD_COLL_ALL_REDUCE] = {TD_ALGO_RD, TD_ALGO_RING, TD_ALGO_RHD, TD_ALGO_TREE},
-    [TD_COLL_REDUCE] = {TD_ALGO_TREE, TD_ALGO_RING},
-    [TD_COLL_ALL_GATHER] = {TD_ALGO_RING, TD_ALGO_BRUCK},
-    [TD_COLL_GATHER] = {TD_ALGO_DIRECT, TD_ALGO_TREE},
-    [TD_COLL_SCATTER] = {TD_ALGO_DIRECT, TD_ALGO_TREE},
-    [TD_COLL_REDUCE_SCATTER] = {TD_ALGO_RING, TD_ALGO_DIRECT},
+#define MAX_KIND_ALGOS 7
+static const td_algo kind_algos[TD_COLL_KIND_COUNT][MAX_KIND_ALGOS] = {
+    [TD_COLL_BROADCAST] = {TD_ALGO_TREE, TD_ALGO_RING, TD_ALGO_SHM},
+    [TD_COLL_ALL_REDUCE] = {TD_ALGO_RD, TD_ALGO_RING, TD_ALGO_RHD, TD_ALGO_TREE, TD_ALGO_SHM, TD_ALGO_SHM_FLAT},
+    [TD_COLL_REDUCE] = {TD_ALGO_TREE, TD_ALGO_RING, TD_ALGO_SHM, TD_ALGO_SHM_FLAT},
+    [TD_COLL_ALL_GATHER] = {TD_ALGO_RING, TD_ALGO_BRUCK, TD_ALGO_SHM},
+    [TD_COLL_GATHER] = {TD_ALGO_DIRECT, TD_ALGO_TREE, TD_ALGO_SHM},
+    [TD_COLL_SCATTER] = {TD_ALGO_DIRECT, TD_ALGO_TREE, TD_ALGO_SHM},
+    [TD_COLL_REDUCE_SCATTER] = {TD_ALGO_RING, TD_ALGO_DIRECT, TD_ALGO_SHM},
     [TD_COLL_ALL_TO_ALL] = {TD_ALGO_PAIRWISE, TD_ALGO_DIRECT},
-    [TD_COLL_BARRIER] = {TD_ALGO_DISSEMINATION},
+    [TD_COLL_BARRIER] = {TD_ALGO_DISSEMINATION, TD_ALGO_SHM},
 };
 
 bool td_algo_supports(td_algo algo, td_coll_kind kind)
@@ -46,7 +47,7 @@ bool td_algo_supports(td_algo algo, td_coll_kind kind)
         return false;
     if (algo == TD_ALGO_AUTO)
         return true;
-    for (int i = 0; i < 5 && kind_algos[kind][i]; i++)
+    for (int i = 0; i < MAX_KIND_ALGOS && kind_algos[kind][i]; i++)
         if (kind_algos[kind][i] == algo)
             return true;
     return false;
@@ -63,7 +64,7 @@ static const char *kind_name(int k)
 
 static void list_algos(td_buf *b, int kind)
 {
-    for (int i = 0; i < 5 && kind_algos[kind][i]; i++)
+    for (int i = 0; i < MAX_KIND_ALGOS && kind_algos[kind][i]; i++)
         td_buf_printf(b, "%s%s", i ? ", " : "", algo_names[kind_algos[kind][i]]);
 }
 
@@ -276,8 +277,9 @@ td_algo td_coll_choose(const td_coll_ctx *c, const td_coll *op)
 {
     if (op->kind >= TD_COLL_KIND_COUNT)
         return TD_ALGO_AUTO;
-    if (c->cfg.forced[op->kind] != TD_ALGO_AUTO)
-        return c->cfg.forced[op->kind];
+    td_algo forced = c->cfg.forced[op->kind];
+    if (forced != TD_ALGO_AUTO && forced != TD_ALGO_SHM && forced != TD_ALGO_SHM_FLAT)
+        return forced;
     size_t bytes = op_bytes(c, op);
     bool small = bytes <= c->cfg.small_bytes;
     int n = c->size;
@@ -348,8 +350,8 @@ static bool reduces(td_coll_kind k)
 
 td_status td_coll_run(td_coll_ctx *c, const td_coll *op, td_algo algo)
 {
-    if (algo == TD_ALGO_AUTO)
-        algo = td_coll_choose(c, op);
+    if (algo == TD_ALGO_AUTO || algo == TD_ALGO_SHM || algo == TD_ALGO_SHM_FLAT)
+        algo = td_coll_choose(c, op); /* the shm algorithms need shared memory: coll/shm_coll.h */
     if (!td_algo_supports(algo, op->kind))
         return td_error(TD_ERR_INVALID, "%s has no algorithm '%s'", kind_name(op->kind), td_algo_name(algo));
     coll_run R = {

@@ -1410,6 +1410,12 @@ td_status td_shm_wait_arrival(td_transport *base, int r, uint64_t e, const td_sh
 {
     shm_transport *t = (shm_transport *)base;
     int missing = r;
+    if (atomic_load_explicit(&t->aborted_flag, memory_order_acquire)) {
+        pthread_mutex_lock(&t->mu);
+        td_status s = td_error_set(t->abort_status, t->abort_msg);
+        pthread_mutex_unlock(&t->mu);
+        return s;
+    }
     int c = check_all(t, r, e, d, &missing);
     if (c != 0)
         return c > 0 ? TD_OK : TD_ERR_INVALID;

@@ -1,0 +1,357 @@
+/* The shared-memory collectives (coll/shm_coll.h) over the shm transport's direct access
+ * (transport/shm.h): each is a sequence of epochs in which ranks write their slots, raise their
+ * arrival, and read the slots of the peers that arrived. Choice by size and world size here;
+ * everything that has no direct algorithm goes to td_coll_run. */
+#include "coll/shm_coll.h"
+
+#include <string.h>
+
+#include "base/error.h"
+#include "coll/coll_impl.h"
+#include "transport/shm.h"
+
+/* all_reduce and reduce up to this many bytes reduce every input on every rank (one step); above,
+ * the slices (two steps per chunk) move less data. Measured on 2 to 4 ranks of one host. */
+#define FLAT_MAX ((size_t)16 << 10)
+
+typedef struct srun {
+    td_transport *t;
+    const td_coll *op;
+    int me, n;
+    size_t es;
+    td_reduce_fn fn;
+    int64_t dl;
+    td_shm_desc d;
+} srun;
+
+td_algo td_shm_coll_choose(const td_coll_ctx *c, const td_coll *op)
+{
+    td_algo forced = c->cfg.forced[op->kind];
+    size_t bytes = op->count * td_dtype_size(op->dtype);
+    bool flat_ok = bytes <= td_shm_small_bytes(c->t);
+    if (forced != TD_ALGO_AUTO) {
+        if (forced == TD_ALGO_SHM_FLAT && !flat_ok)
+            return TD_ALGO_SHM; /* does not fit in the small slots */
+        return forced;
+    }
+    switch (op->kind) {
+    case TD_COLL_ALL_REDUCE:
+    case TD_COLL_REDUCE:
+        return flat_ok && bytes <= FLAT_MAX ? TD_ALGO_SHM_FLAT : TD_ALGO_SHM;
+    case TD_COLL_BROADCAST:
+    case TD_COLL_ALL_GATHER:
+    case TD_COLL_GATHER:
+    case TD_COLL_SCATTER:
+    case TD_COLL_REDUCE_SCATTER:
+    case TD_COLL_BARRIER:
+        return TD_ALGO_SHM;
+    default:
+        return td_coll_choose(c, op);
+    }
+}
+
+/* ---- steps ------------------------------------------------------------------------------------- */
+
+/* Starts epoch *e: when this rank writes slots, waits until everyone is done with what was
+ * written two epochs ago (they arrived at the last one). */
+static td_status begin(srun *S, uint64_t *e, bool writes)
+{
+    *e = td_shm_epoch(S->t);
+    if (!writes)
+        return TD_OK;
+    return td_shm_wait_arrival(S->t, -1, *e - 1, NULL, S->dl);
+}
+
+static td_status wait_peer(srun *S, int r, uint64_t e) { return td_shm_wait_arrival(S->t, r, e, &S->d, S->dl); }
+static td_status wait_all(srun *S, uint64_t e) { return td_shm_wait_arrival(S->t, -1, e, &S->d, S->dl); }
+static void arrive(srun *S, uint64_t e) { td_shm_arrive(S->t, e, &S->d); }
+
+/* This rank's contribution into a slot: PREMUL_SUM scales on the way. */
+static td_status put_input(srun *S, char *dst, const void *src, size_t count)
+{
+    if (!count)
+        return TD_OK;
+    if (S->op->op.kind == TD_PREMUL_SUM && S->fn)
+        return td_reduce_premul(S->op->dtype, dst, src, count, S->op->op.factor);
+    memcpy(dst, src, count * S->es);
+    return TD_OK;
+}
+
+/* dst = slot_0 op slot_1 op ... op slot_{n-1}, each at byte offset off, in rank order. */
+static void reduce_all(srun *S, char *dst, uint64_t e, bool small, size_t off, size_t count)
+{
+    if (!count)
+        return;
+    char *(*slot)(td_transport *, int, uint64_t) = small ? td_shm_small : td_shm_slot;
+    S->fn(dst, slot(S->t, 0, e) + off, slot(S->t, 1, e) + off, count);
+    for (int q = 2; q < S->n; q++)
+        S->fn(dst, dst, slot(S->t, q, e) + off, count);
+}
+
+static td_status finish(srun *S, void *buf, size_t count)
+{
+    if (S->op->op.kind != TD_AVG || !count)
+        return TD_OK;
+    return td_reduce_finish(TD_AVG, S->op->dtype, buf, count, S->n);
+}
+
+/* Slice q of a chunk of cn elements: [lo, hi), on cache-line boundaries where elements allow. */
+static void slice_of(const srun *S, size_t cn, int q, size_t *lo, size_t *hi)
+{
+    size_t unit = S->es < 64 ? 64 / S->es : 1;
+    size_t units = (cn + unit - 1) / unit;
+    *lo = (size_t)((unsigned __int128)units * (size_t)q / (size_t)S->n) * unit;
+    *hi = (size_t)((unsigned __int128)units * (size_t)(q + 1) / (size_t)S->n) * unit;
+    if (*lo > cn)
+        *lo = cn;
+    if (*hi > cn)
+        *hi = cn;
+}
+
+static size_t chunk_elems(const srun *S, size_t per)
+{
+    size_t c = td_shm_slot_bytes(S->t) / (S->es * per);
+    return c ? c : 1;
+}
+
+/* ---- all_reduce and reduce --------------------------------------------------------------------- */
+
+/* root < 0: all_reduce (everyone ends with the result); else reduce to root. */
+static td_status reduce_flat(srun *S, int root)
+{
+    char *buf = S->op->out;
+    size_t count = S->op->count;
+    uint64_t e;
+    TD_TRY(begin(S, &e, true));
+    TD_TRY(put_input(S, td_shm_small(S->t, S->me, e), buf, count));
+    arrive(S, e);
+    if (root >= 0 && S->me != root)
+        return TD_OK;
+    TD_TRY(wait_all(S, e));
+    reduce_all(S, buf, e, true, 0, count);
+    return finish(S, buf, count);
+}
+
+static td_status reduce_slices(srun *S, int root)
+{
+    char *buf = S->op->out;
+    size_t count = S->op->count, es = S->es;
+    size_t chunk = chunk_elems(S, 1);
+    size_t off = 0;
+    do {
+        size_t cn = count - off < chunk ? count - off : chunk;
+        uint64_t e;
+        TD_TRY(begin(S, &e, true));
+        TD_TRY(put_input(S, td_shm_slot(S->t, S->me, e), COLL_AT(buf, off * es), cn));
+        arrive(S, e);
+        TD_TRY(wait_all(S, e));
+        size_t lo, hi;
+        slice_of(S, cn, S->me, &lo, &hi);
+        /* The reduced slice goes into the other slot (everyone is past the epoch that used it). */
+        char *dst = td_shm_slot(S->t, S->me, e + 1) + lo * es;
+        reduce_all(S, dst, e, false, lo * es, hi - lo);
+        TD_TRY(finish(S, dst, hi - lo));
+        uint64_t e2;
+        TD_TRY(begin(S, &e2, false));
+        arrive(S, e2);
+        if (root < 0 || S->me == root) {
+            for (int k = 0; k < S->n; k++) {
+                int q = (S->me + k) % S->n;
+                slice_of(S, cn, q, &lo, &hi);
+                if (q != S->me)
+                    TD_TRY(wait_peer(S, q, e2));
+                if (hi > lo)
+                    memcpy(buf + (off + lo) * es, td_shm_slot(S->t, q, e2) + lo * es, (hi - lo) * es);
+            }
+        }
+        off += cn;
+    } while (off < count);
+    return TD_OK;
+}
+
+/* ---- copies ------------------------------------------------------------------------------------ */
+
+static td_status broadcast(srun *S)
+{
+    char *buf = S->op->out;
+    int root = S->op->root;
+    size_t count = S->op->count, es = S->es, chunk = chunk_elems(S, 1), off = 0;
+    do {
+        size_t cn = count - off < chunk ? count - off : chunk;
+        uint64_t e;
+        TD_TRY(begin(S, &e, S->me == root));
+        if (S->me == root) {
+            if (cn)
+                memcpy(td_shm_slot(S->t, root, e), buf + off * es, cn * es);
+            arrive(S, e);
+        } else {
+            arrive(S, e); /* done with the last chunk */
+            TD_TRY(wait_peer(S, root, e));
+            if (cn)
+                memcpy(buf + off * es, td_shm_slot(S->t, root, e), cn * es);
+        }
+        off += cn;
+    } while (off < count);
+    return TD_OK;
+}
+
+/* all_gather (root < 0) and gather (to root). */
+static td_status gather(srun *S, int root)
+{
+    const char *in = S->op->in;
+    void *const *out = S->op->out_blocks;
+    size_t count = S->op->count, es = S->es, chunk = chunk_elems(S, 1), off = 0;
+    bool reader = root < 0 || S->me == root;
+    if (reader)
+        coll_copy(COLL_AT(out[S->me], 0), in, count * es);
+    do {
+        size_t cn = count - off < chunk ? count - off : chunk;
+        uint64_t e;
+        TD_TRY(begin(S, &e, true));
+        if (cn)
+            memcpy(td_shm_slot(S->t, S->me, e), in + off * es, cn * es);
+        arrive(S, e);
+        if (reader) {
+            for (int k = 1; k < S->n; k++) {
+                int q = (S->me + k) % S->n;
+                TD_TRY(wait_peer(S, q, e));
+                if (cn)
+                    memcpy((char *)out[q] + off * es, td_shm_slot(S->t, q, e), cn * es);
+            }
+        }
+        off += cn;
+    } while (off < count);
+    return TD_OK;
+}
+
+static td_status scatter(srun *S)
+{
+    int root = S->op->root, n = S->n;
+    const void *const *in = S->op->in_blocks;
+    char *out = S->op->out;
+    size_t count = S->op->count, es = S->es, chunk = chunk_elems(S, (size_t)n), off = 0;
+    if (S->me == root)
+        coll_copy(out, in[root], count * es);
+    do {
+        size_t cn = count - off < chunk ? count - off : chunk;
+        uint64_t e;
+        TD_TRY(begin(S, &e, S->me == root));
+        if (S->me == root) {
+            char *slot = td_shm_slot(S->t, root, e);
+            for (int q = 0; q < n && cn; q++)
+                if (q != root)
+                    memcpy(slot + (size_t)q * cn * es, (const char *)in[q] + off * es, cn * es);
+            arrive(S, e);
+        } else {
+            arrive(S, e);
+            TD_TRY(wait_peer(S, root, e));
+            if (cn)
+                memcpy(out + off * es, td_shm_slot(S->t, root, e) + (size_t)S->me * cn * es, cn * es);
+        }
+        off += cn;
+    } while (off < count);
+    return TD_OK;
+}
+
+static td_status reduce_scatter(srun *S)
+{
+    int n = S->n;
+    const void *const *in = S->op->in_blocks;
+    char *out = S->op->out;
+    size_t count = S->op->count, es = S->es, chunk = chunk_elems(S, (size_t)n), off = 0;
+    do {
+        size_t cn = count - off < chunk ? count - off : chunk;
+        uint64_t e;
+        TD_TRY(begin(S, &e, true));
+        char *slot = td_shm_slot(S->t, S->me, e);
+        for (int q = 0; q < n; q++)
+            TD_TRY(put_input(S, slot + (size_t)q * cn * es, COLL_AT(in[q], off * es), cn));
+        arrive(S, e);
+        TD_TRY(wait_all(S, e));
+        char *dst = COLL_AT(out, off * es);
+        reduce_all(S, dst, e, false, (size_t)S->me * cn * es, cn);
+        TD_TRY(finish(S, dst, cn));
+        off += cn;
+    } while (off < count);
+    return TD_OK;
+}
+
+static td_status barrier(srun *S)
+{
+    uint64_t e;
+    TD_TRY(begin(S, &e, false));
+    arrive(S, e);
+    return wait_all(S, e);
+}
+
+/* ---- dispatch ---------------------------------------------------------------------------------- */
+
+static bool reduces(td_coll_kind k)
+{
+    return k == TD_COLL_ALL_REDUCE || k == TD_COLL_REDUCE || k == TD_COLL_REDUCE_SCATTER;
+}
+
+td_status td_shm_coll_run(td_coll_ctx *c, const td_coll *op)
+{
+    td_algo a = c->size > 1 && td_transport_is_shm(c->t) ? td_shm_coll_choose(c, op) : TD_ALGO_AUTO;
+    if (a != TD_ALGO_SHM && a != TD_ALGO_SHM_FLAT)
+        return td_coll_run(c, op, a);
+    if (!td_algo_supports(a, op->kind))
+        return td_coll_run(c, op, TD_ALGO_AUTO);
+    srun S = {
+        .t = c->t,
+        .op = op,
+        .me = c->rank,
+        .n = c->size,
+        .es = td_dtype_size(op->dtype),
+        .dl = op->deadline_ns,
+    };
+    if (reduces(op->kind)) {
+        S.fn = td_reduce_kernel(op->op.kind, op->dtype);
+        if (!S.fn)
+            return TD_ERR_INVALID; /* message set by td_reduce_kernel */
+    }
+    int root = op->kind == TD_COLL_BROADCAST || op->kind == TD_COLL_REDUCE || op->kind == TD_COLL_GATHER ||
+                       op->kind == TD_COLL_SCATTER
+                   ? op->root
+                   : -1;
+    S.d = td_shm_desc_make((int)op->kind, (int)op->dtype, reduces(op->kind) ? (int)op->op.kind : 0, root,
+                           op->count);
+    td_status s;
+    switch (op->kind) {
+    case TD_COLL_ALL_REDUCE:
+        s = a == TD_ALGO_SHM_FLAT ? reduce_flat(&S, -1) : reduce_slices(&S, -1);
+        break;
+    case TD_COLL_REDUCE:
+        s = a == TD_ALGO_SHM_FLAT ? reduce_flat(&S, op->root) : reduce_slices(&S, op->root);
+        break;
+    case TD_COLL_BROADCAST:
+        s = broadcast(&S);
+        break;
+    case TD_COLL_ALL_GATHER:
+        s = gather(&S, -1);
+        break;
+    case TD_COLL_GATHER:
+        s = gather(&S, op->root);
+        break;
+    case TD_COLL_SCATTER:
+        s = scatter(&S);
+        break;
+    case TD_COLL_REDUCE_SCATTER:
+        s = reduce_scatter(&S);
+        break;
+    case TD_COLL_BARRIER:
+        s = barrier(&S);
+        break;
+    default:
+        return td_coll_run(c, op, TD_ALGO_AUTO);
+    }
+    if (s != TD_OK) {
+        /* Waits that fail have aborted the transport already; a failing kernel has not. */
+        char msg[TD_XFER_ERROR_MAX];
+        snprintf(msg, sizeof msg, "%s", td_last_error());
+        td_transport_abort(c->t, s, msg);
+        td_error_set(s, msg);
+    }
+    return s;
+}

@@ -12,6 +12,7 @@
 #include "base/buf.h"
 #include "base/env.h"
 #include "base/error.h"
+#include "base/launcher.h"
 #include "net/addr.h"
 #include "store/store_impl.h"
 
@@ -97,12 +98,24 @@ static td_status parse_int_param(const char *scheme, const char *what, const cha
 /* rank and world_size from the query; err_missing says c10d's words for a missing one. */
 static td_status rank_and_world(const char *scheme, const char *url, bool from_env, int *rank, int *world)
 {
-    char buf[64];
+    char buf[64], lbuf[32];
     const char *v;
+    /* Without RANK / WORLD_SIZE, env:// takes what an MPI launcher or Slurm set (OMPI_COMM_WORLD_*,
+     * PMI_*, SLURM_*: base/launcher.h), so that mpirun and srun start tdist jobs too. */
+    td_launcher_env launcher = {.rank = -1};
+    if (from_env && (!td_env_str("RANK", NULL) || !td_env_str("WORLD_SIZE", NULL))) {
+        td_status st = td_launcher_env_read(false, &launcher);
+        if (st == TD_ERR_INVALID)
+            return td_error_prefix(st, RDZV_ERR "env:// rendezvous");
+    }
     if (td_rendezvous_url_param(url, "rank", buf, sizeof buf))
         v = buf;
     else if (from_env && (v = td_env_str("RANK", NULL)))
         ;
+    else if (launcher.rank >= 0) {
+        snprintf(lbuf, sizeof lbuf, "%d", launcher.rank);
+        v = lbuf;
+    }
     else if (from_env)
         return td_error(TD_ERR_INVALID, RDZV_ERR "env:// rendezvous: environment variable RANK expected, but not set");
     else
@@ -112,6 +125,10 @@ static td_status rank_and_world(const char *scheme, const char *url, bool from_e
         v = buf;
     else if (from_env && (v = td_env_str("WORLD_SIZE", NULL)))
         ;
+    else if (launcher.rank >= 0) {
+        snprintf(lbuf, sizeof lbuf, "%d", launcher.world_size);
+        v = lbuf;
+    }
     else if (from_env)
         return td_error(TD_ERR_INVALID,
                         RDZV_ERR "env:// rendezvous: environment variable WORLD_SIZE expected, but not set");

@@ -11,7 +11,7 @@
 # host, shared memory), its single-copy path uses process_vm_readv, which containers often forbid
 # (btl_vader_single_copy_mechanism none), and it wants ssh for remote daemons (plm_rsh_agent false:
 # only local ranks). Other MPIs (MPICH's Hydra) need none of that.
-include_guard(GLOBAL)
+# Included by each directory that needs it (variables are per directory); repeating it is harmless.
 
 if(NOT TDIST_HAVE_MPI)
   return()

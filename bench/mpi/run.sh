@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# bench/mpi: tdist's mpi backend against plain MPI_Allreduce, in one run. tdist-bench --backend mpi
+# (float32 SUM all_reduce through td_pg_all_reduce: the front end's worker hand-off, the backend,
+# MPI) and bench/peers/mpi_allreduce.c (the same MPI_Allreduce called directly, measured the same
+# way: tools/tdist-bench/measure.c) both run under <build>/tdist-mpiexec, the mpiexec and flags of
+# the tests (cmake/TdistMpi.cmake), alternating so that a change of load hits both alike, REPEATS
+# times per world size. Prints the overhead table of docs/performance.md ("mpi backend overhead"):
+# the median over the repeats of each program's time per call, and tdist's overhead over MPI.
+# tdist runs in both collective modes: the default (blocking MPI calls on the group's worker) and
+# TDIST_MPI_COLLECTIVES=nonblocking (MPI_Iallreduce, completed by spin-testing and the progress
+# thread).
+#
+#   bash bench/mpi/run.sh [BUILD_DIR (build/plain)] [REPEATS (3)] [SECONDS per size (0.3)]
+# Environment: WORLDS ("2 4"), MIN (1K), MAX (64M), FACTOR (4), RESULTS (bench/results).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build=${1:-build/plain}
+reps=${2:-3}
+secs=${3:-0.3}
+worlds=${WORLDS:-2 4}
+min=${MIN:-1K}
+max=${MAX:-64M}
+factor=${FACTOR:-4}
+results=${RESULTS:-bench/results}
+
+if [ ! -x "$build/tdist-mpiexec" ]; then
+  echo "bench/mpi: $build was configured without MPI (apt-get install libopenmpi-dev openmpi-bin, then re-run cmake); skipping" >&2
+  exit 0
+fi
+cmake --build "$build" --target tdist-bench bench_mpi_allreduce >/dev/null
+mpiexec=$build/tdist-mpiexec
+tdist=$build/tools/tdist-bench/tdist-bench
+raw=$build/bench/mpi/mpi_allreduce
+mkdir -p "$results"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+common=(--min "$min" --max "$max" --factor "$factor" --time "$secs" --csv --no-header)
+run_one() { # impl world rep
+  local impl=$1 w=$2 rep=$3 out="$tmp/$1.$2.$3.csv"
+  case $impl in
+    mpi) "$mpiexec" -n "$w" "$raw" "${common[@]}" > "$out" ;;
+    tdist) "$mpiexec" -n "$w" "$tdist" --backend mpi --impl tdist-mpi "${common[@]}" > "$out" ;;
+    tdist-nb) TDIST_MPI_COLLECTIVES=nonblocking "$mpiexec" -n "$w" "$tdist" --backend mpi --impl tdist-mpi-nb \
+                "${common[@]}" > "$out" ;;
+  esac
+  sed "s/\$/,$rep/" "$out" >> "$tmp/all.csv"
+  echo "bench/mpi: $impl, world $w, run $rep: $(wc -l < "$out") sizes" >&2
+}
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+: > "$tmp/all.csv"
+for rep in $(seq "$reps"); do
+  for w in $worlds; do
+    if [ $((rep % 2)) = 1 ]; then order="mpi tdist tdist-nb"; else order="tdist-nb tdist mpi"; fi
+    for impl in $order; do run_one "$impl" "$w" "$rep"; done
+  done
+done
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+{ echo "impl,op,world,dtype,redop,root,size,count,time_us,algbw_gbs,busbw_gbs,wrong,iters,rep"; cat "$tmp/all.csv"; } \
+  > "$results/mpi_overhead.csv"
+
+mpi_version=$("${MPIEXEC:-mpiexec}" --version 2>/dev/null | head -1 || true)
+cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+machine="$(nproc) cores ($cpu), $(. /etc/os-release; echo "$PRETTY_NAME")"
+flags=$(sed -n 's/^exec "\([^"]*\)" /\1 /p' "$mpiexec" | sed 's/ "\$@"$//')
+python3 - "$results/mpi_overhead.csv" "$reps" "$secs" "$mpi_version" "$machine" "$load_before" "$load_after" "$flags" <<'PY' | tee "$results/mpi_overhead.md"
+import csv, statistics, sys
+path, reps, secs, mpi_v, machine, load0, load1, flags = sys.argv[1:]
+rows = list(csv.DictReader(open(path)))
+t = {}
+for r in rows:
+    if int(r["wrong"]) != 0:
+        sys.exit("bench/mpi: %s reported %s wrong elements at %s bytes" % (r["impl"], r["wrong"], r["size"]))
+    t.setdefault((r["impl"], int(r["world"]), int(r["size"])), []).append(float(r["time_us"]))
+def size_name(b):
+    for unit, n in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= n:
+            return "%g %s" % (b / n, unit)
+    return "%d B" % b
+print("Machine: %s. %s; `%s`. Load average %s before, %s after. Median of %s runs, %s s of calls per size."
+      % (machine, mpi_v, flags, load0, load1, reps, secs))
+for w in sorted({int(r["world"]) for r in rows}):
+    print()
+    print("World size %d (float32 SUM, time per call in microseconds; overhead = tdist / MPI - 1):" % w)
+    print()
+    print("| size | MPI_Allreduce | tdist mpi | overhead | tdist mpi, nonblocking | overhead |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    for size in sorted({int(r["size"]) for r in rows if int(r["world"]) == w}):
+        base = statistics.median(t[("openmpi", w, size)])
+        cells = ["%.1f" % base]
+        for impl in ("tdist-mpi", "tdist-mpi-nb"):
+            v = statistics.median(t[(impl, w, size)])
+            cells += ["%.1f" % v, "%+.1f%%" % (100 * (v / base - 1))]
+        print("| %s | %s |" % (size_name(size), " | ".join(cells)))
+PY

@@ -67,11 +67,17 @@ bool mpi_thread_multiple(void) { return g_provided >= MPI_THREAD_MULTIPLE; }
 char *mpi_error_text(int code, const char *what, td_status *status)
 {
     char text[MPI_MAX_ERROR_STRING + 1];
-    int len = 0, cls = MPI_ERR_UNKNOWN;
+    int len = 0, cls = MPI_ERR_UNKNOWN, initialized = 0, finalized = 0;
+    /* Open MPI aborts the job when MPI_Error_string is called outside MPI's lifetime. */
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
     mpi_enter();
-    if (MPI_Error_string(code, text, &len) != MPI_SUCCESS)
+    if (!initialized || finalized || MPI_Error_string(code, text, &len) != MPI_SUCCESS)
         len = snprintf(text, sizeof text, "MPI error %d", code);
-    MPI_Error_class(code, &cls);
+    if (initialized && !finalized)
+        MPI_Error_class(code, &cls);
+    else
+        cls = code;
     mpi_leave();
     text[len < 0 ? 0 : len > MPI_MAX_ERROR_STRING ? MPI_MAX_ERROR_STRING : len] = '\0';
     switch (cls) {

@@ -685,7 +685,7 @@ static td_status resolve_backend(const char *name, const td_backend_ops **ops)
     if (!name)
         name = td_env_str("TDIST_BACKEND", NULL);
     if (!name)
-        name = td_backend_available("tcp") ? "tcp" : "threaded";
+        name = "auto"; /* shared memory within a host, tcp between hosts */
     *ops = pg_find_backend(name);
     if (!*ops) {
         char *names = pg_backend_names();

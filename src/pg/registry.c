@@ -45,7 +45,8 @@ static void add_builtins_locked(void)
     if (g_builtins_added)
         return;
     g_builtins_added = true;
-    const td_backend_ops *builtins[] = {&td_backend_tcp_ops, &td_backend_threaded_ops,
+    const td_backend_ops *builtins[] = {&td_backend_tcp_ops, &td_backend_threaded_ops, &td_backend_shm_ops,
+                                        &td_backend_auto_ops,
 #if TDIST_HAVE_MPI
                                         &td_backend_mpi_ops,
 #endif

@@ -944,6 +944,23 @@ static bool drain_wanted(shm_transport *t)
     return false;
 }
 
+static bool sends_blocked(shm_transport *t)
+{
+    for (int r = 0; r < t->base.size; r++)
+        if (t->peers[r].sq_head)
+            return true;
+    return false;
+}
+
+/* Whether pending operations need the io thread when nobody polls: those with callbacks, those
+ * another thread sleeps on, and sends stuck on a full ring (their thread may be waiting on
+ * another transport, and the receiver may need their bytes first). Receives make progress when
+ * their sender fills the ring (it kicks this thread) or when someone waits on them. */
+static bool io_wanted(shm_transport *t)
+{
+    return t->pending_cb || t->xfer_sleepers || sends_blocked(t);
+}
+
 static void *io_main(void *arg)
 {
     shm_transport *t = arg;
@@ -953,9 +970,10 @@ static void *io_main(void *arg)
         uint32_t seq = atomic_load(&t->bell->seq);
         int64_t dl = td_now_ns() + 10 * IO_SLICE_NS;
         bool moved = false;
-        if (!t->poller_busy && !t->aborted && (t->pending || drain_wanted(t))) {
+        bool wanted = t->pending && io_wanted(t);
+        if (!t->poller_busy && !t->aborted && (wanted || drain_wanted(t) || t->pending)) {
             /* Register first, then look: what a peer publishes after this is rung. */
-            if (t->pending && !atomic_load(&t->bell->io_registered)) {
+            if (wanted && !atomic_load(&t->bell->io_registered)) {
                 atomic_store(&t->bell->io_registered, 1);
                 seq = atomic_load(&t->bell->seq);
             }
@@ -968,7 +986,7 @@ static void *io_main(void *arg)
             if (xdl < dl)
                 dl = xdl;
         }
-        if (t->poller_busy || !t->pending || t->aborted)
+        if (t->poller_busy || !t->pending || !io_wanted(t) || t->aborted)
             atomic_store(&t->bell->io_registered, 0);
         pthread_mutex_unlock(&t->mu);
         run_callbacks(&done);
@@ -981,10 +999,12 @@ static void *io_main(void *arg)
     return NULL;
 }
 
-/* With the lock held, after posting x: if nobody will wait for it, the io thread must. */
+/* With the lock held, after posting x: if it may need progress while nobody polls, the io thread
+ * must know. */
 static void need_io_locked(shm_transport *t, td_xfer *x)
 {
-    if (!td_xfer_done(x) && x->on_done && !t->poller_busy && !atomic_load(&t->bell->io_registered))
+    if (!td_xfer_done(x) && (x->on_done || x->kind == TD_XFER_SEND) && !t->poller_busy &&
+        !atomic_load(&t->bell->io_registered))
         bell_ring(t->bell, SHM_BIT_IO);
 }
 
@@ -1186,7 +1206,7 @@ static td_status shm_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
     t->poller_busy = false;
     spin_result(t, slept);
     /* Pending operations that someone else waits for (or with callbacks) go to the io thread. */
-    if (t->pending && (t->pending_cb || t->xfer_sleepers) && !atomic_load(&t->bell->io_registered))
+    if (t->pending && io_wanted(t) && !atomic_load(&t->bell->io_registered))
         bell_ring(t->bell, SHM_BIT_IO);
     pthread_mutex_unlock(&t->mu);
     run_callbacks(&done);

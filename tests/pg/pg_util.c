@@ -13,10 +13,14 @@ const td_dtype pg_test_dtypes[PG_NDTYPES] = {TD_FLOAT32, TD_FLOAT64, TD_FLOAT16,
 
 static bool is_mpi(const td_test_ctx *ctx) { return strcmp(ctx->param, "mpi") == 0; }
 
+static const char *backend_of(const char *param) { return strcmp(param, "auto2x2") == 0 ? "auto" : param; }
+
+const char *pg_test_backend(const td_test_ctx *ctx) { return backend_of(ctx->param); }
+
 const char *pg_test_skip_unavailable(const char *param)
 {
     static __thread char reason[256];
-    if (!td_backend_available(param)) {
+    if (!td_backend_available(backend_of(param))) {
         snprintf(reason, sizeof reason, "Test requires backend %s to be available", param);
         return reason;
     }
@@ -111,7 +115,16 @@ td_pg_options pg_test_options(td_test_ctx *ctx, const pg_test_opts *opts)
     if (opts)
         o = *opts;
     td_pg_options po = TD_PG_OPTIONS_INIT;
-    po.backend = ctx->param;
+    po.backend = pg_test_backend(ctx);
+    if (strcmp(ctx->param, "auto2x2") == 0) {
+        /* Two simulated hosts. Each rank is a fresh process and sets this before its first group
+         * (the value never changes afterwards, so no library thread reads it while it is set). */
+        char host[32];
+        snprintf(host, sizeof host, "pg-test-host-%d", ctx->rank * 2 / ctx->world_size);
+        const char *cur = getenv("TDIST_HOST_ID");
+        if (!cur || strcmp(cur, host) != 0)
+            setenv("TDIST_HOST_ID", host, 1);
+    }
     po.init_method = o.init_url ? o.init_url : ctx->init_url;
     po.rank = ctx->rank;
     po.world_size = ctx->world_size;

@@ -27,17 +27,21 @@
 
 #include "tdist_config.h"
 
-/* Later backends ("shm", "auto") join these lists. */
+/* "auto2x2" is the auto backend with TDIST_HOST_ID set per rank so that the ranks form two
+ * simulated hosts (the first half of the ranks and the rest), which really talk TCP to each other:
+ * shared memory inside each, hierarchical collectives across. pg_test_backend names the backend. */
 #if TDIST_HAVE_MPI
 #define TD_PG_MPI_BACKEND ",mpi"
 #else
 #define TD_PG_MPI_BACKEND ""
 #endif
-#define TD_PG_SPAWNED_BACKENDS "tcp" /* ranks started by the harness */
+#define TD_PG_SPAWNED_BACKENDS "tcp,shm,auto,auto2x2" /* ranks started by the harness */
 #define TD_PG_PROCESS_BACKENDS TD_PG_SPAWNED_BACKENDS TD_PG_MPI_BACKEND
 #define TD_PG_THREAD_BACKENDS "threaded"
 
 const char *pg_test_skip_unavailable(const char *param);
+/* The backend a case's parameter runs on ("auto" for "auto2x2"). */
+const char *pg_test_backend(const td_test_ctx *ctx);
 /* The setup hook of the process cases: makes (and destroys) one mpi group, so that MPI's own
  * threads and files exist before the leak baseline; nothing for other backends. */
 void pg_test_setup(td_test_ctx *ctx);

@@ -2,6 +2,7 @@
  * stalled rank running into the group's timeout, collectives that differ between ranks under
  * TDIST_DEBUG=DETAIL, monitored_barrier naming the ranks that did not come, a failing rank thread
  * waking the others, and the INFO log. After each failure a new group works in the same process. */
+#include <ctype.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,7 +92,13 @@ TD_PG_TEST_ON(stalled_rank_timeout, 2, TD_PG_SPAWNED_BACKENDS, .timeout_s = 90)
         td_status st = td_pg_all_reduce(pg, t, TD_OP_SUM, NULL);
         int64_t took = now_ms() - t0;
         char cls[32];
-        snprintf(cls, sizeof cls, "Work%s", strcmp(ctx->param, "threaded") == 0 ? "Threaded" : "TCP");
+        /* c10d's naming: WorkThreaded, WorkTCP, WorkSHM, WorkAUTO */
+        const char *b = pg_test_backend(ctx);
+        if (strcmp(b, "threaded") == 0)
+            snprintf(cls, sizeof cls, "WorkThreaded");
+        else
+            for (int i = snprintf(cls, sizeof cls, "Work%s", b); i > 4; i--)
+                cls[i - 1] = (char)toupper((unsigned char)cls[i - 1]);
         TD_CHECK_ERR(st, TD_ERR_TIMEOUT, "[Rank 0] Watchdog caught collective operation timeout: ");
         TD_CHECK_CONTAINS(td_last_error(), cls);
         TD_CHECK_CONTAINS(td_last_error(), "(SeqNum=1, OpType=ALLREDUCE, NumelIn=4, NumelOut=4, Timeout(ms)=5000) ran for ");

@@ -70,7 +70,7 @@ static void default_group_body(td_test_ctx *ctx)
     TD_CHECK_EQ(td_get_rank(), ctx->rank);
     TD_CHECK_EQ(td_get_world_size(), ws);
     TD_CHECK_STR_EQ(td_pg_name(NULL), "0");
-    TD_CHECK_STR_EQ(td_pg_backend(NULL), ctx->param);
+    TD_CHECK_STR_EQ(td_pg_backend(NULL), pg_test_backend(ctx));
     TD_CHECK_ERR(td_init_process_group(&o), TD_ERR_ALREADY, "trying to initialize the default process group twice!");
     TD_CHECK_OK(td_pg_all_reduce(NULL, t, TD_OP_SUM, NULL));
     TD_CHECK_NEAR(sum_of(t), 4.0 * ws, 0);
@@ -158,7 +158,7 @@ TD_PG_TEST(lifecycle, 3, .timeout_s = 60)
     int ws = ctx->world_size;
     td_pg *pg = pg_test_init(ctx, NULL);
     TD_CHECK_STR_EQ(td_pg_name(pg), "0");
-    TD_CHECK_STR_EQ(td_pg_backend(pg), ctx->param);
+    TD_CHECK_STR_EQ(td_pg_backend(pg), pg_test_backend(ctx));
     TD_CHECK_EQ(td_pg_timeout_ms(pg), 60000);
     int n = 0;
     const int *ranks = td_pg_ranks(pg, &n);
@@ -501,7 +501,7 @@ TD_PG_TEST(trace_events, 2, .timeout_s = 60)
         nanosleep(&d, NULL);
     }
     td_pg_set_trace_callback(pg, NULL, NULL);
-    const char *b = ctx->param;
+    const char *b = pg_test_backend(ctx);
     TD_CHECK_EQ(count_events(&log, b, "all_reduce", true), 2);
     TD_CHECK_EQ(count_events(&log, b, "broadcast", false), 1);
     TD_CHECK_EQ(count_events(&log, b, "send", true), 1);

@@ -24,6 +24,7 @@
 #include <tdist/backend.h>
 #include <tdist/store.h>
 
+#include "backends/auto.h"
 #include "backends/auto_route.h"
 #include "backends/builtin.h"
 #include "backends/shm_p2p.h"
@@ -381,6 +382,18 @@ static td_status auto_supports(void *state, td_coll_kind kind, td_dtype dtype, t
     if (s->inner && s->inner->supports)
         return s->inner->supports(s->inner_state, kind, dtype, op);
     return TD_OK;
+}
+
+void td_auto_backend_topology(void *state, td_auto_topology *out)
+{
+    auto_state *s = state;
+    out->runs_as = s->inner ? s->inner->name : "hierarchical";
+    out->nhosts = s->nhosts;
+    out->host = s->host;
+    out->local_rank = s->local_rank;
+    out->local_size = s->local_size;
+    out->tcp = s->inner ? NULL : s->tcp;
+    out->shm = s->inner ? NULL : s->shm;
 }
 
 const td_backend_ops td_backend_auto_ops = {

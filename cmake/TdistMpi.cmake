@@ -7,7 +7,9 @@
 # Open MPI's defaults do not suit a test machine: as root it refuses to run
 # (OMPI_ALLOW_RUN_AS_ROOT*), with more ranks than cores it refuses too (--oversubscribe), it binds
 # each rank to a core, where the rank's worker and progress threads would then share it
-# (--bind-to none), it probes network transports and UCX (--mca pml ob1 --mca btl self,vader: one
+# (--bind-to none), its ranks busy-wait without yielding unless it sees more ranks than cores, which
+# with tdist's threads beside them on a small machine stalls a peer for whole scheduler time slices
+# (mpi_yield_when_idle 1), it probes network transports and UCX (--mca pml ob1 --mca btl self,vader: one
 # host, shared memory), its single-copy path uses process_vm_readv, which containers often forbid
 # (btl_vader_single_copy_mechanism none), and it wants ssh for remote daemons (plm_rsh_agent false:
 # only local ranks). Other MPIs (MPICH's Hydra) need none of that.
@@ -27,7 +29,7 @@ if(NOT DEFINED TDIST_MPI_IS_OPENMPI)
 endif()
 
 if(TDIST_MPI_IS_OPENMPI)
-  set(_flags --oversubscribe --bind-to none --mca pml ob1 --mca btl self,vader
+  set(_flags --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 --mca pml ob1 --mca btl self,vader
              --mca btl_vader_single_copy_mechanism none --mca plm_rsh_agent false)
   set(_env "export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
 else()

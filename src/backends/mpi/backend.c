@@ -338,11 +338,9 @@ void mpi_op_complete(mpi_op *op)
     td_status st = finish(op, &sender);
     td_work *w = op->work;
     mpi_op_put(op);
-    /* Last: once the work is done the front end may destroy the group. */
-    if (st == TD_OK)
-        td_work_done(w, TD_OK, sender, NULL);
-    else
-        td_work_done(w, st, sender, NULL);
+    /* Last: once the work is done the front end may destroy the group. (An error's message is in
+     * td_last_error(), set by finish.) */
+    td_work_done(w, st, sender, NULL);
 }
 
 /* ---- posting ------------------------------------------------------------------------------- */
@@ -384,6 +382,13 @@ static td_status premul_in_place(const td_coll *c, void *buf)
     return td_reduce_premul(c->dtype, buf, buf, c->count, c->op.factor);
 }
 
+static td_status check_tag(const mpi_group *g, int tag)
+{
+    if (tag > g->tag_ub)
+        return td_error(TD_ERR_INVALID, "mpi backend: tag %d is above this MPI's MPI_TAG_UB (%d)", tag, g->tag_ub);
+    return TD_OK;
+}
+
 #define MPI_CALL(blocking_call, nonblocking_call) (blocking ? (blocking_call) : (nonblocking_call))
 
 /* Starts op's MPI call (or, when blocking, runs it): op->req is MPI_REQUEST_NULL when nothing is
@@ -403,18 +408,14 @@ static td_status post(mpi_group *g, mpi_op *op, MPI_Datatype dt, MPI_Op mop, boo
     td_status st = TD_OK;
     switch (c->kind) {
     case TD_COLL_SEND:
-        if (c->tag > g->tag_ub)
-            return td_error(TD_ERR_INVALID, "mpi backend: tag %d is above this MPI's MPI_TAG_UB (%d)", c->tag,
-                            g->tag_ub);
+        TD_TRY(check_tag(g, c->tag));
         what = "MPI_Isend";
         mpi_enter();
         rc = MPI_Isend(c->in, cnt, dt, c->peer, c->tag, comm, req);
         mpi_leave();
         break;
     case TD_COLL_RECV:
-        if (c->tag > g->tag_ub)
-            return td_error(TD_ERR_INVALID, "mpi backend: tag %d is above this MPI's MPI_TAG_UB (%d)", c->tag,
-                            g->tag_ub);
+        TD_TRY(check_tag(g, c->tag));
         what = "MPI_Irecv";
         mpi_enter();
         rc = MPI_Irecv(c->out, cnt, dt, c->peer == TD_ANY_SOURCE ? MPI_ANY_SOURCE : c->peer, c->tag, comm, req);

@@ -12,9 +12,9 @@
  *
  * The progress thread owns every posted request that did not finish at once: it MPI_Testsome's
  * them, hands each finished one to mpi_op_complete, and cancels receives of aborted groups. While
- * requests are outstanding it polls (yielding the CPU between rounds, then sleeping up to
- * TDIST_MPI_POLL_MAX_US between them once nothing finished for a while, so that idle ranks on
- * shared cores do not starve the others); with none it sleeps until a request comes. It runs
+ * requests are outstanding it polls (yielding the CPU between rounds; once nothing came or finished
+ * for 20 ms, sleeping between them, up to TDIST_MPI_POLL_MAX_US, so that ranks waiting for a slow
+ * peer on shared cores do not starve the others); with none it sleeps until a request comes. It runs
  * while any mpi group exists: the first group starts it, the last one's destroy stops and joins
  * it. */
 #include <sched.h>
@@ -209,7 +209,10 @@ void *mpi_op_scratch(mpi_op *op, int i, size_t bytes)
 
 /* ---- the progress thread ---------------------------------------------------------------------- */
 
-#define POLL_SPIN_NS (50 * 1000)         /* poll without sleeping this long after the last completion */
+/* Poll without sleeping this long after the last request came or finished: nonblocking
+ * collectives (Open MPI's libnbc) and large messages advance only inside MPI calls, so a sleeping
+ * poller slows them down; a request that waits longer most likely waits for a slow peer. */
+#define POLL_SPIN_NS (20 * 1000 * 1000)
 #define POLL_DEFAULT_MAX_US 200
 
 static pthread_mutex_t g_life_mu = PTHREAD_MUTEX_INITIALIZER; /* start / stop (held across the join) */

@@ -650,13 +650,11 @@ static bool drain(shm_transport *t, peer *p, bool drain_all, done_list *done)
             }
             td_xfer *x = match_posted(t, p, tag);
             unexp *u = NULL;
-            bool discard = false;
             if (x) {
                 x->peer = x->peer == TD_TRANSPORT_ANY ? p->rank : x->peer;
                 if (x->total != len) {
                     fail_mismatch(t, x, p, tag, (size_t)len, done);
-                    x = NULL;
-                    discard = true;
+                    x = NULL; /* neither x nor u: the payload is read and dropped */
                 }
             } else {
                 bool must = drain_all || atomic_load_explicit(&p->in_ctl->sender_blocked, memory_order_relaxed) ||
@@ -674,7 +672,6 @@ static bool drain(shm_transport *t, peer *p, bool drain_all, done_list *done)
                 p->uq_tail = u;
                 t->n_unexpected++;
             }
-            (void)discard;
             tail += HDR;
             p->rstate = R_ACTIVE;
             p->rtag = tag;

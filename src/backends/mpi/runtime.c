@@ -12,9 +12,10 @@
  *
  * The progress thread owns every posted request that did not finish at once: it MPI_Testsome's
  * them, hands each finished one to mpi_op_complete, and cancels receives of aborted groups. While
- * requests are outstanding it polls (yielding the CPU between rounds; once nothing came or finished
- * for 20 ms, sleeping between them, up to TDIST_MPI_POLL_MAX_US, so that ranks waiting for a slow
- * peer on shared cores do not starve the others); with none it sleeps until a request comes. It runs
+ * requests are outstanding it polls, yielding the CPU between rounds; once nothing came or finished
+ * for 20 ms and only sends and receives are out, it sleeps between rounds, up to
+ * TDIST_MPI_POLL_MAX_US, so that ranks waiting for a slow peer on shared cores do not starve the
+ * others (a collective is polled until it ends); with none it sleeps until a request comes. It runs
  * while any mpi group exists: the first group starts it, the last one's destroy stops and joins
  * it. */
 #include <sched.h>
@@ -301,6 +302,19 @@ static void cancel_aborted(active_set *a)
     }
 }
 
+/* A nonblocking collective in flight: every rank has called it (or will soon), and it advances only
+ * while someone calls MPI, so it is polled until it ends. */
+static bool has_collective(const active_set *a)
+{
+    for (size_t i = 0; i < a->n; i++) {
+        const mpi_op *op = a->ops[i];
+        if (op->coll.kind != TD_COLL_SEND && op->coll.kind != TD_COLL_RECV &&
+            atomic_load(&op->state) != MPI_OP_ABORTED)
+            return true;
+    }
+    return false;
+}
+
 static int64_t poll_max_ns(void)
 {
     int64_t us = POLL_DEFAULT_MAX_US;
@@ -363,7 +377,7 @@ static void *progress_main(void *arg)
         pthread_mutex_lock(&g_mu);
         if (g_incoming || g_stop || a.n == 0)
             continue;
-        if (now - last_done < POLL_SPIN_NS || max_sleep == 0) {
+        if (now - last_done < POLL_SPIN_NS || max_sleep == 0 || has_collective(&a)) {
             pthread_mutex_unlock(&g_mu);
             sched_yield();
             pthread_mutex_lock(&g_mu);

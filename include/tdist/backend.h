@@ -7,7 +7,7 @@
  * register its own with td_register_backend.
  *
  * The front end hands the backend one td_coll at a time, in issue order, from the group's worker
- * thread. Arguments are already checked and normalized: ranks are group ranks, every buffer is
+ * thread (or, for a backend that sets inline_submit, from the caller of a blocking operation). Arguments are already checked and normalized: ranks are group ranks, every buffer is
  * contiguous memory of `dtype`, list forms are per-rank block arrays, coalesced forms are one
  * flattened buffer. The backend completes each operation exactly once with td_work_done, either
  * before submit returns (a blocking algorithm running on the worker thread) or later from its own
@@ -110,6 +110,11 @@ typedef struct td_backend_ops {
      * given: create then gets a store the other ranks do not see, and must not need one. May be
      * NULL. */
     td_status (*world)(int *rank, int *size);
+    /* true: submit may also be called from the thread that issued a blocking operation, when the
+     * group had nothing queued or running (it still gets one td_coll at a time, in issue order).
+     * That saves the hand-off to the worker thread and back, which is most of a small operation's
+     * time. Leave it false if the backend cares which thread calls it. */
+    bool inline_submit;
 } td_backend_ops;
 
 /* Registers a backend by ops->name (the ops struct must outlive the program's use of it).

@@ -157,4 +157,5 @@ const td_backend_ops td_backend_tcp_ops = {
     .abort = tcp_abort,
     .destroy = tcp_destroy,
     .supports = NULL,
+    .inline_submit = true,
 };

@@ -431,6 +431,39 @@ void td_work_done(td_work *w, td_status status, int sender, const char *fmt, ...
 
 /* ---- issuing and the worker ---------------------------------------------------------------- */
 
+static void stamp_work(td_pg *pg, td_work *w, int64_t now)
+{
+    w->seq = w->is_p2p ? ++pg->p2p_seq : ++pg->op_seq;
+    w->issue_ns = now;
+    w->coll.deadline_ns = td_deadline_after_ms(pg->timeout_ms);
+    w->fp.seq = (int64_t)w->seq;
+}
+
+static void run_work(td_pg *pg, td_work *w);
+
+/* A blocking call on an idle group runs on the caller's thread: the worker would only take the
+ * operation, hand it to the backend and hand the result back, two thread switches that are most of
+ * a small operation's time. `running` keeps the worker off the backend meanwhile, so operations
+ * still reach it one at a time in issue order; the watchdog sees the work among the in-flight
+ * ones. Called with pg->mu held; releases it. */
+static td_status run_inline_locked(td_pg *pg, td_work *w, int64_t now)
+{
+    stamp_work(pg, w, now);
+    td_future *f = td_future_retain(w->future);
+    pg->running = true;
+    inflight_link_locked(pg, w);
+    pthread_mutex_unlock(&pg->mu);
+    run_work(pg, w);
+    pthread_mutex_lock(&pg->mu);
+    pg->running = false;
+    if (pg->qhead) /* issued by other threads meanwhile: the worker waits for us */
+        pthread_cond_broadcast(&pg->cv);
+    pthread_mutex_unlock(&pg->mu);
+    td_status st = td_future_wait(f, 0);
+    td_future_release(f);
+    return st;
+}
+
 td_status pg_issue(td_pg *pg, td_work **ws, int n, td_future **futs)
 {
     td_future *local[8];
@@ -449,12 +482,11 @@ td_status pg_issue(td_pg *pg, td_work **ws, int n, td_future **futs)
         return st;
     }
     int64_t now = td_now_ns();
+    if (!futs && n == 1 && pg->ops->inline_submit && !pg->qhead && !pg->running)
+        return run_inline_locked(pg, ws[0], now);
     for (int i = 0; i < n; i++) {
         td_work *w = ws[i];
-        w->seq = w->is_p2p ? ++pg->p2p_seq : ++pg->op_seq;
-        w->issue_ns = now;
-        w->coll.deadline_ns = td_deadline_after_ms(pg->timeout_ms);
-        w->fp.seq = (int64_t)w->seq;
+        stamp_work(pg, w, now);
         fs[i] = td_future_retain(w->future);
         w->next = NULL;
         if (pg->qtail)
@@ -541,9 +573,10 @@ static void *worker_main(void *arg)
             pthread_mutex_lock(&pg->mu);
             continue;
         }
-        td_work *w = pg->qhead;
+        /* While an inline caller hands an operation to the backend, queued work waits its turn. */
+        td_work *w = pg->running ? NULL : pg->qhead;
         if (!w) {
-            if (pg->stop)
+            if (pg->stop && !pg->qhead)
                 break;
             /* Idle: watch the deadlines of what is in flight (asynchronous p2p, say). */
             td_work *oldest = NULL;
@@ -558,7 +591,7 @@ static void *worker_main(void *arg)
                 free(msg);
                 continue;
             }
-            if (!spun) {
+            if (!spun && !pg->running) {
                 spun = true;
                 atomic_store_explicit(&pg->queued, 0, memory_order_relaxed);
                 pthread_mutex_unlock(&pg->mu);
@@ -583,9 +616,11 @@ static void *worker_main(void *arg)
             continue;
         }
         inflight_link_locked(pg, w);
+        pg->running = true;
         pthread_mutex_unlock(&pg->mu);
         run_work(pg, w);
         pthread_mutex_lock(&pg->mu);
+        pg->running = false;
     }
     pthread_mutex_unlock(&pg->mu);
     return NULL;

@@ -128,6 +128,7 @@ struct td_pg {
     td_work *qhead, *qtail;
     _Atomic int queued;   /* set by pg_issue: what an idle worker spins on before it sleeps */
     td_work *inflight;
+    bool running;         /* the worker or an inline caller is handing an operation to the backend */
     td_status failed;     /* TD_OK while healthy */
     char *failed_msg;
     bool backend_aborted;

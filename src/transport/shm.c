@@ -59,6 +59,7 @@
 #define UNEXP_STEP ((size_t)1 << 20)
 #define IO_SLICE_NS (100 * 1000000LL) /* the io thread re-checks deadlines this often */
 #define SPIN_MIN_NS 2000
+#define PAUSE_NS 2000 /* spin without yielding this long (unless ranks outnumber cores) */
 
 enum { R_IDLE = 0, R_ACTIVE = 1 };
 
@@ -1141,6 +1142,24 @@ static void spin_result(shm_transport *t, bool slept)
     atomic_store_explicit(&t->spin_skip, next, memory_order_relaxed);
 }
 
+/* One step of a spin: a pause while the peer is likely just about to answer, then the core is
+ * given up between polls (another thread, maybe the peer, may need it). With more ranks than
+ * cores, yield from the start. */
+static void spin_pause(const shm_transport *t, int64_t spun_ns)
+{
+    if (t->oversubscribed || spun_ns > PAUSE_NS) {
+        sched_yield();
+        return;
+    }
+    for (int i = 0; i < 16; i++) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        __asm__ __volatile__("yield");
+#endif
+    }
+}
+
 static td_status shm_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
 {
     shm_transport *t = (shm_transport *)base;
@@ -1163,7 +1182,8 @@ static td_status shm_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
         return xfer_result(x);
     }
     t->poller_busy = true;
-    int64_t spin_end = td_now_ns() + spin_budget(t);
+    int64_t spin_start = td_now_ns();
+    int64_t spin_end = spin_start + spin_budget(t);
     bool slept = false;
     for (;;) {
         bool moved = progress_locked(t, &done);
@@ -1178,11 +1198,9 @@ static td_status shm_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
         run_callbacks(&done);
         if (moved) {
             spin_end = now + t->spin_ns; /* data is flowing: keep polling */
+            spin_start = now;
         } else if (now < spin_end) {
-            if (t->oversubscribed)
-                sched_yield();
-            else
-                __builtin_ia32_pause();
+            spin_pause(t, now - spin_start);
         } else {
             /* Register, look once more, then sleep until a peer rings. */
             atomic_fetch_add(&t->bell->sleepers, 1);
@@ -1443,11 +1461,9 @@ td_status td_shm_wait_arrival(td_transport *base, int r, uint64_t e, const td_sh
         if (atomic_load_explicit(&t->aborted_flag, memory_order_acquire) || atomic_load(&t->peers[missing].gone) ||
             td_deadline_passed(deadline_ns))
             break;
-        if (td_now_ns() < spin_end) {
-            if (t->oversubscribed)
-                sched_yield();
-            else
-                __builtin_ia32_pause();
+        int64_t now = td_now_ns();
+        if (now < spin_end) {
+            spin_pause(t, now - start);
         } else {
             atomic_fetch_add(&t->bell->sleepers, 1);
             uint32_t seq = atomic_load(&t->bell->seq);
@@ -1545,9 +1561,7 @@ td_status shm_transport_start(int rank, int size, const int *global_ranks, td_se
     if (s != TD_OK)
         goto fail;
     t->spin_ns = spin_us * 1000;
-    /* Each rank runs a caller and a worker thread that may both be waiting: with fewer cores than
-     * that, spinning must yield. */
-    t->oversubscribed = 2 * size > cpus_available();
+    t->oversubscribed = size > cpus_available();
     t->watch_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (t->watch_efd < 0) {
         s = td_error_errno(TD_ERR_IO, "creating the shm transport's eventfd");

@@ -15,8 +15,9 @@
 #include "transport/shm.h"
 
 /* all_reduce and reduce up to this many bytes reduce every input on every rank (one step); above,
- * the slices (two steps per chunk) move less data. Measured on 2 to 4 ranks of one host. */
-#define FLAT_MAX ((size_t)16 << 10)
+ * the slices (two steps per chunk) move and reduce less. Measured crossovers (bench/shm): 8 KiB
+ * for 2 ranks, 1 KiB for 4 (every rank reads all n inputs, so the one step loses sooner). */
+static size_t flat_max(int n) { return n <= 2 ? (size_t)8 << 10 : n == 3 ? (size_t)2 << 10 : (size_t)1 << 10; }
 /* From this size on, results are written around the caches (see copy_out). */
 #define STREAM_MIN ((size_t)16 << 20)
 
@@ -43,7 +44,7 @@ td_algo td_shm_coll_choose(const td_coll_ctx *c, const td_coll *op)
     switch (op->kind) {
     case TD_COLL_ALL_REDUCE:
     case TD_COLL_REDUCE:
-        return flat_ok && bytes <= FLAT_MAX ? TD_ALGO_SHM_FLAT : TD_ALGO_SHM;
+        return flat_ok && bytes <= flat_max(c->size) ? TD_ALGO_SHM_FLAT : TD_ALGO_SHM;
     case TD_COLL_BROADCAST:
     case TD_COLL_ALL_GATHER:
     case TD_COLL_GATHER:

@@ -456,7 +456,9 @@ static td_status run_inline_locked(td_pg *pg, td_work *w, int64_t now)
     run_work(pg, w);
     pthread_mutex_lock(&pg->mu);
     pg->running = false;
-    if (pg->qhead) /* issued by other threads meanwhile: the worker waits for us */
+    /* Issued by other threads meanwhile (the worker waits for us), or still in flight after submit
+     * returned (a backend that completes later): the worker must watch its deadline. */
+    if (pg->qhead || !td_future_is_completed(f))
         pthread_cond_broadcast(&pg->cv);
     pthread_mutex_unlock(&pg->mu);
     td_status st = td_future_wait(f, 0);

@@ -17,6 +17,10 @@
  * where the front end gave this op its own buffer, else into scratch) and AVG divides after MPI's
  * sum (td_reduce_finish). Counts above INT_MAX elements per call are TD_ERR_UNSUPPORTED.
  *
+ * Threads: submit runs on the group's worker, or on the caller of a blocking operation when the
+ * group is idle (inline_submit), so that a small blocking collective is one MPI call on the
+ * caller's thread, as in a plain MPI program.
+ *
  * Completion. Sends and receives are always MPI_Isend / MPI_Irecv: submit never blocks on a peer,
  * so isend/irecv pairs posted in any order never deadlock, and the progress thread (runtime.c)
  * completes them; a receive from TD_ANY_SOURCE reports MPI's source. Collectives run in one of two
@@ -37,6 +41,7 @@
  * send or collective already posted, so after a failure the job should end (MPI jobs usually do:
  * mpirun stops all ranks when one fails). */
 #include <limits.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -736,4 +741,6 @@ const td_backend_ops td_backend_mpi_ops = {
     .destroy = mpi_destroy,
     .supports = mpi_supports,
     .world = mpi_world,
+    /* Any thread may call MPI (MPI_THREAD_MULTIPLE, or one at a time through mpi_enter). */
+    .inline_submit = true,
 };

@@ -167,11 +167,14 @@ void shm_layout_offsets(int world, const td_shm_layout *l, shm_offsets *o)
     o->total = align_up(o->large + 2 * (size_t)l->slot_bytes, 4096);
 }
 
-td_status shm_layout_from_env(td_shm_layout *l)
+td_status shm_layout_from_env(int world, td_shm_layout *l)
 {
     uint64_t v;
     const char *s;
+    /* 256 KiB per ring, but about 2 MiB of rings per rank at most: large worlds get smaller rings. */
     l->ring_bytes = (uint64_t)256 << 10;
+    while (world > 9 && l->ring_bytes > ((uint64_t)16 << 10) && l->ring_bytes * (uint64_t)(world - 1) > ((uint64_t)2 << 20))
+        l->ring_bytes /= 2;
     l->small_bytes = (uint64_t)64 << 10;
     l->slot_bytes = (uint64_t)1 << 20;
     if ((s = td_env_str("TDIST_SHM_RING", NULL))) {

@@ -18,7 +18,8 @@
  * progress, and the transport's own thread does when nobody waits.
  *
  * Tuning (environment; every rank must use the same values, which the hello checks):
- *   TDIST_SHM_RING     bytes of each ring (default 256K; a power of two, at least 4K)
+ *   TDIST_SHM_RING     bytes of each ring (default 256K, less above 9 ranks: about 2M of rings
+ *                      per rank; a power of two, at least 4K)
  *   TDIST_SHM_SLOT     bytes of each large slot: the chunk of the direct collectives (default 1M)
  *   TDIST_SHM_SMALL    bytes of each small slot (default 64K)
  *   TDIST_SHM_SPIN_US  how long a waiting thread spins before sleeping (default 20; adaptive)

@@ -477,7 +477,7 @@ td_status td_shm_transport_create(const td_shm_options *o, td_transport **out)
     s.deadline = td_deadline_after_ms(o->timeout_ms);
     s.group_hash = td_shm_name_hash(o->group_name);
     s.seg = (td_segment)TD_SEGMENT_INIT;
-    TD_TRY(shm_layout_from_env(&s.layout));
+    TD_TRY(shm_layout_from_env(o->size, &s.layout));
     shm_offsets off;
     shm_layout_offsets(o->size, &s.layout, &off);
     s.seg_size = off.total;

@@ -52,8 +52,9 @@ typedef struct shm_offsets {
 } shm_offsets;
 
 void shm_layout_offsets(int world, const td_shm_layout *layout, shm_offsets *o);
-/* The layout from the environment (TDIST_SHM_RING, TDIST_SHM_SMALL, TDIST_SHM_SLOT). */
-td_status shm_layout_from_env(td_shm_layout *layout);
+/* The layout for a world of that size, or from the environment (TDIST_SHM_RING, TDIST_SHM_SMALL,
+ * TDIST_SHM_SLOT). */
+td_status shm_layout_from_env(int world, td_shm_layout *layout);
 
 /* What set-up hands the engine for each peer. */
 typedef struct shm_peer_setup {

@@ -462,6 +462,37 @@ COLL_TEST(transport_algorithms, .timeout_s = 120)
     close_cw(&w);
 }
 
+/* Eight ranks (on a machine with fewer cores): every direct algorithm still gives the right
+ * result. */
+TD_TEST(eight_ranks, .world_size = 8, .timeout_s = 120)
+{
+    cw w = open_cw(ctx, NULL);
+    const size_t ns[] = {1, 100, 5000};
+    for (size_t s = 0; s < 3; s++) {
+        size_t n = ns[s];
+        for (size_t a = 0; a < 2; a++) {
+            void *buf = filled(TD_FLOAT64, TD_SUM, ctx->rank, n);
+            td_coll c = coll_of(&w, TD_COLL_ALL_REDUCE, TD_FLOAT64, n);
+            c.in = c.out = buf;
+            run(&w, &c, reduce_algos[a], "all_reduce");
+            check_buf(TD_FLOAT64, TD_OP_SUM, buf, n, 8, 0, td_algo_name(reduce_algos[a]));
+            free(buf);
+        }
+        void **out = blocks(8, n, TD_INT32);
+        void *in = filled(TD_INT32, TD_SUM, ctx->rank, n);
+        td_coll c = coll_of(&w, TD_COLL_ALL_GATHER, TD_INT32, n);
+        c.in = in;
+        c.out_blocks = out;
+        run(&w, &c, TD_ALGO_SHM, "all_gather");
+        for (int r = 0; r < 8; r++)
+            for (size_t i = 0; i < n; i++)
+                TD_CHECK(((int32_t *)out[r])[i] == (int32_t)value(TD_SUM, r, i));
+        free(in);
+        free_blocks(out, 8);
+    }
+    close_cw(&w);
+}
+
 /* ---- failures --------------------------------------------------------------------------------- */
 
 /* Ranks that run different collectives (here: different sizes) fail at once on every rank with a

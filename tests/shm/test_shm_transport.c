@@ -31,6 +31,7 @@ static void connect_body(td_test_ctx *ctx)
 TD_TEST(connect_world_2, .world_size = 2) { connect_body(ctx); }
 TD_TEST(connect_world_3, .world_size = 3) { connect_body(ctx); }
 TD_TEST(connect_world_4, .world_size = 4) { connect_body(ctx); }
+TD_TEST(connect_world_8, .world_size = 8, .timeout_s = 120) { connect_body(ctx); }
 
 TD_TEST(connect_world_1, .world_size = 1)
 {

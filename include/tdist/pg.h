@@ -1,8 +1,9 @@
 /* tdist/pg.h: process groups and collectives (torch.distributed's c10d in C).
  *
- * A process group (td_pg) is a set of ranks that run collectives together on a backend: "tcp"
- * (sockets), "threaded" (ranks as threads of one process), and, as they arrive, "shm", "auto",
- * "mpi", "nccl", or a backend the application registers. Ranks meet through a store (tdist/store.h),
+ * A process group (td_pg) is a set of ranks that run collectives together on a backend: "auto"
+ * (the default: shared memory within a host, tcp between hosts), "shm" (one host), "tcp"
+ * (sockets), "threaded" (ranks as threads of one process), "mpi", and, as they arrive, "nccl", or
+ * a backend the application registers. Ranks meet through a store (tdist/store.h),
  * given explicitly or through an init_method URL (env://, tcp://, file://).
  *
  * Every operation is asynchronous and runs in issue order on the group's worker: pass a
@@ -64,7 +65,7 @@ static inline td_op td_op_of(td_reduce_op kind) { return (td_op){kind, 1.0}; }
 #define TD_ANY_SOURCE (-1)
 
 typedef struct td_pg_options {
-    const char *backend;     /* NULL: TDIST_BACKEND, else the default backend */
+    const char *backend;     /* NULL: TDIST_BACKEND, else the default backend, "auto" */
     const char *init_method; /* rendezvous URL; NULL with no store means "env://" */
     td_store *store;         /* explicit store (borrowed; the group keeps a reference) */
     int rank;                /* -1: from the URL or the environment */

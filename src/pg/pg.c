@@ -397,7 +397,11 @@ void pg_work_finish(td_work *w, td_status status, int sender, char *message)
     pthread_mutex_lock(&pg->mu);
     if (linked) {
         inflight_unlink_locked(pg, w);
-        pthread_cond_broadcast(&pg->cv);
+        /* Only destroy waits for the list to drain; the idle worker's deadline stays safe (it
+         * wakes at the old one and looks again), and waking it for every operation costs a
+         * thread switch per call. */
+        if (pg->stop)
+            pthread_cond_broadcast(&pg->cv);
     }
     work_recycle_locked(pg, w);
     pthread_mutex_unlock(&pg->mu);

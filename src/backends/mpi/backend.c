@@ -66,6 +66,8 @@ struct mpi_group {
     bool blocking;     /* collectives run as blocking MPI calls */
     int64_t spin_ns;
     int tag_ub;
+    mpi_op *spare;      /* the record of blocking collectives: one at a time, on the submitting thread */
+    _Atomic bool abort_seen; /* aborted, for submit's lock-free check */
     pthread_mutex_t mu; /* the fields below */
     mpi_op *inflight;
     bool aborted;
@@ -217,6 +219,7 @@ static td_status read_config(mpi_group *g)
 
 static void group_free(mpi_group *g)
 {
+    mpi_op_free(g->spare);
     free(g->global_ranks);
     free(g->abort_msg);
     pthread_mutex_destroy(&g->mu);
@@ -332,17 +335,20 @@ void mpi_op_complete(mpi_op *op)
 {
     int expect = MPI_OP_PENDING;
     if (!atomic_compare_exchange_strong(&op->state, &expect, MPI_OP_COMPLETING)) {
-        mpi_op_put(op); /* aborted: its work failed already */
+        mpi_op_put(op); /* aborted: its work failed already (never a spare: those are not tracked) */
         return;
     }
     mpi_group *g = op->g;
-    pthread_mutex_lock(&g->mu);
-    unlink_locked(g, op);
-    pthread_mutex_unlock(&g->mu);
+    if (!op->spare) { /* a spare is never on the in-flight list */
+        pthread_mutex_lock(&g->mu);
+        unlink_locked(g, op);
+        pthread_mutex_unlock(&g->mu);
+    }
     int sender = -1;
     td_status st = finish(op, &sender);
     td_work *w = op->work;
-    mpi_op_put(op);
+    if (!op->spare)
+        mpi_op_put(op);
     /* Last: once the work is done the front end may destroy the group. (An error's message is in
      * td_last_error(), set by finish.) */
     td_work_done(w, st, sender, NULL);
@@ -613,6 +619,8 @@ static td_status post(mpi_group *g, mpi_op *op, MPI_Datatype dt, MPI_Op mop, boo
 /* Fails work with the group's abort error, if the group was aborted. */
 static bool fail_if_aborted(mpi_group *g, td_work *work)
 {
+    if (!atomic_load_explicit(&g->abort_seen, memory_order_acquire))
+        return false;
     pthread_mutex_lock(&g->mu);
     bool aborted = g->aborted;
     td_status st = g->abort_status;
@@ -637,18 +645,29 @@ static td_status mpi_submit(void *state, const td_coll *coll, td_work *work)
         td_work_done(work, st, -1, NULL);
         return TD_OK;
     }
-    mpi_op *op = mpi_op_get();
+    bool p2p = coll->kind == TD_COLL_SEND || coll->kind == TD_COLL_RECV;
+    bool blocking = g->blocking && !p2p;
+    /* A blocking collective ends before submit returns: the group's own record serves, unlocked. */
+    mpi_op *op;
+    if (blocking) {
+        if (!g->spare)
+            g->spare = TD_NEW(mpi_op);
+        op = g->spare;
+        mpi_op_reset(op);
+        op->spare = true;
+    } else {
+        op = mpi_op_get();
+    }
     op->req = MPI_REQUEST_NULL;
     op->coll = *coll;
     op->work = work;
     op->g = g;
     op->size = g->size;
     op->me = g->rank;
-    bool p2p = coll->kind == TD_COLL_SEND || coll->kind == TD_COLL_RECV;
-    bool blocking = g->blocking && !p2p;
     st = post(g, op, dt, mop, blocking);
     if (st != TD_OK) {
-        mpi_op_put(op);
+        if (!op->spare)
+            mpi_op_put(op);
         td_work_done(work, st, -1, NULL);
         return TD_OK;
     }
@@ -706,6 +725,7 @@ static void mpi_abort(void *state, td_status status, const char *message)
     pthread_mutex_lock(&g->mu);
     if (!g->aborted) {
         g->aborted = true;
+        atomic_store_explicit(&g->abort_seen, true, memory_order_release);
         g->abort_status = status == TD_OK ? TD_ERR_INTERNAL : status;
         g->abort_msg = td_strdup(message ? message : "the mpi group was aborted");
     }

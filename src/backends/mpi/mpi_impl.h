@@ -63,6 +63,7 @@ struct mpi_op {
     int *ints;          /* counts and displacements for the v-collectives (4 * size entries) */
     size_t ints_cap;
     void *unpack;       /* scratch[] holding received blocks to copy into out_blocks, or NULL */
+    bool spare;            /* the group's own record for blocking collectives (never shared) */
     bool linked;           /* on the group's in-flight list (guarded by the group's lock) */
     mpi_op *gprev, *gnext; /* the group's in-flight list */
     mpi_op *next;          /* free list / the progress thread's incoming list */
@@ -71,6 +72,9 @@ struct mpi_op {
 /* An op record from the process-wide pool (zeroed but for its scratch buffers). */
 mpi_op *mpi_op_get(void);
 void mpi_op_put(mpi_op *op);
+/* Zeroes op but for its scratch buffers; frees op and its buffers. */
+void mpi_op_reset(mpi_op *op);
+void mpi_op_free(mpi_op *op);
 /* Grows scratch buffer i to at least bytes; NULL with the error set when allocation fails. */
 void *mpi_op_scratch(mpi_op *op, int i, size_t bytes);
 /* Hands a posted op to the progress thread, which calls mpi_op_complete when its request ends. */

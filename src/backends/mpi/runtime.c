@@ -167,6 +167,26 @@ td_status mpi_rt_init(void)
 static pthread_mutex_t g_pool_mu = PTHREAD_MUTEX_INITIALIZER;
 static mpi_op *g_pool;
 
+void mpi_op_reset(mpi_op *op)
+{
+    mpi_op keep = *op;
+    memset(op, 0, sizeof *op);
+    memcpy(op->scratch, keep.scratch, sizeof op->scratch);
+    memcpy(op->scratch_cap, keep.scratch_cap, sizeof op->scratch_cap);
+    op->ints = keep.ints;
+    op->ints_cap = keep.ints_cap;
+}
+
+void mpi_op_free(mpi_op *op)
+{
+    if (!op)
+        return;
+    free(op->scratch[0]);
+    free(op->scratch[1]);
+    free(op->ints);
+    free(op);
+}
+
 mpi_op *mpi_op_get(void)
 {
     pthread_mutex_lock(&g_pool_mu);
@@ -176,12 +196,7 @@ mpi_op *mpi_op_get(void)
     pthread_mutex_unlock(&g_pool_mu);
     if (!op)
         return TD_NEW(mpi_op);
-    mpi_op keep = *op;
-    memset(op, 0, sizeof *op);
-    memcpy(op->scratch, keep.scratch, sizeof op->scratch);
-    memcpy(op->scratch_cap, keep.scratch_cap, sizeof op->scratch_cap);
-    op->ints = keep.ints;
-    op->ints_cap = keep.ints_cap;
+    mpi_op_reset(op);
     return op;
 }
 

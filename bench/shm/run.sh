@@ -22,7 +22,7 @@ mkdir -p "$results"
 cmake --build "$build" --target tdist-bench shm_coll_bench shm_membw >/dev/null
 
 # The memory bandwidth first, while nothing of ours runs.
-"$build/bench/shm/shm_membw" 64 5 | grep -v '^#' > "$results/membw.csv"
+"$build/bench/shm/shm_membw" 64 10 | grep -v '^#' > "$results/membw.csv"
 
 # Each repeat runs the backend alone, then one round of bench/peers (tdist-bench on shm, Gloo and
 # Open MPI, in alternating order), so that a change of load on the machine hits all of them alike.
@@ -105,7 +105,7 @@ for n in sorted({k[1] for k in med}):
                        % (n, label, verdict(*worst(impl, "gloo", big), 5)))
 out += ["### Targets", "", "| world | what | target | result | |", "| ---: | --- | --- | --- | --- |"] + targets + [""]
 out += ["### Memory bandwidth of the machine", "",
-        "64 MiB operands, best of 5; GB/s of operand bytes per second (traffic: memcpy reads and writes each byte, "
+        "64 MiB operands, best of 10; GB/s of operand bytes per second (traffic: memcpy reads and writes each byte, "
         "read-add-write reads two and writes one).", "",
         "| loop | threads | GB/s (operand) | GB/s (traffic) |", "| --- | ---: | ---: | ---: |"]
 for (loop, th), (op, tr) in sorted(mem.items()):

@@ -7,7 +7,7 @@
 # through bench/peers/run.sh (the same measuring loop for all), one round per repeat after the
 # backend alone; the tables give medians over the repeats. Prints the table of
 # docs/performance.md, "Collectives on one host", and writes it into bench/results/shm/ (or
-# $RESULTS), with the raw CSVs (each round's plots are in round<N>/).
+# $RESULTS), with the raw CSVs.
 # Environment: MIN (8), MAX (64M).
 #
 #   bash bench/shm/run.sh [BUILD_DIR (build/plain)] [REPEATS (3)] [SECONDS per size (0.3)]
@@ -37,6 +37,7 @@ for rep in $(seq "$reps"); do
   BACKEND=shm RESULTS="$results/round$rep" WORLDS="2 4" MIN="${MIN:-8}" MAX="${MAX:-64M}" \
     bash bench/peers/run.sh "$build" 1 "$secs" >/dev/null
   tail -n +2 "$results/round$rep/allreduce_peers.csv" | sed 's/,[0-9]*$//' | sed "s/\$/,$rep/" >> "$results/allreduce_peers.csv"
+  rm -rf "$results/round$rep"
 done
 
 $py bench/shm/summarize.py "$results" "$reps"

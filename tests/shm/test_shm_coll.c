@@ -168,7 +168,7 @@ typedef struct combo {
 static const combo combos[] = {
     {TD_FLOAT32, TD_OP_SUM},  {TD_FLOAT32, TD_OP_MAX}, {TD_FLOAT64, TD_OP_PRODUCT}, {TD_INT32, TD_OP_MIN},
     {TD_INT64, TD_OP_BXOR},   {TD_UINT8, TD_OP_BOR},   {TD_BFLOAT16, TD_OP_SUM},    {TD_FLOAT32, TD_OP_AVG},
-    {TD_FLOAT16, TD_OP_AVG},  {TD_FLOAT64, TD_OP_PREMUL_SUM(0.5)},
+    {TD_FLOAT16, TD_OP_AVG},  {TD_FLOAT64, TD_OP_PREMUL_SUM(0.5)}, {TD_INT32, TD_OP_BAND},
 };
 #define NCOMBOS (sizeof combos / sizeof combos[0])
 /* 0, 1, odd, about a small slot, several large slots (4 KiB each). */

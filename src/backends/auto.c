@@ -403,4 +403,5 @@ const td_backend_ops td_backend_auto_ops = {
     .abort = auto_abort,
     .destroy = auto_destroy,
     .supports = auto_supports,
+    .inline_submit = true,
 };

@@ -86,4 +86,5 @@ const td_backend_ops td_backend_shm_ops = {
     .abort = shm_abort,
     .destroy = shm_destroy,
     .supports = NULL,
+    .inline_submit = true,
 };

@@ -17,11 +17,18 @@ int64_t td_wall_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+int64_t td_deadline_at(int64_t now_ns, int64_t timeout_ms)
+{
+    if (timeout_ms <= 0 || timeout_ms >= INT64_MAX / 2000000)
+        return TD_DEADLINE_NONE;
+    return now_ns + timeout_ms * 1000000;
+}
+
 int64_t td_deadline_after_ms(int64_t timeout_ms)
 {
     if (timeout_ms <= 0 || timeout_ms >= INT64_MAX / 2000000)
         return TD_DEADLINE_NONE;
-    return td_now_ns() + timeout_ms * 1000000;
+    return td_deadline_at(td_now_ns(), timeout_ms);
 }
 
 bool td_deadline_passed(int64_t deadline_ns)

@@ -439,7 +439,7 @@ static void stamp_work(td_pg *pg, td_work *w, int64_t now)
 {
     w->seq = w->is_p2p ? ++pg->p2p_seq : ++pg->op_seq;
     w->issue_ns = now;
-    w->coll.deadline_ns = td_deadline_after_ms(pg->timeout_ms);
+    w->coll.deadline_ns = td_deadline_at(now, pg->timeout_ms);
     w->fp.seq = (int64_t)w->seq;
 }
 

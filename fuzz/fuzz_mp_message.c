@@ -4,7 +4,6 @@
  * TD_ERR_NOT_FOUND (a named segment that does not exist) or TD_ERR_IO. Inputs naming file_system
  * segments would open real ones, so the target first moves into a private mount namespace with an
  * empty /dev/shm when it can (run it as root, or where user namespaces are allowed). */
-#define _GNU_SOURCE
 #include <sched.h>
 #include <stdint.h>
 #include <stdio.h>

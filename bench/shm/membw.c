@@ -10,7 +10,6 @@
  *   membw [SIZE_MIB (64)] [ROUNDS (5)] [THREADS (the CPUs this process may use)]
  */
 #ifndef _GNU_SOURCE
-#define _GNU_SOURCE
 #endif
 #include <pthread.h>
 #include <sched.h>

@@ -195,11 +195,15 @@ td_status td_future_set_error(td_future *f, td_status status, const char *fmt, .
     if (status == TD_OK)
         status = TD_ERR_INTERNAL;
     char *msg = NULL;
-    va_list ap;
-    va_start(ap, fmt);
-    if (vasprintf(&msg, fmt ? fmt : "", ap) < 0)
-        msg = td_strdup("(error message lost: out of memory)");
-    va_end(ap);
+    if (!fmt) {
+        msg = td_strdup("");
+    } else {
+        va_list ap;
+        va_start(ap, fmt);
+        if (vasprintf(&msg, fmt, ap) < 0)
+            msg = td_strdup("(error message lost: out of memory)");
+        va_end(ap);
+    }
     return complete(f, FUT_FAILED, status, msg, NULL);
 }
 

@@ -3,8 +3,9 @@
 # given number of seconds, starting from its seed corpus in fuzz/corpus/<target>/. A crash, leak
 # or sanitizer report fails the run and leaves the reproducer in the build folder.
 set -euo pipefail
-build=${1:-build/fuzz}
+build=$(realpath -m "${1:-build/fuzz}")
 seconds=${2:-30}
+src=$(pwd)
 cc=$(command -v clang || command -v clang-14 || true)
 [ -n "$cc" ] || { echo "fuzz: clang not found (scripts/deps.sh installs it)" >&2; exit 1; }
 cmake -S . -B "$build" -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=Debug -DTDIST_FUZZ=ON \
@@ -18,10 +19,17 @@ for bin in "$build"/fuzz/fuzz_*; do
   name=$(basename "$bin")
   corpus="$build/corpus/$name"
   mkdir -p "$corpus"
-  seeds="fuzz/corpus/$name"
+  seeds=()
+  [ -d "$src/fuzz/corpus/$name" ] && seeds=("$src/fuzz/corpus/$name")
   echo "=== $name: ${seconds}s"
-  (cd "$build" && "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
-      -print_final_stats=1 "$corpus" $( [ -d "$OLDPWD/$seeds" ] && echo "$OLDPWD/$seeds" ) 2>&1 | tail -n 15) \
-    || rc=1
+  # Run inside the build folder, where libFuzzer leaves any crash reproducer.
+  if ! (cd "$build" && "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+        -print_final_stats=1 "$corpus" "${seeds[@]}" > "$build/$name.log" 2>&1); then
+    tail -n 40 "$build/$name.log"
+    echo "=== $name FAILED (log: $build/$name.log)"
+    rc=1
+  else
+    grep -E "stat::number_of_executed_units|Done" "$build/$name.log" | tail -n 2
+  fi
 done
 exit $rc

@@ -5,12 +5,11 @@
  * Messages: the sender writes a 16-byte header (tag, length) and the payload, padded to 16 bytes,
  * into its ring in the receiver's segment, straight from the caller's memory and as far as the
  * ring has room; a send completes once all of it is in the ring. The receiver matches a header
- * when it reaches the front of the ring, against its posted receives (per peer and any-source, in
- * posting order), and copies the payload straight into the receive's buffers. A message nobody
- * has asked for stays in the ring, to be copied once when its receive comes, unless the ring must
+ * when it reaches the front of the ring, against its posted receives (the shared matching engine,
+ * match.h), and copies the payload straight into the receive's buffers. A message nobody has
+ * asked for stays in the ring, to be copied once when its receive comes, unless the ring must
  * move on (the sender waits for room, or a receive waits for a later message of that peer): then
- * it goes into an unexpected-message buffer that grows with the bytes that arrive, taken from a
- * pool that only grows while warming up.
+ * it goes into an unexpected-message buffer that grows with the bytes that arrive.
  *
  * Progress: all state is guarded by one mutex, never held across a wait. A thread that waits on
  * an xfer becomes the poller: it polls the rings, spinning briefly (yielding the core: four ranks
@@ -28,13 +27,13 @@
  * others at once, and it wakes every thread asleep on this rank's doorbell, direct collectives
  * included. */
 #include "transport/shm_impl.h"
+#include "transport/match.h"
 
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <poll.h>
 #include <sched.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,30 +53,15 @@
 #include "base/thread.h"
 
 #define HDR TD_SHM_MSG_HDR
-#define POOL_CLASSES 48
-#define POOL_KEEP_BYTES ((size_t)256 << 20)
-#define UNEXP_STEP ((size_t)1 << 20)
+#define POOL_MIN_CLASS 12 /* unexpected-message buffers of 4 KiB and up */
 #define IO_SLICE_NS (100 * 1000000LL) /* the io thread re-checks deadlines this often */
 #define SPIN_MIN_NS 2000
 #define PAUSE_NS 2000 /* spin without yielding this long (unless ranks outnumber cores) */
 
 enum { R_IDLE = 0, R_ACTIVE = 1 };
 
-typedef struct unexp {
-    struct unexp *next;
-    uint64_t tag;
-    uint64_t arrival;
-    size_t len, got;
-    char *buf;
-    size_t cap;
-} unexp;
-
-typedef struct pool_buf {
-    struct pool_buf *next;
-} pool_buf;
-
 typedef struct peer {
-    int rank;
+    td_match_peer *q; /* queues, and where the arriving payload goes */
     int sock;
     int pidfd;
     pid_t pid;
@@ -94,31 +78,21 @@ typedef struct peer {
     _Atomic bool gone;     /* said goodbye: nothing more comes from it */
     bool sock_closed;
     /* sending */
-    td_xfer *sq_head, *sq_tail;
     uint64_t whead;        /* my copy of out_ctl->head (only I write it) */
     /* receiving */
     uint64_t rtail;        /* my copy of in_ctl->tail (only I write it) */
     int rstate;
     uint64_t rtag;
     size_t rlen, rgot, rwire; /* payload length, wire bytes consumed, wire bytes in all */
-    td_xfer *rx;
-    unexp *ru;
-    td_xfer *posted_head, *posted_tail;
-    unexp *uq_head, *uq_tail;
     /* the watcher's input */
     uint8_t cbuf[TD_SHM_CTRL_MAX];
     size_t cgot;
 } peer;
 
-typedef struct done_list {
-    td_xfer *head, *tail;
-} done_list;
-
 typedef struct shm_transport {
     td_transport base;
-    pthread_mutex_t mu;
+    td_match m; /* its mutex guards everything */
     peer *peers;
-    int *global_ranks;
     td_segment seg;
     td_shm_layout layout;
     shm_offsets off;
@@ -126,27 +100,14 @@ typedef struct shm_transport {
     shm_arrive *arrive;
     char *small, *large;
     _Atomic int aborted_flag; /* read without the lock by direct waits */
-    bool aborted;
-    td_status abort_status;
-    char abort_msg[TD_XFER_ERROR_MAX];
-    bool stop;
-    bool poller_busy;
-    int xfer_sleepers;   /* threads asleep on an xfer while another polls */
-    int pending;         /* posted and not completed */
-    int pending_cb;      /* of which with a callback */
-    td_xfer *any_head, *any_tail;
-    uint64_t order, arrival;
     int64_t spin_ns;
     _Atomic int spin_skip, spin_skip_next; /* touched by whichever thread waits */
     bool oversubscribed;
     uint64_t epoch;
-    unexp *free_unexp;
-    pool_buf *pool[POOL_CLASSES];
-    size_t pool_bytes;
     pthread_t io_thread, watch_thread;
     bool io_started, watch_started;
     int watch_efd;
-    uint64_t n_direct, n_unexpected;
+    uint64_t n_direct;
 } shm_transport;
 
 static const td_transport_ops shm_ops;
@@ -234,197 +195,9 @@ static void bell_notify(shm_bell *b, uint32_t mask)
 
 /* ---- helpers ----------------------------------------------------------------------------------- */
 
-static int grank(const shm_transport *t, int r) { return t->global_ranks ? t->global_ranks[r] : r; }
+static shm_transport *of_match(td_match *m) { return (shm_transport *)((char *)m - offsetof(shm_transport, m)); }
 
-static void complete(shm_transport *t, td_xfer *x, td_status status, const char *msg, done_list *done)
-{
-    t->pending--;
-    if (x->on_done) {
-        t->pending_cb--;
-        x->status = status;
-        if (status != TD_OK)
-            snprintf(x->error, sizeof x->error, "%s", msg ? msg : td_status_str(status));
-        atomic_store_explicit(&x->state, 1, memory_order_release);
-        x->next = NULL;
-        if (done->tail)
-            done->tail->next = x;
-        else
-            done->head = x;
-        done->tail = x;
-    } else {
-        td_xfer_finish(x, status, msg);
-    }
-}
-
-static void completef(shm_transport *t, td_xfer *x, td_status status, done_list *done, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static void completef(shm_transport *t, td_xfer *x, td_status status, done_list *done, const char *fmt, ...)
-{
-    char msg[TD_XFER_ERROR_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    complete(t, x, status, msg, done);
-}
-
-static void run_callbacks(done_list *done)
-{
-    td_xfer *x = done->head;
-    while (x) {
-        td_xfer *next = x->next; /* the callback may recycle x */
-        x->on_done(x, x->arg);
-        x = next;
-    }
-    done->head = done->tail = NULL;
-}
-
-static void queue_push(td_xfer **head, td_xfer **tail, td_xfer *x)
-{
-    x->next = NULL;
-    if (*tail)
-        (*tail)->next = x;
-    else
-        *head = x;
-    *tail = x;
-}
-
-static void queue_unlink(td_xfer **head, td_xfer **tail, td_xfer *prev, td_xfer *x)
-{
-    if (prev)
-        prev->next = x->next;
-    else
-        *head = x->next;
-    if (*tail == x)
-        *tail = prev;
-    x->next = NULL;
-}
-
-/* ---- buffer pool (unexpected messages) --------------------------------------------------------- */
-
-static int pool_class(size_t len)
-{
-    int c = 12;
-    while (c < POOL_CLASSES - 1 && ((size_t)1 << c) < len)
-        c++;
-    return c;
-}
-
-/* A buffer of at least len bytes; *cap gets its real size (a class size when len fits one). */
-static char *pool_get(shm_transport *t, size_t len, size_t *cap)
-{
-    int c = pool_class(len);
-    size_t size = (size_t)1 << c;
-    if (size < len)
-        size = len;
-    *cap = size;
-    if (t->pool[c] && size == ((size_t)1 << c)) {
-        pool_buf *b = t->pool[c];
-        t->pool[c] = b->next;
-        t->pool_bytes -= size;
-        return (char *)b;
-    }
-    void *p = NULL;
-    if (td_try_malloc(size, "unexpected message buffer", &p) != TD_OK)
-        return NULL;
-    return p;
-}
-
-static void pool_put(shm_transport *t, char *buf, size_t len)
-{
-    if (!buf)
-        return;
-    int c = pool_class(len);
-    size_t size = (size_t)1 << c;
-    if (size != len || t->pool_bytes + size > POOL_KEEP_BYTES) {
-        free(buf);
-        return;
-    }
-    pool_buf *b = (pool_buf *)buf;
-    b->next = t->pool[c];
-    t->pool[c] = b;
-    t->pool_bytes += size;
-}
-
-static unexp *unexp_new(shm_transport *t)
-{
-    unexp *u = t->free_unexp;
-    if (u)
-        t->free_unexp = u->next;
-    else
-        u = td_malloc(sizeof *u);
-    memset(u, 0, sizeof *u);
-    return u;
-}
-
-static void unexp_free(shm_transport *t, unexp *u)
-{
-    pool_put(t, u->buf, u->cap);
-    u->buf = NULL;
-    u->cap = 0;
-    u->next = t->free_unexp;
-    t->free_unexp = u;
-}
-
-/* Room for n more bytes of an unexpected message: its buffer follows what arrived, so a header
- * that claims a huge length costs nothing until the bytes come. */
-static bool unexp_room(shm_transport *t, unexp *u, size_t n)
-{
-    size_t need = u->got + n;
-    if (need <= u->cap)
-        return true;
-    size_t want = u->cap ? u->cap * 2 : UNEXP_STEP;
-    while (want < need)
-        want *= 2;
-    if (want > u->len)
-        want = u->len;
-    size_t cap = 0;
-    char *nb = pool_get(t, want, &cap);
-    if (!nb)
-        return false;
-    if (u->got)
-        memcpy(nb, u->buf, u->got);
-    pool_put(t, u->buf, u->cap);
-    u->buf = nb;
-    u->cap = cap;
-    return true;
-}
-
-/* ---- iovec copies ------------------------------------------------------------------------------ */
-
-/* Copies n bytes from src into x's buffers at offset off. */
-static void iov_put(td_xfer *x, size_t off, const char *src, size_t n)
-{
-    for (int i = 0; i < x->iovcnt && n; i++) {
-        size_t len = x->iov[i].iov_len;
-        if (off >= len) {
-            off -= len;
-            continue;
-        }
-        size_t take = len - off < n ? len - off : n;
-        memcpy((char *)x->iov[i].iov_base + off, src, take);
-        src += take;
-        n -= take;
-        off = 0;
-    }
-}
-
-/* Copies n bytes of x's buffers from offset off into dst. */
-static void iov_get(const td_xfer *x, size_t off, char *dst, size_t n)
-{
-    for (int i = 0; i < x->iovcnt && n; i++) {
-        size_t len = x->iov[i].iov_len;
-        if (off >= len) {
-            off -= len;
-            continue;
-        }
-        size_t take = len - off < n ? len - off : n;
-        memcpy(dst, (const char *)x->iov[i].iov_base + off, take);
-        dst += take;
-        n -= take;
-        off = 0;
-    }
-}
+static int grank(const shm_transport *t, int r) { return td_match_grank(&t->m, r); }
 
 /* Ring copies at byte position pos (mod size, a power of two), wrapping. */
 static void ring_read(const char *data, uint64_t size, uint64_t pos, char *dst, size_t n,
@@ -433,9 +206,9 @@ static void ring_read(const char *data, uint64_t size, uint64_t pos, char *dst, 
     size_t at = (size_t)(pos & (size - 1));
     size_t first = size - at < n ? size - at : n;
     if (x) {
-        iov_put(x, xoff, data + at, first);
+        td_xfer_copy_in(x, xoff, data + at, first);
         if (n > first)
-            iov_put(x, xoff + first, data, n - first);
+            td_xfer_copy_in(x, xoff + first, data, n - first);
     } else if (dst) {
         memcpy(dst, data + at, first);
         if (n > first)
@@ -447,26 +220,14 @@ static void ring_write(char *data, uint64_t size, uint64_t pos, const td_xfer *x
 {
     size_t at = (size_t)(pos & (size - 1));
     size_t first = size - at < n ? size - at : n;
-    iov_get(x, xoff, data + at, first);
+    td_xfer_copy_out(x, xoff, data + at, first);
     if (n > first)
-        iov_get(x, xoff + first, data, n - first);
+        td_xfer_copy_out(x, xoff + first, data, n - first);
 }
 
 static size_t wire_len(size_t payload) { return HDR + align_up(payload, 16); }
 
 /* ---- failure ----------------------------------------------------------------------------------- */
-
-static void fail_list(shm_transport *t, td_xfer **head, td_xfer **tail, td_status status, const char *msg,
-                      done_list *done)
-{
-    td_xfer *x = *head;
-    *head = *tail = NULL;
-    while (x) {
-        td_xfer *next = x->next;
-        complete(t, x, status, msg, done);
-        x = next;
-    }
-}
 
 static void send_control(peer *p, int type, td_status status, const char *msg)
 {
@@ -478,76 +239,37 @@ static void send_control(peer *p, int type, td_status status, const char *msg)
     (void)n; /* best effort: the peer also sees the EOF */
 }
 
-static void abort_locked(shm_transport *t, td_status status, const char *msg, done_list *done)
+static void abort_locked(td_match *m, td_status status, const char *msg, td_done *done)
 {
-    if (t->aborted)
+    shm_transport *t = of_match(m);
+    if (m->aborted)
         return;
-    t->aborted = true;
-    t->abort_status = status;
-    snprintf(t->abort_msg, sizeof t->abort_msg, "%s", msg);
-    atomic_store_explicit(&t->aborted_flag, 1, memory_order_release);
-    TD_LOG_DEBUG("shm transport of rank %d aborted: %s", grank(t, t->base.rank), msg);
-    for (int r = 0; r < t->base.size; r++) {
-        if (r == t->base.rank)
-            continue;
-        peer *p = &t->peers[r];
-        fail_list(t, &p->sq_head, &p->sq_tail, status, msg, done);
-        fail_list(t, &p->posted_head, &p->posted_tail, status, msg, done);
-        if (p->rx) {
-            complete(t, p->rx, status, msg, done);
-            p->rx = NULL;
-        }
-        /* Every failure but an orderly close is passed on with its cause, so that the peers fail
-         * at once, and a rank whose failure came from elsewhere (a dead rank on another host)
-         * names the same culprit. */
-        if (status != TD_ERR_CLOSED)
-            send_control(p, TD_SHM_CTRL_ABORT, status, msg);
-    }
-    fail_list(t, &t->any_head, &t->any_tail, status, msg, done);
+    atomic_store_explicit(&t->aborted_flag, 1, memory_order_release); /* its readers take the lock */
+    td_match_fail_all(m, status, msg, done);
+    /* Every failure but an orderly close is passed on with its cause, so that the peers fail at
+     * once, and a rank whose failure came from elsewhere (a dead rank on another host) names the
+     * same culprit. */
+    for (int r = 0; r < m->size && status != TD_ERR_CLOSED; r++)
+        if (r != m->rank)
+            send_control(&t->peers[r], TD_SHM_CTRL_ABORT, status, msg);
     bell_ring(t->bell, SHM_BIT_ALL);
-}
-
-static void abortf_locked(shm_transport *t, td_status status, done_list *done, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static void abortf_locked(shm_transport *t, td_status status, done_list *done, const char *fmt, ...)
-{
-    char msg[TD_XFER_ERROR_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    abort_locked(t, status, msg, done);
-}
-
-static void lost_locked(shm_transport *t, peer *p, done_list *done, const char *why)
-{
-    int g = grank(t, p->rank);
-    if (g != p->rank)
-        abortf_locked(t, TD_ERR_PEER_LOST, done, "Connection to rank %d (group rank %d) lost: %s", g, p->rank, why);
-    else
-        abortf_locked(t, TD_ERR_PEER_LOST, done, "Connection to rank %d lost: %s", g, why);
-}
-
-static void closed_msg(const shm_transport *t, const peer *p, char *buf, size_t size)
-{
-    snprintf(buf, size, "Connection to rank %d lost: rank %d closed its end (it destroyed its process group)",
-             grank(t, p->rank), grank(t, p->rank));
 }
 
 /* ---- sending ----------------------------------------------------------------------------------- */
 
 /* Writes as much of p's send queue into its ring as there is room for. Returns whether anything
  * moved. */
-static bool flush_sends(shm_transport *t, peer *p, done_list *done)
+static bool flush_sends(shm_transport *t, peer *p, td_done *done)
 {
-    if (!p->sq_head)
+    td_match_peer *q = p->q;
+    if (!q->sq_head)
         return false;
     uint64_t size = t->layout.ring_bytes;
     uint64_t tail = atomic_load_explicit(&p->out_ctl->tail, memory_order_acquire);
     uint64_t head = p->whead;
     bool moved = false;
-    while (p->sq_head) {
-        td_xfer *x = p->sq_head;
+    while (q->sq_head) {
+        td_xfer *x = q->sq_head;
         uint64_t room = size - (head - tail);
         if (x->progress == 0) {
             if (room < HDR)
@@ -574,71 +296,41 @@ static bool flush_sends(shm_transport *t, peer *p, done_list *done)
         }
         if (x->progress < wl)
             break;
-        p->sq_head = x->next;
-        if (!p->sq_head)
-            p->sq_tail = NULL;
-        x->nbytes = x->total;
-        complete(t, x, TD_OK, NULL, done);
+        q->sq_head = x->next;
+        if (!q->sq_head)
+            q->sq_tail = NULL;
+        td_match_finish(&t->m, x, done);
     }
     if (moved) {
         p->whead = head;
         atomic_store_explicit(&p->out_ctl->head, head, memory_order_release);
         bell_notify(p->bell, SHM_BIT_ALL);
     }
-    if (p->sq_head && atomic_exchange(&p->out_ctl->sender_blocked, 1) == 0)
+    if (q->sq_head && atomic_exchange(&p->out_ctl->sender_blocked, 1) == 0)
         bell_ring(p->bell, SHM_BIT_IO); /* its thread drains the ring even when idle */
     return moved;
 }
 
 /* ---- receiving --------------------------------------------------------------------------------- */
 
-/* The posted receive a message (p, tag) goes to: the earlier-posted of p's matching receive and
- * the matching any-source receive. Unlinks it. */
-static td_xfer *match_posted(shm_transport *t, peer *p, uint64_t tag)
-{
-    td_xfer *prev = NULL, *x = p->posted_head;
-    while (x && x->tag != tag) {
-        prev = x;
-        x = x->next;
-    }
-    td_xfer *aprev = NULL, *a = t->any_head;
-    while (a && a->tag != tag) {
-        aprev = a;
-        a = a->next;
-    }
-    if (a && (!x || a->order < x->order)) {
-        queue_unlink(&t->any_head, &t->any_tail, aprev, a);
-        return a;
-    }
-    if (x)
-        queue_unlink(&p->posted_head, &p->posted_tail, prev, x);
-    return x;
-}
-
-static void fail_mismatch(shm_transport *t, td_xfer *x, peer *p, uint64_t tag, size_t len, done_list *done)
-{
-    completef(t, x, TD_ERR_INVALID, done,
-              "Message size mismatch: rank %d sent %zu bytes (tag %llu) to a receive of %zu bytes; the sizes "
-              "must match",
-              grank(t, p->rank), len, (unsigned long long)tag, x->total);
-}
-
 /* Reads what p's ring holds: matched messages straight into their receives, and, when the ring
  * must move on (drain_all, or the sender waits for room, or a receive waits behind the front),
  * unmatched ones into unexpected buffers. Returns whether anything moved. */
-static bool drain(shm_transport *t, peer *p, bool drain_all, done_list *done)
+static bool drain(shm_transport *t, peer *p, bool drain_all, td_done *done)
 {
+    td_match *m = &t->m;
+    td_match_peer *q = p->q;
     uint64_t size = t->layout.ring_bytes;
     uint64_t head = atomic_load_explicit(&p->in_ctl->head, memory_order_acquire);
     uint64_t tail = p->rtail;
     if (head == tail)
         return false;
     if (head - tail > size) {
-        lost_locked(t, p, done, "protocol error: its ring claims more bytes than it holds");
+        td_match_lost(m, q, done, "protocol error: its ring claims more bytes than it holds");
         return false;
     }
     bool moved = false;
-    while (!t->aborted) {
+    while (!m->aborted) {
         uint64_t avail = head - tail;
         if (avail == 0 && !(p->rstate == R_ACTIVE && p->rgot == p->rwire))
             break;
@@ -649,32 +341,16 @@ static bool drain(shm_transport *t, peer *p, bool drain_all, done_list *done)
             memcpy(h, p->in_data + (tail & (size - 1)), HDR);
             uint64_t tag, len;
             if (!td_shm_msg_parse(h, &tag, &len)) {
-                lost_locked(t, p, done, "protocol error: a message longer than the largest allowed");
+                td_match_lost(m, q, done, "protocol error: a message longer than the largest allowed");
                 return moved;
             }
-            td_xfer *x = match_posted(t, p, tag);
-            unexp *u = NULL;
-            if (x) {
-                x->peer = x->peer == TD_TRANSPORT_ANY ? p->rank : x->peer;
-                if (x->total != len) {
-                    fail_mismatch(t, x, p, tag, (size_t)len, done);
-                    x = NULL; /* neither x nor u: the payload is read and dropped */
-                }
-            } else {
+            if (!td_match_arrived(m, q, tag, len, done)) {
                 bool must = drain_all || atomic_load_explicit(&p->in_ctl->sender_blocked, memory_order_relaxed) ||
-                            p->posted_head || t->any_head;
+                            q->posted_head || m->any_head;
                 if (!must)
                     break; /* leave it in the ring for its receive to copy once */
-                u = unexp_new(t);
-                u->tag = tag;
-                u->len = (size_t)len;
-                u->arrival = ++t->arrival;
-                if (p->uq_tail)
-                    p->uq_tail->next = u;
-                else
-                    p->uq_head = u;
-                p->uq_tail = u;
-                t->n_unexpected++;
+                q->ru = td_match_unexp_new(m, tag, (size_t)len);
+                td_match_unexp_queue(m, q, q->ru);
             }
             tail += HDR;
             p->rstate = R_ACTIVE;
@@ -682,8 +358,6 @@ static bool drain(shm_transport *t, peer *p, bool drain_all, done_list *done)
             p->rlen = (size_t)len;
             p->rgot = 0;
             p->rwire = wire_len((size_t)len) - HDR;
-            p->rx = x;
-            p->ru = u;
             moved = true;
             continue;
         }
@@ -691,17 +365,17 @@ static bool drain(shm_transport *t, peer *p, bool drain_all, done_list *done)
         size_t n = avail < want ? (size_t)avail : want;
         size_t pay = p->rgot < p->rlen ? (p->rlen - p->rgot < n ? p->rlen - p->rgot : n) : 0;
         if (pay) {
-            if (p->rx) {
-                ring_read(p->in_data, size, tail, NULL, pay, p->rx, p->rgot);
+            if (q->rx) {
+                ring_read(p->in_data, size, tail, NULL, pay, q->rx, p->rgot);
                 t->n_direct += pay;
-            } else if (p->ru) {
-                if (!unexp_room(t, p->ru, pay)) {
-                    abortf_locked(t, TD_ERR_NOMEM, done, "out of memory buffering a message of %zu bytes from rank %d",
-                                  p->ru->len, grank(t, p->rank));
+            } else if (q->ru) {
+                if (!td_match_unexp_room(m, q->ru, pay)) {
+                    td_match_abortf(m, TD_ERR_NOMEM, done, "out of memory buffering a message of %zu bytes from rank %d",
+                                    q->ru->len, grank(t, q->rank));
                     return moved;
                 }
-                ring_read(p->in_data, size, tail, p->ru->buf + p->ru->got, pay, NULL, 0);
-                p->ru->got += pay;
+                ring_read(p->in_data, size, tail, q->ru->buf + q->ru->got, pay, NULL, 0);
+                q->ru->got += pay;
             }
         }
         tail += n;
@@ -710,12 +384,7 @@ static bool drain(shm_transport *t, peer *p, bool drain_all, done_list *done)
         if (p->rgot < p->rwire)
             break;
         p->rstate = R_IDLE;
-        if (p->rx) {
-            p->rx->nbytes = p->rx->total;
-            complete(t, p->rx, TD_OK, NULL, done);
-            p->rx = NULL;
-        }
-        p->ru = NULL;
+        td_match_message_done(m, q, done);
     }
     if (tail != p->rtail) {
         p->rtail = tail;
@@ -727,10 +396,10 @@ static bool drain(shm_transport *t, peer *p, bool drain_all, done_list *done)
 }
 
 /* One pass over every peer. Returns whether anything moved. */
-static bool progress_locked(shm_transport *t, done_list *done)
+static bool progress_locked(shm_transport *t, td_done *done)
 {
     bool moved = false;
-    for (int r = 0; r < t->base.size && !t->aborted; r++) {
+    for (int r = 0; r < t->base.size && !t->m.aborted; r++) {
         if (r == t->base.rank)
             continue;
         peer *p = &t->peers[r];
@@ -740,59 +409,21 @@ static bool progress_locked(shm_transport *t, done_list *done)
     return moved;
 }
 
-/* Takes an unexpected message for x: copies what arrived, and if more is coming, the rest goes
- * straight to x. */
-static void take_unexpected(shm_transport *t, peer *p, unexp *prev, unexp *u, td_xfer *x, done_list *done)
-{
-    if (prev)
-        prev->next = u->next;
-    else
-        p->uq_head = u->next;
-    if (p->uq_tail == u)
-        p->uq_tail = prev;
-    x->peer = x->peer == TD_TRANSPORT_ANY ? p->rank : x->peer;
-    bool arriving = p->ru == u;
-    if (x->total != u->len) {
-        fail_mismatch(t, x, p, u->tag, u->len, done);
-        if (arriving)
-            p->ru = NULL; /* the rest is discarded */
-        unexp_free(t, u);
-        return;
-    }
-    if (u->got)
-        iov_put(x, 0, u->buf, u->got);
-    if (arriving) {
-        p->ru = NULL;
-        p->rx = x;
-    } else {
-        x->nbytes = x->total;
-        complete(t, x, TD_OK, NULL, done);
-    }
-    unexp_free(t, u);
-}
-
 /* ---- goodbye and death (the watcher) ----------------------------------------------------------- */
 
-static void peer_bye_locked(shm_transport *t, peer *p, done_list *done)
+static void peer_bye_locked(shm_transport *t, peer *p, td_done *done)
 {
     if (atomic_load(&p->gone))
         return;
     /* Everything it sent before the goodbye is in its ring: take it all first. */
     drain(t, p, true, done);
     atomic_store(&p->gone, true);
-    char msg[TD_XFER_ERROR_MAX];
-    closed_msg(t, p, msg, sizeof msg);
-    fail_list(t, &p->sq_head, &p->sq_tail, TD_ERR_PEER_LOST, msg, done);
-    fail_list(t, &p->posted_head, &p->posted_tail, TD_ERR_PEER_LOST, msg, done);
-    if (p->rx) { /* cut off mid-message */
-        complete(t, p->rx, TD_ERR_PEER_LOST, msg, done);
-        p->rx = NULL;
-    }
+    td_match_peer_closed(&t->m, p->q, done);
     bell_ring(t->bell, SHM_BIT_ALL); /* direct collectives waiting for it fail */
 }
 
 /* Reads what p's socket holds. Returns false once the socket is done (EOF or error). */
-static bool read_control(shm_transport *t, peer *p, done_list *done)
+static bool read_control(shm_transport *t, peer *p, td_done *done)
 {
     for (;;) {
         ssize_t n = recv(p->sock, p->cbuf + p->cgot, sizeof p->cbuf - p->cgot, MSG_DONTWAIT);
@@ -802,9 +433,9 @@ static bool read_control(shm_transport *t, peer *p, done_list *done)
             return true;
         if (n <= 0) {
             if (!atomic_load(&p->gone))
-                lost_locked(t, p, done,
-                            n == 0 ? "its connection closed without a goodbye (the process exited or was killed)"
-                                   : "its connection failed (the process exited or was killed)");
+                td_match_lost(&t->m, p->q, done,
+                              n == 0 ? "its connection closed without a goodbye (the process exited or was killed)"
+                                     : "its connection failed (the process exited or was killed)");
             return false;
         }
         p->cgot += (size_t)n;
@@ -815,7 +446,7 @@ static bool read_control(shm_transport *t, peer *p, done_list *done)
             if (pr == TD_SHM_PARSE_MORE)
                 break;
             if (pr == TD_SHM_PARSE_BAD) {
-                lost_locked(t, p, done, "protocol error: a malformed control frame");
+                td_match_lost(&t->m, p->q, done, "protocol error: a malformed control frame");
                 return false;
             }
             if (c.type == TD_SHM_CTRL_BYE) {
@@ -824,7 +455,7 @@ static bool read_control(shm_transport *t, peer *p, done_list *done)
                 char msg[TD_SHM_CTRL_MSG_MAX + 1];
                 memcpy(msg, c.msg ? c.msg : "", c.msg_len);
                 msg[c.msg_len] = '\0';
-                abort_locked(t, c.status, msg, done);
+                abort_locked(&t->m, c.status, msg, done);
             }
             memmove(p->cbuf, p->cbuf + used, p->cgot - used);
             p->cgot -= used;
@@ -863,8 +494,8 @@ static void *watch_main(void *arg)
             continue;
         if (pf[0].revents)
             break; /* destroy */
-        done_list done = {0};
-        pthread_mutex_lock(&t->mu);
+        td_done done = TD_DONE_INIT;
+        pthread_mutex_lock(&t->m.mu);
         /* Sockets first: a goodbye written before the process exited must be seen before its
          * pidfd says it is gone. */
         for (int i = 1; i < k; i++) {
@@ -885,11 +516,11 @@ static void *watch_main(void *arg)
             if (!atomic_load(&p->gone)) {
                 char why[96];
                 snprintf(why, sizeof why, "its process (pid %d) exited or was killed", (int)p->pid);
-                lost_locked(t, p, &done, why);
+                td_match_lost(&t->m, p->q, &done, why);
             }
         }
-        pthread_mutex_unlock(&t->mu);
-        run_callbacks(&done);
+        pthread_mutex_unlock(&t->m.mu);
+        td_match_run_callbacks(&done);
     }
     free(pf);
     free(who);
@@ -898,44 +529,6 @@ static void *watch_main(void *arg)
 }
 
 /* ---- the io thread ----------------------------------------------------------------------------- */
-
-static int64_t earliest_deadline(shm_transport *t, td_xfer **which)
-{
-    int64_t best = TD_DEADLINE_NONE;
-    *which = NULL;
-#define CONSIDER(x)                        \
-    do {                                   \
-        if ((x)->deadline_ns < best) {     \
-            best = (x)->deadline_ns;       \
-            *which = (x);                  \
-        }                                  \
-    } while (0)
-    for (int r = 0; r < t->base.size; r++) {
-        peer *p = &t->peers[r];
-        for (td_xfer *x = p->sq_head; x; x = x->next)
-            CONSIDER(x);
-        for (td_xfer *x = p->posted_head; x; x = x->next)
-            CONSIDER(x);
-        if (p->rx)
-            CONSIDER(p->rx);
-    }
-    for (td_xfer *x = t->any_head; x; x = x->next)
-        CONSIDER(x);
-#undef CONSIDER
-    return best;
-}
-
-static void timeout_locked(shm_transport *t, td_xfer *x, done_list *done)
-{
-    if (x->kind == TD_XFER_RECV && x->peer == TD_TRANSPORT_ANY)
-        abortf_locked(t, TD_ERR_TIMEOUT, done,
-                      "Timed out waiting for a receive from any rank (%zu bytes, tag %llu) to complete", x->total,
-                      (unsigned long long)x->tag);
-    else
-        abortf_locked(t, TD_ERR_TIMEOUT, done, "Timed out waiting for a %s rank %d (%zu bytes, tag %llu) to complete",
-                      x->kind == TD_XFER_SEND ? "send to" : "receive from", grank(t, x->peer), x->total,
-                      (unsigned long long)x->tag);
-}
 
 static bool drain_wanted(shm_transport *t)
 {
@@ -948,7 +541,7 @@ static bool drain_wanted(shm_transport *t)
 static bool sends_blocked(shm_transport *t)
 {
     for (int r = 0; r < t->base.size; r++)
-        if (t->peers[r].sq_head)
+        if (t->m.peers[r].sq_head)
             return true;
     return false;
 }
@@ -959,20 +552,21 @@ static bool sends_blocked(shm_transport *t)
  * their sender fills the ring (it kicks this thread) or when someone waits on them. */
 static bool io_wanted(shm_transport *t)
 {
-    return t->pending_cb || t->xfer_sleepers || sends_blocked(t);
+    return t->m.pending_cb || t->m.xfer_sleepers || sends_blocked(t);
 }
 
 static void *io_main(void *arg)
 {
     shm_transport *t = arg;
-    pthread_mutex_lock(&t->mu);
-    while (!t->stop) {
-        done_list done = {0};
+    td_match *m = &t->m;
+    pthread_mutex_lock(&m->mu);
+    while (!m->stop) {
+        td_done done = TD_DONE_INIT;
         uint32_t seq = atomic_load(&t->bell->seq);
         int64_t dl = td_now_ns() + 10 * IO_SLICE_NS;
         bool moved = false;
-        bool wanted = t->pending && io_wanted(t);
-        if (!t->poller_busy && !t->aborted && (wanted || drain_wanted(t) || t->pending)) {
+        bool wanted = m->pending && io_wanted(t);
+        if (!m->poller_busy && !m->aborted && (wanted || drain_wanted(t) || m->pending)) {
             /* Register first, then look: what a peer publishes after this is rung. */
             if (wanted && !atomic_load(&t->bell->io_registered)) {
                 atomic_store(&t->bell->io_registered, 1);
@@ -980,23 +574,23 @@ static void *io_main(void *arg)
             }
             moved = progress_locked(t, &done);
             td_xfer *which;
-            int64_t xdl = earliest_deadline(t, &which);
+            int64_t xdl = td_match_earliest(m, &which);
             if (which && td_deadline_passed(xdl))
-                timeout_locked(t, which, &done);
+                td_match_timeout(m, which, &done);
             dl = td_now_ns() + IO_SLICE_NS;
             if (xdl < dl)
                 dl = xdl;
         }
-        if (t->poller_busy || !t->pending || !io_wanted(t) || t->aborted)
+        if (m->poller_busy || !m->pending || !io_wanted(t) || m->aborted)
             atomic_store(&t->bell->io_registered, 0);
-        pthread_mutex_unlock(&t->mu);
-        run_callbacks(&done);
+        pthread_mutex_unlock(&m->mu);
+        td_match_run_callbacks(&done);
         if (!moved) /* data flowing: look again at once (the lock was let go in between) */
             futex_wait(&t->bell->seq, seq, dl, SHM_BIT_IO);
-        pthread_mutex_lock(&t->mu);
+        pthread_mutex_lock(&m->mu);
     }
     atomic_store(&t->bell->io_registered, 0);
-    pthread_mutex_unlock(&t->mu);
+    pthread_mutex_unlock(&m->mu);
     return NULL;
 }
 
@@ -1004,118 +598,53 @@ static void *io_main(void *arg)
  * must know. */
 static void need_io_locked(shm_transport *t, td_xfer *x)
 {
-    if (!td_xfer_done(x) && (x->on_done || x->kind == TD_XFER_SEND) && !t->poller_busy &&
+    if (!td_xfer_done(x) && (x->on_done || x->kind == TD_XFER_SEND) && !t->m.poller_busy &&
         !atomic_load(&t->bell->io_registered))
         bell_ring(t->bell, SHM_BIT_IO);
 }
 
 /* ---- ops --------------------------------------------------------------------------------------- */
 
-static td_status post_refused(shm_transport *t, peer *p)
-{
-    if (t->aborted)
-        return td_error_set(t->abort_status, t->abort_msg);
-    char msg[TD_XFER_ERROR_MAX];
-    closed_msg(t, p, msg, sizeof msg);
-    return td_error_set(TD_ERR_PEER_LOST, msg);
-}
-
 static td_status shm_isend(td_transport *base, int peer_rank, td_xfer *x)
 {
     shm_transport *t = (shm_transport *)base;
-    done_list done = {0};
-    pthread_mutex_lock(&t->mu);
+    td_done done = TD_DONE_INIT;
+    pthread_mutex_lock(&t->m.mu);
     peer *p = &t->peers[peer_rank];
-    if (t->aborted || atomic_load(&p->gone)) {
-        td_status s = post_refused(t, p);
-        pthread_mutex_unlock(&t->mu);
+    if (t->m.aborted || atomic_load(&p->gone)) {
+        td_status s = td_match_refused(&t->m, p->q);
+        pthread_mutex_unlock(&t->m.mu);
         return s;
     }
-    t->pending++;
-    if (x->on_done)
-        t->pending_cb++;
-    bool idle = p->sq_head == NULL;
-    queue_push(&p->sq_head, &p->sq_tail, x);
-    if (idle)
+    if (td_match_post_send(&t->m, p->q, x))
         flush_sends(t, p, &done);
     need_io_locked(t, x);
-    pthread_mutex_unlock(&t->mu);
-    run_callbacks(&done);
+    pthread_mutex_unlock(&t->m.mu);
+    td_match_run_callbacks(&done);
     return TD_OK;
 }
 
 static td_status shm_irecv(td_transport *base, int peer_rank, td_xfer *x)
 {
     shm_transport *t = (shm_transport *)base;
-    done_list done = {0};
-    pthread_mutex_lock(&t->mu);
-    if (t->aborted) {
-        td_status s = td_error_set(t->abort_status, t->abort_msg);
-        pthread_mutex_unlock(&t->mu);
-        return s;
+    td_done done = TD_DONE_INIT;
+    pthread_mutex_lock(&t->m.mu);
+    bool gone = peer_rank != TD_TRANSPORT_ANY && atomic_load(&t->peers[peer_rank].gone);
+    bool queued;
+    td_status s = td_match_post_recv(&t->m, peer_rank, x, gone, &done, &queued);
+    /* Waiting in its queue: the message may be at the front of a ring already. */
+    if (queued && peer_rank != TD_TRANSPORT_ANY) {
+        drain(t, &t->peers[peer_rank], false, &done);
+    } else if (queued) {
+        for (int r = 0; r < t->base.size && !td_xfer_done(x); r++)
+            if (r != t->base.rank)
+                drain(t, &t->peers[r], false, &done);
     }
-    x->order = ++t->order;
-    t->pending++;
-    if (x->on_done)
-        t->pending_cb++;
-    if (peer_rank != TD_TRANSPORT_ANY) {
-        peer *p = &t->peers[peer_rank];
-        unexp *prev = NULL, *u = p->uq_head;
-        while (u && u->tag != x->tag) {
-            prev = u;
-            u = u->next;
-        }
-        if (u) {
-            take_unexpected(t, p, prev, u, x, &done);
-        } else if (atomic_load(&p->gone)) {
-            t->pending--;
-            if (x->on_done)
-                t->pending_cb--;
-            td_status s = post_refused(t, p);
-            pthread_mutex_unlock(&t->mu);
-            return s;
-        } else {
-            queue_push(&p->posted_head, &p->posted_tail, x);
-            drain(t, p, false, &done);
-        }
-    } else {
-        peer *bp = NULL;
-        unexp *bprev = NULL, *bu = NULL;
-        for (int r = 0; r < t->base.size; r++) {
-            if (r == t->base.rank)
-                continue;
-            peer *p = &t->peers[r];
-            unexp *prev = NULL, *u = p->uq_head;
-            while (u && u->tag != x->tag) {
-                prev = u;
-                u = u->next;
-            }
-            if (u && (!bu || u->arrival < bu->arrival)) {
-                bp = p;
-                bprev = prev;
-                bu = u;
-            }
-        }
-        if (bu) {
-            take_unexpected(t, bp, bprev, bu, x, &done);
-        } else {
-            queue_push(&t->any_head, &t->any_tail, x);
-            for (int r = 0; r < t->base.size && !td_xfer_done(x); r++)
-                if (r != t->base.rank)
-                    drain(t, &t->peers[r], false, &done);
-        }
-    }
-    need_io_locked(t, x);
-    pthread_mutex_unlock(&t->mu);
-    run_callbacks(&done);
-    return TD_OK;
-}
-
-static td_status xfer_result(td_xfer *x)
-{
-    if (x->status != TD_OK)
-        return td_error_set(x->status, x->error);
-    return TD_OK;
+    if (s == TD_OK)
+        need_io_locked(t, x);
+    pthread_mutex_unlock(&t->m.mu);
+    td_match_run_callbacks(&done);
+    return s;
 }
 
 /* Spin budget for the next wait: the full budget while spinning pays off; after a spin that
@@ -1166,25 +695,12 @@ static void spin_pause(const shm_transport *t, int64_t spun_ns)
 static td_status shm_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
 {
     shm_transport *t = (shm_transport *)base;
-    if (td_xfer_done(x))
-        return xfer_result(x);
-    int64_t dl = x->deadline_ns < deadline_ns ? x->deadline_ns : deadline_ns;
-    done_list done = {0};
-    pthread_mutex_lock(&t->mu);
-    if (t->poller_busy) {
-        /* Another thread drives progress and completes x; if it leaves first, the io thread does. */
-        t->xfer_sleepers++;
-        pthread_mutex_unlock(&t->mu);
-        bool ok = td_xfer_sleep(x, dl);
-        pthread_mutex_lock(&t->mu);
-        t->xfer_sleepers--;
-        if (!ok && !td_xfer_done(x))
-            timeout_locked(t, x, &done);
-        pthread_mutex_unlock(&t->mu);
-        run_callbacks(&done);
-        return xfer_result(x);
-    }
-    t->poller_busy = true;
+    td_match *m = &t->m;
+    int64_t dl;
+    td_status result;
+    if (!td_match_wait_begin(m, x, deadline_ns, &dl, &result))
+        return result;
+    td_done done = TD_DONE_INIT;
     int64_t spin_start = td_now_ns();
     int64_t spin_end = spin_start + spin_budget(t);
     bool slept = false;
@@ -1194,11 +710,11 @@ static td_status shm_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
             break;
         int64_t now = td_now_ns();
         if (now >= dl) {
-            timeout_locked(t, x, &done);
+            td_match_timeout(m, x, &done);
             break;
         }
-        pthread_mutex_unlock(&t->mu);
-        run_callbacks(&done);
+        pthread_mutex_unlock(&m->mu);
+        td_match_run_callbacks(&done);
         if (moved) {
             spin_end = now + t->spin_ns; /* data is flowing: keep polling */
             spin_start = now;
@@ -1208,37 +724,32 @@ static td_status shm_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
             /* Register, look once more, then sleep until a peer rings. */
             atomic_fetch_add(&t->bell->sleepers, 1);
             uint32_t seq = atomic_load(&t->bell->seq);
-            pthread_mutex_lock(&t->mu);
+            pthread_mutex_lock(&m->mu);
             moved = progress_locked(t, &done);
             bool finished = td_xfer_done(x);
-            pthread_mutex_unlock(&t->mu);
-            run_callbacks(&done);
+            pthread_mutex_unlock(&m->mu);
+            td_match_run_callbacks(&done);
             if (!finished && !moved) {
                 futex_wait(&t->bell->seq, seq, dl, SHM_BIT_WAIT);
                 slept = true;
             }
             atomic_fetch_sub(&t->bell->sleepers, 1);
         }
-        pthread_mutex_lock(&t->mu);
+        pthread_mutex_lock(&m->mu);
     }
-    t->poller_busy = false;
+    m->poller_busy = false;
     spin_result(t, slept);
     /* Pending operations that someone else waits for (or with callbacks) go to the io thread. */
-    if (t->pending && io_wanted(t) && !atomic_load(&t->bell->io_registered))
+    if (m->pending && io_wanted(t) && !atomic_load(&t->bell->io_registered))
         bell_ring(t->bell, SHM_BIT_IO);
-    pthread_mutex_unlock(&t->mu);
-    run_callbacks(&done);
-    return xfer_result(x);
+    pthread_mutex_unlock(&m->mu);
+    td_match_run_callbacks(&done);
+    return td_xfer_result(x);
 }
 
 static void shm_abort(td_transport *base, td_status status, const char *message)
 {
-    shm_transport *t = (shm_transport *)base;
-    done_list done = {0};
-    pthread_mutex_lock(&t->mu);
-    abort_locked(t, status, message ? message : td_status_str(status), &done);
-    pthread_mutex_unlock(&t->mu);
-    run_callbacks(&done);
+    td_match_abort(&((shm_transport *)base)->m, status, message);
 }
 
 static void free_transport(shm_transport *t)
@@ -1250,31 +761,12 @@ static void free_transport(shm_transport *t)
         if (p->pidfd >= 0)
             close(p->pidfd);
         td_segment_unmap(&p->seg);
-        for (unexp *u = p->uq_head; u;) {
-            unexp *next = u->next;
-            free(u->buf);
-            free(u);
-            u = next;
-        }
-    }
-    for (unexp *u = t->free_unexp; u;) {
-        unexp *next = u->next;
-        free(u);
-        u = next;
-    }
-    for (int c = 0; c < POOL_CLASSES; c++) {
-        for (pool_buf *b = t->pool[c]; b;) {
-            pool_buf *next = b->next;
-            free(b);
-            b = next;
-        }
     }
     td_segment_unmap(&t->seg);
     if (t->watch_efd >= 0)
         close(t->watch_efd);
-    pthread_mutex_destroy(&t->mu);
+    td_match_free(&t->m);
     free(t->peers);
-    free(t->global_ranks);
     free(t);
 }
 
@@ -1284,10 +776,10 @@ static void shm_destroy(td_transport *base)
     shm_abort(base, TD_ERR_CLOSED, "The process group was destroyed");
     TD_LOG_DEBUG("shm transport of rank %d: %llu bytes received straight into posted buffers, %llu messages "
                  "through unexpected-message buffers",
-                 grank(t, t->base.rank), (unsigned long long)t->n_direct, (unsigned long long)t->n_unexpected);
-    pthread_mutex_lock(&t->mu);
-    t->stop = true;
-    pthread_mutex_unlock(&t->mu);
+                 grank(t, t->base.rank), (unsigned long long)t->n_direct, (unsigned long long)t->m.n_unexpected_msgs);
+    pthread_mutex_lock(&t->m.mu);
+    t->m.stop = true;
+    pthread_mutex_unlock(&t->m.mu);
     bell_ring(t->bell, SHM_BIT_ALL);
     if (t->io_started)
         td_thread_join(t->io_thread);
@@ -1297,7 +789,7 @@ static void shm_destroy(td_transport *base)
         (void)n;
         td_thread_join(t->watch_thread);
     }
-    if (t->abort_status == TD_ERR_CLOSED)
+    if (t->m.abort_status == TD_ERR_CLOSED)
         for (int r = 0; r < t->base.size; r++)
             if (r != t->base.rank && !atomic_load(&t->peers[r].gone))
                 send_control(&t->peers[r], TD_SHM_CTRL_BYE, TD_OK, NULL);
@@ -1421,26 +913,27 @@ static int check_all(shm_transport *t, int r, uint64_t e, const td_shm_desc *d, 
 
 static td_status wait_failed(shm_transport *t, int missing, uint64_t e, int64_t deadline_ns, int64_t start_ns)
 {
-    pthread_mutex_lock(&t->mu);
-    if (!t->aborted) {
-        done_list done = {0};
+    td_match *m = &t->m;
+    pthread_mutex_lock(&m->mu);
+    if (!m->aborted) {
+        td_done done = TD_DONE_INIT;
         if (atomic_load(&t->peers[missing].gone)) {
             char msg[TD_XFER_ERROR_MAX];
-            closed_msg(t, &t->peers[missing], msg, sizeof msg);
-            abort_locked(t, TD_ERR_PEER_LOST, msg, &done);
+            td_match_closed_msg(m, &m->peers[missing], msg, sizeof msg);
+            abort_locked(m, TD_ERR_PEER_LOST, msg, &done);
         } else if (td_deadline_passed(deadline_ns)) {
-            abortf_locked(t, TD_ERR_TIMEOUT, &done,
-                          "Timed out after %lld ms waiting for rank %d in a shared-memory collective (step %llu)",
-                          (long long)((td_now_ns() - start_ns) / 1000000), grank(t, missing), (unsigned long long)e);
+            td_match_abortf(m, TD_ERR_TIMEOUT, &done,
+                            "Timed out after %lld ms waiting for rank %d in a shared-memory collective (step %llu)",
+                            (long long)((td_now_ns() - start_ns) / 1000000), grank(t, missing), (unsigned long long)e);
         }
-        pthread_mutex_unlock(&t->mu);
-        run_callbacks(&done);
-        pthread_mutex_lock(&t->mu);
+        pthread_mutex_unlock(&m->mu);
+        td_match_run_callbacks(&done);
+        pthread_mutex_lock(&m->mu);
     }
-    td_status s = t->aborted ? td_error_set(t->abort_status, t->abort_msg)
+    td_status s = m->aborted ? td_error_set(m->abort_status, m->abort_msg)
                              : td_error(TD_ERR_INTERNAL, "shm transport: a wait for rank %d ended without cause",
                                         grank(t, missing));
-    pthread_mutex_unlock(&t->mu);
+    pthread_mutex_unlock(&m->mu);
     return s;
 }
 
@@ -1449,9 +942,9 @@ td_status td_shm_wait_arrival(td_transport *base, int r, uint64_t e, const td_sh
     shm_transport *t = (shm_transport *)base;
     int missing = r;
     if (atomic_load_explicit(&t->aborted_flag, memory_order_acquire)) {
-        pthread_mutex_lock(&t->mu);
-        td_status s = td_error_set(t->abort_status, t->abort_msg);
-        pthread_mutex_unlock(&t->mu);
+        pthread_mutex_lock(&t->m.mu);
+        td_status s = td_error_set(t->m.abort_status, t->m.abort_msg);
+        pthread_mutex_unlock(&t->m.mu);
         return s;
     }
     int c = check_all(t, r, e, d, &missing);
@@ -1491,7 +984,6 @@ td_status td_shm_wait_arrival(td_transport *base, int r, uint64_t e, const td_sh
         return c > 0 ? TD_OK : TD_ERR_INVALID;
     return wait_failed(t, missing, e, deadline_ns, start);
 }
-
 /* ---- creation ---------------------------------------------------------------------------------- */
 
 static int cpus_available(void)
@@ -1510,7 +1002,8 @@ td_status shm_transport_start(int rank, int size, const int *global_ranks, td_se
     t->base.ops = &shm_ops;
     t->base.rank = rank;
     t->base.size = size;
-    td_mutex_init(&t->mu);
+    td_match_init(&t->m, "shm", rank, size, global_ranks, POOL_MIN_CLASS, 0);
+    t->m.abort_locked = abort_locked;
     t->watch_efd = -1;
     t->seg = *own;
     *own = (td_segment)TD_SEGMENT_INIT;
@@ -1524,7 +1017,7 @@ td_status shm_transport_start(int rank, int size, const int *global_ranks, td_se
     t->peers = TD_NEW_ARRAY(peer, (size_t)size);
     for (int r = 0; r < size; r++) {
         peer *p = &t->peers[r];
-        p->rank = r;
+        p->q = &t->m.peers[r];
         p->sock = p->pidfd = -1;
         p->seg = (td_segment)TD_SEGMENT_INIT;
         if (r == rank)
@@ -1555,10 +1048,6 @@ td_status shm_transport_start(int rank, int size, const int *global_ranks, td_se
                              (int)p->pid, strerror(errno), global_ranks ? global_ranks[r] : r);
         }
     }
-    if (global_ranks) {
-        t->global_ranks = TD_NEW_ARRAY(int, (size_t)size);
-        memcpy(t->global_ranks, global_ranks, sizeof(int) * (size_t)size);
-    }
     int64_t spin_us = 20;
     td_status s = td_env_int("TDIST_SHM_SPIN_US", 20, 0, 1000000, &spin_us);
     if (s != TD_OK)
@@ -1582,9 +1071,9 @@ td_status shm_transport_start(int rank, int size, const int *global_ranks, td_se
     return TD_OK;
 fail:
     if (t->io_started) {
-        pthread_mutex_lock(&t->mu);
-        t->stop = true;
-        pthread_mutex_unlock(&t->mu);
+        pthread_mutex_lock(&t->m.mu);
+        t->m.stop = true;
+        pthread_mutex_unlock(&t->m.mu);
         bell_ring(t->bell, SHM_BIT_ALL);
         td_thread_join(t->io_thread);
     }

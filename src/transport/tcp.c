@@ -3,11 +3,11 @@
  * Each message is a 16-byte header (tag, length; docs/protocols.md "tcp transport") and its payload.
  * Sends are written by the posting thread straight from the caller's memory (sendmsg over the
  * xfer's iovec, header included); what the socket does not take at once is queued and finished on
- * EPOLLOUT. Receives are matched per (peer, tag) in posting order when the header arrives: if a
- * receive is posted, the payload is read straight into its iovec (readv, with a small staging
- * buffer appended so that one call also picks up the next headers and small payloads); if not, it
- * goes into an unexpected-message buffer from a size-class pool (allocated only while warming up)
- * and is copied out when the receive is posted.
+ * EPOLLOUT. Receives are matched per (peer, tag) in posting order when the header arrives (the
+ * shared matching engine, match.h): if a receive is posted, the payload is read straight into its
+ * iovec (readv, with a small staging buffer appended so that one call also picks up the next
+ * headers and small payloads); if not, it goes into an unexpected-message buffer and is copied out
+ * when the receive is posted.
  *
  * Who does the I/O: all sockets sit in one "inner" epoll set. A thread that waits on an xfer
  * becomes the poller: it busy-polls the inner set briefly, then sleeps in it, handling whatever
@@ -22,6 +22,7 @@
  * only what involves that peer. Deadlines are enforced by the poller for its own xfer and by the I/O
  * thread (which sleeps until the earliest pending deadline) for everything else. */
 #include "transport/tcp.h"
+#include "transport/match.h"
 #include "transport/tcp_proto.h"
 
 #include <errno.h>
@@ -50,33 +51,17 @@
 #define MAX_EVENTS 64
 #define SEND_IOV_MAX 64
 #define READ_ROUNDS 16 /* reads per peer per event, so one busy peer cannot starve the others */
-#define POOL_CLASSES 48
-#define POOL_KEEP_BYTES ((size_t)256 << 20)
+#define POOL_MIN_CLASS 6 /* unexpected-message buffers of 64 bytes and up */
 #define SPIN_MAX_BYTES (64 * 1024)
 #define CTRL_MAX TD_TCP_CTRL_MAX
-#define UNEXP_STEP ((size_t)1 << 20)
 #define CMA_MIN ((size_t)64 << 10) /* smaller collective messages go inline */
 #define FRAME_BUFS 12
 
-/* Flags in a send xfer's kind: the message goes as an RTS (the peer reads it from this process's
- * memory), or the xfer is the transport's own control frame (a FIN). */
-enum { XK_RTS = 0x10, XK_CTRL = 0x20 };
+/* A send xfer's kind flag: the message goes as an RTS (the peer reads it from this process's
+ * memory). The transport's own control frames (a FIN) are TD_XFER_OWN. */
+enum { XK_RTS = 0x10 };
 
 enum { R_HDR = 0, R_PAYLOAD = 1 };
-
-/* An unexpected message: arrived (or arriving) before its receive was posted. */
-typedef struct unexp {
-    struct unexp *next;
-    uint64_t tag;
-    uint64_t arrival;
-    size_t len;
-    size_t got;
-    char *buf;
-    size_t cap; /* grows with what arrived, never ahead of it by more than UNEXP_STEP */
-    /* an RTS: the message waits in the sender's memory */
-    bool rts;
-    td_tcp_control rts_desc;
-} unexp;
 
 /* A control frame of the transport's own (a FIN), queued on a send stream like a message. */
 typedef struct ctrl_msg {
@@ -87,8 +72,8 @@ typedef struct ctrl_msg {
 } ctrl_msg;
 
 typedef struct peer {
+    td_match_peer *q; /* queues, and where the arriving payload goes */
     int fd;
-    int rank;
     bool bye;        /* the peer sent its goodbye: no more messages from it */
     bool closed;     /* no more I/O on this socket (removed from the poll set) */
     bool broken;     /* a send was abandoned mid-message: the stream cannot carry more frames */
@@ -98,50 +83,28 @@ typedef struct peer {
     bool cma_send;   /* the peer can read this process's memory: large collective sends go as RTS */
     bool cma_recv;   /* this process can read the peer's */
     /* sending */
-    td_xfer *sq_head, *sq_tail;
     td_xfer *await_head, *await_tail; /* RTS sent, waiting for the peer's FIN */
-    /* receiving */
+    /* receiving (q->rx or q->ru is the payload's target; neither: discard, or a control frame) */
     int rstate;
     size_t remaining;
     uint64_t rtag;
     size_t rlen;
-    td_xfer *rx;     /* payload target: a posted receive ... */
-    unexp *ru;       /* ... or an unexpected buffer; neither: discard (or a control frame) */
     bool in_control; /* the payload being read is a control frame's, into ctrl */
     size_t ctrl_got;
     uint8_t ctrl[CTRL_MAX];
     char *stage;
     size_t stage_off, stage_len;
-    td_xfer *posted_head, *posted_tail;
-    unexp *uq_head, *uq_tail;
 } peer;
-
-typedef struct pool_buf {
-    struct pool_buf *next;
-} pool_buf;
 
 typedef struct tcp_transport {
     td_transport base;
-    pthread_mutex_t mu;
+    td_match m; /* its mutex guards everything */
     peer *peers;
-    int *global_ranks;
     int inner_ep, outer_ep, efd_io, efd_poll;
     bool armed;       /* the inner set is armed in the outer one */
-    bool poller_busy; /* a waiting thread is polling */
-    bool aborted;
-    bool stop;
-    td_status abort_status;
-    char abort_msg[TD_XFER_ERROR_MAX];
     pthread_t io_thread;
     bool io_started;
-    td_xfer *any_head, *any_tail;
-    uint64_t order;
-    uint64_t arrival;
     int64_t spin_ns;
-    /* pools: unexpected nodes and payload buffers by power-of-two class */
-    unexp *free_unexp;
-    pool_buf *pool[POOL_CLASSES];
-    size_t pool_bytes;
     ctrl_msg *free_ctrl, *all_ctrl;
     uint64_t next_cookie;
     /* Holds guard_value while the transport lives and is not aborted. Every RTS names it, and a
@@ -150,85 +113,16 @@ typedef struct tcp_transport {
     _Atomic uint64_t guard;
     uint64_t guard_value;
     /* counters, logged at destroy (TDIST_LOG_LEVEL=DEBUG): where received payload bytes went */
-    uint64_t n_direct, n_staged, n_unexpected, n_unexpected_msgs, n_copied_out, n_cma;
+    uint64_t n_direct, n_staged, n_unexpected, n_cma;
 } tcp_transport;
-
-/* Xfers with callbacks completed under the lock; their callbacks run after it is released. */
-typedef struct done_list {
-    td_xfer *head, *tail;
-    int completed; /* every completion, with or without a callback */
-} done_list;
 
 static const td_transport_ops tcp_ops;
 
 /* ---- small helpers ---------------------------------------------------------------------------- */
 
-static int grank(const tcp_transport *t, int r) { return t->global_ranks ? t->global_ranks[r] : r; }
+static tcp_transport *of_match(td_match *m) { return (tcp_transport *)((char *)m - offsetof(tcp_transport, m)); }
 
-static void complete(td_xfer *x, td_status status, const char *msg, done_list *done)
-{
-    done->completed++;
-    if (x->on_done) {
-        x->status = status;
-        if (status != TD_OK)
-            snprintf(x->error, sizeof x->error, "%s", msg ? msg : td_status_str(status));
-        atomic_store_explicit(&x->state, 1, memory_order_release);
-        x->next = NULL;
-        if (done->tail)
-            done->tail->next = x;
-        else
-            done->head = x;
-        done->tail = x;
-    } else {
-        td_xfer_finish(x, status, msg);
-    }
-}
-
-static void completef(td_xfer *x, td_status status, done_list *done, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static void completef(td_xfer *x, td_status status, done_list *done, const char *fmt, ...)
-{
-    char msg[TD_XFER_ERROR_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    complete(x, status, msg, done);
-}
-
-static void run_callbacks(done_list *done)
-{
-    td_xfer *x = done->head;
-    while (x) {
-        td_xfer *next = x->next; /* the callback may recycle x */
-        x->on_done(x, x->arg);
-        x = next;
-    }
-    done->head = done->tail = NULL;
-    done->completed = 0;
-}
-
-static void queue_push(td_xfer **head, td_xfer **tail, td_xfer *x)
-{
-    x->next = NULL;
-    if (*tail)
-        (*tail)->next = x;
-    else
-        *head = x;
-    *tail = x;
-}
-
-/* Removes x (which must be in the list) given its predecessor. */
-static void queue_unlink(td_xfer **head, td_xfer **tail, td_xfer *prev, td_xfer *x)
-{
-    if (prev)
-        prev->next = x->next;
-    else
-        *head = x->next;
-    if (*tail == x)
-        *tail = prev;
-    x->next = NULL;
-}
+static int grank(const tcp_transport *t, const peer *p) { return td_match_grank(&t->m, p->q->rank); }
 
 static void wake_fd(int fd)
 {
@@ -244,142 +138,11 @@ static void drain_fd(int fd)
     (void)n;
 }
 
-/* ---- buffer pool ------------------------------------------------------------------------------ */
-
-static int pool_class(size_t len)
+/* With the lock held, after completing xfers: the poller may be asleep on one of them. */
+static void wake_poller(tcp_transport *t, const td_done *done)
 {
-    int c = 6; /* 64 bytes and up */
-    while (c < POOL_CLASSES - 1 && ((size_t)1 << c) < len)
-        c++;
-    return c;
-}
-
-static char *pool_get(tcp_transport *t, size_t len)
-{
-    if (len == 0)
-        return NULL;
-    int c = pool_class(len);
-    size_t size = (size_t)1 << c;
-    if (size < len)
-        size = len;
-    if (t->pool[c] && size == ((size_t)1 << c)) {
-        pool_buf *b = t->pool[c];
-        t->pool[c] = b->next;
-        t->pool_bytes -= size;
-        return (char *)b;
-    }
-    void *p = NULL;
-    if (td_try_malloc(size, "unexpected message buffer", &p) != TD_OK)
-        return NULL;
-    return p;
-}
-
-static void pool_put(tcp_transport *t, char *buf, size_t len)
-{
-    if (!buf)
-        return;
-    int c = pool_class(len);
-    size_t size = (size_t)1 << c;
-    if (size < len || t->pool_bytes + size > POOL_KEEP_BYTES) {
-        free(buf);
-        return;
-    }
-    pool_buf *b = (pool_buf *)buf;
-    b->next = t->pool[c];
-    t->pool[c] = b;
-    t->pool_bytes += size;
-}
-
-static unexp *unexp_new(tcp_transport *t)
-{
-    unexp *u = t->free_unexp;
-    if (u)
-        t->free_unexp = u->next;
-    else
-        u = td_malloc(sizeof *u);
-    memset(u, 0, sizeof *u);
-    return u;
-}
-
-static void unexp_free(tcp_transport *t, unexp *u)
-{
-    pool_put(t, u->buf, u->cap);
-    u->buf = NULL;
-    u->cap = 0;
-    u->next = t->free_unexp;
-    t->free_unexp = u;
-}
-
-static void unexp_unlink(peer *p, unexp *prev, unexp *u)
-{
-    if (prev)
-        prev->next = u->next;
-    else
-        p->uq_head = u->next;
-    if (p->uq_tail == u)
-        p->uq_tail = prev;
-    u->next = NULL;
-}
-
-/* Room for the next bytes of an unexpected message. Its buffer follows the bytes that arrived,
- * doubling, so a header that claims a huge length costs nothing until the bytes come. */
-static bool unexp_room(tcp_transport *t, unexp *u)
-{
-    if (u->got < u->cap)
-        return true;
-    size_t want = u->cap ? u->cap * 2 : UNEXP_STEP;
-    if (want > u->len)
-        want = u->len;
-    char *nb = pool_get(t, want);
-    if (!nb)
-        return false;
-    if (u->got)
-        memcpy(nb, u->buf, u->got);
-    pool_put(t, u->buf, u->cap);
-    u->buf = nb;
-    u->cap = want;
-    return true;
-}
-
-/* ---- iovec copies ----------------------------------------------------------------------------- */
-
-/* Copies n bytes into x's iovec at x->progress. */
-static void xfer_copy_in(td_xfer *x, const char *src, size_t n)
-{
-    size_t off = x->progress;
-    x->progress += n;
-    for (int i = 0; i < x->iovcnt && n; i++) {
-        size_t len = x->iov[i].iov_len;
-        if (off >= len) {
-            off -= len;
-            continue;
-        }
-        size_t take = len - off < n ? len - off : n;
-        memcpy((char *)x->iov[i].iov_base + off, src, take);
-        src += take;
-        n -= take;
-        off = 0;
-    }
-}
-
-/* The part of x's iovec from x->progress on, at most `limit` bytes, appended to iov. */
-static int xfer_iov_from(const td_xfer *x, size_t skip, size_t limit, struct iovec *iov, int max)
-{
-    int cnt = 0;
-    for (int i = 0; i < x->iovcnt && cnt < max && limit; i++) {
-        size_t len = x->iov[i].iov_len;
-        if (skip >= len) {
-            skip -= len;
-            continue;
-        }
-        size_t take = len - skip < limit ? len - skip : limit;
-        iov[cnt].iov_base = (char *)x->iov[i].iov_base + skip;
-        iov[cnt].iov_len = take;
-        cnt++;
-        limit -= take;
-        skip = 0;
-    }
-    return cnt;
+    if (t->m.poller_busy && done->completed)
+        wake_fd(t->efd_poll);
 }
 
 /* ---- failure ---------------------------------------------------------------------------------- */
@@ -404,22 +167,6 @@ static void ctrl_put(tcp_transport *t, td_xfer *x)
     t->free_ctrl = c;
 }
 
-/* Fails (or, for the transport's own frames, recycles) every xfer of a list. */
-static void fail_list(tcp_transport *t, td_xfer **head, td_xfer **tail, td_status status, const char *msg,
-                      done_list *done)
-{
-    td_xfer *x = *head;
-    *head = *tail = NULL;
-    while (x) {
-        td_xfer *next = x->next;
-        if (x->kind & XK_CTRL)
-            ctrl_put(t, x);
-        else
-            complete(x, status, msg, done);
-        x = next;
-    }
-}
-
 static void set_armed(tcp_transport *t, bool arm)
 {
     struct epoll_event ev = {.events = EPOLLONESHOT | (arm ? EPOLLIN : 0), .data.u32 = 0};
@@ -432,7 +179,7 @@ static void set_armed(tcp_transport *t, bool arm)
  * out. */
 static void send_control(peer *p, int type, td_status status, const char *msg)
 {
-    if (p->closed || p->broken || p->bye || p->sq_head)
+    if (p->closed || p->broken || p->bye || p->q->sq_head)
         return;
     uint8_t f[TD_TCP_CTRL_FRAME_MAX];
     size_t len = td_tcp_control_encode(f, type, status, msg);
@@ -441,69 +188,44 @@ static void send_control(peer *p, int type, td_status status, const char *msg)
         p->broken = true;
 }
 
-static void abort_locked(tcp_transport *t, td_status status, const char *msg, done_list *done)
+static void abort_locked(td_match *m, td_status status, const char *msg, td_done *done)
 {
-    if (t->aborted)
+    tcp_transport *t = of_match(m);
+    if (m->aborted)
         return;
-    t->aborted = true;
     atomic_store(&t->guard, 0);
-    t->abort_status = status;
-    snprintf(t->abort_msg, sizeof t->abort_msg, "%s", msg);
-    TD_LOG_DEBUG("tcp transport of rank %d aborted: %s", grank(t, t->base.rank), msg);
-    for (int r = 0; r < t->base.size; r++) {
+    for (int r = 0; r < m->size; r++) {
         peer *p = &t->peers[r];
-        if (r == t->base.rank)
+        if (r == m->rank)
             continue;
-        if (p->sq_head && p->sq_head->progress > 0)
+        if (p->q->sq_head && p->q->sq_head->progress > 0)
             p->broken = true;
-        fail_list(t, &p->sq_head, &p->sq_tail, status, msg, done);
-        fail_list(t, &p->await_head, &p->await_tail, status, msg, done);
-        fail_list(t, &p->posted_head, &p->posted_tail, status, msg, done);
-        if (p->rx) {
-            complete(p->rx, status, msg, done);
-            p->rx = NULL;
-        }
-        /* A failure (not an orderly close) is passed on: the peers learn of it at once instead of
-         * at their timeouts, and with its cause, so that every survivor of a dead rank names that
-         * rank and not the one that told it. A stream that cannot carry the frame is just cut. */
-        if (status != TD_ERR_CLOSED && p->fd >= 0 && !p->closed) {
+        td_match_fail_list(m, &p->await_head, &p->await_tail, status, msg, done);
+    }
+    td_match_fail_all(m, status, msg, done);
+    /* A failure (not an orderly close) is passed on: the peers learn of it at once instead of at
+     * their timeouts, and with its cause, so that every survivor of a dead rank names that rank
+     * and not the one that told it. A stream that cannot carry the frame is just cut. */
+    for (int r = 0; r < m->size && status != TD_ERR_CLOSED; r++) {
+        peer *p = &t->peers[r];
+        if (r != m->rank && p->fd >= 0 && !p->closed) {
             send_control(p, TD_TCP_CTRL_ABORT, status, msg);
             shutdown(p->fd, p->broken ? SHUT_RDWR : SHUT_WR);
         }
     }
-    fail_list(t, &t->any_head, &t->any_tail, status, msg, done);
-    t->stop = true;
+    m->stop = true;
     wake_fd(t->efd_io);
     wake_fd(t->efd_poll);
 }
 
-static void abortf_locked(tcp_transport *t, td_status status, done_list *done, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static void abortf_locked(tcp_transport *t, td_status status, done_list *done, const char *fmt, ...)
-{
-    char msg[TD_XFER_ERROR_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    abort_locked(t, status, msg, done);
-}
-
-static void closed_msg(tcp_transport *t, peer *p, char *buf, size_t size)
-{
-    snprintf(buf, size, "Connection to rank %d lost: rank %d closed its end (it destroyed its process group)",
-             grank(t, p->rank), grank(t, p->rank));
-}
-
 /* The peer said goodbye: fail what can only complete through it; the rest of the group goes on. */
-static void peer_said_bye(tcp_transport *t, peer *p, done_list *done)
+static void peer_said_bye(tcp_transport *t, peer *p, td_done *done)
 {
     char msg[TD_XFER_ERROR_MAX];
-    closed_msg(t, p, msg, sizeof msg);
+    td_match_closed_msg(&t->m, p->q, msg, sizeof msg);
     p->bye = true;
-    fail_list(t, &p->sq_head, &p->sq_tail, TD_ERR_PEER_LOST, msg, done);
-    fail_list(t, &p->await_head, &p->await_tail, TD_ERR_PEER_LOST, msg, done);
-    fail_list(t, &p->posted_head, &p->posted_tail, TD_ERR_PEER_LOST, msg, done);
+    td_match_fail_list(&t->m, &p->await_head, &p->await_tail, TD_ERR_PEER_LOST, msg, done);
+    td_match_peer_closed(&t->m, p->q, done);
 }
 
 static void peer_close(tcp_transport *t, peer *p)
@@ -515,9 +237,9 @@ static void peer_close(tcp_transport *t, peer *p)
 }
 
 /* The stream broke (or carried garbage): abort, unless the peer had said goodbye before EOF. */
-static void peer_lost(tcp_transport *t, peer *p, done_list *done, const char *fmt, ...)
+static void peer_lost(tcp_transport *t, peer *p, td_done *done, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-static void peer_lost(tcp_transport *t, peer *p, done_list *done, const char *fmt, ...)
+static void peer_lost(tcp_transport *t, peer *p, td_done *done, const char *fmt, ...)
 {
     char why[192];
     va_list ap;
@@ -525,13 +247,7 @@ static void peer_lost(tcp_transport *t, peer *p, done_list *done, const char *fm
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
     peer_close(t, p);
-    if (t->aborted)
-        return;
-    int g = grank(t, p->rank);
-    if (g != p->rank)
-        abortf_locked(t, TD_ERR_PEER_LOST, done, "Connection to rank %d (group rank %d) lost: %s", g, p->rank, why);
-    else
-        abortf_locked(t, TD_ERR_PEER_LOST, done, "Connection to rank %d lost: %s", g, why);
+    td_match_lost(&t->m, p->q, done, why);
 }
 
 /* ---- sending ---------------------------------------------------------------------------------- */
@@ -540,7 +256,7 @@ static void set_out(tcp_transport *t, peer *p, bool on)
 {
     if (p->out_armed == on || p->closed)
         return;
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | (on ? EPOLLOUT : 0), .data.u32 = (uint32_t)p->rank};
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | (on ? EPOLLOUT : 0), .data.u32 = (uint32_t)p->q->rank};
     epoll_ctl(t->inner_ep, EPOLL_CTL_MOD, p->fd, &ev);
     p->out_armed = on;
 }
@@ -573,14 +289,15 @@ static size_t frame_prefix(const tcp_transport *t, const td_xfer *x, uint8_t *f)
 
 /* Writes as much of p's send queue as the socket takes, several messages per call. A message that
  * went out whole completes, except an RTS, which waits for the peer's FIN. */
-static void flush_sends(tcp_transport *t, peer *p, done_list *done)
+static void flush_sends(tcp_transport *t, peer *p, td_done *done)
 {
+    td_match_peer *q = p->q;
     uint8_t frames[FRAME_BUFS][HDR_SIZE + TD_TCP_RTS_MAX];
-    while (p->sq_head && !t->aborted) {
+    while (q->sq_head && !t->m.aborted) {
         struct iovec iov[SEND_IOV_MAX];
         int cnt = 0, nf = 0;
         size_t want = 0;
-        for (td_xfer *x = p->sq_head; x && nf < FRAME_BUFS && cnt + 1 + TD_XFER_MAX_IOV <= SEND_IOV_MAX;
+        for (td_xfer *x = q->sq_head; x && nf < FRAME_BUFS && cnt + 1 + TD_XFER_MAX_IOV <= SEND_IOV_MAX;
              x = x->next, nf++) {
             size_t pre = frame_prefix(t, x, frames[nf]);
             if (x->progress < pre) {
@@ -592,7 +309,7 @@ static void flush_sends(tcp_transport *t, peer *p, done_list *done)
             if (is_rts(x))
                 continue;
             size_t skip = x->progress > pre ? x->progress - pre : 0;
-            int k = xfer_iov_from(x, skip, SIZE_MAX, iov + cnt, SEND_IOV_MAX - cnt);
+            int k = td_xfer_iov_from(x, skip, SIZE_MAX, iov + cnt, SEND_IOV_MAX - cnt);
             for (int i = 0; i < k; i++)
                 want += iov[cnt + i].iov_len;
             cnt += k;
@@ -610,8 +327,8 @@ static void flush_sends(tcp_transport *t, peer *p, done_list *done)
             return;
         }
         size_t left = (size_t)n;
-        while (p->sq_head) {
-            td_xfer *x = p->sq_head;
+        while (q->sq_head) {
+            td_xfer *x = q->sq_head;
             size_t need = wire_len(x) - x->progress;
             if (left < need) {
                 x->progress += left;
@@ -619,17 +336,15 @@ static void flush_sends(tcp_transport *t, peer *p, done_list *done)
             }
             left -= need;
             x->progress = wire_len(x);
-            p->sq_head = x->next;
-            if (!p->sq_head)
-                p->sq_tail = NULL;
-            if (x->kind & XK_CTRL) {
+            q->sq_head = x->next;
+            if (!q->sq_head)
+                q->sq_tail = NULL;
+            if (x->kind & TD_XFER_OWN)
                 ctrl_put(t, x);
-            } else if (is_rts(x)) {
-                queue_push(&p->await_head, &p->await_tail, x);
-            } else {
-                x->nbytes = x->total;
-                complete(x, TD_OK, NULL, done);
-            }
+            else if (is_rts(x))
+                td_match_push(&p->await_head, &p->await_tail, x);
+            else
+                td_match_finish(&t->m, x, done);
         }
         if ((size_t)n < want) {
             set_out(t, p, true);
@@ -640,57 +355,24 @@ static void flush_sends(tcp_transport *t, peer *p, done_list *done)
 }
 
 /* Queues one of the transport's own control frames (payload of len bytes) behind p's sends. */
-static void queue_control(tcp_transport *t, peer *p, const uint8_t *payload, size_t len, done_list *done)
+static void queue_control(tcp_transport *t, peer *p, const uint8_t *payload, size_t len, td_done *done)
 {
     if (p->closed || p->broken || p->bye)
         return;
     ctrl_msg *c = ctrl_get(t);
     memcpy(c->payload, payload, len);
     memset(&c->x, 0, sizeof c->x);
-    c->x.kind = XK_CTRL;
+    c->x.kind = TD_XFER_OWN;
     c->x.tag = TD_TAG_RESERVED;
     c->x.deadline_ns = TD_DEADLINE_NONE;
     c->x.iov[0].iov_base = c->payload;
     c->x.iov[0].iov_len = len;
     c->x.iovcnt = 1;
     c->x.total = len;
-    bool idle = p->sq_head == NULL;
-    queue_push(&p->sq_head, &p->sq_tail, &c->x);
+    bool idle = p->q->sq_head == NULL;
+    td_match_push(&p->q->sq_head, &p->q->sq_tail, &c->x);
     if (idle)
         flush_sends(t, p, done);
-}
-
-/* ---- receiving -------------------------------------------------------------------------------- */
-
-/* The posted receive that a message (p, tag) goes to: the earliest-posted of p's matching receive
- * and the matching any-source receive. Unlinks it. */
-static td_xfer *match_posted(tcp_transport *t, peer *p, uint64_t tag)
-{
-    td_xfer *prev = NULL, *x = p->posted_head;
-    while (x && x->tag != tag) {
-        prev = x;
-        x = x->next;
-    }
-    td_xfer *aprev = NULL, *a = t->any_head;
-    while (a && a->tag != tag) {
-        aprev = a;
-        a = a->next;
-    }
-    if (a && (!x || a->order < x->order)) {
-        queue_unlink(&t->any_head, &t->any_tail, aprev, a);
-        return a;
-    }
-    if (x)
-        queue_unlink(&p->posted_head, &p->posted_tail, prev, x);
-    return x;
-}
-
-static void fail_mismatch(tcp_transport *t, td_xfer *x, peer *p, uint64_t tag, size_t len, done_list *done)
-{
-    completef(x, TD_ERR_INVALID, done,
-              "Message size mismatch: rank %d sent %zu bytes (tag %llu) to a receive of %zu bytes; the sizes "
-              "must match",
-              grank(t, p->rank), len, (unsigned long long)tag, x->total);
 }
 
 /* ---- single-copy transfers between processes of one host ---------------------------------------
@@ -705,7 +387,7 @@ static int cma_copy(pid_t pid, td_xfer *x, const uint64_t *addr, const uint64_t 
     size_t total = x->total, done_bytes = 0;
     while (done_bytes < total) {
         struct iovec l[TD_XFER_MAX_IOV], r[TD_TCP_RTS_MAX_IOV];
-        int lc = xfer_iov_from(x, done_bytes, total - done_bytes, l, TD_XFER_MAX_IOV);
+        int lc = td_xfer_iov_from(x, done_bytes, total - done_bytes, l, TD_XFER_MAX_IOV);
         int rc = 0;
         size_t skip = done_bytes;
         for (int i = 0; i < n; i++) {
@@ -728,7 +410,6 @@ static int cma_copy(pid_t pid, td_xfer *x, const uint64_t *addr, const uint64_t 
     return 0;
 }
 
-/* A matched RTS: copy, complete the receive, and tell the sender it may reuse its buffer. */
 /* Whether the sender's guard word still holds its value (it had not aborted when we finished). */
 static bool guard_holds(pid_t pid, uint64_t addr, uint64_t value)
 {
@@ -737,35 +418,34 @@ static bool guard_holds(pid_t pid, uint64_t addr, uint64_t value)
     return process_vm_readv(pid, &l, 1, &r, 1, 0) == (ssize_t)sizeof got && got == value;
 }
 
-static void rts_deliver(tcp_transport *t, peer *p, td_xfer *x, const td_tcp_control *c, done_list *done)
+/* A matched RTS: copy, complete the receive, and tell the sender it may reuse its buffer. */
+static void rts_deliver(tcp_transport *t, peer *p, td_xfer *x, const td_tcp_control *c, td_done *done)
 {
-    x->peer = p->rank;
     td_status fin = TD_OK;
     if (x->total != c->total) {
-        fail_mismatch(t, x, p, c->tag, (size_t)c->total, done);
+        td_match_mismatch(&t->m, x, p->q, c->tag, (size_t)c->total, done);
     } else {
         int err = cma_copy(p->pid, x, c->addr, c->len, c->iovcnt);
         if (!err && !guard_holds(p->pid, c->guard_addr, c->guard_value)) {
             /* The sender aborted meanwhile: what was read may not be the message. Its abort frame
              * is on the way; the receive fails now. */
-            completef(x, TD_ERR_PEER_LOST, done, "Connection to rank %d lost: it failed while its message was read",
-                      grank(t, p->rank));
+            td_match_completef(&t->m, x, TD_ERR_PEER_LOST, done,
+                               "Connection to rank %d lost: it failed while its message was read", grank(t, p));
             return;
         }
         if (err == ESRCH) {
             /* The sender is gone: the same loss its socket will show, reported at once. */
             peer_lost(t, p, done, "the process exited (reading its message failed: %s)", strerror(err));
-            complete(x, t->abort_status, t->abort_msg, done); /* x left the posted list already */
+            td_match_complete(&t->m, x, t->m.abort_status, t->m.abort_msg, done); /* x left the posted list already */
             return;
         }
         if (err) {
-            completef(x, TD_ERR_IO, done, "Reading a message of %zu bytes from rank %d's memory failed: %s", x->total,
-                      grank(t, p->rank), strerror(err));
+            td_match_completef(&t->m, x, TD_ERR_IO, done, "Reading a message of %zu bytes from rank %d's memory failed: %s",
+                               x->total, grank(t, p), strerror(err));
             fin = TD_ERR_IO;
         } else {
-            x->nbytes = x->total;
             t->n_cma += x->total;
-            complete(x, TD_OK, NULL, done);
+            td_match_finish(&t->m, x, done);
         }
     }
     uint8_t f[TD_TCP_RTS_MAX];
@@ -773,32 +453,32 @@ static void rts_deliver(tcp_transport *t, peer *p, td_xfer *x, const td_tcp_cont
     queue_control(t, p, f, flen, done);
 }
 
-static void handle_rts(tcp_transport *t, peer *p, const td_tcp_control *c, done_list *done)
+/* An RTS that waited among the unexpected messages meets its receive (match.h, take_own). */
+static void take_rts(td_match *m, td_match_peer *q, td_unexp *u, td_xfer *x, td_done *done)
+{
+    tcp_transport *t = of_match(m);
+    rts_deliver(t, &t->peers[q->rank], x, (const td_tcp_control *)u->extra, done);
+    td_match_unexp_free(m, u);
+}
+
+static void handle_rts(tcp_transport *t, peer *p, const td_tcp_control *c, td_done *done)
 {
     if (!p->cma_recv) {
         peer_lost(t, p, done, "protocol error: an RTS on a connection that did not agree to them");
         return;
     }
-    td_xfer *x = match_posted(t, p, c->tag);
+    td_xfer *x = td_match_posted(&t->m, p->q, c->tag);
     if (x) {
         rts_deliver(t, p, x, c, done);
         return;
     }
-    unexp *u = unexp_new(t);
-    u->tag = c->tag;
-    u->arrival = ++t->arrival;
-    u->len = (size_t)c->total;
-    u->rts = true;
-    u->rts_desc = *c;
-    if (p->uq_tail)
-        p->uq_tail->next = u;
-    else
-        p->uq_head = u;
-    p->uq_tail = u;
-    t->n_unexpected_msgs++;
+    td_unexp *u = td_match_unexp_new(&t->m, c->tag, (size_t)c->total);
+    u->own = true;
+    memcpy(u->extra, c, sizeof *c);
+    td_match_unexp_queue(&t->m, p->q, u);
 }
 
-static void handle_fin(tcp_transport *t, peer *p, const td_tcp_control *c, done_list *done)
+static void handle_fin(tcp_transport *t, peer *p, const td_tcp_control *c, td_done *done)
 {
     td_xfer *prev = NULL, *x = p->await_head;
     while (x && x->order != c->cookie) {
@@ -809,21 +489,22 @@ static void handle_fin(tcp_transport *t, peer *p, const td_tcp_control *c, done_
         peer_lost(t, p, done, "protocol error: a FIN for no message in flight");
         return;
     }
-    queue_unlink(&p->await_head, &p->await_tail, prev, x);
-    if (c->status == TD_OK) {
-        x->nbytes = x->total;
-        complete(x, TD_OK, NULL, done);
-    } else {
-        completef(x, c->status, done, "Rank %d could not read a message of %zu bytes from this rank's memory",
-                  grank(t, p->rank), x->total);
-    }
+    td_match_unlink(&p->await_head, &p->await_tail, prev, x);
+    if (c->status == TD_OK)
+        td_match_finish(&t->m, x, done);
+    else
+        td_match_completef(&t->m, x, c->status, done,
+                           "Rank %d could not read a message of %zu bytes from this rank's memory", grank(t, p),
+                           x->total);
 }
 
+/* ---- receiving -------------------------------------------------------------------------------- */
+
 /* A complete control frame: the peer's goodbye, or its abort (relayed with its cause). */
-static void handle_control(tcp_transport *t, peer *p, done_list *done)
+static void handle_control(tcp_transport *t, peer *p, td_done *done)
 {
     td_tcp_control c;
-    int g = grank(t, p->rank);
+    int g = grank(t, p);
     if (!td_tcp_control_parse(p->ctrl, p->ctrl_got, TD_TCP_MAX_MESSAGE, &c)) {
         peer_lost(t, p, done, "protocol error: malformed control frame (type %u, %zu bytes)", p->ctrl[0], p->ctrl_got);
     } else if (c.type == TD_TCP_CTRL_BYE) {
@@ -835,32 +516,26 @@ static void handle_control(tcp_transport *t, peer *p, done_list *done)
     } else {
         p->bye = true; /* nothing more comes from it */
         if (c.status == TD_ERR_PEER_LOST)
-            abortf_locked(t, TD_ERR_PEER_LOST, done, "%.*s (reported by rank %d)", (int)c.msg_len, c.msg, g);
+            td_match_abortf(&t->m, TD_ERR_PEER_LOST, done, "%.*s (reported by rank %d)", (int)c.msg_len, c.msg, g);
         else
-            abortf_locked(t, TD_ERR_PEER_LOST, done, "Connection to rank %d lost: rank %d failed: %.*s", g, g,
-                          (int)c.msg_len, c.msg);
+            td_match_abortf(&t->m, TD_ERR_PEER_LOST, done, "Connection to rank %d lost: rank %d failed: %.*s", g, g,
+                            (int)c.msg_len, c.msg);
     }
 }
 
-static void finish_message(tcp_transport *t, peer *p, done_list *done)
+static void finish_message(tcp_transport *t, peer *p, td_done *done)
 {
+    p->rstate = R_HDR;
     if (p->in_control) {
         p->in_control = false;
-        p->rstate = R_HDR;
         handle_control(t, p, done);
         return;
     }
-    if (p->rx) {
-        p->rx->nbytes = p->rx->total;
-        complete(p->rx, TD_OK, NULL, done);
-        p->rx = NULL;
-    }
-    p->ru = NULL; /* an unexpected message stays queued, now complete */
-    p->rstate = R_HDR;
+    td_match_message_done(&t->m, p->q, done);
 }
 
 /* A header arrived: pick where its payload goes. False when the stream must be dropped. */
-static bool start_message(tcp_transport *t, peer *p, uint64_t tag, uint64_t len, done_list *done)
+static bool start_message(tcp_transport *t, peer *p, uint64_t tag, uint64_t len, td_done *done)
 {
     if (tag == TD_TAG_RESERVED) {
         if (len == 0 || len > CTRL_MAX) {
@@ -869,8 +544,8 @@ static bool start_message(tcp_transport *t, peer *p, uint64_t tag, uint64_t len,
         }
         p->in_control = true;
         p->ctrl_got = 0;
-        p->rx = NULL;
-        p->ru = NULL;
+        p->q->rx = NULL;
+        p->q->ru = NULL;
         p->remaining = (size_t)len;
         p->rstate = R_PAYLOAD;
         return true;
@@ -887,33 +562,16 @@ static bool start_message(tcp_transport *t, peer *p, uint64_t tag, uint64_t len,
     p->rtag = tag;
     p->rlen = (size_t)len;
     p->remaining = (size_t)len;
-    p->rx = NULL;
-    p->ru = NULL;
-    td_xfer *x = match_posted(t, p, tag);
-    if (x) {
-        x->peer = p->rank;
-        if (x->total != len)
-            fail_mismatch(t, x, p, tag, (size_t)len, done); /* the payload is discarded */
-        else
-            p->rx = x;
-    } else {
-        unexp *u = unexp_new(t);
-        u->tag = tag;
-        u->arrival = ++t->arrival;
-        u->len = (size_t)len;
-        if (len && !unexp_room(t, u)) {
-            unexp_free(t, u);
+    if (!td_match_arrived(&t->m, p->q, tag, len, done)) {
+        td_unexp *u = td_match_unexp_new(&t->m, tag, (size_t)len);
+        if (len && !td_match_unexp_room(&t->m, u, 1)) {
+            td_match_unexp_free(&t->m, u);
             peer_lost(t, p, done, "cannot buffer an unexpected message of %llu bytes: %s", (unsigned long long)len,
                       td_last_error());
             return false;
         }
-        if (p->uq_tail)
-            p->uq_tail->next = u;
-        else
-            p->uq_head = u;
-        p->uq_tail = u;
-        p->ru = u;
-        t->n_unexpected_msgs++;
+        td_match_unexp_queue(&t->m, p->q, u);
+        p->q->ru = u;
     }
     if (len == 0)
         finish_message(t, p, done);
@@ -922,9 +580,19 @@ static bool start_message(tcp_transport *t, peer *p, uint64_t tag, uint64_t len,
     return true;
 }
 
-/* Feeds the staged bytes through the framing. False when the stream was dropped. */
-static bool consume_stage(tcp_transport *t, peer *p, done_list *done)
+/* Room in p->q->ru for the payload's next bytes; false (the stream dropped) when out of memory. */
+static bool unexp_room(tcp_transport *t, peer *p, td_done *done)
 {
+    if (td_match_unexp_room(&t->m, p->q->ru, 1))
+        return true;
+    peer_lost(t, p, done, "cannot buffer an unexpected message of %zu bytes: %s", p->q->ru->len, td_last_error());
+    return false;
+}
+
+/* Feeds the staged bytes through the framing. False when the stream was dropped. */
+static bool consume_stage(tcp_transport *t, peer *p, td_done *done)
+{
+    td_match_peer *q = p->q;
     while (p->stage_off < p->stage_len) {
         size_t avail = p->stage_len - p->stage_off;
         const char *s = p->stage + p->stage_off;
@@ -942,27 +610,25 @@ static bool consume_stage(tcp_transport *t, peer *p, done_list *done)
         if (p->in_control) {
             memcpy(p->ctrl + p->ctrl_got, s, take);
             p->ctrl_got += take;
-        } else if (p->rx) {
-            xfer_copy_in(p->rx, s, take);
+        } else if (q->rx) {
+            td_xfer_copy_in(q->rx, q->rx->progress, s, take);
+            q->rx->progress += take;
             t->n_staged += take;
-        } else if (p->ru) {
-            if (!unexp_room(t, p->ru)) {
-                peer_lost(t, p, done, "cannot buffer an unexpected message of %zu bytes: %s", p->ru->len,
-                          td_last_error());
+        } else if (q->ru) {
+            if (!unexp_room(t, p, done))
                 return false;
-            }
-            size_t room = p->ru->cap - p->ru->got;
+            size_t room = q->ru->cap - q->ru->got;
             if (take > room)
                 take = room;
-            memcpy(p->ru->buf + p->ru->got, s, take);
-            p->ru->got += take;
+            memcpy(q->ru->buf + q->ru->got, s, take);
+            q->ru->got += take;
             t->n_unexpected += take;
         }
         p->stage_off += take;
         p->remaining -= take;
         if (p->remaining == 0) {
             finish_message(t, p, done);
-            if (t->aborted || p->closed)
+            if (t->m.aborted || p->closed)
                 return false;
         }
     }
@@ -976,26 +642,24 @@ static bool consume_stage(tcp_transport *t, peer *p, done_list *done)
     return true;
 }
 
-static void read_peer(tcp_transport *t, peer *p, done_list *done)
+static void read_peer(tcp_transport *t, peer *p, td_done *done)
 {
-    for (int round = 0; round < READ_ROUNDS && !p->closed && !t->aborted; round++) {
+    td_match_peer *q = p->q;
+    for (int round = 0; round < READ_ROUNDS && !p->closed && !t->m.aborted; round++) {
         if (!consume_stage(t, p, done))
             return;
         struct iovec iov[TD_XFER_MAX_IOV + 1];
         int cnt = 0;
         size_t direct = 0;
         if (p->rstate == R_PAYLOAD) {
-            if (p->rx) {
-                cnt = xfer_iov_from(p->rx, p->rx->progress, p->remaining, iov, TD_XFER_MAX_IOV);
+            if (q->rx) {
+                cnt = td_xfer_iov_from(q->rx, q->rx->progress, p->remaining, iov, TD_XFER_MAX_IOV);
                 direct = p->remaining;
-            } else if (p->ru) {
-                if (!unexp_room(t, p->ru)) {
-                    peer_lost(t, p, done, "cannot buffer an unexpected message of %zu bytes: %s", p->ru->len,
-                              td_last_error());
+            } else if (q->ru) {
+                if (!unexp_room(t, p, done))
                     return;
-                }
-                size_t room = p->ru->cap - p->ru->got;
-                iov[0].iov_base = p->ru->buf + p->ru->got;
+                size_t room = q->ru->cap - q->ru->got;
+                iov[0].iov_base = q->ru->buf + q->ru->got;
                 iov[0].iov_len = room < p->remaining ? room : p->remaining;
                 cnt = 1;
                 direct = iov[0].iov_len;
@@ -1027,11 +691,11 @@ static void read_peer(tcp_transport *t, peer *p, done_list *done)
         }
         size_t d = (size_t)n < direct ? (size_t)n : direct;
         if (d) {
-            if (p->rx) {
-                p->rx->progress += d;
+            if (q->rx) {
+                q->rx->progress += d;
                 t->n_direct += d;
             } else {
-                p->ru->got += d;
+                q->ru->got += d;
                 t->n_unexpected += d;
             }
             p->remaining -= d;
@@ -1046,41 +710,11 @@ static void read_peer(tcp_transport *t, peer *p, done_list *done)
     }
 }
 
-/* A posted receive takes a queued unexpected message. */
-static void take_unexpected(tcp_transport *t, peer *p, unexp *prev, unexp *u, td_xfer *x, done_list *done)
-{
-    unexp_unlink(p, prev, u);
-    x->peer = p->rank;
-    if (u->rts) {
-        rts_deliver(t, p, x, &u->rts_desc, done);
-        unexp_free(t, u);
-        return;
-    }
-    bool in_progress = p->ru == u;
-    if (u->len != x->total) {
-        fail_mismatch(t, x, p, u->tag, u->len, done);
-        if (in_progress)
-            p->ru = NULL; /* the rest of the payload is discarded */
-    } else {
-        if (u->got)
-            xfer_copy_in(x, u->buf, u->got);
-        t->n_copied_out += u->got;
-        if (in_progress) {
-            p->ru = NULL;
-            p->rx = x; /* the rest arrives straight into x */
-        } else {
-            x->nbytes = x->total;
-            complete(x, TD_OK, NULL, done);
-        }
-    }
-    unexp_free(t, u);
-}
-
 /* ---- event handling --------------------------------------------------------------------------- */
 
-static void handle_events(tcp_transport *t, struct epoll_event *evs, int n, done_list *done)
+static void handle_events(tcp_transport *t, struct epoll_event *evs, int n, td_done *done)
 {
-    for (int i = 0; i < n && !t->aborted; i++) {
+    for (int i = 0; i < n && !t->m.aborted; i++) {
         uint32_t idx = evs[i].data.u32;
         if (idx == (uint32_t)t->base.size) {
             drain_fd(t->efd_poll);
@@ -1092,62 +726,37 @@ static void handle_events(tcp_transport *t, struct epoll_event *evs, int n, done
         uint32_t e = evs[i].events;
         if (e & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
             read_peer(t, p, done);
-        if (!t->aborted && !p->closed && (e & (EPOLLOUT | EPOLLERR | EPOLLHUP)) && p->sq_head)
+        if (!t->m.aborted && !p->closed && (e & (EPOLLOUT | EPOLLERR | EPOLLHUP)) && p->q->sq_head)
             flush_sends(t, p, done);
     }
 }
 
+/* The earliest deadline of the pending xfers, RTS sends awaiting their FIN included. */
 static int64_t earliest_deadline(tcp_transport *t, td_xfer **which)
 {
-    int64_t best = TD_DEADLINE_NONE;
-    *which = NULL;
-#define CONSIDER(x)                         \
-    do {                                    \
-        if ((x)->deadline_ns < best) {      \
-            best = (x)->deadline_ns;        \
-            *which = (x);                   \
-        }                                   \
-    } while (0)
+    int64_t best = td_match_earliest(&t->m, which);
     for (int r = 0; r < t->base.size; r++) {
-        peer *p = &t->peers[r];
-        for (td_xfer *x = p->sq_head; x; x = x->next)
-            if (!(x->kind & XK_CTRL))
-                CONSIDER(x);
-        for (td_xfer *x = p->await_head; x; x = x->next)
-            CONSIDER(x);
-        for (td_xfer *x = p->posted_head; x; x = x->next)
-            CONSIDER(x);
-        if (p->rx)
-            CONSIDER(p->rx);
+        for (td_xfer *x = t->peers[r].await_head; x; x = x->next) {
+            if (x->deadline_ns < best) {
+                best = x->deadline_ns;
+                *which = x;
+            }
+        }
     }
-    for (td_xfer *x = t->any_head; x; x = x->next)
-        CONSIDER(x);
-#undef CONSIDER
     return best;
-}
-
-static void timeout_locked(tcp_transport *t, td_xfer *x, done_list *done)
-{
-    const char *what = x->kind == TD_XFER_SEND ? "send to" : "receive from";
-    if (x->peer == TD_TRANSPORT_ANY)
-        abortf_locked(t, TD_ERR_TIMEOUT, done,
-                      "Timed out waiting for a receive from any rank (%zu bytes, tag %llu) to complete", x->total,
-                      (unsigned long long)x->tag);
-    else
-        abortf_locked(t, TD_ERR_TIMEOUT, done, "Timed out waiting for a %s rank %d (%zu bytes, tag %llu) to complete",
-                      what, grank(t, x->peer), x->total, (unsigned long long)x->tag);
 }
 
 static void *io_main(void *arg)
 {
     tcp_transport *t = arg;
+    td_match *m = &t->m;
     struct epoll_event evs[MAX_EVENTS];
     for (;;) {
-        pthread_mutex_lock(&t->mu);
+        pthread_mutex_lock(&m->mu);
         td_xfer *which;
-        int64_t dl = t->stop ? TD_DEADLINE_NONE : earliest_deadline(t, &which);
-        bool stop = t->stop;
-        pthread_mutex_unlock(&t->mu);
+        int64_t dl = m->stop ? TD_DEADLINE_NONE : earliest_deadline(t, &which);
+        bool stop = m->stop;
+        pthread_mutex_unlock(&m->mu);
         if (stop)
             break;
         struct epoll_event oev[2];
@@ -1159,51 +768,41 @@ static void *io_main(void *arg)
             else
                 inner = true;
         }
-        done_list done = {0};
-        pthread_mutex_lock(&t->mu);
+        td_done done = TD_DONE_INIT;
+        pthread_mutex_lock(&m->mu);
         if (inner) {
             t->armed = false; /* one-shot: the event disarmed it */
-            if (!t->stop) {
-                int m = epoll_wait(t->inner_ep, evs, MAX_EVENTS, 0);
-                if (m > 0)
-                    handle_events(t, evs, m, &done);
+            if (!m->stop) {
+                int k = epoll_wait(t->inner_ep, evs, MAX_EVENTS, 0);
+                if (k > 0)
+                    handle_events(t, evs, k, &done);
             }
         }
-        if (!t->stop) {
+        if (!m->stop) {
             dl = earliest_deadline(t, &which);
             if (which && td_deadline_passed(dl))
-                timeout_locked(t, which, &done);
+                td_match_timeout(m, which, &done);
         }
-        if (t->poller_busy && done.completed)
-            wake_fd(t->efd_poll); /* it may sleep on an xfer this thread just completed */
-        if (!t->poller_busy && !t->armed && !t->stop)
+        wake_poller(t, &done);
+        if (!m->poller_busy && !t->armed && !m->stop)
             set_armed(t, true);
-        pthread_mutex_unlock(&t->mu);
-        run_callbacks(&done);
+        pthread_mutex_unlock(&m->mu);
+        td_match_run_callbacks(&done);
     }
     return NULL;
 }
 
 /* ---- ops -------------------------------------------------------------------------------------- */
 
-static td_status post_refused(tcp_transport *t, peer *p)
-{
-    if (t->aborted)
-        return td_error_set(t->abort_status, t->abort_msg);
-    char msg[TD_XFER_ERROR_MAX];
-    closed_msg(t, p, msg, sizeof msg);
-    return td_error_set(TD_ERR_PEER_LOST, msg);
-}
-
 static td_status tcp_isend(td_transport *base, int peer_rank, td_xfer *x)
 {
     tcp_transport *t = (tcp_transport *)base;
-    done_list done = {0};
-    pthread_mutex_lock(&t->mu);
+    td_done done = TD_DONE_INIT;
+    pthread_mutex_lock(&t->m.mu);
     peer *p = &t->peers[peer_rank];
-    if (t->aborted || p->bye || p->closed || p->broken) {
-        td_status s = post_refused(t, p);
-        pthread_mutex_unlock(&t->mu);
+    if (t->m.aborted || p->bye || p->closed || p->broken) {
+        td_status s = td_match_refused(&t->m, p->q);
+        pthread_mutex_unlock(&t->m.mu);
         return s;
     }
     /* Collective messages (top tag bit) only: their receives are always posted, while a user's
@@ -1212,106 +811,41 @@ static td_status tcp_isend(td_transport *base, int peer_rank, td_xfer *x)
         x->kind |= XK_RTS;
         x->order = ++t->next_cookie;
     }
-    bool idle = p->sq_head == NULL;
-    queue_push(&p->sq_head, &p->sq_tail, x);
-    if (idle)
+    if (td_match_post_send(&t->m, p->q, x))
         flush_sends(t, p, &done);
-    if (t->poller_busy && done.completed)
-        wake_fd(t->efd_poll); /* the poller may be asleep on what this thread just completed */
-    pthread_mutex_unlock(&t->mu);
-    run_callbacks(&done);
+    wake_poller(t, &done);
+    pthread_mutex_unlock(&t->m.mu);
+    td_match_run_callbacks(&done);
     return TD_OK;
 }
 
 static td_status tcp_irecv(td_transport *base, int peer_rank, td_xfer *x)
 {
     tcp_transport *t = (tcp_transport *)base;
-    done_list done = {0};
-    pthread_mutex_lock(&t->mu);
-    if (t->aborted) {
-        td_status s = td_error_set(t->abort_status, t->abort_msg);
-        pthread_mutex_unlock(&t->mu);
-        return s;
-    }
-    x->order = ++t->order;
-    if (peer_rank != TD_TRANSPORT_ANY) {
-        peer *p = &t->peers[peer_rank];
-        unexp *prev = NULL, *u = p->uq_head;
-        while (u && u->tag != x->tag) {
-            prev = u;
-            u = u->next;
-        }
-        if (u) {
-            take_unexpected(t, p, prev, u, x, &done);
-        } else if (p->bye || p->closed) {
-            td_status s = post_refused(t, p);
-            pthread_mutex_unlock(&t->mu);
-            return s;
-        } else {
-            queue_push(&p->posted_head, &p->posted_tail, x);
-        }
-    } else {
-        peer *bp = NULL;
-        unexp *bprev = NULL, *bu = NULL;
-        for (int r = 0; r < t->base.size; r++) {
-            if (r == t->base.rank)
-                continue;
-            peer *p = &t->peers[r];
-            unexp *prev = NULL, *u = p->uq_head;
-            while (u && u->tag != x->tag) {
-                prev = u;
-                u = u->next;
-            }
-            if (u && (!bu || u->arrival < bu->arrival)) {
-                bp = p;
-                bprev = prev;
-                bu = u;
-            }
-        }
-        if (bu)
-            take_unexpected(t, bp, bprev, bu, x, &done);
-        else
-            queue_push(&t->any_head, &t->any_tail, x);
-    }
-    if (t->poller_busy && done.completed)
-        wake_fd(t->efd_poll); /* the poller may be asleep on what this thread just completed */
-    pthread_mutex_unlock(&t->mu);
-    run_callbacks(&done);
-    return TD_OK;
-}
-
-static td_status xfer_result(td_xfer *x)
-{
-    if (x->status != TD_OK)
-        return td_error_set(x->status, x->error);
-    return TD_OK;
+    td_done done = TD_DONE_INIT;
+    pthread_mutex_lock(&t->m.mu);
+    bool gone = peer_rank != TD_TRANSPORT_ANY && (t->peers[peer_rank].bye || t->peers[peer_rank].closed);
+    bool queued;
+    td_status s = td_match_post_recv(&t->m, peer_rank, x, gone, &done, &queued);
+    wake_poller(t, &done);
+    pthread_mutex_unlock(&t->m.mu);
+    td_match_run_callbacks(&done);
+    return s;
 }
 
 static td_status tcp_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
 {
     tcp_transport *t = (tcp_transport *)base;
-    if (td_xfer_done(x))
-        return xfer_result(x);
-    int64_t dl = x->deadline_ns < deadline_ns ? x->deadline_ns : deadline_ns;
-    done_list done = {0};
-    pthread_mutex_lock(&t->mu);
-    if (t->poller_busy) {
-        /* Another thread drives progress (and completes x); when it leaves, the I/O thread does. */
-        pthread_mutex_unlock(&t->mu);
-        if (!td_xfer_sleep(x, dl)) {
-            pthread_mutex_lock(&t->mu);
-            if (!td_xfer_done(x))
-                timeout_locked(t, x, &done);
-            pthread_mutex_unlock(&t->mu);
-            run_callbacks(&done);
-        }
-        return xfer_result(x);
-    }
-    t->poller_busy = true;
+    td_match *m = &t->m;
+    int64_t dl;
+    td_status result;
+    if (!td_match_wait_begin(m, x, deadline_ns, &dl, &result))
+        return result;
     if (t->armed)
         set_armed(t, false);
-    pthread_mutex_unlock(&t->mu);
+    pthread_mutex_unlock(&m->mu);
 
+    td_done done = TD_DONE_INIT;
     struct epoll_event evs[MAX_EVENTS];
     /* Busy-poll only for small messages, whose answer comes within microseconds; a large one takes
      * longer to arrive than the spin would last, and spinning would only steal the core from the
@@ -1320,11 +854,11 @@ static td_status tcp_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
     while (!td_xfer_done(x)) {
         int64_t now = td_now_ns();
         if (now >= dl) {
-            pthread_mutex_lock(&t->mu);
+            pthread_mutex_lock(&m->mu);
             if (!td_xfer_done(x))
-                timeout_locked(t, x, &done);
-            pthread_mutex_unlock(&t->mu);
-            run_callbacks(&done);
+                td_match_timeout(m, x, &done);
+            pthread_mutex_unlock(&m->mu);
+            td_match_run_callbacks(&done);
             break;
         }
         bool spinning = now < spin_end;
@@ -1332,29 +866,24 @@ static td_status tcp_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
         if (n == 0 && spinning)
             sched_yield(); /* with more ranks than cores, the sender may be waiting for this core */
         if (n > 0) {
-            pthread_mutex_lock(&t->mu);
+            pthread_mutex_lock(&m->mu);
             handle_events(t, evs, n, &done);
-            pthread_mutex_unlock(&t->mu);
-            run_callbacks(&done);
+            pthread_mutex_unlock(&m->mu);
+            td_match_run_callbacks(&done);
         }
     }
 
-    pthread_mutex_lock(&t->mu);
-    t->poller_busy = false;
-    if (!t->armed && !t->stop)
+    pthread_mutex_lock(&m->mu);
+    m->poller_busy = false;
+    if (!t->armed && !m->stop)
         set_armed(t, true);
-    pthread_mutex_unlock(&t->mu);
-    return xfer_result(x);
+    pthread_mutex_unlock(&m->mu);
+    return td_xfer_result(x);
 }
 
 static void tcp_abort(td_transport *base, td_status status, const char *message)
 {
-    tcp_transport *t = (tcp_transport *)base;
-    done_list done = {0};
-    pthread_mutex_lock(&t->mu);
-    abort_locked(t, status, message ? message : td_status_str(status), &done);
-    pthread_mutex_unlock(&t->mu);
-    run_callbacks(&done);
+    td_match_abort(&((tcp_transport *)base)->m, status, message);
 }
 
 /* An orderly goodbye: tells the peer that this end closes on purpose, so it fails only what
@@ -1379,30 +908,12 @@ static void free_transport(tcp_transport *t)
             }
             close(p->fd);
         }
-        for (unexp *u = p->uq_head; u;) {
-            unexp *next = u->next;
-            free(u->buf);
-            free(u);
-            u = next;
-        }
         free(p->stage);
     }
     for (ctrl_msg *c = t->all_ctrl; c;) {
         ctrl_msg *next = c->all_next;
         free(c);
         c = next;
-    }
-    for (unexp *u = t->free_unexp; u;) {
-        unexp *next = u->next;
-        free(u);
-        u = next;
-    }
-    for (int c = 0; c < POOL_CLASSES; c++) {
-        for (pool_buf *b = t->pool[c]; b;) {
-            pool_buf *next = b->next;
-            free(b);
-            b = next;
-        }
     }
     if (t->inner_ep >= 0)
         close(t->inner_ep);
@@ -1412,9 +923,8 @@ static void free_transport(tcp_transport *t)
         close(t->efd_io);
     if (t->efd_poll >= 0)
         close(t->efd_poll);
-    pthread_mutex_destroy(&t->mu);
+    td_match_free(&t->m);
     free(t->peers);
-    free(t->global_ranks);
     free(t);
 }
 
@@ -1425,12 +935,12 @@ static void tcp_destroy(td_transport *base)
     TD_LOG_DEBUG("tcp transport of rank %d: received %llu bytes straight into posted buffers, %llu by "
                  "single copy from the sender's memory, %llu through the staging buffer, %llu into %llu "
                  "unexpected-message buffers (%llu copied out)",
-                 grank(t, t->base.rank), (unsigned long long)t->n_direct, (unsigned long long)t->n_cma,
+                 td_match_grank(&t->m, t->base.rank), (unsigned long long)t->n_direct, (unsigned long long)t->n_cma,
                  (unsigned long long)t->n_staged, (unsigned long long)t->n_unexpected,
-                 (unsigned long long)t->n_unexpected_msgs, (unsigned long long)t->n_copied_out);
+                 (unsigned long long)t->m.n_unexpected_msgs, (unsigned long long)t->m.n_copied_out);
     if (t->io_started)
         td_thread_join(t->io_thread);
-    if (t->abort_status == TD_ERR_CLOSED) {
+    if (t->m.abort_status == TD_ERR_CLOSED) {
         for (int r = 0; r < t->base.size; r++)
             if (r != t->base.rank)
                 send_bye(&t->peers[r]);
@@ -1479,21 +989,19 @@ td_status td_tcp_transport_from_fds_ex(int rank, int size, const int *fds, const
     t->base.ops = &tcp_ops;
     t->base.rank = rank;
     t->base.size = size;
-    td_mutex_init(&t->mu);
+    td_match_init(&t->m, "tcp", rank, size, global_ranks, POOL_MIN_CLASS, sizeof(td_tcp_control));
+    t->m.abort_locked = abort_locked;
+    t->m.take_own = take_rts;
     t->inner_ep = t->outer_ep = t->efd_io = t->efd_poll = -1;
     t->peers = TD_NEW_ARRAY(peer, (size_t)size);
     for (int r = 0; r < size; r++) {
+        t->peers[r].q = &t->m.peers[r];
         t->peers[r].fd = r == rank ? -1 : fds[r];
-        t->peers[r].rank = r;
         if (info && r != rank) {
             t->peers[r].pid = info[r].pid;
             t->peers[r].cma_send = info[r].cma_send;
             t->peers[r].cma_recv = info[r].cma_recv;
         }
-    }
-    if (global_ranks) {
-        t->global_ranks = TD_NEW_ARRAY(int, (size_t)size);
-        memcpy(t->global_ranks, global_ranks, sizeof(int) * (size_t)size);
     }
     if (getrandom(&t->guard_value, sizeof t->guard_value, 0) != sizeof t->guard_value || !t->guard_value)
         t->guard_value = (uint64_t)td_now_ns() | 1;
@@ -1552,7 +1060,7 @@ td_status td_tcp_transport_from_fds_ex(int rank, int size, const int *fds, const
 fail_ctl:
     s = td_error_errno(TD_ERR_IO, "setting up the tcp transport's poll set");
 fail:
-    t->aborted = true;
+    t->m.aborted = true;
     free_transport(t);
     return s;
 }

@@ -146,6 +146,13 @@ void td_xfer_finish(td_xfer *x, td_status status, const char *message)
         futex(&x->state, FUTEX_WAKE_PRIVATE, 1, NULL);
 }
 
+td_status td_xfer_result(const td_xfer *x)
+{
+    if (x->status != TD_OK)
+        return td_error_set(x->status, x->error);
+    return TD_OK;
+}
+
 bool td_xfer_sleep(td_xfer *x, int64_t deadline_ns)
 {
     for (;;) {

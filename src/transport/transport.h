@@ -152,5 +152,7 @@ static inline void td_transport_destroy(td_transport *t)
 void td_xfer_finish(td_xfer *x, td_status status, const char *message);
 /* For wait implementations: sleep until x is done or the deadline passes (false then). */
 bool td_xfer_sleep(td_xfer *x, int64_t deadline_ns);
+/* For wait implementations: a done x's status, with td_last_error() set to its message on failure. */
+td_status td_xfer_result(const td_xfer *x);
 
 #endif

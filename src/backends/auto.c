@@ -27,7 +27,8 @@
 #include "backends/auto.h"
 #include "backends/auto_route.h"
 #include "backends/builtin.h"
-#include "backends/shm_p2p.h"
+#include "backends/p2p.h"
+#include "backends/transport_backend.h"
 #include "base/alloc.h"
 #include "base/clock.h"
 #include "base/error.h"
@@ -54,7 +55,7 @@ typedef struct auto_state {
     td_transport *view, *comp;
     td_coll_ctx local_ctx, view_ctx, comp_ctx;
     bool local_ctx_ok, view_ctx_ok, comp_ctx_ok, p2p_ok;
-    td_shm_p2p_pool p2p;
+    td_p2p_pool p2p;
 } auto_state;
 
 /* ---- hosts ------------------------------------------------------------------------------------- */
@@ -131,7 +132,7 @@ static void free_state(auto_state *s)
     td_transport_destroy(s->shm);
     td_transport_destroy(s->tcp);
     if (s->p2p_ok)
-        td_shm_p2p_pool_free(&s->p2p);
+        td_p2p_pool_free(&s->p2p);
     free(s->host_of);
     free(s->leader);
     free(s->local_index);
@@ -163,7 +164,7 @@ static td_status auto_create(const td_backend_args *a, void **state)
     }
     TD_LOG_DEBUG("auto backend: group %s has %d hosts; this rank is %d of %d on host %d", a->group_name, s->nhosts,
                  s->local_rank, s->local_size, s->host);
-    td_shm_p2p_pool_init(&s->p2p);
+    td_p2p_pool_init(&s->p2p);
     s->p2p_ok = true;
     int n = a->size;
     if (s->local_size > 1) {
@@ -348,13 +349,8 @@ static td_status auto_submit(void *state, const td_coll *c, td_work *work)
     if (s->inner)
         return s->inner->submit(s->inner_state, c, work);
     if (c->kind == TD_COLL_SEND || c->kind == TD_COLL_RECV)
-        return td_shm_p2p_submit(&s->p2p, s->tcp, c, work);
-    td_status st = hier_run(s, c);
-    if (st == TD_OK)
-        td_work_done(work, TD_OK, -1, NULL);
-    else
-        td_work_done(work, st, -1, "%s", td_last_error());
-    return TD_OK;
+        return td_p2p_submit(&s->p2p, s->tcp, c, work);
+    return td_backend_finish(work, hier_run(s, c));
 }
 
 static void auto_abort(void *state, td_status status, const char *message)

@@ -106,11 +106,8 @@ static td_status comp_irecv(td_transport *t, int peer, td_xfer *x)
 static td_status comp_wait(td_transport *t, td_xfer *x, int64_t deadline_ns)
 {
     composite *c = (composite *)t;
-    if (td_xfer_done(x)) {
-        if (x->status != TD_OK)
-            return td_error_set(x->status, x->error);
-        return TD_OK;
-    }
+    if (td_xfer_done(x))
+        return td_xfer_result(x);
     bool local = x->peer >= 0 && x->peer < t->size && c->local_index[x->peer] >= 0;
     return local ? c->local->ops->wait(c->local, x, deadline_ns) : c->remote->ops->wait(c->remote, x, deadline_ns);
 }

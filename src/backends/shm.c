@@ -4,23 +4,15 @@
  * reduce_scatter, barrier) and the transport algorithms of src/coll otherwise (all_to_all, or
  * whatever TDIST_ALGO forces); they run on the worker thread and complete before submit returns.
  * SEND and RECV are posted and complete through the transport's callback. A failed collective has
- * aborted the transport, which tells the other ranks at once. */
-#include <stdlib.h>
-
+ * aborted the transport, which tells the other ranks at once. The glue it shares with the tcp
+ * backend is in transport_backend.c. */
 #include <tdist/backend.h>
 
 #include "backends/builtin.h"
-#include "backends/shm_p2p.h"
-#include "base/alloc.h"
+#include "backends/transport_backend.h"
 #include "base/error.h"
 #include "coll/shm_coll.h"
 #include "transport/shm.h"
-
-typedef struct shm_state {
-    td_transport *t;
-    td_coll_ctx coll;
-    td_shm_p2p_pool p2p;
-} shm_state;
 
 static td_status shm_create(const td_backend_args *a, void **state)
 {
@@ -37,54 +29,15 @@ static td_status shm_create(const td_backend_args *a, void **state)
     };
     td_transport *t;
     TD_TRY(td_shm_transport_create(&o, &t));
-    shm_state *s = TD_NEW(shm_state);
-    s->t = t;
-    td_shm_p2p_pool_init(&s->p2p);
-    td_status st = td_coll_ctx_init(&s->coll, t, &cfg);
-    if (st != TD_OK) {
-        td_transport_destroy(t);
-        td_shm_p2p_pool_free(&s->p2p);
-        free(s);
-        return st;
-    }
-    *state = s;
-    return TD_OK;
-}
-
-static td_status shm_submit(void *state, const td_coll *c, td_work *work)
-{
-    shm_state *s = state;
-    if (c->kind == TD_COLL_SEND || c->kind == TD_COLL_RECV)
-        return td_shm_p2p_submit(&s->p2p, s->t, c, work);
-    td_status st = td_shm_coll_run(&s->coll, c);
-    if (st == TD_OK)
-        td_work_done(work, TD_OK, -1, NULL);
-    else
-        td_work_done(work, st, -1, "%s", td_last_error());
-    return TD_OK;
-}
-
-static void shm_abort(void *state, td_status status, const char *message)
-{
-    shm_state *s = state;
-    td_transport_abort(s->t, status, message);
-}
-
-static void shm_destroy(void *state)
-{
-    shm_state *s = state;
-    td_transport_destroy(s->t);
-    td_coll_ctx_free(&s->coll);
-    td_shm_p2p_pool_free(&s->p2p);
-    free(s);
+    return td_transport_backend_create(t, &cfg, td_shm_coll_run, state);
 }
 
 const td_backend_ops td_backend_shm_ops = {
     .name = "shm",
     .create = shm_create,
-    .submit = shm_submit,
-    .abort = shm_abort,
-    .destroy = shm_destroy,
+    .submit = td_transport_backend_submit,
+    .abort = td_transport_backend_abort,
+    .destroy = td_transport_backend_destroy,
     .supports = NULL,
     .inline_submit = true,
 };

@@ -1,7 +1,7 @@
-/* Point-to-point operations of the shm and auto backends (shm_p2p.h): each posted as one xfer
+/* Point-to-point operations of the backends over transports (p2p.h): each posted as one xfer
  * whose callback completes the work, so isend/irecv pairs posted in any order on two ranks never
  * deadlock and the worker thread never blocks on them. */
-#include "backends/shm_p2p.h"
+#include "backends/p2p.h"
 
 #include <stdlib.h>
 
@@ -9,24 +9,24 @@
 #include "base/thread.h"
 #include "coll/coll.h"
 
-struct td_shm_p2p_op {
+struct td_p2p_entry {
     td_xfer x;
     td_work *work;
-    td_shm_p2p_pool *pool;
-    td_shm_p2p_op *next;     /* free list */
-    td_shm_p2p_op *all_next; /* every op ever made */
+    td_p2p_pool *pool;
+    td_p2p_entry *next;     /* free list */
+    td_p2p_entry *all_next; /* every op ever made */
 };
 
-void td_shm_p2p_pool_init(td_shm_p2p_pool *p)
+void td_p2p_pool_init(td_p2p_pool *p)
 {
     td_mutex_init(&p->mu);
     p->free = p->all = NULL;
 }
 
-void td_shm_p2p_pool_free(td_shm_p2p_pool *p)
+void td_p2p_pool_free(td_p2p_pool *p)
 {
-    for (td_shm_p2p_op *op = p->all; op;) {
-        td_shm_p2p_op *next = op->all_next;
+    for (td_p2p_entry *op = p->all; op;) {
+        td_p2p_entry *next = op->all_next;
         free(op);
         op = next;
     }
@@ -34,14 +34,14 @@ void td_shm_p2p_pool_free(td_shm_p2p_pool *p)
     pthread_mutex_destroy(&p->mu);
 }
 
-static td_shm_p2p_op *op_get(td_shm_p2p_pool *p)
+static td_p2p_entry *op_get(td_p2p_pool *p)
 {
     pthread_mutex_lock(&p->mu);
-    td_shm_p2p_op *op = p->free;
+    td_p2p_entry *op = p->free;
     if (op) {
         p->free = op->next;
     } else {
-        op = TD_NEW(td_shm_p2p_op);
+        op = TD_NEW(td_p2p_entry);
         op->pool = p;
         op->all_next = p->all;
         p->all = op;
@@ -50,9 +50,9 @@ static td_shm_p2p_op *op_get(td_shm_p2p_pool *p)
     return op;
 }
 
-static void op_put(td_shm_p2p_op *op)
+static void op_put(td_p2p_entry *op)
 {
-    td_shm_p2p_pool *p = op->pool;
+    td_p2p_pool *p = op->pool;
     pthread_mutex_lock(&p->mu);
     op->next = p->free;
     p->free = op;
@@ -61,7 +61,7 @@ static void op_put(td_shm_p2p_op *op)
 
 static void p2p_done(td_xfer *x, void *arg)
 {
-    td_shm_p2p_op *op = arg;
+    td_p2p_entry *op = arg;
     td_work *w = op->work;
     if (x->status == TD_OK)
         td_work_done(w, TD_OK, x->peer, NULL);
@@ -70,9 +70,9 @@ static void p2p_done(td_xfer *x, void *arg)
     op_put(op);
 }
 
-td_status td_shm_p2p_submit(td_shm_p2p_pool *p, td_transport *t, const td_coll *c, td_work *work)
+td_status td_p2p_submit(td_p2p_pool *p, td_transport *t, const td_coll *c, td_work *work)
 {
-    td_shm_p2p_op *op = op_get(p);
+    td_p2p_entry *op = op_get(p);
     op->work = work;
     op->x.on_done = p2p_done;
     op->x.arg = op;

@@ -77,7 +77,8 @@ static int rank_main(int rank, int n, const char *store_path, uint64_t min, uint
         fprintf(stderr, "shm_coll_bench: %s\n", td_last_error());
         return 1;
     }
-    td_shm_options o = {.store = store, .rank = rank, .size = n, .timeout_ms = 60000, .group_name = "bench"};
+    td_shm_options o = {.setup.store = store, .setup.rank = rank, .setup.size = n, .setup.timeout_ms = 60000,
+                        .setup.group_name = "bench"};
     td_transport *t = NULL;
     if (td_shm_transport_create(&o, &t) != TD_OK) {
         fprintf(stderr, "shm_coll_bench: rank %d: %s\n", rank, td_last_error());

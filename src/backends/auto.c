@@ -174,28 +174,15 @@ static td_status auto_create(const td_backend_args *a, void **state)
                 members[s->local_index[r]] = a->global_ranks ? a->global_ranks[r] : r;
         char prefix[64];
         snprintf(prefix, sizeof prefix, "auto/shm/%d/", s->host);
-        td_shm_options so = {
-            .store = a->store,
-            .key_prefix = prefix,
-            .rank = s->local_rank,
-            .size = s->local_size,
-            .global_ranks = members,
-            .timeout_ms = a->timeout_ms,
-            .group_name = a->group_name,
-        };
+        td_shm_options so = {.setup = td_transport_backend_setup(a, prefix)};
+        so.setup.rank = s->local_rank;
+        so.setup.size = s->local_size;
+        so.setup.global_ranks = members;
         st = td_shm_transport_create(&so, &s->shm);
         free(members);
     }
     if (st == TD_OK) {
-        td_tcp_options to = {
-            .store = a->store,
-            .key_prefix = "auto/tcp/",
-            .rank = a->rank,
-            .size = n,
-            .global_ranks = a->global_ranks,
-            .timeout_ms = a->timeout_ms,
-            .group_name = a->group_name,
-        };
+        td_tcp_options to = {.setup = td_transport_backend_setup(a, "auto/tcp/")};
         st = td_tcp_transport_create(&to, &s->tcp);
     }
     if (st != TD_OK) {

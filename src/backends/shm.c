@@ -18,15 +18,7 @@ static td_status shm_create(const td_backend_args *a, void **state)
 {
     td_coll_config cfg;
     TD_TRY(td_coll_config_from_env(&cfg));
-    td_shm_options o = {
-        .store = a->store,
-        .key_prefix = "shm/",
-        .rank = a->rank,
-        .size = a->size,
-        .global_ranks = a->global_ranks,
-        .timeout_ms = a->timeout_ms,
-        .group_name = a->group_name,
-    };
+    td_shm_options o = {.setup = td_transport_backend_setup(a, "shm/")};
     td_transport *t;
     TD_TRY(td_shm_transport_create(&o, &t));
     return td_transport_backend_create(t, &cfg, td_shm_coll_run, state);

@@ -23,15 +23,7 @@ static td_status tcp_create(const td_backend_args *a, void **state)
 {
     td_coll_config cfg;
     TD_TRY(td_coll_config_from_env(&cfg));
-    td_tcp_options o = {
-        .store = a->store,
-        .key_prefix = "tcp/",
-        .rank = a->rank,
-        .size = a->size,
-        .global_ranks = a->global_ranks,
-        .timeout_ms = a->timeout_ms,
-        .group_name = a->group_name,
-    };
+    td_tcp_options o = {.setup = td_transport_backend_setup(a, "tcp/")};
     td_transport *t;
     TD_TRY(td_tcp_transport_create(&o, &t));
     return td_transport_backend_create(t, &cfg, run_flat, state);

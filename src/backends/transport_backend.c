@@ -17,6 +17,20 @@ typedef struct transport_backend {
     td_transport_backend_run run;
 } transport_backend;
 
+td_transport_setup td_transport_backend_setup(const td_backend_args *a, const char *key_prefix)
+{
+    td_transport_setup g = {
+        .store = a->store,
+        .key_prefix = key_prefix,
+        .rank = a->rank,
+        .size = a->size,
+        .global_ranks = a->global_ranks,
+        .timeout_ms = a->timeout_ms,
+        .group_name = a->group_name,
+    };
+    return g;
+}
+
 td_status td_transport_backend_create(td_transport *t, const td_coll_config *cfg, td_transport_backend_run run,
                                       void **state)
 {

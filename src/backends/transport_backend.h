@@ -14,6 +14,9 @@
 /* Runs one collective (not SEND or RECV) on ctx. */
 typedef td_status (*td_transport_backend_run)(td_coll_ctx *ctx, const td_coll *op);
 
+/* The set-up of the group's transport (its store, ranks, timeout, name) under key_prefix. */
+td_transport_setup td_transport_backend_setup(const td_backend_args *a, const char *key_prefix);
+
 /* The state of a backend over t, which it takes (and destroys on failure too). */
 td_status td_transport_backend_create(td_transport *t, const td_coll_config *cfg, td_transport_backend_run run,
                                       void **state);

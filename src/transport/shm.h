@@ -34,16 +34,8 @@
 #include "transport/shm_proto.h"
 #include "transport/transport.h"
 
-typedef struct td_store td_store;
-
 typedef struct td_shm_options {
-    td_store *store;         /* rendezvous (borrowed; used only during create) */
-    const char *key_prefix;  /* prefix of the transport's store keys; NULL: "shm/" */
-    int rank;
-    int size;
-    const int *global_ranks; /* size entries, for messages ("rank 5"); NULL: the group ranks */
-    int64_t timeout_ms;      /* set-up deadline; <= 0: none */
-    const char *group_name;  /* checked in the hello; NULL: "" */
+    td_transport_setup setup; /* key_prefix NULL: "shm/" */
 } td_shm_options;
 
 /* Creates the segment, connects to every peer (all must be on this host: a peer on another host

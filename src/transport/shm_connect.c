@@ -2,94 +2,45 @@
  *
  * Each rank creates its segment (unlinked from /dev/shm at once: only fds and mappings keep it),
  * writes its header, listens on an abstract UNIX-domain socket, and publishes "hostid sockname
- * nonce pid" under "<prefix><generation>/addr/<rank>" (the generation counts this rank's shm
- * transports on the store, so a group re-created under the same name never reads stale keys).
+ * nonce pid" as its entry in the store (rendezvous.h: the steps every transport's set-up shares).
  * Having read every peer's entry (and checked that all are on this host), it connects to each
  * higher rank and sends a hello with its segment's fd attached (SCM_RIGHTS); the higher rank checks
  * it (the nonce it published proves the sender read the store) and answers with its own hello and
- * fd, or a refusal that says why. Everything after the connects runs in one poll loop bounded by
- * the group's timeout, so a stray or silent connection cannot stall the set-up. Then each rank
- * maps its peers' segments, checks their headers, and hands all of it to the engine (shm.c). */
+ * fd, or a refusal that says why, all in the rendezvous' poll loop bounded by the group's timeout.
+ * Then each rank maps its peers' segments, checks their headers, and hands all of it to the engine
+ * (shm.c). */
 #include "transport/shm_impl.h"
 
 #include <errno.h>
-#include <poll.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
-#include <tdist/store.h>
-
 #include "base/alloc.h"
-#include "base/clock.h"
 #include "base/error.h"
 #include "base/host.h"
 #include "base/log.h"
+#include "transport/rendezvous.h"
 
-#define MAX_PENDING 64
-
-typedef struct conn {
-    int fd;
-    int seg_fd; /* the fd that came with its hello */
-    uint8_t buf[TD_SHM_HELLO_SIZE];
-    size_t got;
-} conn;
+#define NAME_MAX_LEN 96
 
 typedef struct setup {
-    const td_shm_options *o;
-    int rank, size;
-    const char *prefix;
-    int64_t generation;
-    int64_t deadline;
-    uint64_t nonce;
+    td_rdv v;
     uint64_t group_hash;
     td_shm_layout layout;
     size_t seg_size;
     td_segment seg;
     char host_id[TD_HOST_ID_MAX];
     uint64_t *peer_nonce;
-    conn *out;        /* to higher ranks, awaiting the answer */
-    conn pend[MAX_PENDING];
-    int npend;
     shm_peer_setup *peers;
-    bool *ready;
-    char last_refusal[TD_SHM_HELLO_MSG_MAX + 64];
 } setup;
 
-static int grank_of(const setup *s, int r) { return s->o->global_ranks ? s->o->global_ranks[r] : r; }
+static int grank_of(const setup *s, int r) { return td_rdv_grank(&s->v, r); }
 
-static void conn_reset(conn *c)
-{
-    c->fd = c->seg_fd = -1;
-    c->got = 0;
-}
-
-static void conn_close(conn *c)
-{
-    if (c->fd >= 0)
-        close(c->fd);
-    if (c->seg_fd >= 0)
-        close(c->seg_fd);
-    conn_reset(c);
-}
-
-/* ---- sockets ----------------------------------------------------------------------------------- */
-
-static socklen_t unix_addr(const char *name, struct sockaddr_un *a)
-{
-    memset(a, 0, sizeof *a);
-    a->sun_family = AF_UNIX;
-    size_t len = strlen(name);
-    if (len > sizeof a->sun_path - 2)
-        len = sizeof a->sun_path - 2;
-    memcpy(a->sun_path + 1, name, len); /* abstract: nothing in the file system */
-    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len);
-}
+/* ---- hellos on the socket ---------------------------------------------------------------------- */
 
 /* Sends a hello (with fd attached when fd >= 0) in one message; the socket is blocking for it,
  * and a hello always fits in an empty socket buffer. */
@@ -128,7 +79,7 @@ static td_status send_hello(int sock, const td_shm_hello *h, int fd)
 
 /* Reads what is there of a hello, keeping an fd that comes with it. 1: complete, 0: more to come,
  * -1: EOF or error (or a second fd). */
-static int read_hello(conn *c)
+static int read_hello(td_rdv_conn *c)
 {
     while (c->got < TD_SHM_HELLO_SIZE) {
         struct iovec iov = {c->buf + c->got, TD_SHM_HELLO_SIZE - c->got};
@@ -152,8 +103,8 @@ static int read_hello(conn *c)
             for (size_t i = 0; i < nfd; i++) {
                 int fd;
                 memcpy(&fd, CMSG_DATA(h) + i * sizeof(int), sizeof fd);
-                if (c->seg_fd < 0 && !extra)
-                    c->seg_fd = fd;
+                if (c->passed_fd < 0 && !extra)
+                    c->passed_fd = fd;
                 else {
                     close(fd);
                     extra = true;
@@ -169,42 +120,20 @@ static int read_hello(conn *c)
 
 /* ---- the store entries ------------------------------------------------------------------------- */
 
-static void addr_key(const setup *s, int r, char *out, size_t size)
-{
-    snprintf(out, size, "%s%lld/addr/%d", s->prefix, (long long)s->generation, r);
-}
-
 static td_status read_entry(setup *s, int r, char *sock_name, size_t name_size)
 {
-    char key[256];
-    addr_key(s, r, key, sizeof key);
-    const char *keys[1] = {key};
-    int64_t left = td_deadline_left_ms(s->deadline);
-    td_status st = td_store_wait(s->o->store, keys, 1, left == INT64_MAX ? 0 : (left > 0 ? left : 1));
-    if (st != TD_OK)
-        return td_error_prefix(st, "waiting for rank %d to publish its shm transport address in the store",
-                               grank_of(s, r));
-    void *v = NULL;
-    size_t n = 0;
-    TD_TRY(td_store_get(s->o->store, key, &v, &n));
-    char text[512], hid[TD_HOST_ID_MAX], name[96];
+    char text[512], hid[TD_HOST_ID_MAX], name[NAME_MAX_LEN];
+    TD_TRY(td_rdv_read(&s->v, r, "shm transport address", text, sizeof text));
     unsigned long long nonce = 0;
     int pid = 0;
-    bool ok = n < sizeof text;
-    if (ok) {
-        memcpy(text, v, n);
-        text[n] = '\0';
-        ok = sscanf(text, "%191s %95s %llx %d", hid, name, &nonce, &pid) == 4;
-    }
-    free(v);
-    if (!ok)
+    if (sscanf(text, "%191s %95s %llx %d", hid, name, &nonce, &pid) != 4)
         return td_error(TD_ERR_INVALID, "rank %d's shm transport address in the store is malformed", grank_of(s, r));
     if (strcmp(hid, s->host_id) != 0 || strcmp(hid, "-") == 0)
         return td_error(TD_ERR_INVALID,
                         "The shm backend needs every rank of the group on one host, but rank %d is on another host "
                         "(host id %s; rank %d's is %s). Use the auto backend, which uses shared memory within each "
                         "host and tcp between hosts",
-                        grank_of(s, r), hid, grank_of(s, s->rank), s->host_id);
+                        grank_of(s, r), hid, grank_of(s, s->v.rank), s->host_id);
     s->peer_nonce[r] = nonce;
     snprintf(sock_name, name_size, "%s", name);
     return TD_OK;
@@ -216,11 +145,11 @@ static td_shm_hello my_hello(const setup *s, int to, int type, const char *msg)
 {
     td_shm_hello h = {
         .type = type,
-        .from = (uint32_t)s->rank,
+        .from = (uint32_t)s->v.rank,
         .to = (uint32_t)to,
-        .world = (uint32_t)s->size,
+        .world = (uint32_t)s->v.size,
         .pid = (uint32_t)getpid(),
-        .nonce = to >= 0 && to < s->size ? s->peer_nonce[to] : 0,
+        .nonce = to >= 0 && to < s->v.size ? s->peer_nonce[to] : 0,
         .seg_size = s->seg_size,
         .layout = s->layout,
         .group_hash = s->group_hash,
@@ -233,9 +162,9 @@ static td_shm_hello my_hello(const setup *s, int to, int type, const char *msg)
 /* What is wrong with a peer's hello, or NULL. */
 static const char *hello_problem(const setup *s, const td_shm_hello *h, int expect_from)
 {
-    if (h->to != (uint32_t)s->rank || h->world != (uint32_t)s->size)
+    if (h->to != (uint32_t)s->v.rank || h->world != (uint32_t)s->v.size)
         return "it is for another rank or world size";
-    if (expect_from >= 0 ? h->from != (uint32_t)expect_from : h->from >= (uint32_t)s->rank)
+    if (expect_from >= 0 ? h->from != (uint32_t)expect_from : h->from >= (uint32_t)s->v.rank)
         return "it comes from an unexpected rank";
     if (h->group_hash != s->group_hash)
         return "it is for another process group";
@@ -248,70 +177,59 @@ static const char *hello_problem(const setup *s, const td_shm_hello *h, int expe
     return NULL;
 }
 
-static void drop_pending(setup *s, int i)
+/* A lower rank's hello on an accepted connection: answer it, or drop it. */
+static void handle_pending(td_rdv *v, int i)
 {
-    conn_close(&s->pend[i]);
-    s->pend[i] = s->pend[--s->npend];
-}
-
-/* A lower rank's hello on an accepted connection: answer it, or drop it. True when consumed. */
-static bool handle_pending(setup *s, int i)
-{
-    conn *c = &s->pend[i];
+    setup *s = v->arg;
+    td_rdv_conn *c = &v->pend[i];
     int rc = read_hello(c);
     if (rc == 0)
-        return false;
+        return;
     td_shm_hello h;
     const char *why = NULL;
-    if (rc < 0 || !td_shm_hello_parse(c->buf, c->got, &h, &why) || h.type != TD_SHM_HELLO ||
-        h.nonce != s->nonce) {
+    if (rc < 0 || !td_shm_hello_parse(c->buf, c->got, &h, &why) || h.type != TD_SHM_HELLO || h.nonce != v->nonce) {
         /* Not a peer of this group that read our entry: a stray. */
-        drop_pending(s, i);
-        return true;
+        td_rdv_drop(v, i);
+        return;
     }
     const char *problem = hello_problem(s, &h, -1);
-    if (!problem && c->seg_fd < 0)
+    if (!problem && c->passed_fd < 0)
         problem = "its segment's fd did not come with it";
-    if (!problem && s->ready[h.from])
+    if (!problem && v->fds[h.from] >= 0)
         problem = "that rank is already connected";
     if (problem) {
         char msg[TD_SHM_HELLO_MSG_MAX];
-        snprintf(msg, sizeof msg, "rank %d refused the connection: %s", grank_of(s, s->rank), problem);
-        snprintf(s->last_refusal, sizeof s->last_refusal, "from rank %u: %s", h.from, problem);
+        snprintf(msg, sizeof msg, "rank %d refused the connection: %s", grank_of(s, v->rank), problem);
+        snprintf(v->last_refusal, sizeof v->last_refusal, "from rank %u: %s", h.from, problem);
         td_shm_hello no = my_hello(s, (int)h.from, TD_SHM_REFUSE, msg);
         no.nonce = 0;
         send_hello(c->fd, &no, -1);
-        drop_pending(s, i);
-        return true;
+        td_rdv_drop(v, i);
+        return;
     }
     td_shm_hello yes = my_hello(s, (int)h.from, TD_SHM_HELLO, NULL);
     if (send_hello(c->fd, &yes, s->seg.fd) != TD_OK) {
-        drop_pending(s, i);
-        return true;
+        td_rdv_drop(v, i);
+        return;
     }
     int r = (int)h.from;
-    s->peers[r].sock = c->fd;
+    int seg_fd = td_rdv_take(v, i, r);
     s->peers[r].pid = 0;
-    s->ready[r] = true;
-    int seg_fd = c->seg_fd;
-    c->fd = c->seg_fd = -1;
-    s->pend[i] = s->pend[--s->npend];
     /* Map it now, so that its fd is not held twice. */
     if (td_segment_map_fd(seg_fd, s->seg_size, &s->peers[r].seg) != TD_OK) {
         /* The lower rank sees the connection close and fails with its own message. */
-        TD_LOG_WARN("shm transport of rank %d: %s", grank_of(s, s->rank), td_last_error());
+        TD_LOG_WARN("shm transport of rank %d: %s", grank_of(s, v->rank), td_last_error());
         close(seg_fd);
-        close(s->peers[r].sock);
-        s->peers[r].sock = -1;
-        s->ready[r] = false;
+        close(v->fds[r]);
+        v->fds[r] = -1;
     }
-    return true;
 }
 
 /* The answer of higher rank r to our hello. */
-static td_status handle_answer(setup *s, int r)
+static td_status handle_answer(td_rdv *v, int r)
 {
-    conn *c = &s->out[r];
+    setup *s = v->arg;
+    td_rdv_conn *c = &v->out[r];
     int rc = read_hello(c);
     if (rc == 0)
         return TD_OK;
@@ -324,115 +242,29 @@ static td_status handle_answer(setup *s, int r)
         return td_error(TD_ERR_INVALID, "rank %d answered the shm transport hello with %s", grank_of(s, r), why);
     if (h.type == TD_SHM_REFUSE)
         return td_error(TD_ERR_INVALID, "%.*s", (int)h.msg_len, h.msg ? h.msg : "");
-    const char *problem = h.nonce != s->nonce ? "it did not read this rank's store entry" : hello_problem(s, &h, r);
-    if (!problem && c->seg_fd < 0)
+    const char *problem = h.nonce != v->nonce ? "it did not read this rank's store entry" : hello_problem(s, &h, r);
+    if (!problem && c->passed_fd < 0)
         problem = "its segment's fd did not come with it";
     if (problem)
         return td_error(TD_ERR_INVALID, "rank %d's answer to the shm transport hello is unusable: %s", grank_of(s, r),
                         problem);
-    td_status st = td_segment_map_fd(c->seg_fd, s->seg_size, &s->peers[r].seg);
+    td_status st = td_segment_map_fd(c->passed_fd, s->seg_size, &s->peers[r].seg);
     if (st != TD_OK)
         return td_error_prefix(st, "mapping rank %d's shared-memory segment", grank_of(s, r));
-    c->seg_fd = -1;
-    s->peers[r].sock = c->fd;
-    c->fd = -1;
-    s->ready[r] = true;
+    c->passed_fd = -1; /* the mapping took it */
+    td_rdv_answered(v, r);
     return TD_OK;
-}
-
-static td_status missing_msg(setup *s)
-{
-    char list[512] = "";
-    size_t len = 0;
-    int n = 0;
-    for (int r = 0; r < s->size && len < sizeof list - 16; r++)
-        if (r != s->rank && !s->ready[r])
-            len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", n++ ? ", " : "", grank_of(s, r));
-    return td_error(TD_ERR_TIMEOUT,
-                    "Timed out after %lld ms setting up the shm transport of rank %d: no connection yet with rank%s "
-                    "%s%s%s",
-                    (long long)s->o->timeout_ms, grank_of(s, s->rank), n > 1 ? "s" : "", list,
-                    s->last_refusal[0] ? "; last refused connection: " : "", s->last_refusal);
-}
-
-static td_status handshake(setup *s, int lfd)
-{
-    struct pollfd *pf = TD_NEW_ARRAY(struct pollfd, (size_t)(1 + s->size + MAX_PENDING));
-    int *who = TD_NEW_ARRAY(int, (size_t)(1 + s->size + MAX_PENDING));
-    td_status st = TD_OK;
-    for (;;) {
-        int missing = 0, lower_missing = 0;
-        for (int r = 0; r < s->size; r++)
-            if (r != s->rank && !s->ready[r]) {
-                missing++;
-                lower_missing += r < s->rank;
-            }
-        if (!missing)
-            break;
-        if (td_deadline_passed(s->deadline)) {
-            st = missing_msg(s);
-            break;
-        }
-        int n = 0;
-        if (lower_missing) {
-            pf[n] = (struct pollfd){.fd = lfd, .events = POLLIN};
-            who[n++] = -1;
-        }
-        for (int r = s->rank + 1; r < s->size; r++)
-            if (!s->ready[r] && s->out[r].fd >= 0) {
-                pf[n] = (struct pollfd){.fd = s->out[r].fd, .events = POLLIN};
-                who[n++] = r;
-            }
-        for (int i = 0; i < s->npend; i++) {
-            pf[n] = (struct pollfd){.fd = s->pend[i].fd, .events = POLLIN};
-            who[n++] = -2 - i;
-        }
-        int rc = poll(pf, (nfds_t)n, td_deadline_poll_ms(s->deadline));
-        if (rc < 0 && errno != EINTR) {
-            st = td_error_errno(TD_ERR_IO, "poll during the shm transport set-up");
-            break;
-        }
-        if (rc <= 0)
-            continue;
-        /* Pending entries move when one is consumed: highest index first. */
-        for (int k = n - 1; k >= 0 && st == TD_OK; k--) {
-            if (!pf[k].revents)
-                continue;
-            if (who[k] >= 0)
-                st = handle_answer(s, who[k]);
-            else if (who[k] <= -2)
-                handle_pending(s, -2 - who[k]);
-        }
-        if (st != TD_OK)
-            break;
-        if (lower_missing && (pf[0].revents & POLLIN)) {
-            for (;;) {
-                int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-                if (fd < 0)
-                    break;
-                if (s->npend == MAX_PENDING)
-                    drop_pending(s, 0);
-                conn *c = &s->pend[s->npend++];
-                conn_reset(c);
-                c->fd = fd;
-                handle_pending(s, s->npend - 1);
-            }
-        }
-    }
-    free(pf);
-    free(who);
-    return st;
 }
 
 /* ---- create ------------------------------------------------------------------------------------ */
 
-static void init_segment(setup *s)
+static void init_segment(setup *s, int rank, int size)
 {
     td_shm_seg_header *h = s->seg.base;
     h->magic = TD_SHM_MAGIC;
     h->version = TD_SHM_VERSION;
-    h->rank = (uint32_t)s->rank;
-    h->world = (uint32_t)s->size;
+    h->rank = (uint32_t)rank;
+    h->world = (uint32_t)size;
     h->pid = (uint32_t)getpid();
     h->size = s->seg_size;
     h->layout = s->layout;
@@ -441,14 +273,16 @@ static void init_segment(setup *s)
 
 static td_status check_peers(setup *s)
 {
-    for (int r = 0; r < s->size; r++) {
-        if (r == s->rank)
+    for (int r = 0; r < s->v.size; r++) {
+        if (r == s->v.rank)
             continue;
         shm_peer_setup *p = &s->peers[r];
+        p->sock = s->v.fds[r];
+        s->v.fds[r] = -1;
         if (!p->seg.base)
             return td_error(TD_ERR_IO, "mapping rank %d's shared-memory segment failed", grank_of(s, r));
         const char *why = NULL;
-        if (!td_shm_seg_header_check(p->seg.base, (uint32_t)r, (uint32_t)s->size, s->seg_size, &s->layout, &why))
+        if (!td_shm_seg_header_check(p->seg.base, (uint32_t)r, (uint32_t)s->v.size, s->seg_size, &s->layout, &why))
             return td_error(TD_ERR_INVALID, "rank %d's shared-memory segment is unusable: %s", grank_of(s, r), why);
         /* The segment stays mapped; its fd is not needed any more. */
         if (p->seg.fd >= 0) {
@@ -463,106 +297,84 @@ static td_status check_peers(setup *s)
     return TD_OK;
 }
 
+/* Publishes this rank's entry, reads everyone's, and connects to the higher ranks with a hello. */
+static td_status rendezvous(setup *s, int *lfd)
+{
+    td_rdv *v = &s->v;
+    TD_TRY(td_rdv_generation(v));
+    char name[NAME_MAX_LEN], val[512];
+    snprintf(name, sizeof name, "tdist-shm-%d-%016llx", (int)getpid(), (unsigned long long)v->nonce);
+    *lfd = td_rdv_unix_listen(name, v->size + 16);
+    if (*lfd < 0)
+        return td_error_errno(TD_ERR_IO, "shm transport of rank %d: listening on a UNIX-domain socket",
+                              grank_of(s, v->rank));
+    snprintf(val, sizeof val, "%s %s %016llx %d", s->host_id, name, (unsigned long long)v->nonce, (int)getpid());
+    TD_TRY(td_rdv_publish(v, val, "shm transport address"));
+    char *names = td_calloc((size_t)v->size, NAME_MAX_LEN);
+    td_status st = TD_OK;
+    for (int r = 0; r < v->size && st == TD_OK; r++)
+        if (r != v->rank)
+            st = read_entry(s, r, names + (size_t)r * NAME_MAX_LEN, NAME_MAX_LEN);
+    for (int r = v->rank + 1; r < v->size && st == TD_OK; r++) {
+        int fd = td_rdv_unix_connect(names + (size_t)r * NAME_MAX_LEN);
+        if (fd < 0) {
+            st = td_error_errno(TD_ERR_PEER_LOST, "connecting to rank %d's shm transport socket", grank_of(s, r));
+            break;
+        }
+        td_rdv_await(v, r, fd);
+        td_shm_hello h = my_hello(s, r, TD_SHM_HELLO, NULL);
+        st = send_hello(fd, &h, s->seg.fd);
+        if (st != TD_OK)
+            td_error_prefix(st, "rank %d", grank_of(s, r));
+    }
+    free(names);
+    return st;
+}
+
 td_status td_shm_transport_create(const td_shm_options *o, td_transport **out)
 {
     *out = NULL;
-    if (o->size < 1 || o->rank < 0 || o->rank >= o->size)
-        return td_error(TD_ERR_INVALID, "invalid rank %d for a group of %d", o->rank, o->size);
+    const td_transport_setup *g = &o->setup;
+    if (g->size < 1 || g->rank < 0 || g->rank >= g->size)
+        return td_error(TD_ERR_INVALID, "invalid rank %d for a group of %d", g->rank, g->size);
     setup s;
     memset(&s, 0, sizeof s);
-    s.o = o;
-    s.rank = o->rank;
-    s.size = o->size;
-    s.prefix = o->key_prefix ? o->key_prefix : "shm/";
-    s.deadline = td_deadline_after_ms(o->timeout_ms);
-    s.group_hash = td_shm_name_hash(o->group_name);
+    s.group_hash = td_shm_name_hash(g->group_name);
     s.seg = (td_segment)TD_SEGMENT_INIT;
-    TD_TRY(shm_layout_from_env(o->size, &s.layout));
+    TD_TRY(shm_layout_from_env(g->size, &s.layout));
     shm_offsets off;
-    shm_layout_offsets(o->size, &s.layout, &off);
+    shm_layout_offsets(g->size, &s.layout, &off);
     s.seg_size = off.total;
     TD_TRY(td_segment_create("shm", s.seg_size, true, true, &s.seg));
-    init_segment(&s);
-    s.peers = TD_NEW_ARRAY(shm_peer_setup, (size_t)o->size);
-    for (int r = 0; r < o->size; r++) {
+    init_segment(&s, g->rank, g->size);
+    s.peers = TD_NEW_ARRAY(shm_peer_setup, (size_t)g->size);
+    for (int r = 0; r < g->size; r++) {
         s.peers[r].sock = -1;
         s.peers[r].seg = (td_segment)TD_SEGMENT_INIT;
     }
     td_status st = TD_OK;
-    int lfd = -1;
-    if (o->size == 1)
-        goto start;
-    s.peer_nonce = TD_NEW_ARRAY(uint64_t, (size_t)o->size);
-    s.ready = TD_NEW_ARRAY(bool, (size_t)o->size);
-    s.out = TD_NEW_ARRAY(conn, (size_t)o->size);
-    for (int r = 0; r < o->size; r++)
-        conn_reset(&s.out[r]);
-    if (getrandom(&s.nonce, sizeof s.nonce, 0) != sizeof s.nonce)
-        s.nonce = (uint64_t)td_now_ns() ^ ((uint64_t)getpid() << 32);
-    td_host_id(s.host_id, sizeof s.host_id);
-    if (!s.host_id[0])
-        snprintf(s.host_id, sizeof s.host_id, "-");
-
-    char gen_key[256], name[96], key[256], val[512];
-    snprintf(gen_key, sizeof gen_key, "%sgen/%d", s.prefix, o->rank);
-    st = td_store_add(o->store, gen_key, 1, &s.generation);
+    if (g->size > 1) {
+        td_rdv_init(&s.v, g, "shm transport", "shm/", TD_SHM_HELLO_SIZE, TD_SHM_HELLO_SIZE);
+        s.v.arg = &s;
+        s.v.on_answer = handle_answer;
+        s.v.on_pending = handle_pending;
+        s.peer_nonce = TD_NEW_ARRAY(uint64_t, (size_t)g->size);
+        td_host_id(s.host_id, sizeof s.host_id);
+        if (!s.host_id[0])
+            snprintf(s.host_id, sizeof s.host_id, "-");
+        int lfd = -1;
+        st = rendezvous(&s, &lfd);
+        if (st == TD_OK)
+            st = td_rdv_handshake(&s.v, &lfd, 1);
+        if (st == TD_OK)
+            st = check_peers(&s);
+        if (lfd >= 0)
+            close(lfd);
+        td_rdv_free(&s.v, false);
+        free(s.peer_nonce);
+    }
     if (st != TD_OK) {
-        td_error_prefix(st, "shm transport of rank %d: counting its generation in the store", grank_of(&s, o->rank));
-        goto done;
-    }
-    snprintf(name, sizeof name, "tdist-shm-%d-%016llx", (int)getpid(), (unsigned long long)s.nonce);
-    lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    struct sockaddr_un a;
-    socklen_t alen = unix_addr(name, &a);
-    if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, alen) != 0 || listen(lfd, o->size + 16) != 0) {
-        st = td_error_errno(TD_ERR_IO, "shm transport of rank %d: listening on a UNIX-domain socket",
-                            grank_of(&s, o->rank));
-        goto done;
-    }
-    snprintf(val, sizeof val, "%s %s %016llx %d", s.host_id, name, (unsigned long long)s.nonce, (int)getpid());
-    addr_key(&s, o->rank, key, sizeof key);
-    st = td_store_set_str(o->store, key, val);
-    if (st != TD_OK) {
-        td_error_prefix(st, "publishing rank %d's shm transport address in the store", grank_of(&s, o->rank));
-        goto done;
-    }
-    char *names = td_calloc((size_t)o->size, 96);
-    for (int r = 0; r < o->size && st == TD_OK; r++)
-        if (r != o->rank)
-            st = read_entry(&s, r, names + (size_t)r * 96, 96);
-    for (int r = o->rank + 1; r < o->size && st == TD_OK; r++) {
-        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        socklen_t l = unix_addr(names + (size_t)r * 96, &a);
-        /* A listening UNIX socket takes the connection at once (or refuses): no network wait. */
-        if (fd < 0 || connect(fd, (struct sockaddr *)&a, l) != 0) {
-            st = td_error_errno(TD_ERR_PEER_LOST, "connecting to rank %d's shm transport socket", grank_of(&s, r));
-            if (fd >= 0)
-                close(fd);
-            break;
-        }
-        s.out[r].fd = fd;
-        td_shm_hello h = my_hello(&s, r, TD_SHM_HELLO, NULL);
-        st = send_hello(fd, &h, s.seg.fd);
-        if (st != TD_OK)
-            td_error_prefix(st, "rank %d", grank_of(&s, r));
-    }
-    free(names);
-    if (st == TD_OK)
-        st = handshake(&s, lfd);
-    if (st == TD_OK)
-        st = check_peers(&s);
-done:
-    if (lfd >= 0)
-        close(lfd);
-    for (int i = s.npend - 1; i >= 0; i--)
-        drop_pending(&s, i);
-    for (int r = 0; s.out && r < o->size; r++)
-        conn_close(&s.out[r]);
-    free(s.out);
-    free(s.peer_nonce);
-    free(s.ready);
-    if (st != TD_OK) {
-        for (int r = 0; r < o->size; r++) {
+        for (int r = 0; r < g->size; r++) {
             if (s.peers[r].sock >= 0)
                 close(s.peers[r].sock);
             td_segment_unmap(&s.peers[r].seg);
@@ -571,13 +383,12 @@ done:
         td_segment_unmap(&s.seg);
         return st;
     }
-start:
     /* The own fd went to every peer; the mapping is all this rank needs. */
     if (s.seg.fd >= 0) {
         close(s.seg.fd);
         s.seg.fd = -1;
     }
-    st = shm_transport_start(o->rank, o->size, o->global_ranks, &s.seg, &s.layout, s.peers, out);
+    st = shm_transport_start(g->rank, g->size, g->global_ranks, &s.seg, &s.layout, s.peers, out);
     free(s.peers);
     return st;
 }

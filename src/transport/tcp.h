@@ -24,16 +24,8 @@
 
 #include "transport/transport.h"
 
-typedef struct td_store td_store;
-
 typedef struct td_tcp_options {
-    td_store *store;          /* rendezvous (borrowed; used only during create) */
-    const char *key_prefix;   /* prefix of the transport's store keys; NULL: "tcp/" */
-    int rank;
-    int size;
-    const int *global_ranks;  /* size entries, for messages ("rank 5"); NULL: the group ranks */
-    int64_t timeout_ms;       /* connection set-up deadline; <= 0: none */
-    const char *group_name;   /* checked in the handshake; NULL: "" */
+    td_transport_setup setup; /* key_prefix NULL: "tcp/" */
     const char *bind_host;    /* NULL: from the environment (see above) */
     int same_host;            /* TD_TCP_SAME_HOST_*: how to reach peers on this host */
     int cma;                  /* TD_TCP_CMA_*: single-copy transfers between processes of this host */

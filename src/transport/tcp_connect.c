@@ -2,16 +2,14 @@
  *
  * Each rank listens on port 0 at its bind address (explicit, or TDIST_SOCKET_IFNAME's address, or
  * the local address that reaches MASTER_ADDR, or loopback), and on an abstract UNIX-domain socket
- * for peers on the same host, and publishes "host:port nonce hostid unixname" under
- * "<prefix><generation>/addr/<rank>" (the generation counts this rank's transports on the store,
- * so a group re-created under the same name never reads the last one's addresses). Then it
- * connects to every higher rank (the deterministic rule: lower connects to higher, so each pair
- * has exactly one connection; over the UNIX socket when the host ids match, else TCP) and sends a
- * hello; meanwhile it accepts the lower ranks' connections, checks their hellos and answers each
- * with an accept or a refusal, and reads the answers to its own hellos. Everything after the
- * connects runs in one poll loop, so a stray or silent connection cannot stall the set-up, and the
- * whole thing is bounded by the group's timeout. The handshake is in docs/protocols.md, "tcp
- * transport". Sockets then go to the progress engine (td_tcp_transport_from_fds in tcp.c). */
+ * for peers on the same host, and publishes "host:port nonce hostid unixname" as its entry in the
+ * store (rendezvous.h: the steps every transport's set-up shares). Then it connects to every
+ * higher rank (the deterministic rule: lower connects to higher, so each pair has exactly one
+ * connection; over the UNIX socket when the host ids match, else TCP) and sends a hello;
+ * meanwhile it accepts the lower ranks' connections, checks their hellos and answers each with an
+ * accept or a refusal, and reads the answers to its own hellos, all in the rendezvous' poll loop,
+ * bounded by the group's timeout. The handshake is in docs/protocols.md, "tcp transport".
+ * Sockets then go to the progress engine (td_tcp_transport_from_fds in tcp.c). */
 #include "transport/tcp.h"
 
 #include <arpa/inet.h>
@@ -20,21 +18,15 @@
 #include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
-#include <sys/un.h>
 #include <unistd.h>
 
-#include <tdist/store.h>
-
 #include "base/alloc.h"
-#include "base/buf.h"
 #include "base/clock.h"
 #include "base/env.h"
 #include "base/error.h"
@@ -43,9 +35,8 @@
 #include "net/addr.h"
 #include "net/io.h"
 #include "net/socket.h"
+#include "transport/rendezvous.h"
 #include "transport/tcp_proto.h"
-
-#define MAX_PENDING 64 /* unidentified accepted connections kept at once */
 
 /* ---- the bind address ------------------------------------------------------------------------- */
 
@@ -141,28 +132,11 @@ static td_status bind_host(const td_tcp_options *o, char *out, size_t size)
 
 /* ---- the set-up state ------------------------------------------------------------------------- */
 
-typedef struct conn {
-    int fd;
-    uint8_t buf[TD_TCP_REPLY_MAX];
-    size_t got;
-} conn;
-
-typedef struct pending_in {
-    int fd;
-    uint8_t *buf; /* TD_TCP_HELLO_MAX */
-    size_t got;
-} pending_in;
-
 typedef struct setup {
+    td_rdv v;
     const td_tcp_options *o;
-    int rank, size;
-    const char *prefix;
     const char *group;
     const char *token;
-    uint64_t nonce;
-    int64_t generation; /* how many times this rank made a transport on this store: keys of an
-                           earlier group of the same name are never read */
-    int64_t deadline;
     bool use_unix;            /* UNIX-domain sockets to peers on this host */
     bool use_cma;             /* and single-copy transfers over them (process_vm_readv) */
     bool *asked_cma;          /* per higher rank: our hello offered them */
@@ -170,28 +144,18 @@ typedef struct setup {
     td_tcp_peer_info *info;
     char host_id[160];        /* boot id and network namespace: equal means "same host" */
     char unix_name[64];       /* this rank's abstract UNIX socket name, "-" when none */
-    int *fds;        /* established (handshake done) */
-    conn *out;       /* to higher ranks, awaiting the reply */
-    pending_in pend[MAX_PENDING];
-    int npend;
-    char last_refusal[TD_TCP_MAX_REPLY_MSG];
 } setup;
 
-static int grank_of(const setup *s, int r) { return s->o->global_ranks ? s->o->global_ranks[r] : r; }
-
-static void addr_key(const setup *s, int r, char *out, size_t size)
-{
-    snprintf(out, size, "%s%lld/addr/%d", s->prefix, (long long)s->generation, r);
-}
+static int grank_of(const setup *s, int r) { return td_rdv_grank(&s->v, r); }
 
 static size_t hello_encode(const setup *s, int to, uint64_t nonce, bool cma, uint8_t *b)
 {
     td_tcp_hello h = {
         .version = TD_TCP_VERSION,
         .flags = cma ? TD_TCP_FLAG_CMA : 0,
-        .from = (uint32_t)s->rank,
+        .from = (uint32_t)s->v.rank,
         .to = (uint32_t)to,
-        .world = (uint32_t)s->size,
+        .world = (uint32_t)s->v.size,
         .nonce = nonce,
         .group = s->group,
         .group_len = (uint32_t)strlen(s->group),
@@ -209,58 +173,12 @@ static bool token_equal(const char *a, size_t alen, const char *b, size_t blen)
     return diff == 0;
 }
 
-/* ---- same-host peers over UNIX-domain sockets ------------------------------------------------ */
-
-/* Two ranks with the same id can reach each other's abstract UNIX sockets (base/host.h; it
- * includes TDIST_HOST_ID, so simulated hosts on one machine really talk TCP). Empty when unknown
- * (then every peer goes over TCP). */
-static void read_host_id(char *out, size_t size) { td_host_id(out, size); }
-
-static bool td_tcp_fd_is_unix(int fd)
+/* Whether fd is a UNIX-domain socket (a peer on this host). */
+static bool fd_is_unix(int fd)
 {
     int domain = 0;
     socklen_t len = sizeof domain;
     return getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) == 0 && domain == AF_UNIX;
-}
-
-static socklen_t unix_addr(const char *name, struct sockaddr_un *a)
-{
-    memset(a, 0, sizeof *a);
-    a->sun_family = AF_UNIX;
-    size_t len = strlen(name);
-    if (len > sizeof a->sun_path - 2)
-        len = sizeof a->sun_path - 2;
-    memcpy(a->sun_path + 1, name, len); /* abstract: leading NUL, nothing in the file system */
-    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len);
-}
-
-static int unix_listen(const char *name, int backlog)
-{
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    struct sockaddr_un a;
-    socklen_t len = unix_addr(name, &a);
-    if (bind(fd, (struct sockaddr *)&a, len) != 0 || listen(fd, backlog) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-static int unix_connect(const char *name)
-{
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    struct sockaddr_un a;
-    socklen_t len = unix_addr(name, &a);
-    /* A listening UNIX socket accepts at once (or refuses): the connect never waits on a network. */
-    if (connect(fd, (struct sockaddr *)&a, len) != 0 || td_net_set_nonblocking(fd, true) != TD_OK) {
-        close(fd);
-        return -1;
-    }
-    return fd;
 }
 
 /* ---- connecting to the higher ranks ----------------------------------------------------------- */
@@ -268,36 +186,34 @@ static int unix_connect(const char *name)
 static td_status read_address(setup *s, int r, char **host, int *port, uint64_t *nonce, char *unix_name,
                               size_t unix_size)
 {
-    char key[256];
-    addr_key(s, r, key, sizeof key);
-    const char *keys[1] = {key};
-    int64_t left = td_deadline_left_ms(s->deadline);
-    td_status st = td_store_wait(s->o->store, keys, 1, left == INT64_MAX ? 0 : (left > 0 ? left : 1));
-    if (st != TD_OK)
-        return td_error_prefix(st, "waiting for rank %d to publish its tcp address in the store", grank_of(s, r));
-    void *v = NULL;
-    size_t n = 0;
-    st = td_store_get(s->o->store, key, &v, &n);
-    if (st != TD_OK)
-        return td_error_prefix(st, "reading rank %d's tcp address from the store", grank_of(s, r));
+    char text[513];
+    TD_TRY(td_rdv_read(&s->v, r, "tcp address", text, sizeof text));
     char addr[TD_ADDR_STRLEN + 1], hid[160] = "", uname[64] = "-";
     unsigned long long nn = 0;
-    if (n > 512 || sscanf((char *)v, "%96s %llx %159s %63s", addr, &nn, hid, uname) < 2) {
-        free(v);
+    if (sscanf(text, "%96s %llx %159s %63s", addr, &nn, hid, uname) < 2)
         return td_error(TD_ERR_INVALID, "rank %d's tcp address in the store is malformed", grank_of(s, r));
-    }
-    free(v);
     *nonce = nn;
     /* Same host: offer its UNIX socket (the caller falls back to TCP if it does not answer). */
     bool local = s->use_unix && s->host_id[0] && strcmp(hid, s->host_id) == 0 && strcmp(uname, "-") != 0;
     snprintf(unix_name, unix_size, "%s", local ? uname : "");
-    st = td_net_split_hostport(addr, host, port);
+    td_status st = td_net_split_hostport(addr, host, port);
     if (st == TD_OK && *port < 0) {
         free(*host);
         *host = NULL;
         st = td_error(TD_ERR_INVALID, "rank %d's tcp address '%s' has no port", grank_of(s, r), addr);
     }
     return st;
+}
+
+/* A connection to a peer's UNIX socket, non-blocking, or -1. */
+static int unix_connect(const char *name)
+{
+    int fd = td_rdv_unix_connect(name);
+    if (fd >= 0 && td_net_set_nonblocking(fd, true) != TD_OK) {
+        close(fd);
+        return -1;
+    }
+    return fd;
 }
 
 static td_status connect_up(setup *s, int r)
@@ -319,28 +235,27 @@ static td_status connect_up(setup *s, int r)
             /* A short connect deadline, then the address is read again: a key left by an earlier
              * group of the same name may point at a port nobody listens on any more. */
             int64_t dl = td_now_ns() + 2000000000LL;
-            if (dl > s->deadline)
-                dl = s->deadline;
+            if (dl > s->v.deadline)
+                dl = s->v.deadline;
             st = td_net_connect(host, port, dl, &fd);
             free(host);
         }
-        if (st == TD_ERR_TIMEOUT && !td_deadline_passed(s->deadline))
+        if (st == TD_ERR_TIMEOUT && !td_deadline_passed(s->v.deadline))
             continue;
         if (st != TD_OK) {
             td_error_prefix(st, "connecting to rank %d", grank_of(s, r));
             break;
         }
-        bool unix_sock = uname[0] && td_tcp_fd_is_unix(fd);
+        bool unix_sock = uname[0] && fd_is_unix(fd);
         s->asked_cma[r] = s->use_cma && unix_sock;
         size_t len = hello_encode(s, r, nonce, s->asked_cma[r], hello);
-        st = td_net_send_all(fd, hello, len, s->deadline);
+        st = td_net_send_all(fd, hello, len, s->v.deadline);
         if (st != TD_OK) {
             close(fd);
             td_error_prefix(st, "sending the hello to rank %d", grank_of(s, r));
             break;
         }
-        s->out[r].fd = fd;
-        s->out[r].got = 0;
+        td_rdv_await(&s->v, r, fd);
         break;
     }
     free(hello);
@@ -358,93 +273,86 @@ static void send_reply(int fd, int rank, int status, unsigned flags, const char 
     td_net_send_all(fd, b, len, dl < deadline ? dl : deadline);
 }
 
-static void drop_pending(setup *s, int i)
+/* A complete hello (or a malformed one): refuse, accept, or wait for more bytes. */
+static void check_hello(setup *s, int i)
 {
-    close(s->pend[i].fd);
-    free(s->pend[i].buf);
-    s->pend[i] = s->pend[--s->npend];
-}
-
-/* A complete hello (or a malformed one): refuse, accept, or wait for more bytes. Returns true when
- * the pending entry was consumed (s->pend[i] is then another entry). */
-static bool check_hello(setup *s, int i)
-{
-    pending_in *p = &s->pend[i];
+    td_rdv_conn *p = &s->v.pend[i];
     td_tcp_hello h;
     size_t need = 0;
     const char *why = NULL;
     td_tcp_parse pr = td_tcp_hello_parse(p->buf, p->got, &h, &need, &why);
     if (pr == TD_TCP_PARSE_MORE)
-        return false;
+        return;
     if (pr == TD_TCP_PARSE_BAD) {
-        TD_LOG_WARN("tcp transport of rank %d dropped a connection: %s", grank_of(s, s->rank), why);
-        drop_pending(s, i);
-        return true;
+        TD_LOG_WARN("tcp transport of rank %d dropped a connection: %s", grank_of(s, s->v.rank), why);
+        td_rdv_drop(&s->v, i);
+        return;
     }
     char msg[TD_TCP_MAX_REPLY_MSG];
     msg[0] = '\0';
     size_t my_tl = s->token ? strlen(s->token) : 0;
+    int rank = s->v.rank, size = s->v.size;
     if (h.version != TD_TCP_VERSION)
         snprintf(msg, sizeof msg, "rank %d speaks tcp transport protocol version %d, the connecting side %u",
-                 grank_of(s, s->rank), TD_TCP_VERSION, h.version);
+                 grank_of(s, rank), TD_TCP_VERSION, h.version);
     else if (!token_equal(h.token, h.token_len, s->token ? s->token : "", my_tl))
         snprintf(msg, sizeof msg,
                  "authentication failed: the auth token (TDIST_AUTH_TOKEN) does not match rank %d's",
-                 grank_of(s, s->rank));
-    else if (h.world != (uint32_t)s->size || h.group_len != strlen(s->group) ||
+                 grank_of(s, rank));
+    else if (h.world != (uint32_t)size || h.group_len != strlen(s->group) ||
              memcmp(h.group, s->group, h.group_len) != 0)
         snprintf(msg, sizeof msg,
                  "group mismatch: the connecting rank is in group '%.*s' of %u ranks, rank %d in group '%s' of %d",
-                 (int)(h.group_len < 200 ? h.group_len : 200), h.group, h.world, grank_of(s, s->rank), s->group,
-                 s->size);
-    else if (h.to != (uint32_t)s->rank || h.nonce != s->nonce)
+                 (int)(h.group_len < 200 ? h.group_len : 200), h.group, h.world, grank_of(s, rank), s->group, size);
+    else if (h.to != (uint32_t)rank || h.nonce != s->v.nonce)
         snprintf(msg, sizeof msg, "the connection reached a different rank or an earlier group (stale address)");
-    else if (h.from >= (uint32_t)s->rank)
+    else if (h.from >= (uint32_t)rank)
         snprintf(msg, sizeof msg, "rank %u must not connect to rank %d (lower ranks connect to higher ones)", h.from,
-                 s->rank);
-    else if (s->fds[h.from] >= 0)
+                 rank);
+    else if (s->v.fds[h.from] >= 0)
         snprintf(msg, sizeof msg, "rank %u is already connected", h.from);
     int fd = p->fd;
     if (msg[0]) {
-        TD_LOG_WARN("tcp transport of rank %d refused a connection: %s", grank_of(s, s->rank), msg);
-        snprintf(s->last_refusal, sizeof s->last_refusal, "%s", msg);
-        send_reply(fd, s->rank, TD_TCP_REPLY_REFUSED, 0, msg, s->deadline);
-        drop_pending(s, i);
-        return true;
+        TD_LOG_WARN("tcp transport of rank %d refused a connection: %s", grank_of(s, rank), msg);
+        snprintf(s->v.last_refusal, sizeof s->v.last_refusal, "%s", msg);
+        send_reply(fd, rank, TD_TCP_REPLY_REFUSED, 0, msg, s->v.deadline);
+        td_rdv_drop(&s->v, i);
+        return;
     }
-    bool cma = (h.flags & TD_TCP_FLAG_CMA) && s->use_cma && td_tcp_fd_is_unix(fd);
-    send_reply(fd, s->rank, TD_TCP_REPLY_OK, cma ? TD_TCP_FLAG_CMA : 0, NULL, s->deadline);
+    bool cma = (h.flags & TD_TCP_FLAG_CMA) && s->use_cma && fd_is_unix(fd);
+    send_reply(fd, rank, TD_TCP_REPLY_OK, cma ? TD_TCP_FLAG_CMA : 0, NULL, s->v.deadline);
     s->agreed_cma[h.from] = cma;
-    s->fds[h.from] = fd;
-    free(p->buf);
-    s->pend[i] = s->pend[--s->npend];
-    return true;
+    td_rdv_take(&s->v, i, (int)h.from);
 }
 
 /* Reads an accepted connection's hello bytes (no more than the hello needs: what follows belongs
- * to the progress engine). True when the entry was consumed. */
-static bool read_pending(setup *s, int i)
+ * to the progress engine). */
+static void read_pending(td_rdv *v, int i)
 {
-    pending_in *p = &s->pend[i];
+    setup *s = v->arg;
+    td_rdv_conn *p = &v->pend[i];
     td_tcp_hello h;
     size_t want = TD_TCP_HELLO_FIXED;
     const char *why;
-    if (td_tcp_hello_parse(p->buf, p->got, &h, &want, &why) != TD_TCP_PARSE_MORE)
-        return check_hello(s, i);
+    if (td_tcp_hello_parse(p->buf, p->got, &h, &want, &why) != TD_TCP_PARSE_MORE) {
+        check_hello(s, i);
+        return;
+    }
     ssize_t n = recv(p->fd, p->buf + p->got, want - p->got, MSG_DONTWAIT);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-        drop_pending(s, i);
-        return true;
+        td_rdv_drop(v, i);
+        return;
     }
     if (n > 0)
         p->got += (size_t)n;
-    return check_hello(s, i);
+    check_hello(s, i);
 }
 
 /* Reads the answer to our hello from rank r (again no more than it). */
-static td_status read_reply(setup *s, int r)
+static td_status read_reply(td_rdv *v, int r)
 {
-    conn *c = &s->out[r];
+    setup *s = v->arg;
+    td_rdv_conn *c = &v->out[r];
     for (;;) {
         td_tcp_reply rep;
         size_t want = TD_TCP_REPLY_FIXED;
@@ -455,10 +363,9 @@ static td_status read_reply(setup *s, int r)
         if (pr == TD_TCP_PARSE_OK) {
             if (rep.status != TD_TCP_REPLY_OK)
                 return td_error(TD_ERR_INVALID, "rank %d refused the connection from rank %d: %.*s", grank_of(s, r),
-                                grank_of(s, s->rank), (int)rep.msg_len, rep.msg);
+                                grank_of(s, v->rank), (int)rep.msg_len, rep.msg);
             s->agreed_cma[r] = s->asked_cma[r] && (rep.flags & TD_TCP_FLAG_CMA);
-            s->fds[r] = c->fd;
-            c->fd = -1;
+            td_rdv_answered(v, r);
             return TD_OK;
         }
         ssize_t n = recv(c->fd, c->buf + c->got, want - c->got, MSG_DONTWAIT);
@@ -474,103 +381,6 @@ static td_status read_reply(setup *s, int r)
     }
 }
 
-static td_status missing_msg(setup *s, int64_t timeout_ms)
-{
-    td_buf b = TD_BUF_INIT;
-    int n = 0;
-    for (int r = 0; r < s->size; r++) {
-        if (r != s->rank && s->fds[r] < 0)
-            td_buf_printf(&b, "%s%d", n++ ? ", " : "", grank_of(s, r));
-    }
-    td_status st = td_error(TD_ERR_TIMEOUT,
-                            "Timed out after %lld ms setting up the tcp transport of rank %d: no connection yet "
-                            "with rank%s %s%s%s",
-                            (long long)timeout_ms, grank_of(s, s->rank), n > 1 ? "s" : "", b.data ? b.data : "",
-                            s->last_refusal[0] ? "; last refused connection: " : "", s->last_refusal);
-    td_buf_free(&b);
-    return st;
-}
-
-static td_status handshake_loop(setup *s, int lfd, int ufd)
-{
-    int lower_missing = s->rank;
-    struct pollfd *pfds = TD_NEW_ARRAY(struct pollfd, (size_t)(2 + s->size + MAX_PENDING));
-    int *who = TD_NEW_ARRAY(int, (size_t)(2 + s->size + MAX_PENDING));
-    td_status st = TD_OK;
-    for (;;) {
-        int higher_missing = 0;
-        for (int r = s->rank + 1; r < s->size; r++)
-            higher_missing += s->fds[r] < 0;
-        lower_missing = 0;
-        for (int r = 0; r < s->rank; r++)
-            lower_missing += s->fds[r] < 0;
-        if (!higher_missing && !lower_missing)
-            break;
-        if (td_deadline_passed(s->deadline)) {
-            st = missing_msg(s, s->o->timeout_ms);
-            break;
-        }
-        int n = 0, nlisten = 0;
-        if (lower_missing) {
-            pfds[n] = (struct pollfd){.fd = lfd, .events = POLLIN};
-            who[n++] = -1;
-            if (ufd >= 0) {
-                pfds[n] = (struct pollfd){.fd = ufd, .events = POLLIN};
-                who[n++] = -1;
-            }
-            nlisten = n;
-        }
-        for (int r = s->rank + 1; r < s->size; r++) {
-            if (s->fds[r] < 0 && s->out[r].fd >= 0) {
-                pfds[n] = (struct pollfd){.fd = s->out[r].fd, .events = POLLIN};
-                who[n++] = r;
-            }
-        }
-        for (int i = 0; i < s->npend; i++) {
-            pfds[n] = (struct pollfd){.fd = s->pend[i].fd, .events = POLLIN};
-            who[n++] = -2 - i;
-        }
-        int rc = poll(pfds, (nfds_t)n, td_deadline_poll_ms(s->deadline));
-        if (rc < 0 && errno != EINTR) {
-            st = td_error_errno(TD_ERR_IO, "poll during the tcp transport set-up");
-            break;
-        }
-        if (rc <= 0)
-            continue;
-        /* Pending entries move when one is consumed, so handle them from the highest index down. */
-        for (int k = n - 1; k >= 0 && st == TD_OK; k--) {
-            if (!pfds[k].revents)
-                continue;
-            if (who[k] >= 0) {
-                st = read_reply(s, who[k]);
-            } else if (who[k] <= -2) {
-                read_pending(s, -2 - who[k]);
-            }
-        }
-        if (st != TD_OK)
-            break;
-        for (int l = 0; l < nlisten; l++) {
-            if (!(pfds[l].revents & POLLIN))
-                continue;
-            for (;;) {
-                int fd = accept4(pfds[l].fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-                if (fd < 0)
-                    break;
-                if (s->npend == MAX_PENDING)
-                    drop_pending(s, 0);
-                s->pend[s->npend].fd = fd;
-                s->pend[s->npend].got = 0;
-                s->pend[s->npend].buf = td_malloc(TD_TCP_HELLO_MAX);
-                s->npend++;
-                read_pending(s, s->npend - 1);
-            }
-        }
-    }
-    free(pfds);
-    free(who);
-    return st;
-}
-
 /* ---- single-copy probe ------------------------------------------------------------------------
  * On each connection that agreed to single-copy transfers, both sides check that they can really
  * read each other's memory (same user, no ptrace restriction, no seccomp filter in the way): each
@@ -579,28 +389,28 @@ static td_status handshake_loop(setup *s, int lfd, int ufd)
 
 static td_status cma_probe(setup *s)
 {
-    uint64_t word = s->nonce ^ UINT64_C(0x9e3779b97f4a7c15);
-    for (int r = 0; r < s->size; r++) {
+    uint64_t word = s->v.nonce ^ UINT64_C(0x9e3779b97f4a7c15);
+    for (int r = 0; r < s->v.size; r++) {
         if (!s->agreed_cma[r])
             continue;
         struct ucred cred;
         socklen_t len = sizeof cred;
-        if (getsockopt(s->fds[r], SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0)
+        if (getsockopt(s->v.fds[r], SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0)
             s->info[r].pid = cred.pid;
         uint8_t m[TD_TCP_CMA_PROBE_SIZE];
         uint64_t v[3] = {TD_TCP_CMA_PROBE_MAGIC, (uint64_t)(uintptr_t)&word, word};
         for (int i = 0; i < 3; i++)
             for (int b = 0; b < 8; b++)
                 m[8 * i + b] = (uint8_t)(v[i] >> (8 * b));
-        TD_TRY(td_net_send_all(s->fds[r], m, sizeof m, s->deadline));
+        TD_TRY(td_net_send_all(s->v.fds[r], m, sizeof m, s->v.deadline));
     }
-    for (int r = 0; r < s->size; r++) {
+    for (int r = 0; r < s->v.size; r++) {
         if (!s->agreed_cma[r])
             continue;
         uint8_t m[TD_TCP_CMA_PROBE_SIZE];
-        td_status st = td_net_recv_all(s->fds[r], m, sizeof m, s->deadline);
+        td_status st = td_net_recv_all(s->v.fds[r], m, sizeof m, s->v.deadline);
         if (st != TD_OK)
-            return td_error_prefix(st, "reading rank %d's single-copy probe", grank_of(s, r));
+            return td_error_prefix(st, "reading rank %d's single-copy probe", td_rdv_grank(&s->v, r));
         uint64_t v[3] = {0, 0, 0};
         for (int i = 0; i < 3; i++)
             for (int b = 0; b < 8; b++)
@@ -611,18 +421,18 @@ static td_status cma_probe(setup *s)
                   process_vm_readv(s->info[r].pid, &l, 1, &rem, 1, 0) == (ssize_t)sizeof got && got == v[2];
         if (!ok)
             TD_LOG_DEBUG("tcp transport of rank %d cannot read rank %d's memory (%s): messages go by the socket",
-                         grank_of(s, s->rank), grank_of(s, r), strerror(errno));
+                         td_rdv_grank(&s->v, s->v.rank), td_rdv_grank(&s->v, r), strerror(errno));
         s->info[r].cma_recv = ok;
         uint8_t answer = ok;
-        TD_TRY(td_net_send_all(s->fds[r], &answer, 1, s->deadline));
+        TD_TRY(td_net_send_all(s->v.fds[r], &answer, 1, s->v.deadline));
     }
-    for (int r = 0; r < s->size; r++) {
+    for (int r = 0; r < s->v.size; r++) {
         if (!s->agreed_cma[r])
             continue;
         uint8_t answer = 0;
-        td_status st = td_net_recv_all(s->fds[r], &answer, 1, s->deadline);
+        td_status st = td_net_recv_all(s->v.fds[r], &answer, 1, s->v.deadline);
         if (st != TD_OK)
-            return td_error_prefix(st, "reading rank %d's single-copy probe answer", grank_of(s, r));
+            return td_error_prefix(st, "reading rank %d's single-copy probe answer", td_rdv_grank(&s->v, r));
         s->info[r].cma_send = answer == 1;
     }
     return TD_OK;
@@ -647,132 +457,95 @@ static td_status tune_socket(int fd, int64_t bufsize)
 
 /* ---- create ----------------------------------------------------------------------------------- */
 
+/* Listens (TCP at the bind address, and UNIX-domain when peers on this host may use it) and
+ * publishes this rank's entry. */
+static td_status listen_and_publish(setup *s, int *lfd, int *ufd)
+{
+    const td_tcp_options *o = s->o;
+    int rank = o->setup.rank;
+    if (s->use_unix) {
+        td_host_id(s->host_id, sizeof s->host_id);
+        char name[64];
+        snprintf(name, sizeof name, "tdist-tcp-%d-%llx", (int)getpid(), (unsigned long long)s->v.nonce);
+        if (s->host_id[0] && (*ufd = td_rdv_unix_listen(name, o->setup.size + 16)) >= 0)
+            snprintf(s->unix_name, sizeof s->unix_name, "%s", name);
+    }
+    if (!s->host_id[0])
+        snprintf(s->host_id, sizeof s->host_id, "-");
+    TD_TRY(td_rdv_generation(&s->v));
+    char host[TD_ADDR_STRLEN];
+    TD_TRY(bind_host(o, host, sizeof host));
+    int port = 0;
+    td_status st = td_net_listen(host, 0, o->setup.size + 16, lfd, &port);
+    if (st != TD_OK)
+        return td_error_prefix(st, "tcp transport of rank %d", grank_of(s, rank));
+    char hp[TD_ADDR_STRLEN + 32];
+    td_net_format_hostport(host, port, hp, sizeof hp);
+    char val[TD_ADDR_STRLEN + 320];
+    snprintf(val, sizeof val, "%s %llx %s %s", hp, (unsigned long long)s->v.nonce, s->host_id, s->unix_name);
+    TD_TRY(td_rdv_publish(&s->v, val, "tcp address"));
+    TD_LOG_DEBUG("tcp transport of rank %d listening on %s", grank_of(s, rank), hp);
+    return TD_OK;
+}
+
 td_status td_tcp_transport_create(const td_tcp_options *o, td_transport **out)
 {
     *out = NULL;
-    if (o->size < 1 || o->rank < 0 || o->rank >= o->size)
-        return td_error(TD_ERR_INVALID, "invalid rank %d for a group of %d", o->rank, o->size);
+    const td_transport_setup *g = &o->setup;
+    if (g->size < 1 || g->rank < 0 || g->rank >= g->size)
+        return td_error(TD_ERR_INVALID, "invalid rank %d for a group of %d", g->rank, g->size);
     int64_t bufsize = 0;
     TD_TRY(td_env_int("TDIST_TCP_BUFFER", 0, 0, INT32_MAX, &bufsize));
     setup s = {0};
     s.o = o;
-    s.rank = o->rank;
-    s.size = o->size;
-    s.prefix = o->key_prefix ? o->key_prefix : "tcp/";
-    s.group = o->group_name ? o->group_name : "";
+    s.group = g->group_name ? g->group_name : "";
     s.token = td_env_str("TDIST_AUTH_TOKEN", NULL);
-    s.deadline = td_deadline_after_ms(o->timeout_ms);
     if (strlen(s.group) > TD_TCP_MAX_GROUP_NAME)
         return td_error(TD_ERR_INVALID, "group name is longer than %d bytes", TD_TCP_MAX_GROUP_NAME);
     if (s.token && strlen(s.token) > TD_TCP_MAX_TOKEN)
         return td_error(TD_ERR_INVALID, "TDIST_AUTH_TOKEN is longer than %d bytes", TD_TCP_MAX_TOKEN);
-    int *fds = TD_NEW_ARRAY(int, (size_t)o->size);
-    for (int r = 0; r < o->size; r++)
-        fds[r] = -1;
-    if (o->size == 1) {
-        td_status st = td_tcp_transport_from_fds(o->rank, o->size, fds, o->global_ranks, out);
-        free(fds);
-        return st;
+    if (g->size == 1) {
+        int none = -1;
+        return td_tcp_transport_from_fds(g->rank, 1, &none, g->global_ranks, out);
     }
-    s.fds = fds;
-    s.out = TD_NEW_ARRAY(conn, (size_t)o->size);
-    for (int r = 0; r < o->size; r++)
-        s.out[r].fd = -1;
-    if (getrandom(&s.nonce, sizeof s.nonce, 0) != sizeof s.nonce)
-        s.nonce = (uint64_t)td_now_ns() ^ ((uint64_t)getpid() << 32);
-    bool unix_env = true;
-    td_status est = td_env_bool("TDIST_TCP_UNIX", true, &unix_env);
-    if (est != TD_OK) {
-        free(fds);
-        free(s.out);
-        return est;
-    }
+    bool unix_env = true, cma_env = true;
+    TD_TRY(td_env_bool("TDIST_TCP_UNIX", true, &unix_env));
+    TD_TRY(td_env_bool("TDIST_TCP_CMA", true, &cma_env));
     s.use_unix = o->same_host == TD_TCP_SAME_HOST_UNIX || (o->same_host == TD_TCP_SAME_HOST_DEFAULT && unix_env);
-    bool cma_env = true;
-    est = td_env_bool("TDIST_TCP_CMA", true, &cma_env);
-    if (est != TD_OK) {
-        free(fds);
-        free(s.out);
-        return est;
-    }
     s.use_cma = s.use_unix && (o->cma == TD_TCP_CMA_ON || (o->cma == TD_TCP_CMA_DEFAULT && cma_env));
-    s.asked_cma = TD_NEW_ARRAY(bool, (size_t)o->size);
-    s.agreed_cma = TD_NEW_ARRAY(bool, (size_t)o->size);
-    s.info = TD_NEW_ARRAY(td_tcp_peer_info, (size_t)o->size);
+    td_rdv_init(&s.v, g, "tcp transport", "tcp/", TD_TCP_REPLY_MAX, TD_TCP_HELLO_MAX);
+    s.v.arg = &s;
+    s.v.on_answer = read_reply;
+    s.v.on_pending = read_pending;
+    s.asked_cma = TD_NEW_ARRAY(bool, (size_t)g->size);
+    s.agreed_cma = TD_NEW_ARRAY(bool, (size_t)g->size);
+    s.info = TD_NEW_ARRAY(td_tcp_peer_info, (size_t)g->size);
     snprintf(s.unix_name, sizeof s.unix_name, "-");
-    int ufd = -1;
-    if (s.use_unix) {
-        read_host_id(s.host_id, sizeof s.host_id);
-        char name[64];
-        snprintf(name, sizeof name, "tdist-tcp-%d-%llx", (int)getpid(), (unsigned long long)s.nonce);
-        if (s.host_id[0] && (ufd = unix_listen(name, o->size + 16)) >= 0)
-            snprintf(s.unix_name, sizeof s.unix_name, "%s", name);
-    }
-    if (!s.host_id[0])
-        snprintf(s.host_id, sizeof s.host_id, "-");
 
-    int lfd = -1;
-    char host[TD_ADDR_STRLEN];
-    char gen_key[256];
-    snprintf(gen_key, sizeof gen_key, "%sgen/%d", s.prefix, o->rank);
-    td_status st = td_store_add(o->store, gen_key, 1, &s.generation);
-    if (st != TD_OK)
-        td_error_prefix(st, "tcp transport of rank %d: counting its generation in the store", grank_of(&s, o->rank));
-    else
-        st = bind_host(o, host, sizeof host);
-    if (st == TD_OK) {
-        int port = 0;
-        st = td_net_listen(host, 0, o->size + 16, &lfd, &port);
-        if (st == TD_OK) {
-            char hp[TD_ADDR_STRLEN + 32], key[256];
-            td_net_format_hostport(host, port, hp, sizeof hp);
-            char val[TD_ADDR_STRLEN + 320];
-            snprintf(val, sizeof val, "%s %llx %s %s", hp, (unsigned long long)s.nonce, s.host_id, s.unix_name);
-            addr_key(&s, o->rank, key, sizeof key);
-            st = td_store_set_str(o->store, key, val);
-            if (st != TD_OK)
-                td_error_prefix(st, "publishing rank %d's tcp address in the store", grank_of(&s, o->rank));
-            else
-                TD_LOG_DEBUG("tcp transport of rank %d listening on %s", grank_of(&s, o->rank), hp);
-        } else {
-            td_error_prefix(st, "tcp transport of rank %d", grank_of(&s, o->rank));
-        }
-    }
-    for (int r = o->rank + 1; r < o->size && st == TD_OK; r++)
+    int listen_fds[2] = {-1, -1}; /* TCP, UNIX-domain */
+    td_status st = listen_and_publish(&s, &listen_fds[0], &listen_fds[1]);
+    for (int r = g->rank + 1; r < g->size && st == TD_OK; r++)
         st = connect_up(&s, r);
     if (st == TD_OK)
-        st = handshake_loop(&s, lfd, ufd);
+        st = td_rdv_handshake(&s.v, listen_fds, 2);
     if (st == TD_OK)
         st = cma_probe(&s);
     if (st == TD_ERR_TIMEOUT && !strstr(td_last_error(), "setting up the tcp transport"))
         td_error_prefix(st, "Timed out after %lld ms setting up the tcp transport of rank %d",
-                        (long long)o->timeout_ms, grank_of(&s, o->rank));
-    for (int r = 0; r < o->size && st == TD_OK; r++)
-        if (r != o->rank)
-            st = tune_socket(fds[r], bufsize);
+                        (long long)g->timeout_ms, grank_of(&s, g->rank));
+    for (int r = 0; r < g->size && st == TD_OK; r++)
+        if (r != g->rank)
+            st = tune_socket(s.v.fds[r], bufsize);
 
-    if (lfd >= 0)
-        close(lfd);
-    if (ufd >= 0)
-        close(ufd);
-    for (int i = s.npend - 1; i >= 0; i--)
-        drop_pending(&s, i);
-    for (int r = 0; r < o->size; r++)
-        if (s.out[r].fd >= 0)
-            close(s.out[r].fd);
-    free(s.out);
+    for (int l = 0; l < 2; l++)
+        if (listen_fds[l] >= 0)
+            close(listen_fds[l]);
     free(s.asked_cma);
     free(s.agreed_cma);
-    if (st != TD_OK) {
-        for (int r = 0; r < o->size; r++)
-            if (fds[r] >= 0)
-                close(fds[r]);
-        free(fds);
-        free(s.info);
-        return st;
-    }
-    st = td_tcp_transport_from_fds_ex(o->rank, o->size, fds, o->global_ranks, s.info, out);
-    free(fds);
+    bool handed = st == TD_OK; /* the engine takes the sockets, also when it fails */
+    if (handed)
+        st = td_tcp_transport_from_fds_ex(g->rank, g->size, s.v.fds, g->global_ranks, s.info, out);
+    td_rdv_free(&s.v, handed);
     free(s.info);
     return st;
 }

@@ -1,9 +1,9 @@
 /* The transport interface: point-to-point byte movement between the ranks of one group.
  *
  * The collective algorithms (src/coll) are written once against this interface, as Gloo writes its
- * algorithms over transport pairs; tcp (sockets, transport/tcp.h) implements it now and shm
- * (shared-memory rings) will later, so a new transport gets every algorithm and a new algorithm
- * runs on every transport.
+ * algorithms over transport pairs; tcp (sockets, transport/tcp.h) and shm (shared-memory rings,
+ * transport/shm.h) implement it, so a new transport gets every algorithm and a new algorithm runs
+ * on every transport.
  *
  * Model: tagged messages. isend posts a message of some bytes (gathered from an iovec) to a peer
  * under a 64-bit tag; irecv posts a buffer (an iovec) for the message with that tag from that peer
@@ -52,6 +52,7 @@
 
 typedef struct td_transport td_transport;
 typedef struct td_xfer td_xfer;
+typedef struct td_store td_store;
 
 #define TD_XFER_MAX_IOV 4
 #define TD_TRANSPORT_ANY (-1)          /* any-source receives */
@@ -114,6 +115,19 @@ struct td_transport {
     int rank;
     int size;
 };
+
+/* What a transport's set-up through a store takes: the first member (setup) of each transport's
+ * options (tcp.h, shm.h). Every rank of the group passes the same store, prefix, group name and
+ * size. */
+typedef struct td_transport_setup {
+    td_store *store;          /* rendezvous (borrowed; used only during create) */
+    const char *key_prefix;   /* prefix of the transport's store keys; NULL: "<transport name>/" */
+    int rank;
+    int size;
+    const int *global_ranks;  /* size entries, for messages ("rank 5"); NULL: the group ranks */
+    int64_t timeout_ms;       /* set-up deadline; <= 0: none */
+    const char *group_name;   /* checked in the handshake; NULL: "" */
+} td_transport_setup;
 
 /* Set up x from an iovec (at most TD_XFER_MAX_IOV entries) and post it. x's callback fields
  * (on_done, arg) are kept; everything else is reset. */

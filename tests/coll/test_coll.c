@@ -73,8 +73,9 @@ static cw open_cw_chunk(td_test_ctx *ctx, size_t chunk)
     cw w = {0};
     w.ctx = ctx;
     w.store = open_store(ctx->store_path);
-    td_tcp_options o = {.store = w.store, .rank = ctx->rank, .size = ctx->world_size, .timeout_ms = 30000,
-                        .group_name = "coll"};
+    td_tcp_options o = {.setup.store = w.store, .setup.rank = ctx->rank, .setup.size = ctx->world_size,
+                        .setup.timeout_ms = 30000,
+                        .setup.group_name = "coll"};
     TD_CHECK_OK(td_tcp_transport_create(&o, &w.t));
     td_coll_config cfg = {0};
     cfg.chunk_bytes = chunk;

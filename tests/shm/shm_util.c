@@ -61,11 +61,11 @@ shm_world shm_test_open(td_test_ctx *ctx, int64_t timeout_ms)
     w.ctx = ctx;
     w.store = shm_test_open_store(ctx->store_path);
     td_shm_options o = {
-        .store = w.store,
-        .rank = ctx->rank,
-        .size = ctx->world_size,
-        .timeout_ms = timeout_ms ? timeout_ms : 30000,
-        .group_name = "test",
+        .setup.store = w.store,
+        .setup.rank = ctx->rank,
+        .setup.size = ctx->world_size,
+        .setup.timeout_ms = timeout_ms ? timeout_ms : 30000,
+        .setup.group_name = "test",
     };
     TD_CHECK_OK(td_shm_transport_create(&o, &w.t));
     TD_CHECK(td_transport_is_shm(w.t));

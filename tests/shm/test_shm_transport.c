@@ -400,7 +400,8 @@ TD_TEST(layout_mismatch, .world_size = 2)
 {
     setenv("TDIST_SHM_RING", ctx->rank == 0 ? "64K" : "128K", 1);
     td_store *store = shm_test_open_store(ctx->store_path);
-    td_shm_options o = {.store = store, .rank = ctx->rank, .size = 2, .timeout_ms = 3000, .group_name = "g"};
+    td_shm_options o = {.setup.store = store, .setup.rank = ctx->rank, .setup.size = 2, .setup.timeout_ms = 3000,
+                        .setup.group_name = "g"};
     td_transport *t = NULL;
     if (ctx->rank == 0)
         TD_CHECK_ERR(td_shm_transport_create(&o, &t), TD_ERR_INVALID, "TDIST_SHM_RING");
@@ -418,7 +419,8 @@ TD_TEST(other_host_refused, .world_size = 2)
 {
     setenv("TDIST_HOST_ID", ctx->rank == 0 ? "hostA" : "hostB", 1);
     td_store *store = shm_test_open_store(ctx->store_path);
-    td_shm_options o = {.store = store, .rank = ctx->rank, .size = 2, .timeout_ms = 10000, .group_name = "g"};
+    td_shm_options o = {.setup.store = store, .setup.rank = ctx->rank, .setup.size = 2, .setup.timeout_ms = 10000,
+                        .setup.group_name = "g"};
     td_transport *t = NULL;
     char want[64];
     snprintf(want, sizeof want, "but rank %d is on another host", 1 - ctx->rank);
@@ -434,7 +436,8 @@ TD_TEST(setup_timeout, .world_size = 2)
 {
     td_store *store = shm_test_open_store(ctx->store_path);
     if (ctx->rank == 0) {
-        td_shm_options o = {.store = store, .rank = 0, .size = 3, .timeout_ms = 500, .group_name = "g"};
+        td_shm_options o = {.setup.store = store, .setup.rank = 0, .setup.size = 3, .setup.timeout_ms = 500,
+                            .setup.group_name = "g"};
         td_transport *t = NULL;
         TD_CHECK_ERR(td_shm_transport_create(&o, &t), TD_ERR_TIMEOUT, "rank 1");
         shm_test_no_segments();
@@ -464,7 +467,8 @@ TD_TEST(create_destroy_repeatedly, .world_size = 3)
 {
     td_store *store = shm_test_open_store(ctx->store_path);
     for (int i = 0; i < 8; i++) {
-        td_shm_options o = {.store = store, .rank = ctx->rank, .size = 3, .timeout_ms = 30000, .group_name = "again"};
+        td_shm_options o = {.setup.store = store, .setup.rank = ctx->rank, .setup.size = 3, .setup.timeout_ms = 30000,
+                            .setup.group_name = "again"};
         td_transport *t = NULL;
         TD_CHECK_OK(td_shm_transport_create(&o, &t));
         shm_test_all_pairs(ctx, t, (size_t)i * 1000);

@@ -73,11 +73,11 @@ static tw open_world(td_test_ctx *ctx, const char *bind_host, int64_t timeout_ms
     w.ctx = ctx;
     w.store = open_store(ctx->store_path);
     td_tcp_options o = {
-        .store = w.store,
-        .rank = ctx->rank,
-        .size = ctx->world_size,
-        .timeout_ms = timeout_ms ? timeout_ms : 30000,
-        .group_name = "test",
+        .setup.store = w.store,
+        .setup.rank = ctx->rank,
+        .setup.size = ctx->world_size,
+        .setup.timeout_ms = timeout_ms ? timeout_ms : 30000,
+        .setup.group_name = "test",
         .bind_host = bind_host,
         .same_host = same_host(ctx),
     };
@@ -204,7 +204,8 @@ TD_TEST(connect_socket_ifname, .world_size = 2, BOTH)
     char path[1024];
     snprintf(path, sizeof path, "%s/store2", ctx->tmpdir);
     store = open_store(path);
-    td_tcp_options o = {.store = store, .rank = ctx->rank, .size = ctx->world_size, .timeout_ms = 5000,
+    td_tcp_options o = {.setup.store = store, .setup.rank = ctx->rank, .setup.size = ctx->world_size,
+                        .setup.timeout_ms = 5000,
                         .same_host = same_host(ctx)};
     td_transport *t = NULL;
     TD_CHECK_ERR(td_tcp_transport_create(&o, &t), TD_ERR_INVALID, "interface 'tdist-no-such-if0', which does not exist");
@@ -565,7 +566,8 @@ TD_TEST(auth_token_mismatch, .world_size = 2, BOTH)
     setenv("TDIST_AUTH_TOKEN", ctx->rank == 0 ? "secret-a" : "secret-b", 1);
     td_store *store;
     store = open_store(ctx->store_path);
-    td_tcp_options o = {.store = store, .rank = ctx->rank, .size = 2, .timeout_ms = 3000, .group_name = "g",
+    td_tcp_options o = {.setup.store = store, .setup.rank = ctx->rank, .setup.size = 2, .setup.timeout_ms = 3000,
+                        .setup.group_name = "g",
                         .same_host = same_host(ctx)};
     td_transport *t = NULL;
     if (ctx->rank == 0)
@@ -594,7 +596,8 @@ TD_TEST(setup_timeout, .world_size = 2, BOTH)
     td_store *store;
     store = open_store(ctx->store_path);
     if (ctx->rank == 0) {
-        td_tcp_options o = {.store = store, .rank = 0, .size = 3, .timeout_ms = 500, .group_name = "g",
+        td_tcp_options o = {.setup.store = store, .setup.rank = 0, .setup.size = 3, .setup.timeout_ms = 500,
+                            .setup.group_name = "g",
                             .same_host = same_host(ctx)};
         td_transport *t = NULL;
         TD_CHECK_ERR(td_tcp_transport_create(&o, &t), TD_ERR_TIMEOUT, "rank 1");
@@ -709,7 +712,8 @@ TD_TEST(create_destroy_repeatedly, .world_size = 3, BOTH)
     td_store *store;
     store = open_store(ctx->store_path);
     for (int i = 0; i < 8; i++) {
-        td_tcp_options o = {.store = store, .rank = ctx->rank, .size = 3, .timeout_ms = 30000, .group_name = "again",
+        td_tcp_options o = {.setup.store = store, .setup.rank = ctx->rank, .setup.size = 3, .setup.timeout_ms = 30000,
+                            .setup.group_name = "again",
                             .same_host = same_host(ctx)};
         td_transport *t = NULL;
         TD_CHECK_OK(td_tcp_transport_create(&o, &t));

@@ -1,0 +1,303 @@
+/* The transports' common set-up steps through a store (rendezvous.h): generation counting,
+ * publishing and reading the ranks' entries, abstract UNIX-domain sockets, and the handshake's
+ * poll loop with its bookkeeping of connections awaiting an answer and accepted ones not yet
+ * identified. The tcp and shm set-ups (tcp_connect.c, shm_connect.c) plug their hellos in. */
+#include "transport/rendezvous.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <tdist/store.h>
+
+#include "base/alloc.h"
+#include "base/buf.h"
+#include "base/clock.h"
+#include "base/error.h"
+
+static void conn_reset(td_rdv_conn *c)
+{
+    c->fd = c->passed_fd = -1;
+    c->buf = NULL;
+    c->got = 0;
+}
+
+static void conn_open(td_rdv_conn *c, int fd, size_t bytes)
+{
+    c->fd = fd;
+    c->passed_fd = -1;
+    c->buf = td_malloc(bytes);
+    c->got = 0;
+}
+
+static void conn_close(td_rdv_conn *c)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    if (c->passed_fd >= 0)
+        close(c->passed_fd);
+    free(c->buf);
+    conn_reset(c);
+}
+
+void td_rdv_init(td_rdv *v, const td_transport_setup *o, const char *what, const char *default_prefix,
+                 size_t out_bytes, size_t pend_bytes)
+{
+    memset(v, 0, sizeof *v);
+    v->o = o;
+    v->what = what;
+    v->prefix = o->key_prefix ? o->key_prefix : default_prefix;
+    v->rank = o->rank;
+    v->size = o->size;
+    v->deadline = td_deadline_after_ms(o->timeout_ms);
+    v->out_bytes = out_bytes;
+    v->pend_bytes = pend_bytes;
+    if (getrandom(&v->nonce, sizeof v->nonce, 0) != sizeof v->nonce)
+        v->nonce = (uint64_t)td_now_ns() ^ ((uint64_t)getpid() << 32);
+    v->fds = TD_NEW_ARRAY(int, (size_t)o->size);
+    v->out = TD_NEW_ARRAY(td_rdv_conn, (size_t)o->size);
+    for (int r = 0; r < o->size; r++) {
+        v->fds[r] = -1;
+        conn_reset(&v->out[r]);
+    }
+}
+
+void td_rdv_free(td_rdv *v, bool keep_fds)
+{
+    for (int i = v->npend - 1; i >= 0; i--)
+        td_rdv_drop(v, i);
+    for (int r = 0; r < v->size; r++) {
+        conn_close(&v->out[r]);
+        if (!keep_fds && v->fds[r] >= 0)
+            close(v->fds[r]);
+    }
+    free(v->out);
+    free(v->fds);
+    v->out = NULL;
+    v->fds = NULL;
+}
+
+/* ---- the store entries -------------------------------------------------------------------------- */
+
+static void addr_key(const td_rdv *v, int r, char *out, size_t size)
+{
+    snprintf(out, size, "%s%lld/addr/%d", v->prefix, (long long)v->generation, r);
+}
+
+td_status td_rdv_generation(td_rdv *v)
+{
+    char key[256];
+    snprintf(key, sizeof key, "%sgen/%d", v->prefix, v->rank);
+    td_status st = td_store_add(v->o->store, key, 1, &v->generation);
+    if (st != TD_OK)
+        td_error_prefix(st, "%s of rank %d: counting its generation in the store", v->what, td_rdv_grank(v, v->rank));
+    return st;
+}
+
+td_status td_rdv_publish(td_rdv *v, const char *value, const char *addr_name)
+{
+    char key[256];
+    addr_key(v, v->rank, key, sizeof key);
+    td_status st = td_store_set_str(v->o->store, key, value);
+    if (st != TD_OK)
+        td_error_prefix(st, "publishing rank %d's %s in the store", td_rdv_grank(v, v->rank), addr_name);
+    return st;
+}
+
+td_status td_rdv_read(td_rdv *v, int r, const char *addr_name, char *text, size_t size)
+{
+    char key[256];
+    addr_key(v, r, key, sizeof key);
+    const char *keys[1] = {key};
+    int64_t left = td_deadline_left_ms(v->deadline);
+    td_status st = td_store_wait(v->o->store, keys, 1, left == INT64_MAX ? 0 : (left > 0 ? left : 1));
+    if (st != TD_OK)
+        return td_error_prefix(st, "waiting for rank %d to publish its %s in the store", td_rdv_grank(v, r), addr_name);
+    void *val = NULL;
+    size_t n = 0;
+    st = td_store_get(v->o->store, key, &val, &n);
+    if (st != TD_OK)
+        return td_error_prefix(st, "reading rank %d's %s from the store", td_rdv_grank(v, r), addr_name);
+    bool ok = n < size;
+    if (ok) {
+        memcpy(text, val, n);
+        text[n] = '\0';
+    }
+    free(val);
+    if (!ok)
+        return td_error(TD_ERR_INVALID, "rank %d's %s in the store is malformed", td_rdv_grank(v, r), addr_name);
+    return TD_OK;
+}
+
+/* ---- UNIX-domain sockets ------------------------------------------------------------------------ */
+
+socklen_t td_rdv_unix_addr(const char *name, struct sockaddr_un *a)
+{
+    memset(a, 0, sizeof *a);
+    a->sun_family = AF_UNIX;
+    size_t len = strlen(name);
+    if (len > sizeof a->sun_path - 2)
+        len = sizeof a->sun_path - 2;
+    memcpy(a->sun_path + 1, name, len); /* abstract: leading NUL, nothing in the file system */
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len);
+}
+
+int td_rdv_unix_listen(const char *name, int backlog)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_un a;
+    socklen_t len = td_rdv_unix_addr(name, &a);
+    if (bind(fd, (struct sockaddr *)&a, len) != 0 || listen(fd, backlog) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
+int td_rdv_unix_connect(const char *name)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_un a;
+    socklen_t len = td_rdv_unix_addr(name, &a);
+    if (connect(fd, (struct sockaddr *)&a, len) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
+/* ---- connections in the handshake --------------------------------------------------------------- */
+
+void td_rdv_await(td_rdv *v, int r, int fd) { conn_open(&v->out[r], fd, v->out_bytes); }
+
+void td_rdv_drop(td_rdv *v, int i)
+{
+    conn_close(&v->pend[i]);
+    v->pend[i] = v->pend[--v->npend];
+}
+
+int td_rdv_take(td_rdv *v, int i, int r)
+{
+    td_rdv_conn *c = &v->pend[i];
+    v->fds[r] = c->fd;
+    int passed = c->passed_fd;
+    c->fd = c->passed_fd = -1;
+    conn_close(c);
+    v->pend[i] = v->pend[--v->npend];
+    return passed;
+}
+
+int td_rdv_answered(td_rdv *v, int r)
+{
+    td_rdv_conn *c = &v->out[r];
+    v->fds[r] = c->fd;
+    int passed = c->passed_fd;
+    c->fd = c->passed_fd = -1;
+    conn_close(c);
+    return passed;
+}
+
+static td_status missing_msg(td_rdv *v)
+{
+    td_buf b = TD_BUF_INIT;
+    int n = 0;
+    for (int r = 0; r < v->size; r++) {
+        if (r != v->rank && v->fds[r] < 0)
+            td_buf_printf(&b, "%s%d", n++ ? ", " : "", td_rdv_grank(v, r));
+    }
+    td_status st = td_error(TD_ERR_TIMEOUT,
+                            "Timed out after %lld ms setting up the %s of rank %d: no connection yet with rank%s %s%s%s",
+                            (long long)v->o->timeout_ms, v->what, td_rdv_grank(v, v->rank), n > 1 ? "s" : "",
+                            b.data ? b.data : "", v->last_refusal[0] ? "; last refused connection: " : "",
+                            v->last_refusal);
+    td_buf_free(&b);
+    return st;
+}
+
+td_status td_rdv_handshake(td_rdv *v, const int *listen_fds, int nlisten)
+{
+    struct pollfd *pfds = TD_NEW_ARRAY(struct pollfd, (size_t)(nlisten + v->size + TD_RDV_MAX_PENDING));
+    int *who = TD_NEW_ARRAY(int, (size_t)(nlisten + v->size + TD_RDV_MAX_PENDING));
+    td_status st = TD_OK;
+    for (;;) {
+        int missing = 0, lower_missing = 0;
+        for (int r = 0; r < v->size; r++) {
+            if (r != v->rank && v->fds[r] < 0) {
+                missing++;
+                lower_missing += r < v->rank;
+            }
+        }
+        if (!missing)
+            break;
+        if (td_deadline_passed(v->deadline)) {
+            st = missing_msg(v);
+            break;
+        }
+        int n = 0, nl = 0;
+        if (lower_missing) {
+            for (int l = 0; l < nlisten; l++) {
+                if (listen_fds[l] >= 0) {
+                    pfds[n] = (struct pollfd){.fd = listen_fds[l], .events = POLLIN};
+                    who[n++] = -1;
+                }
+            }
+            nl = n;
+        }
+        for (int r = v->rank + 1; r < v->size; r++) {
+            if (v->fds[r] < 0 && v->out[r].fd >= 0) {
+                pfds[n] = (struct pollfd){.fd = v->out[r].fd, .events = POLLIN};
+                who[n++] = r;
+            }
+        }
+        for (int i = 0; i < v->npend; i++) {
+            pfds[n] = (struct pollfd){.fd = v->pend[i].fd, .events = POLLIN};
+            who[n++] = -2 - i;
+        }
+        int rc = poll(pfds, (nfds_t)n, td_deadline_poll_ms(v->deadline));
+        if (rc < 0 && errno != EINTR) {
+            st = td_error_errno(TD_ERR_IO, "poll during the %s set-up", v->what);
+            break;
+        }
+        if (rc <= 0)
+            continue;
+        /* Pending entries move when one is consumed, so handle them from the highest index down. */
+        for (int k = n - 1; k >= 0 && st == TD_OK; k--) {
+            if (!pfds[k].revents)
+                continue;
+            if (who[k] >= 0)
+                st = v->on_answer(v, who[k]);
+            else if (who[k] <= -2)
+                v->on_pending(v, -2 - who[k]);
+        }
+        if (st != TD_OK)
+            break;
+        for (int l = 0; l < nl; l++) {
+            if (!(pfds[l].revents & POLLIN))
+                continue;
+            for (;;) {
+                int fd = accept4(pfds[l].fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+                if (fd < 0)
+                    break;
+                if (v->npend == TD_RDV_MAX_PENDING)
+                    td_rdv_drop(v, 0);
+                conn_open(&v->pend[v->npend++], fd, v->pend_bytes);
+                v->on_pending(v, v->npend - 1);
+            }
+        }
+    }
+    free(pfds);
+    free(who);
+    return st;
+}

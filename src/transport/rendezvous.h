@@ -1,0 +1,93 @@
+/* Internal to the transports' set-up (tcp_connect.c, shm_connect.c): the steps every transport
+ * takes to connect a group through its store. Each rank counts its generation on the store (so a
+ * group re-created under the same name never reads the last one's keys), publishes where it
+ * listens under "<prefix><generation>/addr/<rank>", and reads its peers' entries; lower ranks
+ * connect to higher ones (one connection per pair) and send a hello, the higher rank answers it.
+ * td_rdv_handshake runs the rest in one poll loop bounded by the group's timeout, so a stray or
+ * silent connection cannot stall the set-up: it accepts connections, hands the bytes of each to
+ * the transport (which checks hellos and answers), and fails at the deadline naming the ranks
+ * still missing. The transport keeps its own formats and checks. */
+#ifndef TDIST_TRANSPORT_RENDEZVOUS_H
+#define TDIST_TRANSPORT_RENDEZVOUS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include "transport/transport.h"
+
+#define TD_RDV_MAX_PENDING 64 /* unidentified accepted connections kept at once */
+
+/* A connection in the handshake, with the bytes read from it so far. */
+typedef struct td_rdv_conn {
+    int fd;
+    int passed_fd; /* an fd that came with its bytes (SCM_RIGHTS), else -1 */
+    uint8_t *buf;
+    size_t got;
+} td_rdv_conn;
+
+typedef struct td_rdv td_rdv;
+
+struct td_rdv {
+    const td_transport_setup *o;
+    const char *what; /* "tcp transport": for messages */
+    const char *prefix;
+    int rank, size;
+    int64_t deadline;
+    int64_t generation;
+    uint64_t nonce;    /* this rank's, random: a peer's hello proves it read this rank's entry */
+    int *fds;          /* per rank: the connection once its handshake is done, else -1 */
+    td_rdv_conn *out;  /* per higher rank: connected, awaiting its answer */
+    td_rdv_conn pend[TD_RDV_MAX_PENDING]; /* accepted, not yet identified */
+    int npend;
+    size_t out_bytes, pend_bytes; /* buffer sizes */
+    char last_refusal[640];
+    /* The transport's steps. on_answer: bytes from higher rank r's connection (a failure ends
+     * the set-up). on_pending: bytes on pending connection i; it consumes the entry (td_rdv_drop
+     * or td_rdv_take) or leaves it for more bytes. */
+    void *arg;
+    td_status (*on_answer)(td_rdv *v, int r);
+    void (*on_pending)(td_rdv *v, int i);
+};
+
+/* Sets up the state (nonce, deadline, arrays) for o. what: "tcp transport"; default_prefix: the
+ * key prefix when o has none; out_bytes, pend_bytes: the buffer of each answer and hello. */
+void td_rdv_init(td_rdv *v, const td_transport_setup *o, const char *what, const char *default_prefix,
+                 size_t out_bytes, size_t pend_bytes);
+/* Closes what is still open (fds too unless keep_fds) and frees the state. */
+void td_rdv_free(td_rdv *v, bool keep_fds);
+
+static inline int td_rdv_grank(const td_rdv *v, int r) { return v->o->global_ranks ? v->o->global_ranks[r] : r; }
+
+/* Counts this rank's generation in the store. */
+td_status td_rdv_generation(td_rdv *v);
+/* Publishes this rank's entry. addr_name names it in errors ("tcp address"). */
+td_status td_rdv_publish(td_rdv *v, const char *value, const char *addr_name);
+/* Waits (until the deadline) for rank r's entry and reads it into text (NUL-terminated; an entry
+ * of size bytes or more is malformed). */
+td_status td_rdv_read(td_rdv *v, int r, const char *addr_name, char *text, size_t size);
+
+/* An abstract UNIX-domain address (a leading NUL: nothing in the file system). */
+socklen_t td_rdv_unix_addr(const char *name, struct sockaddr_un *a);
+/* A non-blocking listening socket on an abstract UNIX-domain address, or -1 (errno set). */
+int td_rdv_unix_listen(const char *name, int backlog);
+/* A blocking connection to one, or -1 (errno set): a listening UNIX socket accepts at once or
+ * refuses, so the connect never waits on a network. */
+int td_rdv_unix_connect(const char *name);
+
+/* Connection fd to higher rank r now awaits its answer. */
+void td_rdv_await(td_rdv *v, int r, int fd);
+/* Pending connection i was refused or is a stray: closed and dropped. */
+void td_rdv_drop(td_rdv *v, int i);
+/* Pending connection i is rank r's: it becomes fds[r]; its passed fd (or -1) is returned. */
+int td_rdv_take(td_rdv *v, int i, int r);
+/* Higher rank r answered: out[r]'s connection becomes fds[r]; its passed fd (or -1) is returned. */
+int td_rdv_answered(td_rdv *v, int r);
+
+/* The poll loop: until every peer is connected (fds), or the deadline (TD_ERR_TIMEOUT naming the
+ * missing ranks and the last refusal), or on_answer fails. Accepts on the listening sockets. */
+td_status td_rdv_handshake(td_rdv *v, const int *listen_fds, int nlisten);
+
+#endif

@@ -5,57 +5,30 @@
 
 #include <string.h>
 
-static void put32(uint8_t *b, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *b, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get32(const uint8_t *b)
-{
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++)
-        v |= (uint32_t)b[i] << (8 * i);
-    return v;
-}
-
-static uint64_t get64(const uint8_t *b)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)b[i] << (8 * i);
-    return v;
-}
+#include "transport/wire.h"
 
 /* Hello: u32 magic, u16 version, u16 type, u32 from, to, world, pid, u64 nonce, seg_size,
  * ring_bytes, small_bytes, slot_bytes, group_hash, u16 msg_len, u16 0, msg (the rest). */
 void td_shm_hello_encode(uint8_t *b, const td_shm_hello *h)
 {
     memset(b, 0, TD_SHM_HELLO_SIZE);
-    put32(b, TD_SHM_MAGIC);
+    td_wire_put32(b, TD_SHM_MAGIC);
     b[4] = TD_SHM_VERSION;
     b[6] = (uint8_t)h->type;
-    put32(b + 8, h->from);
-    put32(b + 12, h->to);
-    put32(b + 16, h->world);
-    put32(b + 20, h->pid);
-    put64(b + 24, h->nonce);
-    put64(b + 32, h->seg_size);
-    put64(b + 40, h->layout.ring_bytes);
-    put64(b + 48, h->layout.small_bytes);
-    put64(b + 56, h->layout.slot_bytes);
-    put64(b + 64, h->group_hash);
+    td_wire_put32(b + 8, h->from);
+    td_wire_put32(b + 12, h->to);
+    td_wire_put32(b + 16, h->world);
+    td_wire_put32(b + 20, h->pid);
+    td_wire_put64(b + 24, h->nonce);
+    td_wire_put64(b + 32, h->seg_size);
+    td_wire_put64(b + 40, h->layout.ring_bytes);
+    td_wire_put64(b + 48, h->layout.small_bytes);
+    td_wire_put64(b + 56, h->layout.slot_bytes);
+    td_wire_put64(b + 64, h->group_hash);
     size_t ml = h->msg ? h->msg_len : 0;
     if (ml > TD_SHM_HELLO_MSG_MAX)
         ml = TD_SHM_HELLO_MSG_MAX;
-    b[72] = (uint8_t)ml;
-    b[73] = (uint8_t)(ml >> 8);
+    td_wire_put16(b + 72, (uint16_t)ml);
     if (ml)
         memcpy(b + 72 + 2, h->msg, ml);
 }
@@ -67,7 +40,7 @@ bool td_shm_hello_parse(const uint8_t *b, size_t n, td_shm_hello *h, const char 
         *why = "a hello of the wrong size";
         return false;
     }
-    if (get32(b) != TD_SHM_MAGIC) {
+    if (td_wire_get32(b) != TD_SHM_MAGIC) {
         *why = "not a tdist shm transport hello (bad magic)";
         return false;
     }
@@ -80,17 +53,17 @@ bool td_shm_hello_parse(const uint8_t *b, size_t n, td_shm_hello *h, const char 
         *why = "a shm transport hello of an unknown type";
         return false;
     }
-    h->from = get32(b + 8);
-    h->to = get32(b + 12);
-    h->world = get32(b + 16);
-    h->pid = get32(b + 20);
-    h->nonce = get64(b + 24);
-    h->seg_size = get64(b + 32);
-    h->layout.ring_bytes = get64(b + 40);
-    h->layout.small_bytes = get64(b + 48);
-    h->layout.slot_bytes = get64(b + 56);
-    h->group_hash = get64(b + 64);
-    size_t ml = b[72] | ((size_t)b[73] << 8);
+    h->from = td_wire_get32(b + 8);
+    h->to = td_wire_get32(b + 12);
+    h->world = td_wire_get32(b + 16);
+    h->pid = td_wire_get32(b + 20);
+    h->nonce = td_wire_get64(b + 24);
+    h->seg_size = td_wire_get64(b + 32);
+    h->layout.ring_bytes = td_wire_get64(b + 40);
+    h->layout.small_bytes = td_wire_get64(b + 48);
+    h->layout.slot_bytes = td_wire_get64(b + 56);
+    h->group_hash = td_wire_get64(b + 64);
+    size_t ml = td_wire_get16(b + 72);
     if (ml > TD_SHM_HELLO_MSG_MAX) {
         *why = "a shm transport hello with an over-long message";
         return false;
@@ -103,14 +76,11 @@ bool td_shm_hello_parse(const uint8_t *b, size_t n, td_shm_hello *h, const char 
 /* Control: u8 type, u8 0, u16 msg_len, i32 status, msg. */
 size_t td_shm_control_encode(uint8_t *f, int type, td_status status, const char *msg)
 {
-    size_t ml = msg ? strlen(msg) : 0;
-    if (ml > TD_SHM_CTRL_MSG_MAX)
-        ml = TD_SHM_CTRL_MSG_MAX;
+    size_t ml = td_wire_msg_len(msg, TD_SHM_CTRL_MSG_MAX);
     f[0] = (uint8_t)type;
     f[1] = 0;
-    f[2] = (uint8_t)ml;
-    f[3] = (uint8_t)(ml >> 8);
-    put32(f + 4, (uint32_t)(int32_t)status);
+    td_wire_put16(f + 2, (uint16_t)ml);
+    td_wire_put32(f + 4, (uint32_t)(int32_t)status);
     if (ml)
         memcpy(f + TD_SHM_CTRL_HDR, msg, ml);
     return TD_SHM_CTRL_HDR + ml;
@@ -125,10 +95,10 @@ td_shm_parse td_shm_control_parse(const uint8_t *b, size_t n, td_shm_control *c,
     c->type = b[0];
     if ((c->type != TD_SHM_CTRL_BYE && c->type != TD_SHM_CTRL_ABORT) || b[1] != 0)
         return TD_SHM_PARSE_BAD;
-    size_t ml = b[2] | ((size_t)b[3] << 8);
+    size_t ml = td_wire_get16(b + 2);
     if (ml > TD_SHM_CTRL_MSG_MAX || (c->type == TD_SHM_CTRL_BYE && ml))
         return TD_SHM_PARSE_BAD;
-    int32_t st = (int32_t)get32(b + 4);
+    int32_t st = (int32_t)td_wire_get32(b + 4);
     /* An abort carries a failure: a status outside the codes tdist defines is malformed. */
     if (c->type == TD_SHM_CTRL_ABORT && (st >= 0 || st < TD_ERR_INTERNAL))
         return TD_SHM_PARSE_BAD;

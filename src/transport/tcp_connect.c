@@ -37,6 +37,7 @@
 #include "net/socket.h"
 #include "transport/rendezvous.h"
 #include "transport/tcp_proto.h"
+#include "transport/wire.h"
 
 /* ---- the bind address ------------------------------------------------------------------------- */
 
@@ -398,10 +399,9 @@ static td_status cma_probe(setup *s)
         if (getsockopt(s->v.fds[r], SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0)
             s->info[r].pid = cred.pid;
         uint8_t m[TD_TCP_CMA_PROBE_SIZE];
-        uint64_t v[3] = {TD_TCP_CMA_PROBE_MAGIC, (uint64_t)(uintptr_t)&word, word};
-        for (int i = 0; i < 3; i++)
-            for (int b = 0; b < 8; b++)
-                m[8 * i + b] = (uint8_t)(v[i] >> (8 * b));
+        td_wire_put64(m, TD_TCP_CMA_PROBE_MAGIC);
+        td_wire_put64(m + 8, (uint64_t)(uintptr_t)&word);
+        td_wire_put64(m + 16, word);
         TD_TRY(td_net_send_all(s->v.fds[r], m, sizeof m, s->v.deadline));
     }
     for (int r = 0; r < s->v.size; r++) {
@@ -411,10 +411,7 @@ static td_status cma_probe(setup *s)
         td_status st = td_net_recv_all(s->v.fds[r], m, sizeof m, s->v.deadline);
         if (st != TD_OK)
             return td_error_prefix(st, "reading rank %d's single-copy probe", td_rdv_grank(&s->v, r));
-        uint64_t v[3] = {0, 0, 0};
-        for (int i = 0; i < 3; i++)
-            for (int b = 0; b < 8; b++)
-                v[i] |= (uint64_t)m[8 * i + b] << (8 * b);
+        uint64_t v[3] = {td_wire_get64(m), td_wire_get64(m + 8), td_wire_get64(m + 16)};
         uint64_t got = 0;
         struct iovec l = {&got, sizeof got}, rem = {(void *)(uintptr_t)v[1], sizeof got};
         bool ok = v[0] == TD_TCP_CMA_PROBE_MAGIC && s->info[r].pid > 0 &&

@@ -6,47 +6,21 @@
 #include <string.h>
 
 #include "transport/transport.h"
-
-static void put_u16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static void put_u32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint16_t get_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-
-static uint32_t get_u32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
-
-static uint64_t get_u64(const uint8_t *p) { return (uint64_t)get_u32(p) | ((uint64_t)get_u32(p + 4) << 32); }
+#include "transport/wire.h"
 
 /* ---- handshake -------------------------------------------------------------------------------- */
 
 size_t td_tcp_hello_encode(uint8_t *b, const td_tcp_hello *h)
 {
-    put_u32(b, TD_TCP_MAGIC);
-    put_u16(b + 4, h->version);
-    put_u16(b + 6, h->flags);
-    put_u32(b + 8, h->from);
-    put_u32(b + 12, h->to);
-    put_u32(b + 16, h->world);
-    put_u64(b + 20, h->nonce);
-    put_u32(b + 28, h->group_len);
-    put_u32(b + 32, h->token_len);
+    td_wire_put32(b, TD_TCP_MAGIC);
+    td_wire_put16(b + 4, h->version);
+    td_wire_put16(b + 6, h->flags);
+    td_wire_put32(b + 8, h->from);
+    td_wire_put32(b + 12, h->to);
+    td_wire_put32(b + 16, h->world);
+    td_wire_put64(b + 20, h->nonce);
+    td_wire_put32(b + 28, h->group_len);
+    td_wire_put32(b + 32, h->token_len);
     if (h->group_len)
         memcpy(b + TD_TCP_HELLO_FIXED, h->group, h->group_len);
     if (h->token_len)
@@ -57,7 +31,7 @@ size_t td_tcp_hello_encode(uint8_t *b, const td_tcp_hello *h)
 td_tcp_parse td_tcp_hello_parse(const uint8_t *b, size_t n, td_tcp_hello *h, size_t *need, const char **why)
 {
     *why = NULL;
-    if (n >= 4 && get_u32(b) != TD_TCP_MAGIC) {
+    if (n >= 4 && td_wire_get32(b) != TD_TCP_MAGIC) {
         *why = "not a tdist tcp transport peer (bad magic)";
         return TD_TCP_PARSE_BAD;
     }
@@ -65,7 +39,7 @@ td_tcp_parse td_tcp_hello_parse(const uint8_t *b, size_t n, td_tcp_hello *h, siz
         *need = TD_TCP_HELLO_FIXED;
         return TD_TCP_PARSE_MORE;
     }
-    uint32_t gl = get_u32(b + 28), tl = get_u32(b + 32);
+    uint32_t gl = td_wire_get32(b + 28), tl = td_wire_get32(b + 32);
     if (gl > TD_TCP_MAX_GROUP_NAME || tl > TD_TCP_MAX_TOKEN) {
         *why = "the hello's group name or token is over the limit";
         return TD_TCP_PARSE_BAD;
@@ -73,12 +47,12 @@ td_tcp_parse td_tcp_hello_parse(const uint8_t *b, size_t n, td_tcp_hello *h, siz
     *need = TD_TCP_HELLO_FIXED + (size_t)gl + tl;
     if (n < *need)
         return TD_TCP_PARSE_MORE;
-    h->version = get_u16(b + 4);
-    h->flags = get_u16(b + 6);
-    h->from = get_u32(b + 8);
-    h->to = get_u32(b + 12);
-    h->world = get_u32(b + 16);
-    h->nonce = get_u64(b + 20);
+    h->version = td_wire_get16(b + 4);
+    h->flags = td_wire_get16(b + 6);
+    h->from = td_wire_get32(b + 8);
+    h->to = td_wire_get32(b + 12);
+    h->world = td_wire_get32(b + 16);
+    h->nonce = td_wire_get64(b + 20);
     h->group = (const char *)b + TD_TCP_HELLO_FIXED;
     h->group_len = gl;
     h->token = h->group + gl;
@@ -88,15 +62,13 @@ td_tcp_parse td_tcp_hello_parse(const uint8_t *b, size_t n, td_tcp_hello *h, siz
 
 size_t td_tcp_reply_encode(uint8_t *b, int rank, int status, unsigned flags, const char *msg)
 {
-    size_t ml = msg ? strlen(msg) : 0;
-    if (ml > TD_TCP_MAX_REPLY_MSG)
-        ml = TD_TCP_MAX_REPLY_MSG;
-    put_u32(b, TD_TCP_MAGIC);
-    put_u16(b + 4, TD_TCP_VERSION);
+    size_t ml = td_wire_msg_len(msg, TD_TCP_MAX_REPLY_MSG);
+    td_wire_put32(b, TD_TCP_MAGIC);
+    td_wire_put16(b + 4, TD_TCP_VERSION);
     b[6] = (uint8_t)status;
     b[7] = (uint8_t)flags;
-    put_u32(b + 8, (uint32_t)rank);
-    put_u32(b + 12, (uint32_t)ml);
+    td_wire_put32(b + 8, (uint32_t)rank);
+    td_wire_put32(b + 12, (uint32_t)ml);
     if (ml)
         memcpy(b + TD_TCP_REPLY_FIXED, msg, ml);
     return TD_TCP_REPLY_FIXED + ml;
@@ -105,7 +77,7 @@ size_t td_tcp_reply_encode(uint8_t *b, int rank, int status, unsigned flags, con
 td_tcp_parse td_tcp_reply_parse(const uint8_t *b, size_t n, td_tcp_reply *r, size_t *need, const char **why)
 {
     *why = NULL;
-    if (n >= 4 && get_u32(b) != TD_TCP_MAGIC) {
+    if (n >= 4 && td_wire_get32(b) != TD_TCP_MAGIC) {
         *why = "malformed handshake answer (bad magic)";
         return TD_TCP_PARSE_BAD;
     }
@@ -113,7 +85,7 @@ td_tcp_parse td_tcp_reply_parse(const uint8_t *b, size_t n, td_tcp_reply *r, siz
         *need = TD_TCP_REPLY_FIXED;
         return TD_TCP_PARSE_MORE;
     }
-    uint32_t ml = get_u32(b + 12);
+    uint32_t ml = td_wire_get32(b + 12);
     if (ml > TD_TCP_MAX_REPLY_MSG) {
         *why = "malformed handshake answer (message over the limit)";
         return TD_TCP_PARSE_BAD;
@@ -121,10 +93,10 @@ td_tcp_parse td_tcp_reply_parse(const uint8_t *b, size_t n, td_tcp_reply *r, siz
     *need = TD_TCP_REPLY_FIXED + (size_t)ml;
     if (n < *need)
         return TD_TCP_PARSE_MORE;
-    r->version = get_u16(b + 4);
+    r->version = td_wire_get16(b + 4);
     r->status = b[6];
     r->flags = b[7];
-    r->rank = get_u32(b + 8);
+    r->rank = td_wire_get32(b + 8);
     r->msg = (const char *)b + TD_TCP_REPLY_FIXED;
     r->msg_len = ml;
     return TD_TCP_PARSE_OK;
@@ -134,14 +106,14 @@ td_tcp_parse td_tcp_reply_parse(const uint8_t *b, size_t n, td_tcp_reply *r, siz
 
 void td_tcp_header_encode(uint8_t *b, uint64_t tag, uint64_t len)
 {
-    put_u64(b, tag);
-    put_u64(b + 8, len);
+    td_wire_put64(b, tag);
+    td_wire_put64(b + 8, len);
 }
 
 void td_tcp_header_decode(const uint8_t *b, uint64_t *tag, uint64_t *len)
 {
-    *tag = get_u64(b);
-    *len = get_u64(b + 8);
+    *tag = td_wire_get64(b);
+    *len = td_wire_get64(b + 8);
 }
 
 size_t td_tcp_control_encode(uint8_t *f, int type, td_status status, const char *msg)
@@ -150,11 +122,9 @@ size_t td_tcp_control_encode(uint8_t *f, int type, td_status status, const char 
     size_t len = 1;
     p[0] = (uint8_t)type;
     if (type == TD_TCP_CTRL_ABORT) {
-        size_t ml = msg ? strlen(msg) : 0;
-        if (ml > TD_TCP_CTRL_MSG_MAX)
-            ml = TD_TCP_CTRL_MSG_MAX;
-        put_u32(p + 1, (uint32_t)(int32_t)status);
-        put_u16(p + 5, (uint16_t)ml);
+        size_t ml = td_wire_msg_len(msg, TD_TCP_CTRL_MSG_MAX);
+        td_wire_put32(p + 1, (uint32_t)(int32_t)status);
+        td_wire_put16(p + 5, (uint16_t)ml);
         if (ml)
             memcpy(p + 7, msg, ml);
         len = 7 + ml;
@@ -175,10 +145,10 @@ bool td_tcp_control_parse(const uint8_t *p, size_t n, uint64_t max_message, td_t
     case TD_TCP_CTRL_ABORT: {
         if (n < 7)
             return false;
-        size_t ml = get_u16(p + 5);
+        size_t ml = td_wire_get16(p + 5);
         if (n != 7 + ml || ml > TD_TCP_CTRL_MSG_MAX)
             return false;
-        int32_t st = (int32_t)get_u32(p + 1);
+        int32_t st = (int32_t)td_wire_get32(p + 1);
         /* Only a failure can be relayed: anything else is not a td_status an abort carries. */
         if (st >= 0 || st < -1000)
             return false;
@@ -190,19 +160,19 @@ bool td_tcp_control_parse(const uint8_t *p, size_t n, uint64_t max_message, td_t
     case TD_TCP_CTRL_RTS: {
         if (n < TD_TCP_RTS_FIXED)
             return false;
-        c->tag = get_u64(p + 1);
-        c->cookie = get_u64(p + 9);
-        c->total = get_u64(p + 17);
-        c->guard_addr = get_u64(p + 25);
-        c->guard_value = get_u64(p + 33);
+        c->tag = td_wire_get64(p + 1);
+        c->cookie = td_wire_get64(p + 9);
+        c->total = td_wire_get64(p + 17);
+        c->guard_addr = td_wire_get64(p + 25);
+        c->guard_value = td_wire_get64(p + 33);
         c->iovcnt = p[41];
         if (c->iovcnt > TD_TCP_RTS_MAX_IOV || n != TD_TCP_RTS_FIXED + 16 * (size_t)c->iovcnt ||
             c->total > max_message)
             return false;
         uint64_t sum = 0;
         for (int i = 0; i < c->iovcnt; i++) {
-            c->addr[i] = get_u64(p + TD_TCP_RTS_FIXED + 16 * i);
-            c->len[i] = get_u64(p + TD_TCP_RTS_FIXED + 8 + 16 * i);
+            c->addr[i] = td_wire_get64(p + TD_TCP_RTS_FIXED + 16 * i);
+            c->len[i] = td_wire_get64(p + TD_TCP_RTS_FIXED + 8 + 16 * i);
             if (c->len[i] > max_message || c->addr[i] + c->len[i] < c->addr[i])
                 return false;
             sum += c->len[i];
@@ -212,8 +182,8 @@ bool td_tcp_control_parse(const uint8_t *p, size_t n, uint64_t max_message, td_t
     case TD_TCP_CTRL_FIN: {
         if (n != 13)
             return false;
-        c->cookie = get_u64(p + 1);
-        int32_t st = (int32_t)get_u32(p + 9);
+        c->cookie = td_wire_get64(p + 1);
+        int32_t st = (int32_t)td_wire_get32(p + 9);
         if (st > 0 || st < -1000)
             return false;
         c->status = (td_status)st;
@@ -229,24 +199,24 @@ size_t td_tcp_rts_encode(uint8_t *p, uint64_t tag, uint64_t cookie, uint64_t gua
 {
     uint64_t total = 0;
     p[0] = TD_TCP_CTRL_RTS;
-    put_u64(p + 1, tag);
-    put_u64(p + 9, cookie);
-    put_u64(p + 25, guard_addr);
-    put_u64(p + 33, guard_value);
+    td_wire_put64(p + 1, tag);
+    td_wire_put64(p + 9, cookie);
+    td_wire_put64(p + 25, guard_addr);
+    td_wire_put64(p + 33, guard_value);
     p[41] = (uint8_t)iovcnt;
     for (int i = 0; i < iovcnt; i++) {
-        put_u64(p + TD_TCP_RTS_FIXED + 16 * i, addr[i]);
-        put_u64(p + TD_TCP_RTS_FIXED + 8 + 16 * i, len[i]);
+        td_wire_put64(p + TD_TCP_RTS_FIXED + 16 * i, addr[i]);
+        td_wire_put64(p + TD_TCP_RTS_FIXED + 8 + 16 * i, len[i]);
         total += len[i];
     }
-    put_u64(p + 17, total);
+    td_wire_put64(p + 17, total);
     return TD_TCP_RTS_FIXED + 16 * (size_t)iovcnt;
 }
 
 size_t td_tcp_fin_encode(uint8_t *p, uint64_t cookie, td_status status)
 {
     p[0] = TD_TCP_CTRL_FIN;
-    put_u64(p + 1, cookie);
-    put_u32(p + 9, (uint32_t)(int32_t)status);
+    td_wire_put64(p + 1, cookie);
+    td_wire_put32(p + 9, (uint32_t)(int32_t)status);
     return 13;
 }

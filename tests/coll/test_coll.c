@@ -8,7 +8,6 @@
  * Also: TDIST_ALGO parsing and its errors, and failures (sizes that disagree, a rank that never
  * comes) that must fail every rank promptly. */
 #include <math.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +18,7 @@
 #include <tdist/store.h>
 #include <tdist/testing.h>
 
+#include "../support/coll_check.h"
 #include "base/clock.h"
 #include "coll/coll.h"
 #include "transport/tcp.h"
@@ -28,183 +28,25 @@
 extern const td_backend_ops td_backend_tcp_ops;
 __attribute__((used)) static const td_backend_ops *const link_tcp_backend = &td_backend_tcp_ops;
 
-/* FileStore counts its handles out with two separate updates, so when ranks close at the same
- * moment the last-handle cleanup can miss and leave the file behind. These tests therefore open it
- * as "never removed" and remove it themselves once every rank has let go (marker files). */
-static td_store *open_store(const char *path)
-{
-    td_store *s = NULL;
-    TD_CHECK_OK(td_file_store_create(path, -1, &s));
-    return s;
-}
-
-static void close_store(const td_test_ctx *ctx, td_store *s, const char *path)
-{
-    td_store_release(s);
-    char mark[1100];
-    if (ctx->rank != 0) {
-        snprintf(mark, sizeof mark, "%s.released.%d", path, ctx->rank);
-        int fd = open(mark, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
-        if (fd >= 0)
-            close(fd);
-        return;
-    }
-    for (int r = 1; r < ctx->world_size; r++) {
-        snprintf(mark, sizeof mark, "%s.released.%d", path, r);
-        for (int i = 0; i < 60000 && access(mark, F_OK) != 0; i++)
-            td_sleep_ms(1);
-        unlink(mark);
-    }
-    unlink(path);
-}
-
 /* ---- set-up ----------------------------------------------------------------------------------- */
 
-typedef struct cw {
-    const td_test_ctx *ctx;
-    td_store *store;
-    td_transport *t;
-    td_coll_ctx c;
-    uint64_t seq;
-} cw;
-
-static cw open_cw_chunk(td_test_ctx *ctx, size_t chunk)
+static cc_world open_cw_chunk(td_test_ctx *ctx, size_t chunk)
 {
-    cw w = {0};
-    w.ctx = ctx;
-    w.store = open_store(ctx->store_path);
-    td_tcp_options o = {.setup.store = w.store, .setup.rank = ctx->rank, .setup.size = ctx->world_size,
-                        .setup.timeout_ms = 30000,
-                        .setup.group_name = "coll"};
-    TD_CHECK_OK(td_tcp_transport_create(&o, &w.t));
-    td_coll_config cfg = {0};
-    cfg.chunk_bytes = chunk;
-    cfg.small_bytes = 2048;
-    TD_CHECK_OK(td_coll_ctx_init(&w.c, w.t, &cfg));
+    cc_world w = {0};
+    w.tw.ctx = ctx;
+    w.tw.store = tu_store_open(ctx->store_path);
+    td_tcp_options o = {.setup = tu_setup(ctx, w.tw.store, 30000, "coll")};
+    TD_CHECK_OK(td_tcp_transport_create(&o, &w.tw.t));
+    cc_world_init(&w, chunk, 2048, NULL, td_coll_run);
     return w;
 }
 
 /* Chunks of 4 KiB, so that pipelining runs on small data. */
-static cw open_cw(td_test_ctx *ctx) { return open_cw_chunk(ctx, 4096); }
-
-static void close_cw(cw *w)
-{
-    td_coll_ctx_free(&w->c);
-    td_transport_destroy(w->t);
-    close_store(w->ctx, w->store, w->ctx->store_path);
-}
-
-static td_coll coll_of(cw *w, td_coll_kind kind, td_dtype dt, size_t count)
-{
-    td_coll c;
-    memset(&c, 0, sizeof c);
-    c.kind = kind;
-    c.dtype = dt;
-    c.op = TD_OP_SUM;
-    c.count = count;
-    c.seq = ++w->seq;
-    c.deadline_ns = td_now_ns() + 60 * 1000000000LL;
-    return c;
-}
-
-static void run(cw *w, const td_coll *c, td_algo a, const char *what)
-{
-    td_test_breadcrumb("%s %s n=%zu %s", what, td_algo_name(a), c->count, td_dtype_name(c->dtype));
-    td_status s = td_coll_run(&w->c, c, a);
-    if (s != TD_OK)
-        TD_FAIL("%s (%s, %zu x %s, op %s, root %d): %s: %s", what, td_algo_name(a), c->count, td_dtype_name(c->dtype),
-                td_reduce_op_name(c->op.kind), c->root, td_status_str(s), td_last_error());
-}
+static cc_world open_cw(td_test_ctx *ctx) { return open_cw_chunk(ctx, 4096); }
 
 /* ---- values ----------------------------------------------------------------------------------- */
 
-static double value(td_reduce_op op, int rank, size_t i)
-{
-    if (op == TD_PRODUCT) {
-        static const double t[3] = {1, 2, -1};
-        return t[(rank + i) % 3];
-    }
-    if (op == TD_BAND || op == TD_BOR || op == TD_BXOR)
-        return (double)((rank * 37 + i * 11 + 5) & 0xFF);
-    return (double)((int)((rank * 7 + i * 3) % 11) - 5);
-}
-
-static void put(td_dtype dt, void *buf, size_t i, double v)
-{
-    switch (dt) {
-    case TD_FLOAT32: ((float *)buf)[i] = (float)v; break;
-    case TD_FLOAT64: ((double *)buf)[i] = v; break;
-    case TD_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
-    case TD_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    case TD_FLOAT16: ((uint16_t *)buf)[i] = td_float_to_half((float)v); break;
-    case TD_BFLOAT16: ((uint16_t *)buf)[i] = td_float_to_bfloat16((float)v); break;
-    default: TD_FAIL("dtype %s not used here", td_dtype_name(dt));
-    }
-}
-
-static double get(td_dtype dt, const void *buf, size_t i)
-{
-    switch (dt) {
-    case TD_FLOAT32: return ((const float *)buf)[i];
-    case TD_FLOAT64: return ((const double *)buf)[i];
-    case TD_INT32: return ((const int32_t *)buf)[i];
-    case TD_INT64: return (double)((const int64_t *)buf)[i];
-    case TD_FLOAT16: return td_half_to_float(((const uint16_t *)buf)[i]);
-    case TD_BFLOAT16: return td_bfloat16_to_float(((const uint16_t *)buf)[i]);
-    default: TD_FAIL("dtype %s not used here", td_dtype_name(dt));
-    }
-}
-
-static void *filled(td_dtype dt, td_reduce_op op, int rank, size_t n)
-{
-    void *b = calloc(n + 1, td_dtype_size(dt));
-    for (size_t i = 0; i < n; i++)
-        put(dt, b, i, value(op, rank, i));
-    return b;
-}
-
-static double expected(td_op op, int ws, size_t i)
-{
-    double acc = value(op.kind, 0, i);
-    for (int r = 1; r < ws; r++) {
-        double v = value(op.kind, r, i);
-        switch (op.kind) {
-        case TD_PRODUCT: acc *= v; break;
-        case TD_MIN: acc = v < acc ? v : acc; break;
-        case TD_MAX: acc = v > acc ? v : acc; break;
-        case TD_BAND: acc = (double)((int64_t)acc & (int64_t)v); break;
-        case TD_BOR: acc = (double)((int64_t)acc | (int64_t)v); break;
-        case TD_BXOR: acc = (double)((int64_t)acc ^ (int64_t)v); break;
-        default: acc += v; break;
-        }
-    }
-    if (op.kind == TD_AVG)
-        acc /= ws;
-    if (op.kind == TD_PREMUL_SUM) {
-        acc = 0;
-        for (int r = 0; r < ws; r++)
-            acc += value(op.kind, r, i) * op.factor;
-    }
-    return acc;
-}
-
-static void check_buf(td_dtype dt, td_op op, const void *buf, size_t n, int ws, const char *what)
-{
-    for (size_t i = 0; i < n; i++) {
-        double want = expected(op, ws, i), got = get(dt, buf, i);
-        double tol = op.kind == TD_AVG ? (dt == TD_BFLOAT16 ? 2e-2 : dt == TD_FLOAT16 ? 2e-3 : 1e-6) * (1 + fabs(want)) : 0;
-        if (!(fabs(got - want) <= tol))
-            TD_FAIL("%s: element %zu of %zu is %.9g, want %.9g (%s, %s)", what, i, n, got, want, td_dtype_name(dt),
-                    td_reduce_op_name(op.kind));
-    }
-}
-
-typedef struct combo {
-    td_dtype dt;
-    td_op op;
-} combo;
-
-static const combo combos[] = {
+static const cc_combo combos[] = {
     {TD_FLOAT32, TD_OP_SUM},  {TD_FLOAT32, TD_OP_MAX},    {TD_FLOAT64, TD_OP_PRODUCT},
     {TD_INT32, TD_OP_MIN},    {TD_INT32, TD_OP_BXOR},     {TD_INT64, TD_OP_BOR},
     {TD_BFLOAT16, TD_OP_SUM}, {TD_FLOAT32, TD_OP_AVG},    {TD_FLOAT16, TD_OP_AVG},
@@ -214,143 +56,83 @@ static const combo combos[] = {
 static const size_t sizes[] = {0, 1, 7, 1000, 20011};
 #define NSIZES (sizeof sizes / sizeof sizes[0])
 
-/* Four test cases per body: world sizes 1 to 4. */
-#define COLL_TEST(name, ...)                                                                   \
-    static void body_##name(td_test_ctx *ctx);                                                 \
-    TD_TEST(name##_1, .world_size = 1, __VA_ARGS__) { body_##name(ctx); }                      \
-    TD_TEST(name##_2, .world_size = 2, __VA_ARGS__) { body_##name(ctx); }                      \
-    TD_TEST(name##_3, .world_size = 3, __VA_ARGS__) { body_##name(ctx); }                      \
-    TD_TEST(name##_4, .world_size = 4, __VA_ARGS__) { body_##name(ctx); }                      \
-    static void body_##name(td_test_ctx *ctx)
-
 /* ---- all_reduce ------------------------------------------------------------------------------- */
 
 static const td_algo allreduce_algos[] = {TD_ALGO_RD, TD_ALGO_RING, TD_ALGO_RHD, TD_ALGO_TREE, TD_ALGO_AUTO};
 
-COLL_TEST(all_reduce, .timeout_s = 120)
+CC_COLL_TEST(all_reduce, .timeout_s = 120)
 {
-    cw w = open_cw(ctx);
-    for (size_t a = 0; a < sizeof allreduce_algos / sizeof allreduce_algos[0]; a++) {
-        for (size_t k = 0; k < NCOMBOS; k++) {
-            for (size_t s = 0; s < NSIZES; s++) {
-                size_t n = sizes[s];
-                void *buf = filled(combos[k].dt, combos[k].op.kind, ctx->rank, n);
-                td_coll c = coll_of(&w, TD_COLL_ALL_REDUCE, combos[k].dt, n);
-                c.op = combos[k].op;
-                c.in = c.out = buf;
-                run(&w, &c, allreduce_algos[a], "all_reduce");
-                check_buf(combos[k].dt, combos[k].op, buf, n, ctx->world_size, td_algo_name(allreduce_algos[a]));
-                free(buf);
-            }
-        }
-    }
-    close_cw(&w);
-}
-
-static uint64_t fnv(const void *p, size_t n)
-{
-    uint64_t h = 1469598103934665603ULL;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ ((const unsigned char *)p)[i]) * 1099511628211ULL;
-    return h;
+    cc_world w = open_cw(ctx);
+    cc_case_all_reduce(&w, allreduce_algos, sizeof allreduce_algos / sizeof allreduce_algos[0], combos, NCOMBOS,
+                       sizes, NSIZES);
+    cc_world_close(&w);
 }
 
 /* Inexact sums (values of every magnitude) must still give the same bits on every rank. */
-COLL_TEST(all_reduce_bit_identical, .timeout_s = 120)
+CC_COLL_TEST(all_reduce_bit_identical, .timeout_s = 120)
 {
-    cw w = open_cw(ctx);
-    const size_t ns[] = {1, 5, 3001, 40009};
-    for (size_t a = 0; a < sizeof allreduce_algos / sizeof allreduce_algos[0]; a++) {
-        for (size_t s = 0; s < sizeof ns / sizeof ns[0]; s++) {
-            for (int dti = 0; dti < 3; dti++) {
-                td_dtype dt = dti == 0 ? TD_FLOAT32 : dti == 1 ? TD_BFLOAT16 : TD_FLOAT64;
-                size_t n = ns[s];
-                void *buf = calloc(n, td_dtype_size(dt));
-                for (size_t i = 0; i < n; i++)
-                    put(dt, buf, i, sin((double)i * 0.37 + ctx->rank * 1.91) * pow(10, (double)((i + ctx->rank) % 9) - 4));
-                td_coll c = coll_of(&w, TD_COLL_ALL_REDUCE, dt, n);
-                c.op = dti == 2 ? TD_OP_AVG : TD_OP_SUM;
-                c.in = c.out = buf;
-                run(&w, &c, allreduce_algos[a], "all_reduce");
-                char key[96], val[32];
-                snprintf(key, sizeof key, "hash/%zu/%zu/%d/%d", a, s, dti, ctx->rank);
-                snprintf(val, sizeof val, "%016llx", (unsigned long long)fnv(buf, n * td_dtype_size(dt)));
-                TD_CHECK_OK(td_store_set_str(w.store, key, val));
-                for (int r = 0; r < ctx->world_size; r++) {
-                    snprintf(key, sizeof key, "hash/%zu/%zu/%d/%d", a, s, dti, r);
-                    void *v = NULL;
-                    size_t len = 0;
-                    TD_CHECK_OK(td_store_get(w.store, key, &v, &len));
-                    TD_CHECK_MSG(strcmp(v, val) == 0, "%s all_reduce of %zu %s: rank %d and rank %d differ",
-                                 td_algo_name(allreduce_algos[a]), n, td_dtype_name(dt), ctx->rank, r);
-                    free(v);
-                }
-                free(buf);
-            }
-        }
-    }
-    close_cw(&w);
+    cc_world w = open_cw(ctx);
+    cc_case_all_reduce_bit_identical(&w, allreduce_algos, sizeof allreduce_algos / sizeof allreduce_algos[0]);
+    cc_world_close(&w);
 }
-
-static void **blocks(int n, size_t count, td_dtype dt);
-static void free_blocks(void **b, int n);
 
 /* Large messages with the default chunk size: between ranks of one host these chunks go by single
  * copy from the sender's memory (transport/tcp.h). */
-COLL_TEST(large_messages, .timeout_s = 120)
+CC_COLL_TEST(large_messages, .timeout_s = 120)
 {
-    cw w = open_cw_chunk(ctx, 256 << 10);
+    cc_world w = open_cw_chunk(ctx, 256 << 10);
     int ws = ctx->world_size;
     size_t n = 300007; /* 1.2 MB of float32, several chunks */
     for (size_t a = 0; a < 4; a++) {
-        float *buf = filled(TD_FLOAT32, TD_SUM, ctx->rank, n);
-        td_coll c = coll_of(&w, TD_COLL_ALL_REDUCE, TD_FLOAT32, n);
+        float *buf = cc_filled(TD_FLOAT32, TD_SUM, ctx->rank, n);
+        td_coll c = cc_coll_of(&w, TD_COLL_ALL_REDUCE, TD_FLOAT32, n);
         c.in = c.out = buf;
-        run(&w, &c, allreduce_algos[a], "all_reduce");
-        check_buf(TD_FLOAT32, TD_OP_SUM, buf, n, ws, td_algo_name(allreduce_algos[a]));
+        cc_run(&w, &c, allreduce_algos[a], "all_reduce");
+        cc_check_buf(TD_FLOAT32, TD_OP_SUM, buf, n, ws, 0, td_algo_name(allreduce_algos[a]));
         free(buf);
     }
     for (int chain = 0; chain < 2; chain++) {
-        float *buf = filled(TD_FLOAT32, TD_SUM, ctx->rank, n);
-        td_coll c = coll_of(&w, TD_COLL_BROADCAST, TD_FLOAT32, n);
+        float *buf = cc_filled(TD_FLOAT32, TD_SUM, ctx->rank, n);
+        td_coll c = cc_coll_of(&w, TD_COLL_BROADCAST, TD_FLOAT32, n);
         c.root = ws - 1;
         c.in = c.out = buf;
-        run(&w, &c, chain ? TD_ALGO_RING : TD_ALGO_TREE, "broadcast");
+        cc_run(&w, &c, chain ? TD_ALGO_RING : TD_ALGO_TREE, "broadcast");
         for (size_t i = 0; i < n; i++)
-            TD_CHECK_MSG(get(TD_FLOAT32, buf, i) == value(TD_SUM, ws - 1, i), "broadcast element %zu", i);
+            TD_CHECK_MSG(cc_get(TD_FLOAT32, buf, i) == cc_value(TD_SUM, ws - 1, i), "broadcast element %zu", i);
         free(buf);
-        buf = filled(TD_FLOAT32, TD_SUM, ctx->rank, n);
-        c = coll_of(&w, TD_COLL_REDUCE, TD_FLOAT32, n);
+        buf = cc_filled(TD_FLOAT32, TD_SUM, ctx->rank, n);
+        c = cc_coll_of(&w, TD_COLL_REDUCE, TD_FLOAT32, n);
         c.in = c.out = buf;
-        run(&w, &c, chain ? TD_ALGO_RING : TD_ALGO_TREE, "reduce");
+        cc_run(&w, &c, chain ? TD_ALGO_RING : TD_ALGO_TREE, "reduce");
         if (ctx->rank == 0)
-            check_buf(TD_FLOAT32, TD_OP_SUM, buf, n, ws, "reduce");
+            cc_check_buf(TD_FLOAT32, TD_OP_SUM, buf, n, ws, 0, "reduce");
         free(buf);
     }
     size_t *counts = calloc((size_t)ws, sizeof *counts);
-    void **out = blocks(ws, n, TD_FLOAT32);
-    float *in = filled(TD_FLOAT32, TD_SUM, ctx->rank, n);
+    void **out = cc_blocks(ws, n, TD_FLOAT32);
+    float *in = cc_filled(TD_FLOAT32, TD_SUM, ctx->rank, n);
     for (int r = 0; r < ws; r++)
         counts[r] = n;
-    td_coll c = coll_of(&w, TD_COLL_ALL_GATHER, TD_FLOAT32, n);
+    td_coll c = cc_coll_of(&w, TD_COLL_ALL_GATHER, TD_FLOAT32, n);
     c.in = in;
     c.out_blocks = out;
     c.out_counts = counts;
-    run(&w, &c, TD_ALGO_RING, "all_gather");
+    cc_run(&w, &c, TD_ALGO_RING, "all_gather");
     for (int r = 0; r < ws; r++)
         for (size_t i = 0; i < n; i += 7)
-            TD_CHECK_MSG(get(TD_FLOAT32, out[r], i) == value(TD_SUM, r, i), "all_gather block %d element %zu", r, i);
-    free_blocks(out, ws);
+            TD_CHECK_MSG(cc_get(TD_FLOAT32, out[r], i) == cc_value(TD_SUM, r, i), "all_gather block %d element %zu", r,
+                         i);
+    cc_free_blocks(out, ws);
     free(in);
     free(counts);
-    close_cw(&w);
+    cc_world_close(&w);
 }
 
 /* ---- broadcast and reduce --------------------------------------------------------------------- */
 
-COLL_TEST(broadcast, .timeout_s = 120)
+CC_COLL_TEST(broadcast, .timeout_s = 120)
 {
-    cw w = open_cw(ctx);
+    cc_world w = open_cw(ctx);
     const td_algo algos[] = {TD_ALGO_TREE, TD_ALGO_RING};
     for (size_t a = 0; a < 2; a++) {
         for (int root = 0; root < ctx->world_size; root++) {
@@ -358,69 +140,54 @@ COLL_TEST(broadcast, .timeout_s = 120)
                 for (int d = 0; d < 2; d++) {
                     td_dtype dt = d ? TD_INT64 : TD_FLOAT32;
                     size_t n = sizes[s];
-                    void *buf = filled(dt, TD_SUM, ctx->rank, n);
-                    td_coll c = coll_of(&w, TD_COLL_BROADCAST, dt, n);
+                    void *buf = cc_filled(dt, TD_SUM, ctx->rank, n);
+                    td_coll c = cc_coll_of(&w, TD_COLL_BROADCAST, dt, n);
                     c.root = root;
                     c.in = c.out = buf;
-                    run(&w, &c, algos[a], "broadcast");
+                    cc_run(&w, &c, algos[a], "broadcast");
                     for (size_t i = 0; i < n; i++)
-                        TD_CHECK_MSG(get(dt, buf, i) == value(TD_SUM, root, i), "broadcast %s root %d: element %zu",
-                                     td_algo_name(algos[a]), root, i);
+                        TD_CHECK_MSG(cc_get(dt, buf, i) == cc_value(TD_SUM, root, i),
+                                     "broadcast %s root %d: element %zu", td_algo_name(algos[a]), root, i);
                     free(buf);
                 }
             }
         }
     }
-    close_cw(&w);
+    cc_world_close(&w);
 }
 
-COLL_TEST(reduce, .timeout_s = 120)
+CC_COLL_TEST(reduce, .timeout_s = 120)
 {
-    cw w = open_cw(ctx);
+    cc_world w = open_cw(ctx);
     const td_algo algos[] = {TD_ALGO_TREE, TD_ALGO_RING};
-    const combo cs[] = {{TD_FLOAT32, TD_OP_SUM}, {TD_INT32, TD_OP_MAX}, {TD_FLOAT64, TD_OP_AVG},
+    const cc_combo cs[] = {{TD_FLOAT32, TD_OP_SUM}, {TD_INT32, TD_OP_MAX}, {TD_FLOAT64, TD_OP_AVG},
                         {TD_FLOAT32, TD_OP_PREMUL_SUM(0.5)}, {TD_INT64, TD_OP_PRODUCT}};
     for (size_t a = 0; a < 2; a++) {
         for (int root = 0; root < ctx->world_size; root++) {
             for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
                 for (size_t s = 0; s < NSIZES; s++) {
                     size_t n = sizes[s];
-                    void *buf = filled(cs[k].dt, cs[k].op.kind, ctx->rank, n);
-                    td_coll c = coll_of(&w, TD_COLL_REDUCE, cs[k].dt, n);
+                    void *buf = cc_filled(cs[k].dt, cs[k].op.kind, ctx->rank, n);
+                    td_coll c = cc_coll_of(&w, TD_COLL_REDUCE, cs[k].dt, n);
                     c.root = root;
                     c.op = cs[k].op;
                     c.in = c.out = buf;
-                    run(&w, &c, algos[a], "reduce");
+                    cc_run(&w, &c, algos[a], "reduce");
                     if (ctx->rank == root)
-                        check_buf(cs[k].dt, cs[k].op, buf, n, ctx->world_size, "reduce");
+                        cc_check_buf(cs[k].dt, cs[k].op, buf, n, ctx->world_size, 0, "reduce");
                     free(buf);
                 }
             }
         }
     }
-    close_cw(&w);
+    cc_world_close(&w);
 }
 
 /* ---- gathers and scatters --------------------------------------------------------------------- */
 
-static void **blocks(int n, size_t count, td_dtype dt)
+CC_COLL_TEST(all_gather, .timeout_s = 120)
 {
-    void **b = calloc((size_t)n, sizeof *b);
-    for (int r = 0; r < n; r++)
-        b[r] = calloc(count + 1, td_dtype_size(dt));
-    return b;
-}
-
-static void free_blocks(void **b, int n)
-{
-    for (int r = 0; r < n; r++)
-        free(b[r]);
-    free(b);
-}
-
-COLL_TEST(all_gather, .timeout_s = 120)
-{
-    cw w = open_cw(ctx);
+    cc_world w = open_cw(ctx);
     int ws = ctx->world_size;
     const td_algo algos[] = {TD_ALGO_RING, TD_ALGO_BRUCK, TD_ALGO_AUTO};
     size_t *counts = calloc((size_t)ws, sizeof *counts);
@@ -428,8 +195,8 @@ COLL_TEST(all_gather, .timeout_s = 120)
         for (size_t s = 0; s < NSIZES; s++) {
             for (int inplace = 0; inplace < 2; inplace++) {
                 size_t n = sizes[s];
-                void **out = blocks(ws, n, TD_FLOAT32);
-                void *in = filled(TD_FLOAT32, TD_SUM, ctx->rank, n);
+                void **out = cc_blocks(ws, n, TD_FLOAT32);
+                void *in = cc_filled(TD_FLOAT32, TD_SUM, ctx->rank, n);
                 if (inplace) {
                     memcpy(out[ctx->rank], in, n * 4);
                     free(in);
@@ -437,28 +204,28 @@ COLL_TEST(all_gather, .timeout_s = 120)
                 }
                 for (int r = 0; r < ws; r++)
                     counts[r] = n;
-                td_coll c = coll_of(&w, TD_COLL_ALL_GATHER, TD_FLOAT32, n);
+                td_coll c = cc_coll_of(&w, TD_COLL_ALL_GATHER, TD_FLOAT32, n);
                 c.in = in;
                 c.out_blocks = out;
                 c.out_counts = counts;
-                run(&w, &c, algos[a], "all_gather");
+                cc_run(&w, &c, algos[a], "all_gather");
                 for (int r = 0; r < ws; r++)
                     for (size_t i = 0; i < n; i++)
-                        TD_CHECK_MSG(get(TD_FLOAT32, out[r], i) == value(TD_SUM, r, i),
+                        TD_CHECK_MSG(cc_get(TD_FLOAT32, out[r], i) == cc_value(TD_SUM, r, i),
                                      "all_gather %s: block %d element %zu", td_algo_name(algos[a]), r, i);
                 if (!inplace)
                     free(in);
-                free_blocks(out, ws);
+                cc_free_blocks(out, ws);
             }
         }
     }
     free(counts);
-    close_cw(&w);
+    cc_world_close(&w);
 }
 
-COLL_TEST(gather_scatter, .timeout_s = 120)
+CC_COLL_TEST(gather_scatter, .timeout_s = 120)
 {
-    cw w = open_cw(ctx);
+    cc_world w = open_cw(ctx);
     int ws = ctx->world_size;
     const td_algo algos[] = {TD_ALGO_DIRECT, TD_ALGO_TREE};
     size_t *counts = calloc((size_t)ws, sizeof *counts);
@@ -469,58 +236,58 @@ COLL_TEST(gather_scatter, .timeout_s = 120)
                 for (int r = 0; r < ws; r++)
                     counts[r] = n;
                 /* gather */
-                void *in = filled(TD_INT32, TD_SUM, ctx->rank, n);
-                void **out = ctx->rank == root ? blocks(ws, n, TD_INT32) : NULL;
-                td_coll c = coll_of(&w, TD_COLL_GATHER, TD_INT32, n);
+                void *in = cc_filled(TD_INT32, TD_SUM, ctx->rank, n);
+                void **out = ctx->rank == root ? cc_blocks(ws, n, TD_INT32) : NULL;
+                td_coll c = cc_coll_of(&w, TD_COLL_GATHER, TD_INT32, n);
                 c.root = root;
                 c.in = in;
                 c.out_blocks = out;
                 c.out_counts = out ? counts : NULL;
-                run(&w, &c, algos[a], "gather");
+                cc_run(&w, &c, algos[a], "gather");
                 if (out) {
                     for (int r = 0; r < ws; r++)
                         for (size_t i = 0; i < n; i++)
-                            TD_CHECK_MSG(get(TD_INT32, out[r], i) == value(TD_SUM, r, i),
+                            TD_CHECK_MSG(cc_get(TD_INT32, out[r], i) == cc_value(TD_SUM, r, i),
                                          "gather %s root %d: block %d element %zu", td_algo_name(algos[a]), root, r, i);
-                    free_blocks(out, ws);
+                    cc_free_blocks(out, ws);
                 }
                 free(in);
-                /* scatter: block r of the root holds value(r + 100) */
+                /* scatter: block r of the root holds cc_value(r + 100) */
                 void **ins = NULL;
                 if (ctx->rank == root) {
-                    ins = blocks(ws, n, TD_INT32);
+                    ins = cc_blocks(ws, n, TD_INT32);
                     for (int r = 0; r < ws; r++)
                         for (size_t i = 0; i < n; i++)
-                            put(TD_INT32, ins[r], i, value(TD_SUM, r + 100, i));
+                            cc_put(TD_INT32, ins[r], i, cc_value(TD_SUM, r + 100, i));
                 }
                 void *o = calloc(n + 1, 4);
-                c = coll_of(&w, TD_COLL_SCATTER, TD_INT32, n);
+                c = cc_coll_of(&w, TD_COLL_SCATTER, TD_INT32, n);
                 c.root = root;
                 c.out = o;
                 c.in_blocks = (const void *const *)ins;
                 c.in_counts = ins ? counts : NULL;
-                run(&w, &c, algos[a], "scatter");
+                cc_run(&w, &c, algos[a], "scatter");
                 for (size_t i = 0; i < n; i++)
-                    TD_CHECK_MSG(get(TD_INT32, o, i) == value(TD_SUM, ctx->rank + 100, i),
+                    TD_CHECK_MSG(cc_get(TD_INT32, o, i) == cc_value(TD_SUM, ctx->rank + 100, i),
                                  "scatter %s root %d: element %zu", td_algo_name(algos[a]), root, i);
                 free(o);
                 if (ins)
-                    free_blocks(ins, ws);
+                    cc_free_blocks(ins, ws);
             }
         }
     }
     free(counts);
-    close_cw(&w);
+    cc_world_close(&w);
 }
 
 /* ---- reduce_scatter --------------------------------------------------------------------------- */
 
-COLL_TEST(reduce_scatter, .timeout_s = 120)
+CC_COLL_TEST(reduce_scatter, .timeout_s = 120)
 {
-    cw w = open_cw(ctx);
+    cc_world w = open_cw(ctx);
     int ws = ctx->world_size;
     const td_algo algos[] = {TD_ALGO_RING, TD_ALGO_DIRECT, TD_ALGO_AUTO};
-    const combo cs[] = {{TD_FLOAT32, TD_OP_SUM}, {TD_INT32, TD_OP_MIN}, {TD_FLOAT64, TD_OP_AVG},
+    const cc_combo cs[] = {{TD_FLOAT32, TD_OP_SUM}, {TD_INT32, TD_OP_MIN}, {TD_FLOAT64, TD_OP_AVG},
                         {TD_FLOAT32, TD_OP_PREMUL_SUM(0.5)}, {TD_BFLOAT16, TD_OP_MAX}};
     size_t *counts = calloc((size_t)ws, sizeof *counts);
     for (size_t a = 0; a < 3; a++) {
@@ -531,24 +298,24 @@ COLL_TEST(reduce_scatter, .timeout_s = 120)
                     td_dtype dt = cs[k].dt;
                     size_t es = td_dtype_size(dt);
                     /* One flat input; rank r's block is [r*n, (r+1)*n), shifted by r*... so that
-                     * every block has its own values: block b of rank p holds value(p, b*n + i). */
-                    char *flat = filled(dt, cs[k].op.kind, ctx->rank, n * (size_t)ws);
+                     * every block has its own values: block b of rank p holds cc_value(p, b*n + i). */
+                    char *flat = cc_filled(dt, cs[k].op.kind, ctx->rank, n * (size_t)ws);
                     const void **inb = calloc((size_t)ws, sizeof *inb);
                     for (int r = 0; r < ws; r++) {
                         inb[r] = flat + (size_t)r * n * es;
                         counts[r] = n;
                     }
                     void *out = inplace ? (void *)inb[ctx->rank] : calloc(n + 1, es);
-                    td_coll c = coll_of(&w, TD_COLL_REDUCE_SCATTER, dt, n);
+                    td_coll c = cc_coll_of(&w, TD_COLL_REDUCE_SCATTER, dt, n);
                     c.op = cs[k].op;
                     c.in_blocks = (const void *const *)inb;
                     c.in_counts = counts;
                     c.out = out;
-                    run(&w, &c, algos[a], "reduce_scatter");
-                    /* expected(op, ws, i) is over value(op, r, i); here the index is offset. */
+                    cc_run(&w, &c, algos[a], "reduce_scatter");
+                    /* cc_expected(op, ws, i) is over cc_value(op, r, i); here the index is offset. */
                     for (size_t i = 0; i < n; i++) {
                         size_t gi = (size_t)ctx->rank * n + i;
-                        double want = expected(cs[k].op, ws, gi), got = get(dt, out, i);
+                        double want = cc_expected(cs[k].op, ws, gi), got = cc_get(dt, out, i);
                         double tol = cs[k].op.kind == TD_AVG ? 1e-9 * (1 + fabs(want)) : 0;
                         TD_CHECK_MSG(fabs(got - want) <= tol, "reduce_scatter %s %s %s%s: element %zu is %g, want %g",
                                      td_algo_name(algos[a]), td_dtype_name(dt), td_reduce_op_name(cs[k].op.kind),
@@ -563,16 +330,16 @@ COLL_TEST(reduce_scatter, .timeout_s = 120)
         }
     }
     free(counts);
-    close_cw(&w);
+    cc_world_close(&w);
 }
 
 /* ---- all_to_all ------------------------------------------------------------------------------- */
 
 static size_t a2a_count(int src, int dst, size_t base) { return base + (size_t)((src * 2 + dst) % 4); }
 
-COLL_TEST(all_to_all, .timeout_s = 120)
+CC_COLL_TEST(all_to_all, .timeout_s = 120)
 {
-    cw w = open_cw(ctx);
+    cc_world w = open_cw(ctx);
     int ws = ctx->world_size, me = ctx->rank;
     const td_algo algos[] = {TD_ALGO_PAIRWISE, TD_ALGO_DIRECT, TD_ALGO_AUTO};
     const size_t bases[] = {0, 3, 5000};
@@ -588,12 +355,12 @@ COLL_TEST(all_to_all, .timeout_s = 120)
                 for (size_t i = 0; i < icount[p]; i++)
                     ((int64_t *)in[p])[i] = (int64_t)(me * 1000000 + p * 10000) + (int64_t)i;
             }
-            td_coll c = coll_of(&w, TD_COLL_ALL_TO_ALL, TD_INT64, 0);
+            td_coll c = cc_coll_of(&w, TD_COLL_ALL_TO_ALL, TD_INT64, 0);
             c.in_blocks = (const void *const *)in;
             c.in_counts = icount;
             c.out_blocks = out;
             c.out_counts = ocount;
-            run(&w, &c, algos[a], "all_to_all");
+            cc_run(&w, &c, algos[a], "all_to_all");
             for (int p = 0; p < ws; p++)
                 for (size_t i = 0; i < ocount[p]; i++)
                     TD_CHECK_MSG(((int64_t *)out[p])[i] == (int64_t)(p * 1000000 + me * 10000) + (int64_t)i,
@@ -621,12 +388,12 @@ COLL_TEST(all_to_all, .timeout_s = 120)
             for (size_t i = 0; i < n; i++)
                 flat[(size_t)p * n + i] = me * 1000000 + p * 10000 + (int64_t)i;
         }
-        td_coll c = coll_of(&w, TD_COLL_ALL_TO_ALL, TD_INT64, 0);
+        td_coll c = cc_coll_of(&w, TD_COLL_ALL_TO_ALL, TD_INT64, 0);
         c.in_blocks = (const void *const *)b;
         c.in_counts = counts;
         c.out_blocks = b;
         c.out_counts = counts;
-        run(&w, &c, algos[a], "all_to_all in place");
+        cc_run(&w, &c, algos[a], "all_to_all in place");
         for (int p = 0; p < ws; p++)
             for (size_t i = 0; i < n; i++)
                 TD_CHECK_MSG(flat[(size_t)p * n + i] == p * 1000000 + me * 10000 + (int64_t)i,
@@ -635,30 +402,30 @@ COLL_TEST(all_to_all, .timeout_s = 120)
         free(b);
         free(counts);
     }
-    close_cw(&w);
+    cc_world_close(&w);
 }
 
 /* ---- barrier ---------------------------------------------------------------------------------- */
 
-COLL_TEST(barrier)
+CC_COLL_TEST(barrier)
 {
-    cw w = open_cw(ctx);
+    cc_world w = open_cw(ctx);
     for (int round = 0; round < 3; round++) {
         td_sleep_ms(30 * ((ctx->rank + round) % ctx->world_size));
         char key[64];
         snprintf(key, sizeof key, "arrived/%d/%d", round, ctx->rank);
-        TD_CHECK_OK(td_store_set_str(w.store, key, "1"));
-        td_coll c = coll_of(&w, TD_COLL_BARRIER, TD_UINT8, 0);
-        run(&w, &c, round == 0 ? TD_ALGO_DISSEMINATION : TD_ALGO_AUTO, "barrier");
+        TD_CHECK_OK(td_store_set_str(w.tw.store, key, "1"));
+        td_coll c = cc_coll_of(&w, TD_COLL_BARRIER, TD_UINT8, 0);
+        cc_run(&w, &c, round == 0 ? TD_ALGO_DISSEMINATION : TD_ALGO_AUTO, "barrier");
         for (int r = 0; r < ctx->world_size; r++) {
             snprintf(key, sizeof key, "arrived/%d/%d", round, r);
             const char *k = key;
             bool ready = false;
-            TD_CHECK_OK(td_store_check(w.store, &k, 1, &ready));
+            TD_CHECK_OK(td_store_check(w.tw.store, &k, 1, &ready));
             TD_CHECK_MSG(ready, "rank %d left barrier %d before rank %d arrived", ctx->rank, round, r);
         }
     }
-    close_cw(&w);
+    cc_world_close(&w);
 }
 
 /* ---- failures --------------------------------------------------------------------------------- */
@@ -667,39 +434,39 @@ COLL_TEST(barrier)
  * learn that the group broke. */
 TD_TEST(size_disagreement_fails_every_rank, .world_size = 3)
 {
-    cw w = open_cw(ctx);
+    cc_world w = open_cw(ctx);
     size_t n = ctx->rank == 1 ? 5000 : 4000;
     float *buf = calloc(n, sizeof *buf);
-    td_coll c = coll_of(&w, TD_COLL_ALL_REDUCE, TD_FLOAT32, n);
+    td_coll c = cc_coll_of(&w, TD_COLL_ALL_REDUCE, TD_FLOAT32, n);
     c.in = c.out = buf;
     int64_t t0 = td_now_ns();
     td_status s = td_coll_run(&w.c, &c, TD_ALGO_RING);
     TD_CHECK_MSG(s == TD_ERR_INVALID || s == TD_ERR_PEER_LOST, "got %s: %s", td_status_str(s), td_last_error());
     TD_CHECK((td_now_ns() - t0) / 1e9 < 20);
     free(buf);
-    close_cw(&w);
+    cc_world_close(&w);
 }
 
 /* A rank that never joins the collective: the others time out at the deadline, and the timeout
  * breaks the group for the latecomer at once. */
 TD_TEST(collective_timeout, .world_size = 2)
 {
-    cw w = open_cw(ctx);
+    cc_world w = open_cw(ctx);
     float v = 1;
-    td_coll c = coll_of(&w, TD_COLL_ALL_REDUCE, TD_FLOAT32, 1);
+    td_coll c = cc_coll_of(&w, TD_COLL_ALL_REDUCE, TD_FLOAT32, 1);
     c.in = c.out = &v;
     if (ctx->rank == 0) {
         c.deadline_ns = td_now_ns() + 300 * 1000000LL;
         TD_CHECK_ERR(td_coll_run(&w.c, &c, TD_ALGO_AUTO), TD_ERR_TIMEOUT, "Timed out waiting for a receive from rank 1");
-        TD_CHECK_OK(td_store_set_str(w.store, "timed_out", "1"));
+        TD_CHECK_OK(td_store_set_str(w.tw.store, "timed_out", "1"));
     } else {
         const char *k = "timed_out";
-        TD_CHECK_OK(td_store_wait(w.store, &k, 1, 30000));
+        TD_CHECK_OK(td_store_wait(w.tw.store, &k, 1, 30000));
         /* Another collective than the one rank 0 gave up on (whose data did arrive). */
         c.seq = 99;
         TD_CHECK_ERR(td_coll_run(&w.c, &c, TD_ALGO_AUTO), TD_ERR_PEER_LOST, "Connection to rank 0 lost");
     }
-    close_cw(&w);
+    cc_world_close(&w);
 }
 
 /* ---- configuration ---------------------------------------------------------------------------- */
@@ -733,7 +500,7 @@ TD_TEST(algo_config)
 TD_TEST(algo_env_fails_group_creation, .world_size = 2)
 {
     setenv("TDIST_ALGO", "all_reduce=bogus", 1);
-    td_store *store = open_store(ctx->store_path);
+    td_store *store = tu_store_open(ctx->store_path);
     td_pg_options o = TD_PG_OPTIONS_INIT;
     o.backend = "tcp";
     o.store = store;
@@ -743,14 +510,14 @@ TD_TEST(algo_env_fails_group_creation, .world_size = 2)
     td_pg *pg = NULL;
     TD_CHECK_ERR(td_pg_create(&o, &pg), TD_ERR_INVALID, "TDIST_ALGO: unknown algorithm 'bogus'");
     unsetenv("TDIST_ALGO");
-    close_store(ctx, store, ctx->store_path);
+    tu_store_close(ctx, store, ctx->store_path);
 }
 
 /* Forcing through the environment reaches the backend: a group with TDIST_ALGO=rhd still sums. */
 TD_TEST(algo_env_forces_backend, .world_size = 3)
 {
     setenv("TDIST_ALGO", "rhd", 1);
-    td_store *store = open_store(ctx->store_path);
+    td_store *store = tu_store_open(ctx->store_path);
     td_pg_options o = TD_PG_OPTIONS_INIT;
     o.backend = "tcp";
     o.store = store;
@@ -770,7 +537,7 @@ TD_TEST(algo_env_forces_backend, .world_size = 3)
     }
     td_tensor_release(t);
     td_pg_destroy(pg);
-    close_store(ctx, store, ctx->store_path);
+    tu_store_close(ctx, store, ctx->store_path);
 }
 
 TD_TEST_MAIN()

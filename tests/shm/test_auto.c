@@ -12,10 +12,10 @@
 #include <unistd.h>
 
 #include "../pg/pg_util.h"
+#include "../support/transport_util.h"
 #include "backends/auto.h"
 #include "base/clock.h"
 #include "pg/pg_impl.h"
-#include "shm_util.h"
 #include "transport/tcp.h"
 
 /* Each rank is a fresh process with no thread of the library yet: setting the variable is safe. */
@@ -239,7 +239,7 @@ static void killed_body(td_test_ctx *ctx, int victim)
     TD_CHECK_MSG(failed_at - killed_at < 2000, "survivor failed %lld ms after the kill",
                  (long long)(failed_at - killed_at));
     TD_CHECK_ERR(td_pg_barrier(pg, NULL), TD_ERR_PEER_LOST, name);
-    shm_test_no_segments();
+    tu_no_segments();
     td_tensor_release(t);
     td_pg_destroy(pg);
 }

@@ -441,26 +441,56 @@ static td_status begin_keys_request(tcp_store *t, uint8_t cmd, const char *const
     return TD_OK;
 }
 
+/* One request about one key and its reply: the shape of GET, ADD, COMPARE_SET, DELETE_KEY and
+ * APPEND. The values (checked against the limit first) and then, for ADD, the delta follow the key.
+ * Called with t->mu held; the reply's body lives in the handle's buffer until the next call. */
+typedef struct {
+    uint8_t cmd;
+    const char *prefix, *key;
+    int nval;
+    const void *val[2];
+    size_t len[2];
+    const int64_t *delta;
+    uint64_t max_body;
+    bool owned; /* the reply's body is handed to the caller (r->owned) */
+} key_request;
+
+static td_status key_call(tcp_store *t, const key_request *q, int64_t deadline, reply *r)
+{
+    size_t off;
+    td_status st = ready(t, deadline);
+    for (int i = 0; st == TD_OK && i < q->nval; i++)
+        st = check_value(t, q->len[i]);
+    if (st == TD_OK)
+        st = begin_key_request(t, q->cmd, q->prefix, q->key, &off);
+    if (st != TD_OK)
+        return st;
+    for (int i = 0; i < q->nval; i++)
+        td_store_put_value(&t->out, q->val[i], q->len[i]);
+    if (q->delta)
+        td_store_put_i64(&t->out, *q->delta);
+    td_store_msg_end(&t->out, off);
+    return roundtrip(t, q->cmd, deadline, q->max_body, q->owned, r);
+}
+
+/* A reply that must be a 64-bit integer (ADD, NUM_KEYS). */
+static td_status reply_i64(tcp_store *t, const reply *r, const char *what, int64_t *out)
+{
+    if (r->len != 8)
+        return td_error(TD_ERR_IO, "TCPStore %s: malformed reply from %s", what, t->where);
+    *out = (int64_t)td_store_get_u64(r->body);
+    return TD_OK;
+}
+
 static td_status add_raw(tcp_store *t, const char *prefix, const char *key, int64_t delta, int64_t *result)
 {
+    key_request q = {.cmd = TD_STORE_CMD_ADD, .prefix = prefix, .key = key, .delta = &delta, .max_body = 8};
     int64_t deadline = op_deadline(t);
     pthread_mutex_lock(&t->mu);
-    size_t off;
     reply r;
-    td_status s = ready(t, deadline);
+    td_status s = key_call(t, &q, deadline, &r);
     if (s == TD_OK)
-        s = begin_key_request(t, TD_STORE_CMD_ADD, prefix, key, &off);
-    if (s == TD_OK) {
-        td_store_put_i64(&t->out, delta);
-        td_store_msg_end(&t->out, off);
-        s = roundtrip(t, TD_STORE_CMD_ADD, deadline, 8, false, &r);
-    }
-    if (s == TD_OK) {
-        if (r.len != 8)
-            s = td_error(TD_ERR_IO, "TCPStore ADD: malformed reply from %s", t->where);
-        else
-            *result = (int64_t)td_store_get_u64(r.body);
-    }
+        s = reply_i64(t, &r, "ADD", result);
     pthread_mutex_unlock(&t->mu);
     return s;
 }
@@ -500,26 +530,26 @@ static td_status tc_set(td_store *s, const char *key, const void *value, size_t 
     return st;
 }
 
-static td_status tc_get(td_store *s, const char *key, void **value, size_t *len)
+/* GET and COMPARE_SET answer with a value that the caller takes over. */
+static td_status value_call(tcp_store *t, const key_request *q, void **value, size_t *len)
 {
-    tcp_store *t = T(s);
     int64_t deadline = op_deadline(t);
     pthread_mutex_lock(&t->mu);
-    size_t off;
     reply r;
-    td_status st = ready(t, deadline);
-    if (st == TD_OK)
-        st = begin_key_request(t, TD_STORE_CMD_GET, KEY_PREFIX, key, &off);
-    if (st == TD_OK) {
-        td_store_msg_end(&t->out, off);
-        st = roundtrip(t, TD_STORE_CMD_GET, deadline, t->lim.max_value, true, &r);
-    }
+    td_status st = key_call(t, q, deadline, &r);
     if (st == TD_OK) {
         *value = r.owned;
         *len = (size_t)r.len;
     }
     pthread_mutex_unlock(&t->mu);
     return st;
+}
+
+static td_status tc_get(td_store *s, const char *key, void **value, size_t *len)
+{
+    tcp_store *t = T(s);
+    key_request q = {.cmd = TD_STORE_CMD_GET, .prefix = KEY_PREFIX, .key = key, .max_body = t->lim.max_value, .owned = true};
+    return value_call(t, &q, value, len);
 }
 
 static td_status tc_add(td_store *s, const char *key, int64_t delta, int64_t *result)
@@ -531,45 +561,25 @@ static td_status tc_compare_set(td_store *s, const char *key, const void *expect
                                 const void *desired, size_t desired_len, void **value, size_t *len)
 {
     tcp_store *t = T(s);
-    int64_t deadline = op_deadline(t);
-    pthread_mutex_lock(&t->mu);
-    size_t off;
-    reply r;
-    td_status st = ready(t, deadline);
-    if (st == TD_OK)
-        st = check_value(t, expected_len);
-    if (st == TD_OK)
-        st = check_value(t, desired_len);
-    if (st == TD_OK)
-        st = begin_key_request(t, TD_STORE_CMD_COMPARE_SET, KEY_PREFIX, key, &off);
-    if (st == TD_OK) {
-        td_store_put_value(&t->out, expected, expected_len);
-        td_store_put_value(&t->out, desired, desired_len);
-        td_store_msg_end(&t->out, off);
-        st = roundtrip(t, TD_STORE_CMD_COMPARE_SET, deadline, t->lim.max_value, true, &r);
-    }
-    if (st == TD_OK) {
-        *value = r.owned;
-        *len = (size_t)r.len;
-    }
-    pthread_mutex_unlock(&t->mu);
-    return st;
+    key_request q = {.cmd = TD_STORE_CMD_COMPARE_SET,
+                     .prefix = KEY_PREFIX,
+                     .key = key,
+                     .nval = 2,
+                     .val = {expected, desired},
+                     .len = {expected_len, desired_len},
+                     .max_body = t->lim.max_value,
+                     .owned = true};
+    return value_call(t, &q, value, len);
 }
 
 static td_status tc_delete_key(td_store *s, const char *key, bool *deleted)
 {
     tcp_store *t = T(s);
+    key_request q = {.cmd = TD_STORE_CMD_DELETE_KEY, .prefix = KEY_PREFIX, .key = key, .max_body = 1};
     int64_t deadline = op_deadline(t);
     pthread_mutex_lock(&t->mu);
-    size_t off;
     reply r;
-    td_status st = ready(t, deadline);
-    if (st == TD_OK)
-        st = begin_key_request(t, TD_STORE_CMD_DELETE_KEY, KEY_PREFIX, key, &off);
-    if (st == TD_OK) {
-        td_store_msg_end(&t->out, off);
-        st = roundtrip(t, TD_STORE_CMD_DELETE_KEY, deadline, 1, false, &r);
-    }
+    td_status st = key_call(t, &q, deadline, &r);
     if (st == TD_OK)
         *deleted = r.len == 1 && r.body[0] != 0;
     pthread_mutex_unlock(&t->mu);
@@ -627,12 +637,8 @@ static td_status tc_num_keys(td_store *s, int64_t *count)
         td_store_msg_end(&t->out, off);
         st = roundtrip(t, TD_STORE_CMD_NUM_KEYS, deadline, 8, false, &r);
     }
-    if (st == TD_OK) {
-        if (r.len == 8)
-            *count = (int64_t)td_store_get_u64(r.body);
-        else
-            st = td_error(TD_ERR_IO, "TCPStore NUM_KEYS: malformed reply from %s", t->where);
-    }
+    if (st == TD_OK)
+        st = reply_i64(t, &r, "NUM_KEYS", count);
     pthread_mutex_unlock(&t->mu);
     return st;
 }
@@ -640,20 +646,11 @@ static td_status tc_num_keys(td_store *s, int64_t *count)
 static td_status tc_append(td_store *s, const char *key, const void *value, size_t len)
 {
     tcp_store *t = T(s);
+    key_request q = {.cmd = TD_STORE_CMD_APPEND, .prefix = KEY_PREFIX, .key = key, .nval = 1, .val = {value}, .len = {len}};
     int64_t deadline = op_deadline(t);
     pthread_mutex_lock(&t->mu);
-    size_t off;
     reply r;
-    td_status st = ready(t, deadline);
-    if (st == TD_OK)
-        st = check_value(t, len);
-    if (st == TD_OK)
-        st = begin_key_request(t, TD_STORE_CMD_APPEND, KEY_PREFIX, key, &off);
-    if (st == TD_OK) {
-        td_store_put_value(&t->out, value, len);
-        td_store_msg_end(&t->out, off);
-        st = roundtrip(t, TD_STORE_CMD_APPEND, deadline, 0, false, &r);
-    }
+    td_status st = key_call(t, &q, deadline, &r);
     pthread_mutex_unlock(&t->mu);
     return st;
 }

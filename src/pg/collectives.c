@@ -279,6 +279,20 @@ td_status td_pg_reduce(td_pg *pg, td_tensor *tensor, int root, td_op op, td_futu
     return issue(g, w, st, work);
 }
 
+/* Work for all_gather and reduce_scatter: one side is numel elements, the other world-size blocks
+ * of numel (the input when split_in, as reduce_scatter; the output otherwise, as all_gather). */
+static td_work *split_work(td_pg *g, pg_op kind, td_coll_kind coll, td_dtype dt, td_op op, int64_t numel,
+                           bool split_in)
+{
+    td_work *w = pg_work_new(g, kind, coll, dt);
+    w->coll.op = op;
+    w->coll.count = (size_t)numel;
+    w->numel_in = split_in ? numel * g->size : numel;
+    w->numel_out = split_in ? numel : numel * g->size;
+    pg_work_blocks(w, split_in, !split_in);
+    return w;
+}
+
 td_status td_pg_all_gather(td_pg *pg, td_tensor *const *outputs, td_tensor *input, td_future **work)
 {
     td_pg *g;
@@ -291,11 +305,7 @@ td_status td_pg_all_gather(td_pg *pg, td_tensor *const *outputs, td_tensor *inpu
     for (int r = 0; r < g->size; r++)
         TD_TRY(check_numel("all_gather", "tensor_list", r, outputs[r], numel));
     TD_TRY(pg_check_supported(g, "all_gather", TD_COLL_ALL_GATHER, dt, TD_OP_SUM));
-    td_work *w = pg_work_new(g, PG_OP_ALLGATHER, TD_COLL_ALL_GATHER, dt);
-    w->coll.count = (size_t)numel;
-    w->numel_in = numel;
-    w->numel_out = numel * g->size;
-    pg_work_blocks(w, false, true);
+    td_work *w = split_work(g, PG_OP_ALLGATHER, TD_COLL_ALL_GATHER, dt, TD_OP_SUM, numel, false);
     td_status st = in_data(w, input, &w->coll.in);
     for (int r = 0; r < g->size && st == TD_OK; r++) {
         st = out_data(w, outputs[r], false, &w->out_blocks[r]);
@@ -320,11 +330,7 @@ td_status td_pg_all_gather_into_tensor(td_pg *pg, td_tensor *output, td_tensor *
                                         "(world_size %d, input %lld elements, output %lld elements)",
                         g->size, (long long)numel, (long long)td_tensor_numel(output));
     TD_TRY(pg_check_supported(g, "all_gather_into_tensor", TD_COLL_ALL_GATHER, dt, TD_OP_SUM));
-    td_work *w = pg_work_new(g, PG_OP_ALLGATHER_BASE, TD_COLL_ALL_GATHER, dt);
-    w->coll.count = (size_t)numel;
-    w->numel_in = numel;
-    w->numel_out = numel * g->size;
-    pg_work_blocks(w, false, true);
+    td_work *w = split_work(g, PG_OP_ALLGATHER_BASE, TD_COLL_ALL_GATHER, dt, TD_OP_SUM, numel, false);
     void *base = NULL;
     td_status st = in_data(w, input, &w->coll.in);
     if (st == TD_OK)
@@ -458,12 +464,7 @@ td_status td_pg_reduce_scatter(td_pg *pg, td_tensor *output, td_tensor *const *i
     for (int r = 0; r < g->size; r++)
         TD_TRY(check_numel("reduce_scatter", "input_list", r, inputs[r], numel));
     TD_TRY(pg_check_supported(g, "reduce_scatter", TD_COLL_REDUCE_SCATTER, dt, op));
-    td_work *w = pg_work_new(g, PG_OP_REDUCE_SCATTER, TD_COLL_REDUCE_SCATTER, dt);
-    w->coll.op = op;
-    w->coll.count = (size_t)numel;
-    w->numel_in = numel * g->size;
-    w->numel_out = numel;
-    pg_work_blocks(w, true, false);
+    td_work *w = split_work(g, PG_OP_REDUCE_SCATTER, TD_COLL_REDUCE_SCATTER, dt, op, numel, true);
     td_status st = out_data(w, output, false, &w->coll.out);
     for (int r = 0; r < g->size && st == TD_OK; r++) {
         st = in_data(w, inputs[r], &w->in_blocks[r]);
@@ -488,12 +489,7 @@ td_status td_pg_reduce_scatter_tensor(td_pg *pg, td_tensor *output, td_tensor *i
                                         "(world_size %d, output %lld elements, input %lld elements)",
                         g->size, (long long)numel, (long long)td_tensor_numel(input));
     TD_TRY(pg_check_supported(g, "reduce_scatter_tensor", TD_COLL_REDUCE_SCATTER, dt, op));
-    td_work *w = pg_work_new(g, PG_OP_REDUCE_SCATTER_BASE, TD_COLL_REDUCE_SCATTER, dt);
-    w->coll.op = op;
-    w->coll.count = (size_t)numel;
-    w->numel_in = numel * g->size;
-    w->numel_out = numel;
-    pg_work_blocks(w, true, false);
+    td_work *w = split_work(g, PG_OP_REDUCE_SCATTER_BASE, TD_COLL_REDUCE_SCATTER, dt, op, numel, true);
     const void *base = NULL;
     td_status st = out_data(w, output, false, &w->coll.out);
     if (st == TD_OK)

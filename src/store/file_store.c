@@ -133,6 +133,21 @@ static void cache_put(file_store *f, const char *key, size_t key_len, const void
     free(td_map_put(&f->cache, key, key_len, v));
 }
 
+/* One length-prefixed field of a log record (a 4-byte length, then the bytes) at *off; false when
+ * the log ends inside it. */
+static bool take_field(const char *buf, size_t len, size_t *off, const char **field, uint32_t *flen)
+{
+    if (len - *off < 4)
+        return false;
+    memcpy(flen, buf + *off, 4);
+    *off += 4;
+    if (len - *off < *flen)
+        return false;
+    *field = buf + *off;
+    *off += *flen;
+    return true;
+}
+
 /* Replays the records appended since pos into the cache. The file's lengths are checked against its
  * size: a record that runs past the end means a corrupt (or foreign) file. */
 static td_status refresh(file_store *f, int fd)
@@ -153,23 +168,10 @@ static td_status refresh(file_store *f, int fd)
     td_status s = read_at(f, fd, buf, len, f->pos);
     size_t off = 0;
     while (s == TD_OK && off < len) {
+        const char *key, *val;
         uint32_t klen, vlen;
-        if (len - off < 4)
+        if (!take_field(buf, len, &off, &key, &klen) || !take_field(buf, len, &off, &val, &vlen))
             goto corrupt;
-        memcpy(&klen, buf + off, 4);
-        off += 4;
-        if (len - off < klen)
-            goto corrupt;
-        const char *key = buf + off;
-        off += klen;
-        if (len - off < 4)
-            goto corrupt;
-        memcpy(&vlen, buf + off, 4);
-        off += 4;
-        if (len - off < vlen)
-            goto corrupt;
-        const char *val = buf + off;
-        off += vlen;
         if (klen >= 1 && key[0] == DEL_PREFIX[0])
             free(td_map_remove(&f->cache, key + 1, klen - 1));
         else

@@ -74,17 +74,26 @@ typedef struct sup {
     int64_t timeout_ms;
 } sup;
 
+/* The supervisor's own lines: slog for its log, snote for a note the final report shows. */
+static void slog_to(sup *s, bool note, const char *fmt, va_list ap)
+{
+    char *line = NULL;
+    if (vasprintf(&line, fmt, ap) < 0)
+        line = NULL;
+    if (note)
+        td_harness_note(&s->log, "%s", line ? line : fmt);
+    else
+        td_harness_log(&s->log, "%s", line ? line : fmt);
+    free(line);
+}
+
 static void slog(sup *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void slog(sup *s, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    char *line = NULL;
-    if (vasprintf(&line, fmt, ap) < 0)
-        line = NULL;
+    slog_to(s, false, fmt, ap);
     va_end(ap);
-    td_harness_log(&s->log, "%s", line ? line : fmt);
-    free(line);
 }
 
 static void snote(sup *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -92,12 +101,8 @@ static void snote(sup *s, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    char *line = NULL;
-    if (vasprintf(&line, fmt, ap) < 0)
-        line = NULL;
+    slog_to(s, true, fmt, ap);
     va_end(ap);
-    td_harness_note(&s->log, "%s", line ? line : fmt);
-    free(line);
 }
 
 static int64_t clamp_ms(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }

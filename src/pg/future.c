@@ -162,11 +162,15 @@ static td_status complete(td_future *f, int state, td_status status, char *messa
     f->cbs = f->cbs_tail = NULL;
     atomic_store(&f->state, state);
     pthread_cond_broadcast(&f->cv);
-    /* Build the executor items before unlocking: the waiters may release f right away, and the
-     * items hold references. */
-    td_exec_item *head = NULL, **tail = &head;
-    td_future_retain(f);
+    /* The waiters may release f as soon as it is unlocked. Without callbacks this function does
+     * not touch it again; with them, a reference keeps it alive while their executor items (each
+     * holding its own) are built. */
+    if (cbs)
+        td_future_retain(f);
     pthread_mutex_unlock(&f->mu);
+    if (!cbs)
+        return TD_OK;
+    td_exec_item *head = NULL, **tail = &head;
     while (cbs) {
         fut_cb *next = cbs->next;
         *tail = make_item(f, cbs->cb, cbs->arg);
@@ -221,9 +225,12 @@ static td_status wait_until(td_future *f, int64_t deadline_ns, int64_t timeout_m
 {
     if (!f)
         return td_error(TD_ERR_INVALID, "td_future_wait: future is NULL");
-    pthread_mutex_lock(&f->mu);
-    bool done = wait_locked(f, deadline_ns);
-    pthread_mutex_unlock(&f->mu);
+    bool done = atomic_load(&f->state) != FUT_PENDING; /* complete() stored it last */
+    if (!done) {
+        pthread_mutex_lock(&f->mu);
+        done = wait_locked(f, deadline_ns);
+        pthread_mutex_unlock(&f->mu);
+    }
     if (!done)
         return td_error(TD_ERR_TIMEOUT, "Timed out after %lld ms waiting for the future to complete",
                         (long long)timeout_ms);

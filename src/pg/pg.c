@@ -375,16 +375,19 @@ void pg_work_finish(td_work *w, td_status status, int sender, char *message)
         td_log(TD_LOG_INFO, "Process group %s: %s (SeqNum=%llu) failed: %s", pg->name, pg_op_type_name(w->op),
                (unsigned long long)w->seq, message);
 
-    bool linked = false;
-    pthread_mutex_lock(&pg->mu);
-    if (status != TD_OK && !w->nonfatal)
-        fail_group_locked(pg, status, message);
-    linked = w->iprev || pg->inflight == w;
-    td_exec_item *trace = pg->trace_fn && w->op != PG_OP_FINGERPRINT
-                              ? make_trace(w, status, pg->trace_fn, pg->trace_arg)
-                              : NULL;
-    pthread_mutex_unlock(&pg->mu);
-    td_executor_dispatch(trace);
+    /* A successful operation with no trace callback takes the group's lock once, at the end. (The
+     * unlocked look at trace_fn races only with td_pg_set_trace_callback, which then applies from
+     * the next operation on.) */
+    if (status != TD_OK || pg->trace_fn) {
+        pthread_mutex_lock(&pg->mu);
+        if (status != TD_OK && !w->nonfatal)
+            fail_group_locked(pg, status, message);
+        td_exec_item *trace = pg->trace_fn && w->op != PG_OP_FINGERPRINT
+                                  ? make_trace(w, status, pg->trace_fn, pg->trace_arg)
+                                  : NULL;
+        pthread_mutex_unlock(&pg->mu);
+        td_executor_dispatch(trace);
+    }
 
     if (status == TD_OK)
         td_future_set_result(w->future, value);
@@ -395,7 +398,7 @@ void pg_work_finish(td_work *w, td_status status, int sender, char *message)
     /* Last, in one step: once off the in-flight list, destroy may free the group. */
     work_release_refs(w);
     pthread_mutex_lock(&pg->mu);
-    if (linked) {
+    if (w->iprev || pg->inflight == w) {
         inflight_unlink_locked(pg, w);
         /* Only destroy waits for the list to drain; the idle worker's deadline stays safe (it
          * wakes at the old one and looks again), and waking it for every operation costs a

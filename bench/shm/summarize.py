@@ -32,8 +32,8 @@ impls = ["tdist-shm", "tdist-shm-backend", "openmpi", "gloo"]
 out = ["float32 all_reduce (SUM, in place), one host. Time per call in µs (median over %s runs of each "
        "program's median over batches of the slowest rank's mean); bus bandwidth in GB/s (nccl-tests: size / "
        "time x 2(n-1)/n). \"tdist shm\" is td_pg_all_reduce on the shm backend (tdist-bench); \"backend alone\" "
-       "calls the shared-memory collectives straight on the transport, without the front end's hand-off to the "
-       "group's worker thread. \"x MPI\", \"x Gloo\": tdist shm's speed over each (their time / tdist's)." % reps, ""]
+       "calls the shared-memory collectives straight on the transport, without the process-group front end "
+       "(checks, work record, future). \"x MPI\", \"x Gloo\": tdist shm's speed over each (their time / tdist's)." % reps, ""]
 targets = []
 for n in sorted({k[1] for k in med}):
     out += ["### World size %d" % n, "",

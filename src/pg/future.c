@@ -48,26 +48,81 @@ typedef struct fut_run {
 } fut_run;
 
 /* Released futures are kept for reuse (a mutex and a condition variable, idle, can serve again),
- * so that an operation's future costs no allocation after warm-up. */
+ * so that an operation's future costs no allocation after warm-up. Each thread keeps a few for
+ * itself, without a lock: a blocking call makes its future and releases it on the caller's thread.
+ * The rest go to a shared pool, and so do a thread's own when it ends. */
 #define FUTURE_POOL_MAX 256
+#define FUTURE_CACHE_MAX 4
 static pthread_mutex_t g_pool_mu = PTHREAD_MUTEX_INITIALIZER;
 static td_future *g_pool;
 static int g_pool_len;
+static __thread td_future *t_cache;
+static __thread int t_cache_len;
+static __thread bool t_cache_registered;
+static pthread_key_t g_cache_key;
+static pthread_once_t g_cache_once = PTHREAD_ONCE_INIT;
+
+static void future_free(td_future *f)
+{
+    pthread_mutex_destroy(&f->mu);
+    pthread_cond_destroy(&f->cv);
+    free(f);
+}
+
+/* f, reset, to the shared pool (or freed when the pool is full). */
+static void pool_put(td_future *f)
+{
+    pthread_mutex_lock(&g_pool_mu);
+    if (g_pool_len < FUTURE_POOL_MAX) {
+        f->pool_next = g_pool;
+        g_pool = f;
+        g_pool_len++;
+        f = NULL;
+    }
+    pthread_mutex_unlock(&g_pool_mu);
+    if (f)
+        future_free(f);
+}
+
+/* Thread exit: the thread's cache goes to the shared pool. */
+static void cache_flush(void *unused)
+{
+    (void)unused;
+    while (t_cache) {
+        td_future *f = t_cache;
+        t_cache = f->pool_next;
+        pool_put(f);
+    }
+    t_cache_len = 0;
+}
+
+static void cache_key_init(void)
+{
+    if (pthread_key_create(&g_cache_key, cache_flush) != 0)
+        abort();
+}
 
 td_future *td_future_new(void)
 {
-    pthread_mutex_lock(&g_pool_mu);
-    td_future *f = g_pool;
+    td_future *f = t_cache;
     if (f) {
-        g_pool = f->pool_next;
-        g_pool_len--;
+        t_cache = f->pool_next;
+        t_cache_len--;
+    } else {
+        pthread_mutex_lock(&g_pool_mu);
+        f = g_pool;
+        if (f) {
+            g_pool = f->pool_next;
+            g_pool_len--;
+        }
+        pthread_mutex_unlock(&g_pool_mu);
     }
-    pthread_mutex_unlock(&g_pool_mu);
     if (!f) {
         f = TD_NEW(td_future);
         td_mutex_init(&f->mu);
         td_cond_init(&f->cv);
     }
+    f->pool_next = NULL;
     td_ref_init(&f->ref);
     atomic_store(&f->state, FUT_PENDING);
     f->status = TD_OK;
@@ -110,19 +165,18 @@ void td_future_release(td_future *f)
     f->cbs = f->cbs_tail = NULL;
     f->value = NULL;
     f->error = NULL;
-    pthread_mutex_lock(&g_pool_mu);
-    if (g_pool_len < FUTURE_POOL_MAX) {
-        f->pool_next = g_pool;
-        g_pool = f;
-        g_pool_len++;
-        f = NULL;
+    if (t_cache_len < FUTURE_CACHE_MAX) {
+        if (!t_cache_registered) { /* so that cache_flush runs when this thread ends */
+            pthread_once(&g_cache_once, cache_key_init);
+            pthread_setspecific(g_cache_key, (void *)1);
+            t_cache_registered = true;
+        }
+        f->pool_next = t_cache;
+        t_cache = f;
+        t_cache_len++;
+        return;
     }
-    pthread_mutex_unlock(&g_pool_mu);
-    if (f) {
-        pthread_mutex_destroy(&f->mu);
-        pthread_cond_destroy(&f->cv);
-        free(f);
-    }
+    pool_put(f);
 }
 
 static void run_one(void *p)

@@ -2,12 +2,30 @@
 #include "base/clock.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 
 int64_t td_now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+int64_t td_now_coarse_ns(void)
+{
+    static _Atomic int64_t tick_ns; /* the coarse clock's resolution, read once */
+    int64_t tick = atomic_load_explicit(&tick_ns, memory_order_relaxed);
+    if (tick == 0) {
+        struct timespec res;
+        if (clock_getres(CLOCK_MONOTONIC_COARSE, &res) != 0)
+            return td_now_ns();
+        tick = (int64_t)res.tv_sec * 1000000000 + res.tv_nsec;
+        atomic_store_explicit(&tick_ns, tick, memory_order_relaxed);
+    }
+    struct timespec ts;
+    if (clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) != 0)
+        return td_now_ns();
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec + tick;
 }
 
 int64_t td_wall_ns(void)

@@ -166,6 +166,11 @@ static void work_recycle_locked(td_pg *pg, td_work *w)
         return;
     }
     work_reset(w);
+    /* The spare slot first: the next pg_work_new takes it without the group's lock (one blocking
+     * call after another reuses one work). */
+    td_work *none = NULL;
+    if (atomic_compare_exchange_strong(&pg->spare_work, &none, w))
+        return;
     w->next = pg->free_works;
     pg->free_works = w;
     pg->nfree_works++;
@@ -173,14 +178,17 @@ static void work_recycle_locked(td_pg *pg, td_work *w)
 
 td_work *pg_work_new(td_pg *pg, pg_op op, td_coll_kind kind, td_dtype dtype)
 {
-    pthread_mutex_lock(&pg->mu);
-    td_work *w = pg->free_works;
-    if (w) {
-        pg->free_works = w->next;
-        pg->nfree_works--;
-        w->next = NULL;
+    td_work *w = atomic_exchange(&pg->spare_work, NULL);
+    if (!w) {
+        pthread_mutex_lock(&pg->mu);
+        w = pg->free_works;
+        if (w) {
+            pg->free_works = w->next;
+            pg->nfree_works--;
+            w->next = NULL;
+        }
+        pthread_mutex_unlock(&pg->mu);
     }
-    pthread_mutex_unlock(&pg->mu);
     if (!w)
         w = TD_NEW(td_work);
     w->pg = pg;
@@ -333,6 +341,9 @@ static td_exec_item *make_trace(const td_work *w, td_status status, void (*fn)(c
         .begin_ns = w->issue_ns,
         .end_ns = td_now_ns(),
     };
+    /* Issued before the callback was set, the work has a coarse stamp (pg_issue), which may read later. */
+    if (t->ev.begin_ns > t->ev.end_ns)
+        t->ev.begin_ns = t->ev.end_ns;
     if (t->ev.ndim > 0)
         memcpy(t->shape, w->fp.shape, sizeof(int64_t) * (size_t)t->ev.ndim);
     td_exec_item *it = TD_NEW(td_exec_item);
@@ -490,7 +501,9 @@ td_status pg_issue(td_pg *pg, td_work **ws, int n, td_future **futs)
         free(msg);
         return st;
     }
-    int64_t now = td_now_ns();
+    /* The issue time serves the deadline and the watchdog, at millisecond precision; only a trace
+     * callback, which reports durations, needs the precise clock. */
+    int64_t now = pg->trace_fn ? td_now_ns() : td_now_coarse_ns();
     if (!futs && n == 1 && pg->ops->inline_submit && !pg->qhead && !pg->running)
         return run_inline_locked(pg, ws[0], now);
     for (int i = 0; i < n; i++) {
@@ -655,6 +668,9 @@ static td_pg *pg_alloc(const char *name, const char *backend, int global_rank, c
 
 static void pg_free(td_pg *pg)
 {
+    td_work *spare = atomic_exchange(&pg->spare_work, NULL);
+    if (spare)
+        work_destroy(spare);
     while (pg->free_works) {
         td_work *w = pg->free_works;
         pg->free_works = w->next;

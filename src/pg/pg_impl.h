@@ -139,6 +139,7 @@ struct td_pg {
     void (*trace_fn)(const td_pg_trace_event *event, void *arg);
     void *trace_arg;
     td_work *free_works; /* recycled works (pg.c) */
+    _Atomic(td_work *) spare_work; /* one recycled work, taken without the lock */
     int nfree_works;
 };
 

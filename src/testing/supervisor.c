@@ -75,6 +75,7 @@ typedef struct sup {
 } sup;
 
 /* The supervisor's own lines: slog for its log, snote for a note the final report shows. */
+static void slog_to(sup *s, bool note, const char *fmt, va_list ap) __attribute__((format(printf, 3, 0)));
 static void slog_to(sup *s, bool note, const char *fmt, va_list ap)
 {
     char *line = NULL;

@@ -39,6 +39,14 @@ td_status pg_parse_debug_level(const char *value, pg_debug_level *out)
 void pg_fingerprint_fill(td_work *w, td_tensor *const *tensors, int n, int root, int reduce_op, bool shapes)
 {
     pg_fingerprint *fp = &w->fp;
+    /* Only DETAIL's check and a trace callback read the fingerprint (DETAIL is fixed at the group's
+     * creation; a trace set later sees no shape, ndim -1). */
+    bool wanted = w->pg && (w->pg->debug == PG_DEBUG_DETAIL || w->pg->trace_fn);
+    if (!wanted) {
+        w->has_fp = false;
+        fp->ndim = -1;
+        return;
+    }
     memset(fp, 0, sizeof *fp);
     w->has_fp = true;
     fp->op = w->op;
@@ -47,10 +55,7 @@ void pg_fingerprint_fill(td_work *w, td_tensor *const *tensors, int n, int root,
     fp->reduce_op = reduce_op;
     fp->ntensors = n;
     fp->ndim = -1;
-    /* Shapes are compared only under DETAIL and reported only to a trace callback; computing them
-     * for every operation otherwise was a tenth of a small collective's front-end time. */
-    bool wanted = w->pg && (w->pg->debug == PG_DEBUG_DETAIL || w->pg->trace_fn);
-    if (!wanted || !shapes || n <= 0 || !tensors[0])
+    if (!shapes || n <= 0 || !tensors[0])
         return;
     td_shape s = td_tensor_shape(tensors[0]);
     fp->ndim = s.ndim;

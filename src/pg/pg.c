@@ -121,6 +121,15 @@ static td_net_spin *waiter_spin(void)
  * after warm-up: a recycled work keeps its block arrays (sized for the group) and its copy list. */
 #define WORK_POOL_MAX 64
 
+/* The result of a blocking call run inline (run_inline_locked), set under pg->mu by
+ * pg_work_finish. */
+typedef struct pg_sync {
+    td_status status;
+    char *message; /* malloc'd, when status is not TD_OK */
+    bool done;
+    bool waiting; /* the caller sleeps on pg->cv */
+} pg_sync;
+
 /* Drops the references w holds (tensors, result, future). The rest stays readable: a work still
  * on the in-flight list may be looked at by the worker's watchdog until it is unlinked. */
 static void work_release_refs(td_work *w)
@@ -137,14 +146,19 @@ static void work_release_refs(td_work *w)
 /* Zeroes a work whose references are gone, keeping its arrays for the next operation. */
 static void work_reset(td_work *w)
 {
-    td_work keep = *w;
+    const void **in_blocks = w->in_blocks;
+    size_t *in_counts = w->in_counts;
+    void **out_blocks = w->out_blocks;
+    size_t *out_counts = w->out_counts;
+    pg_copy *copies = w->copies.items;
+    size_t copies_cap = w->copies.cap;
     memset(w, 0, sizeof *w);
-    w->in_blocks = keep.in_blocks;
-    w->in_counts = keep.in_counts;
-    w->out_blocks = keep.out_blocks;
-    w->out_counts = keep.out_counts;
-    w->copies.items = keep.copies.items;
-    w->copies.cap = keep.copies.cap;
+    w->in_blocks = in_blocks;
+    w->in_counts = in_counts;
+    w->out_blocks = out_blocks;
+    w->out_counts = out_counts;
+    w->copies.items = copies;
+    w->copies.cap = copies_cap;
 }
 
 static void work_destroy(td_work *w)
@@ -192,7 +206,8 @@ td_work *pg_work_new(td_pg *pg, pg_op op, td_coll_kind kind, td_dtype dtype)
     if (!w)
         w = TD_NEW(td_work);
     w->pg = pg;
-    w->future = td_future_new();
+    /* The future is made when the work is queued (pg_issue, pg_run_internal); a blocking call run
+     * inline needs none. */
     w->op = op;
     w->is_p2p = kind == TD_COLL_SEND || kind == TD_COLL_RECV;
     w->coll.kind = kind;
@@ -400,11 +415,17 @@ void pg_work_finish(td_work *w, td_status status, int sender, char *message)
         td_executor_dispatch(trace);
     }
 
-    if (status == TD_OK)
-        td_future_set_result(w->future, value);
-    else
-        td_future_set_error(w->future, status, "%s", message);
-    free(message);
+    pg_sync *sync = w->sync;
+    if (!sync) {
+        if (status == TD_OK)
+            td_future_set_result(w->future, value);
+        else
+            td_future_set_error(w->future, status, "%s", message);
+        free(message);
+        message = NULL;
+    } else {
+        td_value_release(value);
+    }
 
     /* Last, in one step: once off the in-flight list, destroy may free the group. */
     work_release_refs(w);
@@ -415,6 +436,13 @@ void pg_work_finish(td_work *w, td_status status, int sender, char *message)
          * wakes at the old one and looks again), and waking it for every operation costs a
          * thread switch per call. */
         if (pg->stop)
+            pthread_cond_broadcast(&pg->cv);
+    }
+    if (sync) {
+        sync->status = status;
+        sync->message = message;
+        sync->done = true;
+        if (sync->waiting)
             pthread_cond_broadcast(&pg->cv);
     }
     work_recycle_locked(pg, w);
@@ -467,7 +495,15 @@ static void run_work(td_pg *pg, td_work *w);
 static td_status run_inline_locked(td_pg *pg, td_work *w, int64_t now)
 {
     stamp_work(pg, w, now);
-    td_future *f = td_future_retain(w->future);
+    /* No future: pg_work_finish leaves the result here, on this thread's stack, and w may be
+     * recycled as soon as it has (the caller does not touch w after run_work). A receive's
+     * result, its sender, travels in a future. */
+    pg_sync sync = {.status = TD_OK};
+    td_future *f = NULL;
+    if (w->is_p2p)
+        f = td_future_retain(w->future = td_future_new());
+    else
+        w->sync = &sync;
     pg->running = true;
     inflight_link_locked(pg, w);
     pthread_mutex_unlock(&pg->mu);
@@ -476,12 +512,24 @@ static td_status run_inline_locked(td_pg *pg, td_work *w, int64_t now)
     pg->running = false;
     /* Issued by other threads meanwhile (the worker waits for us), or still in flight after submit
      * returned (a backend that completes later): the worker must watch its deadline. */
-    if (pg->qhead || !td_future_is_completed(f))
+    if (pg->qhead || (f ? !td_future_is_completed(f) : !sync.done))
         pthread_cond_broadcast(&pg->cv);
+    if (f) {
+        pthread_mutex_unlock(&pg->mu);
+        td_status st = td_future_wait(f, 0);
+        td_future_release(f);
+        return st;
+    }
+    while (!sync.done) { /* completed later by another thread (pg_work_finish wakes us) */
+        sync.waiting = true;
+        pthread_cond_wait(&pg->cv, &pg->mu);
+    }
     pthread_mutex_unlock(&pg->mu);
-    td_status st = td_future_wait(f, 0);
-    td_future_release(f);
-    return st;
+    if (sync.status != TD_OK) {
+        td_error_set(sync.status, sync.message ? sync.message : "");
+        free(sync.message);
+    }
+    return sync.status;
 }
 
 td_status pg_issue(td_pg *pg, td_work **ws, int n, td_future **futs)
@@ -509,6 +557,7 @@ td_status pg_issue(td_pg *pg, td_work **ws, int n, td_future **futs)
     for (int i = 0; i < n; i++) {
         td_work *w = ws[i];
         stamp_work(pg, w, now);
+        w->future = td_future_new();
         fs[i] = td_future_retain(w->future);
         w->next = NULL;
         if (pg->qtail)
@@ -549,6 +598,7 @@ static void submit(td_pg *pg, td_work *w)
 
 td_status pg_run_internal(td_pg *pg, td_work *w)
 {
+    w->future = td_future_new();
     td_future *f = td_future_retain(w->future);
     w->issue_ns = td_now_ns();
     pthread_mutex_lock(&pg->mu);

@@ -100,6 +100,7 @@ struct td_work {
     td_value *result;       /* the value on success (a list of the output tensors) */
     td_work *next;          /* queue */
     td_work *iprev, *inext; /* in-flight list */
+    struct pg_sync *sync;   /* a blocking call run inline gets its result here instead of a future */
 };
 
 struct td_pg {

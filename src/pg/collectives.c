@@ -628,9 +628,12 @@ static td_status build_p2p(td_pg *g, bool is_send, td_tensor *t, int peer, int t
     w->coll.peer = peer;
     w->coll.tag = tag;
     w->coll.count = (size_t)td_tensor_numel(t);
-    td_shape shape = td_tensor_shape(t); /* for traces only: p2p has no DETAIL check */
-    w->fp.ndim = shape.ndim;
-    memcpy(w->fp.shape, shape.d, sizeof(int64_t) * (size_t)shape.ndim);
+    w->fp.ndim = -1;
+    if (pg_traced(g)) { /* the shape is for traces only: p2p has no DETAIL check */
+        td_shape shape = td_tensor_shape(t);
+        w->fp.ndim = shape.ndim;
+        memcpy(w->fp.shape, shape.d, sizeof(int64_t) * (size_t)shape.ndim);
+    }
     td_status st;
     if (is_send) {
         w->numel_in = td_tensor_numel(t);

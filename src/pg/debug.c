@@ -41,7 +41,7 @@ void pg_fingerprint_fill(td_work *w, td_tensor *const *tensors, int n, int root,
     pg_fingerprint *fp = &w->fp;
     /* Only DETAIL's check and a trace callback read the fingerprint (DETAIL is fixed at the group's
      * creation; a trace set later sees no shape, ndim -1). */
-    bool wanted = w->pg && (w->pg->debug == PG_DEBUG_DETAIL || w->pg->trace_fn);
+    bool wanted = w->pg && (w->pg->debug == PG_DEBUG_DETAIL || pg_traced(w->pg));
     if (!wanted) {
         w->has_fp = false;
         fp->ndim = -1;

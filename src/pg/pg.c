@@ -373,7 +373,7 @@ void td_pg_set_trace_callback(td_pg *pg, void (*fn)(const td_pg_trace_event *eve
     if (pg_resolve(pg, "set_trace_callback", &g) != TD_OK)
         return;
     pthread_mutex_lock(&g->mu);
-    g->trace_fn = fn;
+    __atomic_store_n(&g->trace_fn, fn, __ATOMIC_RELAXED);
     g->trace_arg = arg;
     pthread_mutex_unlock(&g->mu);
 }
@@ -401,10 +401,8 @@ void pg_work_finish(td_work *w, td_status status, int sender, char *message)
         td_log(TD_LOG_INFO, "Process group %s: %s (SeqNum=%llu) failed: %s", pg->name, pg_op_type_name(w->op),
                (unsigned long long)w->seq, message);
 
-    /* A successful operation with no trace callback takes the group's lock once, at the end. (The
-     * unlocked look at trace_fn races only with td_pg_set_trace_callback, which then applies from
-     * the next operation on.) */
-    if (status != TD_OK || pg->trace_fn) {
+    /* A successful operation with no trace callback takes the group's lock once, at the end. */
+    if (status != TD_OK || pg_traced(pg)) {
         pthread_mutex_lock(&pg->mu);
         if (status != TD_OK && !w->nonfatal)
             fail_group_locked(pg, status, message);
@@ -525,10 +523,9 @@ static td_status run_inline_locked(td_pg *pg, td_work *w, int64_t now)
         pthread_cond_wait(&pg->cv, &pg->mu);
     }
     pthread_mutex_unlock(&pg->mu);
-    if (sync.status != TD_OK) {
+    if (sync.status != TD_OK)
         td_error_set(sync.status, sync.message ? sync.message : "");
-        free(sync.message);
-    }
+    free(sync.message);
     return sync.status;
 }
 
@@ -551,7 +548,7 @@ td_status pg_issue(td_pg *pg, td_work **ws, int n, td_future **futs)
     }
     /* The issue time serves the deadline and the watchdog, at millisecond precision; only a trace
      * callback, which reports durations, needs the precise clock. */
-    int64_t now = pg->trace_fn ? td_now_ns() : td_now_coarse_ns();
+    int64_t now = pg_traced(pg) ? td_now_ns() : td_now_coarse_ns();
     if (!futs && n == 1 && pg->ops->inline_submit && !pg->qhead && !pg->running)
         return run_inline_locked(pg, ws[0], now);
     for (int i = 0; i < n; i++) {

@@ -137,12 +137,17 @@ struct td_pg {
     uint64_t wire_seq, wire_p2p_seq; /* submitted to the backend (fingerprints count) */
     uint64_t child_count;           /* subgroups made from this group, for their names */
     uint64_t monitored_seq;
+    /* Set under mu; read without it on the hot path through pg_traced(). */
     void (*trace_fn)(const td_pg_trace_event *event, void *arg);
     void *trace_arg;
     td_work *free_works; /* recycled works (pg.c) */
     _Atomic(td_work *) spare_work; /* one recycled work, taken without the lock */
     int nfree_works;
 };
+
+/* Whether a trace callback is set, read without the group's lock: an operation issued while
+ * td_pg_set_trace_callback runs may or may not be traced, nothing worse. */
+static inline bool pg_traced(const td_pg *pg) { return __atomic_load_n(&pg->trace_fn, __ATOMIC_RELAXED) != NULL; }
 
 /* ---- pg.c ---------------------------------------------------------------------------------- */
 

@@ -532,7 +532,9 @@ bool td_match_wait_begin(td_match *m, td_xfer *x, int64_t deadline_ns, int64_t *
 
 /* ---- iovec copies ------------------------------------------------------------------------------- */
 
-void td_xfer_copy_in(td_xfer *x, size_t off, const char *src, size_t n)
+/* Copies n bytes between buf and x's iovecs, starting at byte off of the iovecs: into them when
+ * in, out of them otherwise. */
+static void xfer_copy(const td_xfer *x, size_t off, char *buf, size_t n, bool in)
 {
     for (int i = 0; i < x->iovcnt && n; i++) {
         size_t len = x->iov[i].iov_len;
@@ -541,28 +543,20 @@ void td_xfer_copy_in(td_xfer *x, size_t off, const char *src, size_t n)
             continue;
         }
         size_t take = len - off < n ? len - off : n;
-        memcpy((char *)x->iov[i].iov_base + off, src, take);
-        src += take;
+        char *at = (char *)x->iov[i].iov_base + off;
+        if (in)
+            memcpy(at, buf, take);
+        else
+            memcpy(buf, at, take);
+        buf += take;
         n -= take;
         off = 0;
     }
 }
 
-void td_xfer_copy_out(const td_xfer *x, size_t off, char *dst, size_t n)
-{
-    for (int i = 0; i < x->iovcnt && n; i++) {
-        size_t len = x->iov[i].iov_len;
-        if (off >= len) {
-            off -= len;
-            continue;
-        }
-        size_t take = len - off < n ? len - off : n;
-        memcpy(dst, (const char *)x->iov[i].iov_base + off, take);
-        dst += take;
-        n -= take;
-        off = 0;
-    }
-}
+void td_xfer_copy_in(td_xfer *x, size_t off, const char *src, size_t n) { xfer_copy(x, off, (char *)src, n, true); }
+
+void td_xfer_copy_out(const td_xfer *x, size_t off, char *dst, size_t n) { xfer_copy(x, off, dst, n, false); }
 
 int td_xfer_iov_from(const td_xfer *x, size_t skip, size_t limit, struct iovec *iov, int max)
 {

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # bench/mpi: tdist's mpi backend against plain MPI_Allreduce, in one run. tdist-bench --backend mpi
-# (float32 SUM all_reduce through td_pg_all_reduce: the front end's worker hand-off, the backend,
-# MPI) and bench/peers/mpi_allreduce.c (the same MPI_Allreduce called directly, measured the same
-# way: tools/tdist-bench/measure.c) both run under <build>/tdist-mpiexec, the mpiexec and flags of
-# the tests (cmake/TdistMpi.cmake), alternating so that a change of load hits both alike, REPEATS
-# times per world size. Prints the overhead table of docs/performance.md ("mpi backend overhead"):
-# the median over the repeats of each program's time per call, and tdist's overhead over MPI.
-# tdist runs in both collective modes: the default (blocking MPI calls on the group's worker) and
-# TDIST_MPI_COLLECTIVES=nonblocking (MPI_Iallreduce, completed by spin-testing and the progress
-# thread).
+# (float32 SUM all_reduce through td_pg_all_reduce: the front end, which runs a blocking call on the
+# caller's thread, the backend, MPI) and bench/peers/mpi_allreduce.c (the same MPI_Allreduce called
+# directly, measured the same way: tools/tdist-bench/measure.c) both run under <build>/tdist-mpiexec,
+# the mpiexec and flags of the tests (cmake/TdistMpi.cmake), alternating so that a change of load
+# hits both alike, REPEATS times per world size. Prints the overhead table of docs/performance.md
+# ("mpi backend overhead"): the median over the repeats of each program's time per call, and the
+# overhead over plain MPI. tdist runs in both collective modes: the default (blocking MPI calls, on
+# the caller's thread or the group's worker) and TDIST_MPI_COLLECTIVES=nonblocking (MPI_Iallreduce,
+# completed by spin-testing and the progress thread). The plain program also runs initialized at
+# MPI_THREAD_MULTIPLE (the level tdist asks for), to show what that level alone costs.
 #
 #   bash bench/mpi/run.sh [BUILD_DIR (build/plain)] [REPEATS (3)] [SECONDS per size (0.3)]
 # Environment: WORLDS ("2 4"), MIN (1K), MAX (64M), FACTOR (4), RESULTS (bench/results).
@@ -40,6 +41,7 @@ run_one() { # impl world rep
   local impl=$1 w=$2 rep=$3 out="$tmp/$1.$2.$3.csv"
   case $impl in
     mpi) "$mpiexec" -n "$w" "$raw" "${common[@]}" > "$out" ;;
+    mpi-mt) "$mpiexec" -n "$w" "$raw" --thread-multiple --impl openmpi-mt "${common[@]}" > "$out" ;;
     tdist) "$mpiexec" -n "$w" "$tdist" --backend mpi --impl tdist-mpi "${common[@]}" > "$out" ;;
     tdist-nb) TDIST_MPI_COLLECTIVES=nonblocking "$mpiexec" -n "$w" "$tdist" --backend mpi --impl tdist-mpi-nb \
                 "${common[@]}" > "$out" ;;
@@ -51,7 +53,7 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 : > "$tmp/all.csv"
 for rep in $(seq "$reps"); do
   for w in $worlds; do
-    if [ $((rep % 2)) = 1 ]; then order="mpi tdist tdist-nb"; else order="tdist-nb tdist mpi"; fi
+    if [ $((rep % 2)) = 1 ]; then order="mpi mpi-mt tdist tdist-nb"; else order="tdist-nb tdist mpi-mt mpi"; fi
     for impl in $order; do run_one "$impl" "$w" "$rep"; done
   done
 done
@@ -83,13 +85,14 @@ for w in sorted({int(r["world"]) for r in rows}):
     print()
     print("World size %d (float32 SUM, time per call in microseconds; overhead = tdist / MPI - 1):" % w)
     print()
-    print("| size | MPI_Allreduce | tdist mpi | overhead | tdist mpi, nonblocking | overhead |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| size | MPI_Allreduce | MPI_Allreduce, MPI_THREAD_MULTIPLE | overhead | tdist mpi | overhead | tdist mpi, nonblocking | overhead |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    fmt = lambda v: "%.2f" % v if v < 10 else "%.1f" % v
     for size in sorted({int(r["size"]) for r in rows if int(r["world"]) == w}):
         base = statistics.median(t[("openmpi", w, size)])
-        cells = ["%.1f" % base]
-        for impl in ("tdist-mpi", "tdist-mpi-nb"):
+        cells = [fmt(base)]
+        for impl in ("openmpi-mt", "tdist-mpi", "tdist-mpi-nb"):
             v = statistics.median(t[(impl, w, size)])
-            cells += ["%.1f" % v, "%+.1f%%" % (100 * (v / base - 1))]
+            cells += [fmt(v), "%+.1f%%" % (100 * (v / base - 1))]
         print("| %s | %s |" % (size_name(size), " | ".join(cells)))
 PY

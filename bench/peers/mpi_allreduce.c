@@ -9,8 +9,10 @@
  * of the sum, summed over the ranks), then one timed call whose slowest-rank time sets the warm-up
  * (about 50 ms worth, 1 to 1000 calls), the warm-up timed to estimate a call, then --time seconds
  * of calls (at least --min-iters) in --batches batches, each after MPI_Barrier; the time is the
- * median over batches of the slowest rank's mean per call. Standalone on purpose: it uses nothing of
- * tdist, so the same program serves any MPI comparison. */
+ * median over batches of the slowest rank's mean per call. --thread-multiple initializes MPI with
+ * MPI_Init_thread(MPI_THREAD_MULTIPLE) instead of MPI_Init, the level tdist's mpi backend asks for,
+ * to show what that level alone costs. Standalone on purpose: it uses nothing of tdist, so the same
+ * program serves any MPI comparison. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -53,6 +55,8 @@ static void parse(int argc, char **argv, opts *o)
             o->header = 0;
             continue;
         }
+        if (!strcmp(a, "--thread-multiple")) /* read before MPI_Init (main) */
+            continue;
         i++;
         if (!strcmp(a, "--min") || !strcmp(a, "-b")) o->min = parse_size(v);
         else if (!strcmp(a, "--max") || !strcmp(a, "-e")) o->max = parse_size(v);
@@ -98,7 +102,14 @@ static long clampl(double v, long lo, long hi)
 
 int main(int argc, char **argv)
 {
-    MPI_Init(&argc, &argv);
+    int multiple = 0;
+    for (int i = 1; i < argc; i++)
+        multiple |= !strcmp(argv[i], "--thread-multiple");
+    int provided = 0;
+    if (multiple)
+        MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    else
+        MPI_Init(&argc, &argv);
     int rank, world;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world);

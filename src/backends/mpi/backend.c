@@ -209,7 +209,11 @@ static td_status read_config(mpi_group *g)
     int mode = 0;
     TD_TRY(td_env_enum("TDIST_MPI_COLLECTIVES", modes, 0, &mode));
     /* Below MPI_THREAD_MULTIPLE a blocking call would hold the serializing lock while it waits for
-     * peers, stalling the progress thread and other groups: such an MPI always posts. */
+     * peers, stalling the progress thread and other groups: such an MPI always posts. Not only the
+     * thread that waits anyway (the caller of a blocking call run inline) may block either: MPI
+     * never matches a blocking collective with a nonblocking one, and whether a call runs inline
+     * or on the worker differs between ranks (tried: a rank in MPI_Barrier beside one in
+     * MPI_Ibarrier waited forever). */
     g->blocking = mode == 0 && mpi_thread_multiple();
     int64_t us = DEFAULT_SPIN_US;
     TD_TRY(td_env_int("TDIST_MPI_SPIN_US", DEFAULT_SPIN_US, 0, 1000000, &us));

@@ -115,6 +115,13 @@ typedef struct td_backend_ops {
      * That saves the hand-off to the worker thread and back, which is most of a small operation's
      * time. Leave it false if the backend cares which thread calls it. */
     bool inline_submit;
+    /* Optional, with inline_submit: true when asynchronous operations, too, should be handed over
+     * on the issuing thread when the group is idle, so that they reach the backend in the order the
+     * program issued them across all its groups (their futures are then often complete when the
+     * call returns). For a backend whose blocking calls exclude each other process-wide (mpi below
+     * MPI_THREAD_MULTIPLE): run by the workers of two groups, they could start in different orders
+     * on different ranks and wait for each other. May be NULL. */
+    bool (*issue_on_caller)(void *state);
 } td_backend_ops;
 
 /* Registers a backend by ops->name (the ops struct must outlive the program's use of it).

@@ -490,15 +490,16 @@ static void run_work(td_pg *pg, td_work *w);
  * a small operation's time. `running` keeps the worker off the backend meanwhile, so operations
  * still reach it one at a time in issue order; the watchdog sees the work among the in-flight
  * ones. Called with pg->mu held; releases it. */
-static td_status run_inline_locked(td_pg *pg, td_work *w, int64_t now)
+static td_status run_inline_locked(td_pg *pg, td_work *w, int64_t now, td_future **fut)
 {
     stamp_work(pg, w, now);
     /* No future: pg_work_finish leaves the result here, on this thread's stack, and w may be
      * recycled as soon as it has (the caller does not touch w after run_work). A receive's
-     * result, its sender, travels in a future. */
+     * result, its sender, travels in a future, as does the result of an asynchronous call
+     * (issue_on_caller), which the caller gets back in *fut. */
     pg_sync sync = {.status = TD_OK};
     td_future *f = NULL;
-    if (w->is_p2p)
+    if (w->is_p2p || fut)
         f = td_future_retain(w->future = td_future_new());
     else
         w->sync = &sync;
@@ -512,6 +513,11 @@ static td_status run_inline_locked(td_pg *pg, td_work *w, int64_t now)
      * returned (a backend that completes later): the worker must watch its deadline. */
     if (pg->qhead || (f ? !td_future_is_completed(f) : !sync.done))
         pthread_cond_broadcast(&pg->cv);
+    if (fut) {
+        pthread_mutex_unlock(&pg->mu);
+        *fut = f;
+        return TD_OK;
+    }
     if (f) {
         pthread_mutex_unlock(&pg->mu);
         td_status st = td_future_wait(f, 0);
@@ -549,8 +555,9 @@ td_status pg_issue(td_pg *pg, td_work **ws, int n, td_future **futs)
     /* The issue time serves the deadline and the watchdog, at millisecond precision; only a trace
      * callback, which reports durations, needs the precise clock. */
     int64_t now = pg_traced(pg) ? td_now_ns() : td_now_coarse_ns();
-    if (!futs && n == 1 && pg->ops->inline_submit && !pg->qhead && !pg->running)
-        return run_inline_locked(pg, ws[0], now);
+    if (n == 1 && pg->ops->inline_submit && !pg->qhead && !pg->running &&
+        (!futs || (pg->ops->issue_on_caller && pg->ops->issue_on_caller(pg->state))))
+        return run_inline_locked(pg, ws[0], now, futs);
     for (int i = 0; i < n; i++) {
         td_work *w = ws[i];
         stamp_work(pg, w, now);

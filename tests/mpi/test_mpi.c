@@ -3,7 +3,7 @@
  * tests/pg covers every collective): ranks from MPI and PyTorch's warning, capability queries, MPI
  * errors returned with MPI's words (not aborting the job), NaN through MIN/MAX, the nonblocking
  * mode and a collective abandoned at the group's timeout, MPI serialized below
- * MPI_THREAD_MULTIPLE, an MPI the program initialized itself, and env:// from mpirun's variables
+ * MPI_THREAD_MULTIPLE (collectives of several groups in program order), an MPI the program initialized itself, and env:// from mpirun's variables
  * with the tcp backend (tdist issue 7). */
 #include <fcntl.h>
 #include <math.h>
@@ -314,6 +314,39 @@ MPI_TEST(serialized_thread_level, 3, .setup = serialized_setup)
     td_tensor_release(a);
     td_tensor_release(got);
     td_tensor_release(b);
+}
+
+/* Below MPI_THREAD_MULTIPLE a blocking MPI call holds the process's MPI lock until the peers
+ * arrive, so the collectives of different groups must start in the same order on every rank: an
+ * asynchronous all_reduce on one group, then a blocking one on another, with the ranks skewed in
+ * time, would hang if a group's worker ran the first while the caller ran the second. */
+MPI_TEST(serialized_groups_keep_program_order, 3, .setup = serialized_setup)
+{
+    int me = ctx->rank;
+    td_pg *pg = make_group(ctx, 0);
+    int all[] = {0, 1, 2};
+    td_pg *other = NULL;
+    TD_CHECK_OK(td_pg_new_group(pg, all, 3, NULL, &other));
+    td_tensor *big = filled(TD_FLOAT32, 1 << 16, 0), *small = filled(TD_INT64, 4, 0);
+    for (int i = 0; i < 40; i++) {
+        TD_CHECK_OK(td_tensor_fill(big, me + i));
+        TD_CHECK_OK(td_tensor_fill(small, me));
+        td_future *f = NULL;
+        TD_CHECK_OK(td_pg_all_reduce(pg, big, TD_OP_SUM, &f));
+        if ((i + me) % 3 == 0) {
+            struct timespec d = {0, 200000}; /* one rank late to the second group */
+            nanosleep(&d, NULL);
+        }
+        TD_CHECK_OK(td_pg_all_reduce(other, small, TD_OP_SUM, NULL));
+        TD_CHECK_OK(td_future_wait(f, 30000));
+        td_future_release(f);
+        TD_CHECK_NEAR(at(small, 3), 3, 0);
+        TD_CHECK_NEAR(at(big, (1 << 16) - 1), 3 + 3 * i, 0);
+    }
+    td_tensor_release(big);
+    td_tensor_release(small);
+    td_pg_destroy(other);
+    td_pg_destroy(pg);
 }
 
 /* ---- an MPI the program initialized ------------------------------------------------------- */

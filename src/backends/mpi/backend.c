@@ -30,7 +30,8 @@
  *     then hands it to the progress thread. Collectives overlap each other and the caller, and an
  *     abort (the group's timeout, destroy) fails them at once.
  *   - "blocking" (the default): the blocking MPI call runs on the group's worker thread, as
- *     PyTorch's ProcessGroupMPI does. The work still completes asynchronously to the caller, but
+ *     PyTorch's ProcessGroupMPI does (below MPI_THREAD_MULTIPLE on the issuing thread, in program
+ *     order: issue_on_caller). The work still completes asynchronously to the caller, but
  *     collectives of one group run one after another, and a collective waiting for a peer cannot be
  *     abandoned: the group's timeout does not fire and destroy waits for it. It is the default
  *     because Open MPI's nonblocking collectives (libnbc) are up to twice as slow as its blocking
@@ -208,13 +209,12 @@ static td_status read_config(mpi_group *g)
     static const char *const modes[] = {"blocking", "nonblocking", NULL};
     int mode = 0;
     TD_TRY(td_env_enum("TDIST_MPI_COLLECTIVES", modes, 0, &mode));
-    /* Below MPI_THREAD_MULTIPLE a blocking call would hold the serializing lock while it waits for
-     * peers, stalling the progress thread and other groups: such an MPI always posts. Not only the
-     * thread that waits anyway (the caller of a blocking call run inline) may block either: MPI
-     * never matches a blocking collective with a nonblocking one, and whether a call runs inline
-     * or on the worker differs between ranks (tried: a rank in MPI_Barrier beside one in
-     * MPI_Ibarrier waited forever). */
-    g->blocking = mode == 0 && mpi_thread_multiple();
+    /* Below MPI_THREAD_MULTIPLE too: a blocking call then holds the serializing lock until the
+     * peers arrive (the progress thread waits meanwhile; MPI progresses the posted sends and
+     * receives inside the call), and issue_on_caller keeps the collectives of all groups in
+     * program order. Every rank must choose alike: MPI never matches a blocking collective with a
+     * nonblocking one. */
+    g->blocking = mode == 0;
     int64_t us = DEFAULT_SPIN_US;
     TD_TRY(td_env_int("TDIST_MPI_SPIN_US", DEFAULT_SPIN_US, 0, 1000000, &us));
     g->spin_ns = us * 1000;
@@ -757,6 +757,14 @@ static void mpi_abort(void *state, td_status status, const char *message)
     free(msg);
 }
 
+/* Below MPI_THREAD_MULTIPLE, blocking MPI calls exclude each other: each runs where the program
+ * issued it, in program order (a single thread issuing never deadlocks; see read_config). */
+static bool mpi_issue_on_caller(void *state)
+{
+    (void)state;
+    return !mpi_thread_multiple();
+}
+
 const td_backend_ops td_backend_mpi_ops = {
     .name = "mpi",
     .create = mpi_create,
@@ -767,4 +775,5 @@ const td_backend_ops td_backend_mpi_ops = {
     .world = mpi_world,
     /* Any thread may call MPI (MPI_THREAD_MULTIPLE, or one at a time through mpi_enter). */
     .inline_submit = true,
+    .issue_on_caller = mpi_issue_on_caller,
 };

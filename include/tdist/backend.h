@@ -7,7 +7,8 @@
  * register its own with td_register_backend.
  *
  * The front end hands the backend one td_coll at a time, in issue order, from the group's worker
- * thread (or, for a backend that sets inline_submit, from the caller of a blocking operation). Arguments are already checked and normalized: ranks are group ranks, every buffer is
+ * thread (or, for a backend that sets inline_submit, from the caller of a blocking operation, and with
+ * issue_on_caller of any operation). Arguments are already checked and normalized: ranks are group ranks, every buffer is
  * contiguous memory of `dtype`, list forms are per-rank block arrays, coalesced forms are one
  * flattened buffer. The backend completes each operation exactly once with td_work_done, either
  * before submit returns (a blocking algorithm running on the worker thread) or later from its own

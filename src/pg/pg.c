@@ -485,9 +485,9 @@ static void stamp_work(td_pg *pg, td_work *w, int64_t now)
 
 static void run_work(td_pg *pg, td_work *w);
 
-/* A blocking call on an idle group runs on the caller's thread: the worker would only take the
- * operation, hand it to the backend and hand the result back, two thread switches that are most of
- * a small operation's time. `running` keeps the worker off the backend meanwhile, so operations
+/* A blocking call on an idle group (any call, for a backend with issue_on_caller) runs on the
+ * caller's thread: the worker would only take the operation, hand it to the backend and hand the
+ * result back, two thread switches that are most of a small operation's time. `running` keeps the worker off the backend meanwhile, so operations
  * still reach it one at a time in issue order; the watchdog sees the work among the in-flight
  * ones. Called with pg->mu held; releases it. */
 static td_status run_inline_locked(td_pg *pg, td_work *w, int64_t now, td_future **fut)

@@ -8,9 +8,10 @@
 # ("mpi backend overhead"): the median over the repeats of each program's time per call, and the
 # overhead over plain MPI. tdist runs in both collective modes: the default (blocking MPI calls, on
 # the caller's thread or the group's worker) and TDIST_MPI_COLLECTIVES=nonblocking (MPI_Iallreduce,
-# completed by spin-testing and the progress thread), and at TDIST_MPI_THREAD_LEVEL=serialized. The
-# plain program also runs initialized at MPI_THREAD_MULTIPLE (the level tdist asks for by default),
-# to show what that level alone costs.
+# completed by spin-testing and the progress thread), at TDIST_MPI_THREAD_LEVEL=serialized, and at
+# TDIST_MPI_THREAD_LEVEL=single (funneled mode: MPI called only on the thread that initialized it,
+# the level a plain MPI_Init program runs at). The plain program also runs initialized at
+# MPI_THREAD_MULTIPLE (the level tdist asks for by default), to show what that level alone costs.
 #
 #   bash bench/mpi/run.sh [BUILD_DIR (build/plain)] [REPEATS (3)] [SECONDS per size (0.3)]
 # Environment: WORLDS ("2 4"), MIN (1K), MAX (64M), FACTOR (4), RESULTS (bench/results).
@@ -44,6 +45,8 @@ run_one() { # impl world rep
     mpi) "$mpiexec" -n "$w" "$raw" "${common[@]}" > "$out" ;;
     mpi-mt) "$mpiexec" -n "$w" "$raw" --thread-multiple --impl openmpi-mt "${common[@]}" > "$out" ;;
     tdist) "$mpiexec" -n "$w" "$tdist" --backend mpi --impl tdist-mpi "${common[@]}" > "$out" ;;
+    tdist-single) TDIST_MPI_THREAD_LEVEL=single "$mpiexec" -n "$w" "$tdist" --backend mpi --impl tdist-mpi-single \
+                    "${common[@]}" > "$out" ;;
     tdist-ser) TDIST_MPI_THREAD_LEVEL=serialized "$mpiexec" -n "$w" "$tdist" --backend mpi --impl tdist-mpi-ser \
                  "${common[@]}" > "$out" ;;
     tdist-nb) TDIST_MPI_COLLECTIVES=nonblocking "$mpiexec" -n "$w" "$tdist" --backend mpi --impl tdist-mpi-nb \
@@ -56,7 +59,7 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 : > "$tmp/all.csv"
 for rep in $(seq "$reps"); do
   for w in $worlds; do
-    if [ $((rep % 2)) = 1 ]; then order="mpi mpi-mt tdist tdist-ser tdist-nb"; else order="tdist-nb tdist-ser tdist mpi-mt mpi"; fi
+    if [ $((rep % 2)) = 1 ]; then order="mpi mpi-mt tdist tdist-single tdist-ser tdist-nb"; else order="tdist-nb tdist-ser tdist-single tdist mpi-mt mpi"; fi
     for impl in $order; do run_one "$impl" "$w" "$rep"; done
   done
 done
@@ -89,13 +92,13 @@ for w in sorted({int(r["world"]) for r in rows}):
     print("World size %d (float32 SUM, time per call in microseconds; overhead = tdist / MPI - 1):" % w)
     print()
     print("| size | MPI_Allreduce | MPI_Allreduce, MPI_THREAD_MULTIPLE | overhead | tdist mpi | overhead "
-          "| tdist mpi, serialized | overhead | tdist mpi, nonblocking | overhead |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "| tdist mpi, single | overhead | tdist mpi, serialized | overhead | tdist mpi, nonblocking | overhead |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     fmt = lambda v: "%.2f" % v if v < 10 else "%.1f" % v
     for size in sorted({int(r["size"]) for r in rows if int(r["world"]) == w}):
         base = statistics.median(t[("openmpi", w, size)])
         cells = [fmt(base)]
-        for impl in ("openmpi-mt", "tdist-mpi", "tdist-mpi-ser", "tdist-mpi-nb"):
+        for impl in ("openmpi-mt", "tdist-mpi", "tdist-mpi-single", "tdist-mpi-ser", "tdist-mpi-nb"):
             v = statistics.median(t[(impl, w, size)])
             cells += [fmt(v), "%+.1f%%" % (100 * (v / base - 1))]
         print("| %s | %s |" % (size_name(size), " | ".join(cells)))

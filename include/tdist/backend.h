@@ -123,6 +123,15 @@ typedef struct td_backend_ops {
      * MPI_THREAD_MULTIPLE): run by the workers of two groups, they could start in different orders
      * on different ranks and wait for each other. May be NULL. */
     bool (*issue_on_caller)(void *state);
+    /* Optional, for a backend that at times has no thread of its own to advance its operations
+     * (mpi below MPI_THREAD_SERIALIZED, where only the thread that initialized MPI may call it): a
+     * thread waiting on the future of one of its operations calls this in a loop until the future
+     * completes, and td_future_is_completed calls it once. It advances what it can of the
+     * backend's operations in this process from the calling thread (every group's: it gets no
+     * state, so it may run while a group is being destroyed) and returns at once; false when
+     * waiters need not call it (the backend completes its operations itself), and they block
+     * instead. May be NULL. */
+    bool (*progress)(void);
 } td_backend_ops;
 
 /* Registers a backend by ops->name (the ops struct must outlive the program's use of it).

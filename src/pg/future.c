@@ -4,7 +4,12 @@
  * waiters and a list of callbacks. Completion happens once; it wakes the waiters and hands the
  * callbacks to the executor (executor.h), which runs them on its own thread when a group or agent
  * holds it, so they never run on the I/O thread that completed the future. then() is a callback
- * that completes a child future with the function's result. */
+ * that completes a child future with the function's result.
+ *
+ * A future may have a driver (pg_future_set_driver): the progress hook of a backend that at times
+ * has no thread of its own to advance its operations (td_backend_ops.progress). A waiter then calls
+ * it in a loop instead of just blocking, and td_future_is_completed calls it once. */
+#include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -19,6 +24,7 @@
 #include "base/ref.h"
 #include "base/thread.h"
 #include "pg/executor.h"
+#include "pg/pg_impl.h"
 
 enum { FUT_PENDING = 0, FUT_DONE = 1, FUT_FAILED = 2 };
 
@@ -37,6 +43,7 @@ struct td_future {
     char *error;
     td_value *value;
     fut_cb *cbs, *cbs_tail;
+    bool (*drive)(void);         /* see pg_future_set_driver; NULL for none */
     struct td_future *pool_next; /* in the pool of released futures */
 };
 
@@ -126,8 +133,11 @@ td_future *td_future_new(void)
     td_ref_init(&f->ref);
     atomic_store(&f->state, FUT_PENDING);
     f->status = TD_OK;
+    f->drive = NULL;
     return f;
 }
+
+void pg_future_set_driver(td_future *f, bool (*drive)(void)) { f->drive = drive; }
 
 td_future *td_future_completed(td_value *value)
 {
@@ -275,11 +285,47 @@ static bool wait_locked(td_future *f, int64_t deadline_ns)
     return true;
 }
 
+/* Drive this long, yielding between rounds, before sleeping between them: an operation that takes
+ * longer most likely waits for a slow peer. Sleeps grow to DRIVE_SLEEP_MAX_NS. */
+#define DRIVE_SPIN_NS (20 * 1000 * 1000)
+#define DRIVE_SLEEP_MAX_NS (200 * 1000)
+
+/* Calls f's driver until f completes (true), the deadline passes or the driver says it is not
+ * needed (false: the caller blocks as usual). A completion from elsewhere (an abort, say) wakes a
+ * sleeping round at once. */
+static bool drive_until(td_future *f, int64_t deadline_ns)
+{
+    int64_t start = td_now_ns(), sleep_ns = 0;
+    for (;;) {
+        if (!f->drive())
+            return false;
+        if (atomic_load(&f->state) != FUT_PENDING)
+            return true;
+        int64_t now = td_now_ns();
+        if (now >= deadline_ns)
+            return false;
+        if (now - start < DRIVE_SPIN_NS) {
+            sched_yield();
+            continue;
+        }
+        sleep_ns = sleep_ns ? sleep_ns * 2 : 2000;
+        if (sleep_ns > DRIVE_SLEEP_MAX_NS)
+            sleep_ns = DRIVE_SLEEP_MAX_NS;
+        int64_t until = now + sleep_ns < deadline_ns ? now + sleep_ns : deadline_ns;
+        pthread_mutex_lock(&f->mu);
+        if (atomic_load(&f->state) == FUT_PENDING)
+            td_cond_wait_until(&f->cv, &f->mu, until);
+        pthread_mutex_unlock(&f->mu);
+    }
+}
+
 static td_status wait_until(td_future *f, int64_t deadline_ns, int64_t timeout_ms)
 {
     if (!f)
         return td_error(TD_ERR_INVALID, "td_future_wait: future is NULL");
     bool done = atomic_load(&f->state) != FUT_PENDING; /* complete() stored it last */
+    if (!done && f->drive)
+        done = drive_until(f, deadline_ns);
     if (!done) {
         pthread_mutex_lock(&f->mu);
         done = wait_locked(f, deadline_ns);
@@ -321,7 +367,14 @@ td_status td_future_wait_all(td_future *const *fs, int n, int64_t timeout_ms)
     return first;
 }
 
-bool td_future_is_completed(const td_future *f) { return f && atomic_load(&f->state) != FUT_PENDING; }
+bool td_future_is_completed(const td_future *f)
+{
+    if (!f)
+        return false;
+    if (atomic_load(&f->state) == FUT_PENDING && f->drive)
+        f->drive();
+    return atomic_load(&f->state) != FUT_PENDING;
+}
 
 td_status td_future_status(const td_future *f)
 {

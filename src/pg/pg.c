@@ -13,6 +13,7 @@
  * Stores follow c10d: a rendezvous store gets the group's timeout and the prefix "default_pg"; each
  * group then works under "<group name>/" of that root store. */
 #include <ctype.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -485,6 +486,15 @@ static void stamp_work(td_pg *pg, td_work *w, int64_t now)
 
 static void run_work(td_pg *pg, td_work *w);
 
+/* w's future, with the backend's progress hook as its driver where the backend has one. */
+static td_future *work_future(td_pg *pg, td_work *w)
+{
+    w->future = td_future_new();
+    if (pg->ops->progress)
+        pg_future_set_driver(w->future, pg->ops->progress);
+    return td_future_retain(w->future);
+}
+
 /* A blocking call on an idle group (any call, for a backend with issue_on_caller) runs on the
  * caller's thread: the worker would only take the operation, hand it to the backend and hand the
  * result back, two thread switches that are most of a small operation's time. `running` keeps the worker off the backend meanwhile, so operations
@@ -500,7 +510,7 @@ static td_status run_inline_locked(td_pg *pg, td_work *w, int64_t now, td_future
     pg_sync sync = {.status = TD_OK};
     td_future *f = NULL;
     if (w->is_p2p || fut)
-        f = td_future_retain(w->future = td_future_new());
+        f = work_future(pg, w);
     else
         w->sync = &sync;
     pg->running = true;
@@ -525,6 +535,19 @@ static td_status run_inline_locked(td_pg *pg, td_work *w, int64_t now, td_future
         return st;
     }
     while (!sync.done) { /* completed later by another thread (pg_work_finish wakes us) */
+        if (pg->ops->progress) { /* or by us, driving the backend (td_backend_ops.progress) */
+            pthread_mutex_unlock(&pg->mu);
+            bool driving = pg->ops->progress();
+            pthread_mutex_lock(&pg->mu);
+            if (driving && !sync.done) {
+                pthread_mutex_unlock(&pg->mu);
+                sched_yield();
+                pthread_mutex_lock(&pg->mu);
+                continue;
+            }
+            if (sync.done)
+                break;
+        }
         sync.waiting = true;
         pthread_cond_wait(&pg->cv, &pg->mu);
     }
@@ -555,29 +578,37 @@ td_status pg_issue(td_pg *pg, td_work **ws, int n, td_future **futs)
     /* The issue time serves the deadline and the watchdog, at millisecond precision; only a trace
      * callback, which reports durations, needs the precise clock. */
     int64_t now = pg_traced(pg) ? td_now_ns() : td_now_coarse_ns();
-    if (n == 1 && pg->ops->inline_submit && !pg->qhead && !pg->running &&
-        (!futs || (pg->ops->issue_on_caller && pg->ops->issue_on_caller(pg->state))))
+    bool on_caller = pg->ops->inline_submit && pg->ops->issue_on_caller && pg->ops->issue_on_caller(pg->state);
+    if (n == 1 && pg->ops->inline_submit && !pg->qhead && !pg->running && (!futs || on_caller))
         return run_inline_locked(pg, ws[0], now, futs);
-    for (int i = 0; i < n; i++) {
-        td_work *w = ws[i];
-        stamp_work(pg, w, now);
-        w->future = td_future_new();
-        fs[i] = td_future_retain(w->future);
-        w->next = NULL;
-        if (pg->qtail)
-            pg->qtail->next = w;
-        else
-            pg->qhead = w;
-        pg->qtail = w;
+    int i = 0;
+    /* Several operations (batch_isend_irecv) for such a backend: each handed over here in turn,
+     * while the group stays idle. */
+    for (; on_caller && i < n && !pg->qhead && !pg->running; i++) {
+        run_inline_locked(pg, ws[i], now, &fs[i]);
+        pthread_mutex_lock(&pg->mu);
     }
-    atomic_store_explicit(&pg->queued, 1, memory_order_release);
-    pthread_cond_broadcast(&pg->cv);
+    if (i < n) {
+        for (; i < n; i++) {
+            td_work *w = ws[i];
+            stamp_work(pg, w, now);
+            fs[i] = work_future(pg, w);
+            w->next = NULL;
+            if (pg->qtail)
+                pg->qtail->next = w;
+            else
+                pg->qhead = w;
+            pg->qtail = w;
+        }
+        atomic_store_explicit(&pg->queued, 1, memory_order_release);
+        pthread_cond_broadcast(&pg->cv);
+    }
     pthread_mutex_unlock(&pg->mu);
     if (futs)
         return TD_OK;
     spin_until(waiter_spin(), future_ready, fs[n - 1]);
     td_status st = td_future_wait_all(fs, n, 0);
-    for (int i = 0; i < n; i++)
+    for (i = 0; i < n; i++)
         td_future_release(fs[i]);
     if (fs != local)
         free(fs);
@@ -602,8 +633,7 @@ static void submit(td_pg *pg, td_work *w)
 
 td_status pg_run_internal(td_pg *pg, td_work *w)
 {
-    w->future = td_future_new();
-    td_future *f = td_future_retain(w->future);
+    td_future *f = work_future(pg, w);
     w->issue_ns = td_now_ns();
     pthread_mutex_lock(&pg->mu);
     inflight_link_locked(pg, w);

@@ -174,6 +174,12 @@ void pg_work_finish(td_work *w, td_status status, int sender, char *message);
 /* Destroys pg (member or not): fails what is pending, stops the worker and the backend, frees. */
 void pg_destroy_now(td_pg *pg);
 
+/* ---- future.c ------------------------------------------------------------------------------ */
+
+/* Gives f a driver: the backend's progress hook (td_backend_ops.progress), which waiters on f call
+ * until it completes. Set before f is handed to anyone. */
+void pg_future_set_driver(td_future *f, bool (*drive)(void));
+
 /* ---- debug.c ------------------------------------------------------------------------------- */
 
 td_status pg_parse_debug_level(const char *value, pg_debug_level *out);

@@ -3,10 +3,12 @@
  * tests/pg covers every collective): ranks from MPI and PyTorch's warning, capability queries, MPI
  * errors returned with MPI's words (not aborting the job), NaN through MIN/MAX, the nonblocking
  * mode and a collective abandoned at the group's timeout, MPI serialized below
- * MPI_THREAD_MULTIPLE (collectives of several groups in program order), an MPI the program initialized itself, and env:// from mpirun's variables
- * with the tcp backend (tdist issue 7). */
+ * MPI_THREAD_MULTIPLE (collectives of several groups in program order), funneled mode below
+ * MPI_THREAD_SERIALIZED (a plain MPI_Init program's MPI), an MPI the program initialized itself,
+ * and env:// from mpirun's variables with the tcp backend (tdist issue 7). */
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -384,27 +386,130 @@ MPI_TEST(program_initialized_mpi, 2, .setup = program_init_multiple)
     MPI_Errhandler_free(&eh);
 }
 
-static void program_init_single(td_test_ctx *ctx)
+/* ---- MPI below MPI_THREAD_SERIALIZED: funneled mode ----------------------------------------- */
+
+/* Everything on the thread that initialized MPI: collectives blocking and asynchronous, sends
+ * posted before the matching receives on both sides (their futures complete only while a waiter
+ * drives MPI: there is no progress thread), a large message, an any-source receive, a batch, a
+ * subgroup; then an operation from another thread fails with the rule instead of calling MPI. */
+typedef struct off_thread {
+    td_pg *pg;
+    td_status st;
+    char msg[512];
+} off_thread;
+
+static void *all_reduce_off_thread(void *arg)
 {
-    (void)ctx;
-    int provided = -1;
-    TD_CHECK(MPI_Init_thread(NULL, NULL, MPI_THREAD_SINGLE, &provided) == MPI_SUCCESS);
-    atexit(finalize_at_exit);
+    off_thread *o = arg;
+    td_tensor *t = filled(TD_FLOAT32, 4, 1);
+    o->st = td_pg_all_reduce(o->pg, t, TD_OP_SUM, NULL);
+    snprintf(o->msg, sizeof o->msg, "%s", td_last_error());
+    td_tensor_release(t);
+    return NULL;
 }
 
-MPI_TEST(program_initialized_single_thread, 1, .setup = program_init_single)
+static void funneled_body(td_test_ctx *ctx, int want_level)
 {
     int provided = -1;
     MPI_Query_thread(&provided);
     if (provided >= MPI_THREAD_SERIALIZED)
-        TD_SKIP(TD_SKIP_GENERIC, "this MPI gives more than MPI_THREAD_SINGLE when asked for it");
-    td_pg_options o = TD_PG_OPTIONS_INIT;
-    o.backend = "mpi";
-    td_pg *pg = NULL;
-    TD_CHECK_ERR(td_pg_create(&o, &pg), TD_ERR_UNSUPPORTED,
-                 "mpi backend: MPI provides MPI_THREAD_SINGLE, but tdist calls MPI from several threads (one at a "
-                 "time) and needs at least MPI_THREAD_SERIALIZED");
-    TD_CHECK(pg == NULL);
+        TD_SKIP(TD_SKIP_GENERIC, "this MPI gives MPI_THREAD_SERIALIZED or more when asked for less");
+    TD_CHECK_EQ(provided, want_level);
+    int ws = ctx->world_size, me = ctx->rank, next = (me + 1) % ws, prev = (me + ws - 1) % ws;
+    td_pg *pg = make_group(ctx, 0);
+    td_tensor *t = filled(TD_FLOAT32, 1000, me + 1);
+    TD_CHECK_OK(td_pg_all_reduce(pg, t, TD_OP_SUM, NULL));
+    TD_CHECK_NEAR(at(t, 999), ws * (ws + 1) / 2, 0);
+    td_future *f[4];
+    TD_CHECK_OK(td_pg_all_reduce(pg, t, TD_OP_MAX, &f[0]));
+    TD_CHECK_OK(td_future_wait(f[0], 60000));
+    td_future_release(f[0]);
+    TD_CHECK_NEAR(at(t, 0), ws * (ws + 1) / 2, 0);
+
+    /* 4 MiB each way: MPI's rendezvous protocol, which moves only while both sides call MPI. */
+    int64_t n = 1 << 20;
+    td_tensor *out = filled(TD_FLOAT32, n, me), *in = filled(TD_FLOAT32, n, -1), *small = filled(TD_INT64, 3, me);
+    td_tensor *any = filled(TD_INT64, 3, -1);
+    TD_CHECK_OK(td_pg_send(pg, out, next, 3, &f[0]));
+    TD_CHECK_OK(td_pg_send(pg, small, next, 4, &f[1]));
+    TD_CHECK_OK(td_pg_recv(pg, in, prev, 3, NULL, &f[2]));
+    TD_CHECK_OK(td_future_wait_all(f, 3, 60000));
+    TD_CHECK_NEAR(at(in, n - 1), prev, 0);
+    int sender = -1;
+    TD_CHECK_OK(td_pg_recv(pg, any, TD_ANY_SOURCE, 4, &sender, NULL));
+    TD_CHECK_EQ(sender, prev);
+    TD_CHECK_NEAR(at(any, 2), prev, 0);
+    for (int i = 0; i < 3; i++)
+        td_future_release(f[i]);
+
+    td_p2p_op ops[2] = {{.is_send = true, .tensor = small, .peer = prev, .tag = 5},
+                        {.is_send = false, .tensor = any, .peer = next, .tag = 5}};
+    TD_CHECK_OK(td_pg_batch_isend_irecv(pg, ops, 2, f));
+    TD_CHECK_OK(td_future_wait_all(f, 2, 60000));
+    TD_CHECK_NEAR(at(any, 0), next, 0);
+    td_future_release(f[0]);
+    td_future_release(f[1]);
+
+    int sub_ranks[] = {0, ws - 1};
+    td_pg *sub = NULL;
+    TD_CHECK_OK(td_pg_new_group(pg, sub_ranks, 2, NULL, &sub));
+    if (me == 0 || me == ws - 1) {
+        TD_CHECK_OK(td_tensor_fill(small, me));
+        TD_CHECK_OK(td_pg_broadcast(sub, small, 1, NULL));
+        TD_CHECK_NEAR(at(small, 1), ws - 1, 0);
+    }
+    td_pg_destroy(sub);
+
+    /* Off the MPI thread: the operation fails without reaching MPI, and so does its group (its
+     * ranks' sequences of collectives no longer agree); other groups go on. */
+    td_pg *side = NULL;
+    int all[8];
+    for (int i = 0; i < ws; i++)
+        all[i] = i;
+    TD_CHECK_OK(td_pg_new_group(pg, all, ws, NULL, &side));
+    off_thread o = {.pg = side};
+    pthread_t th;
+    TD_CHECK(pthread_create(&th, NULL, all_reduce_off_thread, &o) == 0);
+    TD_CHECK(pthread_join(th, NULL) == 0);
+    TD_CHECK_EQ(o.st, TD_ERR_INVALID);
+    TD_CHECK(strstr(o.msg, "tdist calls MPI only on the thread that initialized it, and the all_reduce came from "
+                           "another thread") != NULL);
+    TD_CHECK_ERR(td_pg_barrier(side, NULL), TD_ERR_INVALID, "came from another thread");
+    td_pg_destroy(side);
+    TD_CHECK_OK(td_pg_barrier(pg, NULL));
+    td_tensor_release(t);
+    td_tensor_release(out);
+    td_tensor_release(in);
+    td_tensor_release(small);
+    td_tensor_release(any);
+    td_pg_destroy(pg);
+}
+
+static void program_init_single(td_test_ctx *ctx)
+{
+    TD_CHECK(MPI_Init(NULL, NULL) == MPI_SUCCESS); /* a plain MPI program: MPI_THREAD_SINGLE */
+    atexit(finalize_at_exit);
+    mpi_setup(ctx);
+}
+
+MPI_TEST(program_initialized_single_thread, 3, .setup = program_init_single)
+{
+    funneled_body(ctx, MPI_THREAD_SINGLE);
+}
+
+static void funneled_nonblocking_setup(td_test_ctx *ctx)
+{
+    /* Read once, when tdist initializes MPI / creates a group. Nonblocking collectives too wait in
+     * the list that waiters drive. */
+    setenv("TDIST_MPI_THREAD_LEVEL", "funneled", 1);
+    setenv("TDIST_MPI_COLLECTIVES", "nonblocking", 1);
+    setenv("TDIST_MPI_SPIN_US", "0", 1);
+    mpi_setup(ctx);
+}
+
+MPI_TEST(funneled_thread_level_nonblocking, 2, .setup = funneled_nonblocking_setup)
+{
+    funneled_body(ctx, MPI_THREAD_FUNNELED);
 }
 
 /* ---- env:// from mpirun's variables, with the tcp backend (tdist issue 7) -------------------- */

@@ -19,7 +19,10 @@
  *
  * Threads: submit runs on the group's worker, or on the caller of a blocking operation when the
  * group is idle (inline_submit), so that a small blocking collective is one MPI call on the
- * caller's thread, as in a plain MPI program.
+ * caller's thread, as in a plain MPI program. Below MPI_THREAD_SERIALIZED (funneled mode,
+ * runtime.c) every operation is handed over on the issuing thread, which must be the thread that
+ * initialized MPI (others get TD_ERR_INVALID), and waiters complete requests through the progress
+ * hook instead of the progress thread.
  *
  * Completion. Sends and receives are always MPI_Isend / MPI_Irecv: submit never blocks on a peer,
  * so isend/irecv pairs posted in any order never deadlock, and the progress thread (runtime.c)
@@ -55,6 +58,7 @@
 #include "base/alloc.h"
 #include "base/clock.h"
 #include "base/env.h"
+#include "base/log.h"
 #include "base/error.h"
 #include "base/thread.h"
 
@@ -86,6 +90,7 @@ static bool reduces(td_coll_kind k)
 static td_status mpi_world(int *rank, int *size)
 {
     TD_TRY(mpi_rt_init());
+    TD_TRY(mpi_check_thread("td_pg_create"));
     mpi_enter();
     int rc = MPI_Comm_rank(MPI_COMM_WORLD, rank);
     if (rc == MPI_SUCCESS)
@@ -233,6 +238,11 @@ static void group_free(mpi_group *g)
 static td_status mpi_create(const td_backend_args *a, void **state)
 {
     TD_TRY(mpi_rt_acquire());
+    td_status ts = mpi_check_thread("creating a group");
+    if (ts != TD_OK) {
+        mpi_rt_release();
+        return ts;
+    }
     mpi_group *g = TD_NEW(mpi_group);
     g->comm = MPI_COMM_NULL;
     g->rank = a->rank;
@@ -262,9 +272,14 @@ static void mpi_destroy(void *state)
 {
     mpi_group *g = state;
     /* Requests still out belong to aborted ops; MPI frees the communicator once they are done. */
-    mpi_enter();
-    MPI_Comm_free(&g->comm);
-    mpi_leave();
+    if (mpi_on_mpi_thread()) {
+        mpi_enter();
+        MPI_Comm_free(&g->comm);
+        mpi_leave();
+    } else {
+        TD_LOG_WARN("mpi backend: group destroyed on a thread that may not call MPI (funneled mode); its "
+                    "communicator is left to MPI_Finalize");
+    }
     group_free(g);
     mpi_rt_release();
 }
@@ -642,6 +657,13 @@ static td_status mpi_submit(void *state, const td_coll *coll, td_work *work)
     mpi_group *g = state;
     if (fail_if_aborted(g, work))
         return TD_OK;
+    if (!mpi_on_mpi_thread()) {
+        char *what = td_asprintf("the %s", td_coll_kind_name(coll->kind));
+        td_status st = mpi_check_thread(what);
+        free(what);
+        td_work_done(work, st, -1, NULL);
+        return TD_OK;
+    }
     MPI_Datatype dt;
     MPI_Op mop = MPI_OP_NULL;
     td_status st = check_types(coll->kind, coll->dtype, coll->op.kind, &dt, &mop);
@@ -758,7 +780,8 @@ static void mpi_abort(void *state, td_status status, const char *message)
 }
 
 /* Below MPI_THREAD_MULTIPLE, blocking MPI calls exclude each other: each runs where the program
- * issued it, in program order (a single thread issuing never deadlocks; see read_config). */
+ * issued it, in program order (a single thread issuing never deadlocks; see read_config). Below
+ * MPI_THREAD_SERIALIZED, the issuing thread is the only one that may call MPI. */
 static bool mpi_issue_on_caller(void *state)
 {
     (void)state;
@@ -776,4 +799,5 @@ const td_backend_ops td_backend_mpi_ops = {
     /* Any thread may call MPI (MPI_THREAD_MULTIPLE, or one at a time through mpi_enter). */
     .inline_submit = true,
     .issue_on_caller = mpi_issue_on_caller,
+    .progress = mpi_rt_progress,
 };

@@ -37,6 +37,17 @@ void mpi_rt_release(void);
 void mpi_enter(void);
 void mpi_leave(void);
 bool mpi_thread_multiple(void);
+/* Funneled mode: MPI below MPI_THREAD_SERIALIZED, so tdist calls it only on the thread that
+ * initialized it (the MPI thread) and runs no progress thread. */
+bool mpi_funneled(void);
+/* true unless in funneled mode on a thread other than the MPI thread. */
+bool mpi_on_mpi_thread(void);
+/* TD_OK where this thread may call MPI, else TD_ERR_INVALID naming what (e.g. "the all_reduce")
+ * and the rule. */
+td_status mpi_check_thread(const char *what);
+/* The backend's progress hook (td_backend_ops.progress): in funneled mode, on the MPI thread, one
+ * test of the requests in flight; false when not in funneled mode (the progress thread works). */
+bool mpi_rt_progress(void);
 /* Sets the thread's error from an MPI error code: "<what> failed: <MPI's error string>", with a
  * td_status chosen by the error class. Returns that status. */
 td_status mpi_error(int code, const char *what);
@@ -77,7 +88,8 @@ void mpi_op_reset(mpi_op *op);
 void mpi_op_free(mpi_op *op);
 /* Grows scratch buffer i to at least bytes; NULL with the error set when allocation fails. */
 void *mpi_op_scratch(mpi_op *op, int i, size_t bytes);
-/* Hands a posted op to the progress thread, which calls mpi_op_complete when its request ends. */
+/* Hands a posted op to the progress thread (in funneled mode: to the list mpi_rt_progress tests),
+ * which calls mpi_op_complete when its request ends. */
 void mpi_rt_track(mpi_op *op);
 
 /* ---- backend.c ---------------------------------------------------------------------------- */

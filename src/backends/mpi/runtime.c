@@ -5,10 +5,17 @@
  * level TDIST_MPI_THREAD_LEVEL names), with MPI_ERRORS_RETURN on MPI_COMM_WORLD so that a failure
  * becomes a td_status instead of aborting the job, and MPI_Finalize registered with atexit, as
  * PyTorch's ProcessGroupMPI does. A program that initialized MPI itself keeps its MPI (and its
- * finalization); it must provide at least MPI_THREAD_SERIALIZED, because tdist calls MPI from the
- * group's worker, the progress thread and the thread that creates groups. Below
- * MPI_THREAD_MULTIPLE every MPI call tdist makes goes through one recursive lock (mpi_enter), held
- * only for the call.
+ * finalization). At MPI_THREAD_SERIALIZED or above, tdist calls MPI from the group's worker, the
+ * progress thread and the threads that issue operations; below MPI_THREAD_MULTIPLE every MPI call
+ * tdist makes goes through one recursive lock (mpi_enter), held only for the call.
+ *
+ * Below MPI_THREAD_SERIALIZED (an MPI the program initialized with MPI_Init, or
+ * TDIST_MPI_THREAD_LEVEL=single or funneled) only the thread that initialized MPI may call it:
+ * tdist then calls MPI on that thread alone ("funneled mode"). Every operation of an mpi group must
+ * be issued there (mpi_check_thread fails the others); there is no progress thread: requests that
+ * did not finish at once wait in a list that the backend's progress hook tests (mpi_rt_progress),
+ * called on that thread by whoever waits on their futures. It is the mode in which Open MPI runs
+ * without its own locks (at MPI_THREAD_SINGLE), as fast as a plain MPI program.
  *
  * The progress thread owns every posted request that did not finish at once: it MPI_Testsome's
  * them, hands each finished one to mpi_op_complete, and cancels receives of aborted groups. While
@@ -35,9 +42,11 @@
 /* ---- MPI itself --------------------------------------------------------------------------- */
 
 static pthread_mutex_t g_init_mu = PTHREAD_MUTEX_INITIALIZER;
-static bool g_ready;           /* MPI is initialized and adopted */
+static _Atomic bool g_ready;   /* MPI is initialized and adopted */
 static bool g_we_initialized;  /* so we finalize it at exit */
 static int g_provided;
+static bool g_funneled;        /* below MPI_THREAD_SERIALIZED: MPI only on g_main */
+static pthread_t g_main;       /* the thread that initialized MPI (funneled mode) */
 static pthread_mutex_t g_serial = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP; /* below MPI_THREAD_MULTIPLE */
 
 static const char *level_name(int level)
@@ -64,6 +73,21 @@ void mpi_leave(void)
 }
 
 bool mpi_thread_multiple(void) { return g_provided >= MPI_THREAD_MULTIPLE; }
+
+bool mpi_funneled(void) { return atomic_load_explicit(&g_ready, memory_order_acquire) && g_funneled; }
+
+bool mpi_on_mpi_thread(void) { return !mpi_funneled() || pthread_equal(pthread_self(), g_main); }
+
+td_status mpi_check_thread(const char *what)
+{
+    if (mpi_on_mpi_thread())
+        return TD_OK;
+    return td_error(TD_ERR_INVALID,
+                    "mpi backend: MPI provides %s, so tdist calls MPI only on the thread that initialized it, "
+                    "and %s came from another thread: issue every operation of mpi groups on that thread, or "
+                    "initialize MPI with MPI_THREAD_SERIALIZED or higher (TDIST_MPI_THREAD_LEVEL)",
+                    level_name(g_provided), what);
+}
 
 char *mpi_error_text(int code, const char *what, td_status *status)
 {
@@ -140,14 +164,23 @@ static td_status init_locked(void)
     } else {
         MPI_Query_thread(&g_provided);
     }
-    if (g_provided < MPI_THREAD_SERIALIZED)
-        return td_error(TD_ERR_UNSUPPORTED,
-                        "mpi backend: MPI provides %s, but tdist calls MPI from several threads (one at a time) and "
-                        "needs at least MPI_THREAD_SERIALIZED: initialize MPI with MPI_Init_thread(..., "
-                        "MPI_THREAD_MULTIPLE, ...), or let tdist initialize it",
-                        level_name(g_provided));
-    g_ready = true;
-    if (!mpi_thread_multiple())
+    if (g_provided < MPI_THREAD_SERIALIZED) {
+        int is_main = 0;
+        MPI_Is_thread_main(&is_main);
+        if (!is_main)
+            return td_error(TD_ERR_UNSUPPORTED,
+                            "mpi backend: MPI provides %s, so only the thread that initialized MPI may call it, "
+                            "and this is another thread: make the first mpi group on that thread, or initialize "
+                            "MPI with MPI_THREAD_SERIALIZED or higher",
+                            level_name(g_provided));
+        g_funneled = true;
+        g_main = pthread_self();
+    }
+    atomic_store_explicit(&g_ready, true, memory_order_release);
+    if (g_funneled)
+        TD_LOG_INFO("mpi backend: MPI provides %s; tdist calls MPI only on this thread, where every operation of "
+                    "mpi groups must be issued", level_name(g_provided));
+    else if (!mpi_thread_multiple())
         TD_LOG_INFO("mpi backend: MPI provides %s; tdist serializes its MPI calls", level_name(g_provided));
     return TD_OK;
 }
@@ -155,7 +188,7 @@ static td_status init_locked(void)
 td_status mpi_rt_init(void)
 {
     pthread_mutex_lock(&g_init_mu);
-    td_status st = g_ready ? TD_OK : init_locked();
+    td_status st = atomic_load(&g_ready) ? TD_OK : init_locked();
     pthread_mutex_unlock(&g_init_mu);
     if (st != TD_OK)
         return st;
@@ -241,15 +274,6 @@ static pthread_t g_thread;
 static mpi_op *g_incoming;
 
 static void cv_init(void) { td_cond_init(&g_cv); }
-
-void mpi_rt_track(mpi_op *op)
-{
-    pthread_mutex_lock(&g_mu);
-    op->next = g_incoming;
-    g_incoming = op;
-    pthread_cond_signal(&g_cv);
-    pthread_mutex_unlock(&g_mu);
-}
 
 typedef struct active_set {
     size_t n, cap;
@@ -338,6 +362,68 @@ static int64_t poll_max_ns(void)
     return us * 1000;
 }
 
+/* One MPI_Testsome over a's requests: completes the ops whose requests finished (and, when the
+ * call itself fails, every op: their requests are abandoned) and drops them from a. Returns how
+ * many it completed. */
+static int test_round(active_set *a)
+{
+    cancel_aborted(a);
+    int done = 0;
+    mpi_enter();
+    int rc = MPI_Testsome((int)a->n, a->reqs, &done, a->idx, a->sts);
+    mpi_leave();
+    if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
+        for (size_t i = 0; i < a->n; i++) {
+            a->ops[i]->status.MPI_ERROR = rc;
+            mpi_op_complete(a->ops[i]);
+            a->ops[i] = NULL;
+        }
+        done = (int)a->n;
+    } else {
+        if (done == MPI_UNDEFINED)
+            done = 0;
+        for (int k = 0; k < done; k++) {
+            mpi_op *op = a->ops[a->idx[k]];
+            op->status = a->sts[k];
+            if (rc == MPI_SUCCESS)
+                op->status.MPI_ERROR = MPI_SUCCESS;
+            a->ops[a->idx[k]] = NULL;
+            mpi_op_complete(op);
+        }
+    }
+    active_compact(a);
+    return done;
+}
+
+/* Funneled mode: the requests in flight, touched only on the MPI thread. */
+static active_set g_caller;
+static bool g_caller_busy; /* a round is running (completion never re-enters it, but be sure) */
+
+void mpi_rt_track(mpi_op *op)
+{
+    if (mpi_funneled()) { /* on the MPI thread: submit runs nowhere else */
+        active_add(&g_caller, op);
+        return;
+    }
+    pthread_mutex_lock(&g_mu);
+    op->next = g_incoming;
+    g_incoming = op;
+    pthread_cond_signal(&g_cv);
+    pthread_mutex_unlock(&g_mu);
+}
+
+bool mpi_rt_progress(void)
+{
+    if (!mpi_funneled())
+        return false;
+    if (g_caller.n && !g_caller_busy && mpi_on_mpi_thread()) {
+        g_caller_busy = true;
+        test_round(&g_caller);
+        g_caller_busy = false;
+    }
+    return true;
+}
+
 static void *progress_main(void *arg)
 {
     (void)arg;
@@ -360,32 +446,9 @@ static void *progress_main(void *arg)
         }
         pthread_mutex_unlock(&g_mu);
 
-        cancel_aborted(&a);
-        int done = 0;
-        mpi_enter();
-        int rc = MPI_Testsome((int)a.n, a.reqs, &done, a.idx, a.sts);
-        mpi_leave();
-        if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
-            /* The call itself failed: fail every request it was given (they are abandoned). */
-            for (size_t i = 0; i < a.n; i++) {
-                a.ops[i]->status.MPI_ERROR = rc;
-                mpi_op_complete(a.ops[i]);
-                a.ops[i] = NULL;
-            }
-            done = 0;
-        }
-        for (int k = 0; k < done && done != MPI_UNDEFINED; k++) {
-            mpi_op *op = a.ops[a.idx[k]];
-            op->status = a.sts[k];
-            if (rc == MPI_SUCCESS)
-                op->status.MPI_ERROR = MPI_SUCCESS;
-            a.ops[a.idx[k]] = NULL;
-            mpi_op_complete(op);
-        }
-        active_compact(&a);
-
+        int done = test_round(&a);
         int64_t now = td_now_ns();
-        if (done > 0 && done != MPI_UNDEFINED) {
+        if (done > 0) {
             last_done = now;
             sleep_ns = 0;
         }
@@ -436,7 +499,7 @@ td_status mpi_rt_acquire(void)
     pthread_once(&g_cv_once, cv_init);
     pthread_mutex_lock(&g_life_mu);
     td_status st = TD_OK;
-    if (g_holds == 0 && !g_running) {
+    if (g_holds == 0 && !g_running && !mpi_funneled()) {
         st = td_thread_start(&g_thread, "td-mpi-progress", progress_main, NULL);
         g_running = st == TD_OK;
     }

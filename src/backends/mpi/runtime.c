@@ -60,15 +60,16 @@ static const char *level_name(int level)
     }
 }
 
+/* In funneled mode only the MPI thread calls MPI: there is nothing to serialize. */
 void mpi_enter(void)
 {
-    if (g_provided < MPI_THREAD_MULTIPLE)
+    if (g_provided < MPI_THREAD_MULTIPLE && !g_funneled)
         pthread_mutex_lock(&g_serial);
 }
 
 void mpi_leave(void)
 {
-    if (g_provided < MPI_THREAD_MULTIPLE)
+    if (g_provided < MPI_THREAD_MULTIPLE && !g_funneled)
         pthread_mutex_unlock(&g_serial);
 }
 
@@ -202,12 +203,14 @@ static mpi_op *g_pool;
 
 void mpi_op_reset(mpi_op *op)
 {
-    mpi_op keep = *op;
+    void *scratch[2] = {op->scratch[0], op->scratch[1]};
+    size_t cap[2] = {op->scratch_cap[0], op->scratch_cap[1]}, ints_cap = op->ints_cap;
+    int *ints = op->ints;
     memset(op, 0, sizeof *op);
-    memcpy(op->scratch, keep.scratch, sizeof op->scratch);
-    memcpy(op->scratch_cap, keep.scratch_cap, sizeof op->scratch_cap);
-    op->ints = keep.ints;
-    op->ints_cap = keep.ints_cap;
+    memcpy(op->scratch, scratch, sizeof scratch);
+    memcpy(op->scratch_cap, cap, sizeof cap);
+    op->ints = ints;
+    op->ints_cap = ints_cap;
 }
 
 void mpi_op_free(mpi_op *op)

@@ -25,8 +25,9 @@
 
 /* ---- runtime.c ---------------------------------------------------------------------------- */
 
-/* Initializes MPI once per process (MPI_Init_thread asking for MPI_THREAD_MULTIPLE), or adopts an
- * MPI the program initialized, which must provide at least MPI_THREAD_SERIALIZED. */
+/* Initializes MPI once per process (MPI_Init_thread asking for MPI_THREAD_MULTIPLE, or the level
+ * TDIST_MPI_THREAD_LEVEL names), or adopts an MPI the program initialized, at any level (below
+ * MPI_THREAD_SERIALIZED only on the thread that initialized it: funneled mode). */
 td_status mpi_rt_init(void);
 /* A group's hold on the runtime: the first starts the progress thread, the last stops and joins
  * it. acquire initializes MPI if needed. */

@@ -14,8 +14,8 @@
  * tdist then calls MPI on that thread alone ("funneled mode"). Every operation of an mpi group must
  * be issued there (mpi_check_thread fails the others); there is no progress thread: requests that
  * did not finish at once wait in a list that the backend's progress hook tests (mpi_rt_progress),
- * called on that thread by whoever waits on their futures. It is the mode in which Open MPI runs
- * without its own locks (at MPI_THREAD_SINGLE), as fast as a plain MPI program.
+ * called on that thread by whoever waits on their futures. At MPI_THREAD_SINGLE Open MPI takes
+ * none of its own locks, as for a plain MPI_Init program (it takes them at every level above).
  *
  * The progress thread owns every posted request that did not finish at once: it MPI_Testsome's
  * them, hands each finished one to mpi_op_complete, and cancels receives of aborted groups. While

@@ -12,6 +12,10 @@
 # TDIST_MPI_THREAD_LEVEL=single (funneled mode: MPI called only on the thread that initialized it,
 # the level a plain MPI_Init program runs at). The plain program also runs initialized at
 # MPI_THREAD_MULTIPLE (the level tdist asks for by default), to show what that level alone costs.
+# Then, because launches of one program differ by more than the overhead at small sizes, the
+# same comparison inside one process (bench/mpi/mpi_ab.c: an MPI_Init program with a tdist group,
+# alternating batches of MPI_Allreduce and td_pg_all_reduce), REPEATS launches per world size from
+# MIN up to AB_MAX (64K).
 #
 #   bash bench/mpi/run.sh [BUILD_DIR (build/plain)] [REPEATS (3)] [SECONDS per size (0.3)]
 # Environment: WORLDS ("2 4"), MIN (1K), MAX (64M), FACTOR (4), RESULTS (bench/results).
@@ -30,10 +34,12 @@ if [ ! -x "$build/tdist-mpiexec" ]; then
   echo "bench/mpi: $build was configured without MPI (apt-get install libopenmpi-dev openmpi-bin, then re-run cmake); skipping" >&2
   exit 0
 fi
-cmake --build "$build" --target tdist-bench bench_mpi_allreduce >/dev/null
+cmake --build "$build" --target tdist-bench bench_mpi_allreduce bench_mpi_ab >/dev/null
 mpiexec=$build/tdist-mpiexec
 tdist=$build/tools/tdist-bench/tdist-bench
 raw=$build/bench/mpi/mpi_allreduce
+ab=$build/bench/mpi/mpi_ab
+ab_max=${AB_MAX:-64K}
 mkdir -p "$results"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -63,17 +69,26 @@ for rep in $(seq "$reps"); do
     for impl in $order; do run_one "$impl" "$w" "$rep"; done
   done
 done
+: > "$tmp/ab.csv"
+for rep in $(seq "$reps"); do
+  for w in $worlds; do
+    "$mpiexec" -n "$w" "$ab" --min "$min" --max "$ab_max" --factor "$factor" --csv --no-header | sed "s/\$/,$rep/" >> "$tmp/ab.csv"
+    echo "bench/mpi: mpi_ab, world $w, run $rep" >&2
+  done
+done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 { echo "impl,op,world,dtype,redop,root,size,count,time_us,algbw_gbs,busbw_gbs,wrong,iters,rep"; cat "$tmp/all.csv"; } \
   > "$results/mpi_overhead.csv"
+{ echo "impl,op,world,dtype,redop,root,size,count,time_us,algbw_gbs,busbw_gbs,wrong,iters,rep"; cat "$tmp/ab.csv"; } \
+  > "$results/mpi_overhead_same_process.csv"
 
 mpi_version=$("${MPIEXEC:-mpiexec}" --version 2>/dev/null | head -1 || true)
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 machine="$(nproc) cores ($cpu), $(. /etc/os-release; echo "$PRETTY_NAME")"
 flags=$(sed -n 's/^exec "\([^"]*\)" /\1 /p' "$mpiexec" | sed 's/ "\$@"$//')
-python3 - "$results/mpi_overhead.csv" "$reps" "$secs" "$mpi_version" "$machine" "$load_before" "$load_after" "$flags" <<'PY' | tee "$results/mpi_overhead.md"
+python3 - "$results/mpi_overhead.csv" "$results/mpi_overhead_same_process.csv" "$reps" "$secs" "$mpi_version" "$machine" "$load_before" "$load_after" "$flags" <<'PY' | tee "$results/mpi_overhead.md"
 import csv, statistics, sys
-path, reps, secs, mpi_v, machine, load0, load1, flags = sys.argv[1:]
+path, ab_path, reps, secs, mpi_v, machine, load0, load1, flags = sys.argv[1:]
 rows = list(csv.DictReader(open(path)))
 t = {}
 for r in rows:
@@ -102,4 +117,18 @@ for w in sorted({int(r["world"]) for r in rows}):
             v = statistics.median(t[(impl, w, size)])
             cells += [fmt(v), "%+.1f%%" % (100 * (v / base - 1))]
         print("| %s | %s |" % (size_name(size), " | ".join(cells)))
+ab = {}
+for r in csv.DictReader(open(ab_path)):
+    ab.setdefault((r["impl"], int(r["world"]), int(r["size"])), []).append(float(r["time_us"]))
+for w in sorted({k[1] for k in ab}):
+    print()
+    print("World size %d, in one process (mpi_ab: MPI_Init, tdist in funneled mode; median over launches of "
+          "each launch's median):" % w)
+    print()
+    print("| size | MPI_Allreduce | td_pg_all_reduce | overhead | added per call (us) |")
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    for size in sorted({k[2] for k in ab if k[1] == w}):
+        m = statistics.median(ab[("mpi-same", w, size)])
+        t = statistics.median(ab[("tdist-same", w, size)])
+        print("| %s | %.2f | %.2f | %+.1f%% | %.2f |" % (size_name(size), m, t, 100 * (t / m - 1), t - m))
 PY

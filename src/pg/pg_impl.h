@@ -115,6 +115,9 @@ struct td_pg {
     int *global_ranks; /* group rank -> global rank, nranks entries */
     int nranks;
     int64_t timeout_ms;
+    /* pg_check_supported's passes: bit op of [kind][dtype] once (kind, dtype, op) passed (it is
+     * asked on every call; the answers do not change for a group). */
+    _Atomic uint32_t supported[TD_COLL_KIND_COUNT][TD_DTYPE_COUNT];
     pg_debug_level debug;
     td_store *base_store;  /* the root's store, under which every group of the root has its prefix */
     td_store *store;       /* base_store prefixed with "<name>/" */

@@ -48,6 +48,11 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static td_status g_init_status = TD_OK;
 static char g_init_msg[512];
 
+/* mpi_reduce_op's answers, worked out once at init (it is asked on every reducing call). */
+static bool g_op_ok[TD_REDUCE_OP_COUNT][TD_DTYPE_COUNT];
+static MPI_Op g_op[TD_REDUCE_OP_COUNT][TD_DTYPE_COUNT];
+static bool reduce_op_lookup(td_reduce_op kind, td_dtype dtype, MPI_Op *out);
+
 static void types_init_once(void)
 {
     int rc = MPI_Type_contiguous(2, MPI_BYTE, &g_f16);
@@ -72,7 +77,12 @@ static void types_init_once(void)
     if (rc != MPI_SUCCESS) {
         g_init_status = mpi_error(rc, "mpi backend: creating the float16/bfloat16 datatypes and reduce ops");
         snprintf(g_init_msg, sizeof g_init_msg, "%s", td_last_error());
+        return;
     }
+    for (int k = 0; k < TD_REDUCE_OP_COUNT; k++)
+        for (int t = 0; t < TD_DTYPE_COUNT; t++)
+            g_op_ok[k][t] = reduce_op_lookup((td_reduce_op)k, (td_dtype)t, &g_op[k][t]);
+    td_error_clear();
 }
 
 td_status mpi_types_init(void)
@@ -117,6 +127,14 @@ static int user_type_index(td_dtype dtype)
 }
 
 bool mpi_reduce_op(td_reduce_op kind, td_dtype dtype, MPI_Op *out)
+{
+    if ((unsigned)kind >= TD_REDUCE_OP_COUNT || (unsigned)dtype >= TD_DTYPE_COUNT || !g_op_ok[kind][dtype])
+        return false;
+    *out = g_op[kind][dtype];
+    return true;
+}
+
+static bool reduce_op_lookup(td_reduce_op kind, td_dtype dtype, MPI_Op *out)
 {
     if (kind == TD_AVG || kind == TD_PREMUL_SUM)
         kind = TD_SUM;

@@ -285,11 +285,6 @@ static bool wait_locked(td_future *f, int64_t deadline_ns)
     return true;
 }
 
-/* Drive this long, yielding between rounds, before sleeping between them: an operation that takes
- * longer most likely waits for a slow peer. Sleeps grow to DRIVE_SLEEP_MAX_NS. */
-#define DRIVE_SPIN_NS (20 * 1000 * 1000)
-#define DRIVE_SLEEP_MAX_NS (200 * 1000)
-
 /* Calls f's driver until f completes (true), the deadline passes or the driver says it is not
  * needed (false: the caller blocks as usual). A completion from elsewhere (an abort, say) wakes a
  * sleeping round at once. */
@@ -304,13 +299,13 @@ static bool drive_until(td_future *f, int64_t deadline_ns)
         int64_t now = td_now_ns();
         if (now >= deadline_ns)
             return false;
-        if (now - start < DRIVE_SPIN_NS) {
+        if (now - start < PG_DRIVE_SPIN_NS) {
             sched_yield();
             continue;
         }
         sleep_ns = sleep_ns ? sleep_ns * 2 : 2000;
-        if (sleep_ns > DRIVE_SLEEP_MAX_NS)
-            sleep_ns = DRIVE_SLEEP_MAX_NS;
+        if (sleep_ns > PG_DRIVE_SLEEP_MAX_NS)
+            sleep_ns = PG_DRIVE_SLEEP_MAX_NS;
         int64_t until = now + sleep_ns < deadline_ns ? now + sleep_ns : deadline_ns;
         pthread_mutex_lock(&f->mu);
         if (atomic_load(&f->state) == FUT_PENDING)

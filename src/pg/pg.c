@@ -534,15 +534,23 @@ static td_status run_inline_locked(td_pg *pg, td_work *w, int64_t now, td_future
         td_future_release(f);
         return st;
     }
+    int64_t drive_start = 0;
     while (!sync.done) { /* completed later by another thread (pg_work_finish wakes us) */
         if (pg->ops->progress) { /* or by us, driving the backend (td_backend_ops.progress) */
             pthread_mutex_unlock(&pg->mu);
             bool driving = pg->ops->progress();
             pthread_mutex_lock(&pg->mu);
-            if (driving && !sync.done) {
-                pthread_mutex_unlock(&pg->mu);
-                sched_yield();
-                pthread_mutex_lock(&pg->mu);
+            if (driving && !sync.done) { /* as a future's waiter drives (future.c) */
+                int64_t t = td_now_ns();
+                drive_start = drive_start ? drive_start : t;
+                if (t - drive_start < PG_DRIVE_SPIN_NS) {
+                    pthread_mutex_unlock(&pg->mu);
+                    sched_yield();
+                    pthread_mutex_lock(&pg->mu);
+                } else {
+                    sync.waiting = true;
+                    td_cond_wait_until(&pg->cv, &pg->mu, t + PG_DRIVE_SLEEP_MAX_NS);
+                }
                 continue;
             }
             if (sync.done)

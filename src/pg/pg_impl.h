@@ -179,6 +179,12 @@ void pg_destroy_now(td_pg *pg);
 
 /* ---- future.c ------------------------------------------------------------------------------ */
 
+/* A waiter that drives a backend yields between rounds for PG_DRIVE_SPIN_NS (an operation that
+ * takes longer most likely waits for a slow peer), then sleeps between them, up to
+ * PG_DRIVE_SLEEP_MAX_NS (woken at once by a completion from another thread). */
+#define PG_DRIVE_SPIN_NS (20 * 1000 * 1000)
+#define PG_DRIVE_SLEEP_MAX_NS (200 * 1000)
+
 /* Gives f a driver: the backend's progress hook (td_backend_ops.progress), which waiters on f call
  * until it completes. Set before f is handed to anyone. */
 void pg_future_set_driver(td_future *f, bool (*drive)(void));

@@ -477,6 +477,22 @@ static void funneled_body(td_test_ctx *ctx, int want_level)
     TD_CHECK_ERR(td_pg_barrier(side, NULL), TD_ERR_INVALID, "came from another thread");
     td_pg_destroy(side);
     TD_CHECK_OK(td_pg_barrier(pg, NULL));
+    /* A late peer: the others drive for longer than the waiters' spin (20 ms), then sleep between
+     * rounds, in a blocking call and on a future. */
+    struct timespec late = {0, 60 * 1000 * 1000};
+    for (int round = 0; round < 2; round++) {
+        if (me == 0)
+            nanosleep(&late, NULL);
+        TD_CHECK_OK(td_tensor_fill(small, 1));
+        if (round == 0) {
+            TD_CHECK_OK(td_pg_all_reduce(pg, small, TD_OP_SUM, NULL));
+        } else {
+            TD_CHECK_OK(td_pg_all_reduce(pg, small, TD_OP_SUM, &f[0]));
+            TD_CHECK_OK(td_future_wait(f[0], 60000));
+            td_future_release(f[0]);
+        }
+        TD_CHECK_NEAR(at(small, 2), ws, 0);
+    }
     td_tensor_release(t);
     td_tensor_release(out);
     td_tensor_release(in);

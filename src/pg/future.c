@@ -285,45 +285,45 @@ static bool wait_locked(td_future *f, int64_t deadline_ns)
     return true;
 }
 
-/* Calls f's driver until f completes (true), the deadline passes or the driver says it is not
- * needed (false: the caller blocks as usual). A completion from elsewhere (an abort, say) wakes a
- * sleeping round at once. */
-static bool drive_until(td_future *f, int64_t deadline_ns)
+bool pg_drive_wait_locked(bool (*drive)(void), pthread_mutex_t *mu, pthread_cond_t *cv, bool (*done)(const void *),
+                          const void *arg, int64_t deadline_ns)
 {
     int64_t start = td_now_ns(), sleep_ns = 0;
     for (;;) {
-        if (!f->drive())
-            return false;
-        if (atomic_load(&f->state) != FUT_PENDING)
+        pthread_mutex_unlock(mu);
+        bool driving = drive();
+        pthread_mutex_lock(mu);
+        if (done(arg))
             return true;
         int64_t now = td_now_ns();
-        if (now >= deadline_ns)
+        if (!driving || now >= deadline_ns)
             return false;
         if (now - start < PG_DRIVE_SPIN_NS) {
+            pthread_mutex_unlock(mu);
             sched_yield();
+            pthread_mutex_lock(mu);
             continue;
         }
         sleep_ns = sleep_ns ? sleep_ns * 2 : 2000;
         if (sleep_ns > PG_DRIVE_SLEEP_MAX_NS)
             sleep_ns = PG_DRIVE_SLEEP_MAX_NS;
-        int64_t until = now + sleep_ns < deadline_ns ? now + sleep_ns : deadline_ns;
-        pthread_mutex_lock(&f->mu);
-        if (atomic_load(&f->state) == FUT_PENDING)
-            td_cond_wait_until(&f->cv, &f->mu, until);
-        pthread_mutex_unlock(&f->mu);
+        td_cond_wait_until(cv, mu, now + sleep_ns < deadline_ns ? now + sleep_ns : deadline_ns);
     }
 }
+
+static bool future_done(const void *f) { return atomic_load(&((const td_future *)f)->state) != FUT_PENDING; }
 
 static td_status wait_until(td_future *f, int64_t deadline_ns, int64_t timeout_ms)
 {
     if (!f)
         return td_error(TD_ERR_INVALID, "td_future_wait: future is NULL");
     bool done = atomic_load(&f->state) != FUT_PENDING; /* complete() stored it last */
-    if (!done && f->drive)
-        done = drive_until(f, deadline_ns);
     if (!done) {
         pthread_mutex_lock(&f->mu);
-        done = wait_locked(f, deadline_ns);
+        if (f->drive)
+            done = pg_drive_wait_locked(f->drive, &f->mu, &f->cv, future_done, f, deadline_ns);
+        if (!done)
+            done = wait_locked(f, deadline_ns);
         pthread_mutex_unlock(&f->mu);
     }
     if (!done)

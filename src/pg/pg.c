@@ -13,7 +13,6 @@
  * Stores follow c10d: a rendezvous store gets the group's timeout and the prefix "default_pg"; each
  * group then works under "<group name>/" of that root store. */
 #include <ctype.h>
-#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -486,6 +485,8 @@ static void stamp_work(td_pg *pg, td_work *w, int64_t now)
 
 static void run_work(td_pg *pg, td_work *w);
 
+static bool sync_done(const void *sync) { return ((const pg_sync *)sync)->done; }
+
 /* w's future, with the backend's progress hook as its driver where the backend has one. */
 static td_future *work_future(td_pg *pg, td_work *w)
 {
@@ -534,29 +535,17 @@ static td_status run_inline_locked(td_pg *pg, td_work *w, int64_t now, td_future
         td_future_release(f);
         return st;
     }
-    int64_t drive_start = 0;
-    while (!sync.done) { /* completed later by another thread (pg_work_finish wakes us) */
-        if (pg->ops->progress) { /* or by us, driving the backend (td_backend_ops.progress) */
-            pthread_mutex_unlock(&pg->mu);
-            bool driving = pg->ops->progress();
-            pthread_mutex_lock(&pg->mu);
-            if (driving && !sync.done) { /* as a future's waiter drives (future.c) */
-                int64_t t = td_now_ns();
-                drive_start = drive_start ? drive_start : t;
-                if (t - drive_start < PG_DRIVE_SPIN_NS) {
-                    pthread_mutex_unlock(&pg->mu);
-                    sched_yield();
-                    pthread_mutex_lock(&pg->mu);
-                } else {
-                    sync.waiting = true;
-                    td_cond_wait_until(&pg->cv, &pg->mu, t + PG_DRIVE_SLEEP_MAX_NS);
-                }
-                continue;
-            }
-            if (sync.done)
-                break;
-        }
+    /* Completed later by another thread (pg_work_finish wakes us), or by us, driving the backend
+     * (td_backend_ops.progress). */
+    bool drive = pg->ops->progress != NULL;
+    while (!sync.done) {
         sync.waiting = true;
+        if (drive) {
+            drive = false;
+            if (pg_drive_wait_locked(pg->ops->progress, &pg->mu, &pg->cv, sync_done, &sync, TD_DEADLINE_NONE))
+                break;
+            continue;
+        }
         pthread_cond_wait(&pg->cv, &pg->mu);
     }
     pthread_mutex_unlock(&pg->mu);
@@ -586,7 +575,9 @@ td_status pg_issue(td_pg *pg, td_work **ws, int n, td_future **futs)
     /* The issue time serves the deadline and the watchdog, at millisecond precision; only a trace
      * callback, which reports durations, needs the precise clock. */
     int64_t now = pg_traced(pg) ? td_now_ns() : td_now_coarse_ns();
-    bool on_caller = pg->ops->inline_submit && pg->ops->issue_on_caller && pg->ops->issue_on_caller(pg->state);
+    /* Asked only where it decides something: an asynchronous call, or several operations. */
+    bool on_caller = (futs || n > 1) && pg->ops->inline_submit && pg->ops->issue_on_caller &&
+                     pg->ops->issue_on_caller(pg->state);
     if (n == 1 && pg->ops->inline_submit && !pg->qhead && !pg->running && (!futs || on_caller))
         return run_inline_locked(pg, ws[0], now, futs);
     int i = 0;

@@ -181,9 +181,15 @@ void pg_destroy_now(td_pg *pg);
 
 /* A waiter that drives a backend yields between rounds for PG_DRIVE_SPIN_NS (an operation that
  * takes longer most likely waits for a slow peer), then sleeps between them, up to
- * PG_DRIVE_SLEEP_MAX_NS (woken at once by a completion from another thread). */
+ * PG_DRIVE_SLEEP_MAX_NS (woken at once through cv by a completion from another thread). */
 #define PG_DRIVE_SPIN_NS (20 * 1000 * 1000)
 #define PG_DRIVE_SLEEP_MAX_NS (200 * 1000)
+
+/* With mu held (released around each drive() call and each yield): drives until done(arg), true;
+ * false when drive() says it is not needed or the deadline passed. Waits on a future and blocking
+ * calls run inline both go through here. */
+bool pg_drive_wait_locked(bool (*drive)(void), pthread_mutex_t *mu, pthread_cond_t *cv, bool (*done)(const void *),
+                          const void *arg, int64_t deadline_ns);
 
 /* Gives f a driver: the backend's progress hook (td_backend_ops.progress), which waiters on f call
  * until it completes. Set before f is handed to anyone. */

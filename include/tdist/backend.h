@@ -132,6 +132,18 @@ typedef struct td_backend_ops {
      * waiters need not call it (the backend completes its operations itself), and they block
      * instead. May be NULL. */
     bool (*progress)(void);
+    /* Optional, with inline_submit: runs a collective (never SEND or RECV) of a blocking call to its
+     * end on the calling thread and returns its status (the error set on failure), in place of
+     * submit and td_work_done: no work record, no future, no completion from another thread. The
+     * front end calls it only where runs_now(state) said yes when the group was created, only on
+     * an idle group (nothing queued or running, the group not failed), with debug checks and
+     * traces off and every buffer the caller's own. Nothing watches such a call (its deadline_ns
+     * is TD_DEADLINE_NONE): offer it only where the group's timeout could not end a blocking call
+     * anyway, as with a blocking MPI call. A failure fails the group as a failed work does. For a
+     * backend whose blocking operation is one call into a library (mpi): the front end's
+     * bookkeeping per call is then a few dozen instructions. May be NULL (both are). */
+    td_status (*run_now)(void *state, const td_coll *coll);
+    bool (*runs_now)(void *state);
 } td_backend_ops;
 
 /* Registers a backend by ops->name (the ops struct must outlive the program's use of it).

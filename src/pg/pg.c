@@ -6,7 +6,9 @@
  * asked (debug.c) and submits each to the backend, which completes it with td_work_done from any
  * thread. Completion copies results back into non-contiguous user tensors, fails the group when
  * the backend failed (a failed group fails every later call with the same error), and completes
- * the future. While idle the worker watches the deadlines of operations in flight: an operation
+ * the future. A blocking call on an idle group may run on the caller's thread instead: submitted
+ * there (inline_submit), or, for a backend with run_now, handed over with no work record at all
+ * (collectives.c). While idle the worker watches the deadlines of operations in flight: an operation
  * that outlives the group's timeout fails the group with c10d's watchdog message, and aborting the
  * backend fails everything else in flight, so nothing waits forever.
  *
@@ -286,8 +288,7 @@ static char *watchdog_message(const td_work *w)
                        (long long)((td_now_ns() - w->issue_ns) / 1000000));
 }
 
-/* With pg->mu held: the group fails (the first failure wins) and the worker aborts the backend. */
-static void fail_group_locked(td_pg *pg, td_status status, const char *message)
+void pg_fail_locked(td_pg *pg, td_status status, const char *message)
 {
     if (pg->failed != TD_OK)
         return;
@@ -405,7 +406,7 @@ void pg_work_finish(td_work *w, td_status status, int sender, char *message)
     if (status != TD_OK || pg_traced(pg)) {
         pthread_mutex_lock(&pg->mu);
         if (status != TD_OK && !w->nonfatal)
-            fail_group_locked(pg, status, message);
+            pg_fail_locked(pg, status, message);
         td_exec_item *trace = pg->trace_fn && w->op != PG_OP_FINGERPRINT
                                   ? make_trace(w, status, pg->trace_fn, pg->trace_arg)
                                   : NULL;
@@ -692,7 +693,7 @@ static void *worker_main(void *arg)
             if (deadline != TD_DEADLINE_NONE && td_deadline_passed(deadline)) {
                 char *msg = watchdog_message(oldest);
                 TD_LOG_ERROR("%s", msg);
-                fail_group_locked(pg, TD_ERR_TIMEOUT, msg);
+                pg_fail_locked(pg, TD_ERR_TIMEOUT, msg);
                 free(msg);
                 continue;
             }
@@ -815,6 +816,9 @@ static td_status pg_start_member(td_pg *pg, const td_backend_ops *ops, td_store 
         return st;
     }
     pg->worker_started = true;
+    /* Only where nothing per call needs a work record: no debug check or log. */
+    pg->run_now = ops->inline_submit && ops->run_now && ops->runs_now && debug == PG_DEBUG_OFF &&
+                  ops->runs_now(pg->state);
     if (debug >= PG_DEBUG_INFO)
         td_log(TD_LOG_INFO,
                "Process group %s initialized: backend %s, rank %d of %d (global rank %d), timeout %lld ms. "
@@ -1035,7 +1039,7 @@ void pg_destroy_now(td_pg *pg)
         char *msg = td_asprintf("Process group %s was destroyed while the operation was pending", pg->name);
         pthread_mutex_lock(&pg->mu);
         pg->stop = true;
-        fail_group_locked(pg, TD_ERR_CLOSED, msg);
+        pg_fail_locked(pg, TD_ERR_CLOSED, msg);
         pthread_cond_broadcast(&pg->cv); /* also when the group had failed before */
         pthread_mutex_unlock(&pg->mu);
         /* Wakes a submit blocked on its peers; the worker then drains the queue with the error. */
@@ -1045,7 +1049,7 @@ void pg_destroy_now(td_pg *pg)
         if (pg->worker_started)
             td_thread_join(pg->worker);
         pthread_mutex_lock(&pg->mu);
-        while (pg->inflight)
+        while (pg->inflight || pg->running)
             pthread_cond_wait(&pg->cv, &pg->mu);
         pthread_mutex_unlock(&pg->mu);
         pg->ops->destroy(pg->state);

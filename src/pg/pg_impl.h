@@ -133,6 +133,7 @@ struct td_pg {
     _Atomic int queued;   /* set by pg_issue: what an idle worker spins on before it sleeps */
     td_work *inflight;
     bool running;         /* the worker or an inline caller is handing an operation to the backend */
+    bool run_now;         /* blocking collectives may go to the backend's run_now (collectives.c) */
     td_status failed;     /* TD_OK while healthy */
     char *failed_msg;
     bool backend_aborted;
@@ -169,6 +170,8 @@ void pg_work_keep(td_work *w, td_tensor *t);
 /* Queues n works in order. With futs, futs[i] gets each one's future (a new reference); without,
  * waits for them all and returns the first failure. Takes the works, even on failure. */
 td_status pg_issue(td_pg *pg, td_work **ws, int n, td_future **futs);
+/* With pg->mu held: the group fails (the first failure wins) and the worker aborts the backend. */
+void pg_fail_locked(td_pg *pg, td_status status, const char *message);
 /* Runs one operation on the backend from the worker thread, and waits for it (DETAIL's exchange). */
 td_status pg_run_internal(td_pg *pg, td_work *w);
 /* Ends a work (any thread, exactly once): copies back, fails the group if the error is fatal,

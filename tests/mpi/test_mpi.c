@@ -1,7 +1,8 @@
 /* The mpi backend's own behaviour, under the real mpirun (each case's parameter is "mpi", so CTest
  * runs it as `tdist-mpiexec -n N test_mpi --td-external <case>/mpi`; the collective suite of
  * tests/pg covers every collective): ranks from MPI and PyTorch's warning, capability queries, MPI
- * errors returned with MPI's words (not aborting the job), NaN through MIN/MAX, the nonblocking
+ * errors returned with MPI's words (not aborting the job), NaN through MIN/MAX, blocking calls
+ * handed to MPI with no work record beside ones that take the usual path, the nonblocking
  * mode and a collective abandoned at the group's timeout, MPI serialized below
  * MPI_THREAD_MULTIPLE (collectives of several groups in program order), funneled mode below
  * MPI_THREAD_SERIALIZED (a plain MPI_Init program's MPI), an MPI the program initialized itself,
@@ -202,6 +203,99 @@ MPI_TEST(nan_min_max, 2, .setup = mpi_setup)
         }
     }
     td_pg_destroy(pg);
+}
+
+/* ---- blocking collectives handed to MPI on the caller's thread, with no work record ----------- */
+
+typedef struct seq_log {
+    pthread_mutex_t mu;
+    int n;
+    char name[32];
+    uint64_t seq;
+    bool is_async;
+} seq_log;
+
+static void on_seq(const td_pg_trace_event *e, void *arg)
+{
+    seq_log *l = arg;
+    pthread_mutex_lock(&l->mu);
+    if (l->n++ == 0) {
+        snprintf(l->name, sizeof l->name, "%s", e->name);
+        l->seq = e->seq;
+        l->is_async = e->is_async;
+    }
+    pthread_mutex_unlock(&l->mu);
+}
+
+/* A blocking all_reduce or broadcast of a contiguous tensor on an idle group goes straight to
+ * MPI (td_backend_ops.run_now); everything else still takes a work record. Both kinds of call mix
+ * on one group in program order, and the group's numbering counts both. */
+MPI_TEST(blocking_calls_without_work_records, 2, .setup = mpi_setup)
+{
+    int me = ctx->rank;
+    td_pg *pg = make_group(ctx, 0);
+    td_tensor *t = filled(TD_FLOAT32, 1000, me + 1);
+    TD_CHECK_OK(td_pg_all_reduce(pg, t, TD_OP_AVG, NULL)); /* 1.5 */
+    TD_CHECK_NEAR(at(t, 999), 1.5, 0);
+    TD_CHECK_OK(td_pg_all_reduce(pg, t, TD_OP_PREMUL_SUM(2.0), NULL)); /* 6 */
+    TD_CHECK_NEAR(at(t, 0), 6, 0);
+    td_tensor *r = filled(TD_FLOAT64, 7, me * 10);
+    TD_CHECK_OK(td_pg_broadcast(pg, r, 1, NULL));
+    TD_CHECK_NEAR(at(r, 6), 10, 0);
+
+    /* An asynchronous all_reduce queued ahead of a blocking broadcast of the same tensor: the
+     * broadcast waits its turn. In the other order every rank would end with rank 0's 0. */
+    td_tensor *a = filled(TD_INT64, 5000, me);
+    td_future *f = NULL;
+    TD_CHECK_OK(td_pg_all_reduce(pg, a, TD_OP_SUM, &f));
+    TD_CHECK_OK(td_pg_broadcast(pg, a, 0, NULL));
+    TD_CHECK_OK(td_future_wait(f, 60000));
+    td_future_release(f);
+    TD_CHECK_NEAR(at(a, 4999), 1, 0);
+
+    /* A non-contiguous tensor takes the work path (a contiguous temporary, copied back). */
+    td_tensor *m = NULL, *mt = NULL;
+    TD_CHECK_OK(td_tensor_full(TD_FLOAT32, TD_SHAPE(4, 6), me + 1, &m));
+    TD_CHECK_OK(td_tensor_transpose(m, 0, 1, &mt));
+    TD_CHECK(!td_tensor_is_contiguous(mt));
+    TD_CHECK_OK(td_pg_all_reduce(pg, mt, TD_OP_MAX, NULL));
+    int64_t last[2] = {3, 5};
+    double v = 0;
+    TD_CHECK_OK(td_tensor_get_f64(m, last, &v));
+    TD_CHECK_NEAR(v, 2, 0);
+
+    /* Six collectives so far: a trace set now reports the next blocking all_reduce (a traced call
+     * takes the work path) as the group's seventh. */
+    seq_log log = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    td_pg_set_trace_callback(pg, on_seq, &log);
+    TD_CHECK_OK(td_pg_all_reduce(pg, t, TD_OP_SUM, NULL));
+    for (int i = 0; i < 5000; i++) { /* the event arrives on the callback thread */
+        pthread_mutex_lock(&log.mu);
+        int n = log.n;
+        pthread_mutex_unlock(&log.mu);
+        if (n)
+            break;
+        struct timespec d = {0, 2000000};
+        nanosleep(&d, NULL);
+    }
+    td_pg_set_trace_callback(pg, NULL, NULL);
+    pthread_mutex_lock(&log.mu);
+    TD_CHECK_EQ(log.n, 1);
+    TD_CHECK_STR_EQ(log.name, "mpi:all_reduce");
+    TD_CHECK_EQ(log.seq, 7);
+    TD_CHECK(!log.is_async);
+    pthread_mutex_unlock(&log.mu);
+    TD_CHECK_NEAR(at(t, 0), 12, 0);
+
+    /* Untraced again: straight to MPI. */
+    TD_CHECK_OK(td_pg_all_reduce(pg, t, TD_OP_MIN, NULL));
+    TD_CHECK_NEAR(at(t, 0), 12, 0);
+    td_pg_destroy(pg);
+    td_tensor_release(t);
+    td_tensor_release(r);
+    td_tensor_release(a);
+    td_tensor_release(mt);
+    td_tensor_release(m);
 }
 
 /* ---- the nonblocking mode, and a collective abandoned at the group's timeout ------------------ */

@@ -19,7 +19,9 @@
  *
  * Threads: submit runs on the group's worker, or on the caller of a blocking operation when the
  * group is idle (inline_submit), so that a small blocking collective is one MPI call on the
- * caller's thread, as in a plain MPI program. Below MPI_THREAD_SERIALIZED (funneled mode,
+ * caller's thread, as in a plain MPI program; a blocking all_reduce or broadcast comes through
+ * run_now instead, with no work record (the front end's bookkeeping would otherwise cost more than
+ * a small MPI_Allreduce's tenth). Below MPI_THREAD_SERIALIZED (funneled mode,
  * runtime.c) every operation is handed over on the issuing thread, which must be the thread that
  * initialized MPI (others get TD_ERR_INVALID), and waiters complete requests through the progress
  * hook instead of the progress thread.
@@ -304,7 +306,6 @@ static void unlink_locked(mpi_group *g, mpi_op *op)
 static td_status finish(mpi_op *op, int *sender)
 {
     const td_coll *c = &op->coll;
-    size_t es = td_dtype_size(c->dtype);
     if (op->status.MPI_ERROR != MPI_SUCCESS) {
         char *ctx = td_asprintf("mpi backend: %s #%llu", td_coll_kind_name(c->kind), (unsigned long long)c->seq);
         td_status st = mpi_error(op->status.MPI_ERROR, ctx);
@@ -327,18 +328,23 @@ static td_status finish(mpi_op *op, int *sender)
         return TD_OK;
     }
     case TD_COLL_ALL_REDUCE:
-    case TD_COLL_REDUCE_SCATTER: return td_reduce_finish(c->op.kind, c->dtype, c->out, c->count, op->size);
+    case TD_COLL_REDUCE_SCATTER:
     case TD_COLL_REDUCE:
-        return op->me == c->root ? td_reduce_finish(c->op.kind, c->dtype, c->out, c->count, op->size) : TD_OK;
+        /* Only AVG has anything left to do (MPI summed); the types were checked at submit. */
+        if (c->op.kind != TD_AVG || (c->kind == TD_COLL_REDUCE && op->me != c->root))
+            return TD_OK;
+        return td_reduce_finish(c->op.kind, c->dtype, c->out, c->count, op->size);
     case TD_COLL_ALL_GATHER:
-    case TD_COLL_GATHER:
+    case TD_COLL_GATHER: {
+        size_t es = td_dtype_size(c->dtype);
         if (op->unpack)
             for (int r = 0; r < op->size; r++)
                 memcpy(c->out_blocks[r], (char *)op->unpack + (size_t)r * c->count * es, c->count * es);
         return TD_OK;
+    }
     case TD_COLL_ALL_TO_ALL:
         if (op->unpack) {
-            size_t off = 0;
+            size_t es = td_dtype_size(c->dtype), off = 0;
             for (int r = 0; r < op->size; r++) {
                 if (c->out_counts[r])
                     memcpy(c->out_blocks[r], (char *)op->unpack + off * es, c->out_counts[r] * es);
@@ -354,20 +360,17 @@ void mpi_op_complete(mpi_op *op)
 {
     int expect = MPI_OP_PENDING;
     if (!atomic_compare_exchange_strong(&op->state, &expect, MPI_OP_COMPLETING)) {
-        mpi_op_put(op); /* aborted: its work failed already (never a spare: those are not tracked) */
+        mpi_op_put(op); /* aborted: its work failed already */
         return;
     }
     mpi_group *g = op->g;
-    if (!op->spare) { /* a spare is never on the in-flight list */
-        pthread_mutex_lock(&g->mu);
-        unlink_locked(g, op);
-        pthread_mutex_unlock(&g->mu);
-    }
+    pthread_mutex_lock(&g->mu);
+    unlink_locked(g, op);
+    pthread_mutex_unlock(&g->mu);
     int sender = -1;
     td_status st = finish(op, &sender);
     td_work *w = op->work;
-    if (!op->spare)
-        mpi_op_put(op);
+    mpi_op_put(op);
     /* Last: once the work is done the front end may destroy the group. (An error's message is in
      * td_last_error(), set by finish.) */
     td_work_done(w, st, sender, NULL);
@@ -422,8 +425,9 @@ static td_status check_tag(const mpi_group *g, int tag)
 #define MPI_CALL(blocking_call, nonblocking_call) (blocking ? (blocking_call) : (nonblocking_call))
 
 /* Starts op's MPI call (or, when blocking, runs it): op->req is MPI_REQUEST_NULL when nothing is
- * left to wait for. On failure the thread's error is set. */
-static td_status post(mpi_group *g, mpi_op *op, MPI_Datatype dt, MPI_Op mop, bool blocking)
+ * left to wait for. On failure the thread's error is set. Inlined into its two callers, each with
+ * `blocking` fixed: see mpi_run_now. */
+__attribute__((always_inline)) static inline td_status post(mpi_group *g, mpi_op *op, MPI_Datatype dt, MPI_Op mop, bool blocking)
 {
     const td_coll *c = &op->coll;
     MPI_Comm comm = g->comm;
@@ -635,65 +639,79 @@ static td_status post(mpi_group *g, mpi_op *op, MPI_Datatype dt, MPI_Op mop, boo
 
 /* ---- submit and abort ---------------------------------------------------------------------- */
 
-/* Fails work with the group's abort error, if the group was aborted. */
-static bool fail_if_aborted(mpi_group *g, td_work *work)
+/* TD_OK when coll may go to MPI now; else why not (the thread's error set): the group was
+ * aborted, the call came from a thread that may not call MPI (funneled mode), or MPI has no
+ * datatype or op for it. *dt and *mop get what MPI calls it. */
+static td_status ready(mpi_group *g, const td_coll *coll, MPI_Datatype *dt, MPI_Op *mop)
 {
-    if (!atomic_load_explicit(&g->abort_seen, memory_order_acquire))
-        return false;
-    pthread_mutex_lock(&g->mu);
-    bool aborted = g->aborted;
-    td_status st = g->abort_status;
-    char *msg = aborted ? td_strdup(g->abort_msg) : NULL;
-    pthread_mutex_unlock(&g->mu);
-    if (aborted) {
-        td_work_done(work, st, -1, "%s", msg);
-        free(msg);
+    if (atomic_load_explicit(&g->abort_seen, memory_order_acquire)) {
+        pthread_mutex_lock(&g->mu);
+        td_status st = g->aborted ? td_error(g->abort_status, "%s", g->abort_msg) : TD_OK;
+        pthread_mutex_unlock(&g->mu);
+        TD_TRY(st);
     }
-    return aborted;
+    if (!mpi_on_mpi_thread()) {
+        char *what = td_asprintf("the %s", td_coll_kind_name(coll->kind));
+        td_status st = mpi_check_thread(what);
+        free(what);
+        return st;
+    }
+    *mop = MPI_OP_NULL;
+    return check_types(coll->kind, coll->dtype, coll->op.kind, dt, mop);
+}
+
+/* A blocking collective, run to its end on this thread in the group's own op record (blocking
+ * calls of a group come one at a time): submit's blocking path, and the front end's way for a
+ * blocking all_reduce or broadcast (td_backend_ops.run_now), which then needs no work record. The
+ * MPI call is made in this frame (post is inlined): after Open MPI's wait the CPU mispredicts
+ * every return still pending, some 20 cycles each, so every frame between the program and MPI
+ * costs that much per call. */
+static td_status mpi_run_now(void *state, const td_coll *coll)
+{
+    mpi_group *g = state;
+    MPI_Datatype dt;
+    MPI_Op mop;
+    TD_TRY(ready(g, coll, &dt, &mop));
+    if (!g->spare)
+        g->spare = TD_NEW(mpi_op);
+    mpi_op *op = g->spare;
+    op->coll = *coll;
+    op->req = MPI_REQUEST_NULL;
+    op->status.MPI_ERROR = MPI_SUCCESS;
+    op->unpack = NULL;
+    op->g = g;
+    op->size = g->size;
+    op->me = g->rank;
+    int sender = -1;
+    td_status st = post(g, op, dt, mop, true);
+    return st != TD_OK ? st : finish(op, &sender);
 }
 
 static td_status mpi_submit(void *state, const td_coll *coll, td_work *work)
 {
     mpi_group *g = state;
-    if (fail_if_aborted(g, work))
-        return TD_OK;
-    if (!mpi_on_mpi_thread()) {
-        char *what = td_asprintf("the %s", td_coll_kind_name(coll->kind));
-        td_status st = mpi_check_thread(what);
-        free(what);
-        td_work_done(work, st, -1, NULL);
+    bool p2p = coll->kind == TD_COLL_SEND || coll->kind == TD_COLL_RECV;
+    if (g->blocking && !p2p) {
+        td_work_done(work, mpi_run_now(state, coll), -1, NULL);
         return TD_OK;
     }
     MPI_Datatype dt;
-    MPI_Op mop = MPI_OP_NULL;
-    td_status st = check_types(coll->kind, coll->dtype, coll->op.kind, &dt, &mop);
+    MPI_Op mop;
+    td_status st = ready(g, coll, &dt, &mop);
     if (st != TD_OK) {
         td_work_done(work, st, -1, NULL);
         return TD_OK;
     }
-    bool p2p = coll->kind == TD_COLL_SEND || coll->kind == TD_COLL_RECV;
-    bool blocking = g->blocking && !p2p;
-    /* A blocking collective ends before submit returns: the group's own record serves, unlocked. */
-    mpi_op *op;
-    if (blocking) {
-        if (!g->spare)
-            g->spare = TD_NEW(mpi_op);
-        op = g->spare;
-        mpi_op_reset(op);
-        op->spare = true;
-    } else {
-        op = mpi_op_get();
-    }
+    mpi_op *op = mpi_op_get();
     op->req = MPI_REQUEST_NULL;
     op->coll = *coll;
     op->work = work;
     op->g = g;
     op->size = g->size;
     op->me = g->rank;
-    st = post(g, op, dt, mop, blocking);
+    st = post(g, op, dt, mop, false);
     if (st != TD_OK) {
-        if (!op->spare)
-            mpi_op_put(op);
+        mpi_op_put(op);
         td_work_done(work, st, -1, NULL);
         return TD_OK;
     }
@@ -742,6 +760,10 @@ static td_status mpi_submit(void *state, const td_coll *coll, td_work *work)
     mpi_rt_track(op);
     return TD_OK;
 }
+
+/* In the nonblocking mode collectives are posted and tracked (an abort fails them at once), so
+ * they take submit. */
+static bool mpi_runs_now(void *state) { return ((mpi_group *)state)->blocking; }
 
 static void mpi_abort(void *state, td_status status, const char *message)
 {
@@ -800,4 +822,6 @@ const td_backend_ops td_backend_mpi_ops = {
     .inline_submit = true,
     .issue_on_caller = mpi_issue_on_caller,
     .progress = mpi_rt_progress,
+    .run_now = mpi_run_now,
+    .runs_now = mpi_runs_now,
 };

@@ -34,9 +34,21 @@ td_status mpi_rt_init(void);
 td_status mpi_rt_acquire(void);
 void mpi_rt_release(void);
 /* Around every MPI call tdist makes: a process-wide lock when MPI runs at MPI_THREAD_SERIALIZED,
- * nothing at MPI_THREAD_MULTIPLE. Never held across a wait unless the MPI call itself blocks. */
-void mpi_enter(void);
-void mpi_leave(void);
+ * nothing at MPI_THREAD_MULTIPLE or in funneled mode (one flag read inline: this is on the path of
+ * every blocking collective). Never held across a wait unless the MPI call itself blocks. */
+extern bool mpi_serialized; /* set once, when MPI is initialized */
+void mpi_serial_lock(void);
+void mpi_serial_unlock(void);
+static inline void mpi_enter(void)
+{
+    if (mpi_serialized)
+        mpi_serial_lock();
+}
+static inline void mpi_leave(void)
+{
+    if (mpi_serialized)
+        mpi_serial_unlock();
+}
 bool mpi_thread_multiple(void);
 /* Funneled mode: MPI below MPI_THREAD_SERIALIZED, so tdist calls it only on the thread that
  * initialized it (the MPI thread) and runs no progress thread. */
@@ -75,7 +87,6 @@ struct mpi_op {
     int *ints;          /* counts and displacements for the v-collectives (4 * size entries) */
     size_t ints_cap;
     void *unpack;       /* scratch[] holding received blocks to copy into out_blocks, or NULL */
-    bool spare;            /* the group's own record for blocking collectives (never shared) */
     bool linked;           /* on the group's in-flight list (guarded by the group's lock) */
     mpi_op *gprev, *gnext; /* the group's in-flight list */
     mpi_op *next;          /* free list / the progress thread's incoming list */

@@ -61,17 +61,10 @@ static const char *level_name(int level)
 }
 
 /* In funneled mode only the MPI thread calls MPI: there is nothing to serialize. */
-void mpi_enter(void)
-{
-    if (g_provided < MPI_THREAD_MULTIPLE && !g_funneled)
-        pthread_mutex_lock(&g_serial);
-}
+bool mpi_serialized;
 
-void mpi_leave(void)
-{
-    if (g_provided < MPI_THREAD_MULTIPLE && !g_funneled)
-        pthread_mutex_unlock(&g_serial);
-}
+void mpi_serial_lock(void) { pthread_mutex_lock(&g_serial); }
+void mpi_serial_unlock(void) { pthread_mutex_unlock(&g_serial); }
 
 bool mpi_thread_multiple(void) { return g_provided >= MPI_THREAD_MULTIPLE; }
 
@@ -177,6 +170,7 @@ static td_status init_locked(void)
         g_funneled = true;
         g_main = pthread_self();
     }
+    mpi_serialized = g_provided < MPI_THREAD_MULTIPLE && !g_funneled;
     atomic_store_explicit(&g_ready, true, memory_order_release);
     if (g_funneled)
         TD_LOG_INFO("mpi backend: MPI provides %s; tdist calls MPI only on this thread, where every operation of "

@@ -302,16 +302,10 @@ static void unlink_locked(mpi_group *g, mpi_op *op)
     op->linked = false;
 }
 
-/* Unpacks blocks received into scratch, finishes AVG, checks a receive's size. */
-static td_status finish(mpi_op *op, int *sender)
+/* After c's MPI call ended well: unpacks blocks received into op's scratch, finishes AVG, checks a
+ * receive's size. */
+static td_status finish(const td_coll *c, const mpi_op *op, int *sender)
 {
-    const td_coll *c = &op->coll;
-    if (op->status.MPI_ERROR != MPI_SUCCESS) {
-        char *ctx = td_asprintf("mpi backend: %s #%llu", td_coll_kind_name(c->kind), (unsigned long long)c->seq);
-        td_status st = mpi_error(op->status.MPI_ERROR, ctx);
-        free(ctx);
-        return st;
-    }
     switch (c->kind) {
     case TD_COLL_RECV: {
         int n = 0;
@@ -368,7 +362,15 @@ void mpi_op_complete(mpi_op *op)
     unlink_locked(g, op);
     pthread_mutex_unlock(&g->mu);
     int sender = -1;
-    td_status st = finish(op, &sender);
+    td_status st;
+    if (op->status.MPI_ERROR != MPI_SUCCESS) {
+        const td_coll *c = &op->coll;
+        char *ctx = td_asprintf("mpi backend: %s #%llu", td_coll_kind_name(c->kind), (unsigned long long)c->seq);
+        st = mpi_error(op->status.MPI_ERROR, ctx);
+        free(ctx);
+    } else {
+        st = finish(&op->coll, op, &sender);
+    }
     td_work *w = op->work;
     mpi_op_put(op);
     /* Last: once the work is done the front end may destroy the group. (An error's message is in
@@ -424,12 +426,13 @@ static td_status check_tag(const mpi_group *g, int tag)
 
 #define MPI_CALL(blocking_call, nonblocking_call) (blocking ? (blocking_call) : (nonblocking_call))
 
-/* Starts op's MPI call (or, when blocking, runs it): op->req is MPI_REQUEST_NULL when nothing is
- * left to wait for. On failure the thread's error is set. Inlined into its two callers, each with
+/* Starts c's MPI call, with op's request and scratch buffers (or, when blocking, runs it):
+ * op->req is MPI_REQUEST_NULL when nothing is left to wait for. On failure the thread's error is
+ * set. Inlined into its two callers, each with
  * `blocking` fixed: see mpi_run_now. */
-__attribute__((always_inline)) static inline td_status post(mpi_group *g, mpi_op *op, MPI_Datatype dt, MPI_Op mop, bool blocking)
+__attribute__((always_inline)) static inline td_status post(mpi_group *g, const td_coll *c, mpi_op *op,
+                                                             MPI_Datatype dt, MPI_Op mop, bool blocking)
 {
-    const td_coll *c = &op->coll;
     MPI_Comm comm = g->comm;
     MPI_Request *req = &op->req;
     size_t es = td_dtype_size(c->dtype), bytes = c->count * es;
@@ -674,17 +677,13 @@ static td_status mpi_run_now(void *state, const td_coll *coll)
     TD_TRY(ready(g, coll, &dt, &mop));
     if (!g->spare)
         g->spare = TD_NEW(mpi_op);
-    mpi_op *op = g->spare;
-    op->coll = *coll;
-    op->req = MPI_REQUEST_NULL;
-    op->status.MPI_ERROR = MPI_SUCCESS;
+    mpi_op *op = g->spare; /* only its scratch buffers serve: coll stays the caller's */
     op->unpack = NULL;
-    op->g = g;
     op->size = g->size;
     op->me = g->rank;
     int sender = -1;
-    td_status st = post(g, op, dt, mop, true);
-    return st != TD_OK ? st : finish(op, &sender);
+    td_status st = post(g, coll, op, dt, mop, true);
+    return st != TD_OK ? st : finish(coll, op, &sender);
 }
 
 static td_status mpi_submit(void *state, const td_coll *coll, td_work *work)
@@ -709,7 +708,7 @@ static td_status mpi_submit(void *state, const td_coll *coll, td_work *work)
     op->g = g;
     op->size = g->size;
     op->me = g->rank;
-    st = post(g, op, dt, mop, false);
+    st = post(g, &op->coll, op, dt, mop, false);
     if (st != TD_OK) {
         mpi_op_put(op);
         td_work_done(work, st, -1, NULL);

@@ -293,6 +293,7 @@ void pg_fail_locked(td_pg *pg, td_status status, const char *message)
     if (pg->failed != TD_OK)
         return;
     pg->failed = status;
+    atomic_fetch_or(&pg->gate, PG_GATE_CLOSED);
     pg->failed_msg = td_strdup(message);
     pthread_cond_broadcast(&pg->cv);
 }
@@ -478,7 +479,8 @@ void td_work_done(td_work *w, td_status status, int sender, const char *fmt, ...
 
 static void stamp_work(td_pg *pg, td_work *w, int64_t now)
 {
-    w->seq = w->is_p2p ? ++pg->p2p_seq : ++pg->op_seq;
+    /* op_seq also counts direct calls, which hold BUSY but not the lock (collectives.c). */
+    w->seq = w->is_p2p ? ++pg->p2p_seq : atomic_fetch_add_explicit(&pg->op_seq, 1, memory_order_relaxed) + 1;
     w->issue_ns = now;
     w->coll.deadline_ns = td_deadline_at(now, pg->timeout_ms);
     w->fp.seq = (int64_t)w->seq;
@@ -499,7 +501,8 @@ static td_future *work_future(td_pg *pg, td_work *w)
 
 /* A blocking call on an idle group (any call, for a backend with issue_on_caller) runs on the
  * caller's thread: the worker would only take the operation, hand it to the backend and hand the
- * result back, two thread switches that are most of a small operation's time. `running` keeps the worker off the backend meanwhile, so operations
+ * result back, two thread switches that are most of a small operation's time. The caller has
+ * taken the gate's BUSY, which keeps the worker off the backend meanwhile, so operations
  * still reach it one at a time in issue order; the watchdog sees the work among the in-flight
  * ones. Called with pg->mu held; releases it. */
 static td_status run_inline_locked(td_pg *pg, td_work *w, int64_t now, td_future **fut)
@@ -515,12 +518,11 @@ static td_status run_inline_locked(td_pg *pg, td_work *w, int64_t now, td_future
         f = work_future(pg, w);
     else
         w->sync = &sync;
-    pg->running = true;
     inflight_link_locked(pg, w);
     pthread_mutex_unlock(&pg->mu);
     run_work(pg, w);
     pthread_mutex_lock(&pg->mu);
-    pg->running = false;
+    pg_release(pg);
     /* Issued by other threads meanwhile (the worker waits for us), or still in flight after submit
      * returned (a backend that completes later): the worker must watch its deadline. */
     if (pg->qhead || (f ? !td_future_is_completed(f) : !sync.done))
@@ -579,12 +581,12 @@ td_status pg_issue(td_pg *pg, td_work **ws, int n, td_future **futs)
     /* Asked only where it decides something: an asynchronous call, or several operations. */
     bool on_caller = (futs || n > 1) && pg->ops->inline_submit && pg->ops->issue_on_caller &&
                      pg->ops->issue_on_caller(pg->state);
-    if (n == 1 && pg->ops->inline_submit && !pg->qhead && !pg->running && (!futs || on_caller))
+    if (n == 1 && pg->ops->inline_submit && (!futs || on_caller) && pg_claim(pg, PG_GATE_QUEUED))
         return run_inline_locked(pg, ws[0], now, futs);
     int i = 0;
     /* Several operations (batch_isend_irecv) for such a backend: each handed over here in turn,
      * while the group stays idle. */
-    for (; on_caller && i < n && !pg->qhead && !pg->running; i++) {
+    for (; on_caller && i < n && pg_claim(pg, PG_GATE_QUEUED); i++) {
         run_inline_locked(pg, ws[i], now, &fs[i]);
         pthread_mutex_lock(&pg->mu);
     }
@@ -600,6 +602,7 @@ td_status pg_issue(td_pg *pg, td_work **ws, int n, td_future **futs)
                 pg->qhead = w;
             pg->qtail = w;
         }
+        atomic_fetch_or(&pg->gate, PG_GATE_QUEUED);
         atomic_store_explicit(&pg->queued, 1, memory_order_release);
         pthread_cond_broadcast(&pg->cv);
     }
@@ -679,8 +682,9 @@ static void *worker_main(void *arg)
             pthread_mutex_lock(&pg->mu);
             continue;
         }
-        /* While an inline caller hands an operation to the backend, queued work waits its turn. */
-        td_work *w = pg->running ? NULL : pg->qhead;
+        /* While an inline or direct caller hands an operation to the backend, queued work waits
+         * its turn (that caller wakes us when it is done). */
+        td_work *w = pg->qhead && pg_claim(pg, 0) ? pg->qhead : NULL;
         if (!w) {
             if (pg->stop && !pg->qhead)
                 break;
@@ -697,7 +701,7 @@ static void *worker_main(void *arg)
                 free(msg);
                 continue;
             }
-            if (!spun && !pg->running) {
+            if (!spun && !pg_busy(pg)) {
                 spun = true;
                 atomic_store_explicit(&pg->queued, 0, memory_order_relaxed);
                 pthread_mutex_unlock(&pg->mu);
@@ -711,9 +715,12 @@ static void *worker_main(void *arg)
         }
         spun = false;
         pg->qhead = w->next;
-        if (!pg->qhead)
+        if (!pg->qhead) {
             pg->qtail = NULL;
+            atomic_fetch_and(&pg->gate, ~(unsigned)PG_GATE_QUEUED);
+        }
         if (pg->failed != TD_OK) {
+            pg_release(pg);
             td_status st = pg->failed;
             char *msg = td_strdup(pg->failed_msg);
             pthread_mutex_unlock(&pg->mu);
@@ -722,11 +729,10 @@ static void *worker_main(void *arg)
             continue;
         }
         inflight_link_locked(pg, w);
-        pg->running = true;
         pthread_mutex_unlock(&pg->mu);
         run_work(pg, w);
         pthread_mutex_lock(&pg->mu);
-        pg->running = false;
+        pg_release(pg);
     }
     pthread_mutex_unlock(&pg->mu);
     return NULL;
@@ -1039,6 +1045,7 @@ void pg_destroy_now(td_pg *pg)
         char *msg = td_asprintf("Process group %s was destroyed while the operation was pending", pg->name);
         pthread_mutex_lock(&pg->mu);
         pg->stop = true;
+        atomic_fetch_or(&pg->gate, PG_GATE_CLOSED);
         pg_fail_locked(pg, TD_ERR_CLOSED, msg);
         pthread_cond_broadcast(&pg->cv); /* also when the group had failed before */
         pthread_mutex_unlock(&pg->mu);
@@ -1049,7 +1056,7 @@ void pg_destroy_now(td_pg *pg)
         if (pg->worker_started)
             td_thread_join(pg->worker);
         pthread_mutex_lock(&pg->mu);
-        while (pg->inflight || pg->running)
+        while (pg->inflight || pg_busy(pg))
             pthread_cond_wait(&pg->cv, &pg->mu);
         pthread_mutex_unlock(&pg->mu);
         pg->ops->destroy(pg->state);

@@ -132,12 +132,17 @@ struct td_pg {
     td_work *qhead, *qtail;
     _Atomic int queued;   /* set by pg_issue: what an idle worker spins on before it sleeps */
     td_work *inflight;
-    bool running;         /* the worker or an inline caller is handing an operation to the backend */
+    /* PG_GATE_* bits: whether the worker, an inline caller or a direct one is handing an
+     * operation to the backend (BUSY, which keeps everyone else off it), whether works are queued,
+     * whether the group failed or is being destroyed; in one word, so that a blocking call that
+     * skips the work record (collectives.c) needs no lock to take the backend. */
+    _Atomic unsigned gate;
     bool run_now;         /* blocking collectives may go to the backend's run_now (collectives.c) */
     td_status failed;     /* TD_OK while healthy */
     char *failed_msg;
     bool backend_aborted;
-    uint64_t op_seq, p2p_seq;       /* issued (front-end numbering) */
+    _Atomic uint64_t op_seq;        /* issued (front-end numbering) */
+    uint64_t p2p_seq;
     uint64_t wire_seq, wire_p2p_seq; /* submitted to the backend (fingerprints count) */
     uint64_t child_count;           /* subgroups made from this group, for their names */
     uint64_t monitored_seq;
@@ -148,6 +153,34 @@ struct td_pg {
     _Atomic(td_work *) spare_work; /* one recycled work, taken without the lock */
     int nfree_works;
 };
+
+/* pg->gate. BUSY is taken by compare-and-swap (pg_claim) and dropped by its holder (pg_release);
+ * QUEUED and CLOSED change only under pg->mu, with qhead and with failed / stop. Whoever drops
+ * BUSY while QUEUED or CLOSED is set wakes pg->cv (the worker, or destroy, may wait for it). */
+enum { PG_GATE_BUSY = 1u, PG_GATE_QUEUED = 2u, PG_GATE_CLOSED = 4u };
+
+/* Takes BUSY unless it, or any bit of `unless`, is set. */
+static inline bool pg_claim(td_pg *pg, unsigned unless)
+{
+    unsigned g = atomic_load_explicit(&pg->gate, memory_order_relaxed);
+    do {
+        if (g & (unless | PG_GATE_BUSY))
+            return false;
+    } while (!atomic_compare_exchange_weak_explicit(&pg->gate, &g, g | PG_GATE_BUSY, memory_order_acquire,
+                                                    memory_order_relaxed));
+    return true;
+}
+
+/* Drops BUSY; returns the bits as they were. */
+static inline unsigned pg_release(td_pg *pg)
+{
+    return atomic_fetch_and_explicit(&pg->gate, ~(unsigned)PG_GATE_BUSY, memory_order_acq_rel);
+}
+
+static inline bool pg_busy(const td_pg *pg)
+{
+    return atomic_load_explicit(&pg->gate, memory_order_acquire) & PG_GATE_BUSY;
+}
 
 /* Whether a trace callback is set, read without the group's lock: an operation issued while
  * td_pg_set_trace_callback runs may or may not be traced, nothing worse. */

@@ -19,8 +19,10 @@
  *
  * Failures: a broken stream (EOF without a goodbye, reset, a malformed header) aborts the transport
  * with TD_ERR_PEER_LOST naming the rank; a peer's goodbye frame (sent by an orderly destroy) fails
- * only what involves that peer. Deadlines are enforced by the poller for its own xfer and by the I/O
- * thread (which sleeps until the earliest pending deadline) for everything else. */
+ * only what involves that peer. An orderly destroy therefore must not lose its goodbye: it writes it
+ * behind every message it sent, waiting for room if need be (say_goodbye). Deadlines are enforced by
+ * the poller for its own xfer and by the I/O thread (which sleeps until the earliest pending
+ * deadline) for everything else. */
 #include "transport/tcp.h"
 #include "transport/match.h"
 #include "transport/tcp_proto.h"
@@ -28,6 +30,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -40,6 +43,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/buf.h"
 #include "base/clock.h"
 #include "base/env.h"
 #include "base/error.h"
@@ -56,6 +60,7 @@
 #define CTRL_MAX TD_TCP_CTRL_MAX
 #define CMA_MIN ((size_t)64 << 10) /* smaller collective messages go inline */
 #define FRAME_BUFS 12
+#define BYE_WAIT_S 10 /* how long a destroy waits for a peer that reads nothing to take its goodbye */
 
 /* A send xfer's kind flag: the message goes as an RTS (the peer reads it from this process's
  * memory). The transport's own control frames (a FIN) are TD_XFER_OWN. */
@@ -94,6 +99,9 @@ typedef struct peer {
     uint8_t ctrl[CTRL_MAX];
     char *stage;
     size_t stage_off, stage_len;
+    /* an orderly destroy: what it still owes the peer (queued FINs, then the goodbye) */
+    td_buf owed;
+    size_t owed_off;
 } peer;
 
 typedef struct tcp_transport {
@@ -188,6 +196,8 @@ static void send_control(peer *p, int type, td_status status, const char *msg)
         p->broken = true;
 }
 
+static bool keep_owed(tcp_transport *t, peer *p);
+
 static void abort_locked(td_match *m, td_status status, const char *msg, td_done *done)
 {
     tcp_transport *t = of_match(m);
@@ -198,7 +208,8 @@ static void abort_locked(td_match *m, td_status status, const char *msg, td_done
         peer *p = &t->peers[r];
         if (r == m->rank)
             continue;
-        if (p->q->sq_head && p->q->sq_head->progress > 0)
+        bool kept = status == TD_ERR_CLOSED && !p->closed && !p->bye && keep_owed(t, p);
+        if (p->q->sq_head && p->q->sq_head->progress > 0 && !kept)
             p->broken = true;
         td_match_fail_list(m, &p->await_head, &p->await_tail, status, msg, done);
     }
@@ -373,6 +384,26 @@ static void queue_control(tcp_transport *t, peer *p, const uint8_t *payload, siz
     td_match_push(&p->q->sq_head, &p->q->sq_tail, &c->x);
     if (idle)
         flush_sends(t, p, done);
+}
+
+/* At an orderly close, before the sends are failed: the rest of the control frames still queued
+ * for p (FINs: the peer's sends complete only at them) goes into p->owed, for say_goodbye. False,
+ * keeping nothing, when a message is half-written: the stream can carry no more frames. */
+static bool keep_owed(tcp_transport *t, peer *p)
+{
+    td_xfer *x = p->q->sq_head;
+    if (x && x->progress > 0 && !(x->kind & TD_XFER_OWN))
+        return false;
+    for (; x; x = x->next) {
+        if (!(x->kind & TD_XFER_OWN))
+            continue; /* not written at all: failed, and the frames behind it go on */
+        uint8_t f[HDR_SIZE + TD_TCP_RTS_MAX];
+        size_t len = frame_prefix(t, x, f);
+        memcpy(f + len, x->iov[0].iov_base, x->total);
+        len += x->total;
+        td_buf_append(&p->owed, f + x->progress, len - x->progress);
+    }
+    return true;
 }
 
 /* ---- single-copy transfers between processes of one host ---------------------------------------
@@ -886,14 +917,90 @@ static void tcp_abort(td_transport *base, td_status status, const char *message)
     td_match_abort(&((tcp_transport *)base)->m, status, message);
 }
 
-/* An orderly goodbye: tells the peer that this end closes on purpose, so it fails only what
- * involves this rank. */
-static void send_bye(peer *p)
+/* ---- an orderly close --------------------------------------------------------------------------
+ * A destroy owes each live peer its goodbye, behind every message it sent: a send completes once
+ * the socket took it, so those messages may still fill the socket while the peer, alive and still
+ * receiving them, is slow to read (descheduled on a busy host). A goodbye dropped then would make
+ * the peer take the end of the stream for a crash and abort, failing receives whose messages had
+ * all arrived. So the destroy waits for room, up to BYE_WAIT_S for a peer that reads nothing; it
+ * drains (and drops) what comes in meanwhile, so that two ranks closing at once never wait on each
+ * other. A peer whose stream ends or fails is closing too or gone, and needs nothing more. This
+ * runs after the I/O thread stopped: nothing else touches the sockets. */
+
+/* Writes what the socket takes of p->owed now; true while some of it is left. */
+static bool owed_write(peer *p)
 {
-    if (p->closed)
+    while (p->owed_off < p->owed.len) {
+        ssize_t n = send(p->fd, p->owed.data + p->owed_off, p->owed.len - p->owed_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            p->owed_off += (size_t)n;
+        } else if (n < 0 && errno == EINTR) {
+            continue;
+        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            return true;
+        } else {
+            p->owed_off = p->owed.len; /* the peer is gone */
+            return false;
+        }
+    }
+    return false;
+}
+
+static void owed_drain(peer *p)
+{
+    char sink[4096];
+    for (;;) {
+        ssize_t n = recv(p->fd, sink, sizeof sink, MSG_DONTWAIT);
+        if (n > 0 || (n < 0 && errno == EINTR))
+            continue;
+        if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK))
+            p->owed_off = p->owed.len; /* its end of stream (its own goodbye or abort) or a reset */
         return;
-    send_control(p, TD_TCP_CTRL_BYE, TD_OK, NULL);
-    shutdown(p->fd, SHUT_WR);
+    }
+}
+
+static void say_goodbye(tcp_transport *t)
+{
+    int n = t->base.size, me = t->base.rank;
+    uint8_t bye[TD_TCP_CTRL_FRAME_MAX];
+    size_t bye_len = td_tcp_control_encode(bye, TD_TCP_CTRL_BYE, TD_OK, NULL);
+    for (int r = 0; r < n; r++) {
+        peer *p = &t->peers[r];
+        if (r != me && !p->closed && !p->broken && !p->bye)
+            td_buf_append(&p->owed, bye, bye_len);
+    }
+    struct pollfd *pf = TD_NEW_ARRAY(struct pollfd, (size_t)n);
+    int *who = TD_NEW_ARRAY(int, (size_t)n);
+    int64_t deadline = td_now_ns() + BYE_WAIT_S * 1000000000LL;
+    for (;;) {
+        int k = 0;
+        for (int r = 0; r < n; r++) {
+            if (r != me && owed_write(&t->peers[r])) {
+                pf[k] = (struct pollfd){.fd = t->peers[r].fd, .events = POLLIN | POLLOUT};
+                who[k++] = r;
+            }
+        }
+        if (k == 0)
+            break;
+        if (td_deadline_passed(deadline)) {
+            for (int i = 0; i < k; i++)
+                TD_LOG_WARN("tcp transport of rank %d: rank %d read nothing for %d s, so this rank closes "
+                            "without its goodbye (rank %d will report the connection lost)",
+                            td_match_grank(&t->m, me), td_match_grank(&t->m, who[i]), BYE_WAIT_S,
+                            td_match_grank(&t->m, who[i]));
+            break;
+        }
+        if (poll(pf, (nfds_t)k, td_deadline_poll_ms(deadline)) < 0 && errno != EINTR)
+            break;
+        for (int i = 0; i < k; i++)
+            if (pf[i].revents & (POLLIN | POLLHUP | POLLERR))
+                owed_drain(&t->peers[who[i]]);
+    }
+    free(pf);
+    free(who);
+    for (int r = 0; r < n; r++)
+        if (r != me && !t->peers[r].closed)
+            shutdown(t->peers[r].fd, SHUT_WR);
 }
 
 static void free_transport(tcp_transport *t)
@@ -909,6 +1016,7 @@ static void free_transport(tcp_transport *t)
             close(p->fd);
         }
         free(p->stage);
+        td_buf_free(&p->owed);
     }
     for (ctrl_msg *c = t->all_ctrl; c;) {
         ctrl_msg *next = c->all_next;
@@ -940,11 +1048,8 @@ static void tcp_destroy(td_transport *base)
                  (unsigned long long)t->m.n_unexpected_msgs, (unsigned long long)t->m.n_copied_out);
     if (t->io_started)
         td_thread_join(t->io_thread);
-    if (t->m.abort_status == TD_ERR_CLOSED) {
-        for (int r = 0; r < t->base.size; r++)
-            if (r != t->base.rank)
-                send_bye(&t->peers[r]);
-    }
+    if (t->m.abort_status == TD_ERR_CLOSED)
+        say_goodbye(t);
     free_transport(t);
 }
 

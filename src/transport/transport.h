@@ -106,7 +106,9 @@ typedef struct td_transport_ops {
      * rank); any other status but TD_ERR_PEER_LOST (which every peer sees for itself) also breaks
      * the connections, so that the peers fail at once too. Never waits for peers. */
     void (*abort)(td_transport *t, td_status status, const char *message);
-    /* Aborts with TD_ERR_CLOSED if not yet aborted, stops the transport's threads and frees it. */
+    /* Aborts with TD_ERR_CLOSED if not yet aborted, stops the transport's threads and frees it.
+     * After an orderly close it tells the peers so behind what it sent them, which may wait for a
+     * slow peer to read (tcp: up to 10 s for one that reads nothing; no wait for one that is gone). */
     void (*destroy)(td_transport *t);
 } td_transport_ops;
 

@@ -101,7 +101,8 @@ static td_status mpi_world(int *rank, int *size)
     return rc == MPI_SUCCESS ? TD_OK : mpi_error(rc, "mpi backend: MPI_Comm_rank/size(MPI_COMM_WORLD)");
 }
 
-static td_status check_types(td_coll_kind kind, td_dtype dtype, td_reduce_op op, MPI_Datatype *dt, MPI_Op *mop)
+static inline td_status check_types(td_coll_kind kind, td_dtype dtype, td_reduce_op op, MPI_Datatype *dt,
+                                    MPI_Op *mop)
 {
     if (!mpi_datatype(dtype, dt))
         return td_error(TD_ERR_UNSUPPORTED, "the mpi backend has no MPI datatype for %s in this MPI",
@@ -645,7 +646,8 @@ __attribute__((always_inline)) static inline td_status post(mpi_group *g, const 
 /* TD_OK when coll may go to MPI now; else why not (the thread's error set): the group was
  * aborted, the call came from a thread that may not call MPI (funneled mode), or MPI has no
  * datatype or op for it. *dt and *mop get what MPI calls it. */
-static td_status ready(mpi_group *g, const td_coll *coll, MPI_Datatype *dt, MPI_Op *mop)
+__attribute__((always_inline)) static inline td_status ready(mpi_group *g, const td_coll *coll, MPI_Datatype *dt,
+                                                              MPI_Op *mop)
 {
     if (atomic_load_explicit(&g->abort_seen, memory_order_acquire)) {
         pthread_mutex_lock(&g->mu);
@@ -683,7 +685,9 @@ static td_status mpi_run_now(void *state, const td_coll *coll)
     op->me = g->rank;
     int sender = -1;
     td_status st = post(g, coll, op, dt, mop, true);
-    return st != TD_OK ? st : finish(coll, op, &sender);
+    if (st != TD_OK || (!op->unpack && coll->op.kind != TD_AVG))
+        return st; /* nothing to unpack or divide (a blocking call is never a receive) */
+    return finish(coll, op, &sender);
 }
 
 static td_status mpi_submit(void *state, const td_coll *coll, td_work *work)

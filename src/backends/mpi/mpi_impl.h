@@ -17,6 +17,7 @@
 #define TDIST_BACKENDS_MPI_IMPL_H
 
 #include <mpi.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -53,8 +54,16 @@ bool mpi_thread_multiple(void);
 /* Funneled mode: MPI below MPI_THREAD_SERIALIZED, so tdist calls it only on the thread that
  * initialized it (the MPI thread) and runs no progress thread. */
 bool mpi_funneled(void);
-/* true unless in funneled mode on a thread other than the MPI thread. */
-bool mpi_on_mpi_thread(void);
+/* Set once, when MPI is initialized (before any group exists): below MPI_THREAD_SERIALIZED tdist
+ * calls MPI only on mpi_main_thread, the thread that initialized it. */
+extern bool mpi_funneled_mode;
+extern pthread_t mpi_main_thread;
+/* true unless in funneled mode on a thread other than the MPI thread (inline: every blocking
+ * collective asks). */
+static inline bool mpi_on_mpi_thread(void)
+{
+    return !mpi_funneled_mode || pthread_equal(pthread_self(), mpi_main_thread);
+}
 /* TD_OK where this thread may call MPI, else TD_ERR_INVALID naming what (e.g. "the all_reduce")
  * and the rule. */
 td_status mpi_check_thread(const char *what);

@@ -45,8 +45,8 @@ static pthread_mutex_t g_init_mu = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic bool g_ready;   /* MPI is initialized and adopted */
 static bool g_we_initialized;  /* so we finalize it at exit */
 static int g_provided;
-static bool g_funneled;        /* below MPI_THREAD_SERIALIZED: MPI only on g_main */
-static pthread_t g_main;       /* the thread that initialized MPI (funneled mode) */
+bool mpi_funneled_mode;
+pthread_t mpi_main_thread;
 static pthread_mutex_t g_serial = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP; /* below MPI_THREAD_MULTIPLE */
 
 static const char *level_name(int level)
@@ -68,9 +68,8 @@ void mpi_serial_unlock(void) { pthread_mutex_unlock(&g_serial); }
 
 bool mpi_thread_multiple(void) { return g_provided >= MPI_THREAD_MULTIPLE; }
 
-bool mpi_funneled(void) { return atomic_load_explicit(&g_ready, memory_order_acquire) && g_funneled; }
+bool mpi_funneled(void) { return atomic_load_explicit(&g_ready, memory_order_acquire) && mpi_funneled_mode; }
 
-bool mpi_on_mpi_thread(void) { return !mpi_funneled() || pthread_equal(pthread_self(), g_main); }
 
 td_status mpi_check_thread(const char *what)
 {
@@ -167,12 +166,12 @@ static td_status init_locked(void)
                             "and this is another thread: make the first mpi group on that thread, or initialize "
                             "MPI with MPI_THREAD_SERIALIZED or higher",
                             level_name(g_provided));
-        g_funneled = true;
-        g_main = pthread_self();
+        mpi_funneled_mode = true;
+        mpi_main_thread = pthread_self();
     }
-    mpi_serialized = g_provided < MPI_THREAD_MULTIPLE && !g_funneled;
+    mpi_serialized = g_provided < MPI_THREAD_MULTIPLE && !mpi_funneled_mode;
     atomic_store_explicit(&g_ready, true, memory_order_release);
-    if (g_funneled)
+    if (mpi_funneled_mode)
         TD_LOG_INFO("mpi backend: MPI provides %s; tdist calls MPI only on this thread, where every operation of "
                     "mpi groups must be issued", level_name(g_provided));
     else if (!mpi_thread_multiple())

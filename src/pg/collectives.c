@@ -163,8 +163,8 @@ static td_status issue(td_pg *g, td_work *w, td_status built, td_future **work)
  * call's status in *st; false, having done nothing, when it is to be built as a work.
  *
  * It takes the backend with one compare-and-swap on the group's gate (pg_claim: nothing running,
- * nothing queued, the group healthy) instead of the group's lock, and gives it back with one more;
- * the lock is taken only to wake a waiter or to fail the group. Inlined into its callers on
+ * nothing queued, the group healthy) instead of the group's lock, and gives it back with one more
+ * (pg_release_idle); the lock is taken only to wake a waiter or to fail the group. Inlined into its callers on
  * purpose: Open MPI's wait makes system calls, after which the CPU predicts none of the returns
  * still pending, about 20 cycles each (measured: each frame between a program and MPI_Allreduce
  * adds that much per call), so the fewer frames between the caller and MPI the better. */
@@ -188,8 +188,11 @@ __attribute__((always_inline)) static inline bool in_place_now(td_pg *g, td_tens
         pg_release(g);
         pthread_cond_broadcast(&g->cv);
         pthread_mutex_unlock(&g->mu);
-    } else if (pg_release(g) & (PG_GATE_QUEUED | PG_GATE_CLOSED)) {
-        pthread_mutex_lock(&g->mu); /* the worker has work queued behind us, or destroy waits */
+    } else if (!pg_release_idle(g)) {
+        /* Work was queued behind us, or destroy came: give BUSY back under the lock and wake them
+         * (destroy may free the group as soon as it sees BUSY gone, so not a step later). */
+        pthread_mutex_lock(&g->mu);
+        pg_release(g);
         pthread_cond_broadcast(&g->cv);
         pthread_mutex_unlock(&g->mu);
     }

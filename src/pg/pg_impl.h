@@ -177,6 +177,14 @@ static inline unsigned pg_release(td_pg *pg)
     return atomic_fetch_and_explicit(&pg->gate, ~(unsigned)PG_GATE_BUSY, memory_order_acq_rel);
 }
 
+/* Drops BUSY only if neither QUEUED nor CLOSED is set, in one step: false, keeping BUSY, when
+ * someone may wait for it (the holder then drops it under pg->mu and wakes pg->cv). */
+static inline bool pg_release_idle(td_pg *pg)
+{
+    unsigned g = PG_GATE_BUSY;
+    return atomic_compare_exchange_strong_explicit(&pg->gate, &g, 0u, memory_order_acq_rel, memory_order_relaxed);
+}
+
 static inline bool pg_busy(const td_pg *pg)
 {
     return atomic_load_explicit(&pg->gate, memory_order_acquire) & PG_GATE_BUSY;

@@ -164,10 +164,11 @@ static td_status issue(td_pg *g, td_work *w, td_status built, td_future **work)
  *
  * It takes the backend with one compare-and-swap on the group's gate (pg_claim: nothing running,
  * nothing queued, the group healthy) instead of the group's lock, and gives it back with one more
- * (pg_release_idle); the lock is taken only to wake a waiter or to fail the group. Inlined into its callers on
- * purpose: Open MPI's wait makes system calls, after which the CPU predicts none of the returns
- * still pending, about 20 cycles each (measured: each frame between a program and MPI_Allreduce
- * adds that much per call), so the fewer frames between the caller and MPI the better. */
+ * (pg_release_idle); the lock is taken only to wake a waiter or to fail the group. Inlined into
+ * its callers on purpose: Open MPI's wait makes system calls, after which the CPU predicts none of
+ * the returns still pending, about 20 cycles each (measured: each frame between a program and
+ * MPI_Allreduce adds that much per call), so the fewer frames between the caller and MPI the
+ * better. */
 __attribute__((always_inline)) static inline bool in_place_now(td_pg *g, td_tensor *t, td_coll_kind kind,
                                                                td_dtype dt, td_op op, int root, td_future **work,
                                                                td_status *st)
@@ -182,16 +183,14 @@ __attribute__((always_inline)) static inline bool in_place_now(td_pg *g, td_tens
                  .deadline_ns = TD_DEADLINE_NONE, /* nothing watches a call run this way (see run_now) */
                  .count = (size_t)td_tensor_numel(t), .in = data, .out = data};
     *st = g->ops->run_now(g->state, &c);
-    if (*st != TD_OK) {
+    if (*st != TD_OK || !pg_release_idle(g)) {
+        /* A failure, work queued behind us, or destroy: BUSY goes back under the lock (destroy may
+         * free the group as soon as it sees BUSY gone, so not a step earlier), after the failure
+         * is recorded (as a failed work does: no one runs on the failed group), and the waiters
+         * wake. */
         pthread_mutex_lock(&g->mu);
-        pg_fail_locked(g, *st, td_last_error()); /* as a failed work does, before anyone gets BUSY */
-        pg_release(g);
-        pthread_cond_broadcast(&g->cv);
-        pthread_mutex_unlock(&g->mu);
-    } else if (!pg_release_idle(g)) {
-        /* Work was queued behind us, or destroy came: give BUSY back under the lock and wake them
-         * (destroy may free the group as soon as it sees BUSY gone, so not a step later). */
-        pthread_mutex_lock(&g->mu);
+        if (*st != TD_OK)
+            pg_fail_locked(g, *st, td_last_error());
         pg_release(g);
         pthread_cond_broadcast(&g->cv);
         pthread_mutex_unlock(&g->mu);

@@ -102,7 +102,7 @@ static bool future_ready(const void *f) { return td_future_is_completed(f); }
 
 static bool work_queued(const void *pg)
 {
-    return atomic_load_explicit(&((const td_pg *)pg)->queued, memory_order_acquire) != 0;
+    return atomic_load_explicit(&((const td_pg *)pg)->gate, memory_order_acquire) & PG_GATE_QUEUED;
 }
 
 /* The calling thread's policy for waiting on the operations it issues. */
@@ -602,8 +602,7 @@ td_status pg_issue(td_pg *pg, td_work **ws, int n, td_future **futs)
                 pg->qhead = w;
             pg->qtail = w;
         }
-        atomic_fetch_or(&pg->gate, PG_GATE_QUEUED);
-        atomic_store_explicit(&pg->queued, 1, memory_order_release);
+        atomic_fetch_or(&pg->gate, PG_GATE_QUEUED); /* also what an idle worker spins on */
         pthread_cond_broadcast(&pg->cv);
     }
     pthread_mutex_unlock(&pg->mu);
@@ -701,9 +700,8 @@ static void *worker_main(void *arg)
                 free(msg);
                 continue;
             }
-            if (!spun && !pg_busy(pg)) {
+            if (!spun && !pg_busy(pg)) { /* and so nothing is queued (only its holder drops BUSY then) */
                 spun = true;
-                atomic_store_explicit(&pg->queued, 0, memory_order_relaxed);
                 pthread_mutex_unlock(&pg->mu);
                 spin_until(&spin, work_queued, pg);
                 pthread_mutex_lock(&pg->mu);

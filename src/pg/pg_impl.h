@@ -130,7 +130,6 @@ struct td_pg {
     bool worker_started;
     bool stop;
     td_work *qhead, *qtail;
-    _Atomic int queued;   /* set by pg_issue: what an idle worker spins on before it sleeps */
     td_work *inflight;
     /* PG_GATE_* bits: whether the worker, an inline caller or a direct one is handing an
      * operation to the backend (BUSY, which keeps everyone else off it), whether works are queued,

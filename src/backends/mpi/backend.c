@@ -429,8 +429,7 @@ static td_status check_tag(const mpi_group *g, int tag)
 
 /* Starts c's MPI call, with op's request and scratch buffers (or, when blocking, runs it):
  * op->req is MPI_REQUEST_NULL when nothing is left to wait for. On failure the thread's error is
- * set. Inlined into its two callers, each with
- * `blocking` fixed: see mpi_run_now. */
+ * set. Inlined into its two callers, each with `blocking` fixed: see mpi_run_now. */
 __attribute__((always_inline)) static inline td_status post(mpi_group *g, const td_coll *c, mpi_op *op,
                                                              MPI_Datatype dt, MPI_Op mop, bool blocking)
 {

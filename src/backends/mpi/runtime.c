@@ -60,7 +60,8 @@ static const char *level_name(int level)
     }
 }
 
-/* In funneled mode only the MPI thread calls MPI: there is nothing to serialize. */
+/* MPI below MPI_THREAD_MULTIPLE, not in funneled mode (where only the MPI thread calls MPI and
+ * there is nothing to serialize): mpi_enter takes g_serial. */
 bool mpi_serialized;
 
 void mpi_serial_lock(void) { pthread_mutex_lock(&g_serial); }
@@ -69,7 +70,6 @@ void mpi_serial_unlock(void) { pthread_mutex_unlock(&g_serial); }
 bool mpi_thread_multiple(void) { return g_provided >= MPI_THREAD_MULTIPLE; }
 
 bool mpi_funneled(void) { return atomic_load_explicit(&g_ready, memory_order_acquire) && mpi_funneled_mode; }
-
 
 td_status mpi_check_thread(const char *what)
 {

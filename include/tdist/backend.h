@@ -76,6 +76,10 @@ typedef struct td_work td_work;
 TD_API void td_work_done(td_work *w, td_status status, int sender, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* The front end's end of a call run by td_backend_ops.run_now: takes the call's status, returns
+ * what the call returns. */
+typedef td_status (*td_run_done)(void *arg, td_status status);
+
 typedef struct td_backend_args {
     td_store *store;        /* the group's own store (already prefixed with the group's name) */
     int rank;               /* in the group */
@@ -133,8 +137,10 @@ typedef struct td_backend_ops {
      * instead. May be NULL. */
     bool (*progress)(void);
     /* Optional, with inline_submit: runs a collective (never SEND or RECV) of a blocking call to its
-     * end on the calling thread and returns its status (the error set on failure), in place of
-     * submit and td_work_done: no work record, no future, no completion from another thread. The
+     * end on the calling thread, then returns done(arg, status) (the error set on failure), in place
+     * of submit and td_work_done: no work record, no future, no completion from another thread.
+     * done is the front end's end of the call; calling it last, as a tail call, lets the front end
+     * hand over with a tail call too, so that the program's frame is the next one returned to. The
      * front end calls it only where runs_now(state) said yes when the group was created, only on
      * an idle group (nothing queued or running, the group not failed), with debug checks and
      * traces off and every buffer the caller's own. Nothing watches such a call (its deadline_ns
@@ -142,7 +148,7 @@ typedef struct td_backend_ops {
      * anyway, as with a blocking MPI call. A failure fails the group as a failed work does. For a
      * backend whose blocking operation is one call into a library (mpi): the front end's
      * bookkeeping per call is then a few dozen instructions. May be NULL (both are). */
-    td_status (*run_now)(void *state, const td_coll *coll);
+    td_status (*run_now)(void *state, const td_coll *coll, td_run_done done, void *arg);
     bool (*runs_now)(void *state);
 } td_backend_ops;
 

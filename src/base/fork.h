@@ -13,6 +13,8 @@
 #ifndef TDIST_BASE_FORK_H
 #define TDIST_BASE_FORK_H
 
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -27,6 +29,12 @@ void td_fork_guard_init(td_fork_guard *g);
  * in a forked child process (pid N): it was created in process M before fork, and its threads do
  * not survive fork. Create it in the child, or start the child with the spawn start method." */
 td_status td_fork_guard_check(const td_fork_guard *g, const char *what);
+/* Whether td_fork_guard_check passes, inline for hot paths. */
+extern _Atomic pid_t td_fork_pid; /* this process's (fork.c) */
+static inline bool td_fork_guard_ok(const td_fork_guard *g)
+{
+    return g->pid == atomic_load_explicit(&td_fork_pid, memory_order_relaxed);
+}
 
 /* A counter incremented in every child right after fork (pthread_atfork), so objects can tell
  * cheaply whether they were inherited. */

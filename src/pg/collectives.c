@@ -9,7 +9,7 @@
  * work then goes to the group's worker (pg_issue), blocking when work == NULL. A blocking
  * all_reduce or broadcast of a contiguous tensor, on a group whose backend runs such calls on the
  * caller's thread itself (td_backend_ops.run_now: mpi), needs none of that and skips the work
- * record (in_place_now). */
+ * record (run_now). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +17,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "pg/pg_impl.h"
+#include "tensor/strided.h"
 
 /* ---- checks -------------------------------------------------------------------------------- */
 
@@ -158,89 +159,113 @@ static td_status issue(td_pg *g, td_work *w, td_status built, td_future **work)
     return pg_issue(g, &w, 1, work);
 }
 
-/* A blocking call on one contiguous tensor, in place, handed to the backend's run_now on this
- * thread with no work record, where the group allows it (g->run_now) and is idle: true with the
- * call's status in *st; false, having done nothing, when it is to be built as a work.
- *
- * It takes the backend with one compare-and-swap on the group's gate (pg_claim: nothing running,
- * nothing queued, the group healthy) instead of the group's lock, and gives it back with one more
- * (pg_release_idle); the lock is taken only to wake a waiter or to fail the group. Inlined into
- * its callers on purpose: Open MPI's wait makes system calls, after which the CPU predicts none of
- * the returns still pending, about 20 cycles each (measured: each frame between a program and
- * MPI_Allreduce adds that much per call), so the fewer frames between the caller and MPI the
- * better. */
-__attribute__((always_inline)) static inline bool in_place_now(td_pg *g, td_tensor *t, td_coll_kind kind,
-                                                               td_dtype dt, td_op op, int root, td_future **work,
-                                                               td_status *st)
+/* now_done's way when BUSY cannot simply go: on a failure, or with work queued behind the call, or
+ * a destroy waiting, BUSY goes back under the lock (destroy may free the group as soon as it sees
+ * BUSY gone, so not a step earlier), after the failure is recorded (as a failed work does: no one
+ * runs on the failed group), and the waiters wake. */
+__attribute__((noinline)) static td_status now_done_locked(td_pg *g, td_status st)
 {
-    if (work || !g->run_now || pg_traced(g) || !td_tensor_is_contiguous(t) ||
-        !pg_claim(g, PG_GATE_QUEUED | PG_GATE_CLOSED))
-        return false; /* the usual path reports a failed group, and queues behind a busy one */
-    void *data = td_tensor_data(t);
-    /* Holding BUSY, this thread alone submits: the numbers stay in issue order. */
-    atomic_fetch_add_explicit(&g->op_seq, 1, memory_order_relaxed);
-    td_coll c = {.kind = kind, .dtype = dt, .op = op, .root = root, .peer = -1, .seq = ++g->wire_seq,
-                 .deadline_ns = TD_DEADLINE_NONE, /* nothing watches a call run this way (see run_now) */
-                 .count = (size_t)td_tensor_numel(t), .in = data, .out = data};
-    *st = g->ops->run_now(g->state, &c);
-    if (*st != TD_OK || !pg_release_idle(g)) {
-        /* A failure, work queued behind us, or destroy: BUSY goes back under the lock (destroy may
-         * free the group as soon as it sees BUSY gone, so not a step earlier), after the failure
-         * is recorded (as a failed work does: no one runs on the failed group), and the waiters
-         * wake. */
-        pthread_mutex_lock(&g->mu);
-        if (*st != TD_OK)
-            pg_fail_locked(g, *st, td_last_error());
-        pg_release(g);
-        pthread_cond_broadcast(&g->cv);
-        pthread_mutex_unlock(&g->mu);
-    }
-    return true;
+    pthread_mutex_lock(&g->mu);
+    if (st != TD_OK)
+        pg_fail_locked(g, st, td_last_error());
+    pg_release(g);
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+    return st;
+}
+
+/* The end of a call run by run_now (below), called by the backend last: gives BUSY back with one
+ * compare-and-swap when the call succeeded and nobody waits. */
+static td_status now_done(void *arg, td_status st)
+{
+    td_pg *g = arg;
+    if (__builtin_expect(st == TD_OK && pg_release_idle(g), 1))
+        return TD_OK;
+    return now_done_locked(g, st);
+}
+
+/* Whether a blocking call on tensor t may be handed to the backend's run_now on this thread with
+ * no work record (run_now below): the group allows it (g->run_now), no trace is set, t is
+ * contiguous (the call runs in place on it), and the group is idle. True with the backend taken:
+ * BUSY, by one compare-and-swap on the group's gate (pg_claim: nothing running, nothing queued,
+ * the group healthy) instead of the group's lock. False, having done nothing, when the call is to
+ * be built as a work (which also reports a failed group, and queues behind a busy one). */
+static inline bool can_run_now(td_pg *g, const td_tensor *t, td_future **work)
+{
+    return !work && g->run_now && !pg_traced(g) && td_contiguous_of(t->ndim, t->sizes, t->strides) &&
+           pg_claim(g, PG_GATE_QUEUED | PG_GATE_CLOSED);
+}
+
+/* Hands the call to the backend's run_now, BUSY held (can_run_now), and returns what it returns:
+ * now_done's result. The call is described in g->now_coll, which BUSY makes this thread's, so
+ * that nothing of the caller's frame is needed after the hand-over and the caller can tail-call
+ * this (it is inlined). Open MPI's wait makes system calls, after which the CPU predicts none of
+ * the returns still pending, about 20 cycles each (measured: each frame between a program and
+ * MPI_Allreduce adds that much per call); with the tail calls here and in the backend the program
+ * gets back from the backend's frame directly. */
+__attribute__((always_inline)) static inline td_status run_now(td_pg *g, td_tensor *t, td_coll_kind kind,
+                                                               td_dtype dt, td_op op, int root)
+{
+    void *data = td_tensor_data_of(t); /* the library's inline accessors (tensor/strided.h) */
+    /* Holding BUSY, this thread alone submits and counts: the numbers stay in issue order. */
+    atomic_store_explicit(&g->direct_calls, atomic_load_explicit(&g->direct_calls, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+    /* Field by field: no other field of now_coll is ever set (peer -1, deadline_ns none: nothing
+     * watches it; see run_now in backend.h). */
+    td_coll *c = &g->now_coll;
+    c->kind = kind;
+    c->dtype = dt;
+    c->op = op;
+    c->root = root;
+    c->seq = ++g->wire_seq;
+    c->count = (size_t)td_numel_of(t->ndim, t->sizes);
+    c->in = c->out = data;
+    return g->ops->run_now(g->state, c, now_done, g);
 }
 
 /* ---- collectives --------------------------------------------------------------------------- */
 
-td_status td_pg_broadcast(td_pg *pg, td_tensor *tensor, int root, td_future **work)
+/* broadcast or all_reduce (op SUM and root -1 where they do not apply) on one tensor, in place,
+ * built as a work. Out of line: its locals' addresses escape, and the callers tail-call. */
+__attribute__((noinline)) static td_status in_place_work(td_pg *g, td_tensor *tensor, pg_op what, td_coll_kind kind,
+                                                         td_dtype dt, td_op op, int root, td_future **work)
 {
-    td_pg *g;
-    TD_TRY(pg_resolve(pg, "broadcast", &g));
-    TD_TRY(check_tensor("tensor", tensor));
-    TD_TRY(check_rank("broadcast", "root", root, g));
-    td_dtype dt = td_tensor_dtype(tensor);
-    TD_TRY(pg_check_supported(g, "broadcast", TD_COLL_BROADCAST, dt, TD_OP_SUM));
-    td_status st;
-    if (in_place_now(g, tensor, TD_COLL_BROADCAST, dt, TD_OP_SUM, root, work, &st))
-        return st;
-    td_work *w = pg_work_new(g, PG_OP_BROADCAST, TD_COLL_BROADCAST, dt);
+    td_work *w = pg_work_new(g, what, kind, dt);
+    w->coll.op = op;
     w->coll.root = root;
     w->coll.count = (size_t)td_tensor_numel(tensor);
     w->numel_in = w->numel_out = td_tensor_numel(tensor);
-    st = out_data(w, tensor, g->rank == root, &w->coll.out);
+    /* A broadcast's non-roots do not read their tensor: a temporary for it needs no copy. */
+    td_status st = out_data(w, tensor, kind != TD_COLL_BROADCAST || g->rank == root, &w->coll.out);
     w->coll.in = w->coll.out;
     w->result = work ? result_list(&tensor, 1) : NULL;
-    pg_fingerprint_fill(w, &tensor, 1, root, -1, true);
+    pg_fingerprint_fill(w, &tensor, 1, root, kind == TD_COLL_ALL_REDUCE ? (int)op.kind : -1, true);
     return issue(g, w, st, work);
+}
+
+td_status td_pg_broadcast(td_pg *pg, td_tensor *tensor, int root, td_future **work)
+{
+    td_pg *g = pg_or_default(pg); /* not pg_resolve: g's address would escape (see run_now) */
+    TD_TRY(pg_check_usable(g, "broadcast"));
+    TD_TRY(check_tensor("tensor", tensor));
+    TD_TRY(check_rank("broadcast", "root", root, g));
+    td_dtype dt = tensor->dtype;
+    TD_TRY(pg_check_supported(g, "broadcast", TD_COLL_BROADCAST, dt, TD_OP_SUM));
+    if (can_run_now(g, tensor, work))
+        return run_now(g, tensor, TD_COLL_BROADCAST, dt, TD_OP_SUM, root);
+    return in_place_work(g, tensor, PG_OP_BROADCAST, TD_COLL_BROADCAST, dt, TD_OP_SUM, root, work);
 }
 
 td_status td_pg_all_reduce(td_pg *pg, td_tensor *tensor, td_op op, td_future **work)
 {
-    td_pg *g;
-    TD_TRY(pg_resolve(pg, "all_reduce", &g));
+    td_pg *g = pg_or_default(pg); /* not pg_resolve: g's address would escape (see run_now) */
+    TD_TRY(pg_check_usable(g, "all_reduce"));
     TD_TRY(check_tensor("tensor", tensor));
-    td_dtype dt = td_tensor_dtype(tensor);
+    td_dtype dt = tensor->dtype;
     TD_TRY(pg_check_supported(g, "all_reduce", TD_COLL_ALL_REDUCE, dt, op));
-    td_status st;
-    if (in_place_now(g, tensor, TD_COLL_ALL_REDUCE, dt, op, -1, work, &st))
-        return st;
-    td_work *w = pg_work_new(g, PG_OP_ALLREDUCE, TD_COLL_ALL_REDUCE, dt);
-    w->coll.op = op;
-    w->coll.count = (size_t)td_tensor_numel(tensor);
-    w->numel_in = w->numel_out = td_tensor_numel(tensor);
-    st = out_data(w, tensor, true, &w->coll.out);
-    w->coll.in = w->coll.out;
-    w->result = work ? result_list(&tensor, 1) : NULL;
-    pg_fingerprint_fill(w, &tensor, 1, -1, (int)op.kind, true);
-    return issue(g, w, st, work);
+    if (can_run_now(g, tensor, work))
+        return run_now(g, tensor, TD_COLL_ALL_REDUCE, dt, op, -1);
+    return in_place_work(g, tensor, PG_OP_ALLREDUCE, TD_COLL_ALL_REDUCE, dt, op, -1, work);
 }
 
 /* Copies n tensors into one new flat buffer (kept with w) and, when back is set, arranges for the

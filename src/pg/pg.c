@@ -479,8 +479,9 @@ void td_work_done(td_work *w, td_status status, int sender, const char *fmt, ...
 
 static void stamp_work(td_pg *pg, td_work *w, int64_t now)
 {
-    /* op_seq also counts direct calls, which hold BUSY but not the lock (collectives.c). */
-    w->seq = w->is_p2p ? ++pg->p2p_seq : atomic_fetch_add_explicit(&pg->op_seq, 1, memory_order_relaxed) + 1;
+    /* The numbering also counts direct calls, which hold BUSY but not the lock (collectives.c):
+     * direct_calls only grows, so the numbers still grow with issue order and never repeat. */
+    w->seq = w->is_p2p ? ++pg->p2p_seq : ++pg->op_seq + atomic_load_explicit(&pg->direct_calls, memory_order_relaxed);
     w->issue_ns = now;
     w->coll.deadline_ns = td_deadline_at(now, pg->timeout_ms);
     w->fp.seq = (int64_t)w->seq;
@@ -823,6 +824,8 @@ static td_status pg_start_member(td_pg *pg, const td_backend_ops *ops, td_store 
     /* Only where nothing per call needs a work record: no debug check or log. */
     pg->run_now = ops->inline_submit && ops->run_now && ops->runs_now && debug == PG_DEBUG_OFF &&
                   ops->runs_now(pg->state);
+    /* What every such call shares; collectives.c sets the rest per call. */
+    pg->now_coll = (td_coll){.root = -1, .peer = -1, .deadline_ns = TD_DEADLINE_NONE};
     if (debug >= PG_DEBUG_INFO)
         td_log(TD_LOG_INFO,
                "Process group %s initialized: backend %s, rank %d of %d (global rank %d), timeout %lld ms. "
@@ -1083,19 +1086,15 @@ void td_pg_destroy(td_pg *pg)
 
 /* ---- queries ------------------------------------------------------------------------------- */
 
-td_status pg_resolve(td_pg *pg, const char *opname, td_pg **out)
+td_status pg_not_usable(td_pg *g, const char *opname)
 {
-    if (!pg) {
-        pg = pg_default_group();
-        if (!pg)
-            return td_error(TD_ERR_NOT_INIT, "Default process group has not been initialized, please make sure to "
-                                             "call init_process_group.");
-    }
-    *out = pg;
-    TD_TRY(td_fork_guard_check(&pg->guard, "a process group"));
-    if (!pg->member)
+    if (!g)
+        return td_error(TD_ERR_NOT_INIT, "Default process group has not been initialized, please make sure to "
+                                         "call init_process_group.");
+    TD_TRY(td_fork_guard_check(&g->guard, "a process group"));
+    if (!g->member)
         return td_error(TD_ERR_NOT_MEMBER, "Running %s on global rank %d which does not belong to the given group.",
-                        opname, pg->global_rank);
+                        opname, g->global_rank);
     return TD_OK;
 }
 

@@ -140,7 +140,9 @@ struct td_pg {
     td_status failed;     /* TD_OK while healthy */
     char *failed_msg;
     bool backend_aborted;
-    _Atomic uint64_t op_seq;        /* issued (front-end numbering) */
+    uint64_t op_seq;                /* issued as works (under mu); a work's number adds direct_calls */
+    _Atomic uint64_t direct_calls;  /* issued to run_now (written by the BUSY holder only) */
+    td_coll now_coll;               /* the call run_now runs (the BUSY holder's: collectives.c) */
     uint64_t p2p_seq;
     uint64_t wire_seq, wire_p2p_seq; /* submitted to the backend (fingerprints count) */
     uint64_t child_count;           /* subgroups made from this group, for their names */
@@ -195,9 +197,25 @@ static inline bool pg_traced(const td_pg *pg) { return __atomic_load_n(&pg->trac
 
 /* ---- pg.c ---------------------------------------------------------------------------------- */
 
-/* NULL means the default group. TD_OK when pg can run opname now; else the error (not initialized,
- * not a member, failed group). *out gets the group. */
-td_status pg_resolve(td_pg *pg, const char *opname, td_pg **out);
+/* TD_OK when g, the group pg_or_default gave (NULL: none), can run opname now; else the error (not
+ * initialized, not a member, a forked copy). The error's way is pg_not_usable. */
+td_status pg_not_usable(td_pg *g, const char *opname);
+static inline td_status pg_check_usable(td_pg *g, const char *opname)
+{
+    if (__builtin_expect(g && g->member && td_fork_guard_ok(&g->guard), 1))
+        return TD_OK;
+    return pg_not_usable(g, opname);
+}
+/* The group a call names: NULL means the default group (NULL when there is none). */
+td_pg *pg_default_group(void); /* default_group.c */
+static inline td_pg *pg_or_default(td_pg *pg) { return pg ? pg : pg_default_group(); }
+/* Both: *out gets the group. (A call that tail-calls the backend takes the two steps itself, so
+ * that no address of its own escapes.) */
+static inline td_status pg_resolve(td_pg *pg, const char *opname, td_pg **out)
+{
+    *out = pg_or_default(pg);
+    return pg_check_usable(*out, opname);
+}
 td_work *pg_work_new(td_pg *pg, pg_op op, td_coll_kind kind, td_dtype dtype);
 /* Gives back a work that will not run (its building or issuing failed). */
 void pg_work_free(td_work *w);
@@ -261,7 +279,28 @@ char *pg_backend_names(void);
 /* The reduce op is defined for dtype (c10d's complex rule, then the kernels'); opname prefixes the
  * message. */
 td_status pg_check_reduce(const char *opname, td_op op, td_dtype dtype);
-/* pg_check_reduce for reducing kinds, then the backend's own supports(). */
-td_status pg_check_supported(td_pg *pg, const char *opname, td_coll_kind kind, td_dtype dtype, td_op op);
+static inline bool pg_reducing(td_coll_kind kind)
+{
+    return kind == TD_COLL_ALL_REDUCE || kind == TD_COLL_REDUCE || kind == TD_COLL_REDUCE_SCATTER;
+}
+/* The bit word of pg->supported that answers (kind, dtype, rk) at bit rk; NULL when out of range. */
+static inline _Atomic uint32_t *pg_supported_bits(td_pg *pg, td_coll_kind kind, td_dtype dtype, td_reduce_op rk)
+{
+    bool ok = (unsigned)kind < TD_COLL_KIND_COUNT && (unsigned)dtype < TD_DTYPE_COUNT &&
+              (unsigned)rk < TD_REDUCE_OP_COUNT;
+    return ok ? &pg->supported[kind][dtype] : NULL;
+}
+/* pg_check_reduce for reducing kinds, then the backend's own supports(); a pass is remembered. */
+td_status pg_check_supported_first(td_pg *pg, const char *opname, td_coll_kind kind, td_dtype dtype, td_op op);
+/* The same, with the case of every call but the first inline: the remembered pass. */
+static inline td_status pg_check_supported(td_pg *pg, const char *opname, td_coll_kind kind, td_dtype dtype,
+                                           td_op op)
+{
+    td_reduce_op rk = pg_reducing(kind) ? op.kind : TD_SUM;
+    _Atomic uint32_t *seen = pg_supported_bits(pg, kind, dtype, rk);
+    if (__builtin_expect(seen && (atomic_load_explicit(seen, memory_order_relaxed) >> rk & 1u), 1))
+        return TD_OK;
+    return pg_check_supported_first(pg, opname, kind, dtype, op);
+}
 
 #endif

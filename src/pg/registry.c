@@ -119,22 +119,15 @@ td_status pg_check_reduce(const char *opname, td_op op, td_dtype dtype)
     return TD_OK;
 }
 
-static bool reducing(td_coll_kind kind)
-{
-    return kind == TD_COLL_ALL_REDUCE || kind == TD_COLL_REDUCE || kind == TD_COLL_REDUCE_SCATTER;
-}
-
 _Static_assert(TD_REDUCE_OP_COUNT <= 32, "td_pg.supported holds one bit per reduce op");
 
-td_status pg_check_supported(td_pg *pg, const char *opname, td_coll_kind kind, td_dtype dtype, td_op op)
+td_status pg_check_supported_first(td_pg *pg, const char *opname, td_coll_kind kind, td_dtype dtype, td_op op)
 {
-    td_reduce_op rk = reducing(kind) ? op.kind : TD_SUM;
-    bool cacheable = (unsigned)kind < TD_COLL_KIND_COUNT && td_dtype_is_valid((int)dtype) &&
-                     (unsigned)rk < TD_REDUCE_OP_COUNT;
-    _Atomic uint32_t *seen = cacheable ? &pg->supported[kind][dtype] : NULL;
+    td_reduce_op rk = pg_reducing(kind) ? op.kind : TD_SUM;
+    _Atomic uint32_t *seen = pg_supported_bits(pg, kind, dtype, rk);
     if (seen && (atomic_load_explicit(seen, memory_order_relaxed) >> rk & 1u))
         return TD_OK;
-    if (reducing(kind))
+    if (pg_reducing(kind))
         TD_TRY(pg_check_reduce(opname, op, dtype));
     if (pg->ops->supports) {
         td_status st = pg->ops->supports(pg->state, kind, dtype, rk);

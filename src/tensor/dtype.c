@@ -15,7 +15,7 @@ static const char *const dtype_names[TD_DTYPE_COUNT] = {
     "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
 };
 
-static const size_t dtype_sizes[TD_DTYPE_COUNT] = {1, 1, 1, 2, 4, 8, 2, 2, 4, 8, 8, 16};
+const size_t td_dtype_sizes[TD_DTYPE_COUNT] = {1, 1, 1, 2, 4, 8, 2, 2, 4, 8, 8, 16};
 
 bool td_dtype_is_valid(int dtype) { return dtype >= 0 && dtype < TD_DTYPE_COUNT; }
 
@@ -24,7 +24,7 @@ const char *td_dtype_name(td_dtype dtype)
     return td_dtype_is_valid((int)dtype) ? dtype_names[dtype] : "invalid dtype";
 }
 
-size_t td_dtype_size(td_dtype dtype) { return td_dtype_is_valid((int)dtype) ? dtype_sizes[dtype] : 0; }
+size_t td_dtype_size(td_dtype dtype) { return td_dtype_size_of(dtype); }
 
 bool td_dtype_is_floating(td_dtype dtype)
 {

@@ -17,6 +17,8 @@
 #include <tdist/tensor.h>
 
 #include "base/ref.h"
+#include "tensor/dtype.h"
+#include "tensor/storage.h"
 
 struct td_tensor {
     td_ref refcount;
@@ -27,6 +29,47 @@ struct td_tensor {
     int64_t sizes[TD_MAX_DIMS];
     int64_t strides[TD_MAX_DIMS]; /* elements */
 };
+
+/* Elements of a shape; -1 for a negative size or an overflow. */
+static inline int64_t td_numel_of(int ndim, const int64_t *sizes)
+{
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (sizes[i] < 0 || __builtin_mul_overflow(n, sizes[i], &n))
+            return -1;
+    }
+    return n;
+}
+
+/* Whether sizes and strides lay the elements out densely in row-major order (sizes of 1 and empty
+ * shapes impose nothing). */
+static inline bool td_contiguous_of(int ndim, const int64_t *sizes, const int64_t *strides)
+{
+    int64_t expected = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        if (sizes[i] == 0)
+            return true;
+    }
+    for (int i = ndim - 1; i >= 0; i--) {
+        if (sizes[i] == 1)
+            continue;
+        if (strides[i] != expected)
+            return false;
+        expected *= sizes[i];
+    }
+    return true;
+}
+
+/* td_tensor_data, inline for the library's hot paths (a collective handed straight to its
+ * backend: pg/collectives.c), as td_tensor_numel and td_tensor_is_contiguous are through the two
+ * above. */
+static inline void *td_tensor_data_of(const td_tensor *t)
+{
+    char *base = t->storage->data;
+    if (!base)
+        return NULL;
+    return base + t->offset * (int64_t)td_dtype_size_of(t->dtype);
+}
 
 typedef struct td_strided {
     char *data; /* element 0 */

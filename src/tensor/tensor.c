@@ -26,21 +26,11 @@ td_shape td_shape_of(int ndim, const int64_t *sizes)
 }
 
 /* Product of sizes, or -1 when a size is negative or the product overflows int64. */
-static int64_t numel_of(int ndim, const int64_t *sizes)
-{
-    int64_t n = 1;
-    for (int i = 0; i < ndim; i++) {
-        if (sizes[i] < 0 || __builtin_mul_overflow(n, sizes[i], &n))
-            return -1;
-    }
-    return n;
-}
-
 int64_t td_shape_numel(const td_shape *shape)
 {
     if (!shape || shape->ndim < 0 || shape->ndim > TD_MAX_DIMS)
         return -1;
-    return numel_of(shape->ndim, shape->d);
+    return td_numel_of(shape->ndim, shape->d);
 }
 
 const char *td_format_sizes(char *buf, size_t len, int ndim, const int64_t *sizes)
@@ -66,7 +56,7 @@ static td_status check_shape(td_dtype dtype, const td_shape *shape, size_t *nbyt
             return td_error(TD_ERR_INVALID, "Trying to create tensor with negative dimension %lld: %s",
                             (long long)shape->d[i], td_format_sizes(b, sizeof b, shape->ndim, shape->d));
     }
-    int64_t numel = numel_of(shape->ndim, shape->d);
+    int64_t numel = td_numel_of(shape->ndim, shape->d);
     size_t bytes;
     if (numel < 0 || __builtin_mul_overflow((size_t)numel, td_dtype_size(dtype), &bytes) ||
         bytes > (size_t)INT64_MAX)
@@ -207,7 +197,7 @@ td_status td_tensor_from_storage(td_storage *storage, int64_t offset, td_dtype d
         contiguous_strides(shape.ndim, shape.d, st);
     /* The last element reached, in elements; computed with overflow checks as the inputs are the
      * caller's (or, through the mp layer, a peer's). */
-    int64_t numel = numel_of(shape.ndim, shape.d);
+    int64_t numel = td_numel_of(shape.ndim, shape.d);
     uint64_t need = 0;
     bool overflow = false;
     if (numel > 0) {
@@ -262,7 +252,7 @@ int td_tensor_ndim(const td_tensor *t) { return t->ndim; }
 td_shape td_tensor_shape(const td_tensor *t) { return td_shape_of(t->ndim, t->sizes); }
 const int64_t *td_tensor_sizes(const td_tensor *t) { return t->sizes; }
 const int64_t *td_tensor_strides(const td_tensor *t) { return t->strides; }
-int64_t td_tensor_numel(const td_tensor *t) { return numel_of(t->ndim, t->sizes); }
+int64_t td_tensor_numel(const td_tensor *t) { return td_numel_of(t->ndim, t->sizes); }
 size_t td_tensor_nbytes(const td_tensor *t) { return (size_t)td_tensor_numel(t) * td_dtype_size(t->dtype); }
 int64_t td_tensor_offset(const td_tensor *t) { return t->offset; }
 td_storage *td_tensor_storage(const td_tensor *t) { return t->storage; }
@@ -285,32 +275,9 @@ int64_t td_tensor_stride(const td_tensor *t, int dim)
     return t->ndim ? t->strides[d] : 1;
 }
 
-static bool is_contiguous(int ndim, const int64_t *sizes, const int64_t *strides)
-{
-    int64_t expected = 1;
-    for (int i = ndim - 1; i >= 0; i--) {
-        if (sizes[i] == 0)
-            return true;
-    }
-    for (int i = ndim - 1; i >= 0; i--) {
-        if (sizes[i] == 1)
-            continue;
-        if (strides[i] != expected)
-            return false;
-        expected *= sizes[i];
-    }
-    return true;
-}
+bool td_tensor_is_contiguous(const td_tensor *t) { return td_contiguous_of(t->ndim, t->sizes, t->strides); }
 
-bool td_tensor_is_contiguous(const td_tensor *t) { return is_contiguous(t->ndim, t->sizes, t->strides); }
-
-void *td_tensor_data(const td_tensor *t)
-{
-    char *base = t->storage->data;
-    if (!base)
-        return NULL;
-    return base + t->offset * (int64_t)td_dtype_size(t->dtype);
-}
+void *td_tensor_data(const td_tensor *t) { return td_tensor_data_of(t); }
 
 td_strided td_strided_of(const td_tensor *t)
 {
@@ -384,7 +351,7 @@ static bool compute_stride(int oldnd, const int64_t *oldshape, const int64_t *ol
             newstride[i] = 1;
         return true;
     }
-    int64_t numel = numel_of(oldnd, oldshape);
+    int64_t numel = td_numel_of(oldnd, oldshape);
     if (numel == 0) {
         bool same = oldnd == newnd;
         for (int i = 0; same && i < oldnd; i++)

@@ -63,6 +63,7 @@
 #include "base/log.h"
 #include "base/error.h"
 #include "base/thread.h"
+#include "tensor/dtype.h"
 
 #define DEFAULT_SPIN_US 50
 
@@ -104,10 +105,10 @@ static td_status mpi_world(int *rank, int *size)
 static inline td_status check_types(td_coll_kind kind, td_dtype dtype, td_reduce_op op, MPI_Datatype *dt,
                                     MPI_Op *mop)
 {
-    if (!mpi_datatype(dtype, dt))
+    if ((*dt = mpi_datatype(dtype)) == MPI_DATATYPE_NULL)
         return td_error(TD_ERR_UNSUPPORTED, "the mpi backend has no MPI datatype for %s in this MPI",
                         td_dtype_name(dtype));
-    if (reduces(kind) && !mpi_reduce_op(op, dtype, mop))
+    if (reduces(kind) && (*mop = mpi_reduce_op(op, dtype)) == MPI_OP_NULL)
         return td_error(TD_ERR_UNSUPPORTED, "the mpi backend cannot reduce %s with %s", td_dtype_name(dtype),
                         td_reduce_op_name(op));
     return TD_OK;
@@ -116,8 +117,8 @@ static inline td_status check_types(td_coll_kind kind, td_dtype dtype, td_reduce
 static td_status mpi_supports(void *state, td_coll_kind kind, td_dtype dtype, td_reduce_op op)
 {
     (void)state;
-    MPI_Datatype dt;
-    MPI_Op mop;
+    MPI_Datatype dt = MPI_DATATYPE_NULL;
+    MPI_Op mop = MPI_OP_NULL;
     return check_types(kind, dtype, op, &dt, &mop);
 }
 
@@ -304,18 +305,18 @@ static void unlink_locked(mpi_group *g, mpi_op *op)
 }
 
 /* After c's MPI call ended well: unpacks blocks received into op's scratch, finishes AVG, checks a
- * receive's size. */
+ * receive's size (and gives its sender in *sender; NULL for a call that is no receive). */
 static td_status finish(const td_coll *c, const mpi_op *op, int *sender)
 {
     switch (c->kind) {
     case TD_COLL_RECV: {
         int n = 0;
-        MPI_Datatype dt;
-        mpi_datatype(c->dtype, &dt);
+        MPI_Datatype dt = mpi_datatype(c->dtype);
         mpi_enter();
         MPI_Get_count(&op->status, dt, &n);
         mpi_leave();
-        *sender = op->status.MPI_SOURCE;
+        if (sender)
+            *sender = op->status.MPI_SOURCE;
         if ((size_t)n != c->count)
             return td_error(TD_ERR_INVALID,
                             "mpi backend: rank %d sent %d %s elements (tag %d), but the receive expects %zu",
@@ -435,7 +436,7 @@ __attribute__((always_inline)) static inline td_status post(mpi_group *g, const 
 {
     MPI_Comm comm = g->comm;
     MPI_Request *req = &op->req;
-    size_t es = td_dtype_size(c->dtype), bytes = c->count * es;
+    size_t es = td_dtype_size_of(c->dtype), bytes = c->count * es;
     int n = g->size, me = g->rank;
     int cnt = (int)c->count;
     if (!fits_int(c->count))
@@ -670,23 +671,30 @@ __attribute__((always_inline)) static inline td_status ready(mpi_group *g, const
  * MPI call is made in this frame (post is inlined): after Open MPI's wait the CPU mispredicts
  * every return still pending, some 20 cycles each, so every frame between the program and MPI
  * costs that much per call. */
-static td_status mpi_run_now(void *state, const td_coll *coll)
+static td_status mpi_run_now(void *state, const td_coll *coll, td_run_done done, void *arg)
 {
     mpi_group *g = state;
-    MPI_Datatype dt;
-    MPI_Op mop;
-    TD_TRY(ready(g, coll, &dt, &mop));
+    MPI_Datatype dt = MPI_DATATYPE_NULL;
+    MPI_Op mop = MPI_OP_NULL;
+    td_status st = ready(g, coll, &dt, &mop);
+    if (st != TD_OK)
+        return done(arg, st);
     if (!g->spare)
         g->spare = TD_NEW(mpi_op);
     mpi_op *op = g->spare; /* only its scratch buffers serve: coll stays the caller's */
     op->unpack = NULL;
     op->size = g->size;
     op->me = g->rank;
-    int sender = -1;
-    td_status st = post(g, coll, op, dt, mop, true);
-    if (st != TD_OK || (!op->unpack && coll->op.kind != TD_AVG))
-        return st; /* nothing to unpack or divide (a blocking call is never a receive) */
-    return finish(coll, op, &sender);
+    st = post(g, coll, op, dt, mop, true);
+    if (st == TD_OK && (op->unpack || coll->op.kind == TD_AVG))
+        st = finish(coll, op, NULL); /* else nothing to unpack or divide (never a receive) */
+    return done(arg, st); /* a tail call: the caller's frame is the next one returned to */
+}
+
+static td_status keep_status(void *arg, td_status st)
+{
+    (void)arg;
+    return st;
 }
 
 static td_status mpi_submit(void *state, const td_coll *coll, td_work *work)
@@ -694,11 +702,11 @@ static td_status mpi_submit(void *state, const td_coll *coll, td_work *work)
     mpi_group *g = state;
     bool p2p = coll->kind == TD_COLL_SEND || coll->kind == TD_COLL_RECV;
     if (g->blocking && !p2p) {
-        td_work_done(work, mpi_run_now(state, coll), -1, NULL);
+        td_work_done(work, mpi_run_now(state, coll, keep_status, NULL), -1, NULL);
         return TD_OK;
     }
-    MPI_Datatype dt;
-    MPI_Op mop;
+    MPI_Datatype dt = MPI_DATATYPE_NULL;
+    MPI_Op mop = MPI_OP_NULL;
     td_status st = ready(g, coll, &dt, &mop);
     if (st != TD_OK) {
         td_work_done(work, st, -1, NULL);

@@ -123,10 +123,21 @@ void mpi_op_complete(mpi_op *op);
 
 /* Creates the datatypes and user-defined ops tdist adds (after MPI_Init; once). */
 td_status mpi_types_init(void);
-/* The MPI datatype for dtype; false when this MPI has none. */
-bool mpi_datatype(td_dtype dtype, MPI_Datatype *out);
+/* Filled by mpi_types_init, before any group exists; read through the two below. */
+extern MPI_Datatype mpi_dtypes[TD_DTYPE_COUNT];
+extern MPI_Op mpi_ops[TD_REDUCE_OP_COUNT][TD_DTYPE_COUNT];
+/* The MPI datatype for dtype; MPI_DATATYPE_NULL when this MPI has none. Inline, and by value so
+ * that nothing of the caller's frame escapes (see mpi_run_now): asked on every call. */
+static inline MPI_Datatype mpi_datatype(td_dtype dtype)
+{
+    return (unsigned)dtype < TD_DTYPE_COUNT ? mpi_dtypes[dtype] : MPI_DATATYPE_NULL;
+}
 /* The MPI op that reduces dtype with kind as tdist does (AVG and PREMUL_SUM as SUM: the backend
- * scales before or after); false when none. */
-bool mpi_reduce_op(td_reduce_op kind, td_dtype dtype, MPI_Op *out);
+ * scales before or after); MPI_OP_NULL when none. */
+static inline MPI_Op mpi_reduce_op(td_reduce_op kind, td_dtype dtype)
+{
+    return (unsigned)kind < TD_REDUCE_OP_COUNT && (unsigned)dtype < TD_DTYPE_COUNT ? mpi_ops[kind][dtype]
+                                                                                   : MPI_OP_NULL;
+}
 
 #endif

@@ -48,9 +48,11 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static td_status g_init_status = TD_OK;
 static char g_init_msg[512];
 
-/* mpi_reduce_op's answers, worked out once at init (it is asked on every reducing call). */
-static bool g_op_ok[TD_REDUCE_OP_COUNT][TD_DTYPE_COUNT];
-static MPI_Op g_op[TD_REDUCE_OP_COUNT][TD_DTYPE_COUNT];
+/* mpi_datatype's and mpi_reduce_op's answers (mpi_impl.h), worked out once at init: they are asked
+ * on every call. */
+MPI_Datatype mpi_dtypes[TD_DTYPE_COUNT];
+MPI_Op mpi_ops[TD_REDUCE_OP_COUNT][TD_DTYPE_COUNT];
+static MPI_Datatype datatype_lookup(td_dtype dtype);
 static bool reduce_op_lookup(td_reduce_op kind, td_dtype dtype, MPI_Op *out);
 
 static void types_init_once(void)
@@ -79,9 +81,12 @@ static void types_init_once(void)
         snprintf(g_init_msg, sizeof g_init_msg, "%s", td_last_error());
         return;
     }
+    for (int t = 0; t < TD_DTYPE_COUNT; t++)
+        mpi_dtypes[t] = datatype_lookup((td_dtype)t);
     for (int k = 0; k < TD_REDUCE_OP_COUNT; k++)
         for (int t = 0; t < TD_DTYPE_COUNT; t++)
-            g_op_ok[k][t] = reduce_op_lookup((td_reduce_op)k, (td_dtype)t, &g_op[k][t]);
+            if (!reduce_op_lookup((td_reduce_op)k, (td_dtype)t, &mpi_ops[k][t]))
+                mpi_ops[k][t] = MPI_OP_NULL;
     td_error_clear();
 }
 
@@ -95,24 +100,23 @@ td_status mpi_types_init(void)
     return TD_OK;
 }
 
-bool mpi_datatype(td_dtype dtype, MPI_Datatype *out)
+static MPI_Datatype datatype_lookup(td_dtype dtype)
 {
     switch (dtype) {
-    case TD_BOOL: *out = MPI_C_BOOL; break;
-    case TD_UINT8: *out = MPI_UINT8_T; break;
-    case TD_INT8: *out = MPI_INT8_T; break;
-    case TD_INT16: *out = MPI_INT16_T; break;
-    case TD_INT32: *out = MPI_INT32_T; break;
-    case TD_INT64: *out = MPI_INT64_T; break;
-    case TD_FLOAT16: *out = g_f16; break;
-    case TD_BFLOAT16: *out = g_bf16; break;
-    case TD_FLOAT32: *out = MPI_FLOAT; break;
-    case TD_FLOAT64: *out = MPI_DOUBLE; break;
-    case TD_COMPLEX64: *out = MPI_C_FLOAT_COMPLEX; break;
-    case TD_COMPLEX128: *out = MPI_C_DOUBLE_COMPLEX; break;
-    default: return false;
+    case TD_BOOL: return MPI_C_BOOL;
+    case TD_UINT8: return MPI_UINT8_T;
+    case TD_INT8: return MPI_INT8_T;
+    case TD_INT16: return MPI_INT16_T;
+    case TD_INT32: return MPI_INT32_T;
+    case TD_INT64: return MPI_INT64_T;
+    case TD_FLOAT16: return g_f16;
+    case TD_BFLOAT16: return g_bf16;
+    case TD_FLOAT32: return MPI_FLOAT;
+    case TD_FLOAT64: return MPI_DOUBLE;
+    case TD_COMPLEX64: return MPI_C_FLOAT_COMPLEX;
+    case TD_COMPLEX128: return MPI_C_DOUBLE_COMPLEX;
+    default: return MPI_DATATYPE_NULL;
     }
-    return *out != MPI_DATATYPE_NULL;
 }
 
 static int user_type_index(td_dtype dtype)
@@ -124,14 +128,6 @@ static int user_type_index(td_dtype dtype)
     case TD_FLOAT64: return UDT_F64;
     default: return -1;
     }
-}
-
-bool mpi_reduce_op(td_reduce_op kind, td_dtype dtype, MPI_Op *out)
-{
-    if ((unsigned)kind >= TD_REDUCE_OP_COUNT || (unsigned)dtype >= TD_DTYPE_COUNT || !g_op_ok[kind][dtype])
-        return false;
-    *out = g_op[kind][dtype];
-    return true;
 }
 
 static bool reduce_op_lookup(td_reduce_op kind, td_dtype dtype, MPI_Op *out)

@@ -15,10 +15,15 @@
 # Then, because launches of one program differ by more than the overhead at small sizes, the
 # same comparison inside one process (bench/mpi/mpi_ab.c: an MPI_Init program with a tdist group,
 # alternating batches of MPI_Allreduce and td_pg_all_reduce), REPEATS launches per world size from
-# MIN up to AB_MAX (64K).
+# MIN up to AB_MAX (MAX: every size of the launches).
+#
+# In one process the two sides of a launch form a pair, so the overhead there is the median over
+# launches of each launch's own tdist / MPI - 1 (launches differ from each other by more than that);
+# the table also gives its range and each side's median time.
 #
 #   bash bench/mpi/run.sh [BUILD_DIR (build/plain)] [REPEATS (3)] [SECONDS per size (0.3)]
-# Environment: WORLDS ("2 4"), MIN (1K), MAX (64M), FACTOR (4), RESULTS (bench/results).
+# Environment: WORLDS ("2 4"), MIN (1K), MAX (64M), FACTOR (4), RESULTS (bench/results);
+# REPORT_ONLY=1 runs nothing and prints the tables again from RESULTS's files.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build/plain}
@@ -30,16 +35,15 @@ max=${MAX:-64M}
 factor=${FACTOR:-4}
 results=${RESULTS:-bench/results}
 
-if [ ! -x "$build/tdist-mpiexec" ]; then
+if [ -z "${REPORT_ONLY:-}" ] && [ ! -x "$build/tdist-mpiexec" ]; then
   echo "bench/mpi: $build was configured without MPI (apt-get install libopenmpi-dev openmpi-bin, then re-run cmake); skipping" >&2
   exit 0
 fi
-cmake --build "$build" --target tdist-bench bench_mpi_allreduce bench_mpi_ab >/dev/null
 mpiexec=$build/tdist-mpiexec
 tdist=$build/tools/tdist-bench/tdist-bench
 raw=$build/bench/mpi/mpi_allreduce
 ab=$build/bench/mpi/mpi_ab
-ab_max=${AB_MAX:-64K}
+ab_max=${AB_MAX:-$max}
 mkdir -p "$results"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -61,6 +65,8 @@ run_one() { # impl world rep
   sed "s/\$/,$rep/" "$out" >> "$tmp/all.csv"
   echo "bench/mpi: $impl, world $w, run $rep: $(wc -l < "$out") sizes" >&2
 }
+if [ -z "${REPORT_ONLY:-}" ]; then
+cmake --build "$build" --target tdist-bench bench_mpi_allreduce bench_mpi_ab >/dev/null
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 : > "$tmp/all.csv"
 for rep in $(seq "$reps"); do
@@ -81,11 +87,15 @@ load_after=$(cut -d' ' -f1-3 /proc/loadavg)
   > "$results/mpi_overhead.csv"
 { echo "impl,op,world,dtype,redop,root,size,count,time_us,algbw_gbs,busbw_gbs,wrong,iters,rep"; cat "$tmp/ab.csv"; } \
   > "$results/mpi_overhead_same_process.csv"
-
 mpi_version=$("${MPIEXEC:-mpiexec}" --version 2>/dev/null | head -1 || true)
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 machine="$(nproc) cores ($cpu), $(. /etc/os-release; echo "$PRETTY_NAME")"
 flags=$(sed -n 's/^exec "\([^"]*\)" /\1 /p' "$mpiexec" | sed 's/ "\$@"$//')
+# What the report needs besides the CSV files, for REPORT_ONLY.
+declare -p reps secs mpi_version machine load_before load_after flags > "$results/mpi_overhead.env"
+else
+. "$results/mpi_overhead.env"
+fi
 python3 - "$results/mpi_overhead.csv" "$results/mpi_overhead_same_process.csv" "$reps" "$secs" "$mpi_version" "$machine" "$load_before" "$load_after" "$flags" <<'PY' | tee "$results/mpi_overhead.md"
 import csv, statistics, sys
 path, ab_path, reps, secs, mpi_v, machine, load0, load1, flags = sys.argv[1:]
@@ -119,16 +129,19 @@ for w in sorted({int(r["world"]) for r in rows}):
         print("| %s | %s |" % (size_name(size), " | ".join(cells)))
 ab = {}
 for r in csv.DictReader(open(ab_path)):
-    ab.setdefault((r["impl"], int(r["world"]), int(r["size"])), []).append(float(r["time_us"]))
+    ab.setdefault((r["impl"], int(r["world"]), int(r["size"])), {})[int(r["rep"])] = float(r["time_us"])
 for w in sorted({k[1] for k in ab}):
     print()
-    print("World size %d, in one process (mpi_ab: MPI_Init, tdist in funneled mode; median over launches of "
-          "each launch's median):" % w)
+    print("World size %d, in one process (mpi_ab: MPI_Init, tdist in funneled mode; each launch's median per "
+          "side; overhead and added time: the median over launches of each launch's own):" % w)
     print()
-    print("| size | MPI_Allreduce | td_pg_all_reduce | overhead | added per call (us) |")
-    print("| ---: | ---: | ---: | ---: | ---: |")
+    print("| size | MPI_Allreduce | td_pg_all_reduce | overhead | range over launches | added per call (us) |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for size in sorted({k[2] for k in ab if k[1] == w}):
-        m = statistics.median(ab[("mpi-same", w, size)])
-        t = statistics.median(ab[("tdist-same", w, size)])
-        print("| %s | %.2f | %.2f | %+.1f%% | %.2f |" % (size_name(size), m, t, 100 * (t / m - 1), t - m))
+        m, t = ab[("mpi-same", w, size)], ab[("tdist-same", w, size)]
+        ms, ts = [m[k] for k in sorted(m)], [t[k] for k in sorted(m)]  # paired by launch
+        over = [100 * (b / a - 1) for a, b in zip(ms, ts)]
+        print("| %s | %.2f | %.2f | %+.1f%% | %+.1f%% .. %+.1f%% | %.2f |"
+              % (size_name(size), statistics.median(ms), statistics.median(ts), statistics.median(over),
+                 min(over), max(over), statistics.median([b - a for a, b in zip(ms, ts)])))
 PY

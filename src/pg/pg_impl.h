@@ -266,7 +266,6 @@ td_status pg_detail_check(td_pg *pg, td_work *w);
 
 /* ---- default_group.c ----------------------------------------------------------------------- */
 
-td_pg *pg_default_group(void);
 /* For td_pg_destroy: true when pg is the default group, which was then destroyed with its
  * subgroups; otherwise pg is forgotten by the default group's list (if there) and false. */
 bool pg_default_claim_destroy(td_pg *pg);

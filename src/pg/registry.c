@@ -124,9 +124,7 @@ _Static_assert(TD_REDUCE_OP_COUNT <= 32, "td_pg.supported holds one bit per redu
 td_status pg_check_supported_first(td_pg *pg, const char *opname, td_coll_kind kind, td_dtype dtype, td_op op)
 {
     td_reduce_op rk = pg_reducing(kind) ? op.kind : TD_SUM;
-    _Atomic uint32_t *seen = pg_supported_bits(pg, kind, dtype, rk);
-    if (seen && (atomic_load_explicit(seen, memory_order_relaxed) >> rk & 1u))
-        return TD_OK;
+    _Atomic uint32_t *seen = pg_supported_bits(pg, kind, dtype, rk); /* its bit is not set yet */
     if (pg_reducing(kind))
         TD_TRY(pg_check_reduce(opname, op, dtype));
     if (pg->ops->supports) {

@@ -691,6 +691,7 @@ static td_status mpi_run_now(void *state, const td_coll *coll, td_run_done done,
     return done(arg, st); /* a tail call: the caller's frame is the next one returned to */
 }
 
+/* The completion submit's blocking path gives mpi_run_now: the status as it is, for td_work_done. */
 static td_status keep_status(void *arg, td_status st)
 {
     (void)arg;

@@ -1046,8 +1046,7 @@ void pg_destroy_now(td_pg *pg)
         char *msg = td_asprintf("Process group %s was destroyed while the operation was pending", pg->name);
         pthread_mutex_lock(&pg->mu);
         pg->stop = true;
-        atomic_fetch_or(&pg->gate, PG_GATE_CLOSED);
-        pg_fail_locked(pg, TD_ERR_CLOSED, msg);
+        pg_fail_locked(pg, TD_ERR_CLOSED, msg); /* closes the gate (it already was if the group had failed) */
         pthread_cond_broadcast(&pg->cv); /* also when the group had failed before */
         pthread_mutex_unlock(&pg->mu);
         /* Wakes a submit blocked on its peers; the worker then drains the queue with the error. */

@@ -6,13 +6,16 @@
  * the built-in backends (tcp, threaded, shm, auto, mpi, nccl) implement it, and an application can
  * register its own with td_register_backend.
  *
- * The front end hands the backend one td_coll at a time, in issue order, from the group's worker
- * thread (or, for a backend that sets inline_submit, from the caller of a blocking operation, and with
- * issue_on_caller of any operation). Arguments are already checked and normalized: ranks are group ranks, every buffer is
- * contiguous memory of `dtype`, list forms are per-rank block arrays, coalesced forms are one
- * flattened buffer. The backend completes each operation exactly once with td_work_done, either
- * before submit returns (a blocking algorithm running on the worker thread) or later from its own
- * progress thread (an asynchronous send, say). It must never call back into the front end's
+ * The front end hands the backend one td_coll at a time, in issue order, through submit: from the
+ * group's worker thread, or from the thread that issued the operation when the group is idle and
+ * the backend declares it may (TD_BACKEND_CAP_CALLER_THREAD, TD_BACKEND_CAP_ASYNC_ON_CALLER).
+ * Arguments are already checked and normalized: ranks are group ranks, every buffer is contiguous
+ * memory of `dtype`, list forms are per-rank block arrays, coalesced forms are one flattened buffer,
+ * and the reduce op is SUM, PROD, MIN, MAX or a bitwise op: the front end scales PREMUL_SUM's
+ * inputs before and divides AVG's result after (td_reduce_premul, td_reduce_finish), so a backend
+ * never sees either. The backend completes each operation exactly once with td_work_done, either
+ * before submit returns (a blocking algorithm running on the submitting thread) or later from its
+ * own progress thread (an asynchronous send, say). It must never call back into the front end's
  * collective API from submit.
  */
 #ifndef TDIST_BACKEND_H
@@ -48,11 +51,17 @@ typedef enum td_coll_kind {
 /* "broadcast", "all_reduce", ... */
 TD_API const char *td_coll_kind_name(td_coll_kind kind);
 
+/* The kinds that combine values with td_coll.op. */
+static inline bool td_coll_kind_reduces(td_coll_kind kind)
+{
+    return kind == TD_COLL_ALL_REDUCE || kind == TD_COLL_REDUCE || kind == TD_COLL_REDUCE_SCATTER;
+}
+
 typedef struct td_coll {
     td_coll_kind kind;
     td_dtype dtype;
-    td_op op;            /* reducing kinds; AVG must be finished with td_reduce_finish, PREMUL_SUM
-                            inputs scaled with td_reduce_premul (the backend does both) */
+    td_op op;            /* reducing kinds (td_coll_kind_reduces): never AVG or PREMUL_SUM, which the
+                            front end resolves into SUM */
     int root;            /* BROADCAST, REDUCE, GATHER, SCATTER */
     int peer;            /* SEND, RECV */
     int tag;             /* SEND, RECV */
@@ -76,9 +85,37 @@ typedef struct td_work td_work;
 TD_API void td_work_done(td_work *w, td_status status, int sender, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-/* The front end's end of a call run by td_backend_ops.run_now: takes the call's status, returns
- * what the call returns. */
-typedef td_status (*td_run_done)(void *arg, td_status status);
+/* For a backend that at times has no thread of its own to advance its operations (mpi below
+ * MPI_THREAD_SERIALIZED, where only the thread that initialized MPI may call it): whoever waits for
+ * w's completion calls drive in a loop until w completes, instead of just blocking (and
+ * td_future_is_completed calls it once). drive advances what it can from the calling thread and
+ * returns at once; false when waiters need not call it (they then block). Call it from submit,
+ * before anything can complete w. */
+TD_API void td_work_set_driver(td_work *w, bool (*drive)(void));
+
+/* What a backend can do beyond the contract's minimum (td_backend_ops.caps, and per group
+ * td_backend_args.caps). */
+enum {
+    /* submit may also be called from the thread that issued a blocking operation, when the group
+     * had nothing queued or running (it still gets one td_coll at a time, in issue order). That
+     * saves the hand-off to the worker thread and back, which is most of a small operation's
+     * time. Leave it out if the backend cares which thread calls it. */
+    TD_BACKEND_CAP_CALLER_THREAD = 1u << 0,
+    /* With CALLER_THREAD: asynchronous operations, too, are handed over on the issuing thread when
+     * the group is idle, so that they reach the backend in the order the program issued them
+     * across all its groups (their futures are then often complete when the call returns). For a
+     * backend whose blocking calls exclude each other process-wide (mpi below
+     * MPI_THREAD_MULTIPLE): run by the workers of two groups, they could start in different
+     * orders on different ranks and wait for each other. */
+    TD_BACKEND_CAP_ASYNC_ON_CALLER = 1u << 1,
+    /* The backend's runtime assigns rank and size (mpi: the MPI launcher). td_pg_create then does
+     * no rendezvous and gives the root group a store of this process only (a HashStore) unless
+     * options->store is given: create gets a store the other ranks do not see, and must not need
+     * one. For a root group create is called with rank and size -1 and global_ranks NULL and fills
+     * *args->world_rank and *args->world_size (the front end warns, as PyTorch does for MPI, when
+     * the options gave other values); subgroups are created as with any backend. */
+    TD_BACKEND_CAP_RUNTIME_WORLD = 1u << 2,
+};
 
 typedef struct td_backend_args {
     td_store *store;        /* the group's own store (already prefixed with the group's name) */
@@ -89,6 +126,13 @@ typedef struct td_backend_args {
     const char *group_name;
     void *parent_state;     /* the parent group's backend state when the parent runs the same
                                backend (for new_group), else NULL; a backend may share resources */
+    /* Out: this group's capabilities, ops->caps on entry; create may change them for the group
+     * (mpi adds TD_BACKEND_CAP_ASYNC_ON_CALLER below MPI_THREAD_MULTIPLE). */
+    unsigned *caps;
+    /* Out, with TD_BACKEND_CAP_RUNTIME_WORLD for a root group (rank == -1): this process's rank
+     * and the world's size as the runtime assigned them. NULL otherwise. */
+    int *world_rank;
+    int *world_size;
 } td_backend_args;
 
 typedef struct td_backend_ops {
@@ -108,48 +152,8 @@ typedef struct td_backend_ops {
     /* TD_OK if the backend can run kind on dtype with op, else TD_ERR_UNSUPPORTED with a message.
      * NULL means it supports everything the reduce kernels define. */
     td_status (*supports)(void *state, td_coll_kind kind, td_dtype dtype, td_reduce_op op);
-    /* Optional, for a backend whose runtime assigns the ranks (mpi: the MPI launcher): this
-     * process's rank and the world's size. With it, td_pg_create takes rank and size from here
-     * (warning, as PyTorch does for MPI, when the options gave other values), does no rendezvous,
-     * and gives the group a store of this process only (a HashStore) unless options->store is
-     * given: create then gets a store the other ranks do not see, and must not need one. May be
-     * NULL. */
-    td_status (*world)(int *rank, int *size);
-    /* true: submit may also be called from the thread that issued a blocking operation, when the
-     * group had nothing queued or running (it still gets one td_coll at a time, in issue order).
-     * That saves the hand-off to the worker thread and back, which is most of a small operation's
-     * time. Leave it false if the backend cares which thread calls it. */
-    bool inline_submit;
-    /* Optional, with inline_submit: true when asynchronous operations, too, should be handed over
-     * on the issuing thread when the group is idle, so that they reach the backend in the order the
-     * program issued them across all its groups (their futures are then often complete when the
-     * call returns). For a backend whose blocking calls exclude each other process-wide (mpi below
-     * MPI_THREAD_MULTIPLE): run by the workers of two groups, they could start in different orders
-     * on different ranks and wait for each other. May be NULL. */
-    bool (*issue_on_caller)(void *state);
-    /* Optional, for a backend that at times has no thread of its own to advance its operations
-     * (mpi below MPI_THREAD_SERIALIZED, where only the thread that initialized MPI may call it): a
-     * thread waiting on the future of one of its operations calls this in a loop until the future
-     * completes, and td_future_is_completed calls it once. It advances what it can of the
-     * backend's operations in this process from the calling thread (every group's: it gets no
-     * state, so it may run while a group is being destroyed) and returns at once; false when
-     * waiters need not call it (the backend completes its operations itself), and they block
-     * instead. May be NULL. */
-    bool (*progress)(void);
-    /* Optional, with inline_submit: runs a collective (never SEND or RECV) of a blocking call to its
-     * end on the calling thread, then returns done(arg, status) (the error set on failure), in place
-     * of submit and td_work_done: no work record, no future, no completion from another thread.
-     * done is the front end's end of the call; calling it last, as a tail call, lets the front end
-     * hand over with a tail call too, so that the program's frame is the next one returned to. The
-     * front end calls it only where runs_now(state) said yes when the group was created, only on
-     * an idle group (nothing queued or running, the group not failed), with debug checks and
-     * traces off and every buffer the caller's own. Nothing watches such a call (its deadline_ns
-     * is TD_DEADLINE_NONE): offer it only where the group's timeout could not end a blocking call
-     * anyway, as with a blocking MPI call. A failure fails the group as a failed work does. For a
-     * backend whose blocking operation is one call into a library (mpi): the front end's
-     * bookkeeping per call is then a few dozen instructions. May be NULL (both are). */
-    td_status (*run_now)(void *state, const td_coll *coll, td_run_done done, void *arg);
-    bool (*runs_now)(void *state);
+    /* TD_BACKEND_CAP_* bits. */
+    unsigned caps;
 } td_backend_ops;
 
 /* Registers a backend by ops->name (the ops struct must outlive the program's use of it).

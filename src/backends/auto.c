@@ -264,25 +264,17 @@ static td_status hosts_run(auto_state *s, td_coll *sub, td_coll_kind kind, int r
 }
 
 /* all_reduce (root < 0) and reduce: reduce within the host to its stand-in, across hosts among the
- * stand-ins, and for all_reduce broadcast within the host. PREMUL_SUM scales first and AVG
- * divides last, once; the phases sum. */
+ * stand-ins, and for all_reduce broadcast within the host. */
 static td_status hier_reduce(auto_state *s, const td_coll *op, int root)
 {
     td_coll sub = *op;
     sub.in = sub.out = op->out;
     uint64_t base = op->seq * 4;
-    if (op->op.kind == TD_PREMUL_SUM)
-        TD_TRY(phase(s, td_reduce_premul(op->dtype, op->out, op->out, op->count, op->op.factor)));
-    if (op->op.kind == TD_PREMUL_SUM || op->op.kind == TD_AVG)
-        sub.op = TD_OP_SUM;
     int here = stand_ins(s, root);
     TD_TRY(local_run(s, &sub, TD_COLL_REDUCE, here, base + 1));
-    bool result_here = root < 0 ? s->local_rank == 0 : s->rank == root;
     if (s->local_rank == here)
         TD_TRY(hosts_run(s, &sub, root < 0 ? TD_COLL_ALL_REDUCE : TD_COLL_REDUCE, root < 0 ? 0 : s->host_of[root],
                          base + 2));
-    if (op->op.kind == TD_AVG && result_here)
-        TD_TRY(phase(s, td_reduce_finish(TD_AVG, op->dtype, op->out, op->count, s->size)));
     if (root < 0)
         TD_TRY(local_run(s, &sub, TD_COLL_BROADCAST, 0, base + 3));
     return TD_OK;
@@ -386,5 +378,5 @@ const td_backend_ops td_backend_auto_ops = {
     .abort = auto_abort,
     .destroy = auto_destroy,
     .supports = auto_supports,
-    .inline_submit = true,
+    .caps = TD_BACKEND_CAP_CALLER_THREAD,
 };

@@ -31,5 +31,5 @@ const td_backend_ops td_backend_shm_ops = {
     .abort = td_transport_backend_abort,
     .destroy = td_transport_backend_destroy,
     .supports = NULL,
-    .inline_submit = true,
+    .caps = TD_BACKEND_CAP_CALLER_THREAD,
 };

@@ -36,5 +36,5 @@ const td_backend_ops td_backend_tcp_ops = {
     .abort = td_transport_backend_abort,
     .destroy = td_transport_backend_destroy,
     .supports = NULL,
-    .inline_submit = true,
+    .caps = TD_BACKEND_CAP_CALLER_THREAD,
 };

@@ -328,18 +328,13 @@ static bool has_root(td_coll_kind k)
     return k == TD_COLL_BROADCAST || k == TD_COLL_REDUCE || k == TD_COLL_GATHER || k == TD_COLL_SCATTER;
 }
 
-static bool reduces(td_coll_kind k)
-{
-    return k == TD_COLL_ALL_REDUCE || k == TD_COLL_REDUCE || k == TD_COLL_REDUCE_SCATTER;
-}
-
 static void describe(td_buf *b, int r, const td_coll *c)
 {
     td_buf_printf(b, "rank %d runs %s #%llu of %zu %s elements", r, td_coll_kind_name(c->kind),
                   (unsigned long long)c->seq, c->count, td_dtype_name(c->dtype));
     if (has_root(c->kind))
         td_buf_printf(b, " with root %d", c->root);
-    if (reduces(c->kind))
+    if (td_coll_kind_reduces(c->kind))
         td_buf_printf(b, " with op %s", td_reduce_op_name(c->op.kind));
 }
 
@@ -354,7 +349,7 @@ static char *check_agree(world *w)
             same = c->count == a->count;
         if (same && has_root(c->kind))
             same = c->root == a->root;
-        if (same && reduces(c->kind))
+        if (same && td_coll_kind_reduces(c->kind))
             same = c->op.kind == a->op.kind && c->op.factor == a->op.factor;
         if (!same) {
             td_buf b = TD_BUF_INIT;
@@ -375,29 +370,18 @@ static char *check_agree(world *w)
     return NULL;
 }
 
-/* dst := reduction over n inputs (dst must not alias them); scratch holds count elements. */
-static td_status reduce_into(void *dst, const void *const *srcs, int n, td_op op, td_dtype dt, size_t count,
-                             void *scratch)
+/* dst := reduction over n inputs (dst must not alias them). */
+static td_status reduce_into(void *dst, const void *const *srcs, int n, td_op op, td_dtype dt, size_t count)
 {
     if (count == 0)
         return TD_OK;
     td_reduce_fn fn = td_reduce_kernel(op.kind, dt);
     if (!fn)
         return TD_ERR_INVALID;
-    size_t bytes = count * td_dtype_size(dt);
-    if (op.kind == TD_PREMUL_SUM)
-        TD_TRY(td_reduce_premul(dt, dst, srcs[0], count, op.factor));
-    else
-        memcpy(dst, srcs[0], bytes);
-    for (int i = 1; i < n; i++) {
-        const void *src = srcs[i];
-        if (op.kind == TD_PREMUL_SUM) {
-            TD_TRY(td_reduce_premul(dt, scratch, srcs[i], count, op.factor));
-            src = scratch;
-        }
-        fn(dst, dst, src, count);
-    }
-    return td_reduce_finish(op.kind, dt, dst, count, n);
+    memcpy(dst, srcs[0], count * td_dtype_size(dt));
+    for (int i = 1; i < n; i++)
+        fn(dst, dst, srcs[i], count);
+    return TD_OK;
 }
 
 static td_status alloc_scratch(size_t bytes, void **out)
@@ -413,7 +397,7 @@ static td_status perform(world *w)
     int n = w->size;
     size_t es = td_dtype_size(a->dtype), bytes = a->count * es;
     const void **srcs = td_calloc((size_t)n, sizeof *srcs);
-    void *acc = NULL, *tmp = NULL;
+    void *acc = NULL;
     td_status st = TD_OK;
     switch (a->kind) {
     case TD_COLL_BARRIER:
@@ -426,12 +410,10 @@ static td_status perform(world *w)
     case TD_COLL_ALL_REDUCE:
     case TD_COLL_REDUCE:
         st = alloc_scratch(bytes, &acc);
-        if (st == TD_OK)
-            st = alloc_scratch(bytes, &tmp);
         for (int r = 0; r < n; r++)
             srcs[r] = c[r]->in;
         if (st == TD_OK)
-            st = reduce_into(acc, srcs, n, a->op, a->dtype, a->count, tmp);
+            st = reduce_into(acc, srcs, n, a->op, a->dtype, a->count);
         for (int r = 0; r < n && st == TD_OK && bytes; r++)
             if (a->kind == TD_COLL_ALL_REDUCE || r == a->root)
                 memcpy(c[r]->out, acc, bytes);
@@ -451,12 +433,10 @@ static td_status perform(world *w)
     case TD_COLL_REDUCE_SCATTER:
         /* Reduce every block before writing any output: an output may alias an input block. */
         st = alloc_scratch(bytes * (size_t)n, &acc);
-        if (st == TD_OK)
-            st = alloc_scratch(bytes, &tmp);
         for (int r = 0; r < n && st == TD_OK; r++) {
             for (int q = 0; q < n; q++)
                 srcs[q] = c[q]->in_blocks[r];
-            st = reduce_into((char *)acc + (size_t)r * bytes, srcs, n, a->op, a->dtype, a->count, tmp);
+            st = reduce_into((char *)acc + (size_t)r * bytes, srcs, n, a->op, a->dtype, a->count);
         }
         for (int r = 0; r < n && st == TD_OK && bytes; r++)
             memcpy(c[r]->out, (char *)acc + (size_t)r * bytes, bytes);
@@ -491,7 +471,6 @@ static td_status perform(world *w)
     }
     free(srcs);
     free(acc);
-    free(tmp);
     return st;
 }
 

@@ -6,10 +6,7 @@
  * contiguous buffers (a non-contiguous input is packed now; a non-contiguous output gets a
  * contiguous temporary that is copied back on success), list forms as per-rank block arrays, and
  * coalesced forms as one flattened buffer with views copied back into the caller's tensors. The
- * work then goes to the group's worker (pg_issue), blocking when work == NULL. A blocking
- * all_reduce or broadcast of a contiguous tensor, on a group whose backend runs such calls on the
- * caller's thread itself (td_backend_ops.run_now: mpi), needs none of that and skips the work
- * record (run_now). */
+ * work then goes to the backend by the group's one path (pg_issue), blocking when work == NULL. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -159,79 +156,14 @@ static td_status issue(td_pg *g, td_work *w, td_status built, td_future **work)
     return pg_issue(g, &w, 1, work);
 }
 
-/* now_done's way when BUSY cannot simply go: on a failure, or with work queued behind the call, or
- * a destroy waiting, BUSY goes back under the lock (destroy may free the group as soon as it sees
- * BUSY gone, so not a step earlier), after the failure is recorded (as a failed work does: no one
- * runs on the failed group), and the waiters wake. */
-__attribute__((noinline)) static td_status now_done_locked(td_pg *g, td_status st)
-{
-    pthread_mutex_lock(&g->mu);
-    if (st != TD_OK)
-        pg_fail_locked(g, st, td_last_error());
-    pg_release(g);
-    pthread_cond_broadcast(&g->cv);
-    pthread_mutex_unlock(&g->mu);
-    return st;
-}
-
-/* The end of a call run by run_now (below), called by the backend last: gives BUSY back with one
- * compare-and-swap when the call succeeded and nobody waits. */
-static td_status now_done(void *arg, td_status st)
-{
-    td_pg *g = arg;
-    if (__builtin_expect(st == TD_OK && pg_release_idle(g), 1))
-        return TD_OK;
-    return now_done_locked(g, st);
-}
-
-/* Whether a blocking call on tensor t may be handed to the backend's run_now on this thread with
- * no work record (run_now below): the group allows it (g->run_now), no trace is set, t is
- * contiguous (the call runs in place on it), and the group is idle. True with the backend taken:
- * BUSY, by one compare-and-swap on the group's gate (pg_claim: nothing running, nothing queued,
- * the group healthy) instead of the group's lock. False, having done nothing, when the call is to
- * be built as a work (which also reports a failed group, and queues behind a busy one). */
-static inline bool can_run_now(td_pg *g, const td_tensor *t, td_future **work)
-{
-    return !work && g->run_now && !pg_traced(g) && td_contiguous_of(t->ndim, t->sizes, t->strides) &&
-           pg_claim(g, PG_GATE_QUEUED | PG_GATE_CLOSED);
-}
-
-/* Hands the call to the backend's run_now, BUSY held (can_run_now), and returns what it returns:
- * now_done's result. The call is described in g->now_coll, which BUSY makes this thread's, so
- * that nothing of the caller's frame is needed after the hand-over and the caller can tail-call
- * this (it is inlined). Open MPI's wait makes system calls, after which the CPU predicts none of
- * the returns still pending, about 20 cycles each (measured: each frame between a program and
- * MPI_Allreduce adds that much per call); with the tail calls here and in the backend the program
- * gets back from the backend's frame directly. */
-__attribute__((always_inline)) static inline td_status run_now(td_pg *g, td_tensor *t, td_coll_kind kind,
-                                                               td_dtype dt, td_op op, int root)
-{
-    void *data = td_tensor_data_of(t); /* the library's inline accessors (tensor/strided.h) */
-    /* Holding BUSY, this thread alone submits and counts: the numbers stay in issue order. */
-    atomic_store_explicit(&g->direct_calls, atomic_load_explicit(&g->direct_calls, memory_order_relaxed) + 1,
-                          memory_order_relaxed);
-    /* Field by field: no other field of now_coll is ever set (peer -1, deadline_ns none: nothing
-     * watches it; see run_now in backend.h). */
-    td_coll *c = &g->now_coll;
-    c->kind = kind;
-    c->dtype = dt;
-    c->op = op;
-    c->root = root;
-    c->seq = ++g->wire_seq;
-    c->count = (size_t)td_numel_of(t->ndim, t->sizes);
-    c->in = c->out = data;
-    return g->ops->run_now(g->state, c, now_done, g);
-}
-
 /* ---- collectives --------------------------------------------------------------------------- */
 
-/* broadcast or all_reduce (op SUM and root -1 where they do not apply) on one tensor, in place,
- * built as a work. Out of line: its locals' addresses escape, and the callers tail-call. */
-__attribute__((noinline)) static td_status in_place_work(td_pg *g, td_tensor *tensor, pg_op what, td_coll_kind kind,
+/* broadcast or all_reduce (op SUM and root -1 where they do not apply) on one tensor, in place. */
+static td_status in_place_work(td_pg *g, td_tensor *tensor, pg_op what, td_coll_kind kind,
                                                          td_dtype dt, td_op op, int root, td_future **work)
 {
     td_work *w = pg_work_new(g, what, kind, dt);
-    w->coll.op = op;
+    pg_work_set_op(w, op);
     w->coll.root = root;
     w->coll.count = (size_t)td_tensor_numel(tensor);
     w->numel_in = w->numel_out = td_tensor_numel(tensor);
@@ -245,26 +177,22 @@ __attribute__((noinline)) static td_status in_place_work(td_pg *g, td_tensor *te
 
 td_status td_pg_broadcast(td_pg *pg, td_tensor *tensor, int root, td_future **work)
 {
-    td_pg *g = pg_or_default(pg); /* not pg_resolve: g's address would escape (see run_now) */
-    TD_TRY(pg_check_usable(g, "broadcast"));
+    td_pg *g;
+    TD_TRY(pg_resolve(pg, "broadcast", &g));
     TD_TRY(check_tensor("tensor", tensor));
     TD_TRY(check_rank("broadcast", "root", root, g));
     td_dtype dt = tensor->dtype;
     TD_TRY(pg_check_supported(g, "broadcast", TD_COLL_BROADCAST, dt, TD_OP_SUM));
-    if (can_run_now(g, tensor, work))
-        return run_now(g, tensor, TD_COLL_BROADCAST, dt, TD_OP_SUM, root);
     return in_place_work(g, tensor, PG_OP_BROADCAST, TD_COLL_BROADCAST, dt, TD_OP_SUM, root, work);
 }
 
 td_status td_pg_all_reduce(td_pg *pg, td_tensor *tensor, td_op op, td_future **work)
 {
-    td_pg *g = pg_or_default(pg); /* not pg_resolve: g's address would escape (see run_now) */
-    TD_TRY(pg_check_usable(g, "all_reduce"));
+    td_pg *g;
+    TD_TRY(pg_resolve(pg, "all_reduce", &g));
     TD_TRY(check_tensor("tensor", tensor));
     td_dtype dt = tensor->dtype;
     TD_TRY(pg_check_supported(g, "all_reduce", TD_COLL_ALL_REDUCE, dt, op));
-    if (can_run_now(g, tensor, work))
-        return run_now(g, tensor, TD_COLL_ALL_REDUCE, dt, op, -1);
     return in_place_work(g, tensor, PG_OP_ALLREDUCE, TD_COLL_ALL_REDUCE, dt, op, -1, work);
 }
 
@@ -308,7 +236,7 @@ td_status td_pg_all_reduce_coalesced(td_pg *pg, td_tensor *const *tensors, int n
     TD_TRY(check_list_dtype(dt, tensors, n));
     TD_TRY(pg_check_supported(g, "all_reduce", TD_COLL_ALL_REDUCE, dt, op));
     td_work *w = pg_work_new(g, PG_OP_ALLREDUCE_COALESCED, TD_COLL_ALL_REDUCE, dt);
-    w->coll.op = op;
+    pg_work_set_op(w, op);
     td_tensor *flat = NULL;
     td_status st = flatten(w, tensors, n, true, &flat);
     if (st == TD_OK) {
@@ -331,7 +259,7 @@ td_status td_pg_reduce(td_pg *pg, td_tensor *tensor, int root, td_op op, td_futu
     td_dtype dt = td_tensor_dtype(tensor);
     TD_TRY(pg_check_supported(g, "reduce", TD_COLL_REDUCE, dt, op));
     td_work *w = pg_work_new(g, PG_OP_REDUCE, TD_COLL_REDUCE, dt);
-    w->coll.op = op;
+    pg_work_set_op(w, op);
     w->coll.root = root;
     w->coll.count = (size_t)td_tensor_numel(tensor);
     w->numel_in = w->numel_out = td_tensor_numel(tensor);
@@ -360,7 +288,7 @@ static td_work *split_work(td_pg *g, pg_op kind, td_coll_kind coll, td_dtype dt,
                            bool split_in)
 {
     td_work *w = pg_work_new(g, kind, coll, dt);
-    w->coll.op = op;
+    pg_work_set_op(w, op);
     w->coll.count = (size_t)numel;
     w->numel_in = split_in ? numel * g->size : numel;
     w->numel_out = split_in ? numel : numel * g->size;
@@ -775,4 +703,51 @@ td_status td_pg_batch_isend_irecv(td_pg *pg, const td_p2p_op *ops, int n, td_fut
     td_status st = pg_issue(g, ws, n, works);
     free(ws);
     return st;
+}
+
+/* ---- capability queries -------------------------------------------------------------------- */
+
+/* The API names td_pg_supports accepts, with the backend kind each one runs as. */
+static const struct {
+    const char *name;
+    td_coll_kind kind;
+} api_kinds[] = {
+    {"broadcast", TD_COLL_BROADCAST},
+    {"all_reduce", TD_COLL_ALL_REDUCE},
+    {"all_reduce_coalesced", TD_COLL_ALL_REDUCE},
+    {"reduce", TD_COLL_REDUCE},
+    {"all_gather", TD_COLL_ALL_GATHER},
+    {"all_gather_into_tensor", TD_COLL_ALL_GATHER},
+    {"all_gather_coalesced", TD_COLL_ALL_GATHER},
+    {"all_gather_object", TD_COLL_ALL_GATHER},
+    {"gather", TD_COLL_GATHER},
+    {"gather_object", TD_COLL_GATHER},
+    {"scatter", TD_COLL_SCATTER},
+    {"scatter_object_list", TD_COLL_SCATTER},
+    {"broadcast_object_list", TD_COLL_BROADCAST},
+    {"reduce_scatter", TD_COLL_REDUCE_SCATTER},
+    {"reduce_scatter_tensor", TD_COLL_REDUCE_SCATTER},
+    {"all_to_all", TD_COLL_ALL_TO_ALL},
+    {"all_to_all_single", TD_COLL_ALL_TO_ALL},
+    {"barrier", TD_COLL_BARRIER},
+    {"monitored_barrier", TD_COLL_BARRIER},
+    {"send", TD_COLL_SEND},
+    {"isend", TD_COLL_SEND},
+    {"recv", TD_COLL_RECV},
+    {"irecv", TD_COLL_RECV},
+};
+
+td_status td_pg_supports(const td_pg *cpg, const char *collective, td_dtype dtype, td_reduce_op op)
+{
+    td_pg *pg;
+    TD_TRY(pg_resolve((td_pg *)cpg, "supports", &pg));
+    if (!collective)
+        return td_error(TD_ERR_INVALID, "td_pg_supports: collective name is NULL");
+    for (size_t i = 0; i < sizeof api_kinds / sizeof api_kinds[0]; i++) {
+        if (strcmp(api_kinds[i].name, collective) != 0)
+            continue;
+        td_status st = pg_check_supported(pg, collective, api_kinds[i].kind, dtype, td_op_of(op));
+        return st == TD_ERR_INVALID ? TD_ERR_UNSUPPORTED : st;
+    }
+    return td_error(TD_ERR_INVALID, "td_pg_supports: unknown collective '%s'", collective);
 }

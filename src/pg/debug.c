@@ -1,4 +1,6 @@
-/* Debug levels (TDIST_DEBUG=OFF|INFO|DETAIL) and DETAIL's collective consistency check.
+/* The names of the front end's operations, debug levels (TDIST_DEBUG=OFF|INFO|DETAIL) and
+ * DETAIL's collective consistency check. A leaf of src/pg: pg.c runs the check's exchange and asks
+ * this file to fill and compare the fingerprints.
  *
  * Under DETAIL every collective is preceded, on the worker and through the same backend, by an
  * all_gather of a fixed-size fingerprint (sequence number, op type, dtype, shape, root, reduce op)
@@ -16,6 +18,20 @@
 #include "base/error.h"
 #include "base/map.h"
 #include "pg/pg_impl.h"
+
+static const char *const op_type_names[PG_OP_COUNT] = {
+    "BROADCAST", "ALLREDUCE", "ALLREDUCE_COALESCED", "REDUCE", "ALLGATHER", "_ALLGATHER_BASE",
+    "ALLGATHER_COALESCED", "GATHER", "SCATTER", "REDUCE_SCATTER", "_REDUCE_SCATTER_BASE", "ALLTOALL",
+    "ALLTOALL_BASE", "BARRIER", "SEND", "RECV", "RECVANYSOURCE", "FINGERPRINT",
+};
+static const char *const op_api_names[PG_OP_COUNT] = {
+    "broadcast", "all_reduce", "all_reduce_coalesced", "reduce", "all_gather", "all_gather_into_tensor",
+    "all_gather_coalesced", "gather", "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
+    "all_to_all_single", "barrier", "send", "recv", "recvAnySource", "collective_fingerprint",
+};
+
+const char *pg_op_type_name(pg_op op) { return (int)op >= 0 && op < PG_OP_COUNT ? op_type_names[op] : "UNKNOWN"; }
+const char *pg_op_api_name(pg_op op) { return (int)op >= 0 && op < PG_OP_COUNT ? op_api_names[op] : "unknown"; }
 
 static const char *const level_names[] = {"OFF", "INFO", "DETAIL", NULL};
 
@@ -128,29 +144,9 @@ static void format_diff(td_buf *b, const pg_fingerprint *a, const pg_fingerprint
         b->data[--b->len] = '\0';
 }
 
-td_status pg_detail_check(td_pg *pg, td_work *w)
+td_status pg_fingerprints_compare(const pg_fingerprint *fps, int n)
 {
-    size_t words = PG_FP_WORDS;
-    int64_t *all = td_calloc((size_t)pg->size * words, sizeof(int64_t));
-    td_work *iw = pg_work_new(pg, PG_OP_FINGERPRINT, TD_COLL_ALL_GATHER, TD_INT64);
-    iw->seq = w->seq;
-    iw->numel_in = (int64_t)words;
-    iw->numel_out = (int64_t)words * pg->size;
-    iw->coll.deadline_ns = w->coll.deadline_ns;
-    iw->coll.count = words;
-    iw->coll.in = &w->fp;
-    pg_work_blocks(iw, false, true);
-    for (int r = 0; r < pg->size; r++) {
-        iw->out_blocks[r] = all + (size_t)r * words;
-        iw->out_counts[r] = words;
-    }
-    td_status st = pg_run_internal(pg, iw);
-    if (st != TD_OK) {
-        free(all);
-        return st;
-    }
-    const pg_fingerprint *fps = (const pg_fingerprint *)all;
-    for (int r = 1; r < pg->size; r++) {
+    for (int r = 1; r < n; r++) {
         if (memcmp(&fps[0], &fps[r], sizeof(pg_fingerprint)) == 0)
             continue;
         td_buf b = TD_BUF_INIT;
@@ -160,10 +156,9 @@ td_status pg_detail_check(td_pg *pg, td_work *w)
         format_fp(&b, &fps[r]);
         td_buf_putc(&b, '.');
         format_diff(&b, &fps[0], &fps[r]);
-        st = td_error_set(TD_ERR_INVALID, b.data);
+        td_status st = td_error_set(TD_ERR_INVALID, b.data);
         td_buf_free(&b);
-        break;
+        return st;
     }
-    free(all);
-    return st;
+    return TD_OK;
 }

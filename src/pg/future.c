@@ -6,9 +6,9 @@
  * holds it, so they never run on the I/O thread that completed the future. then() is a callback
  * that completes a child future with the function's result.
  *
- * A future may have a driver (pg_future_set_driver): the progress hook of a backend that at times
- * has no thread of its own to advance its operations (td_backend_ops.progress). A waiter then calls
- * it in a loop instead of just blocking, and td_future_is_completed calls it once. */
+ * A future may have a driver (pg_future_set_driver, from td_work_set_driver): the progress function
+ * of a backend that at times has no thread of its own to advance its operations. A waiter then
+ * calls it in a loop instead of just blocking, and td_future_is_completed calls it once. */
 #include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -43,7 +43,7 @@ struct td_future {
     char *error;
     td_value *value;
     fut_cb *cbs, *cbs_tail;
-    bool (*drive)(void);         /* see pg_future_set_driver; NULL for none */
+    bool (*_Atomic drive)(void); /* see pg_future_set_driver; NULL for none */
     struct td_future *pool_next; /* in the pool of released futures */
 };
 
@@ -137,7 +137,13 @@ td_future *td_future_new(void)
     return f;
 }
 
-void pg_future_set_driver(td_future *f, bool (*drive)(void)) { f->drive = drive; }
+void pg_future_set_driver(td_future *f, bool (*drive)(void))
+{
+    pthread_mutex_lock(&f->mu);
+    f->drive = drive;
+    pthread_cond_broadcast(&f->cv); /* a waiter already blocked starts driving */
+    pthread_mutex_unlock(&f->mu);
+}
 
 td_future *td_future_completed(td_value *value)
 {
@@ -275,10 +281,20 @@ td_status td_future_set_error(td_future *f, td_status status, const char *fmt, .
     return complete(f, FUT_FAILED, status, msg, NULL);
 }
 
-/* With f->mu held: waits until f completes or the deadline passes; true when completed. */
+static bool future_done(const void *f);
+
+/* With f->mu held: waits until f completes or the deadline passes, driving it once it has a
+ * driver; true when completed. */
 static bool wait_locked(td_future *f, int64_t deadline_ns)
 {
+    bool driven = false;
     while (atomic_load(&f->state) == FUT_PENDING) {
+        if (f->drive && !driven) {
+            driven = true;
+            if (pg_drive_wait_locked(f->drive, &f->mu, &f->cv, future_done, f, deadline_ns))
+                return true;
+            continue;
+        }
         if (!td_cond_wait_until(&f->cv, &f->mu, deadline_ns) && atomic_load(&f->state) == FUT_PENDING)
             return false;
     }
@@ -320,10 +336,7 @@ static td_status wait_until(td_future *f, int64_t deadline_ns, int64_t timeout_m
     bool done = atomic_load(&f->state) != FUT_PENDING; /* complete() stored it last */
     if (!done) {
         pthread_mutex_lock(&f->mu);
-        if (f->drive)
-            done = pg_drive_wait_locked(f->drive, &f->mu, &f->cv, future_done, f, deadline_ns);
-        if (!done)
-            done = wait_locked(f, deadline_ns);
+        done = wait_locked(f, deadline_ns);
         pthread_mutex_unlock(&f->mu);
     }
     if (!done)
@@ -366,8 +379,9 @@ bool td_future_is_completed(const td_future *f)
 {
     if (!f)
         return false;
-    if (atomic_load(&f->state) == FUT_PENDING && f->drive)
-        f->drive();
+    bool (*drive)(void) = f->drive;
+    if (atomic_load(&f->state) == FUT_PENDING && drive)
+        drive();
     return atomic_load(&f->state) != FUT_PENDING;
 }
 

@@ -6,9 +6,9 @@
  * asked (debug.c) and submits each to the backend, which completes it with td_work_done from any
  * thread. Completion copies results back into non-contiguous user tensors, fails the group when
  * the backend failed (a failed group fails every later call with the same error), and completes
- * the future. A blocking call on an idle group may run on the caller's thread instead: submitted
- * there (inline_submit), or, for a backend with run_now, handed over with no work record at all
- * (collectives.c). While idle the worker watches the deadlines of operations in flight: an operation
+ * the future. A call on an idle group may be handed over on the caller's thread instead, as the
+ * backend's capabilities allow (tdist/backend.h): the same path, pg_submit, without the worker.
+ * While idle the worker watches the deadlines of operations in flight: an operation
  * that outlives the group's timeout fails the group with c10d's watchdog message, and aborting the
  * backend fails everything else in flight, so nothing waits forever.
  *
@@ -29,20 +29,6 @@
 #include "net/io.h"
 #include "pg/executor.h"
 #include "pg/pg_impl.h"
-
-static const char *const op_type_names[PG_OP_COUNT] = {
-    "BROADCAST", "ALLREDUCE", "ALLREDUCE_COALESCED", "REDUCE", "ALLGATHER", "_ALLGATHER_BASE",
-    "ALLGATHER_COALESCED", "GATHER", "SCATTER", "REDUCE_SCATTER", "_REDUCE_SCATTER_BASE", "ALLTOALL",
-    "ALLTOALL_BASE", "BARRIER", "SEND", "RECV", "RECVANYSOURCE", "FINGERPRINT",
-};
-static const char *const op_api_names[PG_OP_COUNT] = {
-    "broadcast", "all_reduce", "all_reduce_coalesced", "reduce", "all_gather", "all_gather_into_tensor",
-    "all_gather_coalesced", "gather", "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
-    "all_to_all_single", "barrier", "send", "recv", "recvAnySource", "collective_fingerprint",
-};
-
-const char *pg_op_type_name(pg_op op) { return (int)op >= 0 && op < PG_OP_COUNT ? op_type_names[op] : "UNKNOWN"; }
-const char *pg_op_api_name(pg_op op) { return (int)op >= 0 && op < PG_OP_COUNT ? op_api_names[op] : "unknown"; }
 
 /* ---- waiting --------------------------------------------------------------------------------- */
 
@@ -123,15 +109,6 @@ static td_net_spin *waiter_spin(void)
  * after warm-up: a recycled work keeps its block arrays (sized for the group) and its copy list. */
 #define WORK_POOL_MAX 64
 
-/* The result of a blocking call run inline (run_inline_locked), set under pg->mu by
- * pg_work_finish. */
-typedef struct pg_sync {
-    td_status status;
-    char *message; /* malloc'd, when status is not TD_OK */
-    bool done;
-    bool waiting; /* the caller sleeps on pg->cv */
-} pg_sync;
-
 /* Drops the references w holds (tensors, result, future). The rest stays readable: a work still
  * on the in-flight list may be looked at by the worker's watchdog until it is unlinked. */
 static void work_release_refs(td_work *w)
@@ -192,6 +169,19 @@ static void work_recycle_locked(td_pg *pg, td_work *w)
     pg->nfree_works++;
 }
 
+/* The same without the lock when the spare slot is free (a blocking call's work, by its caller). */
+static void work_recycle(td_pg *pg, td_work *w)
+{
+    work_release_refs(w);
+    work_reset(w);
+    td_work *none = NULL;
+    if (atomic_compare_exchange_strong(&pg->spare_work, &none, w))
+        return;
+    pthread_mutex_lock(&pg->mu);
+    work_recycle_locked(pg, w);
+    pthread_mutex_unlock(&pg->mu);
+}
+
 td_work *pg_work_new(td_pg *pg, pg_op op, td_coll_kind kind, td_dtype dtype)
 {
     td_work *w = atomic_exchange(&pg->spare_work, NULL);
@@ -208,13 +198,14 @@ td_work *pg_work_new(td_pg *pg, pg_op op, td_coll_kind kind, td_dtype dtype)
     if (!w)
         w = TD_NEW(td_work);
     w->pg = pg;
-    /* The future is made when the work is queued (pg_issue, pg_run_internal); a blocking call run
-     * inline needs none. */
+    /* The future is made when the work is issued (pg_issue, pg_run_internal); a blocking call
+     * handed over on its caller's thread needs none. */
     w->op = op;
     w->is_p2p = kind == TD_COLL_SEND || kind == TD_COLL_RECV;
     w->coll.kind = kind;
     w->coll.dtype = dtype;
     w->coll.op = TD_OP_SUM;
+    w->reduce_op = TD_OP_SUM;
     w->coll.root = -1;
     w->coll.peer = -1;
     w->coll.deadline_ns = TD_DEADLINE_NONE;
@@ -380,10 +371,25 @@ void td_pg_set_trace_callback(td_pg *pg, void (*fn)(const td_pg_trace_event *eve
     pthread_mutex_unlock(&g->mu);
 }
 
+/* AVG ran as SUM: the ranks that hold the result divide it by the group's size. */
+static td_status finish_avg(td_work *w, char **message)
+{
+    const td_coll *c = &w->coll;
+    if (c->kind == TD_COLL_REDUCE && w->pg->rank != c->root)
+        return TD_OK;
+    td_status st = td_reduce_finish(TD_AVG, c->dtype, c->out, c->count, w->pg->size);
+    if (st != TD_OK)
+        *message = td_strdup(td_last_error());
+    return st;
+}
+
 void pg_work_finish(td_work *w, td_status status, int sender, char *message)
 {
     td_pg *pg = w->pg;
+    pg_sync *sync = w->sync;
     td_value *value = NULL;
+    if (status == TD_OK && w->reduce_op.kind == TD_AVG)
+        status = finish_avg(w, &message);
     if (status == TD_OK) {
         for (size_t i = 0; i < w->copies.len; i++) {
             pg_copy *c = &w->copies.items[i];
@@ -395,15 +401,17 @@ void pg_work_finish(td_work *w, td_status status, int sender, char *message)
             }
         }
     }
-    if (status == TD_OK)
-        value = w->value_sender ? td_value_int(sender) : (w->result ? td_value_retain(w->result) : NULL);
-    else if (!message)
+    if (status == TD_OK) {
+        if (!sync)
+            value = w->value_sender ? td_value_int(sender) : (w->result ? td_value_retain(w->result) : NULL);
+    } else if (!message) {
         message = td_strdup(td_last_error()[0] ? td_last_error() : "unknown error");
+    }
     if (status != TD_OK && pg->debug >= PG_DEBUG_INFO)
         td_log(TD_LOG_INFO, "Process group %s: %s (SeqNum=%llu) failed: %s", pg->name, pg_op_type_name(w->op),
                (unsigned long long)w->seq, message);
 
-    /* A successful operation with no trace callback takes the group's lock once, at the end. */
+    /* A successful operation with no trace callback takes the group's lock at most once, at the end. */
     if (status != TD_OK || pg_traced(pg)) {
         pthread_mutex_lock(&pg->mu);
         if (status != TD_OK && !w->nonfatal)
@@ -415,17 +423,31 @@ void pg_work_finish(td_work *w, td_status status, int sender, char *message)
         td_executor_dispatch(trace);
     }
 
-    pg_sync *sync = w->sync;
-    if (!sync) {
-        if (status == TD_OK)
-            td_future_set_result(w->future, value);
-        else
-            td_future_set_error(w->future, status, "%s", message);
-        free(message);
-        message = NULL;
-    } else {
-        td_value_release(value);
+    if (sync) {
+        /* The caller recycles w. Completed on the caller's own thread before it linked w (within
+         * submit), w is on no list and nobody sleeps: no lock. */
+        sync->status = status;
+        sync->message = message;
+        if (!sync->linked && pthread_equal(pthread_self(), sync->caller)) {
+            atomic_store_explicit(&sync->done, true, memory_order_release);
+            return;
+        }
+        pthread_mutex_lock(&pg->mu);
+        if (w->iprev || pg->inflight == w)
+            inflight_unlink_locked(pg, w);
+        bool wake = sync->waiting || pg->stop;
+        /* Last: once done, the caller's frame (sync) may be gone. */
+        atomic_store_explicit(&sync->done, true, memory_order_release);
+        if (wake)
+            pthread_cond_broadcast(&pg->cv);
+        pthread_mutex_unlock(&pg->mu);
+        return;
     }
+    if (status == TD_OK)
+        td_future_set_result(w->future, value);
+    else
+        td_future_set_error(w->future, status, "%s", message);
+    free(message);
 
     /* Last, in one step: once off the in-flight list, destroy may free the group. */
     work_release_refs(w);
@@ -436,13 +458,6 @@ void pg_work_finish(td_work *w, td_status status, int sender, char *message)
          * wakes at the old one and looks again), and waking it for every operation costs a
          * thread switch per call. */
         if (pg->stop)
-            pthread_cond_broadcast(&pg->cv);
-    }
-    if (sync) {
-        sync->status = status;
-        sync->message = message;
-        sync->done = true;
-        if (sync->waiting)
             pthread_cond_broadcast(&pg->cv);
     }
     work_recycle_locked(pg, w);
@@ -475,134 +490,272 @@ void td_work_done(td_work *w, td_status status, int sender, const char *fmt, ...
     pg_work_finish(w, status, sender, msg);
 }
 
-/* ---- issuing and the worker ---------------------------------------------------------------- */
+void td_work_set_driver(td_work *w, bool (*drive)(void))
+{
+    if (w->sync)
+        w->sync->drive = drive; /* submit runs on the caller's thread, which reads it after */
+    else
+        pg_future_set_driver(w->future, drive);
+}
 
+/* ---- the hand-off path ---------------------------------------------------------------------- */
+
+/* Every operation reaches the backend the same way: pg_issue hands it over on the caller's thread
+ * when the group is idle and the backend's capabilities allow (pg_run_on_caller), else queues it
+ * for the worker; either way the thread holding the gate's BUSY numbers it (pg_number) and gives it
+ * to pg_submit, the one place that calls the backend's submit. */
+
+static void log_op(td_pg *pg, const td_work *w)
+{
+    td_log(TD_LOG_INFO, "Process group %s (%s): %s SeqNum=%llu, dtype=%s, NumelIn=%lld, NumelOut=%lld%s", pg->name,
+           pg->backend_name, pg_op_type_name(w->op), (unsigned long long)w->seq, td_dtype_name(w->coll.dtype),
+           (long long)w->numel_in, (long long)w->numel_out, w->is_p2p ? " (p2p)" : "");
+}
+
+/* The issue time serves the deadline and the watchdog, at millisecond precision; only a trace
+ * callback, which reports durations, needs the precise clock. */
 static void stamp_work(td_pg *pg, td_work *w, int64_t now)
 {
-    /* The numbering also counts direct calls, which hold BUSY but not the lock (collectives.c):
-     * direct_calls only grows, so the numbers still grow with issue order and never repeat. */
-    w->seq = w->is_p2p ? ++pg->p2p_seq : ++pg->op_seq + atomic_load_explicit(&pg->direct_calls, memory_order_relaxed);
     w->issue_ns = now;
     w->coll.deadline_ns = td_deadline_at(now, pg->timeout_ms);
+}
+
+static int64_t issue_time(const td_pg *pg) { return pg_traced(pg) ? td_now_ns() : td_now_coarse_ns(); }
+
+/* By the BUSY holder, as w leaves the queue or is handed over on its caller's thread: the
+ * group's operation numbers then follow the order in which operations reach the backend. */
+static void pg_number(td_pg *pg, td_work *w)
+{
+    w->seq = w->is_p2p ? ++pg->last_p2p_seq : ++pg->last_op_seq;
     w->fp.seq = (int64_t)w->seq;
 }
 
-static void run_work(td_pg *pg, td_work *w);
-
-static bool sync_done(const void *sync) { return ((const pg_sync *)sync)->done; }
-
-/* w's future, with the backend's progress hook as its driver where the backend has one. */
-static td_future *work_future(td_pg *pg, td_work *w)
+/* PREMUL_SUM runs as SUM on inputs scaled first: in place where the buffer is overwritten by the
+ * result anyway (all_reduce, reduce: a non-root's is the front end's copy), into a temporary where
+ * the input is the caller's (reduce_scatter's blocks). */
+static td_status premul_inputs(td_work *w)
 {
-    w->future = td_future_new();
-    if (pg->ops->progress)
-        pg_future_set_driver(w->future, pg->ops->progress);
-    return td_future_retain(w->future);
+    td_coll *c = &w->coll;
+    double factor = w->reduce_op.factor;
+    if (c->count == 0)
+        return TD_OK;
+    if (c->kind != TD_COLL_REDUCE_SCATTER)
+        return td_reduce_premul(c->dtype, c->out, c->in, c->count, factor);
+    size_t n = (size_t)w->pg->size, bytes = c->count * td_dtype_size(c->dtype);
+    td_tensor *scaled;
+    TD_TRY(td_tensor_empty(c->dtype, TD_SHAPE((int64_t)(c->count * n)), &scaled));
+    pg_work_keep(w, scaled);
+    char *base = td_tensor_data(scaled);
+    for (size_t r = 0; r < n; r++) {
+        TD_TRY(td_reduce_premul(c->dtype, base + r * bytes, w->in_blocks[r], c->count, factor));
+        w->in_blocks[r] = base + r * bytes;
+    }
+    return TD_OK;
 }
 
-/* A blocking call on an idle group (any call, for a backend with issue_on_caller) runs on the
- * caller's thread: the worker would only take the operation, hand it to the backend and hand the
- * result back, two thread switches that are most of a small operation's time. The caller has
- * taken the gate's BUSY, which keeps the worker off the backend meanwhile, so operations
- * still reach it one at a time in issue order; the watchdog sees the work among the in-flight
- * ones. Called with pg->mu held; releases it. */
-static td_status run_inline_locked(td_pg *pg, td_work *w, int64_t now, td_future **fut)
+/* DETAIL's check before a collective: all_gathers the fingerprints through the backend and compares
+ * them. TD_OK, or an error with the mismatch message (or the exchange's own failure). */
+static td_status detail_check(td_pg *pg, td_work *w)
 {
-    stamp_work(pg, w, now);
-    /* No future: pg_work_finish leaves the result here, on this thread's stack, and w may be
-     * recycled as soon as it has (the caller does not touch w after run_work). A receive's
-     * result, its sender, travels in a future, as does the result of an asynchronous call
-     * (issue_on_caller), which the caller gets back in *fut. */
-    pg_sync sync = {.status = TD_OK};
-    td_future *f = NULL;
-    if (w->is_p2p || fut)
-        f = work_future(pg, w);
-    else
-        w->sync = &sync;
+    size_t words = PG_FP_WORDS;
+    int64_t *all = td_calloc((size_t)pg->size * words, sizeof(int64_t));
+    td_work *iw = pg_work_new(pg, PG_OP_FINGERPRINT, TD_COLL_ALL_GATHER, TD_INT64);
+    iw->seq = w->seq;
+    iw->numel_in = (int64_t)words;
+    iw->numel_out = (int64_t)words * pg->size;
+    iw->coll.deadline_ns = w->coll.deadline_ns;
+    iw->coll.count = words;
+    iw->coll.in = &w->fp;
+    pg_work_blocks(iw, false, true);
+    for (int r = 0; r < pg->size; r++) {
+        iw->out_blocks[r] = all + (size_t)r * words;
+        iw->out_counts[r] = words;
+    }
+    td_status st = pg_run_internal(pg, iw);
+    if (st == TD_OK)
+        st = pg_fingerprints_compare((const pg_fingerprint *)all, pg->size);
+    free(all);
+    return st;
+}
+
+/* The one call of the backend's submit, by the BUSY holder: the DETAIL check, PREMUL_SUM's
+ * scaling, the backend's sequence number, submit. */
+static void pg_submit(td_pg *pg, td_work *w)
+{
+    if (__builtin_expect(pg->debug != PG_DEBUG_OFF, 0)) {
+        if (w->op != PG_OP_FINGERPRINT)
+            log_op(pg, w);
+        if (pg->debug == PG_DEBUG_DETAIL && w->has_fp) {
+            td_status st = detail_check(pg, w);
+            if (st != TD_OK) {
+                /* A mismatch fails only this call, on every rank alike; a failed exchange fails the group. */
+                pthread_mutex_lock(&pg->mu);
+                w->nonfatal = pg->failed == TD_OK;
+                pthread_mutex_unlock(&pg->mu);
+                pg_work_finish(w, st, -1, td_strdup(td_last_error()));
+                return;
+            }
+        }
+    }
+    td_status st = TD_OK;
+    if (__builtin_expect(w->reduce_op.kind == TD_PREMUL_SUM, 0))
+        st = premul_inputs(w);
+    if (st == TD_OK) {
+        w->coll.seq = w->is_p2p ? ++pg->last_backend_p2p_seq : ++pg->last_backend_seq;
+        st = pg->ops->submit(pg->state, &w->coll, w);
+    }
+    if (st != TD_OK)
+        pg_work_finish(w, st, -1, td_strdup(td_last_error()));
+}
+
+td_status pg_run_internal(td_pg *pg, td_work *w)
+{
+    td_future *f = td_future_retain(w->future = td_future_new());
+    w->issue_ns = td_now_ns();
+    pthread_mutex_lock(&pg->mu);
     inflight_link_locked(pg, w);
     pthread_mutex_unlock(&pg->mu);
-    run_work(pg, w);
+    pg_submit(pg, w);
+    td_status st = td_future_wait(f, 0);
+    td_future_release(f);
+    return st;
+}
+
+/* Gives BUSY back after a hand-off on the caller's thread: one compare-and-swap when nobody waits
+ * for it; else under the lock, waking the worker (queued works) or destroy. */
+static void release_after_handoff(td_pg *pg)
+{
+    if (__builtin_expect(pg_release_idle(pg), 1))
+        return;
     pthread_mutex_lock(&pg->mu);
     pg_release(pg);
-    /* Issued by other threads meanwhile (the worker waits for us), or still in flight after submit
-     * returned (a backend that completes later): the worker must watch its deadline. */
-    if (pg->qhead || (f ? !td_future_is_completed(f) : !sync.done))
-        pthread_cond_broadcast(&pg->cv);
-    if (fut) {
-        pthread_mutex_unlock(&pg->mu);
-        *fut = f;
-        return TD_OK;
+    pthread_cond_broadcast(&pg->cv);
+    pthread_mutex_unlock(&pg->mu);
+}
+
+static bool sync_done(const void *sync) { return atomic_load(&((const pg_sync *)sync)->done); }
+
+/* A blocking call whose operation the backend did not complete within submit: w joins the
+ * in-flight list (the worker watches its deadline), BUSY goes back, and the caller waits, driving
+ * the backend where it asked for that (td_work_set_driver). */
+static void wait_on_caller(td_pg *pg, td_work *w, pg_sync *sync)
+{
+    pthread_mutex_lock(&pg->mu);
+    if (!atomic_load(&sync->done)) {
+        inflight_link_locked(pg, w);
+        sync->linked = true;
     }
-    if (f) {
-        pthread_mutex_unlock(&pg->mu);
-        td_status st = td_future_wait(f, 0);
-        td_future_release(f);
-        return st;
-    }
-    /* Completed later by another thread (pg_work_finish wakes us), or by us, driving the backend
-     * (td_backend_ops.progress). */
-    bool drive = pg->ops->progress != NULL;
-    while (!sync.done) {
-        sync.waiting = true;
+    pg_release(pg);
+    pthread_cond_broadcast(&pg->cv);
+    bool drive = sync->drive != NULL;
+    while (!atomic_load(&sync->done)) {
+        sync->waiting = true;
         if (drive) {
             drive = false;
-            if (pg_drive_wait_locked(pg->ops->progress, &pg->mu, &pg->cv, sync_done, &sync, TD_DEADLINE_NONE))
+            if (pg_drive_wait_locked(sync->drive, &pg->mu, &pg->cv, sync_done, sync, TD_DEADLINE_NONE))
                 break;
             continue;
         }
         pthread_cond_wait(&pg->cv, &pg->mu);
     }
     pthread_mutex_unlock(&pg->mu);
-    if (sync.status != TD_OK)
+}
+
+/* Hands w to the backend on the caller's thread, BUSY held (pg_issue claimed it on an idle,
+ * healthy group): the worker would only take the operation, hand it over and hand the result
+ * back, two thread switches that are most of a small operation's time. A blocking collective
+ * gets its result in a pg_sync on this stack (no future, no lock when the backend completes it
+ * within submit); an asynchronous call (TD_BACKEND_CAP_ASYNC_ON_CALLER) or a send or receive
+ * gets a future, returned in *fut when the caller asked for one. */
+static td_status pg_run_on_caller(td_pg *pg, td_work *w, td_future **fut)
+{
+    pg_number(pg, w);
+    stamp_work(pg, w, issue_time(pg));
+    if (__builtin_expect(fut != NULL || w->is_p2p, 0)) {
+        td_future *f = td_future_retain(w->future = td_future_new());
+        pthread_mutex_lock(&pg->mu);
+        inflight_link_locked(pg, w);
+        pthread_mutex_unlock(&pg->mu);
+        pg_submit(pg, w);
+        pthread_mutex_lock(&pg->mu);
+        pg_release(pg);
+        /* Issued by other threads meanwhile (the worker waits for us), or still in flight after
+         * submit returned: the worker must watch its deadline. */
+        if (pg->qhead || !td_future_is_completed(f) || pg->stop)
+            pthread_cond_broadcast(&pg->cv);
+        pthread_mutex_unlock(&pg->mu);
+        if (fut) {
+            *fut = f;
+            return TD_OK;
+        }
+        td_status st = td_future_wait(f, 0);
+        td_future_release(f);
+        return st;
+    }
+    pg_sync sync = {.caller = pthread_self(), .status = TD_OK};
+    w->sync = &sync;
+    pg_submit(pg, w);
+    if (__builtin_expect(atomic_load_explicit(&sync.done, memory_order_acquire), 1)) {
+        work_recycle(pg, w);
+        release_after_handoff(pg);
+    } else {
+        wait_on_caller(pg, w, &sync);
+        work_recycle(pg, w);
+    }
+    if (sync.status != TD_OK) {
         td_error_set(sync.status, sync.message ? sync.message : "");
-    free(sync.message);
+        free(sync.message);
+    }
     return sync.status;
+}
+
+/* With pg->mu held: w goes to the end of the worker's queue. */
+static td_future *enqueue_locked(td_pg *pg, td_work *w, int64_t now)
+{
+    stamp_work(pg, w, now);
+    td_future *f = td_future_retain(w->future = td_future_new());
+    w->next = NULL;
+    if (pg->qtail)
+        pg->qtail->next = w;
+    else
+        pg->qhead = w;
+    pg->qtail = w;
+    return f;
 }
 
 td_status pg_issue(td_pg *pg, td_work **ws, int n, td_future **futs)
 {
+    unsigned need = futs ? TD_BACKEND_CAP_CALLER_THREAD | TD_BACKEND_CAP_ASYNC_ON_CALLER : TD_BACKEND_CAP_CALLER_THREAD;
+    bool on_caller = (pg->caps & need) == need;
+    if (n == 1 && on_caller && pg_claim(pg, PG_GATE_QUEUED | PG_GATE_CLOSED))
+        return pg_run_on_caller(pg, ws[0], futs);
     td_future *local[8];
     td_future **fs = futs ? futs : (n <= 8 ? local : td_calloc((size_t)n, sizeof *fs));
+    int i = 0;
+    /* Several operations (batch_isend_irecv) for a backend that takes them on the caller's thread:
+     * each handed over here in turn, while the group stays idle. */
+    bool batch_on_caller = n > 1 && (pg->caps & TD_BACKEND_CAP_ASYNC_ON_CALLER) && on_caller;
+    for (; batch_on_caller && i < n && pg_claim(pg, PG_GATE_QUEUED | PG_GATE_CLOSED); i++)
+        pg_run_on_caller(pg, ws[i], &fs[i]);
     pthread_mutex_lock(&pg->mu);
-    if (pg->failed != TD_OK || pg->stop) {
+    if (i < n && (pg->failed != TD_OK || pg->stop)) {
         td_status st = pg->failed != TD_OK ? pg->failed : TD_ERR_CLOSED;
         char *msg = td_strdup(pg->failed != TD_OK ? pg->failed_msg : "The process group is being destroyed");
         pthread_mutex_unlock(&pg->mu);
-        for (int i = 0; i < n; i++)
-            pg_work_free(ws[i]);
+        for (int k = i; k < n; k++)
+            pg_work_free(ws[k]);
+        for (int k = 0; k < i; k++)
+            td_future_release(fs[k]);
         if (fs != local && fs != futs)
             free(fs);
         td_error_set(st, msg);
         free(msg);
         return st;
     }
-    /* The issue time serves the deadline and the watchdog, at millisecond precision; only a trace
-     * callback, which reports durations, needs the precise clock. */
-    int64_t now = pg_traced(pg) ? td_now_ns() : td_now_coarse_ns();
-    /* Asked only where it decides something: an asynchronous call, or several operations. */
-    bool on_caller = (futs || n > 1) && pg->ops->inline_submit && pg->ops->issue_on_caller &&
-                     pg->ops->issue_on_caller(pg->state);
-    if (n == 1 && pg->ops->inline_submit && (!futs || on_caller) && pg_claim(pg, PG_GATE_QUEUED))
-        return run_inline_locked(pg, ws[0], now, futs);
-    int i = 0;
-    /* Several operations (batch_isend_irecv) for such a backend: each handed over here in turn,
-     * while the group stays idle. */
-    for (; on_caller && i < n && pg_claim(pg, PG_GATE_QUEUED); i++) {
-        run_inline_locked(pg, ws[i], now, &fs[i]);
-        pthread_mutex_lock(&pg->mu);
-    }
     if (i < n) {
-        for (; i < n; i++) {
-            td_work *w = ws[i];
-            stamp_work(pg, w, now);
-            fs[i] = work_future(pg, w);
-            w->next = NULL;
-            if (pg->qtail)
-                pg->qtail->next = w;
-            else
-                pg->qhead = w;
-            pg->qtail = w;
-        }
+        int64_t now = issue_time(pg);
+        for (; i < n; i++)
+            fs[i] = enqueue_locked(pg, ws[i], now);
         atomic_fetch_or(&pg->gate, PG_GATE_QUEUED); /* also what an idle worker spins on */
         pthread_cond_broadcast(&pg->cv);
     }
@@ -618,53 +771,8 @@ td_status pg_issue(td_pg *pg, td_work **ws, int n, td_future **futs)
     return st;
 }
 
-static void log_op(td_pg *pg, const td_work *w)
-{
-    td_log(TD_LOG_INFO, "Process group %s (%s): %s SeqNum=%llu, dtype=%s, NumelIn=%lld, NumelOut=%lld%s", pg->name,
-           pg->backend_name, pg_op_type_name(w->op), (unsigned long long)w->seq, td_dtype_name(w->coll.dtype),
-           (long long)w->numel_in, (long long)w->numel_out, w->is_p2p ? " (p2p)" : "");
-}
-
-/* Worker thread: hands w to the backend. */
-static void submit(td_pg *pg, td_work *w)
-{
-    w->coll.seq = w->is_p2p ? ++pg->wire_p2p_seq : ++pg->wire_seq;
-    td_status st = pg->ops->submit(pg->state, &w->coll, w);
-    if (st != TD_OK)
-        pg_work_finish(w, st, -1, td_strdup(td_last_error()));
-}
-
-td_status pg_run_internal(td_pg *pg, td_work *w)
-{
-    td_future *f = work_future(pg, w);
-    w->issue_ns = td_now_ns();
-    pthread_mutex_lock(&pg->mu);
-    inflight_link_locked(pg, w);
-    pthread_mutex_unlock(&pg->mu);
-    submit(pg, w);
-    td_status st = td_future_wait(f, 0);
-    td_future_release(f);
-    return st;
-}
-
-static void run_work(td_pg *pg, td_work *w)
-{
-    if (pg->debug >= PG_DEBUG_INFO)
-        log_op(pg, w);
-    if (pg->debug == PG_DEBUG_DETAIL && w->has_fp) {
-        td_status st = pg_detail_check(pg, w);
-        if (st != TD_OK) {
-            /* A mismatch fails only this call, on every rank alike; a failed exchange fails the group. */
-            pthread_mutex_lock(&pg->mu);
-            w->nonfatal = pg->failed == TD_OK;
-            pthread_mutex_unlock(&pg->mu);
-            pg_work_finish(w, st, -1, td_strdup(td_last_error()));
-            return;
-        }
-    }
-    submit(pg, w);
-}
-
+/* The worker thread: hands queued works to the backend in order, aborts the backend once the group
+ * failed, and, while idle, watches the deadlines of what is in flight. */
 static void *worker_main(void *arg)
 {
     td_pg *pg = arg;
@@ -682,7 +790,7 @@ static void *worker_main(void *arg)
             pthread_mutex_lock(&pg->mu);
             continue;
         }
-        /* While an inline or direct caller hands an operation to the backend, queued work waits
+        /* While a caller hands an operation to the backend on its own thread, queued work waits
          * its turn (that caller wakes us when it is done). */
         td_work *w = pg->qhead && pg_claim(pg, 0) ? pg->qhead : NULL;
         if (!w) {
@@ -718,6 +826,7 @@ static void *worker_main(void *arg)
             pg->qtail = NULL;
             atomic_fetch_and(&pg->gate, ~(unsigned)PG_GATE_QUEUED);
         }
+        pg_number(pg, w);
         if (pg->failed != TD_OK) {
             pg_release(pg);
             td_status st = pg->failed;
@@ -729,7 +838,7 @@ static void *worker_main(void *arg)
         }
         inflight_link_locked(pg, w);
         pthread_mutex_unlock(&pg->mu);
-        run_work(pg, w);
+        pg_submit(pg, w);
         pthread_mutex_lock(&pg->mu);
         pg_release(pg);
     }
@@ -778,14 +887,28 @@ static void pg_free(td_pg *pg)
 
 static const char *const debug_names[] = {"OFF", "INFO", "DETAIL"};
 
-/* Makes the member's side of a group: its store, the backend, the worker. Takes base_store. */
+/* A root group of a backend whose runtime assigns the ranks (TD_BACKEND_CAP_RUNTIME_WORLD): its
+ * rank and size, as create gave them. */
+static void take_runtime_world(td_pg *pg, int rank, int size)
+{
+    pg->rank = pg->global_rank = rank;
+    pg->size = pg->nranks = size;
+    free(pg->global_ranks);
+    pg->global_ranks = td_malloc((size_t)size * sizeof(int));
+    for (int i = 0; i < size; i++)
+        pg->global_ranks[i] = i;
+}
+
+/* Makes the member's side of a group: its store, the backend, the worker. Takes base_store. rank
+ * -1: a root group whose rank and size the backend's runtime assigns. */
 static td_status pg_start_member(td_pg *pg, const td_backend_ops *ops, td_store *base_store, int rank,
                                  int64_t timeout_ms, pg_debug_level debug, void *parent_state)
 {
     pg->ops = ops;
+    pg->caps = ops->caps;
     pg->member = true;
     pg->rank = rank;
-    pg->size = pg->nranks;
+    pg->size = rank < 0 ? -1 : pg->nranks;
     pg->timeout_ms = timeout_ms;
     pg->debug = debug;
     pg->base_store = base_store;
@@ -795,21 +918,29 @@ static td_status pg_start_member(td_pg *pg, const td_backend_ops *ops, td_store 
     if (st != TD_OK)
         return st;
     TD_TRY(td_executor_hold());
+    int world_rank = -1, world_size = -1;
     td_backend_args args = {
         .store = pg->store,
         .rank = rank,
         .size = pg->size,
-        .global_ranks = pg->global_ranks,
+        .global_ranks = rank < 0 ? NULL : pg->global_ranks,
         .timeout_ms = timeout_ms,
         .group_name = pg->name,
         .parent_state = parent_state,
+        .caps = &pg->caps,
+        .world_rank = rank < 0 ? &world_rank : NULL,
+        .world_size = rank < 0 ? &world_size : NULL,
     };
     st = ops->create(&args, &pg->state);
     if (st != TD_OK) {
         td_executor_release();
+        if (rank < 0) /* no rank to name yet: the runtime's own message says what failed */
+            return st;
         return td_error_prefix(st, "Creating process group %s (backend %s, rank %d of %d)", pg->name, ops->name,
                                rank, pg->size);
     }
+    if (rank < 0)
+        take_runtime_world(pg, world_rank, world_size);
     char tname[16];
     snprintf(tname, sizeof tname, "td-pg-%s", pg->name);
     st = td_thread_start(&pg->worker, tname, worker_main, pg);
@@ -821,16 +952,11 @@ static td_status pg_start_member(td_pg *pg, const td_backend_ops *ops, td_store 
         return st;
     }
     pg->worker_started = true;
-    /* Only where nothing per call needs a work record: no debug check or log. */
-    pg->run_now = ops->inline_submit && ops->run_now && ops->runs_now && debug == PG_DEBUG_OFF &&
-                  ops->runs_now(pg->state);
-    /* What every such call shares; collectives.c sets the rest per call. */
-    pg->now_coll = (td_coll){.root = -1, .peer = -1, .deadline_ns = TD_DEADLINE_NONE};
     if (debug >= PG_DEBUG_INFO)
         td_log(TD_LOG_INFO,
                "Process group %s initialized: backend %s, rank %d of %d (global rank %d), timeout %lld ms. "
                "The debug level is set to %s.",
-               pg->name, ops->name, rank, pg->size, pg->global_rank, (long long)timeout_ms, debug_names[debug]);
+               pg->name, ops->name, pg->rank, pg->size, pg->global_rank, (long long)timeout_ms, debug_names[debug]);
     return TD_OK;
 }
 
@@ -865,22 +991,20 @@ static td_status resolve_timeout(int64_t timeout_ms, int64_t *out)
     return td_env_duration_ms("TDIST_TIMEOUT_MS", TD_PG_DEFAULT_TIMEOUT_MS, 1, out);
 }
 
-/* A backend whose runtime assigns the ranks (backend.h, world): PyTorch's MPI branch of
- * init_process_group, which ignores the rank and world size it was given, with a warning. */
-static td_status runtime_world(const td_backend_ops *ops, int want_rank, int want_size, int *rank, int *size)
+/* A backend whose runtime assigns the ranks (TD_BACKEND_CAP_RUNTIME_WORLD): PyTorch's MPI branch
+ * of init_process_group, which ignores the rank and world size it was given, with a warning. */
+static void warn_runtime_world(const td_backend_ops *ops, int want_rank, int want_size, int rank, int size)
 {
-    TD_TRY(ops->world(rank, size));
-    if ((want_rank != -1 && want_rank != *rank) || (want_size != -1 && want_size != *size)) {
-        char name[32];
-        size_t i = 0;
-        for (; ops->name[i] && i + 1 < sizeof name; i++)
-            name[i] = (char)toupper((unsigned char)ops->name[i]);
-        name[i] = '\0';
-        td_log(TD_LOG_WARN,
-               "For %s backend, world_size (%d) and rank (%d) are ignored since they are assigned by the %s runtime.",
-               name, want_size, want_rank, name);
-    }
-    return TD_OK;
+    if ((want_rank == -1 || want_rank == rank) && (want_size == -1 || want_size == size))
+        return;
+    char name[32];
+    size_t i = 0;
+    for (; ops->name[i] && i + 1 < sizeof name; i++)
+        name[i] = (char)toupper((unsigned char)ops->name[i]);
+    name[i] = '\0';
+    td_log(TD_LOG_WARN,
+           "For %s backend, world_size (%d) and rank (%d) are ignored since they are assigned by the %s runtime.",
+           name, want_size, want_rank, name);
 }
 
 td_status td_pg_create(const td_pg_options *options, td_pg **out)
@@ -902,13 +1026,14 @@ td_status td_pg_create(const td_pg_options *options, td_pg **out)
 
     td_store *base;
     int rank = o.rank, size = o.world_size;
+    bool runtime_world = ops->caps & TD_BACKEND_CAP_RUNTIME_WORLD;
     if (o.store) {
         if (size <= 0)
             return td_error(TD_ERR_INVALID, "world_size must be positive if using store");
         if (rank < 0)
             return td_error(TD_ERR_INVALID, "rank must be non-negative if using store");
         base = td_store_retain(o.store);
-    } else if (ops->world) {
+    } else if (runtime_world) {
         TD_TRY(td_hash_store_create(&base)); /* the backend needs no store: nothing to meet through */
     } else {
         td_store *rdzv;
@@ -920,14 +1045,10 @@ td_status td_pg_create(const td_pg_options *options, td_pg **out)
         if (st != TD_OK)
             return st;
     }
-    if (ops->world) {
-        td_status st = runtime_world(ops, o.rank, o.world_size, &rank, &size);
-        if (st != TD_OK) {
-            td_store_release(base);
-            return st;
-        }
-    }
-    if (rank >= size) {
+    if (runtime_world) {
+        rank = -1; /* create gives them */
+        size = 0;
+    } else if (rank >= size) {
         td_store_release(base);
         return td_error(TD_ERR_INVALID, "Invalid rank %d: the rank must be in [0, %d) for a world size of %d", rank,
                         size, size);
@@ -938,12 +1059,17 @@ td_status td_pg_create(const td_pg_options *options, td_pg **out)
     td_pg *pg = pg_alloc(o.group_name ? o.group_name : "0", ops->name, rank, ranks, size);
     free(ranks);
     pg->is_root = true;
-    pg->local_store = ops->world && !o.store;
-    td_log_set_rank(rank);
+    pg->local_store = runtime_world && !o.store;
+    if (!runtime_world)
+        td_log_set_rank(rank);
     td_status st = pg_start_member(pg, ops, base, rank, timeout_ms, debug, NULL);
     if (st != TD_OK) {
         pg_free(pg);
         return st;
+    }
+    if (runtime_world) {
+        td_log_set_rank(pg->rank);
+        warn_runtime_world(ops, o.rank, o.world_size, pg->rank, pg->size);
     }
     *out = pg;
     return TD_OK;
@@ -1067,23 +1193,14 @@ void pg_destroy_now(td_pg *pg)
     pg_free(pg);
 }
 
-void td_pg_destroy(td_pg *pg)
-{
-    if (!pg)
-        return;
-    /* An inherited copy cannot be torn down: its worker thread stayed in the parent and its locks
-     * may be held. Leave it to the process's exit rather than hang joining a thread that is not
-     * there. */
-    if (td_fork_guard_check(&pg->guard, "a process group") != TD_OK) {
-        TD_LOG_WARN("td_pg_destroy: %s; the inherited copy is left alone", td_last_error());
-        return;
-    }
-    if (pg_default_claim_destroy(pg))
-        return;
-    pg_destroy_now(pg);
-}
-
 /* ---- queries ------------------------------------------------------------------------------- */
+
+/* What a NULL group argument means; default_group.c, above this file, sets it. */
+static _Atomic(td_pg *) default_group;
+
+td_pg *pg_default_group(void) { return atomic_load_explicit(&default_group, memory_order_acquire); }
+
+void pg_set_default_group(td_pg *pg) { atomic_store_explicit(&default_group, pg, memory_order_release); }
 
 td_status pg_not_usable(td_pg *g, const char *opname)
 {

@@ -1,17 +1,23 @@
 /* Internal: the process-group front end's structures, shared by the files of src/pg.
  *
- *   pg.c           groups: create, new_group, destroy, queries, the worker, completion (td_work_done)
- *   collectives.c  argument checks and normalization of every collective and p2p call
+ *   pg.c           groups: create, new_group, destroy, queries; the one hand-off path (pg_issue,
+ *                  the worker, pg_submit) and completion (td_work_done)
+ *   collectives.c  argument checks and normalization of every collective and p2p call; td_pg_supports
  *   object.c       object collectives over the td_value codec
  *   barrier.c      monitored_barrier over the group's store
- *   debug.c        debug levels, collective fingerprints and the DETAIL mismatch check
- *   default_group.c  the default group and td_new_group
- *   registry.c     backends by name, td_coll_kind_name, capability queries
+ *   default_group.c  the default group, td_new_group and td_pg_destroy (on top of pg.c)
+ *   debug.c        (leaf) op names, debug levels, collective fingerprints and their comparison
+ *   registry.c     (leaf) backends by name, td_coll_kind_name, the support checks
+ *   future.c, executor.c  futures and the thread their callbacks run on
+ *
+ * Files call downwards only: default_group.c, collectives.c, object.c, barrier.c -> pg.c ->
+ * debug.c, registry.c, future.c -> executor.c.
  *
  * An operation is a td_work: the backend's td_coll plus what the front end needs around it (the
- * future, temporaries to copy back, the result value, the fingerprint). Works are queued in issue
- * order and run by the group's worker thread; in flight they sit on a list that the worker watches
- * for deadlines and that destroy waits to drain. */
+ * future, temporaries to copy back, the result value, the fingerprint). pg_issue hands each to the
+ * backend through pg_submit, on the caller's thread when the group is idle and the backend allows
+ * it, else through the queue the group's worker thread drains in issue order; in flight they sit
+ * on a list that the worker watches for deadlines and that destroy waits to drain. */
 #ifndef TDIST_PG_PG_IMPL_H
 #define TDIST_PG_PG_IMPL_H
 
@@ -51,10 +57,6 @@ typedef enum pg_op {
     PG_OP_COUNT
 } pg_op;
 
-/* "ALLREDUCE" (c10d's OpType name) and "all_reduce" (the API name, used in messages and traces). */
-const char *pg_op_type_name(pg_op op);
-const char *pg_op_api_name(pg_op op);
-
 typedef enum pg_debug_level { PG_DEBUG_OFF = 0, PG_DEBUG_INFO = 1, PG_DEBUG_DETAIL = 2 } pg_debug_level;
 
 /* What every rank must agree on for one collective (DETAIL), as fixed-size int64 words so that it
@@ -77,10 +79,23 @@ typedef struct pg_copy {
     td_tensor *src;
 } pg_copy;
 
+/* Where a blocking call handed over on its own thread gets its result instead of a future
+ * (pg_issue): on that thread's stack. */
+typedef struct pg_sync {
+    pthread_t caller;      /* completed on this thread before `linked`: no lock needed */
+    bool linked;           /* the caller put the work on the in-flight list (only it writes this) */
+    td_status status;
+    char *message;         /* malloc'd, when status is not TD_OK */
+    bool (*drive)(void);   /* td_work_set_driver's, for the caller's wait */
+    bool waiting;          /* the caller sleeps on pg->cv (under pg->mu) */
+    _Atomic bool done;
+} pg_sync;
+
 struct td_work {
     td_pg *pg;
     td_future *future;
     td_coll coll;
+    td_op reduce_op; /* the caller's op: coll.op has PREMUL_SUM and AVG resolved into SUM */
     pg_op op;
     uint64_t seq; /* the group's operation number, for messages and fingerprints */
     int64_t issue_ns;
@@ -100,7 +115,7 @@ struct td_work {
     td_value *result;       /* the value on success (a list of the output tensors) */
     td_work *next;          /* queue */
     td_work *iprev, *inext; /* in-flight list */
-    struct pg_sync *sync;   /* a blocking call run inline gets its result here instead of a future */
+    pg_sync *sync;          /* a blocking call handed over on its caller's thread: no future */
 };
 
 struct td_pg {
@@ -109,6 +124,7 @@ struct td_pg {
     char *backend_name;
     const td_backend_ops *ops;
     void *state;
+    unsigned caps;    /* TD_BACKEND_CAP_* for this group (the backend's create may change them) */
     bool member;
     int rank, size;   /* in the group; -1 for a non-member */
     int global_rank;  /* this process's rank in the root group */
@@ -122,7 +138,7 @@ struct td_pg {
     td_store *base_store;  /* the root's store, under which every group of the root has its prefix */
     td_store *store;       /* base_store prefixed with "<name>/" */
     bool is_root;          /* made by td_pg_create: its subgroups are named "1", "2", ... */
-    bool local_store;      /* base_store is this process's only (a backend with a world hook) */
+    bool local_store;      /* base_store is this process's only (TD_BACKEND_CAP_RUNTIME_WORLD) */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -131,28 +147,28 @@ struct td_pg {
     bool stop;
     td_work *qhead, *qtail;
     td_work *inflight;
-    /* PG_GATE_* bits: whether the worker, an inline caller or a direct one is handing an
-     * operation to the backend (BUSY, which keeps everyone else off it), whether works are queued,
-     * whether the group failed or is being destroyed; in one word, so that a blocking call that
-     * skips the work record (collectives.c) needs no lock to take the backend. */
+    /* PG_GATE_* bits: whether a thread (the worker or a caller) is handing an operation to the
+     * backend (BUSY, which keeps everyone else off it), whether works are queued, whether the group
+     * failed or is being destroyed; in one word, so that a blocking call on an idle group takes the
+     * backend with one compare-and-swap instead of the lock. */
     _Atomic unsigned gate;
-    bool run_now;         /* blocking collectives may go to the backend's run_now (collectives.c) */
     td_status failed;     /* TD_OK while healthy */
     char *failed_msg;
     bool backend_aborted;
-    uint64_t op_seq;                /* issued as works (under mu); a work's number adds direct_calls */
-    _Atomic uint64_t direct_calls;  /* issued to run_now (written by the BUSY holder only) */
-    td_coll now_coll;               /* the call run_now runs (the BUSY holder's: collectives.c) */
-    uint64_t p2p_seq;
-    uint64_t wire_seq, wire_p2p_seq; /* submitted to the backend (fingerprints count) */
-    uint64_t child_count;           /* subgroups made from this group, for their names */
-    uint64_t monitored_seq;
+    /* Numbers given as operations are handed over, by the BUSY holder (pg_submit): */
+    uint64_t last_op_seq;      /* collectives (a work's seq) */
+    uint64_t last_p2p_seq;     /* sends and receives */
+    uint64_t last_backend_seq; /* collectives as the backend sees them (td_coll.seq: with DETAIL's
+                                  fingerprint exchanges) */
+    uint64_t last_backend_p2p_seq;
+    uint64_t child_count;      /* subgroups made from this group, for their names */
+    uint64_t monitored_seq;    /* monitored_barrier calls (barrier.c) */
     /* Set under mu; read without it on the hot path through pg_traced(). */
     void (*trace_fn)(const td_pg_trace_event *event, void *arg);
     void *trace_arg;
-    td_work *free_works; /* recycled works (pg.c) */
-    _Atomic(td_work *) spare_work; /* one recycled work, taken without the lock */
+    td_work *free_works; /* recycled works (pg.c), under mu */
     int nfree_works;
+    _Atomic(td_work *) spare_work; /* one more, taken and given back without the lock */
 };
 
 /* pg->gate. BUSY is taken by compare-and-swap (pg_claim) and dropped by its holder (pg_release);
@@ -206,17 +222,25 @@ static inline td_status pg_check_usable(td_pg *g, const char *opname)
         return TD_OK;
     return pg_not_usable(g, opname);
 }
-/* The group a call names: NULL means the default group (NULL when there is none). */
-td_pg *pg_default_group(void); /* default_group.c */
+/* The group a call names: NULL means the default group (NULL when there is none), which
+ * default_group.c sets. */
+td_pg *pg_default_group(void);
+void pg_set_default_group(td_pg *pg);
 static inline td_pg *pg_or_default(td_pg *pg) { return pg ? pg : pg_default_group(); }
-/* Both: *out gets the group. (A call that tail-calls the backend takes the two steps itself, so
- * that no address of its own escapes.) */
+/* Both: *out gets the group. */
 static inline td_status pg_resolve(td_pg *pg, const char *opname, td_pg **out)
 {
     *out = pg_or_default(pg);
     return pg_check_usable(*out, opname);
 }
 td_work *pg_work_new(td_pg *pg, pg_op op, td_coll_kind kind, td_dtype dtype);
+/* The caller's reduce op: the backend gets SUM for AVG (pg_work_finish divides) and PREMUL_SUM
+ * (pg_submit scales the inputs first). */
+static inline void pg_work_set_op(td_work *w, td_op op)
+{
+    w->reduce_op = op;
+    w->coll.op = op.kind == TD_AVG || op.kind == TD_PREMUL_SUM ? TD_OP_SUM : op;
+}
 /* Gives back a work that will not run (its building or issuing failed). */
 void pg_work_free(td_work *w);
 /* Points the coll's in and/or out block arrays at the work's own (group size entries, zeroed). */
@@ -225,15 +249,19 @@ void pg_work_blocks(td_work *w, bool in, bool out);
 void pg_work_copy_back(td_work *w, td_tensor *dst, td_tensor *src);
 /* Keeps t (taken) alive until the work ends. */
 void pg_work_keep(td_work *w, td_tensor *t);
-/* Queues n works in order. With futs, futs[i] gets each one's future (a new reference); without,
- * waits for them all and returns the first failure. Takes the works, even on failure. */
+/* Hands n works to the backend in order: each on this thread when the group is idle and its
+ * capabilities allow, else through the worker's queue. With futs, futs[i] gets each one's future
+ * (a new reference); without, waits for them all and returns the first failure. Takes the works,
+ * even on failure. */
 td_status pg_issue(td_pg *pg, td_work **ws, int n, td_future **futs);
 /* With pg->mu held: the group fails (the first failure wins) and the worker aborts the backend. */
 void pg_fail_locked(td_pg *pg, td_status status, const char *message);
-/* Runs one operation on the backend from the worker thread, and waits for it (DETAIL's exchange). */
+/* Runs one operation on the backend from the thread holding BUSY, and waits for it (DETAIL's
+ * exchange). */
 td_status pg_run_internal(td_pg *pg, td_work *w);
-/* Ends a work (any thread, exactly once): copies back, fails the group if the error is fatal,
- * completes the future and frees the work. Takes message (may be NULL). */
+/* Ends a work (any thread, exactly once): finishes AVG, copies back, fails the group if the error
+ * is fatal, completes the future (or the caller's pg_sync) and frees the work (the caller does, for
+ * a pg_sync). Takes message (may be NULL). */
 void pg_work_finish(td_work *w, td_status status, int sender, char *message);
 /* Destroys pg (member or not): fails what is pending, stops the worker and the backend, frees. */
 void pg_destroy_now(td_pg *pg);
@@ -248,27 +276,24 @@ void pg_destroy_now(td_pg *pg);
 
 /* With mu held (released around each drive() call and each yield): drives until done(arg), true;
  * false when drive() says it is not needed or the deadline passed. Waits on a future and blocking
- * calls run inline both go through here. */
+ * calls handed over on their caller's thread both go through here. */
 bool pg_drive_wait_locked(bool (*drive)(void), pthread_mutex_t *mu, pthread_cond_t *cv, bool (*done)(const void *),
                           const void *arg, int64_t deadline_ns);
 
-/* Gives f a driver: the backend's progress hook (td_backend_ops.progress), which waiters on f call
- * until it completes. Set before f is handed to anyone. */
+/* Gives f a driver (td_work_set_driver), which waiters on f call until it completes; a waiter
+ * already blocked picks it up. */
 void pg_future_set_driver(td_future *f, bool (*drive)(void));
 
 /* ---- debug.c ------------------------------------------------------------------------------- */
 
+/* "ALLREDUCE" (c10d's OpType name) and "all_reduce" (the API name, used in messages and traces). */
+const char *pg_op_type_name(pg_op op);
+const char *pg_op_api_name(pg_op op);
 td_status pg_parse_debug_level(const char *value, pg_debug_level *out);
 void pg_fingerprint_fill(td_work *w, td_tensor *const *tensors, int n, int root, int reduce_op, bool shapes);
-/* The DETAIL check before a collective (worker thread): all_gathers the fingerprints and compares.
- * TD_OK, or an error with the mismatch message (or the exchange's own failure). */
-td_status pg_detail_check(td_pg *pg, td_work *w);
-
-/* ---- default_group.c ----------------------------------------------------------------------- */
-
-/* For td_pg_destroy: true when pg is the default group, which was then destroyed with its
- * subgroups; otherwise pg is forgotten by the default group's list (if there) and false. */
-bool pg_default_claim_destroy(td_pg *pg);
+/* DETAIL's comparison of the fingerprints of the n ranks (from one all_gather): TD_OK, or
+ * TD_ERR_INVALID with c10d's mismatch message. */
+td_status pg_fingerprints_compare(const pg_fingerprint *fps, int n);
 
 /* ---- registry.c ---------------------------------------------------------------------------- */
 
@@ -278,10 +303,6 @@ char *pg_backend_names(void);
 /* The reduce op is defined for dtype (c10d's complex rule, then the kernels'); opname prefixes the
  * message. */
 td_status pg_check_reduce(const char *opname, td_op op, td_dtype dtype);
-static inline bool pg_reducing(td_coll_kind kind)
-{
-    return kind == TD_COLL_ALL_REDUCE || kind == TD_COLL_REDUCE || kind == TD_COLL_REDUCE_SCATTER;
-}
 /* The bit word of pg->supported that answers (kind, dtype, rk) at bit rk; NULL when out of range. */
 static inline _Atomic uint32_t *pg_supported_bits(td_pg *pg, td_coll_kind kind, td_dtype dtype, td_reduce_op rk)
 {
@@ -295,7 +316,7 @@ td_status pg_check_supported_first(td_pg *pg, const char *opname, td_coll_kind k
 static inline td_status pg_check_supported(td_pg *pg, const char *opname, td_coll_kind kind, td_dtype dtype,
                                            td_op op)
 {
-    td_reduce_op rk = pg_reducing(kind) ? op.kind : TD_SUM;
+    td_reduce_op rk = td_coll_kind_reduces(kind) ? op.kind : TD_SUM;
     _Atomic uint32_t *seen = pg_supported_bits(pg, kind, dtype, rk);
     if (__builtin_expect(seen && (atomic_load_explicit(seen, memory_order_relaxed) >> rk & 1u), 1))
         return TD_OK;

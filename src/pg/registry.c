@@ -1,4 +1,5 @@
-/* Backends by name (td_register_backend, td_backend_available) and the capability queries.
+/* Backends by name (td_register_backend, td_backend_available) and the support checks every call
+ * makes. A leaf of src/pg: it calls nothing of the other files.
  *
  * The built-in backends (src/backends/builtin.h) are added the first time the registry is used;
  * applications add theirs with td_register_backend. The table is small and append-only, so a
@@ -123,61 +124,18 @@ _Static_assert(TD_REDUCE_OP_COUNT <= 32, "td_pg.supported holds one bit per redu
 
 td_status pg_check_supported_first(td_pg *pg, const char *opname, td_coll_kind kind, td_dtype dtype, td_op op)
 {
-    td_reduce_op rk = pg_reducing(kind) ? op.kind : TD_SUM;
+    td_reduce_op rk = td_coll_kind_reduces(kind) ? op.kind : TD_SUM;
     _Atomic uint32_t *seen = pg_supported_bits(pg, kind, dtype, rk); /* its bit is not set yet */
-    if (pg_reducing(kind))
+    if (td_coll_kind_reduces(kind))
         TD_TRY(pg_check_reduce(opname, op, dtype));
     if (pg->ops->supports) {
-        td_status st = pg->ops->supports(pg->state, kind, dtype, rk);
+        /* The backend sees AVG and PREMUL_SUM as the SUM the front end resolves them into. */
+        td_reduce_op backend_rk = rk == TD_AVG || rk == TD_PREMUL_SUM ? TD_SUM : rk;
+        td_status st = pg->ops->supports(pg->state, kind, dtype, backend_rk);
         if (st != TD_OK)
             return td_error_prefix(st, "%s", opname);
     }
     if (seen)
         atomic_fetch_or_explicit(seen, 1u << rk, memory_order_relaxed);
     return TD_OK;
-}
-
-/* The API names td_pg_supports accepts, with the backend kind each one runs as. */
-static const struct {
-    const char *name;
-    td_coll_kind kind;
-} api_kinds[] = {
-    {"broadcast", TD_COLL_BROADCAST},
-    {"all_reduce", TD_COLL_ALL_REDUCE},
-    {"all_reduce_coalesced", TD_COLL_ALL_REDUCE},
-    {"reduce", TD_COLL_REDUCE},
-    {"all_gather", TD_COLL_ALL_GATHER},
-    {"all_gather_into_tensor", TD_COLL_ALL_GATHER},
-    {"all_gather_coalesced", TD_COLL_ALL_GATHER},
-    {"all_gather_object", TD_COLL_ALL_GATHER},
-    {"gather", TD_COLL_GATHER},
-    {"gather_object", TD_COLL_GATHER},
-    {"scatter", TD_COLL_SCATTER},
-    {"scatter_object_list", TD_COLL_SCATTER},
-    {"broadcast_object_list", TD_COLL_BROADCAST},
-    {"reduce_scatter", TD_COLL_REDUCE_SCATTER},
-    {"reduce_scatter_tensor", TD_COLL_REDUCE_SCATTER},
-    {"all_to_all", TD_COLL_ALL_TO_ALL},
-    {"all_to_all_single", TD_COLL_ALL_TO_ALL},
-    {"barrier", TD_COLL_BARRIER},
-    {"monitored_barrier", TD_COLL_BARRIER},
-    {"send", TD_COLL_SEND},
-    {"isend", TD_COLL_SEND},
-    {"recv", TD_COLL_RECV},
-    {"irecv", TD_COLL_RECV},
-};
-
-td_status td_pg_supports(const td_pg *cpg, const char *collective, td_dtype dtype, td_reduce_op op)
-{
-    td_pg *pg;
-    TD_TRY(pg_resolve((td_pg *)cpg, "supports", &pg));
-    if (!collective)
-        return td_error(TD_ERR_INVALID, "td_pg_supports: collective name is NULL");
-    for (size_t i = 0; i < sizeof api_kinds / sizeof api_kinds[0]; i++) {
-        if (strcmp(api_kinds[i].name, collective) != 0)
-            continue;
-        td_status st = pg_check_supported(pg, collective, api_kinds[i].kind, dtype, td_op_of(op));
-        return st == TD_ERR_INVALID ? TD_ERR_UNSUPPORTED : st;
-    }
-    return td_error(TD_ERR_INVALID, "td_pg_supports: unknown collective '%s'", collective);
 }

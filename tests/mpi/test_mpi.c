@@ -227,9 +227,9 @@ static void on_seq(const td_pg_trace_event *e, void *arg)
     pthread_mutex_unlock(&l->mu);
 }
 
-/* A blocking all_reduce or broadcast of a contiguous tensor on an idle group goes straight to
- * MPI (td_backend_ops.run_now); everything else still takes a work record. Both kinds of call mix
- * on one group in program order, and the group's numbering counts both. */
+/* A blocking all_reduce or broadcast of a contiguous tensor on an idle group is handed to MPI on
+ * the caller's thread (TD_BACKEND_CAP_CALLER_THREAD); asynchronous calls, with a work handle, mix
+ * with them on one group in program order, and the group's numbering counts both. */
 MPI_TEST(blocking_calls_without_work_records, 2, .setup = mpi_setup)
 {
     int me = ctx->rank;

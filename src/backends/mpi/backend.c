@@ -1,8 +1,8 @@
 /* The "mpi" backend (tdist/backend.h): every collective and point-to-point kind of the front end
  * as MPI calls, for jobs started by mpirun / srun that run on the site's MPI and its fabric.
  *
- * Ranks come from MPI, not from a store: the backend's world() hook gives td_pg_create the rank
- * and size in MPI_COMM_WORLD (the front end warns, as PyTorch does, when the options said
+ * Ranks come from MPI, not from a store (TD_BACKEND_CAP_RUNTIME_WORLD): create gives td_pg_create
+ * the rank and size in MPI_COMM_WORLD (the front end warns, as PyTorch does, when the options said
  * otherwise) and the group needs no rendezvous. A root group runs on a duplicate of
  * MPI_COMM_WORLD; a subgroup on a communicator made with MPI_Comm_create_group from its parent's
  * (only its members call it, as only members create the backend), so groups never share MPI
@@ -13,18 +13,16 @@
  * order (all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single, scatter from one
  * tensor) go to MPI directly, other block lists through an op's scratch buffer (packed at submit,
  * unpacked at completion). Aliasing MPI forbids (an input inside the output) uses MPI_IN_PLACE
- * where MPI defines it and a scratch copy elsewhere. PREMUL_SUM scales the inputs first (in place
- * where the front end gave this op its own buffer, else into scratch) and AVG divides after MPI's
- * sum (td_reduce_finish). Counts above INT_MAX elements per call are TD_ERR_UNSUPPORTED.
+ * where MPI defines it and a scratch copy elsewhere. Counts above INT_MAX elements per call are
+ * TD_ERR_UNSUPPORTED.
  *
  * Threads: submit runs on the group's worker, or on the caller of a blocking operation when the
- * group is idle (inline_submit), so that a small blocking collective is one MPI call on the
- * caller's thread, as in a plain MPI program; a blocking all_reduce or broadcast comes through
- * run_now instead, with no work record (the front end's bookkeeping would otherwise cost more than
- * a small MPI_Allreduce's tenth). Below MPI_THREAD_SERIALIZED (funneled mode,
- * runtime.c) every operation is handed over on the issuing thread, which must be the thread that
- * initialized MPI (others get TD_ERR_INVALID), and waiters complete requests through the progress
- * hook instead of the progress thread.
+ * group is idle (TD_BACKEND_CAP_CALLER_THREAD), so that a small blocking collective is one MPI call
+ * on the caller's thread, as in a plain MPI program. Below MPI_THREAD_MULTIPLE every operation is
+ * handed over on the issuing thread (TD_BACKEND_CAP_ASYNC_ON_CALLER, which create sets). Below
+ * MPI_THREAD_SERIALIZED (funneled mode, runtime.c) that thread must be the one that initialized MPI
+ * (others get TD_ERR_INVALID), and waiters complete requests by driving mpi_rt_progress
+ * (td_work_set_driver) instead of the progress thread.
  *
  * Completion. Sends and receives are always MPI_Isend / MPI_Irecv: submit never blocks on a peer,
  * so isend/irecv pairs posted in any order never deadlock, and the progress thread (runtime.c)
@@ -36,7 +34,7 @@
  *     abort (the group's timeout, destroy) fails them at once.
  *   - "blocking" (the default): the blocking MPI call runs on the group's worker thread, as
  *     PyTorch's ProcessGroupMPI does (below MPI_THREAD_MULTIPLE on the issuing thread, in program
- *     order: issue_on_caller). The work still completes asynchronously to the caller, but
+ *     order). The work still completes asynchronously to the caller, but
  *     collectives of one group run one after another, and a collective waiting for a peer cannot be
  *     abandoned: the group's timeout does not fire and destroy waits for it. It is the default
  *     because Open MPI's nonblocking collectives (libnbc) are up to twice as slow as its blocking
@@ -83,13 +81,9 @@ struct mpi_group {
     char *abort_msg;
 };
 
-static bool reduces(td_coll_kind k)
-{
-    return k == TD_COLL_ALL_REDUCE || k == TD_COLL_REDUCE || k == TD_COLL_REDUCE_SCATTER;
-}
+/* ---- the world and capability queries ------------------------------------------------------- */
 
-/* ---- the world hook and capability queries ------------------------------------------------- */
-
+/* This process's rank and the world's size, for a root group (TD_BACKEND_CAP_RUNTIME_WORLD). */
 static td_status mpi_world(int *rank, int *size)
 {
     TD_TRY(mpi_rt_init());
@@ -108,7 +102,7 @@ static inline td_status check_types(td_coll_kind kind, td_dtype dtype, td_reduce
     if ((*dt = mpi_datatype(dtype)) == MPI_DATATYPE_NULL)
         return td_error(TD_ERR_UNSUPPORTED, "the mpi backend has no MPI datatype for %s in this MPI",
                         td_dtype_name(dtype));
-    if (reduces(kind) && (*mop = mpi_reduce_op(op, dtype)) == MPI_OP_NULL)
+    if (td_coll_kind_reduces(kind) && (*mop = mpi_reduce_op(op, dtype)) == MPI_OP_NULL)
         return td_error(TD_ERR_UNSUPPORTED, "the mpi backend cannot reduce %s with %s", td_dtype_name(dtype),
                         td_reduce_op_name(op));
     return TD_OK;
@@ -220,8 +214,8 @@ static td_status read_config(mpi_group *g)
     TD_TRY(td_env_enum("TDIST_MPI_COLLECTIVES", modes, 0, &mode));
     /* Below MPI_THREAD_MULTIPLE too: a blocking call then holds the serializing lock until the
      * peers arrive (the progress thread waits meanwhile; MPI progresses the posted sends and
-     * receives inside the call), and issue_on_caller keeps the collectives of all groups in
-     * program order. Every rank must choose alike: MPI never matches a blocking collective with a
+     * receives inside the call), and TD_BACKEND_CAP_ASYNC_ON_CALLER keeps the collectives of all
+     * groups in program order. Every rank must choose alike: MPI never matches a blocking collective with a
      * nonblocking one. */
     g->blocking = mode == 0;
     int64_t us = DEFAULT_SPIN_US;
@@ -239,7 +233,7 @@ static void group_free(mpi_group *g)
     free(g);
 }
 
-static td_status mpi_create(const td_backend_args *a, void **state)
+static td_status create_group(const td_backend_args *a, void **state)
 {
     TD_TRY(mpi_rt_acquire());
     td_status ts = mpi_check_thread("creating a group");
@@ -270,6 +264,32 @@ static td_status mpi_create(const td_backend_args *a, void **state)
     mpi_leave();
     *state = g;
     return TD_OK;
+}
+
+static td_status mpi_create(const td_backend_args *args, void **state)
+{
+    td_backend_args world_args = *args;
+    const td_backend_args *a = args;
+    int *identity = NULL;
+    if (args->rank < 0) { /* a root group: MPI assigns rank and size */
+        TD_TRY(mpi_world(args->world_rank, args->world_size));
+        world_args.rank = *args->world_rank;
+        world_args.size = *args->world_size;
+        identity = td_malloc((size_t)world_args.size * sizeof(int));
+        for (int i = 0; i < world_args.size; i++)
+            identity[i] = i;
+        world_args.global_ranks = identity;
+        a = &world_args;
+    }
+    td_status created = create_group(a, state);
+    free(identity);
+    /* Below MPI_THREAD_MULTIPLE, blocking MPI calls exclude each other: each runs where the
+     * program issued it, in program order (a single thread issuing never deadlocks; see
+     * read_config). Below MPI_THREAD_SERIALIZED, the issuing thread is the only one that may call
+     * MPI. */
+    if (created == TD_OK && !mpi_thread_multiple())
+        *args->caps |= TD_BACKEND_CAP_ASYNC_ON_CALLER;
+    return created;
 }
 
 static void mpi_destroy(void *state)
@@ -304,7 +324,7 @@ static void unlink_locked(mpi_group *g, mpi_op *op)
     op->linked = false;
 }
 
-/* After c's MPI call ended well: unpacks blocks received into op's scratch, finishes AVG, checks a
+/* After c's MPI call ended well: unpacks blocks received into op's scratch, checks a
  * receive's size (and gives its sender in *sender; NULL for a call that is no receive). */
 static td_status finish(const td_coll *c, const mpi_op *op, int *sender)
 {
@@ -323,13 +343,6 @@ static td_status finish(const td_coll *c, const mpi_op *op, int *sender)
                             op->status.MPI_SOURCE, n, td_dtype_name(c->dtype), c->tag, c->count);
         return TD_OK;
     }
-    case TD_COLL_ALL_REDUCE:
-    case TD_COLL_REDUCE_SCATTER:
-    case TD_COLL_REDUCE:
-        /* Only AVG has anything left to do (MPI summed); the types were checked at submit. */
-        if (c->op.kind != TD_AVG || (c->kind == TD_COLL_REDUCE && op->me != c->root))
-            return TD_OK;
-        return td_reduce_finish(c->op.kind, c->dtype, c->out, c->count, op->size);
     case TD_COLL_ALL_GATHER:
     case TD_COLL_GATHER: {
         size_t es = td_dtype_size(c->dtype);
@@ -411,14 +424,6 @@ static td_status too_many(const td_coll *c, size_t n)
                     td_coll_kind_name(c->kind), n, INT_MAX);
 }
 
-/* PREMUL_SUM's factor applied to an input that is this op's own buffer (in place). */
-static td_status premul_in_place(const td_coll *c, void *buf)
-{
-    if (c->op.kind != TD_PREMUL_SUM || c->count == 0)
-        return TD_OK;
-    return td_reduce_premul(c->dtype, buf, buf, c->count, c->op.factor);
-}
-
 static td_status check_tag(const mpi_group *g, int tag)
 {
     if (tag > g->tag_ub)
@@ -430,7 +435,7 @@ static td_status check_tag(const mpi_group *g, int tag)
 
 /* Starts c's MPI call, with op's request and scratch buffers (or, when blocking, runs it):
  * op->req is MPI_REQUEST_NULL when nothing is left to wait for. On failure the thread's error is
- * set. Inlined into its two callers, each with `blocking` fixed: see mpi_run_now. */
+ * set. Inlined into its two callers, each with `blocking` fixed. */
 __attribute__((always_inline)) static inline td_status post(mpi_group *g, const td_coll *c, mpi_op *op,
                                                              MPI_Datatype dt, MPI_Op mop, bool blocking)
 {
@@ -474,7 +479,6 @@ __attribute__((always_inline)) static inline td_status post(mpi_group *g, const 
     case TD_COLL_ALL_REDUCE:
         if (c->in != c->out && bytes)
             memcpy(c->out, c->in, bytes);
-        TD_TRY(premul_in_place(c, c->out));
         what = blocking ? "MPI_Allreduce" : "MPI_Iallreduce";
         mpi_enter();
         rc = MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, c->out, cnt, dt, mop, comm),
@@ -482,10 +486,8 @@ __attribute__((always_inline)) static inline td_status post(mpi_group *g, const 
         mpi_leave();
         break;
     case TD_COLL_REDUCE: {
-        /* The front end gives non-roots a buffer of their own, so scaling in place is safe. */
         if (c->in != c->out && bytes)
             memcpy(c->out, c->in, bytes);
-        TD_TRY(premul_in_place(c, c->out));
         const void *sbuf = me == c->root ? MPI_IN_PLACE : c->out;
         void *rbuf = me == c->root ? c->out : NULL;
         what = blocking ? "MPI_Reduce" : "MPI_Ireduce";
@@ -563,19 +565,13 @@ __attribute__((always_inline)) static inline td_status post(mpi_group *g, const 
     case TD_COLL_REDUCE_SCATTER: {
         size_t total = bytes * (size_t)n;
         const void *sbuf = c->in_blocks[0];
-        bool pack = c->op.kind == TD_PREMUL_SUM || !back_to_back(c->in_blocks, NULL, c->count, n, es) ||
-                    overlaps(c->out, bytes, c->in_blocks[0], total);
+        bool pack = !back_to_back(c->in_blocks, NULL, c->count, n, es) || overlaps(c->out, bytes, c->in_blocks[0], total);
         if (pack && bytes) {
             char *p = mpi_op_scratch(op, 0, total);
             if (!p)
                 return TD_ERR_NOMEM;
-            for (int r = 0; r < n && st == TD_OK; r++) {
-                if (c->op.kind == TD_PREMUL_SUM)
-                    st = td_reduce_premul(c->dtype, p + (size_t)r * bytes, c->in_blocks[r], c->count, c->op.factor);
-                else
-                    memcpy(p + (size_t)r * bytes, c->in_blocks[r], bytes);
-            }
-            TD_TRY(st);
+            for (int r = 0; r < n; r++)
+                memcpy(p + (size_t)r * bytes, c->in_blocks[r], bytes);
             sbuf = p;
         }
         what = blocking ? "MPI_Reduce_scatter_block" : "MPI_Ireduce_scatter_block";
@@ -666,35 +662,21 @@ __attribute__((always_inline)) static inline td_status ready(mpi_group *g, const
 }
 
 /* A blocking collective, run to its end on this thread in the group's own op record (blocking
- * calls of a group come one at a time): submit's blocking path, and the front end's way for a
- * blocking all_reduce or broadcast (td_backend_ops.run_now), which then needs no work record. The
- * MPI call is made in this frame (post is inlined): after Open MPI's wait the CPU mispredicts
- * every return still pending, some 20 cycles each, so every frame between the program and MPI
- * costs that much per call. */
-static td_status mpi_run_now(void *state, const td_coll *coll, td_run_done done, void *arg)
+ * calls of a group come one at a time): the MPI call is made in this frame (post is inlined). */
+static td_status run_blocking(mpi_group *g, const td_coll *coll)
 {
-    mpi_group *g = state;
     MPI_Datatype dt = MPI_DATATYPE_NULL;
     MPI_Op mop = MPI_OP_NULL;
-    td_status st = ready(g, coll, &dt, &mop);
-    if (st != TD_OK)
-        return done(arg, st);
+    TD_TRY(ready(g, coll, &dt, &mop));
     if (!g->spare)
         g->spare = TD_NEW(mpi_op);
     mpi_op *op = g->spare; /* only its scratch buffers serve: coll stays the caller's */
     op->unpack = NULL;
     op->size = g->size;
     op->me = g->rank;
-    st = post(g, coll, op, dt, mop, true);
-    if (st == TD_OK && (op->unpack || coll->op.kind == TD_AVG))
-        st = finish(coll, op, NULL); /* else nothing to unpack or divide (never a receive) */
-    return done(arg, st); /* a tail call: the caller's frame is the next one returned to */
-}
-
-/* The completion submit's blocking path gives mpi_run_now: the status as it is, for td_work_done. */
-static td_status keep_status(void *arg, td_status st)
-{
-    (void)arg;
+    td_status st = post(g, coll, op, dt, mop, true);
+    if (st == TD_OK && op->unpack)
+        st = finish(coll, op, NULL); /* else nothing to unpack (never a receive) */
     return st;
 }
 
@@ -703,7 +685,7 @@ static td_status mpi_submit(void *state, const td_coll *coll, td_work *work)
     mpi_group *g = state;
     bool p2p = coll->kind == TD_COLL_SEND || coll->kind == TD_COLL_RECV;
     if (g->blocking && !p2p) {
-        td_work_done(work, mpi_run_now(state, coll, keep_status, NULL), -1, NULL);
+        td_work_done(work, run_blocking(g, coll), -1, NULL);
         return TD_OK;
     }
     MPI_Datatype dt = MPI_DATATYPE_NULL;
@@ -731,6 +713,9 @@ static td_status mpi_submit(void *state, const td_coll *coll, td_work *work)
         mpi_op_complete(op);
         return TD_OK;
     }
+    /* In funneled mode only the MPI thread's waiters can complete it. */
+    if (mpi_funneled())
+        td_work_set_driver(work, mpi_rt_progress);
     /* In flight: where abort finds it. A group aborted meanwhile fails it now. */
     pthread_mutex_lock(&g->mu);
     if (g->aborted) {
@@ -772,10 +757,6 @@ static td_status mpi_submit(void *state, const td_coll *coll, td_work *work)
     return TD_OK;
 }
 
-/* In the nonblocking mode collectives are posted and tracked (an abort fails them at once), so
- * they take submit. */
-static bool mpi_runs_now(void *state) { return ((mpi_group *)state)->blocking; }
-
 static void mpi_abort(void *state, td_status status, const char *message)
 {
     mpi_group *g = state;
@@ -812,15 +793,6 @@ static void mpi_abort(void *state, td_status status, const char *message)
     free(msg);
 }
 
-/* Below MPI_THREAD_MULTIPLE, blocking MPI calls exclude each other: each runs where the program
- * issued it, in program order (a single thread issuing never deadlocks; see read_config). Below
- * MPI_THREAD_SERIALIZED, the issuing thread is the only one that may call MPI. */
-static bool mpi_issue_on_caller(void *state)
-{
-    (void)state;
-    return !mpi_thread_multiple();
-}
-
 const td_backend_ops td_backend_mpi_ops = {
     .name = "mpi",
     .create = mpi_create,
@@ -828,11 +800,7 @@ const td_backend_ops td_backend_mpi_ops = {
     .abort = mpi_abort,
     .destroy = mpi_destroy,
     .supports = mpi_supports,
-    .world = mpi_world,
-    /* Any thread may call MPI (MPI_THREAD_MULTIPLE, or one at a time through mpi_enter). */
-    .inline_submit = true,
-    .issue_on_caller = mpi_issue_on_caller,
-    .progress = mpi_rt_progress,
-    .run_now = mpi_run_now,
-    .runs_now = mpi_runs_now,
+    /* Any thread may call MPI (MPI_THREAD_MULTIPLE, or one at a time through mpi_enter); create
+     * adds TD_BACKEND_CAP_ASYNC_ON_CALLER below MPI_THREAD_MULTIPLE. */
+    .caps = TD_BACKEND_CAP_CALLER_THREAD | TD_BACKEND_CAP_RUNTIME_WORLD,
 };

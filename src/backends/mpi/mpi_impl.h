@@ -67,8 +67,8 @@ static inline bool mpi_on_mpi_thread(void)
 /* TD_OK where this thread may call MPI, else TD_ERR_INVALID naming what (e.g. "the all_reduce")
  * and the rule. */
 td_status mpi_check_thread(const char *what);
-/* The backend's progress hook (td_backend_ops.progress): in funneled mode, on the MPI thread, one
- * test of the requests in flight; false when not in funneled mode (the progress thread works). */
+/* The driver of works in funneled mode (td_work_set_driver): on the MPI thread, one test of the
+ * requests in flight; false when not in funneled mode (the progress thread works). */
 bool mpi_rt_progress(void);
 /* Sets the thread's error from an MPI error code: "<what> failed: <MPI's error string>", with a
  * td_status chosen by the error class. Returns that status. */
@@ -88,7 +88,7 @@ struct mpi_op {
     td_work *work;
     mpi_group *g;       /* valid while the op is PENDING or COMPLETING */
     td_coll coll;       /* a copy: the front end's td_coll lives as long as the work */
-    int size;           /* the group's size (for AVG) */
+    int size;           /* the group's size */
     int me;             /* this rank in the group */
     /* Scratch buffers, kept (with their capacity) when the op is recycled. */
     void *scratch[2];
@@ -126,14 +126,14 @@ td_status mpi_types_init(void);
 /* Filled by mpi_types_init, before any group exists; read through the two below. */
 extern MPI_Datatype mpi_dtypes[TD_DTYPE_COUNT];
 extern MPI_Op mpi_ops[TD_REDUCE_OP_COUNT][TD_DTYPE_COUNT];
-/* The MPI datatype for dtype; MPI_DATATYPE_NULL when this MPI has none. Inline, and by value so
- * that nothing of the caller's frame escapes (see mpi_run_now): asked on every call. */
+/* The MPI datatype for dtype; MPI_DATATYPE_NULL when this MPI has none. Inline: asked on every
+ * call. */
 static inline MPI_Datatype mpi_datatype(td_dtype dtype)
 {
     return (unsigned)dtype < TD_DTYPE_COUNT ? mpi_dtypes[dtype] : MPI_DATATYPE_NULL;
 }
-/* The MPI op that reduces dtype with kind as tdist does (AVG and PREMUL_SUM as SUM: the backend
- * scales before or after); MPI_OP_NULL when none. */
+/* The MPI op that reduces dtype with kind as tdist does; MPI_OP_NULL when none (AVG and
+ * PREMUL_SUM among them: the front end resolves them into SUM). */
 static inline MPI_Op mpi_reduce_op(td_reduce_op kind, td_dtype dtype)
 {
     return (unsigned)kind < TD_REDUCE_OP_COUNT && (unsigned)dtype < TD_DTYPE_COUNT ? mpi_ops[kind][dtype]

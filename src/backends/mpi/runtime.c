@@ -13,7 +13,7 @@
  * TDIST_MPI_THREAD_LEVEL=single or funneled) only the thread that initialized MPI may call it:
  * tdist then calls MPI on that thread alone ("funneled mode"). Every operation of an mpi group must
  * be issued there (mpi_check_thread fails the others); there is no progress thread: requests that
- * did not finish at once wait in a list that the backend's progress hook tests (mpi_rt_progress),
+ * did not finish at once wait in a list that waiters drive with mpi_rt_progress (td_work_set_driver),
  * called on that thread by whoever waits on their futures. At MPI_THREAD_SINGLE Open MPI takes
  * none of its own locks, as for a plain MPI_Init program (it takes them at every level above).
  *

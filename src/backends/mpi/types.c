@@ -132,8 +132,8 @@ static int user_type_index(td_dtype dtype)
 
 static bool reduce_op_lookup(td_reduce_op kind, td_dtype dtype, MPI_Op *out)
 {
-    if (kind == TD_AVG || kind == TD_PREMUL_SUM)
-        kind = TD_SUM;
+    if (kind == TD_AVG || kind == TD_PREMUL_SUM) /* the front end resolves them into SUM */
+        return false;
     if (td_reduce_check(kind, dtype) != TD_OK)
         return false;
     int ut = user_type_index(dtype);

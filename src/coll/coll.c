@@ -1,6 +1,6 @@
 /* The collective layer's entry point (coll.h): configuration (TDIST_ALGO and the size knobs), the
  * per-group context with its reusable scratch, the choice of algorithm by size and world size, and
- * the steps every reducing collective shares (PREMUL_SUM's scaling before, AVG's division after).
+ * the run of one collective (the front end has resolved PREMUL_SUM and AVG into SUM: backend.h).
  * The algorithms themselves live in allreduce.c, rooted.c, exchange.c and the pipelined engine in
  * ring.c. */
 #include "coll/coll_impl.h"
@@ -343,11 +343,6 @@ static td_status dispatch(coll_run *R, td_algo a)
     }
 }
 
-static bool reduces(td_coll_kind k)
-{
-    return k == TD_COLL_ALL_REDUCE || k == TD_COLL_REDUCE || k == TD_COLL_REDUCE_SCATTER;
-}
-
 td_status td_coll_run(td_coll_ctx *c, const td_coll *op, td_algo algo)
 {
     if (algo == TD_ALGO_AUTO || algo == TD_ALGO_SHM || algo == TD_ALGO_SHM_FLAT)
@@ -363,43 +358,12 @@ td_status td_coll_run(td_coll_ctx *c, const td_coll *op, td_algo algo)
         .esize = td_dtype_size(op->dtype),
         .dl = op->deadline_ns,
     };
-    td_coll scaled;
-    td_status s = TD_OK;
-    if (reduces(op->kind)) {
+    if (td_coll_kind_reduces(op->kind)) {
         R.fn = td_reduce_kernel(op->op.kind, op->dtype);
         if (!R.fn)
             return TD_ERR_INVALID; /* message set by td_reduce_kernel */
-        if (op->op.kind == TD_PREMUL_SUM) {
-            if (op->kind == TD_COLL_REDUCE_SCATTER) {
-                /* The inputs are the caller's and stay unchanged: scale copies of them. */
-                size_t bytes = op->count * R.esize;
-                char *buf = NULL;
-                TD_TRY(td_try_aligned_alloc(64, bytes * (size_t)c->size + 64, "scaled reduce_scatter inputs",
-                                            (void **)&buf));
-                const void **blocks = (const void **)c->ptrs + 3 * (size_t)c->size;
-                for (int r = 0; r < c->size && s == TD_OK; r++) {
-                    blocks[r] = buf + (size_t)r * bytes;
-                    s = td_reduce_premul(op->dtype, buf + (size_t)r * bytes, op->in_blocks[r], op->count,
-                                         op->op.factor);
-                }
-                scaled = *op;
-                scaled.in_blocks = (const void *const *)blocks;
-                R.op = &scaled;
-                if (s == TD_OK)
-                    s = dispatch(&R, algo);
-                free(buf);
-                goto done;
-            }
-            TD_TRY(td_reduce_premul(op->dtype, op->out, op->out, op->count, op->op.factor));
-        }
     }
-    s = dispatch(&R, algo);
-done:
-    if (s == TD_OK && op->op.kind == TD_AVG && reduces(op->kind)) {
-        bool have = op->kind != TD_COLL_REDUCE || c->rank == op->root;
-        if (have)
-            s = td_reduce_finish(TD_AVG, op->dtype, op->out, op->count, c->size);
-    }
+    td_status s = dispatch(&R, algo);
     if (s != TD_OK) {
         /* Whatever is still posted must complete before the caller reuses its memory, and the
          * other ranks must not wait for this one until their timeout. */

@@ -73,14 +73,11 @@ static td_status wait_peer(srun *S, int r, uint64_t e) { return td_shm_wait_arri
 static td_status wait_all(srun *S, uint64_t e) { return td_shm_wait_arrival(S->t, -1, e, &S->d, S->dl); }
 static void arrive(srun *S, uint64_t e) { td_shm_arrive(S->t, e, &S->d); }
 
-/* This rank's contribution into a slot: PREMUL_SUM scales on the way. */
+/* This rank's contribution into a slot. */
 static td_status put_input(srun *S, char *dst, const void *src, size_t count)
 {
-    if (!count)
-        return TD_OK;
-    if (S->op->op.kind == TD_PREMUL_SUM && S->fn)
-        return td_reduce_premul(S->op->dtype, dst, src, count, S->op->op.factor);
-    memcpy(dst, src, count * S->es);
+    if (count)
+        memcpy(dst, src, count * S->es);
     return TD_OK;
 }
 
@@ -95,12 +92,6 @@ static void reduce_all(srun *S, char *dst, uint64_t e, bool small, size_t off, s
         S->fn(dst, dst, slot(S->t, q, e) + off, count);
 }
 
-static td_status finish(srun *S, void *buf, size_t count)
-{
-    if (S->op->op.kind != TD_AVG || !count)
-        return TD_OK;
-    return td_reduce_finish(TD_AVG, S->op->dtype, buf, count, S->n);
-}
 
 /* Slice q of a chunk of cn elements: [lo, hi), on cache-line boundaries where elements allow. */
 static void slice_of(const srun *S, size_t cn, int q, size_t *lo, size_t *hi)
@@ -136,7 +127,7 @@ static td_status reduce_flat(srun *S, int root)
         return TD_OK;
     TD_TRY(wait_all(S, e));
     reduce_all(S, buf, e, true, 0, count);
-    return finish(S, buf, count);
+    return TD_OK;
 }
 
 /* Copies n bytes into dst, which nobody will read soon: for messages larger than the caches the
@@ -200,8 +191,6 @@ static td_status reduce_slices(srun *S, int root)
         char *slot = td_shm_slot(S->t, S->me, e);
         TD_TRY(put_input(S, slot, in, lo));
         TD_TRY(put_input(S, slot + hi * es, in + hi * es, cn - hi));
-        if (S->op->op.kind == TD_PREMUL_SUM && hi > lo) /* this slice is overwritten by the result anyway */
-            TD_TRY(td_reduce_premul(S->op->dtype, in + lo * es, in + lo * es, hi - lo, S->op->op.factor));
         arrive(S, e);
         TD_TRY(wait_all(S, e));
         /* The reduced slice goes into the other slot (everyone is past the epoch that used it). */
@@ -213,7 +202,6 @@ static td_status reduce_slices(srun *S, int root)
             S->fn(dst, src[0], src[1], hi - lo);
             for (int q = 2; q < S->n; q++)
                 S->fn(dst, dst, q == S->me ? in + lo * es : td_shm_slot(S->t, q, e) + lo * es, hi - lo);
-            TD_TRY(finish(S, dst, hi - lo));
         }
         uint64_t e2;
         TD_TRY(begin(S, &e2, false));
@@ -335,7 +323,6 @@ static td_status reduce_scatter(srun *S)
         TD_TRY(wait_all(S, e));
         char *dst = COLL_AT(out, off * es);
         reduce_all(S, dst, e, false, (size_t)S->me * cn * es, cn);
-        TD_TRY(finish(S, dst, cn));
         off += cn;
     } while (off < count);
     return TD_OK;
@@ -350,11 +337,6 @@ static td_status barrier(srun *S)
 }
 
 /* ---- dispatch ---------------------------------------------------------------------------------- */
-
-static bool reduces(td_coll_kind k)
-{
-    return k == TD_COLL_ALL_REDUCE || k == TD_COLL_REDUCE || k == TD_COLL_REDUCE_SCATTER;
-}
 
 td_status td_shm_coll_run(td_coll_ctx *c, const td_coll *op)
 {
@@ -371,7 +353,7 @@ td_status td_shm_coll_run(td_coll_ctx *c, const td_coll *op)
         .es = td_dtype_size(op->dtype),
         .dl = op->deadline_ns,
     };
-    if (reduces(op->kind)) {
+    if (td_coll_kind_reduces(op->kind)) {
         S.fn = td_reduce_kernel(op->op.kind, op->dtype);
         if (!S.fn)
             return TD_ERR_INVALID; /* message set by td_reduce_kernel */
@@ -380,7 +362,7 @@ td_status td_shm_coll_run(td_coll_ctx *c, const td_coll *op)
                        op->kind == TD_COLL_SCATTER
                    ? op->root
                    : -1;
-    S.d = td_shm_desc_make((int)op->kind, (int)op->dtype, reduces(op->kind) ? (int)op->op.kind : 0, root,
+    S.d = td_shm_desc_make((int)op->kind, (int)op->dtype, td_coll_kind_reduces(op->kind) ? (int)op->op.kind : 0, root,
                            op->count);
     td_status s;
     switch (op->kind) {

@@ -151,10 +151,44 @@ td_coll cc_coll_of(cc_world *w, td_coll_kind kind, td_dtype dt, size_t count)
     return c;
 }
 
+/* A backend sees PREMUL_SUM and AVG only as the SUM the front end resolves them into
+ * (tdist/backend.h); runs of the algorithms themselves resolve them the same way around the run. */
+static td_status run_resolved(cc_world *w, const td_coll *c, td_algo a)
+{
+    bool premul = td_coll_kind_reduces(c->kind) && c->op.kind == TD_PREMUL_SUM;
+    bool avg = td_coll_kind_reduces(c->kind) && c->op.kind == TD_AVG;
+    if (!premul && !avg)
+        return w->run(&w->c, c, a);
+    td_coll run = *c;
+    run.op = TD_OP_SUM;
+    char *scaled = NULL;
+    const void **blocks = NULL;
+    td_status s = TD_OK;
+    if (premul && c->count && c->kind == TD_COLL_REDUCE_SCATTER) {
+        size_t bytes = c->count * td_dtype_size(c->dtype);
+        scaled = malloc(bytes * (size_t)w->c.size);
+        blocks = malloc(sizeof *blocks * (size_t)w->c.size);
+        for (int r = 0; r < w->c.size && s == TD_OK; r++) {
+            blocks[r] = scaled + (size_t)r * bytes;
+            s = td_reduce_premul(c->dtype, scaled + (size_t)r * bytes, c->in_blocks[r], c->count, c->op.factor);
+        }
+        run.in_blocks = blocks;
+    } else if (premul && c->count) {
+        s = td_reduce_premul(c->dtype, c->out, c->out, c->count, c->op.factor);
+    }
+    if (s == TD_OK)
+        s = w->run(&w->c, &run, a);
+    if (s == TD_OK && avg && (c->kind != TD_COLL_REDUCE || w->c.rank == c->root))
+        s = td_reduce_finish(TD_AVG, c->dtype, c->out, c->count, w->c.size);
+    free(scaled);
+    free(blocks);
+    return s;
+}
+
 void cc_run(cc_world *w, const td_coll *c, td_algo a, const char *what)
 {
     td_test_breadcrumb("%s %s n=%zu %s root %d", what, td_algo_name(a), c->count, td_dtype_name(c->dtype), c->root);
-    td_status s = w->run(&w->c, c, a);
+    td_status s = run_resolved(w, c, a);
     if (s != TD_OK)
         TD_FAIL("%s (%s, %zu x %s, op %s, root %d): %s: %s", what, td_algo_name(a), c->count, td_dtype_name(c->dtype),
                 td_reduce_op_name(c->op.kind), c->root, td_status_str(s), td_last_error());

@@ -27,7 +27,7 @@ static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
 static int g_holds;
 static exec_thread *g_cur;     /* the thread serving the holders */
 static exec_thread *g_zombies; /* stopped from their own thread; to be joined */
-static td_exec_item *g_head, *g_tail;
+static executor_item *g_head, *g_tail;
 static __thread bool tl_on_executor;
 
 static void *exec_main(void *p)
@@ -36,7 +36,7 @@ static void *exec_main(void *p)
     tl_on_executor = true;
     pthread_mutex_lock(&g_mu);
     for (;;) {
-        td_exec_item *it = g_head;
+        executor_item *it = g_head;
         if (it) {
             g_head = it->next;
             if (!g_head)
@@ -70,7 +70,7 @@ static void join_zombies(void)
     }
 }
 
-td_status td_executor_hold(void)
+td_status executor_hold(void)
 {
     if (!tl_on_executor)
         join_zombies();
@@ -90,7 +90,7 @@ td_status td_executor_hold(void)
     return TD_OK;
 }
 
-void td_executor_release(void)
+void executor_release(void)
 {
     pthread_mutex_lock(&g_mu);
     exec_thread *t = NULL;
@@ -114,11 +114,11 @@ void td_executor_release(void)
         join_zombies();
 }
 
-void td_executor_dispatch(td_exec_item *items)
+void executor_dispatch(executor_item *items)
 {
     if (!items)
         return;
-    td_exec_item *last = items;
+    executor_item *last = items;
     while (last->next)
         last = last->next;
     pthread_mutex_lock(&g_mu);
@@ -134,14 +134,14 @@ void td_executor_dispatch(td_exec_item *items)
     }
     pthread_mutex_unlock(&g_mu);
     while (items) {
-        td_exec_item *next = items->next;
+        executor_item *next = items->next;
         items->fn(items->arg);
         free(items);
         items = next;
     }
 }
 
-bool td_executor_is_current(void) { return tl_on_executor; }
+bool executor_is_current(void) { return tl_on_executor; }
 
 __attribute__((destructor)) static void executor_at_exit(void)
 {

@@ -13,21 +13,21 @@
 
 #include <tdist/status.h>
 
-typedef struct td_exec_item {
+typedef struct executor_item {
     void (*fn)(void *arg);
     void *arg;
-    struct td_exec_item *next;
-} td_exec_item;
+    struct executor_item *next;
+} executor_item;
 
 /* Starts the thread if needed. Fails only when the thread cannot be started. */
-td_status td_executor_hold(void);
+td_status executor_hold(void);
 /* Drops a hold; the last one drains the queue, stops the thread and joins it (unless called from
  * the executor thread itself, which then exits once idle and is joined by the next hold). */
-void td_executor_release(void);
+void executor_release(void);
 /* Runs a chain of items (linked through next, in order; each freed after it ran): on the executor
  * when it is held, else right here. Takes the items. */
-void td_executor_dispatch(td_exec_item *items);
+void executor_dispatch(executor_item *items);
 /* True on the executor thread. */
-bool td_executor_is_current(void);
+bool executor_is_current(void);
 
 #endif

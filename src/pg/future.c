@@ -203,13 +203,13 @@ static void run_one(void *p)
     free(r);
 }
 
-static td_exec_item *make_item(td_future *f, void (*cb)(td_future *, void *), void *arg)
+static executor_item *make_item(td_future *f, void (*cb)(td_future *, void *), void *arg)
 {
     fut_run *r = td_malloc(sizeof *r);
     r->f = td_future_retain(f);
     r->cb = cb;
     r->arg = arg;
-    td_exec_item *it = TD_NEW(td_exec_item);
+    executor_item *it = TD_NEW(executor_item);
     it->fn = run_one;
     it->arg = r;
     return it;
@@ -240,7 +240,7 @@ static td_status complete(td_future *f, int state, td_status status, char *messa
     pthread_mutex_unlock(&f->mu);
     if (!cbs)
         return TD_OK;
-    td_exec_item *head = NULL, **tail = &head;
+    executor_item *head = NULL, **tail = &head;
     while (cbs) {
         fut_cb *next = cbs->next;
         *tail = make_item(f, cbs->cb, cbs->arg);
@@ -248,7 +248,7 @@ static td_status complete(td_future *f, int state, td_status status, char *messa
         free(cbs);
         cbs = next;
     }
-    td_executor_dispatch(head);
+    executor_dispatch(head);
     td_future_release(f);
     return TD_OK;
 }

@@ -329,7 +329,7 @@ static void run_trace(void *p)
     free(t);
 }
 
-static td_exec_item *make_trace(const td_work *w, td_status status, void (*fn)(const td_pg_trace_event *, void *),
+static executor_item *make_trace(const td_work *w, td_status status, void (*fn)(const td_pg_trace_event *, void *),
                                 void *arg)
 {
     trace_item *t = TD_NEW(trace_item);
@@ -354,7 +354,7 @@ static td_exec_item *make_trace(const td_work *w, td_status status, void (*fn)(c
         t->ev.begin_ns = t->ev.end_ns;
     if (t->ev.ndim > 0)
         memcpy(t->shape, w->fp.shape, sizeof(int64_t) * (size_t)t->ev.ndim);
-    td_exec_item *it = TD_NEW(td_exec_item);
+    executor_item *it = TD_NEW(executor_item);
     it->fn = run_trace;
     it->arg = t;
     return it;
@@ -416,11 +416,11 @@ void pg_work_finish(td_work *w, td_status status, int sender, char *message)
         pthread_mutex_lock(&pg->mu);
         if (status != TD_OK && !w->nonfatal)
             pg_fail_locked(pg, status, message);
-        td_exec_item *trace = pg->trace_fn && w->op != PG_OP_FINGERPRINT
+        executor_item *trace = pg->trace_fn && w->op != PG_OP_FINGERPRINT
                                   ? make_trace(w, status, pg->trace_fn, pg->trace_arg)
                                   : NULL;
         pthread_mutex_unlock(&pg->mu);
-        td_executor_dispatch(trace);
+        executor_dispatch(trace);
     }
 
     if (sync) {
@@ -917,7 +917,7 @@ static td_status pg_start_member(td_pg *pg, const td_backend_ops *ops, td_store 
     free(prefix);
     if (st != TD_OK)
         return st;
-    TD_TRY(td_executor_hold());
+    TD_TRY(executor_hold());
     int world_rank = -1, world_size = -1;
     td_backend_args args = {
         .store = pg->store,
@@ -933,7 +933,7 @@ static td_status pg_start_member(td_pg *pg, const td_backend_ops *ops, td_store 
     };
     st = ops->create(&args, &pg->state);
     if (st != TD_OK) {
-        td_executor_release();
+        executor_release();
         if (rank < 0) /* no rank to name yet: the runtime's own message says what failed */
             return st;
         return td_error_prefix(st, "Creating process group %s (backend %s, rank %d of %d)", pg->name, ops->name,
@@ -948,7 +948,7 @@ static td_status pg_start_member(td_pg *pg, const td_backend_ops *ops, td_store 
         if (ops->abort)
             ops->abort(pg->state, TD_ERR_CLOSED, "process group creation failed");
         ops->destroy(pg->state);
-        td_executor_release();
+        executor_release();
         return st;
     }
     pg->worker_started = true;
@@ -1186,7 +1186,7 @@ void pg_destroy_now(td_pg *pg)
             pthread_cond_wait(&pg->cv, &pg->mu);
         pthread_mutex_unlock(&pg->mu);
         pg->ops->destroy(pg->state);
-        td_executor_release();
+        executor_release();
         if (pg->debug >= PG_DEBUG_INFO)
             td_log(TD_LOG_INFO, "Process group %s destroyed", pg->name);
     }

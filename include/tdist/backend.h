@@ -115,6 +115,12 @@ enum {
      * *args->world_rank and *args->world_size (the front end warns, as PyTorch does for MPI, when
      * the options gave other values); subgroups are created as with any backend. */
     TD_BACKEND_CAP_RUNTIME_WORLD = 1u << 2,
+    /* submit never reads td_coll.deadline_ns (an operation, once started, runs to its end or to
+     * abort: a blocking MPI call). For a blocking operation handed over on the caller's thread the
+     * front end then leaves it TD_DEADLINE_NONE and reads the clock only if the operation outlives
+     * submit (the group's timeout still watches it from then on): the clock is a cache line that
+     * the timer interrupt writes, most of a small operation's cost after a context switch. */
+    TD_BACKEND_CAP_NO_DEADLINE = 1u << 3,
 };
 
 typedef struct td_backend_args {

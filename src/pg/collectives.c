@@ -158,17 +158,24 @@ static td_status issue(td_pg *g, td_work *w, td_status built, td_future **work)
 
 /* ---- collectives --------------------------------------------------------------------------- */
 
-/* broadcast or all_reduce (op SUM and root -1 where they do not apply) on one tensor, in place. */
-static td_status in_place_work(td_pg *g, td_tensor *tensor, pg_op what, td_coll_kind kind,
-                                                         td_dtype dt, td_op op, int root, td_future **work)
+/* broadcast or all_reduce (op SUM and root -1 where they do not apply) on one tensor, in place;
+ * a blocking call's work lives in this frame. */
+__attribute__((always_inline)) static inline td_status in_place_work(td_pg *g, td_tensor *tensor, pg_op what,
+                                                                      td_coll_kind kind, td_dtype dt, td_op op,
+                                                                      int root, td_future **work)
 {
-    td_work *w = pg_work_new(g, what, kind, dt);
+    td_work local;
+    td_work *w = work ? pg_work_new(g, what, kind, dt) : pg_work_init_local(&local, g, what, kind, dt);
     pg_work_set_op(w, op);
     w->coll.root = root;
-    w->coll.count = (size_t)td_tensor_numel(tensor);
-    w->numel_in = w->numel_out = td_tensor_numel(tensor);
-    /* A broadcast's non-roots do not read their tensor: a temporary for it needs no copy. */
-    td_status st = out_data(w, tensor, kind != TD_COLL_BROADCAST || g->rank == root, &w->coll.out);
+    int64_t numel = td_numel_of(tensor->ndim, tensor->sizes); /* the inline accessors: tensor/strided.h */
+    w->coll.count = (size_t)numel;
+    w->numel_in = w->numel_out = numel;
+    td_status st = TD_OK;
+    if (td_contiguous_of(tensor->ndim, tensor->sizes, tensor->strides))
+        w->coll.out = td_tensor_data_of(tensor);
+    else /* a broadcast's non-roots do not read their tensor: a temporary for it needs no copy */
+        st = out_data(w, tensor, kind != TD_COLL_BROADCAST || g->rank == root, &w->coll.out);
     w->coll.in = w->coll.out;
     w->result = work ? result_list(&tensor, 1) : NULL;
     pg_fingerprint_fill(w, &tensor, 1, root, kind == TD_COLL_ALL_REDUCE ? (int)op.kind : -1, true);

@@ -52,17 +52,9 @@ td_status pg_parse_debug_level(const char *value, pg_debug_level *out)
     return td_error(TD_ERR_INVALID, "The value of TDIST_DEBUG must be OFF, INFO, or DETAIL. Got '%s'.", value);
 }
 
-void pg_fingerprint_fill(td_work *w, td_tensor *const *tensors, int n, int root, int reduce_op, bool shapes)
+void pg_fingerprint_fill_now(td_work *w, td_tensor *const *tensors, int n, int root, int reduce_op, bool shapes)
 {
     pg_fingerprint *fp = &w->fp;
-    /* Only DETAIL's check and a trace callback read the fingerprint (DETAIL is fixed at the group's
-     * creation; a trace set later sees no shape, ndim -1). */
-    bool wanted = w->pg && (w->pg->debug == PG_DEBUG_DETAIL || pg_traced(w->pg));
-    if (!wanted) {
-        w->has_fp = false;
-        fp->ndim = -1;
-        return;
-    }
     memset(fp, 0, sizeof *fp);
     w->has_fp = true;
     fp->op = w->op;

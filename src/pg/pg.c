@@ -15,6 +15,7 @@
  * Stores follow c10d: a rendezvous store gets the group's timeout and the prefix "default_pg"; each
  * group then works under "<group name>/" of that root store. */
 #include <ctype.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,28 +117,14 @@ static void work_release_refs(td_work *w)
     for (size_t i = 0; i < w->copies.len; i++)
         td_tensor_release(w->copies.items[i].src);
     w->copies.len = 0;
-    td_value_release(w->result);
-    w->result = NULL;
-    td_future_release(w->future);
-    w->future = NULL;
-}
-
-/* Zeroes a work whose references are gone, keeping its arrays for the next operation. */
-static void work_reset(td_work *w)
-{
-    const void **in_blocks = w->in_blocks;
-    size_t *in_counts = w->in_counts;
-    void **out_blocks = w->out_blocks;
-    size_t *out_counts = w->out_counts;
-    pg_copy *copies = w->copies.items;
-    size_t copies_cap = w->copies.cap;
-    memset(w, 0, sizeof *w);
-    w->in_blocks = in_blocks;
-    w->in_counts = in_counts;
-    w->out_blocks = out_blocks;
-    w->out_counts = out_counts;
-    w->copies.items = copies;
-    w->copies.cap = copies_cap;
+    if (w->result) {
+        td_value_release(w->result);
+        w->result = NULL;
+    }
+    if (w->future) {
+        td_future_release(w->future);
+        w->future = NULL;
+    }
 }
 
 static void work_destroy(td_work *w)
@@ -158,7 +145,6 @@ static void work_recycle_locked(td_pg *pg, td_work *w)
         work_destroy(w);
         return;
     }
-    work_reset(w);
     /* The spare slot first: the next pg_work_new takes it without the group's lock (one blocking
      * call after another reuses one work). */
     td_work *none = NULL;
@@ -169,17 +155,64 @@ static void work_recycle_locked(td_pg *pg, td_work *w)
     pg->nfree_works++;
 }
 
-/* The same without the lock when the spare slot is free (a blocking call's work, by its caller). */
-static void work_recycle(td_pg *pg, td_work *w)
+/* Frees what a work on its caller's stack (pg_work_init_local) holds. */
+static void local_work_end(td_work *w)
 {
     work_release_refs(w);
-    work_reset(w);
+    if (w->copies.items)
+        TD_VEC_FREE(&w->copies);
+}
+
+/* The same as work_recycle_locked, without the lock when the spare slot is free; a work on its
+ * caller's stack is only emptied. */
+static void work_recycle(td_pg *pg, td_work *w)
+{
+    if (w->on_stack) {
+        local_work_end(w);
+        return;
+    }
+    work_release_refs(w);
     td_work *none = NULL;
     if (atomic_compare_exchange_strong(&pg->spare_work, &none, w))
         return;
     pthread_mutex_lock(&pg->mu);
     work_recycle_locked(pg, w);
     pthread_mutex_unlock(&pg->mu);
+}
+
+/* Sets every per-operation field of w (the rest, fp and the kept storage, is left as it is). */
+static void work_init(td_work *w, td_pg *pg, pg_op op, td_coll_kind kind, td_dtype dtype, bool on_stack)
+{
+    w->pg = pg;
+    w->future = NULL; /* made when the work is issued, unless handed over on the caller's thread */
+    /* Field by field: the compiler makes a compound literal a string store, slower than these. */
+    td_coll *c = &w->coll;
+    c->kind = kind;
+    c->dtype = dtype;
+    c->op = TD_OP_SUM;
+    c->root = c->peer = -1;
+    c->tag = 0;
+    c->seq = 0;
+    c->deadline_ns = TD_DEADLINE_NONE;
+    c->count = 0;
+    c->in = NULL;
+    c->out = NULL;
+    c->in_blocks = NULL;
+    c->in_counts = NULL;
+    c->out_blocks = NULL;
+    c->out_counts = NULL;
+    w->reduce_op = TD_OP_SUM;
+    w->op = op;
+    w->seq = 0;
+    w->issue_ns = 0;
+    w->numel_in = w->numel_out = 0;
+    w->is_p2p = kind == TD_COLL_SEND || kind == TD_COLL_RECV;
+    w->nonfatal = w->value_sender = w->is_async = w->has_fp = false;
+    w->on_stack = on_stack;
+    w->result = NULL;
+    w->next = w->iprev = w->inext = NULL;
+    w->sync = NULL;
+    w->fp.ndim = -1;
 }
 
 td_work *pg_work_new(td_pg *pg, pg_op op, td_coll_kind kind, td_dtype dtype)
@@ -191,24 +224,46 @@ td_work *pg_work_new(td_pg *pg, pg_op op, td_coll_kind kind, td_dtype dtype)
         if (w) {
             pg->free_works = w->next;
             pg->nfree_works--;
-            w->next = NULL;
         }
         pthread_mutex_unlock(&pg->mu);
     }
     if (!w)
         w = TD_NEW(td_work);
-    w->pg = pg;
-    /* The future is made when the work is issued (pg_issue, pg_run_internal); a blocking call
-     * handed over on its caller's thread needs none. */
-    w->op = op;
-    w->is_p2p = kind == TD_COLL_SEND || kind == TD_COLL_RECV;
-    w->coll.kind = kind;
-    w->coll.dtype = dtype;
-    w->coll.op = TD_OP_SUM;
-    w->reduce_op = TD_OP_SUM;
-    w->coll.root = -1;
-    w->coll.peer = -1;
-    w->coll.deadline_ns = TD_DEADLINE_NONE;
+    work_init(w, pg, op, kind, dtype, false);
+    return w;
+}
+
+td_work *pg_work_init_local(td_work *w, td_pg *pg, pg_op op, td_coll_kind kind, td_dtype dtype)
+{
+    work_init(w, pg, op, kind, dtype, true);
+    w->in_blocks = NULL;
+    w->in_counts = NULL;
+    w->out_blocks = NULL;
+    w->out_counts = NULL;
+    w->copies.items = NULL;
+    w->copies.len = w->copies.cap = 0;
+    return w;
+}
+
+/* A work on its caller's stack that cannot be handed over on the caller's thread moves to the
+ * heap (the worker or a completion thread may outlive nothing of the caller's, by contract). */
+static td_work *work_to_heap(td_work *local)
+{
+    td_work *w = pg_work_new(local->pg, local->op, local->coll.kind, local->coll.dtype);
+    TD_VEC_FREE(&w->copies);
+    const void **in_blocks = w->in_blocks;
+    size_t *in_counts = w->in_counts;
+    void **out_blocks = w->out_blocks;
+    size_t *out_counts = w->out_counts;
+    *w = *local;
+    w->on_stack = false;
+    w->in_blocks = in_blocks; /* a local work has no block arrays (in-place calls only) */
+    w->in_counts = in_counts;
+    w->out_blocks = out_blocks;
+    w->out_counts = out_counts;
+    local->copies.items = NULL; /* the copy list moved with it */
+    local->copies.len = local->copies.cap = 0;
+    local->result = NULL;
     return w;
 }
 
@@ -243,6 +298,10 @@ void pg_work_free(td_work *w)
 {
     if (!w)
         return;
+    if (w->on_stack) {
+        local_work_end(w);
+        return;
+    }
     td_pg *pg = w->pg;
     work_release_refs(w);
     pthread_mutex_lock(&pg->mu);
@@ -383,6 +442,9 @@ static td_status finish_avg(td_work *w, char **message)
     return st;
 }
 
+/* The pg_sync of the blocking call whose submit this thread is running (pg_run_on_caller). */
+static __thread pg_sync *submitting_sync;
+
 void pg_work_finish(td_work *w, td_status status, int sender, char *message)
 {
     td_pg *pg = w->pg;
@@ -424,11 +486,11 @@ void pg_work_finish(td_work *w, td_status status, int sender, char *message)
     }
 
     if (sync) {
-        /* The caller recycles w. Completed on the caller's own thread before it linked w (within
-         * submit), w is on no list and nobody sleeps: no lock. */
+        /* The caller recycles w. Completed within submit on the caller's own thread, w is on no
+         * list and nobody sleeps: no lock. */
         sync->status = status;
         sync->message = message;
-        if (!sync->linked && pthread_equal(pthread_self(), sync->caller)) {
+        if (sync == submitting_sync) {
             atomic_store_explicit(&sync->done, true, memory_order_release);
             return;
         }
@@ -580,7 +642,7 @@ static td_status detail_check(td_pg *pg, td_work *w)
 
 /* The one call of the backend's submit, by the BUSY holder: the DETAIL check, PREMUL_SUM's
  * scaling, the backend's sequence number, submit. */
-static void pg_submit(td_pg *pg, td_work *w)
+__attribute__((always_inline)) static inline void pg_submit(td_pg *pg, td_work *w)
 {
     if (__builtin_expect(pg->debug != PG_DEBUG_OFF, 0)) {
         if (w->op != PG_OP_FINGERPRINT)
@@ -640,11 +702,11 @@ static bool sync_done(const void *sync) { return atomic_load(&((const pg_sync *)
  * the backend where it asked for that (td_work_set_driver). */
 static void wait_on_caller(td_pg *pg, td_work *w, pg_sync *sync)
 {
+    if (w->issue_ns == 0) /* TD_BACKEND_CAP_NO_DEADLINE: watched from now */
+        stamp_work(pg, w, td_now_coarse_ns());
     pthread_mutex_lock(&pg->mu);
-    if (!atomic_load(&sync->done)) {
+    if (!atomic_load(&sync->done))
         inflight_link_locked(pg, w);
-        sync->linked = true;
-    }
     pg_release(pg);
     pthread_cond_broadcast(&pg->cv);
     bool drive = sync->drive != NULL;
@@ -667,11 +729,11 @@ static void wait_on_caller(td_pg *pg, td_work *w, pg_sync *sync)
  * gets its result in a pg_sync on this stack (no future, no lock when the backend completes it
  * within submit); an asynchronous call (TD_BACKEND_CAP_ASYNC_ON_CALLER) or a send or receive
  * gets a future, returned in *fut when the caller asked for one. */
-static td_status pg_run_on_caller(td_pg *pg, td_work *w, td_future **fut)
+__attribute__((always_inline)) static inline td_status pg_run_on_caller(td_pg *pg, td_work *w, td_future **fut)
 {
     pg_number(pg, w);
-    stamp_work(pg, w, issue_time(pg));
     if (__builtin_expect(fut != NULL || w->is_p2p, 0)) {
+        stamp_work(pg, w, issue_time(pg));
         td_future *f = td_future_retain(w->future = td_future_new());
         pthread_mutex_lock(&pg->mu);
         inflight_link_locked(pg, w);
@@ -692,9 +754,13 @@ static td_status pg_run_on_caller(td_pg *pg, td_work *w, td_future **fut)
         td_future_release(f);
         return st;
     }
-    pg_sync sync = {.caller = pthread_self(), .status = TD_OK};
+    if (!(pg->caps & TD_BACKEND_CAP_NO_DEADLINE) || pg_traced(pg))
+        stamp_work(pg, w, issue_time(pg));
+    pg_sync sync = {.status = TD_OK};
     w->sync = &sync;
+    submitting_sync = &sync;
     pg_submit(pg, w);
+    submitting_sync = NULL;
     if (__builtin_expect(atomic_load_explicit(&sync.done, memory_order_acquire), 1)) {
         work_recycle(pg, w);
         release_after_handoff(pg);
@@ -737,6 +803,9 @@ td_status pg_issue(td_pg *pg, td_work **ws, int n, td_future **futs)
     bool batch_on_caller = n > 1 && (pg->caps & TD_BACKEND_CAP_ASYNC_ON_CALLER) && on_caller;
     for (; batch_on_caller && i < n && pg_claim(pg, PG_GATE_QUEUED | PG_GATE_CLOSED); i++)
         pg_run_on_caller(pg, ws[i], &fs[i]);
+    for (int k = i; k < n; k++)
+        if (ws[k]->on_stack)
+            ws[k] = work_to_heap(ws[k]);
     pthread_mutex_lock(&pg->mu);
     if (i < n && (pg->failed != TD_OK || pg->stop)) {
         td_status st = pg->failed != TD_OK ? pg->failed : TD_ERR_CLOSED;

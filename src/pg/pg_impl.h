@@ -82,8 +82,6 @@ typedef struct pg_copy {
 /* Where a blocking call handed over on its own thread gets its result instead of a future
  * (pg_issue): on that thread's stack. */
 typedef struct pg_sync {
-    pthread_t caller;      /* completed on this thread before `linked`: no lock needed */
-    bool linked;           /* the caller put the work on the in-flight list (only it writes this) */
     td_status status;
     char *message;         /* malloc'd, when status is not TD_OK */
     bool (*drive)(void);   /* td_work_set_driver's, for the caller's wait */
@@ -92,6 +90,7 @@ typedef struct pg_sync {
 } pg_sync;
 
 struct td_work {
+    /* Per operation: every field set by pg_work_new / pg_work_init_local. */
     td_pg *pg;
     td_future *future;
     td_coll coll;
@@ -104,18 +103,21 @@ struct td_work {
     bool nonfatal;     /* a failure does not fail the group (front-end checks) */
     bool value_sender; /* the result is the sender's rank (receives) */
     bool is_async;     /* the caller took a work handle (set by the call that builds it) */
-    bool has_fp;
+    bool has_fp;       /* fp is filled (else only fp.ndim is meaningful: -1) */
+    bool on_stack;     /* its caller's (pg_work_init_local): never pooled */
+    td_value *result;       /* the value on success (a list of the output tensors) */
+    td_work *next;          /* queue */
+    td_work *iprev, *inext; /* in-flight list */
+    pg_sync *sync;          /* a blocking call handed over on its caller's thread: no future */
+    /* Not reset: fp is filled by pg_fingerprint_fill when has_fp; the arrays and the copy list
+     * keep their storage for the next operation. */
     pg_fingerprint fp; /* also the shape traces report */
-    /* storage for the coll's block arrays (pg_work_blocks), kept when the work is recycled */
+    /* storage for the coll's block arrays (pg_work_blocks) */
     const void **in_blocks;
     size_t *in_counts;
     void **out_blocks;
     size_t *out_counts;
     TD_VEC(pg_copy) copies; /* on success, dst := src, in order; every src is released at the end */
-    td_value *result;       /* the value on success (a list of the output tensors) */
-    td_work *next;          /* queue */
-    td_work *iprev, *inext; /* in-flight list */
-    pg_sync *sync;          /* a blocking call handed over on its caller's thread: no future */
 };
 
 struct td_pg {
@@ -241,6 +243,10 @@ static inline void pg_work_set_op(td_work *w, td_op op)
     w->reduce_op = op;
     w->coll.op = op.kind == TD_AVG || op.kind == TD_PREMUL_SUM ? TD_OP_SUM : op;
 }
+/* A work in storage of the caller's (its stack), for a blocking call that needs no block arrays:
+ * handed over on the caller's thread it costs no pool traffic; otherwise pg_issue moves it to the
+ * heap. */
+td_work *pg_work_init_local(td_work *w, td_pg *pg, pg_op op, td_coll_kind kind, td_dtype dtype);
 /* Gives back a work that will not run (its building or issuing failed). */
 void pg_work_free(td_work *w);
 /* Points the coll's in and/or out block arrays at the work's own (group size entries, zeroed). */
@@ -290,7 +296,17 @@ void pg_future_set_driver(td_future *f, bool (*drive)(void));
 const char *pg_op_type_name(pg_op op);
 const char *pg_op_api_name(pg_op op);
 td_status pg_parse_debug_level(const char *value, pg_debug_level *out);
-void pg_fingerprint_fill(td_work *w, td_tensor *const *tensors, int n, int root, int reduce_op, bool shapes);
+void pg_fingerprint_fill_now(td_work *w, td_tensor *const *tensors, int n, int root, int reduce_op, bool shapes);
+/* The operation's fingerprint, where anything reads it: DETAIL's check, a trace callback (DETAIL
+ * is fixed at the group's creation; a trace set later sees no shape, ndim -1). */
+static inline void pg_fingerprint_fill(td_work *w, td_tensor *const *tensors, int n, int root, int reduce_op,
+                                       bool shapes)
+{
+    if (__builtin_expect(w->pg->debug == PG_DEBUG_DETAIL || pg_traced(w->pg), 0))
+        pg_fingerprint_fill_now(w, tensors, n, root, reduce_op, shapes);
+    else
+        w->fp.ndim = -1;
+}
 /* DETAIL's comparison of the fingerprints of the n ranks (from one all_gather): TD_OK, or
  * TD_ERR_INVALID with c10d's mismatch message. */
 td_status pg_fingerprints_compare(const pg_fingerprint *fps, int n);

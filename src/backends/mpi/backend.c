@@ -802,5 +802,5 @@ const td_backend_ops td_backend_mpi_ops = {
     .supports = mpi_supports,
     /* Any thread may call MPI (MPI_THREAD_MULTIPLE, or one at a time through mpi_enter); create
      * adds TD_BACKEND_CAP_ASYNC_ON_CALLER below MPI_THREAD_MULTIPLE. */
-    .caps = TD_BACKEND_CAP_CALLER_THREAD | TD_BACKEND_CAP_RUNTIME_WORLD,
+    .caps = TD_BACKEND_CAP_CALLER_THREAD | TD_BACKEND_CAP_RUNTIME_WORLD | TD_BACKEND_CAP_NO_DEADLINE,
 };

@@ -1,4 +1,4 @@
-/* libFuzzer target for the TCPStore server's request handling (src/store/tcp_proto.c,
+/* libFuzzer target for the TCPStore server's request handling (src/store/store_proto.c,
  * tcp_core.c) and the client's reply parsers.
  *
  * The input drives three things:
@@ -18,7 +18,7 @@
 #include "base/buf.h"
 #include "base/vec.h"
 #include "store/tcp_core.h"
-#include "store/tcp_proto.h"
+#include "store/store_proto.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

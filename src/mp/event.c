@@ -52,9 +52,13 @@ td_status td_mp_event_new(td_mp_event **out)
     return event_on(seg, out);
 }
 
-int td_mp_event_wire(td_mp_event *e) { return e->seg.fd; }
+static int64_t event_wire(void *obj, int *fds)
+{
+    fds[0] = ((td_mp_event *)obj)->seg.fd;
+    return 0;
+}
 
-td_status td_mp_event_from_wire(int fd, td_mp_event **out)
+static td_status event_from_fd(int fd, td_mp_event **out)
 {
     td_segment seg;
     td_status st = td_segment_map_fd(fd, sizeof(event_word), &seg);
@@ -67,6 +71,15 @@ td_status td_mp_event_from_wire(int fd, td_mp_event **out)
         return td_error(TD_ERR_INVALID, "invalid mp message: an event's fd is not a tdist event");
     }
     return event_on(seg, out);
+}
+
+static td_status event_from_wire(int64_t param, const int *fds, void **obj)
+{
+    (void)param;
+    td_mp_event *e = NULL;
+    td_status st = event_from_fd(fds[0], &e);
+    *obj = e;
+    return st;
 }
 
 td_mp_event *td_mp_event_retain(td_mp_event *e)
@@ -84,7 +97,20 @@ void td_mp_event_release(td_mp_event *e)
     free(e);
 }
 
-td_value *td_mp_event_value(td_mp_event *e) { return td_mp_object_value(TD_MP_OBJ_EVENT, e); }
+static void *event_retain(void *obj) { return td_mp_event_retain(obj); }
+static void event_release(void *obj) { td_mp_event_release(obj); }
+
+const mp_object_class mp_event_class = {
+    .kind = TD_MP_OBJ_EVENT,
+    .nfds = 1,
+    .entry_form = "an event entry is not (2, fd)",
+    .retain = event_retain,
+    .release = event_release,
+    .wire = event_wire,
+    .from_wire = event_from_wire,
+};
+
+td_value *td_mp_event_value(td_mp_event *e) { return td_mp_object_value(&mp_event_class, e); }
 td_mp_event *td_mp_value_event(const td_value *v) { return td_mp_object_of(v, TD_MP_OBJ_EVENT); }
 
 void td_mp_event_set(td_mp_event *e)

@@ -21,35 +21,32 @@
 /* ---- objects inside values ---------------------------------------------------------------- */
 
 typedef struct object_ctx {
-    td_mp_object_kind kind;
+    const mp_object_class *cls;
     void *obj;
 } object_ctx;
 
 static void object_free(void *data, size_t nbytes, void *p)
 {
     object_ctx *c = p;
-    if (c->kind == TD_MP_OBJ_QUEUE)
-        td_mp_queue_release(c->obj);
-    else
-        td_mp_event_release(c->obj);
+    c->cls->release(c->obj);
     free(c);
 }
 
 /* Not shared memory: a 0-byte storage whose only job is to hold the object while values do. */
 static const td_storage_allocator object_allocator = {.kind = TD_STORAGE_EXTERNAL, .name = "mp object", .free = object_free};
 
-td_value *td_mp_object_value(td_mp_object_kind kind, void *obj)
+td_value *td_mp_object_value(const mp_object_class *cls, void *obj)
 {
     object_ctx *c = TD_NEW(object_ctx);
-    c->kind = kind;
-    c->obj = kind == TD_MP_OBJ_QUEUE ? (void *)td_mp_queue_retain(obj) : (void *)td_mp_event_retain(obj);
+    c->cls = cls;
+    c->obj = cls->retain(obj);
     td_storage *s = td_storage_new_with(NULL, 0, (td_device){TD_DEVICE_CPU, -1}, &object_allocator, c, false);
     td_tensor *t = NULL;
     td_status st = td_tensor_from_storage(s, 0, TD_UINT8, TD_SHAPE(0), NULL, &t);
     td_storage_release(s);
     if (st != TD_OK)
         abort(); /* a 0-element view of a 0-byte storage cannot fail */
-    td_value *v = td_value_record_of(TD_REC_MP_OBJECT, 2, td_value_int(kind), td_value_tensor(t));
+    td_value *v = td_value_record_of(TD_REC_MP_OBJECT, 2, td_value_int(cls->kind), td_value_tensor(t));
     td_tensor_release(t);
     return v;
 }
@@ -68,7 +65,7 @@ static object_ctx *object_ctx_of(const td_value *v)
 void *td_mp_object_of(const td_value *v, td_mp_object_kind kind)
 {
     object_ctx *c = object_ctx_of(v);
-    return c && c->kind == kind ? c->obj : NULL;
+    return c && c->cls->kind == kind ? c->obj : NULL;
 }
 
 /* ---- encoding ----------------------------------------------------------------------------- */
@@ -152,19 +149,22 @@ static td_status enc_object(enc *e, const td_value *v, object_ctx *c, td_value *
 {
     uintptr_t idx = (uintptr_t)td_map_get(&e->objects_memo, &c->obj, sizeof c->obj);
     if (!idx) {
-        td_value *entry;
-        if (c->kind == TD_MP_OBJ_QUEUE) {
-            int fds[3];
-            int64_t maxsize = td_mp_queue_wire(c->obj, fds);
-            int64_t fi[3];
-            for (int i = 0; i < 3; i++)
-                TD_TRY(add_fd(e, fds[i], &fi[i]));
-            entry = td_value_tuple_of(5, td_value_int(TD_MP_OBJ_QUEUE), td_value_int(maxsize), td_value_int(fi[0]),
-                                      td_value_int(fi[1]), td_value_int(fi[2]));
-        } else {
+        const mp_object_class *cls = c->cls;
+        int fds[MP_OBJECT_MAX_FDS];
+        int64_t param = cls->wire(c->obj, fds);
+        size_t at = 0, first_fd = cls->has_param ? 2 : 1;
+        td_value *entry = td_value_tuple_new(first_fd + (size_t)cls->nfds);
+        td_value_set(entry, at++, td_value_int(cls->kind));
+        if (cls->has_param)
+            td_value_set(entry, at++, td_value_int(param));
+        for (int i = 0; i < cls->nfds; i++) {
             int64_t fi;
-            TD_TRY(add_fd(e, td_mp_event_wire(c->obj), &fi));
-            entry = td_value_tuple_of(2, td_value_int(TD_MP_OBJ_EVENT), td_value_int(fi));
+            td_status st = add_fd(e, fds[i], &fi);
+            if (st != TD_OK) {
+                td_value_release(entry);
+                return st;
+            }
+            td_value_set(entry, at++, td_value_int(fi));
         }
         TD_VEC_PUSH(&e->m->objects, td_value_retain((td_value *)v));
         td_value_list_append(e->objects, entry);
@@ -481,6 +481,7 @@ td_status td_mp_msg_recv(int sock, int64_t deadline_ns, td_mp_rmsg *r)
 /* ---- decoding ----------------------------------------------------------------------------- */
 
 typedef struct dec {
+    const mp_object_class *const *classes; /* what objects may be rebuilt */
     int *fds;
     int nfds;
     bool *used;
@@ -603,33 +604,27 @@ static td_status dec_object(dec *d, const td_value *e, td_value **out)
     int64_t kind;
     if (td_value_kind_of(e) != TD_VAL_TUPLE || !get_int(e, 0, &kind))
         return bad("an object entry is not (kind, ...)");
-    if (kind == TD_MP_OBJ_QUEUE) {
-        int64_t maxsize, fi[3];
-        if (td_value_len(e) != 5 || !get_int(e, 1, &maxsize) || maxsize < 0 || !get_int(e, 2, &fi[0]) ||
-            !get_int(e, 3, &fi[1]) || !get_int(e, 4, &fi[2]))
-            return bad("a queue entry is not (1, maxsize, fd, fd, fd)");
-        int fds[3];
-        for (int i = 0; i < 3; i++)
-            TD_TRY(take_fd(d, fi[i], &fds[i]));
-        td_mp_queue *q;
-        TD_TRY(td_mp_queue_from_wire(maxsize, fds, &q));
-        *out = td_mp_queue_value(q);
-        td_mp_queue_release(q);
-        return TD_OK;
-    }
-    if (kind == TD_MP_OBJ_EVENT) {
-        int64_t fi;
-        int fd;
-        if (td_value_len(e) != 2 || !get_int(e, 1, &fi))
-            return bad("an event entry is not (2, fd)");
-        TD_TRY(take_fd(d, fi, &fd));
-        td_mp_event *ev;
-        TD_TRY(td_mp_event_from_wire(fd, &ev));
-        *out = td_mp_event_value(ev);
-        td_mp_event_release(ev);
-        return TD_OK;
-    }
-    return bad("unknown object kind");
+    const mp_object_class *cls = NULL;
+    for (const mp_object_class *const *c = d->classes; c && *c && !cls; c++)
+        if ((int64_t)(*c)->kind == kind)
+            cls = *c;
+    if (!cls)
+        return bad("unknown object kind");
+    size_t first_fd = cls->has_param ? 2 : 1;
+    int64_t param = 0, fi[MP_OBJECT_MAX_FDS];
+    bool ok = td_value_len(e) == first_fd + (size_t)cls->nfds && (!cls->has_param || (get_int(e, 1, &param) && param >= 0));
+    for (int i = 0; ok && i < cls->nfds; i++)
+        ok = get_int(e, first_fd + (size_t)i, &fi[i]);
+    if (!ok)
+        return bad(cls->entry_form);
+    int fds[MP_OBJECT_MAX_FDS];
+    for (int i = 0; i < cls->nfds; i++)
+        TD_TRY(take_fd(d, fi[i], &fds[i]));
+    void *obj;
+    TD_TRY(cls->from_wire(param, fds, &obj));
+    *out = td_mp_object_value(cls, obj);
+    cls->release(obj);
+    return TD_OK;
 }
 
 /* The replacement for a placeholder record (a new reference), NULL when v is not one. */
@@ -726,13 +721,14 @@ static td_status decode_env(dec *d, const td_value *env, td_value **out)
     return TD_OK;
 }
 
-static td_status decode_body(const void *data, size_t len, int *fds, int nfds, td_value **out)
+static td_status decode_body(const void *data, size_t len, int *fds, int nfds, const mp_object_class *const *classes,
+                             td_value **out)
 {
     td_value *env = NULL;
     td_status st = td_value_decode(data, len, &env);
     if (st != TD_OK)
         return td_error_prefix(st, "invalid mp message");
-    dec d = {.fds = fds, .nfds = nfds, .used = TD_NEW_ARRAY(bool, (size_t)nfds + 1)};
+    dec d = {.classes = classes, .fds = fds, .nfds = nfds, .used = TD_NEW_ARRAY(bool, (size_t)nfds + 1)};
     st = decode_env(&d, env, out);
     for (size_t i = 0; i < d.nstorages; i++)
         td_storage_release(d.storages[i]);
@@ -748,7 +744,8 @@ static td_status decode_body(const void *data, size_t len, int *fds, int nfds, t
     return st;
 }
 
-td_status td_mp_msg_decode_bytes(const void *data, size_t len, int *fds, int nfds, td_value **out)
+td_status td_mp_msg_decode_bytes(const void *data, size_t len, int *fds, int nfds, const mp_object_class *const *classes,
+                                 td_value **out)
 {
     *out = NULL;
     td_status st;
@@ -766,7 +763,7 @@ td_status td_mp_msg_decode_bytes(const void *data, size_t len, int *fds, int nfd
         else if (nf != (uint64_t)nfds)
             st = bad("the number of attached file descriptors differs from the header's");
         else if (!(flags & TD_MP_MSG_FLAG_SPILLED))
-            st = body_len == len - TD_MP_MSG_HEADER ? decode_body(h + TD_MP_MSG_HEADER, (size_t)body_len, fds, nfds, out)
+            st = body_len == len - TD_MP_MSG_HEADER ? decode_body(h + TD_MP_MSG_HEADER, (size_t)body_len, fds, nfds, classes, out)
                                                     : bad("the body length differs from the datagram's");
         else if (nfds < 1 || body_len == 0 || body_len > TD_MP_MSG_MAX_SPILL || len != TD_MP_MSG_HEADER)
             st = bad("a spilled body without its segment, or of a bad size");
@@ -775,7 +772,7 @@ td_status td_mp_msg_decode_bytes(const void *data, size_t len, int *fds, int nfd
             st = td_segment_map_fd(fds[nfds - 1], (size_t)body_len, &seg);
             if (st == TD_OK) {
                 fds[nfds - 1] = -1; /* the segment took it */
-                st = decode_body(seg.base, (size_t)body_len, fds, nfds - 1, out);
+                st = decode_body(seg.base, (size_t)body_len, fds, nfds - 1, classes, out);
                 td_segment_unmap(&seg);
             }
         }
@@ -786,9 +783,9 @@ td_status td_mp_msg_decode_bytes(const void *data, size_t len, int *fds, int nfd
     return st;
 }
 
-td_status td_mp_msg_decode(td_mp_rmsg *r, td_value **out)
+td_status td_mp_msg_decode(td_mp_rmsg *r, const mp_object_class *const *classes, td_value **out)
 {
-    td_status st = td_mp_msg_decode_bytes(r->data, r->len, r->fds, r->nfds, out);
+    td_status st = td_mp_msg_decode_bytes(r->data, r->len, r->fds, r->nfds, classes, out);
     td_mp_rmsg_free(r);
     return st;
 }

@@ -26,6 +26,9 @@
 #include "base/vec.h"
 #include "tensor/segment.h"
 
+/* One kind of mp object a message can carry (below). */
+typedef struct mp_object_class mp_object_class;
+
 #define TD_MP_MSG_MAGIC 0x514d4454u /* "TDMQ" */
 #define TD_MP_MSG_VERSION 1
 #define TD_MP_MSG_HEADER 24
@@ -60,27 +63,46 @@ typedef struct td_mp_rmsg {
 /* Receives one datagram (waiting until deadline_ns). TD_ERR_TIMEOUT when none came. */
 td_status td_mp_msg_recv(int sock, int64_t deadline_ns, td_mp_rmsg *r);
 /* Rebuilds the value; consumes r (its fds are kept or closed, its buffer freed) in every case. */
-td_status td_mp_msg_decode(td_mp_rmsg *r, td_value **out);
+td_status td_mp_msg_decode(td_mp_rmsg *r, const mp_object_class *const *classes, td_value **out);
 /* Decodes a message held in memory with its fds (fuzzing, and the spilled-body path). */
-td_status td_mp_msg_decode_bytes(const void *data, size_t len, int *fds, int nfds, td_value **out);
+td_status td_mp_msg_decode_bytes(const void *data, size_t len, int *fds, int nfds, const mp_object_class *const *classes,
+                                 td_value **out);
 void td_mp_rmsg_free(td_mp_rmsg *r);
 
 /* ---- mp objects inside td_values ---------------------------------------------------------- */
 
 typedef enum td_mp_object_kind { TD_MP_OBJ_QUEUE = 1, TD_MP_OBJ_EVENT = 2 } td_mp_object_kind;
 
-/* A TD_REC_MP_OBJECT value holding obj (retained through its kind's retain). */
-td_value *td_mp_object_value(td_mp_object_kind kind, void *obj);
+/* What messages need to know of one kind of mp object (a queue, an event), so that this file
+ * depends on none of them: the kinds hand their class to mp_object_value, and a decoder gets the
+ * classes it may rebuild from its caller (mp_object_classes, queue.c). On the wire an object is
+ * (kind, [param,] fd index x nfds). */
+struct mp_object_class {
+    td_mp_object_kind kind;
+    int nfds;                 /* fds the object travels as (at most MP_OBJECT_MAX_FDS) */
+    bool has_param;           /* an int64 travels beside the fds */
+    const char *entry_form;   /* the message when an entry does not have that form */
+    void *(*retain)(void *obj);
+    void (*release)(void *obj);
+    /* Borrowed fds into fds[nfds]; returns the param. */
+    int64_t (*wire)(void *obj, int *fds);
+    /* Takes the fds in every case. */
+    td_status (*from_wire)(int64_t param, const int *fds, void **out);
+};
+#define MP_OBJECT_MAX_FDS 3
+
+/* A TD_REC_MP_OBJECT value holding obj (retained through its class). */
+td_value *td_mp_object_value(const mp_object_class *cls, void *obj);
 /* The object in v when v is such a value of that kind (borrowed), else NULL. */
 void *td_mp_object_of(const td_value *v, td_mp_object_kind kind);
 
-/* Hooks of queue.c and event.c for sending and rebuilding their objects. */
-int64_t td_mp_queue_wire(td_mp_queue *q, int fds[3]);
-td_status td_mp_queue_from_wire(int64_t maxsize, const int fds[3], td_mp_queue **out); /* takes the fds */
+/* event.c's class; and every class, NULL-terminated, in queue.c: what a received message may
+ * rebuild (td_mp_msg_decode's usual argument). */
+extern const mp_object_class mp_event_class;
+extern const mp_object_class *const mp_object_classes[];
+
 /* Makes close and release drop this process's unsent backlog instead of waiting for readers (a
  * pool being terminated: nobody will read its tasks). */
 void td_mp_queue_cancel_join(td_mp_queue *q);
-int td_mp_event_wire(td_mp_event *e);
-td_status td_mp_event_from_wire(int fd, td_mp_event **out); /* takes fd */
 
 #endif

@@ -132,7 +132,7 @@ int td_mp_child_main(int argc, char **argv)
     td_value *boot = NULL;
     td_status st = td_mp_msg_recv(chan, td_deadline_after_ms(60000), &r);
     if (st == TD_OK)
-        st = td_mp_msg_decode(&r, &boot);
+        st = td_mp_msg_decode(&r, mp_object_classes, &boot);
     int code = 1;
     if (st != TD_OK) {
         td_error_prefix(st, "spawned process: reading its arguments from the parent");

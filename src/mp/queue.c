@@ -143,15 +143,16 @@ td_status td_mp_queue_new(int64_t maxsize, td_mp_queue **out)
     return queue_on(sv[0], sv[1], ctl, out);
 }
 
-int64_t td_mp_queue_wire(td_mp_queue *q, int fds[3])
+static int64_t queue_wire(void *obj, int *fds)
 {
+    td_mp_queue *q = obj;
     fds[0] = q->rfd;
     fds[1] = q->wfd;
     fds[2] = q->ctl.fd;
     return q->maxsize;
 }
 
-td_status td_mp_queue_from_wire(int64_t maxsize, const int fds[3], td_mp_queue **out)
+static td_status queue_from_fds(int64_t maxsize, const int *fds, td_mp_queue **out)
 {
     td_segment ctl;
     td_status st = td_segment_map_fd(fds[2], sizeof(qctl), &ctl);
@@ -176,7 +177,32 @@ td_mp_queue *td_mp_queue_retain(td_mp_queue *q)
     return q;
 }
 
-td_value *td_mp_queue_value(td_mp_queue *q) { return td_mp_object_value(TD_MP_OBJ_QUEUE, q); }
+static td_status queue_from_wire(int64_t maxsize, const int *fds, void **obj)
+{
+    td_mp_queue *q = NULL;
+    td_status st = queue_from_fds(maxsize, fds, &q);
+    *obj = q;
+    return st;
+}
+
+static void *queue_retain(void *obj) { return td_mp_queue_retain(obj); }
+static void queue_release(void *obj) { td_mp_queue_release(obj); }
+
+static const mp_object_class queue_class = {
+    .kind = TD_MP_OBJ_QUEUE,
+    .nfds = 3,
+    .has_param = true,
+    .entry_form = "a queue entry is not (1, maxsize, fd, fd, fd)",
+    .retain = queue_retain,
+    .release = queue_release,
+    .wire = queue_wire,
+    .from_wire = queue_from_wire,
+};
+
+/* Queues carry events and queues: the classes a received message may rebuild. */
+const mp_object_class *const mp_object_classes[] = {&queue_class, &mp_event_class, NULL};
+
+td_value *td_mp_queue_value(td_mp_queue *q) { return td_mp_object_value(&queue_class, q); }
 td_mp_queue *td_mp_value_queue(const td_value *v) { return td_mp_object_of(v, TD_MP_OBJ_QUEUE); }
 
 static void *feeder_main(void *arg)
@@ -327,7 +353,7 @@ td_status td_mp_queue_get(td_mp_queue *q, int64_t timeout_ms, td_value **out)
     atomic_fetch_sub(&q->c->count, 1);
     if (q->maxsize > 0)
         sem_post(&q->c->slots);
-    st = td_mp_msg_decode(&r, out);
+    st = td_mp_msg_decode(&r, mp_object_classes, out);
     return st == TD_OK ? TD_OK : td_error_prefix(st, "td_mp_queue_get");
 }
 

@@ -15,7 +15,7 @@
 #include <tdist/status.h>
 
 #include "base/buf.h"
-#include "store/tcp_proto.h"
+#include "store/store_proto.h"
 
 typedef struct td_store_core td_store_core;
 typedef struct td_store_conn td_store_conn;

@@ -29,7 +29,7 @@
 #include "net/io.h"
 #include "net/socket.h"
 #include "store/store_impl.h"
-#include "store/tcp_proto.h"
+#include "store/store_proto.h"
 #include "store/tcp_server.h"
 #include "store/tcp_store.h"
 

@@ -496,10 +496,10 @@ static td_status check_buffer(const td_tensor *t, const void *buf, size_t nbytes
 {
     if (!t)
         return td_error(TD_ERR_INVALID, "%s: tensor is NULL", fn);
-    size_t want = td_tensor_nbytes(t);
+    size_t want = (size_t)td_numel_of(t->ndim, t->sizes) * td_dtype_size(t->dtype);
     if (nbytes != want)
         return td_error(TD_ERR_INVALID, "%s: the buffer has %zu bytes but the tensor holds %zu (%lld elements of %s)",
-                        fn, nbytes, want, (long long)td_tensor_numel(t), td_dtype_name(t->dtype));
+                        fn, nbytes, want, (long long)td_numel_of(t->ndim, t->sizes), td_dtype_name(t->dtype));
     if (!buf && want)
         return td_error(TD_ERR_INVALID, "%s: buffer is NULL", fn);
     return TD_OK;
@@ -541,7 +541,7 @@ static td_status element_ptr(const td_tensor *t, const int64_t *index, char **ou
                             (long long)ix, i, (long long)size);
         off += (ix < 0 ? ix + size : ix) * t->strides[i];
     }
-    *out = (char *)td_tensor_data(t) + off * (int64_t)td_dtype_size(t->dtype);
+    *out = (char *)td_tensor_data_of(t) + off * (int64_t)td_dtype_size(t->dtype);
     return TD_OK;
 }
 

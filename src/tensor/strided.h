@@ -81,6 +81,8 @@ typedef struct td_strided {
 
 /* The tensor as a td_strided over its storage's current data. */
 td_strided td_strided_of(const td_tensor *t);
+/* Row-major strides for sizes (a size-0 or size-1 dim counts as 1, as in PyTorch). */
+void strided_contiguous_strides(int ndim, const int64_t *sizes, int64_t *strides);
 /* A contiguous td_strided over a caller's buffer. */
 td_strided td_strided_contiguous(void *data, td_dtype dtype, int ndim, const int64_t *sizes);
 

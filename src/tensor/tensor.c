@@ -3,7 +3,8 @@
  *
  * Views follow PyTorch's stride rules and error messages (ATen's TensorShape.cpp and
  * computeStride in TensorUtils.cpp), so that code and tests written against torch behave the same.
- * Data movement (copy, fill, element access) is in copy.c; printing in format.c. */
+ * Data movement (copy, fill, element access) is in copy.c; printing in format.c; shapes and strided
+ * descriptors, which both build on, in strided.c. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,35 +15,6 @@
 #include "tensor/dtype.h"
 #include "tensor/storage.h"
 #include "tensor/strided.h"
-
-/* ---- shapes ----------------------------------------------------------------------------------- */
-
-td_shape td_shape_of(int ndim, const int64_t *sizes)
-{
-    td_shape s = {.ndim = ndim};
-    for (int i = 0; i < ndim && i < TD_MAX_DIMS; i++)
-        s.d[i] = sizes[i];
-    return s;
-}
-
-/* Product of sizes, or -1 when a size is negative or the product overflows int64. */
-int64_t td_shape_numel(const td_shape *shape)
-{
-    if (!shape || shape->ndim < 0 || shape->ndim > TD_MAX_DIMS)
-        return -1;
-    return td_numel_of(shape->ndim, shape->d);
-}
-
-const char *td_format_sizes(char *buf, size_t len, int ndim, const int64_t *sizes)
-{
-    size_t n = 0;
-    n += (size_t)snprintf(buf + n, len - n, "[");
-    for (int i = 0; i < ndim && n < len; i++)
-        n += (size_t)snprintf(buf + n, len - n, "%s%lld", i ? ", " : "", (long long)sizes[i]);
-    if (n < len)
-        snprintf(buf + n, len - n, "]");
-    return buf;
-}
 
 /* Checks a shape for creating a tensor and computes its byte size. */
 static td_status check_shape(td_dtype dtype, const td_shape *shape, size_t *nbytes)
@@ -66,15 +38,6 @@ static td_status check_shape(td_dtype dtype, const td_shape *shape, size_t *nbyt
     return TD_OK;
 }
 
-static void contiguous_strides(int ndim, const int64_t *sizes, int64_t *strides)
-{
-    int64_t s = 1;
-    for (int i = ndim - 1; i >= 0; i--) {
-        strides[i] = s;
-        s *= sizes[i] > 1 ? sizes[i] : 1;
-    }
-}
-
 static td_tensor *tensor_on(td_storage *storage, int64_t offset, td_dtype dtype, int ndim, const int64_t *sizes,
                             const int64_t *strides)
 {
@@ -90,7 +53,7 @@ static td_tensor *tensor_on(td_storage *storage, int64_t offset, td_dtype dtype,
         for (int i = 0; i < ndim; i++)
             t->strides[i] = strides[i];
     } else {
-        contiguous_strides(ndim, sizes, t->strides);
+        strided_contiguous_strides(ndim, sizes, t->strides);
     }
     return t;
 }
@@ -194,7 +157,7 @@ td_status td_tensor_from_storage(td_storage *storage, int64_t offset, td_dtype d
     if (strides)
         memcpy(st, strides, sizeof(int64_t) * (size_t)shape.ndim);
     else
-        contiguous_strides(shape.ndim, shape.d, st);
+        strided_contiguous_strides(shape.ndim, shape.d, st);
     /* The last element reached, in elements; computed with overflow checks as the inputs are the
      * caller's (or, through the mp layer, a peer's). */
     int64_t numel = td_numel_of(shape.ndim, shape.d);
@@ -237,16 +200,6 @@ void td_tensor_release(td_tensor *t)
 
 /* ---- properties ------------------------------------------------------------------------------- */
 
-td_status td_wrap_dim(int64_t dim, int ndim, int *out)
-{
-    int64_t n = ndim > 0 ? ndim : 1;
-    if (dim < -n || dim >= n)
-        return td_error(TD_ERR_INVALID, "Dimension out of range (expected to be in range of [%lld, %lld], but got %lld)",
-                        (long long)-n, (long long)(n - 1), (long long)dim);
-    *out = (int)(dim < 0 ? dim + n : dim);
-    return TD_OK;
-}
-
 td_dtype td_tensor_dtype(const td_tensor *t) { return t->dtype; }
 int td_tensor_ndim(const td_tensor *t) { return t->ndim; }
 td_shape td_tensor_shape(const td_tensor *t) { return td_shape_of(t->ndim, t->sizes); }
@@ -278,22 +231,6 @@ int64_t td_tensor_stride(const td_tensor *t, int dim)
 bool td_tensor_is_contiguous(const td_tensor *t) { return td_contiguous_of(t->ndim, t->sizes, t->strides); }
 
 void *td_tensor_data(const td_tensor *t) { return td_tensor_data_of(t); }
-
-td_strided td_strided_of(const td_tensor *t)
-{
-    td_strided s = {.data = td_tensor_data(t), .dtype = t->dtype, .ndim = t->ndim};
-    memcpy(s.sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim);
-    memcpy(s.strides, t->strides, sizeof(int64_t) * (size_t)t->ndim);
-    return s;
-}
-
-td_strided td_strided_contiguous(void *data, td_dtype dtype, int ndim, const int64_t *sizes)
-{
-    td_strided s = {.data = data, .dtype = dtype, .ndim = ndim};
-    memcpy(s.sizes, sizes, sizeof(int64_t) * (size_t)ndim);
-    contiguous_strides(ndim, sizes, s.strides);
-    return s;
-}
 
 /* ---- views ------------------------------------------------------------------------------------ */
 

@@ -7,7 +7,7 @@
  * and sends nothing (trap T2); a body that returns is checked for leaked fds and threads, then the
  * listener is stopped and main returns 0, so that LeakSanitizer's exit check still runs.
  *
- * A rank started by an external launcher (--td-external: mpirun, srun, tdrun; see registry.c) runs
+ * A rank started by an external launcher (--td-external: mpirun, srun, tdrun; see entry.c) runs
  * the same way without a parent: no control channel (a failure's message is logged on stderr,
  * which the launcher shows), the case's static skip checked here, and a watchdog thread in place
  * of the supervisor's timeout that logs the rank's stacks and exits 10. A case's setup hook runs
@@ -28,8 +28,6 @@
 #include "base/thread.h"
 #include "testing/harness.h"
 
-#define LOGGED_MESSAGE_MAX (64u << 10)
-
 static struct {
     bool active;
     bool threaded;
@@ -39,31 +37,6 @@ static struct {
     const char *name;
 } g_child = {.ctl = -1, .stop = {-1, -1}};
 
-int td_harness_ctl_fd(void) { return g_child.ctl; }
-
-void td_harness_fail_process(const char *message)
-{
-    if (!g_child.active) {
-        fprintf(stderr, "%s\n", message);
-        fflush(stdout);
-        fflush(stderr);
-        _exit(TD_TEST_ERROR_EXIT_CODE);
-    }
-    size_t len = strlen(message);
-    td_buf stack = TD_BUF_INIT;
-    td_stacks_dump_self(&stack, 1);
-    td_harness_log(NULL, "Caught exception: \n%.*s%s\nat:\n%s exiting process %d with exit code: %d",
-                   (int)(len > LOGGED_MESSAGE_MAX ? LOGGED_MESSAGE_MAX : len), message,
-                   len > LOGGED_MESSAGE_MAX ? "... (cut here; the parent gets all of it)" : "",
-                   stack.data ? stack.data : "", g_child.rank, TD_TEST_ERROR_EXIT_CODE);
-    td_buf_free(&stack);
-    /* Under an external launcher there is no parent to tell: the message above is the report. */
-    if (g_child.ctl >= 0 && td_ctl_send(g_child.ctl, TD_CTL_ERROR, message, len) != TD_OK)
-        td_harness_log(NULL, "could not send the failure to the parent: %s", td_last_error());
-    fflush(stdout);
-    fflush(stderr);
-    _exit(TD_TEST_ERROR_EXIT_CODE);
-}
 
 void td_test_fail(const char *file, int line, const char *fmt, ...)
 {
@@ -242,6 +215,7 @@ int td_harness_child_main(const td_harness_child_args *a)
     g_child.threaded = c->threads;
     g_child.rank = a->rank;
     g_child.ctl = a->ctl_fd;
+    harness_ctl_attach(a->rank, a->ctl_fd);
     g_child.name = a->name;
     td_stacks_install(a->rank, c->threads);
     if (!c->threads)

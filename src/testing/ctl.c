@@ -4,13 +4,16 @@
  * the rank answers with them, and a failing rank sends its message before exiting with code 10.
  * Frames are u32 little-endian payload length + u8 type + payload (docs/protocols.md). The parent
  * reads non-blocking and parses with td_ctl_parse, which refuses lengths above TD_CTL_MAX_PAYLOAD;
- * ranks read and write blocking. */
+ * ranks read and write blocking. A rank ends a failed case here too (td_harness_fail_process):
+ * its message goes on the channel before exit code 10. */
 #include <errno.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "base/buf.h"
 #include "base/error.h"
 #include "testing/harness.h"
 
@@ -114,4 +117,49 @@ td_status td_ctl_parse(td_buf *in, void (*on_frame)(void *arg, uint8_t type, con
     }
     td_buf_consume(in, off);
     return s;
+}
+
+/* ---- the rank's end ------------------------------------------------------------------------ */
+
+/* The rank this process runs and its channel (-1 under an external launcher), once the child side
+ * has attached; before that a failure just prints and exits (a tool, or the parent itself). */
+static struct {
+    bool active;
+    int rank;
+    int fd;
+} g_rank = {.fd = -1};
+
+#define LOGGED_MESSAGE_MAX (64u << 10)
+
+void harness_ctl_attach(int rank, int fd)
+{
+    g_rank.rank = rank;
+    g_rank.fd = fd;
+    g_rank.active = true;
+}
+
+int td_harness_ctl_fd(void) { return g_rank.fd; }
+
+void td_harness_fail_process(const char *message)
+{
+    if (!g_rank.active) {
+        fprintf(stderr, "%s\n", message);
+        fflush(stdout);
+        fflush(stderr);
+        _exit(TD_TEST_ERROR_EXIT_CODE);
+    }
+    size_t len = strlen(message);
+    td_buf stack = TD_BUF_INIT;
+    td_stacks_dump_self(&stack, 1);
+    td_harness_log(NULL, "Caught exception: \n%.*s%s\nat:\n%s exiting process %d with exit code: %d",
+                   (int)(len > LOGGED_MESSAGE_MAX ? LOGGED_MESSAGE_MAX : len), message,
+                   len > LOGGED_MESSAGE_MAX ? "... (cut here; the parent gets all of it)" : "",
+                   stack.data ? stack.data : "", g_rank.rank, TD_TEST_ERROR_EXIT_CODE);
+    td_buf_free(&stack);
+    /* Under an external launcher there is no parent to tell: the message above is the report. */
+    if (g_rank.fd >= 0 && td_ctl_send(g_rank.fd, TD_CTL_ERROR, message, len) != TD_OK)
+        td_harness_log(NULL, "could not send the failure to the parent: %s", td_last_error());
+    fflush(stdout);
+    fflush(stderr);
+    _exit(TD_TEST_ERROR_EXIT_CODE);
 }

@@ -1,10 +1,14 @@
 /* Internal interfaces between the parts of the test harness (src/testing).
  *
- *   registry.c    case registry, command line, CTest listing, check helpers, skip table
+ *   entry.c       the command line (td_test_main): CTest listing, running selected cases, ranks
  *   supervisor.c  the parent side: spawn ranks, poll, time out, reap, verdict (td_test_run)
  *   child.c       the rank side: run a body, report a failure or skip, check for leaks
- *   threaded.c    ranks as threads of one child process
- *   ctl.c         the control-channel frames between parent and rank
+ *   thread_ranks.c ranks as threads of one child process
+ *   cases.c       case registry, skip table, the harness's log lines (both sides use it)
+ *   ctl.c         the control-channel frames between parent and rank, and a rank's failed exit
+ *
+ * Calls go down this list's dependency order: entry.c uses supervisor.c and child.c, child.c uses
+ * thread_ranks.c, and all of them use cases.c, ctl.c and the helpers below.
  *   stacks.c      fatal-signal backtraces and the all-thread stack dump for hung ranks
  *   symbols.c     address -> function name from the loaded objects' ELF symbol tables
  *   leaks.c       fd and thread snapshots before / after a body
@@ -43,7 +47,15 @@ td_status td_ctl_recv(int fd, uint8_t *type, td_buf *payload);
 td_status td_ctl_parse(td_buf *in, void (*on_frame)(void *arg, uint8_t type, const char *data, size_t len),
                        void *arg);
 
-/* ---- registry ----------------------------------------------------------------------------- */
+/* ---- registry (cases.c) ------------------------------------------------------------------- */
+
+/* The registered cases, in registration order (linked by next). */
+td_test_case *harness_cases(void);
+/* Calls fn for each instance of c: ("", 0) for a plain case, else each parameter. */
+void harness_for_each_param(const td_test_case *c, void (*fn)(void *, const td_test_case *, const char *, size_t),
+                            void *arg);
+/* "case" or "case/param" (a new string). */
+char *harness_instance_name(const td_test_case *c, const char *param, size_t plen);
 
 /* The registered case and parameter for an instance name ("case" or "case/param"); false when
  * none matches. *param points into the case's params or is "" (copy it: *param_len bytes). */
@@ -80,11 +92,13 @@ int td_harness_child_main(const td_harness_child_args *a);
  * decision table; returns main's exit code (or never returns, on failure or skip). */
 int td_harness_threaded_main(td_test_case *c, const td_test_ctx *proto, int ctl_fd);
 
-/* State shared between child.c and threaded.c. */
+/* The rank's end of the control channel (ctl.c), shared by child.c and thread_ranks.c: child.c attaches
+ * the rank and its channel (fd -1 under an external launcher) before running a case. */
+void harness_ctl_attach(int rank, int fd);
 int td_harness_ctl_fd(void);
 /* Ends the process with a failure: logs, sends the message on the control channel, _exit(10). */
 void td_harness_fail_process(const char *message) __attribute__((noreturn));
-/* Threaded mode hooks, set by threaded.c: return only when the calling thread is not a rank. */
+/* Threaded mode hooks, set by thread_ranks.c: return only when the calling thread is not a rank. */
 void td_harness_threaded_fail(char *message); /* takes message when it does not return */
 void td_harness_threaded_skip(int code, const char *reason);
 bool td_harness_threaded_aborted(void);

@@ -1,6 +1,6 @@
 /* The parent side of the harness: c10d's MultiProcessTestCase._join_processes and its verdict, in C.
  *
- * td_test_run (and the runner in registry.c) supervises one case instance:
+ * td_test_run (and the runner in entry.c) supervises one case instance:
  *  - a fresh temp dir per run (TMPDIR of the ranks, so their temp files land there);
  *  - world_size ranks started with fork + exec of /proc/self/exe, all in one new process group,
  *    each with a control socketpair (ctl.c) and stdout / stderr pipes;

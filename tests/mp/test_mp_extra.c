@@ -709,11 +709,11 @@ TD_TEST(hostile_messages)
     td_value *out;
     int fds[1];
     /* Its fd withheld. */
-    TD_CHECK_ERR(td_mp_msg_decode_bytes(m.data.data, m.data.len, fds, 0, &out), TD_ERR_INVALID, "file descriptors");
+    TD_CHECK_ERR(td_mp_msg_decode_bytes(m.data.data, m.data.len, fds, 0, mp_object_classes, &out), TD_ERR_INVALID, "file descriptors");
     /* Every truncation and every single-byte corruption. */
     for (size_t cut = 0; cut < m.data.len; cut++) {
         fds[0] = dup(m.fds.items[0]);
-        TD_CHECK(td_mp_msg_decode_bytes(m.data.data, cut, fds, 1, &out) == TD_ERR_INVALID);
+        TD_CHECK(td_mp_msg_decode_bytes(m.data.data, cut, fds, 1, mp_object_classes, &out) == TD_ERR_INVALID);
     }
     char *copy = malloc(m.data.len);
     for (size_t i = 0; i < m.data.len; i++) {
@@ -721,12 +721,12 @@ TD_TEST(hostile_messages)
         copy[i] ^= 0x5a;
         fds[0] = dup(m.fds.items[0]);
         out = NULL;
-        if (td_mp_msg_decode_bytes(copy, m.data.len, fds, 1, &out) == TD_OK)
+        if (td_mp_msg_decode_bytes(copy, m.data.len, fds, 1, mp_object_classes, &out) == TD_OK)
             td_value_release(out); /* a flipped value byte can still be a valid message */
     }
     free(copy);
     fds[0] = dup(m.fds.items[0]);
-    TD_CHECK_OK(td_mp_msg_decode_bytes(m.data.data, m.data.len, fds, 1, &out));
+    TD_CHECK_OK(td_mp_msg_decode_bytes(m.data.data, m.data.len, fds, 1, mp_object_classes, &out));
     TD_CHECK(td_value_equal(out, v));
     td_value_release(out);
     m.sent = true;

@@ -22,7 +22,7 @@
 #include <tdist/store.h>
 #include <tdist/testing.h>
 
-#include "store/tcp_proto.h"
+#include "store/store_proto.h"
 #include "store/tcp_store.h"
 #include "util.h"
 

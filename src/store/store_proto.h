@@ -11,8 +11,8 @@
  * td_store_parse_request is a pure function over bytes (the server and fuzz/fuzz_store_request.c
  * both drive it): it never trusts a length before checking it against the bytes present and the
  * limits, and never allocates beyond the scratch arrays for multi-key requests. */
-#ifndef TDIST_STORE_TCP_PROTO_H
-#define TDIST_STORE_TCP_PROTO_H
+#ifndef TDIST_STORE_STORE_PROTO_H
+#define TDIST_STORE_STORE_PROTO_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,11 +1,10 @@
-/* The case registry and the command line of a test binary (td_test_main).
+/* The command line of a test binary (td_test_main).
  *
- * TD_TEST registers each case from a constructor. td_test_main then either runs as a rank (the
- * harness re-executed the binary with --td-child) or as the runner: it lists the cases, writes
- * them as CTest entries (--ctest FILE, used by tests/CMakeLists.txt after each build), or runs
- * the selected cases one after another under the supervisor (supervisor.c), printing gtest-like
- * lines, and exits 0 (all passed or skipped), 1 (a failure) or 77 (everything was skipped).
- * A case with .params expands to one instance per parameter, named "<case>/<param>".
+ * td_test_main either runs as a rank (the harness re-executed the binary with --td-child) or as the
+ * runner: it lists the cases, writes them as CTest entries (--ctest FILE, used by
+ * tests/CMakeLists.txt after each build), or runs the selected cases one after another under the
+ * supervisor (supervisor.c), printing gtest-like lines, and exits 0 (all passed or skipped), 1 (a
+ * failure) or 77 (everything was skipped).
  *
  * External launchers: `--td-external NAME` runs one rank of one instance in this process, taking
  * the rank and world size from the launcher's environment (base/launcher.h), as c10d's
@@ -30,208 +29,9 @@
 
 #include <tdist/mp.h>
 
-static td_test_case *g_head, *g_tail;
-
-void td_test_register(td_test_case *c)
-{
-    c->next = NULL;
-    if (g_tail)
-        g_tail->next = c;
-    else
-        g_head = c;
-    g_tail = c;
-}
-
-static const char *const skip_messages[] = {
-    [72 - 72] = "Skipped because distributed backend is not available.",
-    [73 - 72] = "Skipped due to small world size.",
-    [74 - 72] = "CUDA is not available.",
-    [75 - 72] = "Need at least 1 CUDA device",
-    [76 - 72] = "c10d not compiled with NCCL support",
-    [77 - 72] = "Need at least 2 CUDA devices",
-    [78 - 72] = "Test skipped for ROCm",
-    [79 - 72] = "Test skipped because no GPU peer access",
-    [80 - 72] = "Need at least 3 CUDA devices",
-    [81 - 72] = "Need at least 4 CUDA devices",
-    [82 - 72] = "Need at least 5 CUDA devices",
-    [83 - 72] = "Need at least 6 CUDA devices",
-    [84 - 72] = "Need at least 7 CUDA devices",
-    [85 - 72] = "Need at least 8 CUDA devices",
-    [86 - 72] = "Test skipped at subprocess level, look at subprocess log for skip reason",
-    [87 - 72] = "Skipped due to odd world size.",
-    [88 - 72] = "Test skipped due to missing import",
-};
-
-const char *td_skip_message(int code)
-{
-    if (code < 72 || code > 88)
-        return NULL;
-    return skip_messages[code - 72];
-}
-
-int td_skip_multi_gpu(int n)
-{
-    if (n == 1)
-        return TD_SKIP_MULTI_GPU_1;
-    if (n == 2)
-        return TD_SKIP_MULTI_GPU_2;
-    if (n >= 3 && n <= 8)
-        return 80 + n - 3;
-    return -1;
-}
-
-int td_harness_world_size(const td_test_case *c) { return c->world_size > 0 ? c->world_size : 1; }
-
-int64_t td_harness_timeout_ms(const td_test_case *c)
-{
-    if (c->timeout_s > 0)
-        return (int64_t)c->timeout_s * 1000;
-    int64_t ms = 300000;
-    if (td_env_duration_ms("TDIST_TEST_TIMEOUT", 300000, 1000, &ms) != TD_OK) {
-        td_harness_log(NULL, "%s; using 300 seconds", td_last_error());
-        ms = 300000;
-    }
-    return ms > 0 ? ms : 300000;
-}
-
-bool td_harness_sandcastle(void)
-{
-    bool on = false;
-    if (td_env_bool("TDIST_TEST_SANDCASTLE", false, &on) != TD_OK)
-        td_harness_log(NULL, "%s; treating it as off", td_last_error());
-    return on;
-}
-
-char *td_harness_store_path(const char *dir) { return td_asprintf("%s/store", dir); }
-
-__attribute__((format(printf, 3, 0))) static void log_line(td_buf *log, bool print, const char *fmt, va_list ap0)
-{
-    td_buf line = TD_BUF_INIT;
-    va_list ap;
-    va_copy(ap, ap0);
-    char small[1024];
-    int n = vsnprintf(small, sizeof small, fmt, ap);
-    va_end(ap);
-    if (n >= (int)sizeof small) {
-        td_buf_reserve(&line, (size_t)n + 1);
-        va_copy(ap, ap0);
-        vsnprintf(td_buf_extend(&line, (size_t)n), (size_t)n + 1, fmt, ap);
-        va_end(ap);
-    } else if (n > 0) {
-        td_buf_append(&line, small, (size_t)n);
-    }
-    if (log) {
-        td_buf_append(log, line.data ? line.data : "", line.len);
-        td_buf_putc(log, '\n');
-    }
-    if (!print) {
-        td_buf_free(&line);
-        return;
-    }
-    td_buf out = TD_BUF_INIT;
-    td_buf_append_str(&out, "[tdist-test] ");
-    td_buf_append(&out, line.data ? line.data : "", line.len);
-    td_buf_putc(&out, '\n');
-    fflush(stderr);
-    for (size_t off = 0; off < out.len;) {
-        ssize_t w = write(STDERR_FILENO, out.data + off, out.len - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            break;
-        off += (size_t)w;
-    }
-    td_buf_free(&out);
-    td_buf_free(&line);
-}
-
-void td_harness_log(td_buf *log, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    log_line(log, true, fmt, ap);
-    va_end(ap);
-}
-
-void td_harness_note(td_buf *log, const char *fmt, ...)
-{
-    bool verbose = false;
-    if (td_env_bool("TDIST_TEST_VERBOSE", false, &verbose) != TD_OK)
-        verbose = false;
-    va_list ap;
-    va_start(ap, fmt);
-    log_line(log, verbose, fmt, ap);
-    va_end(ap);
-}
-
-/* ---- instances ---------------------------------------------------------------------------- */
-
-/* Calls fn for each instance of c: ("" , 0) for a plain case, else each parameter. */
-static void for_each_param(const td_test_case *c, void (*fn)(void *, const td_test_case *, const char *, size_t),
-                           void *arg)
-{
-    if (!c->params || !c->params[0]) {
-        fn(arg, c, "", 0);
-        return;
-    }
-    const char *p = c->params;
-    for (;;) {
-        size_t n = strcspn(p, ",");
-        if (n > 0)
-            fn(arg, c, p, n);
-        if (!p[n])
-            break;
-        p += n + 1;
-    }
-}
-
-static char *instance_name(const td_test_case *c, const char *param, size_t plen)
-{
-    if (plen == 0)
-        return td_strdup(c->name);
-    return td_asprintf("%s/%.*s", c->name, (int)plen, param);
-}
-
-typedef struct find_ctx {
-    const char *want; /* the param part */
-    const char *found;
-    size_t found_len;
-    bool ok;
-} find_ctx;
-
-static void find_param(void *arg, const td_test_case *c, const char *param, size_t plen)
-{
-    (void)c;
-    find_ctx *f = arg;
-    if (!f->ok && strlen(f->want) == plen && strncmp(f->want, param, plen) == 0) {
-        f->ok = true;
-        f->found = param;
-        f->found_len = plen;
-    }
-}
-
-bool td_harness_find(const char *name, td_test_case **out, const char **param, size_t *param_len)
-{
-    const char *slash = strchr(name, '/');
-    size_t nlen = slash ? (size_t)(slash - name) : strlen(name);
-    for (td_test_case *c = g_head; c; c = c->next) {
-        if (strlen(c->name) != nlen || strncmp(c->name, name, nlen) != 0)
-            continue;
-        find_ctx f = {slash ? slash + 1 : "", NULL, 0, false};
-        for_each_param(c, find_param, &f);
-        if (!f.ok)
-            return false;
-        *out = c;
-        *param = f.found ? f.found : "";
-        *param_len = f.found_len;
-        return true;
-    }
-    return false;
-}
-
 static td_status validate_registry(void)
 {
-    for (td_test_case *c = g_head; c; c = c->next) {
+    for (td_test_case *c = harness_cases(); c; c = c->next) {
         if (!c->name || !c->name[0] || !c->fn)
             return td_error(TD_ERR_INVALID, "a test case has no name or no body");
         if (c->world_size < 0 || c->world_size > 64)
@@ -266,7 +66,7 @@ static void select_param(void *arg, const td_test_case *cc, const char *param, s
 {
     selection *s = arg;
     td_test_case *c = (td_test_case *)cc;
-    char *name = instance_name(c, param, plen);
+    char *name = harness_instance_name(c, param, plen);
     bool take = s->argc == 0 && !c->hidden;
     for (int i = 0; i < s->argc; i++) {
         const char *pat = s->argv[i];
@@ -342,8 +142,8 @@ static void write_launcher_words(FILE *f, const char *command, int np)
 static int write_ctest(const char *file, const char *exe, const launcher *launchers, int nlaunchers)
 {
     selection sel = {0};
-    for (td_test_case *c = g_head; c; c = c->next)
-        for_each_param(c, select_param, &sel);
+    for (td_test_case *c = harness_cases(); c; c = c->next)
+        harness_for_each_param(c, select_param, &sel);
     char *tmp = td_asprintf("%s.tmp", file);
     FILE *f = fopen(tmp, "we");
     if (!f) {
@@ -535,8 +335,8 @@ int td_test_main(int argc, char **argv)
     }
     free(launchers);
     selection sel = {.argc = nnames, .argv = names, .used = td_calloc((size_t)nnames + 1, sizeof(bool))};
-    for (td_test_case *c = g_head; c; c = c->next)
-        for_each_param(c, select_param, &sel);
+    for (td_test_case *c = harness_cases(); c; c = c->next)
+        harness_for_each_param(c, select_param, &sel);
     int rc = 0;
     for (int i = 0; i < nnames; i++)
         if (!sel.used[i]) {

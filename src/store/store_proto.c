@@ -1,8 +1,8 @@
-/* The TCPStore wire format (tcp_proto.h, docs/protocols.md): the request parser the server runs on
+/* The TCPStore wire format (store_proto.h, docs/protocols.md): the request parser the server runs on
  * bytes from the network, and the encoders both sides use. The parser is written as a bounded
  * cursor over the received bytes so that no length from a peer is used before it was checked
  * against what is there and against the configured limits. */
-#include "store/tcp_proto.h"
+#include "store/store_proto.h"
 
 #include <string.h>
 

@@ -54,7 +54,7 @@ static inline void coll_copy(void *dst, const void *src, size_t bytes)
         memmove(dst, src, bytes);
 }
 
-/* ---- the pipelined exchange engine (ring.c) ---------------------------------------------------
+/* ---- the pipelined exchange engine (engine.c) ---------------------------------------------------
  * A sequence of steps; at each, this rank sends a block to `to` and receives one from `from`.
  * Every block is cut into the same number of chunks, and chunks flow as soon as they are ready:
  * step s's chunk j is sent once step s-1's chunk j has arrived (and been reduced), so reduction

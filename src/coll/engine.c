@@ -1,14 +1,128 @@
-/* The pipelined exchange engine (coll_ring_run in coll_impl.h) behind every bandwidth-bound
- * algorithm: ring reduce-scatter and all-gather, the halving/doubling exchanges of rhd and rd.
+/* The step engine every algorithm runs on (coll_impl.h): the per-group context (scratch memory,
+ * xfer and step arrays grown rarely, so that nothing is allocated per operation after warm-up),
+ * tagged sends and receives of one collective over the transport, chunking, and the pipelined
+ * exchange behind every bandwidth-bound algorithm: ring reduce-scatter and all-gather, the
+ * halving/doubling exchanges of rhd and rd.
  *
- * Steps are cut into chunks (TDIST_COLL_CHUNK), numbered m = step * K + chunk. Receives are posted
- * a window ahead (so the data of chunk m+1 is already landing while chunk m is being reduced, and
- * a posted receive takes the payload straight from the socket); a send is posted as soon as its
- * chunk is ready, which for step s means that chunk j of step s-1 has arrived and been reduced.
- * Sends come straight from the caller's memory, receives for "direct" steps go straight into it,
- * and reducing steps go through a window of scratch slots. Everything lives in preallocated xfers
- * and scratch: nothing is allocated per chunk. */
+ * Pipelined steps are cut into chunks (TDIST_COLL_CHUNK), numbered m = step * K + chunk. Receives
+ * are posted a window ahead (so the data of chunk m+1 is already landing while chunk m is being
+ * reduced, and a posted receive takes the payload straight from the socket); a send is posted as
+ * soon as its chunk is ready, which for step s means that chunk j of step s-1 has arrived and been
+ * reduced. Sends come straight from the caller's memory, receives for "direct" steps go straight
+ * into it, and reducing steps go through a window of scratch slots. */
 #include "coll/coll_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/hugealloc.h"
+
+/* ---- context ---------------------------------------------------------------------------------- */
+
+td_status td_coll_ctx_init(td_coll_ctx *c, td_transport *t, const td_coll_config *cfg)
+{
+    memset(c, 0, sizeof *c);
+    if (cfg)
+        c->cfg = *cfg;
+    else
+        TD_TRY(td_coll_config_from_env(&c->cfg));
+    c->t = t;
+    c->rank = t->rank;
+    c->size = t->size;
+    c->ptrs = td_calloc((size_t)c->size * 4, sizeof(void *));
+    return TD_OK;
+}
+
+void td_coll_ctx_free(td_coll_ctx *c)
+{
+    free(c->scratch);
+    free(c->xfers);
+    free(c->ptrs);
+    free(c->steps);
+    memset(c, 0, sizeof *c);
+}
+
+static size_t grow_to(size_t need)
+{
+    size_t cap = 4096;
+    while (cap < need)
+        cap *= 2;
+    return cap;
+}
+
+td_status coll_scratch(coll_run *R, size_t bytes, char **out)
+{
+    td_coll_ctx *c = R->c;
+    if (bytes > c->scratch_cap || !c->scratch) {
+        size_t cap = grow_to(bytes);
+        void *p = NULL;
+        TD_TRY(td_try_alloc_huge(cap, "collective scratch buffer", &p));
+        free(c->scratch);
+        c->scratch = p;
+        c->scratch_cap = cap;
+    }
+    *out = c->scratch;
+    return TD_OK;
+}
+
+td_status coll_xfers(coll_run *R, size_t n, td_xfer **out)
+{
+    td_coll_ctx *c = R->c;
+    if (n > c->xfers_cap) {
+        size_t cap = 16;
+        while (cap < n)
+            cap *= 2;
+        free(c->xfers);
+        c->xfers = td_calloc(cap, sizeof(td_xfer));
+        c->xfers_cap = cap;
+    }
+    for (size_t i = 0; i < n; i++)
+        c->xfers[i].on_done = NULL;
+    *out = c->xfers;
+    return TD_OK;
+}
+
+ring_step *coll_steps(coll_run *R, size_t n)
+{
+    td_coll_ctx *c = R->c;
+    if (n > c->steps_cap) {
+        free(c->steps);
+        c->steps_cap = n < 16 ? 16 : n;
+        c->steps = td_calloc(c->steps_cap, sizeof(ring_step));
+    }
+    memset(c->steps, 0, n * sizeof(ring_step));
+    return c->steps;
+}
+
+td_status coll_isend(coll_run *R, int peer, uint32_t step, const void *buf, size_t bytes, td_xfer *x)
+{
+    return td_transport_isend1(R->t, peer, coll_tag(R, step), buf, bytes, R->dl, x);
+}
+
+td_status coll_irecv(coll_run *R, int peer, uint32_t step, void *buf, size_t bytes, td_xfer *x)
+{
+    return td_transport_irecv1(R->t, peer, coll_tag(R, step), buf, bytes, R->dl, x);
+}
+
+td_status coll_wait(coll_run *R, td_xfer *x) { return td_transport_wait(R->t, x, R->dl); }
+
+td_status coll_sendrecv(coll_run *R, int to, const void *sbuf, size_t sbytes, int from, void *rbuf, size_t rbytes,
+                        uint32_t step)
+{
+    return td_transport_sendrecv(R->t, to, sbuf, sbytes, from, rbuf, rbytes, coll_tag(R, step), R->dl);
+}
+
+size_t coll_nchunks(const coll_run *R, size_t count)
+{
+    size_t bytes = count * R->esize;
+    size_t chunk = R->c->cfg.chunk_bytes;
+    size_t k = (bytes + chunk - 1) / chunk;
+    return k ? k : 1;
+}
+
+/* ---- the pipelined exchange ------------------------------------------------------------------ */
 
 #define RECV_WINDOW 32
 #define SEND_WINDOW 8

@@ -27,13 +27,13 @@
 #include "backends/auto.h"
 #include "backends/auto_route.h"
 #include "backends/builtin.h"
-#include "backends/p2p.h"
-#include "backends/transport_backend.h"
 #include "base/alloc.h"
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/host.h"
 #include "base/log.h"
+#include "coll/coll.h"
+#include "coll/p2p.h"
 #include "coll/shm_coll.h"
 #include "transport/shm.h"
 #include "transport/tcp.h"
@@ -174,7 +174,7 @@ static td_status auto_create(const td_backend_args *a, void **state)
                 members[s->local_index[r]] = a->global_ranks ? a->global_ranks[r] : r;
         char prefix[64];
         snprintf(prefix, sizeof prefix, "auto/shm/%d/", s->host);
-        td_shm_options so = {.setup = td_transport_backend_setup(a, prefix)};
+        td_shm_options so = {.setup = coll_transport_setup(a, prefix)};
         so.setup.rank = s->local_rank;
         so.setup.size = s->local_size;
         so.setup.global_ranks = members;
@@ -182,7 +182,7 @@ static td_status auto_create(const td_backend_args *a, void **state)
         free(members);
     }
     if (st == TD_OK) {
-        td_tcp_options to = {.setup = td_transport_backend_setup(a, "auto/tcp/")};
+        td_tcp_options to = {.setup = coll_transport_setup(a, "auto/tcp/")};
         st = td_tcp_transport_create(&to, &s->tcp);
     }
     if (st != TD_OK) {
@@ -329,7 +329,7 @@ static td_status auto_submit(void *state, const td_coll *c, td_work *work)
         return s->inner->submit(s->inner_state, c, work);
     if (c->kind == TD_COLL_SEND || c->kind == TD_COLL_RECV)
         return td_p2p_submit(&s->p2p, s->tcp, c, work);
-    return td_backend_finish(work, hier_run(s, c));
+    return coll_finish(work, hier_run(s, c));
 }
 
 static void auto_abort(void *state, td_status status, const char *message)

@@ -4,13 +4,13 @@
  * reduce_scatter, barrier) and the transport algorithms of src/coll otherwise (all_to_all, or
  * whatever TDIST_ALGO forces); they run on the worker thread and complete before submit returns.
  * SEND and RECV are posted and complete through the transport's callback. A failed collective has
- * aborted the transport, which tells the other ranks at once. The glue it shares with the tcp
- * backend is in transport_backend.c. */
+ * aborted the transport, which tells the other ranks at once. The rest it shares with the tcp
+ * backend: the collective layer's group over a transport (coll.h). */
 #include <tdist/backend.h>
 
 #include "backends/builtin.h"
-#include "backends/transport_backend.h"
 #include "base/error.h"
+#include "coll/coll.h"
 #include "coll/shm_coll.h"
 #include "transport/shm.h"
 
@@ -18,18 +18,18 @@ static td_status shm_create(const td_backend_args *a, void **state)
 {
     td_coll_config cfg;
     TD_TRY(td_coll_config_from_env(&cfg));
-    td_shm_options o = {.setup = td_transport_backend_setup(a, "shm/")};
+    td_shm_options o = {.setup = coll_transport_setup(a, "shm/")};
     td_transport *t;
     TD_TRY(td_shm_transport_create(&o, &t));
-    return td_transport_backend_create(t, &cfg, td_shm_coll_run, state);
+    return coll_group_create(t, &cfg, td_shm_coll_run, state);
 }
 
 const td_backend_ops td_backend_shm_ops = {
     .name = "shm",
     .create = shm_create,
-    .submit = td_transport_backend_submit,
-    .abort = td_transport_backend_abort,
-    .destroy = td_transport_backend_destroy,
+    .submit = coll_group_submit,
+    .abort = coll_group_abort,
+    .destroy = coll_group_destroy,
     .supports = NULL,
     .caps = TD_BACKEND_CAP_CALLER_THREAD,
 };

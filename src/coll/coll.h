@@ -99,4 +99,26 @@ td_status td_coll_run(td_coll_ctx *c, const td_coll *op, td_algo algo);
 /* The algorithm td_coll_run picks for op with algo AUTO. */
 td_algo td_coll_choose(const td_coll_ctx *c, const td_coll *op);
 
+/* ---- a group over one transport ------------------------------------------------------------
+ * The state and td_backend_ops entries of a backend made of one transport (tcp, shm): a collective
+ * runs on the submitting thread, which drives the transport while it waits, and is completed before
+ * submit returns; SEND and RECV are only posted (p2p.h) and complete through the transport's
+ * callback. abort aborts the transport, so that the other ranks learn of a failure at once instead
+ * of at their timeout. */
+
+/* A backend's own algorithms for one collective (shm's, over shared memory), tried instead of
+ * td_coll_run's; they fall back to td_coll_run themselves. */
+typedef td_status (*coll_own_run)(td_coll_ctx *ctx, const td_coll *op);
+
+/* The set-up of the group's transport (its store, ranks, timeout, name) under key_prefix. */
+td_transport_setup coll_transport_setup(const td_backend_args *a, const char *key_prefix);
+/* The state of a group over t, which it takes (and destroys on failure too). own_run may be NULL. */
+td_status coll_group_create(td_transport *t, const td_coll_config *cfg, coll_own_run own_run, void **state);
+td_status coll_group_submit(void *state, const td_coll *c, td_work *work);
+void coll_group_abort(void *state, td_status status, const char *message);
+void coll_group_destroy(void *state);
+/* Completes work with the result st of a collective that ran on this thread (with its message on
+ * failure); returns TD_OK, what submit returns then. */
+td_status coll_finish(td_work *work, td_status st);
+
 #endif

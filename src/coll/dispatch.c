@@ -3,8 +3,11 @@
  * resolved PREMUL_SUM and AVG into SUM: backend.h). Dependencies point one way: this file calls
  * the algorithms (allreduce.c, rooted.c, exchange.c), which run on the step engine (engine.c: the
  * per-group context, scratch, sends and receives, the pipelined exchange), which uses the
- * transport. */
+ * transport. The group over one transport at the end of the file is what the tcp and shm
+ * backends hand their operations to: a collective's algorithm runs from here, and a send or a
+ * receive is posted through p2p.c. */
 #include "coll/coll_impl.h"
+#include "coll/p2p.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -271,4 +274,76 @@ td_status td_coll_run(td_coll_ctx *c, const td_coll *op, td_algo algo)
         td_error_set(s, msg);
     }
     return s;
+}
+
+/* ---- a group over one transport: what the tcp and shm backends submit to -------------------- */
+
+typedef struct coll_group {
+    td_transport *t;
+    td_coll_ctx coll;
+    td_p2p_pool p2p;
+    coll_own_run own_run; /* the backend's own algorithms (shm); NULL: those of td_coll_run */
+} coll_group;
+
+td_transport_setup coll_transport_setup(const td_backend_args *a, const char *key_prefix)
+{
+    td_transport_setup g = {
+        .store = a->store,
+        .key_prefix = key_prefix,
+        .rank = a->rank,
+        .size = a->size,
+        .global_ranks = a->global_ranks,
+        .timeout_ms = a->timeout_ms,
+        .group_name = a->group_name,
+    };
+    return g;
+}
+
+td_status coll_group_create(td_transport *t, const td_coll_config *cfg, coll_own_run own_run, void **state)
+{
+    coll_group *s = TD_NEW(coll_group);
+    s->t = t;
+    s->own_run = own_run;
+    td_p2p_pool_init(&s->p2p);
+    td_status st = td_coll_ctx_init(&s->coll, t, cfg);
+    if (st != TD_OK) {
+        td_transport_destroy(t);
+        td_p2p_pool_free(&s->p2p);
+        free(s);
+        return st;
+    }
+    *state = s;
+    return TD_OK;
+}
+
+td_status coll_finish(td_work *work, td_status st)
+{
+    if (st == TD_OK)
+        td_work_done(work, TD_OK, -1, NULL);
+    else
+        td_work_done(work, st, -1, "%s", td_last_error());
+    return TD_OK;
+}
+
+td_status coll_group_submit(void *state, const td_coll *c, td_work *work)
+{
+    coll_group *s = state;
+    if (c->kind == TD_COLL_SEND || c->kind == TD_COLL_RECV)
+        return td_p2p_submit(&s->p2p, s->t, c, work);
+    return coll_finish(work, s->own_run ? s->own_run(&s->coll, c) : td_coll_run(&s->coll, c, TD_ALGO_AUTO));
+}
+
+void coll_group_abort(void *state, td_status status, const char *message)
+{
+    coll_group *s = state;
+    td_transport_abort(s->t, status, message);
+}
+
+void coll_group_destroy(void *state)
+{
+    coll_group *s = state;
+    td_transport_destroy(s->t);
+    td_coll_ctx_free(&s->coll);
+    td_p2p_pool_free(&s->p2p);
+    free(s);
 }

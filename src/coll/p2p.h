@@ -1,8 +1,8 @@
 /* Internal to the backends that run over transports (tcp, shm, auto): point-to-point operations
  * (SEND, RECV) posted on a transport, completed through the transport's callback on whichever
  * thread makes progress, from a free list of operations that only grows while warming up. */
-#ifndef TDIST_BACKENDS_P2P_H
-#define TDIST_BACKENDS_P2P_H
+#ifndef TDIST_COLL_P2P_H
+#define TDIST_COLL_P2P_H
 
 #include <pthread.h>
 

@@ -1,7 +1,7 @@
 /* Point-to-point operations of the backends over transports (p2p.h): each posted as one xfer
  * whose callback completes the work, so isend/irecv pairs posted in any order on two ranks never
  * deadlock and the worker thread never blocks on them. */
-#include "backends/p2p.h"
+#include "coll/p2p.h"
 
 #include <stdlib.h>
 

@@ -1,5 +1,5 @@
 /* shm_coll_bench: the shm backend's all_reduce without the process-group front end: the shared-
- * memory collectives (coll/shm_coll.h) called straight on the shm transport, in the ranks'
+ * memory collectives (backends/shm/direct.h) called straight on the shm transport, in the ranks'
  * own threads, so that bench/shm/run.sh can show what the backend costs beside what a
  * td_pg_all_reduce call costs (tdist-bench), whose worker thread adds a hand-off per call.
  *
@@ -23,7 +23,7 @@
 #include "base/clock.h"
 #include "base/env.h"
 #include "base/error.h"
-#include "coll/shm_coll.h"
+#include "backends/shm/direct.h"
 #include "transport/shm.h"
 
 typedef struct bench {

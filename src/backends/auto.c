@@ -34,7 +34,7 @@
 #include "base/log.h"
 #include "coll/coll.h"
 #include "coll/p2p.h"
-#include "coll/shm_coll.h"
+#include "backends/shm/direct.h"
 #include "transport/shm.h"
 #include "transport/tcp.h"
 

@@ -16,7 +16,7 @@
  *   reduce_scatter  ring (pipelined), direct
  *   all_to_all      pairwise, direct
  *   barrier         dissemination
- * and, on the shm backend only (coll/shm_coll.h; td_coll_run takes them as auto): shm (direct
+ * and, on the shm backend only (backends/shm/direct.h; td_coll_run takes them as auto): shm (direct
  * copies through shared memory) for every collective but all_to_all, shm_flat for all_reduce and
  * reduce.
  * Every all_reduce algorithm gives bit-identical results on every rank (each element's reduction
@@ -47,7 +47,7 @@ typedef enum td_algo {
     TD_ALGO_DIRECT,
     TD_ALGO_PAIRWISE,
     TD_ALGO_DISSEMINATION,
-    TD_ALGO_SHM,      /* the shm backend's direct algorithms (coll/shm_coll.h); elsewhere: auto */
+    TD_ALGO_SHM,      /* the shm backend's direct algorithms (backends/shm/direct.h); elsewhere: auto */
     TD_ALGO_SHM_FLAT, /* the shm backend's one-step all_reduce / reduce for small messages */
     TD_ALGO_COUNT
 } td_algo;

@@ -247,7 +247,7 @@ static td_status dispatch(coll_run *R, td_algo a)
 td_status td_coll_run(td_coll_ctx *c, const td_coll *op, td_algo algo)
 {
     if (algo == TD_ALGO_AUTO || algo == TD_ALGO_SHM || algo == TD_ALGO_SHM_FLAT)
-        algo = td_coll_choose(c, op); /* the shm algorithms need shared memory: coll/shm_coll.h */
+        algo = td_coll_choose(c, op); /* the shm algorithms need shared memory: backends/shm/direct.h */
     if (!td_algo_supports(algo, op->kind))
         return td_error(TD_ERR_INVALID, "%s has no algorithm '%s'", kind_name(op->kind), td_algo_name(algo));
     coll_run R = {

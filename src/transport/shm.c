@@ -42,7 +42,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <tdist/backend.h>
 #include <tdist/tensor.h>
 
 #include "base/alloc.h"
@@ -820,25 +819,6 @@ bool td_transport_is_shm(const td_transport *t) { return t && t->ops == &shm_ops
 
 /* ---- direct access ----------------------------------------------------------------------------- */
 
-td_shm_desc td_shm_desc_make(int kind, int dtype, int op, int root, uint64_t count)
-{
-    td_shm_desc d;
-    d.what = (uint64_t)(uint8_t)kind | (uint64_t)(uint8_t)dtype << 8 | (uint64_t)(uint8_t)op << 16 |
-             (uint64_t)(uint32_t)(root + 1) << 32;
-    d.count = count;
-    return d;
-}
-
-static void desc_str(const td_shm_desc *d, char *out, size_t size)
-{
-    int kind = (int)(d->what & 0xff), dtype = (int)((d->what >> 8) & 0xff);
-    int root = (int)(uint32_t)(d->what >> 32) - 1;
-    int n = snprintf(out, size, "%s of %llu %s elements", td_coll_kind_name((td_coll_kind)kind),
-                     (unsigned long long)d->count, td_dtype_name((td_dtype)dtype));
-    if (root >= 0 && n > 0 && (size_t)n < size)
-        snprintf(out + n, size - (size_t)n, " (root %d)", root);
-}
-
 size_t td_shm_small_bytes(const td_transport *t) { return (size_t)((const shm_transport *)t)->layout.small_bytes; }
 size_t td_shm_slot_bytes(const td_transport *t) { return (size_t)((const shm_transport *)t)->layout.slot_bytes; }
 
@@ -885,9 +865,8 @@ static int check_peer(shm_transport *t, int r, uint64_t e, const td_shm_desc *d)
         uint64_t de = p->arrive->desc_epoch[k], w = p->arrive->what[k], c = p->arrive->count[k];
         if (de == e && (w != d->what || c != d->count)) {
             char mine[96], theirs[96], msg[TD_XFER_ERROR_MAX + 64];
-            td_shm_desc o = {w, c};
-            desc_str(d, mine, sizeof mine);
-            desc_str(&o, theirs, sizeof theirs);
+            d->describe(d->what, d->count, mine, sizeof mine);
+            d->describe(w, c, theirs, sizeof theirs);
             snprintf(msg, sizeof msg,
                      "Ranks disagree about a collective: rank %d runs %s, rank %d runs %s; every rank must run the "
                      "same collectives with the same sizes",

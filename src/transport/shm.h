@@ -1,6 +1,6 @@
 /* The shm transport: td_transport (transport/transport.h) between the ranks of one host over
  * shared memory, plus direct access to that memory for the shared-memory collectives
- * (coll/shm_coll.h).
+ * (backends/shm/direct.h).
  *
  * Set-up (shm_connect.c) goes through a store: each rank creates one segment (tensor/segment.h),
  * unlinked from /dev/shm at once, listens on an abstract UNIX-domain socket and publishes its name;
@@ -55,11 +55,12 @@ bool td_transport_is_shm(const td_transport *t);
  * with its own, so ranks that disagree about a collective fail instead of mixing their data. */
 
 typedef struct td_shm_desc {
-    uint64_t what;  /* kind, dtype, reduce op, root: td_shm_desc_make */
+    uint64_t what;  /* the caller's encoding of what runs (kind, dtype, reduce op, root) */
     uint64_t count; /* elements */
+    /* Names an operation given by (what, count) for the mismatch message: "all_reduce of 8
+     * float32 elements". Not compared, not shared. */
+    void (*describe)(uint64_t what, uint64_t count, char *out, size_t size);
 } td_shm_desc;
-
-td_shm_desc td_shm_desc_make(int kind, int dtype, int op, int root, uint64_t count);
 
 size_t td_shm_small_bytes(const td_transport *t);
 size_t td_shm_slot_bytes(const td_transport *t);

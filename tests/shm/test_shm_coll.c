@@ -1,4 +1,4 @@
-/* The shared-memory collectives (src/coll/shm_coll.h) and every transport algorithm of src/coll
+/* The shared-memory collectives (src/backends/shm/direct.h) and every transport algorithm of src/coll
  * over the shm transport, between real rank processes, for world sizes 1 to 4: each direct
  * algorithm forced (and the automatic choice), sizes 0, 1, odd, and many times a slot (the slots
  * are cut to 4 KiB so that chunking runs on small data), several dtypes and reduce ops (AVG and
@@ -15,7 +15,7 @@
 
 #include "../support/coll_check.h"
 #include "base/clock.h"
-#include "coll/shm_coll.h"
+#include "backends/shm/direct.h"
 #include "shm_util.h"
 
 /* Direct algorithms forced per kind (the others run through the transport algorithms). */

@@ -1,6 +1,6 @@
 /* The "shm" backend (tdist/backend.h): every rank of the group on one host, talking through
  * shared memory (transport/shm.h). Collectives use the direct shared-memory algorithms where they
- * exist (coll/shm_coll.h: all_reduce, reduce, broadcast, all_gather, gather, scatter,
+ * exist (backends/shm/direct.h: all_reduce, reduce, broadcast, all_gather, gather, scatter,
  * reduce_scatter, barrier) and the transport algorithms of src/coll otherwise (all_to_all, or
  * whatever TDIST_ALGO forces); they run on the worker thread and complete before submit returns.
  * SEND and RECV are posted and complete through the transport's callback. A failed collective has
@@ -11,7 +11,7 @@
 #include "backends/builtin.h"
 #include "base/error.h"
 #include "coll/coll.h"
-#include "coll/shm_coll.h"
+#include "backends/shm/direct.h"
 #include "transport/shm.h"
 
 static td_status shm_create(const td_backend_args *a, void **state)

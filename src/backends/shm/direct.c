@@ -1,10 +1,11 @@
-/* The shared-memory collectives (coll/shm_coll.h) over the shm transport's direct access
+/* The shared-memory collectives (backends/shm/direct.h) over the shm transport's direct access
  * (transport/shm.h): each is a sequence of epochs in which ranks write their slots, raise their
  * arrival, and read the slots of the peers that arrived. Choice by size and world size here;
  * everything that has no direct algorithm goes to td_coll_run. */
-#include "coll/shm_coll.h"
+#include "backends/shm/direct.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -30,6 +31,23 @@ typedef struct srun {
     int64_t dl;
     td_shm_desc d;
 } srun;
+
+/* An arrival's description of a collective: kind, dtype, reduce op and root (+1) in one word. */
+static uint64_t desc_what(int kind, int dtype, int op, int root)
+{
+    return (uint64_t)(uint8_t)kind | (uint64_t)(uint8_t)dtype << 8 | (uint64_t)(uint8_t)op << 16 |
+           (uint64_t)(uint32_t)(root + 1) << 32;
+}
+
+static void desc_describe(uint64_t what, uint64_t count, char *out, size_t size)
+{
+    int kind = (int)(what & 0xff), dtype = (int)((what >> 8) & 0xff);
+    int root = (int)(uint32_t)(what >> 32) - 1;
+    int n = snprintf(out, size, "%s of %llu %s elements", td_coll_kind_name((td_coll_kind)kind),
+                     (unsigned long long)count, td_dtype_name((td_dtype)dtype));
+    if (root >= 0 && n > 0 && (size_t)n < size)
+        snprintf(out + n, size - (size_t)n, " (root %d)", root);
+}
 
 td_algo td_shm_coll_choose(const td_coll_ctx *c, const td_coll *op)
 {
@@ -362,8 +380,11 @@ td_status td_shm_coll_run(td_coll_ctx *c, const td_coll *op)
                        op->kind == TD_COLL_SCATTER
                    ? op->root
                    : -1;
-    S.d = td_shm_desc_make((int)op->kind, (int)op->dtype, td_coll_kind_reduces(op->kind) ? (int)op->op.kind : 0, root,
-                           op->count);
+    S.d = (td_shm_desc){
+        .what = desc_what((int)op->kind, (int)op->dtype, td_coll_kind_reduces(op->kind) ? (int)op->op.kind : 0, root),
+        .count = op->count,
+        .describe = desc_describe,
+    };
     td_status s;
     switch (op->kind) {
     case TD_COLL_ALL_REDUCE:

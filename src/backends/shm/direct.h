@@ -18,8 +18,8 @@
  * ranks get the same bits; the hot path allocates nothing. PREMUL_SUM's scaling is folded into the
  * copy into the slot, AVG's division into the reduced slice. A failure aborts the transport
  * (every rank fails, naming the cause). */
-#ifndef TDIST_COLL_SHM_COLL_H
-#define TDIST_COLL_SHM_COLL_H
+#ifndef TDIST_BACKENDS_SHM_DIRECT_H
+#define TDIST_BACKENDS_SHM_DIRECT_H
 
 #include "coll/coll.h"
 

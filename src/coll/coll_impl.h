@@ -32,6 +32,8 @@ td_status coll_xfers(coll_run *R, size_t n, td_xfer **out);
 td_status coll_isend(coll_run *R, int peer, uint32_t step, const void *buf, size_t bytes, td_xfer *x);
 td_status coll_irecv(coll_run *R, int peer, uint32_t step, void *buf, size_t bytes, td_xfer *x);
 td_status coll_wait(coll_run *R, td_xfer *x);
+/* A blocking send (coll_isend, then coll_wait). */
+td_status coll_send(coll_run *R, int peer, uint32_t step, const void *buf, size_t bytes);
 td_status coll_sendrecv(coll_run *R, int to, const void *sbuf, size_t sbytes, int from, void *rbuf, size_t rbytes,
                         uint32_t step);
 

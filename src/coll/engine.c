@@ -98,7 +98,7 @@ ring_step *coll_steps(coll_run *R, size_t n)
 
 td_status coll_isend(coll_run *R, int peer, uint32_t step, const void *buf, size_t bytes, td_xfer *x)
 {
-    return td_transport_isend1(R->t, peer, coll_tag(R, step), buf, bytes, R->dl, x);
+    return td_transport_isend1_posted(R->t, peer, coll_tag(R, step), buf, bytes, R->dl, x);
 }
 
 td_status coll_irecv(coll_run *R, int peer, uint32_t step, void *buf, size_t bytes, td_xfer *x)
@@ -108,10 +108,17 @@ td_status coll_irecv(coll_run *R, int peer, uint32_t step, void *buf, size_t byt
 
 td_status coll_wait(coll_run *R, td_xfer *x) { return td_transport_wait(R->t, x, R->dl); }
 
+td_status coll_send(coll_run *R, int peer, uint32_t step, const void *buf, size_t bytes)
+{
+    td_xfer x = {.on_done = NULL};
+    TD_TRY(coll_isend(R, peer, step, buf, bytes, &x));
+    return coll_wait(R, &x);
+}
+
 td_status coll_sendrecv(coll_run *R, int to, const void *sbuf, size_t sbytes, int from, void *rbuf, size_t rbytes,
                         uint32_t step)
 {
-    return td_transport_sendrecv(R->t, to, sbuf, sbytes, from, rbuf, rbytes, coll_tag(R, step), R->dl);
+    return td_transport_sendrecv(R->t, to, sbuf, sbytes, from, rbuf, rbytes, coll_tag(R, step), R->dl, true);
 }
 
 size_t coll_nchunks(const coll_run *R, size_t count)
@@ -150,20 +157,13 @@ typedef struct engine {
     size_t pr, dr, ps, ds; /* receives posted / done, sends posted / done */
 } engine;
 
-/* A step without a send or a receive gets an xfer that is already complete. */
-static void null_xfer(td_xfer *x)
-{
-    x->on_done = NULL;
-    x->status = TD_OK;
-    atomic_store_explicit(&x->state, 1, memory_order_relaxed);
-}
 
 static td_status post_recv(engine *e)
 {
     size_t m = e->pr, s = m / e->K, j = m % e->K, lo, hi;
     const ring_step *st = &e->st[s];
     if (st->no_recv) {
-        null_xfer(&e->rx[m % RECV_WINDOW]);
+        td_xfer_set_empty(&e->rx[m % RECV_WINDOW]);
         e->pr++;
         return TD_OK;
     }
@@ -184,7 +184,7 @@ static td_status post_send(engine *e)
         e->ds++;
     }
     if (st->no_send) {
-        null_xfer(&e->sx[m % SEND_WINDOW]);
+        td_xfer_set_empty(&e->sx[m % SEND_WINDOW]);
         e->ps++;
         return TD_OK;
     }

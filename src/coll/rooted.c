@@ -170,7 +170,7 @@ td_status coll_gather_direct(coll_run *R)
     int n = R->size, r = R->rank;
     size_t bytes = op->count * R->esize;
     if (r != op->root)
-        return td_transport_send(R->t, op->root, coll_tag(R, 0), op->in, bytes, R->dl);
+        return coll_send(R, op->root, 0, op->in, bytes);
     coll_copy(op->out_blocks[r], op->in, bytes);
     td_xfer *xf;
     TD_TRY(coll_xfers(R, (size_t)n, &xf));
@@ -201,7 +201,7 @@ td_status coll_gather_tree(coll_run *R)
     }
     TD_TRY(td_transport_wait_all(R->t, xf, t.nchildren, R->dl));
     if (t.parent >= 0)
-        return td_transport_send(R->t, t.parent, coll_tag(R, 0), tmp, (size_t)sz * bytes, R->dl);
+        return coll_send(R, t.parent, 0, tmp, (size_t)sz * bytes);
     for (int i = 0; i < n; i++)
         coll_copy(op->out_blocks[real_of(i, op->root, n)], tmp + (size_t)i * bytes, bytes);
     return TD_OK;

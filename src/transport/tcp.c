@@ -836,9 +836,9 @@ static td_status tcp_isend(td_transport *base, int peer_rank, td_xfer *x)
         pthread_mutex_unlock(&t->m.mu);
         return s;
     }
-    /* Collective messages (top tag bit) only: their receives are always posted, while a user's
-     * send must complete even if the receive comes much later. */
-    if (p->cma_send && (x->tag >> 63) && x->total >= CMA_MIN) {
+    /* Only sends whose receives are surely posted (td_transport_isend1_posted): a user's send must
+     * complete even if the receive comes much later. */
+    if (p->cma_send && x->recv_posted && x->total >= CMA_MIN) {
         x->kind |= XK_RTS;
         x->order = ++t->next_cookie;
     }

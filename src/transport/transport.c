@@ -1,5 +1,5 @@
-/* Transport-independent helpers over td_transport_ops (transport.h): setting up xfers from iovecs,
- * the blocking conveniences the algorithms use, and the futex sleep/wake pair that lets a thread
+/* Transport-independent helpers over td_transport_ops (transport.h; the posting calls themselves
+ * are inline there): the blocking conveniences the algorithms use, and the futex sleep/wake pair that lets a thread
  * that is not driving progress wait on one xfer without a shared condition variable. */
 #include "transport/transport.h"
 
@@ -13,71 +13,6 @@
 
 #include "base/clock.h"
 #include "base/error.h"
-
-static td_status prepare(td_transport *t, int peer, uint64_t tag, const struct iovec *iov, int iovcnt,
-                         int64_t deadline_ns, td_xfer *x, int kind)
-{
-    if (iovcnt < 0 || iovcnt > TD_XFER_MAX_IOV)
-        return td_error(TD_ERR_INVALID, "a transfer takes at most %d buffers, got %d", TD_XFER_MAX_IOV, iovcnt);
-    if (tag == TD_TAG_RESERVED)
-        return td_error(TD_ERR_INVALID, "tag %llu is reserved for the transport", (unsigned long long)tag);
-    bool any_ok = kind == TD_XFER_RECV && peer == TD_TRANSPORT_ANY;
-    if (!any_ok && (peer < 0 || peer >= t->size || peer == t->rank))
-        return td_error(TD_ERR_INVALID, "invalid peer rank %d for rank %d in a group of %d", peer, t->rank, t->size);
-    x->status = TD_OK;
-    x->peer = peer;
-    x->nbytes = 0;
-    x->error[0] = '\0';
-    atomic_store_explicit(&x->state, 0, memory_order_relaxed);
-    x->kind = kind;
-    x->tag = tag;
-    x->deadline_ns = deadline_ns;
-    x->order = 0;
-    x->total = 0;
-    x->iovcnt = 0;
-    for (int i = 0; i < iovcnt; i++) {
-        if (iov[i].iov_len == 0)
-            continue;
-        x->iov[x->iovcnt++] = iov[i];
-        x->total += iov[i].iov_len;
-    }
-    x->progress = 0;
-    x->next = NULL;
-    return TD_OK;
-}
-
-td_status td_transport_isend(td_transport *t, int peer, uint64_t tag, const struct iovec *iov, int iovcnt,
-                             int64_t deadline_ns, td_xfer *x)
-{
-    TD_TRY(prepare(t, peer, tag, iov, iovcnt, deadline_ns, x, TD_XFER_SEND));
-    return t->ops->isend(t, peer, x);
-}
-
-td_status td_transport_irecv(td_transport *t, int peer, uint64_t tag, const struct iovec *iov, int iovcnt,
-                             int64_t deadline_ns, td_xfer *x)
-{
-    TD_TRY(prepare(t, peer, tag, iov, iovcnt, deadline_ns, x, TD_XFER_RECV));
-    return t->ops->irecv(t, peer, x);
-}
-
-td_status td_transport_isend1(td_transport *t, int peer, uint64_t tag, const void *buf, size_t len,
-                              int64_t deadline_ns, td_xfer *x)
-{
-    struct iovec iov = {(void *)buf, len};
-    return td_transport_isend(t, peer, tag, &iov, 1, deadline_ns, x);
-}
-
-td_status td_transport_irecv1(td_transport *t, int peer, uint64_t tag, void *buf, size_t len,
-                              int64_t deadline_ns, td_xfer *x)
-{
-    struct iovec iov = {buf, len};
-    return td_transport_irecv(t, peer, tag, &iov, 1, deadline_ns, x);
-}
-
-td_status td_transport_wait(td_transport *t, td_xfer *x, int64_t deadline_ns)
-{
-    return t->ops->wait(t, x, deadline_ns);
-}
 
 td_status td_transport_wait_all(td_transport *t, td_xfer *xs, int n, int64_t deadline_ns)
 {
@@ -113,12 +48,13 @@ td_status td_transport_recv(td_transport *t, int peer, uint64_t tag, void *buf, 
 }
 
 td_status td_transport_sendrecv(td_transport *t, int to, const void *sbuf, size_t slen, int from, void *rbuf,
-                                size_t rlen, uint64_t tag, int64_t deadline_ns)
+                                size_t rlen, uint64_t tag, int64_t deadline_ns, bool recv_posted)
 {
     td_xfer x[2];
     x[0].on_done = x[1].on_done = NULL;
     TD_TRY(td_transport_irecv1(t, from, tag, rbuf, rlen, deadline_ns, &x[1]));
-    td_status s = td_transport_isend1(t, to, tag, sbuf, slen, deadline_ns, &x[0]);
+    td_status s = recv_posted ? td_transport_isend1_posted(t, to, tag, sbuf, slen, deadline_ns, &x[0])
+                              : td_transport_isend1(t, to, tag, sbuf, slen, deadline_ns, &x[0]);
     if (s != TD_OK) {
         /* The receive is posted and must complete before its memory goes: the transport has
          * failed (the only way a valid post fails), so waiting ends at once. */

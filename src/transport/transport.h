@@ -50,6 +50,8 @@
 
 #include <tdist/status.h>
 
+#include "base/error.h"
+
 typedef struct td_transport td_transport;
 typedef struct td_xfer td_xfer;
 typedef struct td_store td_store;
@@ -75,6 +77,7 @@ struct td_xfer {
     /* private */
     atomic_int state; /* 0 pending, 1 done, 2 pending with a thread asleep on it */
     int kind;
+    bool recv_posted; /* sends: the peer's receive is surely posted (td_transport_isend1_posted) */
     uint64_t tag;
     int64_t deadline_ns;
     uint64_t order;   /* posting order, for any-source matching */
@@ -88,6 +91,16 @@ struct td_xfer {
 static inline bool td_xfer_done(td_xfer *x)
 {
     return atomic_load_explicit(&x->state, memory_order_acquire) == 1;
+}
+
+/* Makes x an xfer that completed successfully without being posted, for code that waits on arrays
+ * of xfers where a step has nothing to move. Its callback is cleared. */
+static inline void td_xfer_set_empty(td_xfer *x)
+{
+    x->on_done = NULL;
+    x->status = TD_OK;
+    x->nbytes = 0;
+    atomic_store_explicit(&x->state, 1, memory_order_relaxed);
 }
 
 typedef struct td_transport_ops {
@@ -131,18 +144,95 @@ typedef struct td_transport_setup {
     const char *group_name;   /* checked in the handshake; NULL: "" */
 } td_transport_setup;
 
-/* Set up x from an iovec (at most TD_XFER_MAX_IOV entries) and post it. x's callback fields
- * (on_done, arg) are kept; everything else is reset. */
-td_status td_transport_isend(td_transport *t, int peer, uint64_t tag, const struct iovec *iov, int iovcnt,
-                             int64_t deadline_ns, td_xfer *x);
-td_status td_transport_irecv(td_transport *t, int peer, uint64_t tag, const struct iovec *iov, int iovcnt,
-                             int64_t deadline_ns, td_xfer *x);
+/* The posting calls below are inline, so that an algorithm's send reaches the transport's own
+ * code with one indirect call. transport_prepare sets up x from an iovec (at most TD_XFER_MAX_IOV
+ * entries): x's callback fields (on_done, arg) are kept; everything else is reset. */
+static inline td_status transport_prepare(td_transport *t, int peer, uint64_t tag, const struct iovec *iov, int iovcnt,
+                         int64_t deadline_ns, td_xfer *x, int kind, bool recv_posted)
+{
+    if (iovcnt < 0 || iovcnt > TD_XFER_MAX_IOV)
+        return td_error(TD_ERR_INVALID, "a transfer takes at most %d buffers, got %d", TD_XFER_MAX_IOV, iovcnt);
+    if (tag == TD_TAG_RESERVED)
+        return td_error(TD_ERR_INVALID, "tag %llu is reserved for the transport", (unsigned long long)tag);
+    bool any_ok = kind == TD_XFER_RECV && peer == TD_TRANSPORT_ANY;
+    if (!any_ok && (peer < 0 || peer >= t->size || peer == t->rank))
+        return td_error(TD_ERR_INVALID, "invalid peer rank %d for rank %d in a group of %d", peer, t->rank, t->size);
+    x->status = TD_OK;
+    x->peer = peer;
+    x->nbytes = 0;
+    x->error[0] = '\0';
+    atomic_store_explicit(&x->state, 0, memory_order_relaxed);
+    x->kind = kind;
+    x->recv_posted = recv_posted;
+    x->tag = tag;
+    x->deadline_ns = deadline_ns;
+    x->order = 0;
+    x->total = 0;
+    x->iovcnt = 0;
+    for (int i = 0; i < iovcnt; i++) {
+        if (iov[i].iov_len == 0)
+            continue;
+        x->iov[x->iovcnt++] = iov[i];
+        x->total += iov[i].iov_len;
+    }
+    x->progress = 0;
+    x->next = NULL;
+    return TD_OK;
+}
+
+static inline td_status td_transport_isend(td_transport *t, int peer, uint64_t tag, const struct iovec *iov, int iovcnt,
+                             int64_t deadline_ns, td_xfer *x)
+{
+    TD_TRY(transport_prepare(t, peer, tag, iov, iovcnt, deadline_ns, x, TD_XFER_SEND, false));
+    return t->ops->isend(t, peer, x);
+}
+
+static inline td_status td_transport_irecv(td_transport *t, int peer, uint64_t tag, const struct iovec *iov, int iovcnt,
+                             int64_t deadline_ns, td_xfer *x)
+{
+    TD_TRY(transport_prepare(t, peer, tag, iov, iovcnt, deadline_ns, x, TD_XFER_RECV, false));
+    return t->ops->irecv(t, peer, x);
+}
+
 /* One-buffer forms. */
-td_status td_transport_isend1(td_transport *t, int peer, uint64_t tag, const void *buf, size_t len,
-                              int64_t deadline_ns, td_xfer *x);
-td_status td_transport_irecv1(td_transport *t, int peer, uint64_t tag, void *buf, size_t len,
-                              int64_t deadline_ns, td_xfer *x);
-td_status td_transport_wait(td_transport *t, td_xfer *x, int64_t deadline_ns);
+static inline td_status td_transport_isend1(td_transport *t, int peer, uint64_t tag, const void *buf, size_t len,
+                              int64_t deadline_ns, td_xfer *x)
+{
+    struct iovec iov = {(void *)buf, len};
+    return td_transport_isend(t, peer, tag, &iov, 1, deadline_ns, x);
+}
+
+static inline td_status td_transport_irecv1(td_transport *t, int peer, uint64_t tag, void *buf, size_t len,
+                              int64_t deadline_ns, td_xfer *x)
+{
+    struct iovec iov = {buf, len};
+    return td_transport_irecv(t, peer, tag, &iov, 1, deadline_ns, x);
+}
+
+/* td_transport_isend for a message whose receive the peer posts without waiting for anything this
+ * rank does after sending (every collective algorithm's): the transport may then hold the send
+ * until the receiver pulls the data straight from this rank's memory (tcp's single-copy path on
+ * one host). A user's send must not use it: it has to complete even if the receive comes later. */
+static inline td_status td_transport_isend_posted(td_transport *t, int peer, uint64_t tag, const struct iovec *iov,
+                                                  int iovcnt, int64_t deadline_ns, td_xfer *x)
+{
+    TD_TRY(transport_prepare(t, peer, tag, iov, iovcnt, deadline_ns, x, TD_XFER_SEND, true));
+    return t->ops->isend(t, peer, x);
+}
+
+static inline td_status td_transport_isend1_posted(td_transport *t, int peer, uint64_t tag, const void *buf,
+                                                   size_t len, int64_t deadline_ns, td_xfer *x)
+{
+    struct iovec iov = {(void *)buf, len};
+    return td_transport_isend_posted(t, peer, tag, &iov, 1, deadline_ns, x);
+}
+
+/* Drives progress until x completes (td_transport_ops.wait). */
+static inline td_status td_transport_wait(td_transport *t, td_xfer *x, int64_t deadline_ns)
+{
+    return t->ops->wait(t, x, deadline_ns);
+}
+
 /* Waits for all n (each completes even when one fails); returns the first failure in index order,
  * with its message. Entries never posted must not be passed. */
 td_status td_transport_wait_all(td_transport *t, td_xfer *xs, int n, int64_t deadline_ns);
@@ -150,9 +240,10 @@ td_status td_transport_wait_all(td_transport *t, td_xfer *xs, int n, int64_t dea
 td_status td_transport_send(td_transport *t, int peer, uint64_t tag, const void *buf, size_t len,
                             int64_t deadline_ns);
 td_status td_transport_recv(td_transport *t, int peer, uint64_t tag, void *buf, size_t len, int64_t deadline_ns);
-/* Simultaneous send to one peer and receive from another (the step of ring algorithms). */
+/* Simultaneous send to one peer and receive from another (the step of ring algorithms); recv_posted
+ * as td_transport_isend1_posted says. */
 td_status td_transport_sendrecv(td_transport *t, int to, const void *sbuf, size_t slen, int from, void *rbuf,
-                                size_t rlen, uint64_t tag, int64_t deadline_ns);
+                                size_t rlen, uint64_t tag, int64_t deadline_ns, bool recv_posted);
 static inline void td_transport_abort(td_transport *t, td_status status, const char *message)
 {
     t->ops->abort(t, status, message);

@@ -411,7 +411,7 @@ void tu_check_after_close(tu_world *w)
     TD_CHECK_ERR(td_transport_recv(w->t, 2, 1, b, 4, tu_after_ms(30000)), TD_ERR_PEER_LOST, "rank 2 closed its end");
     for (int i = 0; i < 3; i++) {
         int v = me * 10 + i, got = -1;
-        TD_CHECK_OK(td_transport_sendrecv(w->t, 1 - me, &v, sizeof v, 1 - me, &got, sizeof got, 5, tu_after_ms(30000)));
+        TD_CHECK_OK(td_transport_sendrecv(w->t, 1 - me, &v, sizeof v, 1 - me, &got, sizeof got, 5, tu_after_ms(30000), false));
         TD_CHECK_EQ(got, (1 - me) * 10 + i);
     }
     TD_CHECK_ERR(td_transport_send(w->t, 2, 1, b, 4, tu_after_ms(30000)), TD_ERR_PEER_LOST, "rank 2 closed its end");

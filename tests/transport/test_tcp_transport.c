@@ -168,9 +168,10 @@ TD_TEST(auth_token_match, .world_size = 2, BOTH)
     tu_world_close(&w);
 }
 
-/* ---- single-copy transfers (collective tags, 64 KiB and up, over UNIX-domain sockets) ---------- */
+/* ---- single-copy transfers (sends to surely posted receives, 64 KiB and up, over UNIX-domain
+ * sockets) -------------------------------------------------------------------------------------- */
 
-#define COLL_TAG(x) ((UINT64_C(1) << 63) | (uint64_t)(x))
+#define COLL_TAG(x) ((UINT64_C(1) << 63) | (uint64_t)(x)) /* the tags collectives use */
 
 /* Large collective-tagged messages in both directions at once, from and into several pieces:
  * single copy over "unix", the stream over "tcp"; the same bytes either way. */
@@ -191,7 +192,7 @@ TD_TEST(rendezvous_sizes, .world_size = 2, BOTH)
         td_xfer xs[2];
         xs[0].on_done = xs[1].on_done = NULL;
         TD_CHECK_OK(td_transport_irecv(w.t, peer, COLL_TAG(si), riov, 2, tu_after_ms(30000), &xs[0]));
-        TD_CHECK_OK(td_transport_isend(w.t, peer, COLL_TAG(si), siov, 3, tu_after_ms(30000), &xs[1]));
+        TD_CHECK_OK(td_transport_isend_posted(w.t, peer, COLL_TAG(si), siov, 3, tu_after_ms(30000), &xs[1]));
         TD_CHECK_OK(td_transport_wait_all(w.t, xs, 2, tu_after_ms(30000)));
         TD_CHECK_EQ(xs[0].nbytes, len);
         TD_CHECK_EQ(xs[1].nbytes, len);
@@ -220,10 +221,10 @@ TD_TEST(rendezvous_late_and_mismatched, .world_size = 2, BOTH)
         td_xfer xs[N + 1];
         for (int i = 0; i < N; i++) {
             xs[i].on_done = NULL;
-            TD_CHECK_OK(td_transport_isend1(w.t, 1, COLL_TAG(7), bufs[i], len, tu_after_ms(30000), &xs[i]));
+            TD_CHECK_OK(td_transport_isend1_posted(w.t, 1, COLL_TAG(7), bufs[i], len, tu_after_ms(30000), &xs[i]));
         }
         xs[N].on_done = NULL;
-        TD_CHECK_OK(td_transport_isend1(w.t, 1, COLL_TAG(8), bufs[0], len, tu_after_ms(30000), &xs[N]));
+        TD_CHECK_OK(td_transport_isend1_posted(w.t, 1, COLL_TAG(8), bufs[0], len, tu_after_ms(30000), &xs[N]));
         TD_CHECK_OK(td_store_set_str(w.store, "announced", "1"));
         TD_CHECK_OK(td_transport_wait_all(w.t, xs, N + 1, tu_after_ms(30000)));
     } else {
@@ -259,8 +260,9 @@ TD_TEST(rendezvous_reader_killed, .world_size = 2, .skip_return_code_check = tru
     size_t len = 1 << 20;
     char *buf = calloc(1, len);
     int64_t t0 = td_now_ns();
-    TD_CHECK_ERR(td_transport_send(w.t, 1, COLL_TAG(1), buf, len, tu_after_ms(60000)), TD_ERR_PEER_LOST,
-                 "Connection to rank 1 lost");
+    td_xfer x = {.on_done = NULL};
+    TD_CHECK_OK(td_transport_isend1_posted(w.t, 1, COLL_TAG(1), buf, len, tu_after_ms(60000), &x));
+    TD_CHECK_ERR(td_transport_wait(w.t, &x, tu_after_ms(60000)), TD_ERR_PEER_LOST, "Connection to rank 1 lost");
     TD_CHECK(tu_since_s(t0) < 2.2);
     free(buf);
     w.keep_store = true;

@@ -2,7 +2,7 @@
  *
  * Each rank creates its segment (unlinked from /dev/shm at once: only fds and mappings keep it),
  * writes its header, listens on an abstract UNIX-domain socket, and publishes "hostid sockname
- * nonce pid" as its entry in the store (rendezvous.h: the steps every transport's set-up shares).
+ * nonce pid" as its entry in the store (peer_rendezvous.h: the steps every transport's set-up shares).
  * Having read every peer's entry (and checked that all are on this host), it connects to each
  * higher rank and sends a hello with its segment's fd attached (SCM_RIGHTS); the higher rank checks
  * it (the nonce it published proves the sender read the store) and answers with its own hello and
@@ -23,7 +23,7 @@
 #include "base/error.h"
 #include "base/host.h"
 #include "base/log.h"
-#include "transport/rendezvous.h"
+#include "transport/peer_rendezvous.h"
 
 #define NAME_MAX_LEN 96
 

@@ -3,7 +3,7 @@
  * Each rank listens on port 0 at its bind address (explicit, or TDIST_SOCKET_IFNAME's address, or
  * the local address that reaches MASTER_ADDR, or loopback), and on an abstract UNIX-domain socket
  * for peers on the same host, and publishes "host:port nonce hostid unixname" as its entry in the
- * store (rendezvous.h: the steps every transport's set-up shares). Then it connects to every
+ * store (peer_rendezvous.h: the steps every transport's set-up shares). Then it connects to every
  * higher rank (the deterministic rule: lower connects to higher, so each pair has exactly one
  * connection; over the UNIX socket when the host ids match, else TCP) and sends a hello;
  * meanwhile it accepts the lower ranks' connections, checks their hellos and answers each with an
@@ -35,7 +35,7 @@
 #include "net/addr.h"
 #include "net/io.h"
 #include "net/socket.h"
-#include "transport/rendezvous.h"
+#include "transport/peer_rendezvous.h"
 #include "transport/tcp_proto.h"
 #include "transport/wire.h"
 

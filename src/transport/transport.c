@@ -1,6 +1,6 @@
-/* Transport-independent helpers over td_transport_ops (transport.h; the posting calls themselves
- * are inline there): the blocking conveniences the algorithms use, and the futex sleep/wake pair that lets a thread
- * that is not driving progress wait on one xfer without a shared condition variable. */
+/* Transport-independent helpers over td_transport_ops (transport.h, where the posting calls
+ * themselves are inline): the blocking conveniences, and the futex sleep/wake pair that lets a
+ * thread that is not driving progress wait on one xfer without a shared condition variable. */
 #include "transport/transport.h"
 
 #include <errno.h>

@@ -1,8 +1,8 @@
-/* The transports' common set-up steps through a store (rendezvous.h): generation counting,
+/* The transports' common set-up steps through a store (peer_rendezvous.h): generation counting,
  * publishing and reading the ranks' entries, abstract UNIX-domain sockets, and the handshake's
  * poll loop with its bookkeeping of connections awaiting an answer and accepted ones not yet
  * identified. The tcp and shm set-ups (tcp_connect.c, shm_connect.c) plug their hellos in. */
-#include "transport/rendezvous.h"
+#include "transport/peer_rendezvous.h"
 
 #include <errno.h>
 #include <poll.h>

@@ -7,8 +7,8 @@
  * silent connection cannot stall the set-up: it accepts connections, hands the bytes of each to
  * the transport (which checks hellos and answers), and fails at the deadline naming the ranks
  * still missing. The transport keeps its own formats and checks. */
-#ifndef TDIST_TRANSPORT_RENDEZVOUS_H
-#define TDIST_TRANSPORT_RENDEZVOUS_H
+#ifndef TDIST_TRANSPORT_PEER_RENDEZVOUS_H
+#define TDIST_TRANSPORT_PEER_RENDEZVOUS_H
 
 #include <stdbool.h>
 #include <stddef.h>

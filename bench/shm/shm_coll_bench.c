@@ -85,7 +85,8 @@ static int rank_main(int rank, int n, const char *store_path, uint64_t min, uint
         return 1;
     }
     bench b = {.rank = rank, .n = n};
-    if (td_coll_ctx_init(&b.c, t, NULL) != TD_OK) {
+    td_coll_config cfg;
+    if (td_coll_config_from_env(&cfg) != TD_OK || td_coll_ctx_init(&b.c, t, &cfg) != TD_OK) {
         fprintf(stderr, "shm_coll_bench: %s\n", td_last_error());
         return 1;
     }

@@ -89,7 +89,7 @@ typedef struct td_coll_ctx {
     size_t steps_cap;
 } td_coll_ctx;
 
-/* cfg NULL: td_coll_config_from_env. The transport is borrowed. */
+/* The transport and cfg (td_coll_config_from_env, say) are borrowed. */
 td_status td_coll_ctx_init(td_coll_ctx *c, td_transport *t, const td_coll_config *cfg);
 void td_coll_ctx_free(td_coll_ctx *c);
 

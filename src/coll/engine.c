@@ -24,10 +24,7 @@
 td_status td_coll_ctx_init(td_coll_ctx *c, td_transport *t, const td_coll_config *cfg)
 {
     memset(c, 0, sizeof *c);
-    if (cfg)
-        c->cfg = *cfg;
-    else
-        TD_TRY(td_coll_config_from_env(&c->cfg));
+    c->cfg = *cfg;
     c->t = t;
     c->rank = t->rank;
     c->size = t->size;

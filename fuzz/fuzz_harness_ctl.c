@@ -1,5 +1,5 @@
 /* libFuzzer target for the test harness's control-channel parser (src/testing/ctl.c): the input is
- * what a rank wrote on its channel, fed to td_ctl_parse in chunks of varying size as the parent's
+ * what a rank wrote on its channel, fed to ctl_parse in chunks of varying size as the parent's
  * non-blocking reads would deliver it. Must never crash or read out of bounds; every frame handed
  * over lies within what was fed, and a failure is TD_ERR_INVALID. */
 #include <stdint.h>
@@ -36,9 +36,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t off = 0, step = size ? (size_t)data[0] % 13 + 1 : 1;
     while (off < size) {
         size_t n = size - off < step ? size - off : step;
-        td_buf_append(&in, data + off, n);
+        buf_append(&in, data + off, n);
         off += n;
-        td_status st = td_ctl_parse(&in, on_frame, &s);
+        td_status st = ctl_parse(&in, on_frame, &s);
         if (st != TD_OK) {
             if (st != TD_ERR_INVALID)
                 abort();
@@ -47,6 +47,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (s.bytes + in.len != off)
             abort(); /* consumed frames plus what is buffered is exactly what was fed */
     }
-    td_buf_free(&in);
+    buf_free(&in);
     return 0;
 }

@@ -26,7 +26,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     int fds[1];
     td_value *out = NULL;
-    td_status st = td_mp_msg_decode_bytes(data, size, fds, 0, mp_object_classes, &out);
+    td_status st = mp_msg_decode_bytes(data, size, fds, 0, mp_object_classes, &out);
     if (st == TD_OK) {
         td_value_release(out);
     } else if (st != TD_ERR_INVALID && st != TD_ERR_NOT_FOUND && st != TD_ERR_IO) {

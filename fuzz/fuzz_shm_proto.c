@@ -25,14 +25,14 @@ static void hello(const uint8_t *data, size_t size)
     td_shm_hello h;
     const char *why = NULL;
     for (size_t n = 0; n <= size && n <= TD_SHM_HELLO_SIZE; n++) {
-        if (!td_shm_hello_parse(data, n, &h, &why)) {
+        if (!shm_hello_parse(data, n, &h, &why)) {
             check(why != NULL, "a refusal without a reason");
             continue;
         }
         check(n == TD_SHM_HELLO_SIZE, "a hello of another size accepted");
         check(h.msg_len <= TD_SHM_HELLO_MSG_MAX, "message over its limit");
         uint8_t again[TD_SHM_HELLO_SIZE];
-        td_shm_hello_encode(again, &h);
+        shm_hello_encode(again, &h);
         /* Bytes after the message are padding, written as zeros. */
         size_t used = 74 + h.msg_len;
         check(memcmp(again, data, used) == 0, "hello round trip");
@@ -45,7 +45,7 @@ static void control(const uint8_t *data, size_t size)
     while (off <= size) {
         td_shm_control c;
         size_t used = 0;
-        td_shm_parse r = td_shm_control_parse(data + off, size - off, &c, &used);
+        td_shm_parse r = shm_control_parse(data + off, size - off, &c, &used);
         if (r != TD_SHM_PARSE_OK)
             return;
         check(used >= TD_SHM_CTRL_HDR && used <= size - off && used <= TD_SHM_CTRL_MAX, "frame size out of range");
@@ -55,7 +55,7 @@ static void control(const uint8_t *data, size_t size)
         msg[c.msg_len] = '\0';
         if (strlen(msg) == c.msg_len) {
             uint8_t again[TD_SHM_CTRL_MAX];
-            size_t len = td_shm_control_encode(again, c.type, c.status, c.type == TD_SHM_CTRL_ABORT ? msg : NULL);
+            size_t len = shm_control_encode(again, c.type, c.status, c.type == TD_SHM_CTRL_ABORT ? msg : NULL);
             check(len == used && memcmp(again, data + off, used) == 0, "control round trip");
         }
         off += used;
@@ -66,7 +66,7 @@ static void headers(const uint8_t *data, size_t size)
 {
     if (size >= TD_SHM_MSG_HDR) {
         uint64_t tag, len;
-        if (td_shm_msg_parse(data, &tag, &len))
+        if (shm_msg_parse(data, &tag, &len))
             check(len <= TD_SHM_MAX_MESSAGE, "over-long message accepted");
     }
     if (size >= sizeof(td_shm_seg_header)) {
@@ -74,7 +74,7 @@ static void headers(const uint8_t *data, size_t size)
         memcpy(&h, data, sizeof h);
         td_shm_layout l = {UINT64_C(1) << 18, UINT64_C(1) << 16, UINT64_C(1) << 20};
         const char *why = NULL;
-        if (!td_shm_seg_header_check(&h, 1, 4, 1 << 22, &l, &why))
+        if (!shm_seg_header_check(&h, 1, 4, 1 << 22, &l, &why))
             check(why != NULL, "a refusal without a reason");
     }
 }

@@ -2,13 +2,13 @@
  * tcp_core.c) and the client's reply parsers.
  *
  * The input drives three things:
- *  1. td_store_parse_request over the raw bytes, as one request stream (small limits, so the
+ *  1. store_parse_request over the raw bytes, as one request stream (small limits, so the
  *     limit checks are reached);
  *  2. the server's state machine with three fake connections: the input is cut into chunks, each
  *     fed to one connection and processed (parking, waking, cancelling, refusing), with the
  *     connection dropped and replaced when the core rejects its bytes, and output drained at
  *     random points;
- *  3. td_store_check_reply_header and td_store_parse_values over the same bytes.
+ *  3. store_check_reply_header and store_parse_values over the same bytes.
  * Every connection's first chunk is prefixed with a valid HELLO half of the time, so the fuzzer
  * gets past the handshake into the commands. */
 #include <stddef.h>
@@ -31,7 +31,7 @@ static void parse_stream(const uint8_t *data, size_t size)
     while (off < size) {
         td_store_request req;
         size_t used = 0, frame = 0;
-        if (td_store_parse_request(data + off, size - off, &kLimits, &ks, &vs, &req, &used, &frame) != TD_OK ||
+        if (store_parse_request(data + off, size - off, &kLimits, &ks, &vs, &req, &used, &frame) != TD_OK ||
             used == 0)
             break;
         /* Touch every slice the parser returned: ASan checks they lie inside the input. */
@@ -52,21 +52,21 @@ static void parse_stream(const uint8_t *data, size_t size)
 
 static void add_hello(td_buf *in)
 {
-    size_t off = td_store_msg_begin(in, TD_STORE_CMD_HELLO);
-    td_buf_put_u32(in, TD_STORE_PROTO_MAGIC);
-    td_buf_put_u32(in, TD_STORE_PROTO_VERSION);
-    td_buf_put_u32(in, 2);
-    td_buf_append(in, "tk", 2);
-    td_store_msg_end(in, off);
+    size_t off = store_msg_begin(in, TD_STORE_CMD_HELLO);
+    buf_put_u32(in, TD_STORE_PROTO_MAGIC);
+    buf_put_u32(in, TD_STORE_PROTO_VERSION);
+    buf_put_u32(in, 2);
+    buf_append(in, "tk", 2);
+    store_msg_end(in, off);
 }
 
 static void drive_core(const uint8_t *data, size_t size)
 {
-    td_store_core *core = td_store_core_new(&kLimits, size > 0 && (data[0] & 1) ? "tk" : NULL);
+    td_store_core *core = store_core_new(&kLimits, size > 0 && (data[0] & 1) ? "tk" : NULL);
     td_store_conn *conns[3];
     bool fresh[3];
     for (int i = 0; i < 3; i++) {
-        conns[i] = td_store_core_attach(core, NULL);
+        conns[i] = store_core_attach(core, NULL);
         fresh[i] = true;
     }
     size_t off = size > 0 ? 1 : 0;
@@ -75,28 +75,28 @@ static void drive_core(const uint8_t *data, size_t size)
         off += 2;
         size_t len = n < size - off ? n : size - off;
         int i = ctl % 3;
-        td_buf *in = td_store_conn_input(conns[i]);
+        td_buf *in = store_conn_input(conns[i]);
         if (fresh[i] && (ctl & 0x40))
             add_hello(in);
         fresh[i] = false;
-        td_buf_append(in, data + off, len);
+        buf_append(in, data + off, len);
         off += len;
-        if (td_store_core_process(core, conns[i]) != TD_OK || (ctl & 0x80)) {
+        if (store_core_process(core, conns[i]) != TD_OK || (ctl & 0x80)) {
             /* Rejected (or the client hung up): the server drops the connection. */
-            td_store_core_detach(core, conns[i]);
-            conns[i] = td_store_core_attach(core, NULL);
+            store_core_detach(core, conns[i]);
+            conns[i] = store_core_attach(core, NULL);
             fresh[i] = true;
         }
         td_store_conn *d;
-        while ((d = td_store_core_pop_dirty(core))) {
+        while ((d = store_core_pop_dirty(core))) {
             if (ctl & 0x20)
                 continue; /* leave some output queued */
             size_t olen;
-            td_store_conn_output(d, &olen);
-            td_store_conn_output_done(d, olen);
+            store_conn_output(d, &olen);
+            store_conn_output_done(d, olen);
         }
     }
-    td_store_core_free(core);
+    store_core_free(core);
 }
 
 static void parse_replies(const uint8_t *data, size_t size)
@@ -105,7 +105,7 @@ static void parse_replies(const uint8_t *data, size_t size)
         return;
     uint8_t kind;
     uint64_t len;
-    if (td_store_check_reply_header(data, 1 << 20, &kind, &len) != TD_OK)
+    if (store_check_reply_header(data, 1 << 20, &kind, &len) != TD_OK)
         return;
     const uint8_t *body = data + TD_STORE_HEADER_LEN;
     size_t have = size - TD_STORE_HEADER_LEN;
@@ -113,7 +113,7 @@ static void parse_replies(const uint8_t *data, size_t size)
         return;
     td_store_slice vals[8];
     size_t n = have > 4 ? body[0] % 9 : 0;
-    td_store_parse_values(body, (size_t)len, n, vals);
+    store_parse_values(body, (size_t)len, n, vals);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

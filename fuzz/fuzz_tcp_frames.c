@@ -38,23 +38,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     int fds[2] = {-1, sv[0]};
     td_transport *t = NULL;
-    if (td_tcp_transport_from_fds(0, 2, fds, NULL, &t) != TD_OK) {
+    if (tcp_transport_from_fds(0, 2, fds, NULL, &t) != TD_OK) {
         close(sv[1]);
         return 0;
     }
     uint8_t *bufs[NRECV];
     td_xfer xs[NRECV + 1];
     bool posted[NRECV + 1] = {false};
-    int64_t dl = td_now_ns() + 30 * 1000000LL;
+    int64_t dl = clock_now_ns() + 30 * 1000000LL;
     for (int i = 0; i < NRECV; i++) {
         bufs[i] = malloc(sizes[i] + 1);
         xs[i].on_done = NULL;
         int peer = (plan & 1) && i == NRECV - 1 ? TD_TRANSPORT_ANY : 1;
-        posted[i] = td_transport_irecv1(t, peer, (uint64_t)i, bufs[i], sizes[i], dl, &xs[i]) == TD_OK;
+        posted[i] = transport_irecv1(t, peer, (uint64_t)i, bufs[i], sizes[i], dl, &xs[i]) == TD_OK;
     }
     /* A send of ours goes out while the stream comes in. */
     xs[NRECV].on_done = NULL;
-    posted[NRECV] = td_transport_isend1(t, 1, 7, data, size < 100 ? size : 100, dl, &xs[NRECV]) == TD_OK;
+    posted[NRECV] = transport_isend1(t, 1, 7, data, size < 100 ? size : 100, dl, &xs[NRECV]) == TD_OK;
     size_t off = 0;
     while (off < slen) {
         ssize_t n = write(sv[1], stream + off, slen - off);
@@ -67,13 +67,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int i = 0; i <= NRECV; i++) {
         if (!posted[i])
             continue;
-        td_status s = td_transport_wait(t, &xs[i], dl);
+        td_status s = transport_wait(t, &xs[i], dl);
         if (s != TD_OK && !xs[i].error[0]) {
             fprintf(stderr, "fuzz_tcp_frames: a failure without a message\n");
             abort();
         }
     }
-    td_transport_destroy(t);
+    transport_destroy(t);
     close(sv[1]);
     for (int i = 0; i < NRECV; i++)
         free(bufs[i]);

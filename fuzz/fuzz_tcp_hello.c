@@ -26,7 +26,7 @@ static void hello(const uint8_t *data, size_t size)
         td_tcp_hello h;
         size_t need = 0;
         const char *why = NULL;
-        td_tcp_parse r = td_tcp_hello_parse(data, n, &h, &need, &why);
+        td_tcp_parse r = tcp_hello_parse(data, n, &h, &need, &why);
         if (r == TD_TCP_PARSE_BAD) {
             check(why != NULL, "a refusal without a reason");
             return;
@@ -43,7 +43,7 @@ static void hello(const uint8_t *data, size_t size)
             sink ^= h.token[h.token_len - 1];
         (void)sink;
         uint8_t *again = malloc(TD_TCP_HELLO_MAX);
-        size_t len = td_tcp_hello_encode(again, &h);
+        size_t len = tcp_hello_encode(again, &h);
         check(len == need, "re-encoded hello has another size");
         /* Byte 6 (flags) is reserved and written as zero. */
         check(memcmp(again, data, 6) == 0 && memcmp(again + 8, data + 8, len - 8) == 0, "hello round trip");
@@ -58,7 +58,7 @@ static void reply(const uint8_t *data, size_t size)
         td_tcp_reply rep;
         size_t need = 0;
         const char *why = NULL;
-        td_tcp_parse r = td_tcp_reply_parse(data, n, &rep, &need, &why);
+        td_tcp_parse r = tcp_reply_parse(data, n, &rep, &need, &why);
         if (r == TD_TCP_PARSE_BAD) {
             check(why != NULL, "a bad answer without a reason");
             return;
@@ -80,7 +80,7 @@ static void control(const uint8_t *data, size_t size)
     if (size > TD_TCP_CTRL_MAX)
         size = TD_TCP_CTRL_MAX;
     td_tcp_control c;
-    if (!td_tcp_control_parse(data, size, UINT64_C(1) << 40, &c))
+    if (!tcp_control_parse(data, size, UINT64_C(1) << 40, &c))
         return;
     check(c.type >= TD_TCP_CTRL_BYE && c.type <= TD_TCP_CTRL_FIN, "unknown control type accepted");
     if (c.type == TD_TCP_CTRL_RTS) {
@@ -89,7 +89,7 @@ static void control(const uint8_t *data, size_t size)
             sum += c.len[i];
         check(c.iovcnt <= TD_TCP_RTS_MAX_IOV && sum == c.total, "RTS pieces do not add up");
         uint8_t again[TD_TCP_RTS_MAX];
-        size_t len = td_tcp_rts_encode(again, c.tag, c.cookie, c.guard_addr, c.guard_value, c.addr, c.len, c.iovcnt);
+        size_t len = tcp_rts_encode(again, c.tag, c.cookie, c.guard_addr, c.guard_value, c.addr, c.len, c.iovcnt);
         check(len == size && memcmp(again, data, size) == 0, "RTS round trip");
     }
     if (c.type == TD_TCP_CTRL_ABORT) {
@@ -98,7 +98,7 @@ static void control(const uint8_t *data, size_t size)
         memcpy(msg, c.msg, c.msg_len);
         msg[c.msg_len] = '\0';
         uint8_t frame[TD_TCP_CTRL_FRAME_MAX];
-        size_t len = td_tcp_control_encode(frame, c.type, c.status, msg);
+        size_t len = tcp_control_encode(frame, c.type, c.status, msg);
         /* A message with a NUL inside encodes shorter; otherwise the frame is the input again. */
         if (strlen(msg) == c.msg_len)
             check(len == TD_TCP_HDR_SIZE + size && memcmp(frame + TD_TCP_HDR_SIZE, data, size) == 0,

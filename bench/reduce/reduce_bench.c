@@ -110,7 +110,7 @@ int main(int argc, char **argv)
     memset(g_d, 1, g_bytes);
 
     printf("operands: %zu MiB each, best of %d runs; GB/s = bytes read + written / time\n\n", mib, g_reps);
-    bool avx2 = td_reduce_isa_available(TD_REDUCE_ISA_AVX2);
+    bool avx2 = reduce_isa_available(TD_REDUCE_ISA_AVX2);
     printf("| kernel | baseline out of place | baseline in place | AVX2 out of place | AVX2 in place |\n");
     printf("| --- | ---: | ---: | ---: | ---: |\n");
     static const struct {
@@ -139,7 +139,7 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < NCASES; i++) {
             fill_operands(cases[i].dtype);
             for (int isa = 0; isa < (avx2 ? 2 : 1); isa++) {
-                td_reduce_fn fn = td_reduce_kernel_isa(cases[i].op, cases[i].dtype,
+                td_reduce_fn fn = reduce_kernel_isa(cases[i].op, cases[i].dtype,
                                                        isa ? TD_REDUCE_ISA_AVX2 : TD_REDUCE_ISA_BASELINE);
                 if (!fn) {
                     fprintf(stderr, "reduce_bench: %s\n", td_last_error());

@@ -42,8 +42,8 @@ static td_status coll(bench *b, td_coll_kind kind, td_reduce_op op, td_dtype dt,
     c.count = count;
     c.in = c.out = buf;
     c.seq = ++b->seq;
-    c.deadline_ns = td_now_ns() + 600 * 1000000000LL;
-    return td_shm_coll_run(&b->c, &c);
+    c.deadline_ns = clock_now_ns() + 600 * 1000000000LL;
+    return shm_coll_run(&b->c, &c);
 }
 
 static double slowest(bench *b, double v)
@@ -60,13 +60,13 @@ static int cmp_double(const void *a, const void *b)
 
 static double run_calls(bench *b, float *buf, size_t count, long k)
 {
-    int64_t t0 = td_now_ns();
+    int64_t t0 = clock_now_ns();
     for (long i = 0; i < k; i++)
         if (coll(b, TD_COLL_ALL_REDUCE, TD_SUM, TD_FLOAT32, buf, count) != TD_OK) {
             fprintf(stderr, "shm_coll_bench: rank %d: %s\n", b->rank, td_last_error());
             exit(1);
         }
-    return (double)(td_now_ns() - t0) / 1e3;
+    return (double)(clock_now_ns() - t0) / 1e3;
 }
 
 static int rank_main(int rank, int n, const char *store_path, uint64_t min, uint64_t max, double factor, double secs,
@@ -80,13 +80,13 @@ static int rank_main(int rank, int n, const char *store_path, uint64_t min, uint
     td_shm_options o = {.setup.store = store, .setup.rank = rank, .setup.size = n, .setup.timeout_ms = 60000,
                         .setup.group_name = "bench"};
     td_transport *t = NULL;
-    if (td_shm_transport_create(&o, &t) != TD_OK) {
+    if (shm_transport_create(&o, &t) != TD_OK) {
         fprintf(stderr, "shm_coll_bench: rank %d: %s\n", rank, td_last_error());
         return 1;
     }
     bench b = {.rank = rank, .n = n};
     td_coll_config cfg;
-    if (td_coll_config_from_env(&cfg) != TD_OK || td_coll_ctx_init(&b.c, t, &cfg) != TD_OK) {
+    if (coll_config_from_env(&cfg) != TD_OK || coll_ctx_init(&b.c, t, &cfg) != TD_OK) {
         fprintf(stderr, "shm_coll_bench: %s\n", td_last_error());
         return 1;
     }
@@ -132,8 +132,8 @@ static int rank_main(int rank, int n, const char *store_path, uint64_t min, uint
     }
     free(times);
     free(buf);
-    td_coll_ctx_free(&b.c);
-    td_transport_destroy(t);
+    coll_ctx_free(&b.c);
+    transport_destroy(t);
     td_store_release(store);
     return 0;
 }
@@ -141,7 +141,7 @@ static int rank_main(int rank, int n, const char *store_path, uint64_t min, uint
 static uint64_t size_arg(const char *s)
 {
     uint64_t v = 0;
-    if (td_parse_size("size", s, &v) != TD_OK) {
+    if (env_parse_size("size", s, &v) != TD_OK) {
         fprintf(stderr, "shm_coll_bench: %s\n", td_last_error());
         exit(2);
     }

@@ -64,7 +64,7 @@ static td_status discover_hosts(const td_backend_args *a, auto_state *s)
 {
     int n = a->size;
     char id[TD_HOST_ID_MAX], key[128];
-    td_host_id(id, sizeof id);
+    host_identity(id, sizeof id);
     if (!id[0])
         snprintf(id, sizeof id, "unknown-host-of-rank-%d", a->global_ranks ? a->global_ranks[a->rank] : a->rank);
     int64_t gen = 0;
@@ -74,13 +74,13 @@ static td_status discover_hosts(const td_backend_args *a, auto_state *s)
     TD_TRY(td_store_set_str(a->store, key, id));
     char **keys = TD_NEW_ARRAY(char *, (size_t)n);
     for (int r = 0; r < n; r++)
-        keys[r] = td_asprintf("auto/%lld/host/%d", (long long)gen, r);
+        keys[r] = alloc_printf("auto/%lld/host/%d", (long long)gen, r);
     void **vals = TD_NEW_ARRAY(void *, (size_t)n);
     size_t *lens = TD_NEW_ARRAY(size_t, (size_t)n);
     int64_t left = a->timeout_ms > 0 ? a->timeout_ms : 0;
     td_status st = td_store_wait(a->store, (const char *const *)keys, (size_t)n, left);
     if (st != TD_OK)
-        td_error_prefix(st, "auto backend: waiting for every rank to publish its host in the store");
+        error_prefix(st, "auto backend: waiting for every rank to publish its host in the store");
     else
         st = td_store_multi_get(a->store, (const char *const *)keys, (size_t)n, vals, lens);
     if (st == TD_OK) {
@@ -122,17 +122,17 @@ static td_status discover_hosts(const td_backend_args *a, auto_state *s)
 static void free_state(auto_state *s)
 {
     if (s->comp_ctx_ok)
-        td_coll_ctx_free(&s->comp_ctx);
+        coll_ctx_free(&s->comp_ctx);
     if (s->view_ctx_ok)
-        td_coll_ctx_free(&s->view_ctx);
+        coll_ctx_free(&s->view_ctx);
     if (s->local_ctx_ok)
-        td_coll_ctx_free(&s->local_ctx);
-    td_transport_destroy(s->comp);
-    td_transport_destroy(s->view);
-    td_transport_destroy(s->shm);
-    td_transport_destroy(s->tcp);
+        coll_ctx_free(&s->local_ctx);
+    transport_destroy(s->comp);
+    transport_destroy(s->view);
+    transport_destroy(s->shm);
+    transport_destroy(s->tcp);
     if (s->p2p_ok)
-        td_p2p_pool_free(&s->p2p);
+        p2p_pool_free(&s->p2p);
     free(s->host_of);
     free(s->leader);
     free(s->local_index);
@@ -143,7 +143,7 @@ static void free_state(auto_state *s)
 static td_status auto_create(const td_backend_args *a, void **state)
 {
     td_coll_config cfg;
-    TD_TRY(td_coll_config_from_env(&cfg));
+    TD_TRY(coll_config_from_env(&cfg));
     auto_state *s = TD_NEW(auto_state);
     s->rank = a->rank;
     s->size = a->size;
@@ -153,7 +153,7 @@ static td_status auto_create(const td_backend_args *a, void **state)
         return st;
     }
     if (s->nhosts == 1 || s->nhosts == a->size) {
-        s->inner = s->nhosts == 1 ? &td_backend_shm_ops : &td_backend_tcp_ops;
+        s->inner = s->nhosts == 1 ? &backend_shm_ops : &backend_tcp_ops;
         st = s->inner->create(a, &s->inner_state);
         if (st != TD_OK) {
             free_state(s);
@@ -164,7 +164,7 @@ static td_status auto_create(const td_backend_args *a, void **state)
     }
     TD_LOG_DEBUG("auto backend: group %s has %d hosts; this rank is %d of %d on host %d", a->group_name, s->nhosts,
                  s->local_rank, s->local_size, s->host);
-    td_p2p_pool_init(&s->p2p);
+    p2p_pool_init(&s->p2p);
     s->p2p_ok = true;
     int n = a->size;
     if (s->local_size > 1) {
@@ -178,12 +178,12 @@ static td_status auto_create(const td_backend_args *a, void **state)
         so.setup.rank = s->local_rank;
         so.setup.size = s->local_size;
         so.setup.global_ranks = members;
-        st = td_shm_transport_create(&so, &s->shm);
+        st = shm_transport_create(&so, &s->shm);
         free(members);
     }
     if (st == TD_OK) {
         td_tcp_options to = {.setup = coll_transport_setup(a, "auto/tcp/")};
-        st = td_tcp_transport_create(&to, &s->tcp);
+        st = tcp_transport_create(&to, &s->tcp);
     }
     if (st != TD_OK) {
         free_state(s);
@@ -191,19 +191,19 @@ static td_status auto_create(const td_backend_args *a, void **state)
     }
     s->map = TD_NEW_ARRAY(int, (size_t)s->nhosts);
     memcpy(s->map, s->leader, sizeof(int) * (size_t)s->nhosts);
-    s->view = td_view_transport_new(s->tcp, s->host, s->nhosts, s->map);
+    s->view = auto_view_transport_new(s->tcp, s->host, s->nhosts, s->map);
     int *li = TD_NEW_ARRAY(int, (size_t)n);
     for (int r = 0; r < n; r++)
         li[r] = s->shm && s->host_of[r] == s->host && r != a->rank ? s->local_index[r] : -1;
-    s->comp = td_composite_transport_new(s->shm, s->tcp, a->rank, n, li);
+    s->comp = auto_composite_transport_new(s->shm, s->tcp, a->rank, n, li);
     free(li);
     if (s->shm) {
-        td_coll_ctx_init(&s->local_ctx, s->shm, &cfg);
+        coll_ctx_init(&s->local_ctx, s->shm, &cfg);
         s->local_ctx_ok = true;
     }
-    td_coll_ctx_init(&s->view_ctx, s->view, &cfg);
+    coll_ctx_init(&s->view_ctx, s->view, &cfg);
     s->view_ctx_ok = true;
-    td_coll_ctx_init(&s->comp_ctx, s->comp, &cfg);
+    coll_ctx_init(&s->comp_ctx, s->comp, &cfg);
     s->comp_ctx_ok = true;
     *state = s;
     return TD_OK;
@@ -214,8 +214,8 @@ static td_status auto_create(const td_backend_args *a, void **state)
 static void abort_all(auto_state *s, td_status status, const char *message)
 {
     if (s->shm)
-        td_transport_abort(s->shm, status, message);
-    td_transport_abort(s->tcp, status, message);
+        transport_abort(s->shm, status, message);
+    transport_abort(s->tcp, status, message);
 }
 
 /* A phase's result: on failure, both transports go down with its cause. */
@@ -225,7 +225,7 @@ static td_status phase(auto_state *s, td_status st)
         char msg[TD_XFER_ERROR_MAX];
         snprintf(msg, sizeof msg, "%s", td_last_error());
         abort_all(s, st, msg);
-        td_error_set(st, msg);
+        error_set(st, msg);
     }
     return st;
 }
@@ -251,16 +251,16 @@ static td_status local_run(auto_state *s, td_coll *sub, td_coll_kind kind, int r
     sub->kind = kind;
     sub->root = root;
     sub->seq = seq;
-    return phase(s, td_shm_coll_run(&s->local_ctx, sub));
+    return phase(s, shm_coll_run(&s->local_ctx, sub));
 }
 
 static td_status hosts_run(auto_state *s, td_coll *sub, td_coll_kind kind, int root_host, uint64_t seq)
 {
-    td_view_transport_remap(s->view, s->map);
+    auto_view_transport_remap(s->view, s->map);
     sub->kind = kind;
     sub->root = root_host;
     sub->seq = seq;
-    return phase(s, td_coll_run(&s->view_ctx, sub, TD_ALGO_AUTO));
+    return phase(s, coll_execute(&s->view_ctx, sub, TD_ALGO_AUTO));
 }
 
 /* all_reduce (root < 0) and reduce: reduce within the host to its stand-in, across hosts among the
@@ -315,7 +315,7 @@ static td_status hier_run(auto_state *s, const td_coll *op)
     default: {
         td_coll flat = *op;
         flat.seq = op->seq * 4;
-        return phase(s, td_coll_run(&s->comp_ctx, &flat, TD_ALGO_AUTO));
+        return phase(s, coll_execute(&s->comp_ctx, &flat, TD_ALGO_AUTO));
     }
     }
 }
@@ -328,7 +328,7 @@ static td_status auto_submit(void *state, const td_coll *c, td_work *work)
     if (s->inner)
         return s->inner->submit(s->inner_state, c, work);
     if (c->kind == TD_COLL_SEND || c->kind == TD_COLL_RECV)
-        return td_p2p_submit(&s->p2p, s->tcp, c, work);
+        return p2p_submit(&s->p2p, s->tcp, c, work);
     return coll_finish(work, hier_run(s, c));
 }
 
@@ -359,7 +359,7 @@ static td_status auto_supports(void *state, td_coll_kind kind, td_dtype dtype, t
     return TD_OK;
 }
 
-void td_auto_backend_topology(void *state, td_auto_topology *out)
+void auto_backend_topology(void *state, td_auto_topology *out)
 {
     auto_state *s = state;
     out->runs_as = s->inner ? s->inner->name : "hierarchical";
@@ -371,7 +371,7 @@ void td_auto_backend_topology(void *state, td_auto_topology *out)
     out->shm = s->inner ? NULL : s->shm;
 }
 
-const td_backend_ops td_backend_auto_ops = {
+const td_backend_ops backend_auto_ops = {
     .name = "auto",
     .create = auto_create,
     .submit = auto_submit,

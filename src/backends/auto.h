@@ -16,6 +16,6 @@ typedef struct td_auto_topology {
 } td_auto_topology;
 
 /* state: the auto backend's state of a group (td_pg's backend state). */
-void td_auto_backend_topology(void *state, td_auto_topology *out);
+void auto_backend_topology(void *state, td_auto_topology *out);
 
 #endif

@@ -29,7 +29,7 @@ static td_status view_irecv(td_transport *t, int peer, td_xfer *x)
 {
     view *v = (view *)t;
     if (peer == TD_TRANSPORT_ANY)
-        return td_error(TD_ERR_UNSUPPORTED, "a view transport takes no any-source receives");
+        return error_fmt(TD_ERR_UNSUPPORTED, "a view transport takes no any-source receives");
     return v->parent->ops->irecv(v->parent, v->map[peer], x);
 }
 
@@ -42,7 +42,7 @@ static td_status view_wait(td_transport *t, td_xfer *x, int64_t deadline_ns)
 static void view_abort(td_transport *t, td_status status, const char *message)
 {
     view *v = (view *)t;
-    td_transport_abort(v->parent, status, message);
+    transport_abort(v->parent, status, message);
 }
 
 static void view_destroy(td_transport *t)
@@ -61,7 +61,7 @@ static const td_transport_ops view_ops = {
     .destroy = view_destroy,
 };
 
-td_transport *td_view_transport_new(td_transport *parent, int rank, int n, const int *map)
+td_transport *auto_view_transport_new(td_transport *parent, int rank, int n, const int *map)
 {
     view *v = TD_NEW(view);
     v->base.ops = &view_ops;
@@ -73,7 +73,7 @@ td_transport *td_view_transport_new(td_transport *parent, int rank, int n, const
     return &v->base;
 }
 
-void td_view_transport_remap(td_transport *t, const int *map)
+void auto_view_transport_remap(td_transport *t, const int *map)
 {
     view *v = (view *)t;
     memcpy(v->map, map, sizeof(int) * (size_t)t->size);
@@ -98,7 +98,7 @@ static td_status comp_irecv(td_transport *t, int peer, td_xfer *x)
 {
     composite *c = (composite *)t;
     if (peer == TD_TRANSPORT_ANY)
-        return td_error(TD_ERR_UNSUPPORTED, "the auto backend's collective transport takes no any-source receives");
+        return error_fmt(TD_ERR_UNSUPPORTED, "the auto backend's collective transport takes no any-source receives");
     int l = c->local_index[peer];
     return l >= 0 ? c->local->ops->irecv(c->local, l, x) : c->remote->ops->irecv(c->remote, peer, x);
 }
@@ -106,8 +106,8 @@ static td_status comp_irecv(td_transport *t, int peer, td_xfer *x)
 static td_status comp_wait(td_transport *t, td_xfer *x, int64_t deadline_ns)
 {
     composite *c = (composite *)t;
-    if (td_xfer_done(x))
-        return td_xfer_result(x);
+    if (xfer_done(x))
+        return xfer_result(x);
     bool local = x->peer >= 0 && x->peer < t->size && c->local_index[x->peer] >= 0;
     return local ? c->local->ops->wait(c->local, x, deadline_ns) : c->remote->ops->wait(c->remote, x, deadline_ns);
 }
@@ -116,8 +116,8 @@ static void comp_abort(td_transport *t, td_status status, const char *message)
 {
     composite *c = (composite *)t;
     if (c->local)
-        td_transport_abort(c->local, status, message);
-    td_transport_abort(c->remote, status, message);
+        transport_abort(c->local, status, message);
+    transport_abort(c->remote, status, message);
 }
 
 static void comp_destroy(td_transport *t)
@@ -136,7 +136,7 @@ static const td_transport_ops composite_ops = {
     .destroy = comp_destroy,
 };
 
-td_transport *td_composite_transport_new(td_transport *local, td_transport *remote, int rank, int size,
+td_transport *auto_composite_transport_new(td_transport *local, td_transport *remote, int rank, int size,
                                          const int *local_index)
 {
     composite *c = TD_NEW(composite);

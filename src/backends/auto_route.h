@@ -18,13 +18,13 @@
 #include "transport/transport.h"
 
 /* A view of n ranks of parent; this rank is view rank `rank`. map (n entries) is copied. */
-td_transport *td_view_transport_new(td_transport *parent, int rank, int n, const int *map);
+td_transport *auto_view_transport_new(td_transport *parent, int rank, int n, const int *map);
 /* Points view rank i at parent rank map[i] from now on (no operation may be in flight). */
-void td_view_transport_remap(td_transport *view, const int *map);
+void auto_view_transport_remap(td_transport *view, const int *map);
 
 /* local_index[g] (size entries, copied): g's index in the shm transport local, or -1 for a peer
  * reached through remote. local may be NULL when no peer shares this host. */
-td_transport *td_composite_transport_new(td_transport *local, td_transport *remote, int rank, int size,
+td_transport *auto_composite_transport_new(td_transport *local, td_transport *remote, int rank, int size,
                                          const int *local_index);
 
 #endif

@@ -11,12 +11,12 @@
 
 #include "tdist_config.h"
 
-extern const td_backend_ops td_backend_threaded_ops; /* threaded.c */
-extern const td_backend_ops td_backend_tcp_ops;      /* tcp.c */
-extern const td_backend_ops td_backend_shm_ops;      /* shm.c */
-extern const td_backend_ops td_backend_auto_ops;     /* auto.c: the default */
+extern const td_backend_ops backend_threaded_ops; /* threaded.c */
+extern const td_backend_ops backend_tcp_ops;      /* tcp.c */
+extern const td_backend_ops backend_shm_ops;      /* shm.c */
+extern const td_backend_ops backend_auto_ops;     /* auto.c: the default */
 #if TDIST_HAVE_MPI
-extern const td_backend_ops td_backend_mpi_ops;      /* mpi/backend.c, built when CMake found an MPI */
+extern const td_backend_ops backend_mpi_ops;      /* mpi/backend.c, built when CMake found an MPI */
 #endif
 
 #endif

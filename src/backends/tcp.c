@@ -20,14 +20,14 @@
 static td_status tcp_create(const td_backend_args *a, void **state)
 {
     td_coll_config cfg;
-    TD_TRY(td_coll_config_from_env(&cfg));
+    TD_TRY(coll_config_from_env(&cfg));
     td_tcp_options o = {.setup = coll_transport_setup(a, "tcp/")};
     td_transport *t;
-    TD_TRY(td_tcp_transport_create(&o, &t));
+    TD_TRY(tcp_transport_create(&o, &t));
     return coll_group_create(t, &cfg, NULL, state);
 }
 
-const td_backend_ops td_backend_tcp_ops = {
+const td_backend_ops backend_tcp_ops = {
     .name = "tcp",
     .create = tcp_create,
     .submit = coll_group_submit,

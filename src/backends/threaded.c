@@ -80,11 +80,11 @@ static world *world_new(int size)
     snprintf(w->id, sizeof w->id, "threaded-%d-%llu", (int)getpid(), (unsigned long long)++g_world_counter);
     w->size = size;
     w->refs = 1;
-    td_mutex_init(&w->mu);
-    td_cond_init(&w->cv);
-    w->colls = td_calloc((size_t)size, sizeof *w->colls);
-    w->results = td_calloc((size_t)size, sizeof *w->results);
-    w->left = td_calloc((size_t)size, sizeof *w->left);
+    thread_mutex_init(&w->mu);
+    thread_cond_init(&w->cv);
+    w->colls = alloc_zeroed((size_t)size, sizeof *w->colls);
+    w->results = alloc_zeroed((size_t)size, sizeof *w->results);
+    w->left = alloc_zeroed((size_t)size, sizeof *w->left);
     return w;
 }
 
@@ -119,12 +119,12 @@ static void world_abort(world *w, td_status status, const char *msg)
     if (!w->aborted) {
         w->aborted = true;
         w->abort_status = status == TD_OK ? TD_ERR_INTERNAL : status;
-        w->abort_msg = td_strdup(msg ? msg : "the threaded group was aborted");
+        w->abort_msg = alloc_strdup(msg ? msg : "the threaded group was aborted");
         posts = w->posts;
         w->posts = NULL;
         pthread_cond_broadcast(&w->cv);
     }
-    char *m = td_strdup(w->abort_msg);
+    char *m = alloc_strdup(w->abort_msg);
     td_status st = w->abort_status;
     pthread_mutex_unlock(&w->mu);
     fail_posts(posts, st, m);
@@ -150,7 +150,7 @@ static int first_left(const world *w)
 
 static char *left_message(int rank)
 {
-    return td_asprintf("Rank %d left the threaded group (its process group was destroyed)", rank);
+    return alloc_printf("Rank %d left the threaded group (its process group was destroyed)", rank);
 }
 
 /* With w->mu held: the failure that an operation of rank `me` meets when the world was aborted or
@@ -159,7 +159,7 @@ static bool world_failure(const world *w, int me, int gone, td_status *status, c
 {
     if (w->aborted) {
         *status = w->abort_status;
-        *msg = td_strdup(w->abort_msg);
+        *msg = alloc_strdup(w->abort_msg);
         return true;
     }
     if (gone >= 0) {
@@ -176,7 +176,7 @@ static void threaded_destroy(void *state);
 
 static td_status threaded_create(const td_backend_args *args, void **state)
 {
-    int64_t deadline = td_deadline_after_ms(args->timeout_ms);
+    int64_t deadline = deadline_after_ms(args->timeout_ms);
     int64_t n;
     TD_TRY(td_store_add(args->store, "threaded/created", 1, &n));
     char key[64];
@@ -218,7 +218,7 @@ static td_status threaded_create(const td_backend_args *args, void **state)
         }
         pthread_mutex_unlock(&g_registry_mu);
         td_status st = w ? TD_OK
-                         : td_error(TD_ERR_INVALID,
+                         : error_fmt(TD_ERR_INVALID,
                                     "The threaded backend runs all ranks as threads of one process, but rank %d "
                                     "(pid %d) found no world '%s' of %d ranks here: its rank 0 lives in another "
                                     "process. Use the tcp backend for ranks in separate processes.",
@@ -238,22 +238,22 @@ static td_status threaded_create(const td_backend_args *args, void **state)
     w->joined++;
     pthread_cond_broadcast(&w->cv);
     while (w->joined < w->size && !w->aborted)
-        if (!td_cond_wait_until(&w->cv, &w->mu, deadline) && w->joined < w->size)
+        if (!thread_cond_wait_until(&w->cv, &w->mu, deadline) && w->joined < w->size)
             break;
     int joined = w->joined;
     bool aborted = w->aborted;
     pthread_mutex_unlock(&w->mu);
     if (joined < w->size) {
-        td_status st = aborted ? td_error(TD_ERR_CLOSED, "threaded backend: the world was aborted while ranks joined")
-                               : td_error(TD_ERR_TIMEOUT,
+        td_status st = aborted ? error_fmt(TD_ERR_CLOSED, "threaded backend: the world was aborted while ranks joined")
+                               : error_fmt(TD_ERR_TIMEOUT,
                                           "threaded backend: timed out after %lld ms waiting for all %d ranks to "
                                           "join (%d joined)",
                                           (long long)args->timeout_ms, w->size, joined);
-        char *msg = td_strdup(td_last_error());
+        char *msg = alloc_strdup(td_last_error());
         world_abort(w, st, msg);
         threaded_destroy(m); /* a failed create is not destroyed by the front end */
         *state = NULL;
-        td_error_set(st, msg);
+        error_set(st, msg);
         free(msg);
         return st;
     }
@@ -330,12 +330,12 @@ static bool has_root(td_coll_kind k)
 
 static void describe(td_buf *b, int r, const td_coll *c)
 {
-    td_buf_printf(b, "rank %d runs %s #%llu of %zu %s elements", r, td_coll_kind_name(c->kind),
+    buf_printf(b, "rank %d runs %s #%llu of %zu %s elements", r, td_coll_kind_name(c->kind),
                   (unsigned long long)c->seq, c->count, td_dtype_name(c->dtype));
     if (has_root(c->kind))
-        td_buf_printf(b, " with root %d", c->root);
+        buf_printf(b, " with root %d", c->root);
     if (td_coll_kind_reduces(c->kind))
-        td_buf_printf(b, " with op %s", td_reduce_op_name(c->op.kind));
+        buf_printf(b, " with op %s", td_reduce_op_name(c->op.kind));
 }
 
 /* With w->mu held, every rank arrived: checks that they agree; NULL or a malloc'd message. */
@@ -353,18 +353,18 @@ static char *check_agree(world *w)
             same = c->op.kind == a->op.kind && c->op.factor == a->op.factor;
         if (!same) {
             td_buf b = TD_BUF_INIT;
-            td_buf_append_str(&b, "threaded backend: the ranks run different collectives: ");
+            buf_append_str(&b, "threaded backend: the ranks run different collectives: ");
             describe(&b, 0, a);
-            td_buf_append_str(&b, ", but ");
+            buf_append_str(&b, ", but ");
             describe(&b, r, c);
-            return td_buf_steal(&b);
+            return buf_steal(&b);
         }
     }
     if (a->kind == TD_COLL_ALL_TO_ALL)
         for (int r = 0; r < w->size; r++)
             for (int q = 0; q < w->size; q++)
                 if (w->colls[r]->in_counts[q] != w->colls[q]->out_counts[r])
-                    return td_asprintf("threaded backend: all_to_all: rank %d sends %zu elements to rank %d, which "
+                    return alloc_printf("threaded backend: all_to_all: rank %d sends %zu elements to rank %d, which "
                                        "expects %zu",
                                        r, w->colls[r]->in_counts[q], q, w->colls[q]->out_counts[r]);
     return NULL;
@@ -386,7 +386,7 @@ static td_status reduce_into(void *dst, const void *const *srcs, int n, td_op op
 
 static td_status alloc_scratch(size_t bytes, void **out)
 {
-    return td_try_malloc(bytes ? bytes : 1, "threaded backend scratch buffer", out);
+    return alloc_try(bytes ? bytes : 1, "threaded backend scratch buffer", out);
 }
 
 /* With w->mu held, every rank arrived and agrees: moves the data of everyone. */
@@ -396,7 +396,7 @@ static td_status perform(world *w)
     const td_coll *a = c[0];
     int n = w->size;
     size_t es = td_dtype_size(a->dtype), bytes = a->count * es;
-    const void **srcs = td_calloc((size_t)n, sizeof *srcs);
+    const void **srcs = alloc_zeroed((size_t)n, sizeof *srcs);
     void *acc = NULL;
     td_status st = TD_OK;
     switch (a->kind) {
@@ -467,7 +467,7 @@ static td_status perform(world *w)
         break;
     }
     default:
-        st = td_error(TD_ERR_INTERNAL, "threaded backend: unexpected collective kind %d", (int)a->kind);
+        st = error_fmt(TD_ERR_INTERNAL, "threaded backend: unexpected collective kind %d", (int)a->kind);
     }
     free(srcs);
     free(acc);
@@ -488,7 +488,7 @@ static void run_collective(member *m, const td_coll *coll, td_work *work)
             char *disagree = check_agree(w);
             td_status st = disagree ? TD_ERR_INVALID : perform(w);
             free(w->result_msg);
-            w->result_msg = disagree ? disagree : (st != TD_OK ? td_strdup(td_last_error()) : NULL);
+            w->result_msg = disagree ? disagree : (st != TD_OK ? alloc_strdup(td_last_error()) : NULL);
             for (int r = 0; r < w->size; r++) {
                 w->results[r] = st;
                 w->colls[r] = NULL;
@@ -499,27 +499,27 @@ static void run_collective(member *m, const td_coll *coll, td_work *work)
         } else {
             bool timed_out = false;
             while (w->gen == gen && !w->aborted && (gone = first_left(w)) < 0 && !timed_out)
-                timed_out = !td_cond_wait_until(&w->cv, &w->mu, coll->deadline_ns) && w->gen == gen;
+                timed_out = !thread_cond_wait_until(&w->cv, &w->mu, coll->deadline_ns) && w->gen == gen;
             if (w->gen == gen) {
                 /* It will not complete: withdraw, and say why. */
                 w->colls[m->rank] = NULL;
                 w->arrived--;
                 if (!world_failure(w, m->rank, gone, &status, &msg)) {
                     td_buf b = TD_BUF_INIT;
-                    td_buf_printf(&b, "threaded backend: rank %d timed out in %s #%llu waiting for rank(s) ", m->rank,
+                    buf_printf(&b, "threaded backend: rank %d timed out in %s #%llu waiting for rank(s) ", m->rank,
                                   td_coll_kind_name(coll->kind), (unsigned long long)coll->seq);
                     int k = 0;
                     for (int r = 0; r < w->size; r++)
                         if (!w->colls[r] && r != m->rank)
-                            td_buf_printf(&b, "%s%d", k++ ? ", " : "", r);
+                            buf_printf(&b, "%s%d", k++ ? ", " : "", r);
                     status = TD_ERR_TIMEOUT;
-                    msg = td_buf_steal(&b);
+                    msg = buf_steal(&b);
                 }
             }
         }
         if (!msg && w->gen != gen) {
             status = w->results[m->rank];
-            msg = status != TD_OK ? td_strdup(w->result_msg ? w->result_msg : "threaded backend: collective failed")
+            msg = status != TD_OK ? alloc_strdup(w->result_msg ? w->result_msg : "threaded backend: collective failed")
                                   : NULL;
         }
     }
@@ -585,7 +585,7 @@ static void run_p2p(member *m, const td_coll *coll, td_work *work)
     td_work *send_work = sending ? work : match->work, *recv_work = sending ? match->work : work;
     int src = sending ? m->rank : match->rank;
     if (send->count != recv->count || send->dtype != recv->dtype) {
-        char *err = td_asprintf("threaded backend: rank %d sent %zu %s elements (tag %d), but the receive expects "
+        char *err = alloc_printf("threaded backend: rank %d sent %zu %s elements (tag %d), but the receive expects "
                                 "%zu %s elements",
                                 src, send->count, td_dtype_name(send->dtype), send->tag, recv->count,
                                 td_dtype_name(recv->dtype));
@@ -611,7 +611,7 @@ static td_status threaded_submit(void *state, const td_coll *coll, td_work *work
     return TD_OK;
 }
 
-const td_backend_ops td_backend_threaded_ops = {
+const td_backend_ops backend_threaded_ops = {
     .name = "threaded",
     .create = threaded_create,
     .submit = threaded_submit,

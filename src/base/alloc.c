@@ -17,7 +17,7 @@ static void out_of_memory(size_t size)
     abort();
 }
 
-void *td_malloc(size_t size)
+void *alloc_or_die(size_t size)
 {
     void *p = malloc(size ? size : 1);
     if (!p)
@@ -25,7 +25,7 @@ void *td_malloc(size_t size)
     return p;
 }
 
-void *td_calloc(size_t count, size_t size)
+void *alloc_zeroed(size_t count, size_t size)
 {
     void *p = calloc(count ? count : 1, size ? size : 1);
     if (!p)
@@ -33,7 +33,7 @@ void *td_calloc(size_t count, size_t size)
     return p;
 }
 
-void *td_realloc(void *ptr, size_t size)
+void *alloc_resize(void *ptr, size_t size)
 {
     void *p = realloc(ptr, size ? size : 1);
     if (!p)
@@ -41,18 +41,18 @@ void *td_realloc(void *ptr, size_t size)
     return p;
 }
 
-char *td_strdup(const char *s) { return td_strndup(s, strlen(s)); }
+char *alloc_strdup(const char *s) { return alloc_strndup(s, strlen(s)); }
 
-char *td_strndup(const char *s, size_t n)
+char *alloc_strndup(const char *s, size_t n)
 {
     size_t len = strnlen(s, n);
-    char *p = td_malloc(len + 1);
+    char *p = alloc_or_die(len + 1);
     memcpy(p, s, len);
     p[len] = '\0';
     return p;
 }
 
-char *td_asprintf(const char *fmt, ...)
+char *alloc_printf(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -60,7 +60,7 @@ char *td_asprintf(const char *fmt, ...)
     va_end(ap);
     if (n < 0)
         n = 0;
-    char *p = td_malloc((size_t)n + 1);
+    char *p = alloc_or_die((size_t)n + 1);
     va_start(ap, fmt);
     vsnprintf(p, (size_t)n + 1, fmt, ap);
     va_end(ap);
@@ -69,10 +69,10 @@ char *td_asprintf(const char *fmt, ...)
 
 static td_status nomem(size_t size, const char *what)
 {
-    return td_error(TD_ERR_NOMEM, "out of memory allocating %s (%zu bytes)", what ? what : "a buffer", size);
+    return error_fmt(TD_ERR_NOMEM, "out of memory allocating %s (%zu bytes)", what ? what : "a buffer", size);
 }
 
-td_status td_try_malloc(size_t size, const char *what, void **out)
+td_status alloc_try(size_t size, const char *what, void **out)
 {
     void *p = malloc(size ? size : 1);
     if (!p)
@@ -81,7 +81,7 @@ td_status td_try_malloc(size_t size, const char *what, void **out)
     return TD_OK;
 }
 
-td_status td_try_aligned_alloc(size_t align, size_t size, const char *what, void **out)
+td_status alloc_try_aligned(size_t align, size_t size, const char *what, void **out)
 {
     void *p = NULL;
     if (posix_memalign(&p, align, size ? size : align) != 0)

@@ -25,83 +25,83 @@ static size_t grown_capacity(const td_buf *b, size_t extra, int *overflow)
     return cap;
 }
 
-void td_buf_reserve(td_buf *b, size_t extra)
+void buf_reserve(td_buf *b, size_t extra)
 {
     int overflow;
     size_t cap = grown_capacity(b, extra, &overflow);
     if (overflow)
-        cap = SIZE_MAX; /* td_realloc aborts with a message */
+        cap = SIZE_MAX; /* alloc_resize aborts with a message */
     if (cap != b->cap) {
-        b->data = td_realloc(b->data, cap);
+        b->data = alloc_resize(b->data, cap);
         b->cap = cap;
     }
 }
 
-td_status td_buf_try_reserve(td_buf *b, size_t extra)
+td_status buf_try_reserve(td_buf *b, size_t extra)
 {
     int overflow;
     size_t cap = grown_capacity(b, extra, &overflow);
     if (overflow)
-        return td_error(TD_ERR_NOMEM, "buffer size overflow adding %zu bytes", extra);
+        return error_fmt(TD_ERR_NOMEM, "buffer size overflow adding %zu bytes", extra);
     if (cap != b->cap) {
         char *p = realloc(b->data, cap);
         if (!p)
-            return td_error(TD_ERR_NOMEM, "out of memory growing a buffer to %zu bytes", cap);
+            return error_fmt(TD_ERR_NOMEM, "out of memory growing a buffer to %zu bytes", cap);
         b->data = p;
         b->cap = cap;
     }
     return TD_OK;
 }
 
-void *td_buf_extend(td_buf *b, size_t n)
+void *buf_extend(td_buf *b, size_t n)
 {
-    td_buf_reserve(b, n);
+    buf_reserve(b, n);
     void *p = b->data + b->len;
     b->len += n;
     b->data[b->len] = '\0';
     return p;
 }
 
-void td_buf_append(td_buf *b, const void *data, size_t len)
+void buf_append(td_buf *b, const void *data, size_t len)
 {
     if (len)
-        memcpy(td_buf_extend(b, len), data, len);
+        memcpy(buf_extend(b, len), data, len);
     else
-        td_buf_reserve(b, 0), b->data[b->len] = '\0';
+        buf_reserve(b, 0), b->data[b->len] = '\0';
 }
 
-void td_buf_append_str(td_buf *b, const char *s) { td_buf_append(b, s, strlen(s)); }
+void buf_append_str(td_buf *b, const char *s) { buf_append(b, s, strlen(s)); }
 
-void td_buf_putc(td_buf *b, char c) { *(char *)td_buf_extend(b, 1) = c; }
+void buf_putc(td_buf *b, char c) { *(char *)buf_extend(b, 1) = c; }
 
-void td_buf_printf(td_buf *b, const char *fmt, ...)
+void buf_printf(td_buf *b, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
     if (n <= 0) {
-        td_buf_append(b, "", 0);
+        buf_append(b, "", 0);
         return;
     }
-    td_buf_reserve(b, (size_t)n);
+    buf_reserve(b, (size_t)n);
     va_start(ap, fmt);
     vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
     va_end(ap);
     b->len += (size_t)n;
 }
 
-void td_buf_clear(td_buf *b)
+void buf_clear(td_buf *b)
 {
     b->len = 0;
     if (b->data)
         b->data[0] = '\0';
 }
 
-void td_buf_consume(td_buf *b, size_t n)
+void buf_consume(td_buf *b, size_t n)
 {
     if (n >= b->len) {
-        td_buf_clear(b);
+        buf_clear(b);
         return;
     }
     memmove(b->data, b->data + n, b->len - n);
@@ -109,35 +109,35 @@ void td_buf_consume(td_buf *b, size_t n)
     b->data[b->len] = '\0';
 }
 
-char *td_buf_steal(td_buf *b)
+char *buf_steal(td_buf *b)
 {
     if (!b->data)
-        td_buf_reserve(b, 0), b->data[0] = '\0';
+        buf_reserve(b, 0), b->data[0] = '\0';
     char *p = b->data;
     b->data = NULL;
     b->len = b->cap = 0;
     return p;
 }
 
-void td_buf_free(td_buf *b)
+void buf_free(td_buf *b)
 {
     free(b->data);
     b->data = NULL;
     b->len = b->cap = 0;
 }
 
-void td_buf_put_u8(td_buf *b, uint8_t v) { *(uint8_t *)td_buf_extend(b, 1) = v; }
+void buf_put_u8(td_buf *b, uint8_t v) { *(uint8_t *)buf_extend(b, 1) = v; }
 
-void td_buf_put_u32(td_buf *b, uint32_t v)
+void buf_put_u32(td_buf *b, uint32_t v)
 {
-    uint8_t *p = td_buf_extend(b, 4);
+    uint8_t *p = buf_extend(b, 4);
     for (int i = 0; i < 4; i++)
         p[i] = (uint8_t)(v >> (8 * i));
 }
 
-void td_buf_put_u64(td_buf *b, uint64_t v)
+void buf_put_u64(td_buf *b, uint64_t v)
 {
-    uint8_t *p = td_buf_extend(b, 8);
+    uint8_t *p = buf_extend(b, 8);
     for (int i = 0; i < 8; i++)
         p[i] = (uint8_t)(v >> (8 * i));
 }

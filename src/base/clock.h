@@ -11,29 +11,29 @@
 
 #define TD_DEADLINE_NONE INT64_MAX
 
-int64_t td_now_ns(void);
-static inline int64_t td_now_ms(void) { return td_now_ns() / 1000000; }
+int64_t clock_now_ns(void);
+static inline int64_t clock_now_ms(void) { return clock_now_ns() / 1000000; }
 /* CLOCK_MONOTONIC read from the kernel's last tick (CLOCK_MONOTONIC_COARSE) plus the tick's length:
- * never earlier than td_now_ns() at the call, later by at most a tick (1 to 4 ms), and a few times
+ * never earlier than clock_now_ns() at the call, later by at most a tick (1 to 4 ms), and a few times
  * cheaper to read. For stamps that deadlines and the watchdog use at millisecond precision. */
-int64_t td_now_coarse_ns(void);
+int64_t clock_coarse_ns(void);
 /* Wall-clock time in nanoseconds since the epoch, for timestamps shown to people. */
-int64_t td_wall_ns(void);
+int64_t clock_wall_ns(void);
 
 /* timeout_ms <= 0 means no deadline (the store and group convention). */
-int64_t td_deadline_after_ms(int64_t timeout_ms);
+int64_t deadline_after_ms(int64_t timeout_ms);
 /* The same from a time already read (saves a clock read on hot paths). */
-int64_t td_deadline_at(int64_t now_ns, int64_t timeout_ms);
-bool td_deadline_passed(int64_t deadline_ns);
+int64_t deadline_at(int64_t now_ns, int64_t timeout_ms);
+bool deadline_passed(int64_t deadline_ns);
 /* Milliseconds left, rounded up, clamped to [0, INT32_MAX]; -1 for no deadline (poll's "forever"). */
-int td_deadline_poll_ms(int64_t deadline_ns);
+int deadline_poll_ms(int64_t deadline_ns);
 /* Milliseconds left (0 when passed); INT64_MAX for no deadline. */
-int64_t td_deadline_left_ms(int64_t deadline_ns);
+int64_t deadline_left_ms(int64_t deadline_ns);
 /* The CLOCK_MONOTONIC timespec for a deadline, for pthread_cond_timedwait on a condition variable
- * made by td_cond_init (base/thread.h). */
-struct timespec td_deadline_timespec(int64_t deadline_ns);
+ * made by thread_cond_init (base/thread.h). */
+struct timespec deadline_timespec(int64_t deadline_ns);
 
-void td_sleep_ms(int64_t ms);
-void td_sleep_ns(int64_t ns);
+void clock_sleep_ms(int64_t ms);
+void clock_sleep_ns(int64_t ns);
 
 #endif

@@ -13,27 +13,27 @@
 
 #include "base/error.h"
 
-const char *td_env_str(const char *name, const char *def)
+const char *env_get_str(const char *name, const char *def)
 {
     const char *v = getenv(name);
     return (v && *v) ? v : def;
 }
 
-td_status td_parse_int(const char *what, const char *s, int64_t min, int64_t max, int64_t *out)
+td_status env_parse_int(const char *what, const char *s, int64_t min, int64_t max, int64_t *out)
 {
     char *end = NULL;
     errno = 0;
     long long v = strtoll(s, &end, 0);
     if (errno != 0 || end == s || *end != '\0')
-        return td_error(TD_ERR_INVALID, "%s must be an integer, got '%s'", what, s);
+        return error_fmt(TD_ERR_INVALID, "%s must be an integer, got '%s'", what, s);
     if (v < min || v > max)
-        return td_error(TD_ERR_INVALID, "%s must be between %" PRId64 " and %" PRId64 ", got %lld", what,
+        return error_fmt(TD_ERR_INVALID, "%s must be between %" PRId64 " and %" PRId64 ", got %lld", what,
                         min, max, v);
     *out = v;
     return TD_OK;
 }
 
-td_status td_parse_bool(const char *what, const char *s, bool *out)
+td_status env_parse_bool(const char *what, const char *s, bool *out)
 {
     static const char *const yes[] = {"1", "true", "yes", "on", "y"};
     static const char *const no[] = {"0", "false", "no", "off", "n"};
@@ -47,10 +47,10 @@ td_status td_parse_bool(const char *what, const char *s, bool *out)
             return TD_OK;
         }
     }
-    return td_error(TD_ERR_INVALID, "%s must be a boolean (1/0, true/false, yes/no, on/off), got '%s'", what, s);
+    return error_fmt(TD_ERR_INVALID, "%s must be a boolean (1/0, true/false, yes/no, on/off), got '%s'", what, s);
 }
 
-td_status td_parse_duration_ms(const char *what, const char *s, int64_t default_unit_ms, int64_t *out)
+td_status env_parse_duration_ms(const char *what, const char *s, int64_t default_unit_ms, int64_t *out)
 {
     char *end = NULL;
     errno = 0;
@@ -76,10 +76,10 @@ td_status td_parse_duration_ms(const char *what, const char *s, int64_t default_
     *out = (int64_t)ms;
     return TD_OK;
 bad:
-    return td_error(TD_ERR_INVALID, "%s must be a duration such as 500ms, 30s or 5m, got '%s'", what, s);
+    return error_fmt(TD_ERR_INVALID, "%s must be a duration such as 500ms, 30s or 5m, got '%s'", what, s);
 }
 
-td_status td_parse_size(const char *what, const char *s, uint64_t *out)
+td_status env_parse_size(const char *what, const char *s, uint64_t *out)
 {
     char *end = NULL;
     errno = 0;
@@ -109,42 +109,42 @@ td_status td_parse_size(const char *what, const char *s, uint64_t *out)
     *out = (uint64_t)v << shift;
     return TD_OK;
 bad:
-    return td_error(TD_ERR_INVALID, "%s must be a size such as 4096, 64K or 16M, got '%s'", what, s);
+    return error_fmt(TD_ERR_INVALID, "%s must be a size such as 4096, 64K or 16M, got '%s'", what, s);
 }
 
-td_status td_env_int(const char *name, int64_t def, int64_t min, int64_t max, int64_t *out)
+td_status env_get_int(const char *name, int64_t def, int64_t min, int64_t max, int64_t *out)
 {
-    const char *v = td_env_str(name, NULL);
+    const char *v = env_get_str(name, NULL);
     if (!v) {
         *out = def;
         return TD_OK;
     }
-    return td_parse_int(name, v, min, max, out);
+    return env_parse_int(name, v, min, max, out);
 }
 
-td_status td_env_bool(const char *name, bool def, bool *out)
+td_status env_get_bool(const char *name, bool def, bool *out)
 {
-    const char *v = td_env_str(name, NULL);
+    const char *v = env_get_str(name, NULL);
     if (!v) {
         *out = def;
         return TD_OK;
     }
-    return td_parse_bool(name, v, out);
+    return env_parse_bool(name, v, out);
 }
 
-td_status td_env_duration_ms(const char *name, int64_t def_ms, int64_t default_unit_ms, int64_t *out)
+td_status env_get_duration_ms(const char *name, int64_t def_ms, int64_t default_unit_ms, int64_t *out)
 {
-    const char *v = td_env_str(name, NULL);
+    const char *v = env_get_str(name, NULL);
     if (!v) {
         *out = def_ms;
         return TD_OK;
     }
-    return td_parse_duration_ms(name, v, default_unit_ms, out);
+    return env_parse_duration_ms(name, v, default_unit_ms, out);
 }
 
-td_status td_env_enum(const char *name, const char *const *names, int def, int *out)
+td_status env_get_enum(const char *name, const char *const *names, int def, int *out)
 {
-    const char *v = td_env_str(name, NULL);
+    const char *v = env_get_str(name, NULL);
     if (!v) {
         *out = def;
         return TD_OK;
@@ -162,5 +162,5 @@ td_status td_env_enum(const char *name, const char *const *names, int def, int *
         const char *sep = i == 0 ? "" : (i == n - 1 ? (n > 2 ? ", or " : " or ") : ", ");
         len += (size_t)snprintf(choices + len, sizeof choices - len, "%s%s", sep, names[i]);
     }
-    return td_error(TD_ERR_INVALID, "The value of %s must be %s. Got '%s'.", name, choices, v);
+    return error_fmt(TD_ERR_INVALID, "The value of %s must be %s. Got '%s'.", name, choices, v);
 }

@@ -13,23 +13,23 @@
 #include <tdist/status.h>
 
 /* Integer in [min, max]; decimal, or 0x hex. */
-td_status td_env_int(const char *name, int64_t def, int64_t min, int64_t max, int64_t *out);
+td_status env_get_int(const char *name, int64_t def, int64_t min, int64_t max, int64_t *out);
 /* 1/0, true/false, yes/no, on/off (any case). */
-td_status td_env_bool(const char *name, bool def, bool *out);
+td_status env_get_bool(const char *name, bool def, bool *out);
 /* A duration in milliseconds: a plain number is taken in default_unit_ms units (1 for *_MS
  * variables, 1000 for seconds); suffixes ms, s, m, h override it. */
-td_status td_env_duration_ms(const char *name, int64_t def_ms, int64_t default_unit_ms, int64_t *out);
+td_status env_get_duration_ms(const char *name, int64_t def_ms, int64_t default_unit_ms, int64_t *out);
 /* One of names[] (NULL-terminated), matched case-insensitively; *out is its index. The error lists
  * the choices as PyTorch does: "The value of TDIST_DEBUG must be OFF, INFO, or DETAIL." */
-td_status td_env_enum(const char *name, const char *const *names, int def, int *out);
+td_status env_get_enum(const char *name, const char *const *names, int def, int *out);
 /* The value, or def when unset or empty. */
-const char *td_env_str(const char *name, const char *def);
+const char *env_get_str(const char *name, const char *def);
 
 /* The same parsers on a string, for flags and URL parameters; `what` names it in errors. */
-td_status td_parse_int(const char *what, const char *s, int64_t min, int64_t max, int64_t *out);
-td_status td_parse_bool(const char *what, const char *s, bool *out);
-td_status td_parse_duration_ms(const char *what, const char *s, int64_t default_unit_ms, int64_t *out);
+td_status env_parse_int(const char *what, const char *s, int64_t min, int64_t max, int64_t *out);
+td_status env_parse_bool(const char *what, const char *s, bool *out);
+td_status env_parse_duration_ms(const char *what, const char *s, int64_t default_unit_ms, int64_t *out);
 /* A byte size: plain bytes or K, M, G suffixes (powers of 1024), e.g. "64M". */
-td_status td_parse_size(const char *what, const char *s, uint64_t *out);
+td_status env_parse_size(const char *what, const char *s, uint64_t *out);
 
 #endif

@@ -20,7 +20,7 @@ static void mark_truncated(int written)
         memcpy(tl_message + TD_ERROR_MAX - 4, "...", 4);
 }
 
-td_status td_error(td_status code, const char *fmt, ...)
+td_status error_fmt(td_status code, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -29,7 +29,7 @@ td_status td_error(td_status code, const char *fmt, ...)
     return code;
 }
 
-td_status td_error_errno(td_status code, const char *fmt, ...)
+td_status error_errno(td_status code, const char *fmt, ...)
 {
     int err = errno;
     char what[TD_ERROR_MAX / 2];
@@ -43,7 +43,7 @@ td_status td_error_errno(td_status code, const char *fmt, ...)
     return code;
 }
 
-td_status td_error_prefix(td_status code, const char *fmt, ...)
+td_status error_prefix(td_status code, const char *fmt, ...)
 {
     char prefix[TD_ERROR_MAX / 2];
     va_list ap;
@@ -63,13 +63,13 @@ td_status td_error_prefix(td_status code, const char *fmt, ...)
     return code;
 }
 
-td_status td_error_set(td_status code, const char *message)
+td_status error_set(td_status code, const char *message)
 {
     mark_truncated(snprintf(tl_message, sizeof tl_message, "%s", message ? message : ""));
     return code;
 }
 
-void td_error_clear(void) { tl_message[0] = '\0'; }
+void error_clear(void) { tl_message[0] = '\0'; }
 
 const char *td_last_error(void) { return tl_message; }
 

@@ -1,9 +1,9 @@
 /* Internal error reporting: set the thread's message and return the code in one expression.
  *
- *   if (n < 0) return td_error(TD_ERR_INVALID, "size must be >= 0, got %lld", (long long)n);
- *   if (fd < 0) return td_error_errno(TD_ERR_IO, "open(%s)", path);   // appends ": <strerror>"
+ *   if (n < 0) return error_fmt(TD_ERR_INVALID, "size must be >= 0, got %lld", (long long)n);
+ *   if (fd < 0) return error_errno(TD_ERR_IO, "open(%s)", path);   // appends ": <strerror>"
  *
- * td_error_prefix() prepends context to the current message when a lower layer's error is passed
+ * error_prefix() prepends context to the current message when a lower layer's error is passed
  * up ("connecting to 10.0.0.1:29500: Connection refused"). */
 #ifndef TDIST_BASE_ERROR_H
 #define TDIST_BASE_ERROR_H
@@ -12,14 +12,14 @@
 
 #define TD_ERROR_MAX 4096 /* longer messages are truncated with "..." */
 
-td_status td_error(td_status code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* As td_error, with ": " and strerror(errno) appended; errno is read before anything else runs. */
-td_status td_error_errno(td_status code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+td_status error_fmt(td_status code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* As error_fmt, with ": " and strerror(errno) appended; errno is read before anything else runs. */
+td_status error_errno(td_status code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Prepends "<context>: " to the thread's current message and returns code. */
-td_status td_error_prefix(td_status code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+td_status error_prefix(td_status code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Sets the message verbatim (e.g. one carried by a future or received from a peer). */
-td_status td_error_set(td_status code, const char *message);
-void td_error_clear(void);
+td_status error_set(td_status code, const char *message);
+void error_clear(void);
 
 /* Propagate a failure: TD_TRY(call) returns its status from the enclosing function when non-zero. */
 #define TD_TRY(expr)                 \

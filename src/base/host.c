@@ -17,7 +17,7 @@ static void sanitize(char *s)
             *s = '_';
 }
 
-void td_host_id(char *out, size_t size)
+void host_identity(char *out, size_t size)
 {
     out[0] = '\0';
     char boot[64] = "", ns[64] = "";
@@ -34,7 +34,7 @@ void td_host_id(char *out, size_t size)
     sanitize(boot);
     sanitize(ns);
     char user[96] = "";
-    const char *v = td_env_str("TDIST_HOST_ID", NULL);
+    const char *v = env_get_str("TDIST_HOST_ID", NULL);
     if (v) {
         snprintf(user, sizeof user, "%s", v);
         sanitize(user);

@@ -16,6 +16,6 @@
 /* "<boot id>/<netns>[/<TDIST_HOST_ID>]" into out (at least TD_HOST_ID_MAX bytes); no spaces, so
  * it can travel as one word. "" when the machine's identity cannot be read (then no two processes
  * count as one host). */
-void td_host_id(char *out, size_t size);
+void host_identity(char *out, size_t size);
 
 #endif

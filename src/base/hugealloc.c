@@ -7,12 +7,12 @@
 #include "base/alloc.h"
 #include "base/error.h"
 
-td_status td_try_alloc_huge(size_t size, const char *what, void **out)
+td_status huge_try_alloc(size_t size, const char *what, void **out)
 {
     if (size < TD_HUGE_PAGE)
-        return td_try_aligned_alloc(64, size ? size : 64, what, out);
+        return alloc_try_aligned(64, size ? size : 64, what, out);
     size_t rounded = (size + TD_HUGE_PAGE - 1) & ~(TD_HUGE_PAGE - 1);
-    TD_TRY(td_try_aligned_alloc(TD_HUGE_PAGE, rounded, what, out));
+    TD_TRY(alloc_try_aligned(TD_HUGE_PAGE, rounded, what, out));
     /* Advice only: where huge pages are off or unavailable, the buffer works the same. */
     madvise(*out, rounded, MADV_HUGEPAGE);
     return TD_OK;

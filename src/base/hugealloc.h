@@ -14,7 +14,7 @@
 
 #define TD_HUGE_PAGE ((size_t)2 << 20)
 
-/* As td_try_aligned_alloc (base/alloc.h); `what` names the buffer in the error. */
-td_status td_try_alloc_huge(size_t size, const char *what, void **out);
+/* As alloc_try_aligned (base/alloc.h); `what` names the buffer in the error. */
+td_status huge_try_alloc(size_t size, const char *what, void **out);
 
 #endif

@@ -24,6 +24,6 @@ typedef struct td_launcher_env {
  * listing the variables) when none is; TD_ERR_INVALID when a set variable is not a valid number
  * (or the rank is not below the size). with_torch: whether RANK / WORLD_SIZE count (the env://
  * rendezvous reads those itself, with PyTorch's messages). */
-td_status td_launcher_env_read(bool with_torch, td_launcher_env *out);
+td_status launcher_env_read(bool with_torch, td_launcher_env *out);
 
 #endif

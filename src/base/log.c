@@ -29,18 +29,18 @@ static int level_from_env(void)
     /* Keep the caller's error message: reading the level is a side effect of logging. */
     char saved[256];
     snprintf(saved, sizeof saved, "%s", td_last_error());
-    if (td_env_enum("TDIST_LOG_LEVEL", level_names, TD_LOG_WARN, &level) != TD_OK) {
+    if (env_get_enum("TDIST_LOG_LEVEL", level_names, TD_LOG_WARN, &level) != TD_OK) {
         char line[512];
         int n = snprintf(line, sizeof line, "[tdist WARN] %s; using WARN\n", td_last_error());
         if (n > 0)
             (void)!write(STDERR_FILENO, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
         level = TD_LOG_WARN;
     }
-    td_error_set(TD_OK, saved);
+    error_set(TD_OK, saved);
     return level;
 }
 
-bool td_log_enabled(td_log_level level)
+bool log_enabled(td_log_level level)
 {
     int cur = atomic_load_explicit(&g_level, memory_order_relaxed);
     if (cur < 0) {
@@ -52,16 +52,16 @@ bool td_log_enabled(td_log_level level)
     return (int)level >= cur && level < TD_LOG_OFF;
 }
 
-void td_log_set_level(td_log_level level) { atomic_store(&g_level, (int)level); }
+void log_set_level(td_log_level level) { atomic_store(&g_level, (int)level); }
 
-void td_log_set_rank(int rank)
+void log_set_rank(int rank)
 {
     tl_rank = rank;
     tl_rank_set = true;
     atomic_store(&g_process_rank, rank);
 }
 
-void td_log(td_log_level level, const char *fmt, ...)
+void log_emit(td_log_level level, const char *fmt, ...)
 {
     int saved_errno = errno;
     char line[2048];

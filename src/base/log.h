@@ -4,7 +4,7 @@
  *   TD_LOG_INFO("store server listening on %s", addr);   ->  "[tdist INFO] [rank 2] store server ..."
  *
  * The level comes from TDIST_LOG_LEVEL (TRACE, DEBUG, INFO, WARN, ERROR, OFF; default WARN). The
- * "[rank R]" prefix appears once td_log_set_rank() has been called (process groups do it). */
+ * "[rank R]" prefix appears once log_set_rank() has been called (process groups do it). */
 #ifndef TDIST_BASE_LOG_H
 #define TDIST_BASE_LOG_H
 
@@ -19,18 +19,18 @@ typedef enum td_log_level {
     TD_LOG_OFF = 5,
 } td_log_level;
 
-bool td_log_enabled(td_log_level level);
-void td_log(td_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+bool log_enabled(td_log_level level);
+void log_emit(td_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Overrides TDIST_LOG_LEVEL for this process. */
-void td_log_set_level(td_log_level level);
+void log_set_level(td_log_level level);
 /* The rank printed in each line's prefix; a negative rank removes the prefix. Thread-local, so
  * several ranks hosted as threads of one process each log their own rank. */
-void td_log_set_rank(int rank);
+void log_set_rank(int rank);
 
 #define TD_LOG_AT(lvl, ...)              \
     do {                                 \
-        if (td_log_enabled(lvl))         \
-            td_log((lvl), __VA_ARGS__);  \
+        if (log_enabled(lvl))         \
+            log_emit((lvl), __VA_ARGS__);  \
     } while (0)
 #define TD_LOG_TRACE(...) TD_LOG_AT(TD_LOG_TRACE, __VA_ARGS__)
 #define TD_LOG_DEBUG(...) TD_LOG_AT(TD_LOG_DEBUG, __VA_ARGS__)

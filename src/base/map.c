@@ -10,7 +10,7 @@
 static char tomb_marker;
 #define TD_MAP_TOMB (&tomb_marker)
 
-uint64_t td_hash_bytes(const void *data, size_t len, uint64_t seed)
+uint64_t map_hash_bytes(const void *data, size_t len, uint64_t seed)
 {
     /* FNV-1a over 64-bit words, then a final avalanche (splitmix64). Fast and well spread for keys
      * of a few to a few hundred bytes, which is what the map sees. */
@@ -51,7 +51,7 @@ static void rehash(td_map *m, size_t cap)
 {
     td_map_entry *old = m->slots;
     size_t old_cap = m->cap;
-    m->slots = td_calloc(cap, sizeof *m->slots);
+    m->slots = alloc_zeroed(cap, sizeof *m->slots);
     m->cap = cap;
     m->used = m->len;
     for (size_t i = 0; i < old_cap; i++) {
@@ -66,15 +66,15 @@ static void rehash(td_map *m, size_t cap)
     free(old);
 }
 
-void *td_map_get(const td_map *m, const void *key, size_t key_len)
+void *map_get(const td_map *m, const void *key, size_t key_len)
 {
-    td_map_entry *e = find(m, key, key_len, td_hash_bytes(key, key_len, 0));
+    td_map_entry *e = find(m, key, key_len, map_hash_bytes(key, key_len, 0));
     return e ? e->value : NULL;
 }
 
-void *td_map_put(td_map *m, const void *key, size_t key_len, void *value)
+void *map_put(td_map *m, const void *key, size_t key_len, void *value)
 {
-    uint64_t h = td_hash_bytes(key, key_len, 0);
+    uint64_t h = map_hash_bytes(key, key_len, 0);
     td_map_entry *e = find(m, key, key_len, h);
     if (e) {
         void *prev = e->value;
@@ -89,7 +89,7 @@ void *td_map_put(td_map *m, const void *key, size_t key_len, void *value)
         i = (i + 1) & mask;
     if (!m->slots[i].key)
         m->used++;
-    char *k = td_malloc(key_len + 1);
+    char *k = alloc_or_die(key_len + 1);
     memcpy(k, key, key_len);
     k[key_len] = '\0';
     m->slots[i] = (td_map_entry){k, key_len, h, value};
@@ -97,9 +97,9 @@ void *td_map_put(td_map *m, const void *key, size_t key_len, void *value)
     return NULL;
 }
 
-void *td_map_remove(td_map *m, const void *key, size_t key_len)
+void *map_remove(td_map *m, const void *key, size_t key_len)
 {
-    td_map_entry *e = find(m, key, key_len, td_hash_bytes(key, key_len, 0));
+    td_map_entry *e = find(m, key, key_len, map_hash_bytes(key, key_len, 0));
     if (!e)
         return NULL;
     void *value = e->value;
@@ -110,7 +110,7 @@ void *td_map_remove(td_map *m, const void *key, size_t key_len)
     return value;
 }
 
-td_map_entry *td_map_next(const td_map *m, size_t *iter)
+td_map_entry *map_next(const td_map *m, size_t *iter)
 {
     for (; *iter < m->cap; (*iter)++) {
         td_map_entry *e = &m->slots[*iter];
@@ -122,7 +122,7 @@ td_map_entry *td_map_next(const td_map *m, size_t *iter)
     return NULL;
 }
 
-void td_map_free(td_map *m, void (*free_value)(void *))
+void map_free(td_map *m, void (*free_value)(void *))
 {
     for (size_t i = 0; i < m->cap; i++) {
         td_map_entry *e = &m->slots[i];

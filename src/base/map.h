@@ -1,6 +1,6 @@
 /* Internal hash map from byte-string keys to pointers (insertion order is not kept).
  *
- * Keys are copied into the map; values are borrowed pointers that the owner frees (td_map_free
+ * Keys are copied into the map; values are borrowed pointers that the owner frees (map_free
  * takes an optional destructor for them). Not thread-safe: the owner locks. */
 #ifndef TDIST_BASE_MAP_H
 #define TDIST_BASE_MAP_H
@@ -25,19 +25,19 @@ typedef struct td_map {
 
 #define TD_MAP_INIT {NULL, 0, 0, 0}
 
-uint64_t td_hash_bytes(const void *data, size_t len, uint64_t seed);
+uint64_t map_hash_bytes(const void *data, size_t len, uint64_t seed);
 
-void *td_map_get(const td_map *m, const void *key, size_t key_len);
-static inline void *td_map_get_str(const td_map *m, const char *key);
+void *map_get(const td_map *m, const void *key, size_t key_len);
+static inline void *map_get_str(const td_map *m, const char *key);
 /* Sets key to value; returns the previous value or NULL. */
-void *td_map_put(td_map *m, const void *key, size_t key_len, void *value);
+void *map_put(td_map *m, const void *key, size_t key_len, void *value);
 /* Removes key; returns its value or NULL when absent. */
-void *td_map_remove(td_map *m, const void *key, size_t key_len);
-/* Iteration: for (size_t it = 0; (e = td_map_next(m, &it));) ... The map must not change meanwhile. */
-td_map_entry *td_map_next(const td_map *m, size_t *iter);
-void td_map_free(td_map *m, void (*free_value)(void *));
+void *map_remove(td_map *m, const void *key, size_t key_len);
+/* Iteration: for (size_t it = 0; (e = map_next(m, &it));) ... The map must not change meanwhile. */
+td_map_entry *map_next(const td_map *m, size_t *iter);
+void map_free(td_map *m, void (*free_value)(void *));
 
 #include <string.h>
-static inline void *td_map_get_str(const td_map *m, const char *key) { return td_map_get(m, key, strlen(key)); }
+static inline void *map_get_str(const td_map *m, const char *key) { return map_get(m, key, strlen(key)); }
 
 #endif

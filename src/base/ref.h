@@ -1,7 +1,7 @@
 /* Internal reference counting for shared objects (storages, tensors, values, futures, stores...).
  *
- * Embed a td_ref in the object, td_ref_init() it to 1 at creation, td_ref_inc() on retain, and free
- * the object when td_ref_dec() returns true. Release ordering makes every write of every previous
+ * Embed a td_ref in the object, ref_init() it to 1 at creation, ref_inc() on retain, and free
+ * the object when ref_dec() returns true. Release ordering makes every write of every previous
  * owner visible to the thread that frees. */
 #ifndef TDIST_BASE_REF_H
 #define TDIST_BASE_REF_H
@@ -13,9 +13,9 @@ typedef struct td_ref {
     atomic_long count;
 } td_ref;
 
-static inline void td_ref_init(td_ref *r) { atomic_init(&r->count, 1); }
-static inline void td_ref_inc(td_ref *r) { atomic_fetch_add_explicit(&r->count, 1, memory_order_relaxed); }
-static inline bool td_ref_dec(td_ref *r)
+static inline void ref_init(td_ref *r) { atomic_init(&r->count, 1); }
+static inline void ref_inc(td_ref *r) { atomic_fetch_add_explicit(&r->count, 1, memory_order_relaxed); }
+static inline bool ref_dec(td_ref *r)
 {
     if (atomic_fetch_sub_explicit(&r->count, 1, memory_order_release) == 1) {
         atomic_thread_fence(memory_order_acquire);
@@ -24,7 +24,7 @@ static inline bool td_ref_dec(td_ref *r)
     return false;
 }
 /* Increments unless the count already reached zero (for weak caches); true when it did. */
-static inline bool td_ref_inc_not_zero(td_ref *r)
+static inline bool ref_inc_not_zero(td_ref *r)
 {
     long c = atomic_load_explicit(&r->count, memory_order_relaxed);
     while (c > 0) {
@@ -34,6 +34,6 @@ static inline bool td_ref_inc_not_zero(td_ref *r)
     }
     return false;
 }
-static inline long td_ref_count(td_ref *r) { return atomic_load_explicit(&r->count, memory_order_relaxed); }
+static inline long ref_count(td_ref *r) { return atomic_load_explicit(&r->count, memory_order_relaxed); }
 
 #endif

@@ -27,9 +27,9 @@ static void *thread_trampoline(void *p)
     return ctx.fn(ctx.arg);
 }
 
-td_status td_thread_start(pthread_t *thread, const char *name, void *(*fn)(void *), void *arg)
+td_status thread_start(pthread_t *thread, const char *name, void *(*fn)(void *), void *arg)
 {
-    start_ctx *ctx = td_malloc(sizeof *ctx);
+    start_ctx *ctx = alloc_or_die(sizeof *ctx);
     ctx->fn = fn;
     ctx->arg = arg;
     snprintf(ctx->name, sizeof ctx->name, "%s", name);
@@ -45,16 +45,16 @@ td_status td_thread_start(pthread_t *thread, const char *name, void *(*fn)(void 
     if (rc != 0) {
         free(ctx);
         errno = rc;
-        return td_error_errno(TD_ERR_IO, "starting thread '%s'", name);
+        return error_errno(TD_ERR_IO, "starting thread '%s'", name);
     }
     return TD_OK;
 }
 
-void td_thread_join(pthread_t thread) { pthread_join(thread, NULL); }
+void thread_join(pthread_t thread) { pthread_join(thread, NULL); }
 
-void td_mutex_init(pthread_mutex_t *m) { pthread_mutex_init(m, NULL); }
+void thread_mutex_init(pthread_mutex_t *m) { pthread_mutex_init(m, NULL); }
 
-void td_cond_init(pthread_cond_t *c)
+void thread_cond_init(pthread_cond_t *c)
 {
     pthread_condattr_t attr;
     pthread_condattr_init(&attr);
@@ -63,43 +63,43 @@ void td_cond_init(pthread_cond_t *c)
     pthread_condattr_destroy(&attr);
 }
 
-bool td_cond_wait_until(pthread_cond_t *c, pthread_mutex_t *m, int64_t deadline_ns)
+bool thread_cond_wait_until(pthread_cond_t *c, pthread_mutex_t *m, int64_t deadline_ns)
 {
     if (deadline_ns == TD_DEADLINE_NONE) {
         pthread_cond_wait(c, m);
         return true;
     }
-    struct timespec ts = td_deadline_timespec(deadline_ns);
+    struct timespec ts = deadline_timespec(deadline_ns);
     return pthread_cond_timedwait(c, m, &ts) != ETIMEDOUT;
 }
 
-td_status td_thread_set_name(const char *name)
+td_status thread_set_name(const char *name)
 {
     if (!name)
-        return td_error(TD_ERR_INVALID, "thread name must not be NULL");
+        return error_fmt(TD_ERR_INVALID, "thread name must not be NULL");
     char buf[16];
     snprintf(buf, sizeof buf, "%s", name);
     int rc = pthread_setname_np(pthread_self(), buf);
     if (rc != 0) {
         errno = rc;
-        return td_error_errno(TD_ERR_IO, "pthread_setname_np(%s)", buf);
+        return error_errno(TD_ERR_IO, "pthread_setname_np(%s)", buf);
     }
     return TD_OK;
 }
 
-td_status td_thread_get_name(char *out, size_t size)
+td_status thread_get_name(char *out, size_t size)
 {
     char buf[16];
     int rc = pthread_getname_np(pthread_self(), buf, sizeof buf);
     if (rc != 0) {
         errno = rc;
-        return td_error_errno(TD_ERR_IO, "pthread_getname_np");
+        return error_errno(TD_ERR_IO, "pthread_getname_np");
     }
     snprintf(out, size, "%s", buf);
     return TD_OK;
 }
 
-int td_thread_count(void)
+int thread_count(void)
 {
     DIR *d = opendir("/proc/self/task");
     if (!d)
@@ -113,4 +113,4 @@ int td_thread_count(void)
     return n;
 }
 
-pid_t td_process_id(void) { return getpid(); }
+pid_t thread_process_id(void) { return getpid(); }

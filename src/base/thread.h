@@ -14,31 +14,31 @@
 #include <tdist/status.h>
 
 /* The real-time signal the test harness sends to every thread of a hung rank to collect its
- * stack (src/testing/stacks.c); td_thread_start leaves it unblocked. */
+ * stack (src/testing/stacks.c); thread_start leaves it unblocked. */
 #define TD_STACK_DUMP_SIGNAL (SIGRTMIN + 5)
 
 /* Starts fn(arg) on a new thread named `name` (at most 15 characters are kept). Signals are
  * blocked on the new thread so that they are delivered to the application's threads, except the
  * synchronous fault signals (so a crash on it prints its backtrace) and TD_STACK_DUMP_SIGNAL. */
-td_status td_thread_start(pthread_t *thread, const char *name, void *(*fn)(void *), void *arg);
-void td_thread_join(pthread_t thread);
+td_status thread_start(pthread_t *thread, const char *name, void *(*fn)(void *), void *arg);
+void thread_join(pthread_t thread);
 
-void td_mutex_init(pthread_mutex_t *m);
-/* A condition variable on CLOCK_MONOTONIC, for td_cond_wait_until. */
-void td_cond_init(pthread_cond_t *c);
+void thread_mutex_init(pthread_mutex_t *m);
+/* A condition variable on CLOCK_MONOTONIC, for thread_cond_wait_until. */
+void thread_cond_init(pthread_cond_t *c);
 /* Waits until signalled or the deadline (base/clock.h) passes; false on timeout. Spurious wakeups
  * return true: callers re-check their predicate in a loop. */
-bool td_cond_wait_until(pthread_cond_t *c, pthread_mutex_t *m, int64_t deadline_ns);
+bool thread_cond_wait_until(pthread_cond_t *c, pthread_mutex_t *m, int64_t deadline_ns);
 
 /* Sets / reads the calling thread's name (Linux keeps 15 characters plus the NUL). */
-td_status td_thread_set_name(const char *name);
-td_status td_thread_get_name(char *out, size_t size);
+td_status thread_set_name(const char *name);
+td_status thread_get_name(char *out, size_t size);
 
 /* The number of threads in this process (from /proc/self/task), for leak checks. */
-int td_thread_count(void);
+int thread_count(void);
 
-/* Process identity for fork safety: objects record td_process_id() at creation and refuse to be
+/* Process identity for fork safety: objects record thread_process_id() at creation and refuse to be
  * used from a forked child, whose id differs. */
-pid_t td_process_id(void);
+pid_t thread_process_id(void);
 
 #endif

@@ -25,7 +25,7 @@
             size_t td_vec_cap_ = (v)->cap ? (v)->cap * 2 : 8;                           \
             while (td_vec_cap_ < (n))                                                   \
                 td_vec_cap_ *= 2;                                                       \
-            (v)->items = td_realloc((v)->items, td_vec_cap_ * sizeof(*(v)->items));     \
+            (v)->items = alloc_resize((v)->items, td_vec_cap_ * sizeof(*(v)->items));     \
             (v)->cap = td_vec_cap_;                                                     \
         }                                                                               \
     } while (0)

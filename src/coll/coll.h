@@ -3,7 +3,7 @@
  * A td_coll_ctx holds what the algorithms of one group reuse from one operation to the next: the
  * transport, scratch memory and xfer arrays (grown rarely, so that the hot path allocates nothing
  * after warm-up) and the configuration (which algorithm each collective uses, chunk size, the
- * small/large threshold). td_coll_run runs one collective (any td_coll kind but SEND and RECV) on
+ * small/large threshold). coll_execute runs one collective (any td_coll kind but SEND and RECV) on
  * the calling thread and returns when it is done on this rank.
  *
  * Algorithms, by name (TDIST_ALGO forces them; "auto" picks by size and world size):
@@ -16,7 +16,7 @@
  *   reduce_scatter  ring (pipelined), direct
  *   all_to_all      pairwise, direct
  *   barrier         dissemination
- * and, on the shm backend only (backends/shm/direct.h; td_coll_run takes them as auto): shm (direct
+ * and, on the shm backend only (backends/shm/direct.h; coll_execute takes them as auto): shm (direct
  * copies through shared memory) for every collective but all_to_all, shm_flat for all_reduce and
  * reduce.
  * Every all_reduce algorithm gives bit-identical results on every rank (each element's reduction
@@ -52,9 +52,9 @@ typedef enum td_algo {
     TD_ALGO_COUNT
 } td_algo;
 
-const char *td_algo_name(td_algo algo);
+const char *coll_algo_name(td_algo algo);
 /* Whether kind has an algorithm of that name (AUTO: every collective kind). */
-bool td_algo_supports(td_algo algo, td_coll_kind kind);
+bool coll_algo_supports(td_algo algo, td_coll_kind kind);
 
 /* Tags: collective messages have the top bit set, the collective's sequence number and a step;
  * p2p messages carry the user's (non-negative) tag. */
@@ -71,9 +71,9 @@ typedef struct td_coll_config {
 /* Defaults, then the environment: TDIST_ALGO ("ring", or per collective "all_reduce=rhd,
  * broadcast=tree"), TDIST_COLL_CHUNK and TDIST_COLL_SMALL (sizes such as 256K). An unknown name is
  * TD_ERR_INVALID with a message listing the choices. */
-td_status td_coll_config_from_env(td_coll_config *cfg);
+td_status coll_config_from_env(td_coll_config *cfg);
 /* Applies one TDIST_ALGO-style spec to cfg. */
-td_status td_coll_config_parse_algo(td_coll_config *cfg, const char *spec);
+td_status coll_config_parse_algo(td_coll_config *cfg, const char *spec);
 
 typedef struct td_coll_ctx {
     td_transport *t;
@@ -89,15 +89,15 @@ typedef struct td_coll_ctx {
     size_t steps_cap;
 } td_coll_ctx;
 
-/* The transport and cfg (td_coll_config_from_env, say) are borrowed. */
-td_status td_coll_ctx_init(td_coll_ctx *c, td_transport *t, const td_coll_config *cfg);
-void td_coll_ctx_free(td_coll_ctx *c);
+/* The transport and cfg (coll_config_from_env, say) are borrowed. */
+td_status coll_ctx_init(td_coll_ctx *c, td_transport *t, const td_coll_config *cfg);
+void coll_ctx_free(td_coll_ctx *c);
 
 /* Runs op (not SEND / RECV) with algo (AUTO: the forced one, else chosen by size). op->seq tags
  * the messages; op->deadline_ns bounds the whole operation. */
-td_status td_coll_run(td_coll_ctx *c, const td_coll *op, td_algo algo);
-/* The algorithm td_coll_run picks for op with algo AUTO. */
-td_algo td_coll_choose(const td_coll_ctx *c, const td_coll *op);
+td_status coll_execute(td_coll_ctx *c, const td_coll *op, td_algo algo);
+/* The algorithm coll_execute picks for op with algo AUTO. */
+td_algo coll_choose(const td_coll_ctx *c, const td_coll *op);
 
 /* ---- a group over one transport ------------------------------------------------------------
  * The state and td_backend_ops entries of a backend made of one transport (tcp, shm): a collective
@@ -107,7 +107,7 @@ td_algo td_coll_choose(const td_coll_ctx *c, const td_coll *op);
  * of at their timeout. */
 
 /* A backend's own algorithms for one collective (shm's, over shared memory), tried instead of
- * td_coll_run's; they fall back to td_coll_run themselves. */
+ * coll_execute's; they fall back to coll_execute themselves. */
 typedef td_status (*coll_own_run)(td_coll_ctx *ctx, const td_coll *op);
 
 /* The set-up of the group's transport (its store, ranks, timeout, name) under key_prefix. */

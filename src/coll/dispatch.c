@@ -26,7 +26,7 @@ static const char *const algo_names[TD_ALGO_COUNT] = {
     "auto", "rd", "ring", "rhd", "tree", "bruck", "direct", "pairwise", "dissemination", "shm", "shm_flat",
 };
 
-const char *td_algo_name(td_algo algo)
+const char *coll_algo_name(td_algo algo)
 {
     return (int)algo >= 0 && algo < TD_ALGO_COUNT ? algo_names[algo] : "unknown";
 }
@@ -45,7 +45,7 @@ static const td_algo kind_algos[TD_COLL_KIND_COUNT][MAX_KIND_ALGOS] = {
     [TD_COLL_BARRIER] = {TD_ALGO_DISSEMINATION, TD_ALGO_SHM},
 };
 
-bool td_algo_supports(td_algo algo, td_coll_kind kind)
+bool coll_algo_supports(td_algo algo, td_coll_kind kind)
 {
     if ((int)kind < 0 || kind >= TD_COLL_KIND_COUNT || kind == TD_COLL_SEND || kind == TD_COLL_RECV)
         return false;
@@ -69,7 +69,7 @@ static const char *kind_name(int k)
 static void list_algos(td_buf *b, int kind)
 {
     for (int i = 0; i < MAX_KIND_ALGOS && kind_algos[kind][i]; i++)
-        td_buf_printf(b, "%s%s", i ? ", " : "", algo_names[kind_algos[kind][i]]);
+        buf_printf(b, "%s%s", i ? ", " : "", algo_names[kind_algos[kind][i]]);
 }
 
 static td_status algo_by_name(const char *name, size_t len, td_algo *out)
@@ -82,16 +82,16 @@ static td_status algo_by_name(const char *name, size_t len, td_algo *out)
     }
     td_buf b = TD_BUF_INIT;
     for (int a = 0; a < TD_ALGO_COUNT; a++)
-        td_buf_printf(&b, "%s%s", a ? ", " : "", algo_names[a]);
-    td_status s = td_error(TD_ERR_INVALID,
+        buf_printf(&b, "%s%s", a ? ", " : "", algo_names[a]);
+    td_status s = error_fmt(TD_ERR_INVALID,
                            "TDIST_ALGO: unknown algorithm '%.*s'; choose from %s, or per collective as in "
                            "'all_reduce=ring,broadcast=tree'",
                            (int)len, name, b.data);
-    td_buf_free(&b);
+    buf_free(&b);
     return s;
 }
 
-td_status td_coll_config_parse_algo(td_coll_config *cfg, const char *spec)
+td_status coll_config_parse_algo(td_coll_config *cfg, const char *spec)
 {
     const char *p = spec;
     while (*p) {
@@ -112,7 +112,7 @@ td_status td_coll_config_parse_algo(td_coll_config *cfg, const char *spec)
             TD_TRY(algo_by_name(p, len, &a));
             /* One name forces it wherever it exists; the other collectives keep choosing. */
             for (int k = 0; k < TD_COLL_KIND_COUNT; k++)
-                if (td_algo_supports(a, (td_coll_kind)k))
+                if (coll_algo_supports(a, (td_coll_kind)k))
                     cfg->forced[k] = a;
         } else {
             size_t klen = (size_t)(eq - p);
@@ -122,18 +122,18 @@ td_status td_coll_config_parse_algo(td_coll_config *cfg, const char *spec)
                     strncasecmp(kind_name(k), p, klen) == 0)
                     kind = k;
             if (kind < 0)
-                return td_error(TD_ERR_INVALID,
+                return error_fmt(TD_ERR_INVALID,
                                 "TDIST_ALGO: unknown collective '%.*s'; choose from broadcast, all_reduce, reduce, "
                                 "all_gather, gather, scatter, reduce_scatter, all_to_all, barrier",
                                 (int)klen, p);
             td_algo a;
             TD_TRY(algo_by_name(eq + 1, len - klen - 1, &a));
-            if (!td_algo_supports(a, (td_coll_kind)kind)) {
+            if (!coll_algo_supports(a, (td_coll_kind)kind)) {
                 td_buf b = TD_BUF_INIT;
                 list_algos(&b, kind);
-                td_status s = td_error(TD_ERR_INVALID, "TDIST_ALGO: %s has no algorithm '%s'; choose from auto, %s",
+                td_status s = error_fmt(TD_ERR_INVALID, "TDIST_ALGO: %s has no algorithm '%s'; choose from auto, %s",
                                        kind_name(kind), algo_names[a], b.data);
-                td_buf_free(&b);
+                buf_free(&b);
                 return s;
             }
             cfg->forced[kind] = a;
@@ -143,27 +143,27 @@ td_status td_coll_config_parse_algo(td_coll_config *cfg, const char *spec)
     return TD_OK;
 }
 
-td_status td_coll_config_from_env(td_coll_config *cfg)
+td_status coll_config_from_env(td_coll_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
     cfg->chunk_bytes = DEFAULT_CHUNK;
     cfg->small_bytes = DEFAULT_SMALL;
-    const char *v = td_env_str("TDIST_COLL_CHUNK", NULL);
+    const char *v = env_get_str("TDIST_COLL_CHUNK", NULL);
     uint64_t n;
     if (v) {
-        TD_TRY(td_parse_size("TDIST_COLL_CHUNK", v, &n));
+        TD_TRY(env_parse_size("TDIST_COLL_CHUNK", v, &n));
         if (n < 4096)
-            return td_error(TD_ERR_INVALID, "TDIST_COLL_CHUNK must be at least 4K, got '%s'", v);
+            return error_fmt(TD_ERR_INVALID, "TDIST_COLL_CHUNK must be at least 4K, got '%s'", v);
         cfg->chunk_bytes = (size_t)n;
     }
-    v = td_env_str("TDIST_COLL_SMALL", NULL);
+    v = env_get_str("TDIST_COLL_SMALL", NULL);
     if (v) {
-        TD_TRY(td_parse_size("TDIST_COLL_SMALL", v, &n));
+        TD_TRY(env_parse_size("TDIST_COLL_SMALL", v, &n));
         cfg->small_bytes = (size_t)n;
     }
-    v = td_env_str("TDIST_ALGO", NULL);
+    v = env_get_str("TDIST_ALGO", NULL);
     if (v)
-        TD_TRY(td_coll_config_parse_algo(cfg, v));
+        TD_TRY(coll_config_parse_algo(cfg, v));
     return TD_OK;
 }
 
@@ -174,7 +174,7 @@ static size_t op_bytes(const td_coll_ctx *c, const td_coll *op)
     return op->count * td_dtype_size(op->dtype);
 }
 
-td_algo td_coll_choose(const td_coll_ctx *c, const td_coll *op)
+td_algo coll_choose(const td_coll_ctx *c, const td_coll *op)
 {
     if (op->kind >= TD_COLL_KIND_COUNT)
         return TD_ALGO_AUTO;
@@ -240,16 +240,16 @@ static td_status dispatch(coll_run *R, td_algo a)
     case TD_COLL_BARRIER:
         return coll_barrier_dissemination(R);
     default:
-        return td_error(TD_ERR_INTERNAL, "td_coll_run: %d is not a collective", (int)op->kind);
+        return error_fmt(TD_ERR_INTERNAL, "coll_execute: %d is not a collective", (int)op->kind);
     }
 }
 
-td_status td_coll_run(td_coll_ctx *c, const td_coll *op, td_algo algo)
+td_status coll_execute(td_coll_ctx *c, const td_coll *op, td_algo algo)
 {
     if (algo == TD_ALGO_AUTO || algo == TD_ALGO_SHM || algo == TD_ALGO_SHM_FLAT)
-        algo = td_coll_choose(c, op); /* the shm algorithms need shared memory: backends/shm/direct.h */
-    if (!td_algo_supports(algo, op->kind))
-        return td_error(TD_ERR_INVALID, "%s has no algorithm '%s'", kind_name(op->kind), td_algo_name(algo));
+        algo = coll_choose(c, op); /* the shm algorithms need shared memory: backends/shm/direct.h */
+    if (!coll_algo_supports(algo, op->kind))
+        return error_fmt(TD_ERR_INVALID, "%s has no algorithm '%s'", kind_name(op->kind), coll_algo_name(algo));
     coll_run R = {
         .c = c,
         .t = c->t,
@@ -270,8 +270,8 @@ td_status td_coll_run(td_coll_ctx *c, const td_coll *op, td_algo algo)
          * other ranks must not wait for this one until their timeout. */
         char msg[TD_XFER_ERROR_MAX];
         snprintf(msg, sizeof msg, "%s", td_last_error());
-        td_transport_abort(c->t, s, msg);
-        td_error_set(s, msg);
+        transport_abort(c->t, s, msg);
+        error_set(s, msg);
     }
     return s;
 }
@@ -282,7 +282,7 @@ typedef struct coll_group {
     td_transport *t;
     td_coll_ctx coll;
     td_p2p_pool p2p;
-    coll_own_run own_run; /* the backend's own algorithms (shm); NULL: those of td_coll_run */
+    coll_own_run own_run; /* the backend's own algorithms (shm); NULL: those of coll_execute */
 } coll_group;
 
 td_transport_setup coll_transport_setup(const td_backend_args *a, const char *key_prefix)
@@ -304,11 +304,11 @@ td_status coll_group_create(td_transport *t, const td_coll_config *cfg, coll_own
     coll_group *s = TD_NEW(coll_group);
     s->t = t;
     s->own_run = own_run;
-    td_p2p_pool_init(&s->p2p);
-    td_status st = td_coll_ctx_init(&s->coll, t, cfg);
+    p2p_pool_init(&s->p2p);
+    td_status st = coll_ctx_init(&s->coll, t, cfg);
     if (st != TD_OK) {
-        td_transport_destroy(t);
-        td_p2p_pool_free(&s->p2p);
+        transport_destroy(t);
+        p2p_pool_free(&s->p2p);
         free(s);
         return st;
     }
@@ -329,21 +329,21 @@ td_status coll_group_submit(void *state, const td_coll *c, td_work *work)
 {
     coll_group *s = state;
     if (c->kind == TD_COLL_SEND || c->kind == TD_COLL_RECV)
-        return td_p2p_submit(&s->p2p, s->t, c, work);
-    return coll_finish(work, s->own_run ? s->own_run(&s->coll, c) : td_coll_run(&s->coll, c, TD_ALGO_AUTO));
+        return p2p_submit(&s->p2p, s->t, c, work);
+    return coll_finish(work, s->own_run ? s->own_run(&s->coll, c) : coll_execute(&s->coll, c, TD_ALGO_AUTO));
 }
 
 void coll_group_abort(void *state, td_status status, const char *message)
 {
     coll_group *s = state;
-    td_transport_abort(s->t, status, message);
+    transport_abort(s->t, status, message);
 }
 
 void coll_group_destroy(void *state)
 {
     coll_group *s = state;
-    td_transport_destroy(s->t);
-    td_coll_ctx_free(&s->coll);
-    td_p2p_pool_free(&s->p2p);
+    transport_destroy(s->t);
+    coll_ctx_free(&s->coll);
+    p2p_pool_free(&s->p2p);
     free(s);
 }

@@ -21,18 +21,18 @@
 
 /* ---- context ---------------------------------------------------------------------------------- */
 
-td_status td_coll_ctx_init(td_coll_ctx *c, td_transport *t, const td_coll_config *cfg)
+td_status coll_ctx_init(td_coll_ctx *c, td_transport *t, const td_coll_config *cfg)
 {
     memset(c, 0, sizeof *c);
     c->cfg = *cfg;
     c->t = t;
     c->rank = t->rank;
     c->size = t->size;
-    c->ptrs = td_calloc((size_t)c->size * 4, sizeof(void *));
+    c->ptrs = alloc_zeroed((size_t)c->size * 4, sizeof(void *));
     return TD_OK;
 }
 
-void td_coll_ctx_free(td_coll_ctx *c)
+void coll_ctx_free(td_coll_ctx *c)
 {
     free(c->scratch);
     free(c->xfers);
@@ -55,7 +55,7 @@ td_status coll_scratch(coll_run *R, size_t bytes, char **out)
     if (bytes > c->scratch_cap || !c->scratch) {
         size_t cap = grow_to(bytes);
         void *p = NULL;
-        TD_TRY(td_try_alloc_huge(cap, "collective scratch buffer", &p));
+        TD_TRY(huge_try_alloc(cap, "collective scratch buffer", &p));
         free(c->scratch);
         c->scratch = p;
         c->scratch_cap = cap;
@@ -72,7 +72,7 @@ td_status coll_xfers(coll_run *R, size_t n, td_xfer **out)
         while (cap < n)
             cap *= 2;
         free(c->xfers);
-        c->xfers = td_calloc(cap, sizeof(td_xfer));
+        c->xfers = alloc_zeroed(cap, sizeof(td_xfer));
         c->xfers_cap = cap;
     }
     for (size_t i = 0; i < n; i++)
@@ -87,7 +87,7 @@ ring_step *coll_steps(coll_run *R, size_t n)
     if (n > c->steps_cap) {
         free(c->steps);
         c->steps_cap = n < 16 ? 16 : n;
-        c->steps = td_calloc(c->steps_cap, sizeof(ring_step));
+        c->steps = alloc_zeroed(c->steps_cap, sizeof(ring_step));
     }
     memset(c->steps, 0, n * sizeof(ring_step));
     return c->steps;
@@ -95,15 +95,15 @@ ring_step *coll_steps(coll_run *R, size_t n)
 
 td_status coll_isend(coll_run *R, int peer, uint32_t step, const void *buf, size_t bytes, td_xfer *x)
 {
-    return td_transport_isend1_posted(R->t, peer, coll_tag(R, step), buf, bytes, R->dl, x);
+    return transport_isend1_posted(R->t, peer, coll_tag(R, step), buf, bytes, R->dl, x);
 }
 
 td_status coll_irecv(coll_run *R, int peer, uint32_t step, void *buf, size_t bytes, td_xfer *x)
 {
-    return td_transport_irecv1(R->t, peer, coll_tag(R, step), buf, bytes, R->dl, x);
+    return transport_irecv1(R->t, peer, coll_tag(R, step), buf, bytes, R->dl, x);
 }
 
-td_status coll_wait(coll_run *R, td_xfer *x) { return td_transport_wait(R->t, x, R->dl); }
+td_status coll_wait(coll_run *R, td_xfer *x) { return transport_wait(R->t, x, R->dl); }
 
 td_status coll_send(coll_run *R, int peer, uint32_t step, const void *buf, size_t bytes)
 {
@@ -115,7 +115,7 @@ td_status coll_send(coll_run *R, int peer, uint32_t step, const void *buf, size_
 td_status coll_sendrecv(coll_run *R, int to, const void *sbuf, size_t sbytes, int from, void *rbuf, size_t rbytes,
                         uint32_t step)
 {
-    return td_transport_sendrecv(R->t, to, sbuf, sbytes, from, rbuf, rbytes, coll_tag(R, step), R->dl, true);
+    return transport_sendrecv(R->t, to, sbuf, sbytes, from, rbuf, rbytes, coll_tag(R, step), R->dl, true);
 }
 
 size_t coll_nchunks(const coll_run *R, size_t count)
@@ -160,7 +160,7 @@ static td_status post_recv(engine *e)
     size_t m = e->pr, s = m / e->K, j = m % e->K, lo, hi;
     const ring_step *st = &e->st[s];
     if (st->no_recv) {
-        td_xfer_set_empty(&e->rx[m % RECV_WINDOW]);
+        xfer_set_empty(&e->rx[m % RECV_WINDOW]);
         e->pr++;
         return TD_OK;
     }
@@ -181,7 +181,7 @@ static td_status post_send(engine *e)
         e->ds++;
     }
     if (st->no_send) {
-        td_xfer_set_empty(&e->sx[m % SEND_WINDOW]);
+        xfer_set_empty(&e->sx[m % SEND_WINDOW]);
         e->ps++;
         return TD_OK;
     }

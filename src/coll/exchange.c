@@ -107,7 +107,7 @@ td_status coll_reduce_scatter_direct(coll_run *R)
         int p = (r + i) % n;
         TD_TRY(coll_isend(R, p, 0, op->in_blocks[p], bytes, &xf[k++]));
     }
-    TD_TRY(td_transport_wait_all(R->t, xf, k, R->dl));
+    TD_TRY(transport_wait_all(R->t, xf, k, R->dl));
     /* Reduce in rank order; out may be the caller's own input block, so keep a copy of that. */
     const char **src = (const char **)R->c->ptrs;
     for (int p = 0; p < n; p++)
@@ -173,7 +173,7 @@ static td_status a2a_self(coll_run *R, const void *const *in)
     const td_coll *op = R->op;
     int r = R->rank;
     if (op->in_counts[r] != op->out_counts[r])
-        return td_error(TD_ERR_INVALID, "all_to_all: rank %d sends itself %zu elements but expects %zu", r,
+        return error_fmt(TD_ERR_INVALID, "all_to_all: rank %d sends itself %zu elements but expects %zu", r,
                         op->in_counts[r], op->out_counts[r]);
     coll_copy(op->out_blocks[r], in[r], op->in_counts[r] * R->esize);
     return TD_OK;
@@ -212,7 +212,7 @@ td_status coll_all_to_all_direct(coll_run *R)
         TD_TRY(coll_isend(R, to, 0, in[to], op->in_counts[to] * R->esize, &xf[k++]));
     }
     td_status st = a2a_self(R, in);
-    td_status w = td_transport_wait_all(R->t, xf, k, R->dl);
+    td_status w = transport_wait_all(R->t, xf, k, R->dl);
     return st != TD_OK ? st : w;
 }
 

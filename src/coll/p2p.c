@@ -17,13 +17,13 @@ struct td_p2p_entry {
     td_p2p_entry *all_next; /* every op ever made */
 };
 
-void td_p2p_pool_init(td_p2p_pool *p)
+void p2p_pool_init(td_p2p_pool *p)
 {
-    td_mutex_init(&p->mu);
+    thread_mutex_init(&p->mu);
     p->free = p->all = NULL;
 }
 
-void td_p2p_pool_free(td_p2p_pool *p)
+void p2p_pool_free(td_p2p_pool *p)
 {
     for (td_p2p_entry *op = p->all; op;) {
         td_p2p_entry *next = op->all_next;
@@ -70,7 +70,7 @@ static void p2p_done(td_xfer *x, void *arg)
     op_put(op);
 }
 
-td_status td_p2p_submit(td_p2p_pool *p, td_transport *t, const td_coll *c, td_work *work)
+td_status p2p_submit(td_p2p_pool *p, td_transport *t, const td_coll *c, td_work *work)
 {
     td_p2p_entry *op = op_get(p);
     op->work = work;
@@ -78,8 +78,8 @@ td_status td_p2p_submit(td_p2p_pool *p, td_transport *t, const td_coll *c, td_wo
     op->x.arg = op;
     size_t bytes = c->count * td_dtype_size(c->dtype);
     td_status st = c->kind == TD_COLL_SEND
-                       ? td_transport_isend1(t, c->peer, TD_TAG_P2P(c->tag), c->in, bytes, c->deadline_ns, &op->x)
-                       : td_transport_irecv1(t, c->peer, TD_TAG_P2P(c->tag), c->out, bytes, c->deadline_ns, &op->x);
+                       ? transport_isend1(t, c->peer, TD_TAG_P2P(c->tag), c->in, bytes, c->deadline_ns, &op->x)
+                       : transport_irecv1(t, c->peer, TD_TAG_P2P(c->tag), c->out, bytes, c->deadline_ns, &op->x);
     if (st != TD_OK)
         op_put(op);
     return st;

@@ -18,11 +18,11 @@ typedef struct td_p2p_pool {
     td_p2p_entry *all;
 } td_p2p_pool;
 
-void td_p2p_pool_init(td_p2p_pool *p);
+void p2p_pool_init(td_p2p_pool *p);
 /* Frees every operation; all must have completed. */
-void td_p2p_pool_free(td_p2p_pool *p);
+void p2p_pool_free(td_p2p_pool *p);
 /* Posts c (SEND or RECV) on t; td_work_done runs when the transport completes it. A failure to
  * post returns the error and completes nothing. */
-td_status td_p2p_submit(td_p2p_pool *p, td_transport *t, const td_coll *c, td_work *work);
+td_status p2p_submit(td_p2p_pool *p, td_transport *t, const td_coll *c, td_work *work);
 
 #endif

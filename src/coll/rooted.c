@@ -178,7 +178,7 @@ td_status coll_gather_direct(coll_run *R)
     for (int p = 0; p < n; p++)
         if (p != r)
             TD_TRY(coll_irecv(R, p, 0, op->out_blocks[p], bytes, &xf[k++]));
-    return td_transport_wait_all(R->t, xf, k, R->dl);
+    return transport_wait_all(R->t, xf, k, R->dl);
 }
 
 td_status coll_gather_tree(coll_run *R)
@@ -199,7 +199,7 @@ td_status coll_gather_tree(coll_run *R)
         size_t blocks = (size_t)subtree_size(t.vr + m, n);
         TD_TRY(coll_irecv(R, t.children[c], 0, tmp + (size_t)m * bytes, blocks * bytes, &xf[c]));
     }
-    TD_TRY(td_transport_wait_all(R->t, xf, t.nchildren, R->dl));
+    TD_TRY(transport_wait_all(R->t, xf, t.nchildren, R->dl));
     if (t.parent >= 0)
         return coll_send(R, t.parent, 0, tmp, (size_t)sz * bytes);
     for (int i = 0; i < n; i++)
@@ -213,7 +213,7 @@ td_status coll_scatter_direct(coll_run *R)
     int n = R->size, r = R->rank;
     size_t bytes = op->count * R->esize;
     if (r != op->root)
-        return td_transport_recv(R->t, op->root, coll_tag(R, 0), op->out, bytes, R->dl);
+        return transport_recv(R->t, op->root, coll_tag(R, 0), op->out, bytes, R->dl);
     td_xfer *xf;
     TD_TRY(coll_xfers(R, (size_t)n, &xf));
     int k = 0;
@@ -221,7 +221,7 @@ td_status coll_scatter_direct(coll_run *R)
         if (p != r)
             TD_TRY(coll_isend(R, p, 0, op->in_blocks[p], bytes, &xf[k++]));
     /* out may overlap another rank's block: copy only once everything has left. */
-    TD_TRY(td_transport_wait_all(R->t, xf, k, R->dl));
+    TD_TRY(transport_wait_all(R->t, xf, k, R->dl));
     coll_copy(op->out, op->in_blocks[r], bytes);
     return TD_OK;
 }
@@ -240,7 +240,7 @@ td_status coll_scatter_tree(coll_run *R)
         for (int i = 0; i < n; i++)
             coll_copy(tmp + (size_t)i * bytes, op->in_blocks[real_of(i, op->root, n)], bytes);
     } else {
-        TD_TRY(td_transport_recv(R->t, t.parent, coll_tag(R, 0), tmp, (size_t)sz * bytes, R->dl));
+        TD_TRY(transport_recv(R->t, t.parent, coll_tag(R, 0), tmp, (size_t)sz * bytes, R->dl));
     }
     td_xfer *xf;
     TD_TRY(coll_xfers(R, (size_t)t.nchildren + 1, &xf));
@@ -250,5 +250,5 @@ td_status coll_scatter_tree(coll_run *R)
         TD_TRY(coll_isend(R, t.children[c], 0, tmp + (size_t)m * bytes, blocks * bytes, &xf[c]));
     }
     coll_copy(op->out, tmp, bytes);
-    return td_transport_wait_all(R->t, xf, t.nchildren, R->dl);
+    return transport_wait_all(R->t, xf, t.nchildren, R->dl);
 }

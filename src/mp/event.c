@@ -35,7 +35,7 @@ struct td_mp_event {
 static td_status event_on(td_segment seg, td_mp_event **out)
 {
     td_mp_event *e = TD_NEW(td_mp_event);
-    td_ref_init(&e->ref);
+    ref_init(&e->ref);
     e->seg = seg;
     e->w = seg.base;
     *out = e;
@@ -45,9 +45,9 @@ static td_status event_on(td_segment seg, td_mp_event **out)
 td_status td_mp_event_new(td_mp_event **out)
 {
     if (!out)
-        return td_error(TD_ERR_INVALID, "td_mp_event_new: out is NULL");
+        return error_fmt(TD_ERR_INVALID, "td_mp_event_new: out is NULL");
     td_segment seg;
-    TD_TRY(td_segment_create("ev", sizeof(event_word), true, true, &seg));
+    TD_TRY(segment_create("ev", sizeof(event_word), true, true, &seg));
     ((event_word *)seg.base)->magic = EVENT_MAGIC;
     return event_on(seg, out);
 }
@@ -61,14 +61,14 @@ static int64_t event_wire(void *obj, int *fds)
 static td_status event_from_fd(int fd, td_mp_event **out)
 {
     td_segment seg;
-    td_status st = td_segment_map_fd(fd, sizeof(event_word), &seg);
+    td_status st = segment_map_fd(fd, sizeof(event_word), &seg);
     if (st != TD_OK) {
         close(fd);
         return st;
     }
     if (((event_word *)seg.base)->magic != EVENT_MAGIC) {
-        td_segment_unmap(&seg);
-        return td_error(TD_ERR_INVALID, "invalid mp message: an event's fd is not a tdist event");
+        segment_unmap(&seg);
+        return error_fmt(TD_ERR_INVALID, "invalid mp message: an event's fd is not a tdist event");
     }
     return event_on(seg, out);
 }
@@ -85,15 +85,15 @@ static td_status event_from_wire(int64_t param, const int *fds, void **obj)
 td_mp_event *td_mp_event_retain(td_mp_event *e)
 {
     if (e)
-        td_ref_inc(&e->ref);
+        ref_inc(&e->ref);
     return e;
 }
 
 void td_mp_event_release(td_mp_event *e)
 {
-    if (!e || !td_ref_dec(&e->ref))
+    if (!e || !ref_dec(&e->ref))
         return;
-    td_segment_unmap(&e->seg);
+    segment_unmap(&e->seg);
     free(e);
 }
 
@@ -110,8 +110,8 @@ const mp_object_class mp_event_class = {
     .from_wire = event_from_wire,
 };
 
-td_value *td_mp_event_value(td_mp_event *e) { return td_mp_object_value(&mp_event_class, e); }
-td_mp_event *td_mp_value_event(const td_value *v) { return td_mp_object_of(v, TD_MP_OBJ_EVENT); }
+td_value *td_mp_event_value(td_mp_event *e) { return mp_object_value(&mp_event_class, e); }
+td_mp_event *td_mp_value_event(const td_value *v) { return mp_object_of(v, TD_MP_OBJ_EVENT); }
 
 void td_mp_event_set(td_mp_event *e)
 {
@@ -125,12 +125,12 @@ bool td_mp_event_is_set(td_mp_event *e) { return atomic_load(&e->w->flag) != 0; 
 
 td_status td_mp_event_wait(td_mp_event *e, int64_t timeout_ms)
 {
-    int64_t deadline = timeout_ms == TD_MP_NO_WAIT ? td_now_ns() : td_deadline_after_ms(timeout_ms);
+    int64_t deadline = timeout_ms == TD_MP_NO_WAIT ? clock_now_ns() : deadline_after_ms(timeout_ms);
     while (!atomic_load(&e->w->flag)) {
-        if (td_deadline_passed(deadline))
-            return td_error(TD_ERR_TIMEOUT, "td_mp_event_wait: the event was not set within %lld ms",
+        if (deadline_passed(deadline))
+            return error_fmt(TD_ERR_TIMEOUT, "td_mp_event_wait: the event was not set within %lld ms",
                             (long long)timeout_ms);
-        struct timespec ts = td_deadline_timespec(deadline);
+        struct timespec ts = deadline_timespec(deadline);
         syscall(SYS_futex, &e->w->flag, FUTEX_WAIT_BITSET, 0, deadline == TD_DEADLINE_NONE ? NULL : &ts, NULL,
                 FUTEX_BITSET_MATCH_ANY);
     }

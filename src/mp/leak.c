@@ -55,7 +55,7 @@ static int count_maps(td_buf *lines)
         if (strstr(line, "/dev/shm/")) {
             n++;
             if (lines)
-                td_buf_append_str(lines, line);
+                buf_append_str(lines, line);
         }
     }
     fclose(f);
@@ -99,12 +99,12 @@ static bool check(td_mp_leak_checker *lc, td_buf *out)
         snprintf(path, sizeof path, "/proc/self/fd/%d", now.items[i]);
         ssize_t n = readlink(path, target, sizeof target - 1);
         target[n > 0 ? n : 0] = '\0';
-        td_buf_printf(out, "  fd %d -> %s was opened and not closed\n", now.items[i], target);
+        buf_printf(out, "  fd %d -> %s was opened and not closed\n", now.items[i], target);
         clean = false;
     }
     for (size_t i = 0; i < lc->fds.len; i++) {
         if (!has_fd(now.items, now.len, lc->fds.items[i])) {
-            td_buf_printf(out, "  fd %d was open before and is closed now (closed twice?)\n", lc->fds.items[i]);
+            buf_printf(out, "  fd %d was open before and is closed now (closed twice?)\n", lc->fds.items[i]);
             clean = false;
         }
     }
@@ -112,10 +112,10 @@ static bool check(td_mp_leak_checker *lc, td_buf *out)
     td_buf maps = TD_BUF_INIT;
     int m = count_maps(&maps);
     if (m != lc->maps) {
-        td_buf_printf(out, "  %d shared-memory mappings instead of %d:\n%s", m, lc->maps, maps.data ? maps.data : "");
+        buf_printf(out, "  %d shared-memory mappings instead of %d:\n%s", m, lc->maps, maps.data ? maps.data : "");
         clean = false;
     }
-    td_buf_free(&maps);
+    buf_free(&maps);
     DIR *d = opendir("/dev/shm");
     if (d) {
         struct dirent *e;
@@ -124,7 +124,7 @@ static bool check(td_mp_leak_checker *lc, td_buf *out)
                 char prefix[32];
                 int n = snprintf(prefix, sizeof prefix, "tdist.%d.", (int)lc->pids.items[i]);
                 if (strncmp(e->d_name, prefix, (size_t)n) == 0) {
-                    td_buf_printf(out, "  /dev/shm/%s (made by pid %d) is still there\n", e->d_name,
+                    buf_printf(out, "  /dev/shm/%s (made by pid %d) is still there\n", e->d_name,
                                   (int)lc->pids.items[i]);
                     clean = false;
                 }
@@ -138,21 +138,21 @@ static bool check(td_mp_leak_checker *lc, td_buf *out)
 td_status td_mp_leak_checker_end(td_mp_leak_checker *lc, int64_t wait_ms)
 {
     if (!lc)
-        return td_error(TD_ERR_INVALID, "td_mp_leak_checker_end: checker is NULL");
-    int64_t deadline = td_now_ns() + (wait_ms > 0 ? wait_ms : 0) * 1000000;
+        return error_fmt(TD_ERR_INVALID, "td_mp_leak_checker_end: checker is NULL");
+    int64_t deadline = clock_now_ns() + (wait_ms > 0 ? wait_ms : 0) * 1000000;
     td_buf report = TD_BUF_INIT;
     bool clean;
     for (;;) {
-        td_buf_clear(&report);
+        buf_clear(&report);
         clean = check(lc, &report);
-        if (clean || td_now_ns() >= deadline)
+        if (clean || clock_now_ns() >= deadline)
             break;
-        td_sleep_ms(500);
+        clock_sleep_ms(500);
     }
     td_status st = clean ? TD_OK
-                         : td_error(TD_ERR_INTERNAL, "leak check failed after waiting %lld ms:\n%s", (long long)wait_ms,
+                         : error_fmt(TD_ERR_INTERNAL, "leak check failed after waiting %lld ms:\n%s", (long long)wait_ms,
                                     report.data);
-    td_buf_free(&report);
+    buf_free(&report);
     TD_VEC_FREE(&lc->fds);
     TD_VEC_FREE(&lc->pids);
     free(lc);

@@ -35,12 +35,12 @@ static void object_free(void *data, size_t nbytes, void *p)
 /* Not shared memory: a 0-byte storage whose only job is to hold the object while values do. */
 static const td_storage_allocator object_allocator = {.kind = TD_STORAGE_EXTERNAL, .name = "mp object", .free = object_free};
 
-td_value *td_mp_object_value(const mp_object_class *cls, void *obj)
+td_value *mp_object_value(const mp_object_class *cls, void *obj)
 {
     object_ctx *c = TD_NEW(object_ctx);
     c->cls = cls;
     c->obj = cls->retain(obj);
-    td_storage *s = td_storage_new_with(NULL, 0, (td_device){TD_DEVICE_CPU, -1}, &object_allocator, c, false);
+    td_storage *s = storage_new_with(NULL, 0, (td_device){TD_DEVICE_CPU, -1}, &object_allocator, c, false);
     td_tensor *t = NULL;
     td_status st = td_tensor_from_storage(s, 0, TD_UINT8, TD_SHAPE(0), NULL, &t);
     td_storage_release(s);
@@ -62,7 +62,7 @@ static object_ctx *object_ctx_of(const td_value *v)
     return s->allocator == &object_allocator ? s->allocator_ctx : NULL;
 }
 
-void *td_mp_object_of(const td_value *v, td_mp_object_kind kind)
+void *mp_object_of(const td_value *v, td_mp_object_kind kind)
 {
     object_ctx *c = object_ctx_of(v);
     return c && c->cls->kind == kind ? c->obj : NULL;
@@ -81,7 +81,7 @@ typedef struct enc {
 static td_status add_fd(enc *e, int fd, int64_t *index)
 {
     if (e->m->fds.len >= TD_MP_MSG_MAX_FDS)
-        return td_error(TD_ERR_UNSUPPORTED,
+        return error_fmt(TD_ERR_UNSUPPORTED,
                         "an mp message can carry at most %d file descriptors (the kernel's SCM_MAX_FD), and this one "
                         "needs more: each storage shared with the file_descriptor strategy, each queue (3) and each "
                         "event (1) takes some. Send fewer storages per message, or use the file_system strategy",
@@ -93,16 +93,16 @@ static td_status add_fd(enc *e, int fd, int64_t *index)
 
 static td_status enc_storage(enc *e, td_storage *s, int64_t *index)
 {
-    uintptr_t idx = (uintptr_t)td_map_get(&e->storages_memo, &s, sizeof s);
+    uintptr_t idx = (uintptr_t)map_get(&e->storages_memo, &s, sizeof s);
     if (idx) {
         *index = (int64_t)idx - 1;
         return TD_OK;
     }
     td_shm_handle h;
-    TD_TRY(td_shm_export(s, &h));
+    TD_TRY(shm_export(s, &h));
     td_value *entry;
     if (h.kind == TD_SHM_NAMED) {
-        TD_VEC_PUSH(&e->m->inflight, td_strdup(h.name));
+        TD_VEC_PUSH(&e->m->inflight, alloc_strdup(h.name));
         entry = td_value_tuple_of(3, td_value_int(TD_SHM_NAMED), td_value_int((int64_t)h.nbytes), td_value_string(h.name));
     } else if (h.kind == TD_SHM_FD) {
         int64_t fdi;
@@ -115,7 +115,7 @@ static td_status enc_storage(enc *e, td_storage *s, int64_t *index)
     TD_VEC_PUSH(&e->m->storages, td_storage_retain(s));
     td_value_list_append(e->storages, entry);
     *index = (int64_t)td_value_len(e->storages) - 1;
-    td_map_put(&e->storages_memo, &s, sizeof s, (void *)(uintptr_t)(*index + 1));
+    map_put(&e->storages_memo, &s, sizeof s, (void *)(uintptr_t)(*index + 1));
     return TD_OK;
 }
 
@@ -129,7 +129,7 @@ static td_value *int_tuple(int n, const int64_t *v)
 
 static td_status enc_tensor(enc *e, td_tensor *t, td_value **out)
 {
-    uintptr_t idx = (uintptr_t)td_map_get(&e->tensors_memo, &t, sizeof t);
+    uintptr_t idx = (uintptr_t)map_get(&e->tensors_memo, &t, sizeof t);
     if (!idx) {
         int64_t sidx;
         TD_TRY(enc_storage(e, td_tensor_storage(t), &sidx));
@@ -139,7 +139,7 @@ static td_status enc_tensor(enc *e, td_tensor *t, td_value **out)
                                             int_tuple(nd, td_tensor_strides(t)));
         td_value_list_append(e->tensors, entry);
         idx = td_value_len(e->tensors);
-        td_map_put(&e->tensors_memo, &t, sizeof t, (void *)idx);
+        map_put(&e->tensors_memo, &t, sizeof t, (void *)idx);
     }
     *out = td_value_record_of(TD_REC_MP_TENSOR, 1, td_value_int((int64_t)idx - 1));
     return TD_OK;
@@ -147,7 +147,7 @@ static td_status enc_tensor(enc *e, td_tensor *t, td_value **out)
 
 static td_status enc_object(enc *e, const td_value *v, object_ctx *c, td_value **out)
 {
-    uintptr_t idx = (uintptr_t)td_map_get(&e->objects_memo, &c->obj, sizeof c->obj);
+    uintptr_t idx = (uintptr_t)map_get(&e->objects_memo, &c->obj, sizeof c->obj);
     if (!idx) {
         const mp_object_class *cls = c->cls;
         int fds[MP_OBJECT_MAX_FDS];
@@ -169,7 +169,7 @@ static td_status enc_object(enc *e, const td_value *v, object_ctx *c, td_value *
         TD_VEC_PUSH(&e->m->objects, td_value_retain((td_value *)v));
         td_value_list_append(e->objects, entry);
         idx = td_value_len(e->objects);
-        td_map_put(&e->objects_memo, &c->obj, sizeof c->obj, (void *)idx);
+        map_put(&e->objects_memo, &c->obj, sizeof c->obj, (void *)idx);
     }
     *out = td_value_record_of(TD_REC_MP_OBJECT, 1, td_value_int((int64_t)idx - 1));
     return TD_OK;
@@ -192,7 +192,7 @@ static td_status enc_value(enc *e, const td_value *v, int depth, td_value **out)
 {
     /* The envelope adds two levels above the value. */
     if (depth > TD_VALUE_MAX_DEPTH - 2)
-        return td_error(TD_ERR_INVALID, "mp message: value nested deeper than %d levels", TD_VALUE_MAX_DEPTH - 2);
+        return error_fmt(TD_ERR_INVALID, "mp message: value nested deeper than %d levels", TD_VALUE_MAX_DEPTH - 2);
     td_value_kind kind = td_value_kind_of(v);
     switch (kind) {
     case TD_VAL_TENSOR:
@@ -206,13 +206,13 @@ static td_status enc_value(enc *e, const td_value *v, int depth, td_value **out)
             if (tag == TD_REC_MP_OBJECT) {
                 object_ctx *c = object_ctx_of(v);
                 if (!c)
-                    return td_error(TD_ERR_INVALID, "mp message: a record with tag %u (TD_REC_MP_OBJECT) that does "
+                    return error_fmt(TD_ERR_INVALID, "mp message: a record with tag %u (TD_REC_MP_OBJECT) that does "
                                                     "not hold a queue or event",
                                     tag);
                 return enc_object(e, v, c, out);
             }
             if (tag == TD_REC_MP_TENSOR)
-                return td_error(TD_ERR_INVALID, "mp message: record tag %u is reserved for tdist's mp layer", tag);
+                return error_fmt(TD_ERR_INVALID, "mp message: record tag %u is reserved for tdist's mp layer", tag);
         }
         td_value *c = kind == TD_VAL_LIST ? td_value_list_new()
                       : kind == TD_VAL_TUPLE ? td_value_tuple_new(n)
@@ -238,7 +238,7 @@ static td_status enc_value(enc *e, const td_value *v, int depth, td_value **out)
             td_value *k = td_value_dict_key_at(v, i);
             if (!key_is_plain(k)) {
                 td_value_release(d);
-                return td_error(TD_ERR_UNSUPPORTED, "mp message: a dict keyed by tensors cannot be sent between "
+                return error_fmt(TD_ERR_UNSUPPORTED, "mp message: a dict keyed by tensors cannot be sent between "
                                                     "processes (tensor keys compare by identity)");
             }
             td_value *item;
@@ -272,18 +272,18 @@ static uint64_t get_le(const uint8_t *p, int n)
     return v;
 }
 
-td_status td_mp_msg_encode(const td_value *v, td_mp_msg *m)
+td_status mp_msg_encode(const td_value *v, td_mp_msg *m)
 {
     memset(m, 0, sizeof *m);
     m->spill = (td_segment)TD_SEGMENT_INIT;
     if (!v)
-        return td_error(TD_ERR_INVALID, "mp message: value is NULL");
+        return error_fmt(TD_ERR_INVALID, "mp message: value is NULL");
     enc e = {.m = m, .storages = td_value_list_new(), .tensors = td_value_list_new(), .objects = td_value_list_new()};
     td_value *body = NULL;
     td_status st = enc_value(&e, v, 1, &body);
-    td_map_free(&e.tensors_memo, NULL);
-    td_map_free(&e.storages_memo, NULL);
-    td_map_free(&e.objects_memo, NULL);
+    map_free(&e.tensors_memo, NULL);
+    map_free(&e.storages_memo, NULL);
+    map_free(&e.objects_memo, NULL);
     if (st != TD_OK) {
         td_value_release(e.storages);
         td_value_release(e.tensors);
@@ -300,7 +300,7 @@ td_status td_mp_msg_encode(const td_value *v, td_mp_msg *m)
     uint32_t flags = 0;
     if (len > TD_MP_MSG_INLINE_MAX - TD_MP_MSG_HEADER) {
         int64_t fi;
-        st = td_segment_create("msg", len, true, true, &m->spill);
+        st = segment_create("msg", len, true, true, &m->spill);
         if (st == TD_OK)
             st = add_fd(&e, m->spill.fd, &fi);
         if (st != TD_OK) {
@@ -310,7 +310,7 @@ td_status td_mp_msg_encode(const td_value *v, td_mp_msg *m)
         memcpy(m->spill.base, bytes, len);
         flags |= TD_MP_MSG_FLAG_SPILLED;
     }
-    uint8_t *h = td_buf_extend(&m->data, TD_MP_MSG_HEADER);
+    uint8_t *h = buf_extend(&m->data, TD_MP_MSG_HEADER);
     put_le(h, TD_MP_MSG_MAGIC, 4);
     put_le(h + 4, TD_MP_MSG_VERSION, 2);
     put_le(h + 6, flags, 2);
@@ -318,18 +318,18 @@ td_status td_mp_msg_encode(const td_value *v, td_mp_msg *m)
     put_le(h + 12, 0, 4);
     put_le(h + 16, (uint64_t)len, 8);
     if (!(flags & TD_MP_MSG_FLAG_SPILLED))
-        td_buf_append(&m->data, bytes, len);
+        buf_append(&m->data, bytes, len);
     free(bytes);
     return TD_OK;
 }
 
-void td_mp_msg_free(td_mp_msg *m)
+void mp_msg_free(td_mp_msg *m)
 {
     if (!m)
         return;
     for (size_t i = 0; i < m->inflight.len; i++) {
         if (!m->sent)
-            td_shm_abandon(m->inflight.items[i]);
+            shm_abandon(m->inflight.items[i]);
         free(m->inflight.items[i]);
     }
     TD_VEC_FREE(&m->inflight);
@@ -341,11 +341,11 @@ void td_mp_msg_free(td_mp_msg *m)
     TD_VEC_FREE(&m->objects);
     TD_VEC_FREE(&m->fds);
     if (m->spill.base)
-        td_segment_unmap(&m->spill);
-    td_buf_free(&m->data);
+        segment_unmap(&m->spill);
+    buf_free(&m->data);
 }
 
-td_status td_mp_msg_send(int sock, td_mp_msg *m, bool nonblock, int64_t deadline_ns)
+td_status mp_msg_send(int sock, td_mp_msg *m, bool nonblock, int64_t deadline_ns)
 {
     struct iovec iov = {.iov_base = m->data.data, .iov_len = m->data.len};
     union {
@@ -374,26 +374,26 @@ td_status td_mp_msg_send(int sock, td_mp_msg *m, bool nonblock, int64_t deadline
             continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
             if (nonblock)
-                return td_error(TD_ERR_TIMEOUT, "the queue's socket is full");
+                return error_fmt(TD_ERR_TIMEOUT, "the queue's socket is full");
             struct pollfd p = {.fd = sock, .events = POLLOUT};
-            int r = poll(&p, 1, td_deadline_poll_ms(deadline_ns));
+            int r = poll(&p, 1, deadline_poll_ms(deadline_ns));
             if (r == 0)
-                return td_error(TD_ERR_TIMEOUT, "timed out waiting for room in the queue");
+                return error_fmt(TD_ERR_TIMEOUT, "timed out waiting for room in the queue");
             continue;
         }
         if (errno == ETOOMANYREFS) {
             /* Too many of this user's fds are in flight (the kernel bounds them by RLIMIT_NOFILE):
              * wait for readers to take some, as for a full socket. */
             if (nonblock)
-                return td_error(TD_ERR_TIMEOUT, "too many file descriptors in flight");
-            if (td_deadline_passed(deadline_ns))
-                return td_error(TD_ERR_TIMEOUT, "timed out waiting for readers to take the file descriptors in flight");
-            td_sleep_ms(1);
+                return error_fmt(TD_ERR_TIMEOUT, "too many file descriptors in flight");
+            if (deadline_passed(deadline_ns))
+                return error_fmt(TD_ERR_TIMEOUT, "timed out waiting for readers to take the file descriptors in flight");
+            clock_sleep_ms(1);
             continue;
         }
         if (errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN)
-            return td_error(TD_ERR_PEER_LOST, "the receiving end of the queue is closed in every process");
-        return td_error_errno(TD_ERR_IO, "sending an mp message of %zu bytes and %zu fds", m->data.len, m->fds.len);
+            return error_fmt(TD_ERR_PEER_LOST, "the receiving end of the queue is closed in every process");
+        return error_errno(TD_ERR_IO, "sending an mp message of %zu bytes and %zu fds", m->data.len, m->fds.len);
     }
 }
 
@@ -406,7 +406,7 @@ static void close_fds(int *fds, int n)
             close(fds[i]);
 }
 
-void td_mp_rmsg_free(td_mp_rmsg *r)
+void mp_rmsg_free(td_mp_rmsg *r)
 {
     close_fds(r->fds, r->nfds);
     r->nfds = 0;
@@ -414,14 +414,14 @@ void td_mp_rmsg_free(td_mp_rmsg *r)
     r->data = NULL;
 }
 
-td_status td_mp_msg_recv(int sock, int64_t deadline_ns, td_mp_rmsg *r)
+td_status mp_msg_recv(int sock, int64_t deadline_ns, td_mp_rmsg *r)
 {
     memset(r, 0, sizeof *r);
     union {
         char buf[CMSG_SPACE(sizeof(int) * TD_MP_MSG_MAX_FDS)];
         struct cmsghdr align;
     } cbuf;
-    char *data = td_malloc(TD_MP_MSG_INLINE_MAX);
+    char *data = alloc_or_die(TD_MP_MSG_INLINE_MAX);
     for (;;) {
         struct iovec iov = {.iov_base = data, .iov_len = TD_MP_MSG_INLINE_MAX};
         struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf.buf, .msg_controllen = sizeof cbuf.buf};
@@ -430,16 +430,16 @@ td_status td_mp_msg_recv(int sock, int64_t deadline_ns, td_mp_rmsg *r)
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             struct pollfd p = {.fd = sock, .events = POLLIN};
-            int pr = poll(&p, 1, td_deadline_poll_ms(deadline_ns));
+            int pr = poll(&p, 1, deadline_poll_ms(deadline_ns));
             if (pr == 0) {
                 free(data);
-                return td_error(TD_ERR_TIMEOUT, "no message came");
+                return error_fmt(TD_ERR_TIMEOUT, "no message came");
             }
             continue; /* another reader may have taken it: wait again */
         }
         if (n < 0) {
             free(data);
-            return td_error_errno(TD_ERR_IO, "receiving an mp message");
+            return error_errno(TD_ERR_IO, "receiving an mp message");
         }
         for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
             if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
@@ -456,20 +456,20 @@ td_status td_mp_msg_recv(int sock, int64_t deadline_ns, td_mp_rmsg *r)
         }
         if (n == 0 && r->nfds == 0) {
             free(data);
-            return td_error(TD_ERR_PEER_LOST, "the queue's sending end is closed in every process");
+            return error_fmt(TD_ERR_PEER_LOST, "the queue's sending end is closed in every process");
         }
         if (mh.msg_flags & MSG_CTRUNC) {
             free(data);
-            td_mp_rmsg_free(r);
-            return td_error(TD_ERR_IO, "an mp message arrived without some of its file descriptors: this process "
+            mp_rmsg_free(r);
+            return error_fmt(TD_ERR_IO, "an mp message arrived without some of its file descriptors: this process "
                                        "is out of file descriptors (under the file_descriptor strategy each shared "
                                        "storage keeps one open). Raise the limit (ulimit -n) or use the file_system "
                                        "strategy. The message was dropped");
         }
         if (mh.msg_flags & MSG_TRUNC) {
             free(data);
-            td_mp_rmsg_free(r);
-            return td_error(TD_ERR_INVALID, "an mp message longer than %u bytes was truncated and dropped",
+            mp_rmsg_free(r);
+            return error_fmt(TD_ERR_INVALID, "an mp message longer than %u bytes was truncated and dropped",
                             TD_MP_MSG_INLINE_MAX);
         }
         r->data = data;
@@ -493,7 +493,7 @@ typedef struct dec {
     size_t nobjects;
 } dec;
 
-static td_status bad(const char *what) { return td_error(TD_ERR_INVALID, "invalid mp message: %s", what); }
+static td_status bad(const char *what) { return error_fmt(TD_ERR_INVALID, "invalid mp message: %s", what); }
 
 static bool get_int(const td_value *t, size_t i, int64_t *out)
 {
@@ -539,13 +539,13 @@ static td_status dec_storage(dec *d, const td_value *e, td_storage **out)
             return bad("an fd storage entry is not (1, nbytes, fd index, dev, ino)");
         int fd;
         TD_TRY(take_fd(d, fi, &fd));
-        return td_shm_import_fd(fd, (size_t)nbytes, out);
+        return shm_import_fd(fd, (size_t)nbytes, out);
     }
     if (kind == TD_SHM_NAMED) {
         const td_value *nv = td_value_len(e) == 3 ? td_value_at(e, 2) : NULL;
         if (!nv || td_value_kind_of(nv) != TD_VAL_STRING || nbytes == 0)
             return bad("a named storage entry is not (2, nbytes, name)");
-        return td_shm_import_named(td_value_get_string(nv, NULL), (size_t)nbytes, out);
+        return shm_import_named(td_value_get_string(nv, NULL), (size_t)nbytes, out);
     }
     return bad("unknown storage kind");
 }
@@ -559,8 +559,8 @@ static void abandon_from(const td_value *storages, size_t from)
         if (td_value_kind_of(e) == TD_VAL_TUPLE && get_int(e, 0, &kind) && kind == TD_SHM_NAMED &&
             td_value_len(e) == 3 && td_value_kind_of(td_value_at(e, 2)) == TD_VAL_STRING) {
             const char *name = td_value_get_string(td_value_at(e, 2), NULL);
-            if (td_segment_name_valid(name))
-                td_shm_abandon(name);
+            if (segment_name_valid(name))
+                shm_abandon(name);
         }
     }
 }
@@ -622,7 +622,7 @@ static td_status dec_object(dec *d, const td_value *e, td_value **out)
         TD_TRY(take_fd(d, fi[i], &fds[i]));
     void *obj;
     TD_TRY(cls->from_wire(param, fds, &obj));
-    *out = td_mp_object_value(cls, obj);
+    *out = mp_object_value(cls, obj);
     cls->release(obj);
     return TD_OK;
 }
@@ -727,7 +727,7 @@ static td_status decode_body(const void *data, size_t len, int *fds, int nfds, c
     td_value *env = NULL;
     td_status st = td_value_decode(data, len, &env);
     if (st != TD_OK)
-        return td_error_prefix(st, "invalid mp message");
+        return error_prefix(st, "invalid mp message");
     dec d = {.classes = classes, .fds = fds, .nfds = nfds, .used = TD_NEW_ARRAY(bool, (size_t)nfds + 1)};
     st = decode_env(&d, env, out);
     for (size_t i = 0; i < d.nstorages; i++)
@@ -744,7 +744,7 @@ static td_status decode_body(const void *data, size_t len, int *fds, int nfds, c
     return st;
 }
 
-td_status td_mp_msg_decode_bytes(const void *data, size_t len, int *fds, int nfds, const mp_object_class *const *classes,
+td_status mp_msg_decode_bytes(const void *data, size_t len, int *fds, int nfds, const mp_object_class *const *classes,
                                  td_value **out)
 {
     *out = NULL;
@@ -753,7 +753,7 @@ td_status td_mp_msg_decode_bytes(const void *data, size_t len, int *fds, int nfd
     if (len < TD_MP_MSG_HEADER || get_le(h, 4) != TD_MP_MSG_MAGIC) {
         st = bad("no mp message header");
     } else if (get_le(h + 4, 2) != TD_MP_MSG_VERSION) {
-        st = td_error(TD_ERR_INVALID, "unsupported mp message version %u (this build reads version %d)",
+        st = error_fmt(TD_ERR_INVALID, "unsupported mp message version %u (this build reads version %d)",
                       (unsigned)get_le(h + 4, 2), TD_MP_MSG_VERSION);
     } else {
         uint32_t flags = (uint32_t)get_le(h + 6, 2);
@@ -769,11 +769,11 @@ td_status td_mp_msg_decode_bytes(const void *data, size_t len, int *fds, int nfd
             st = bad("a spilled body without its segment, or of a bad size");
         else {
             td_segment seg;
-            st = td_segment_map_fd(fds[nfds - 1], (size_t)body_len, &seg);
+            st = segment_map_fd(fds[nfds - 1], (size_t)body_len, &seg);
             if (st == TD_OK) {
                 fds[nfds - 1] = -1; /* the segment took it */
                 st = decode_body(seg.base, (size_t)body_len, fds, nfds - 1, classes, out);
-                td_segment_unmap(&seg);
+                segment_unmap(&seg);
             }
         }
     }
@@ -783,9 +783,9 @@ td_status td_mp_msg_decode_bytes(const void *data, size_t len, int *fds, int nfd
     return st;
 }
 
-td_status td_mp_msg_decode(td_mp_rmsg *r, const mp_object_class *const *classes, td_value **out)
+td_status mp_msg_decode(td_mp_rmsg *r, const mp_object_class *const *classes, td_value **out)
 {
-    td_status st = td_mp_msg_decode_bytes(r->data, r->len, r->fds, r->nfds, classes, out);
-    td_mp_rmsg_free(r);
+    td_status st = mp_msg_decode_bytes(r->data, r->len, r->fds, r->nfds, classes, out);
+    mp_rmsg_free(r);
     return st;
 }

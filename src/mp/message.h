@@ -47,11 +47,11 @@ typedef struct td_mp_msg {
     bool sent;
 } td_mp_msg;
 
-td_status td_mp_msg_encode(const td_value *v, td_mp_msg *m);
+td_status mp_msg_encode(const td_value *v, td_mp_msg *m);
 /* Sends m as one datagram. nonblock: TD_ERR_TIMEOUT when the socket is full right now; otherwise
  * waits for room until deadline_ns. TD_ERR_PEER_LOST when nobody can read the socket any more. */
-td_status td_mp_msg_send(int sock, td_mp_msg *m, bool nonblock, int64_t deadline_ns);
-void td_mp_msg_free(td_mp_msg *m);
+td_status mp_msg_send(int sock, td_mp_msg *m, bool nonblock, int64_t deadline_ns);
+void mp_msg_free(td_mp_msg *m);
 
 typedef struct td_mp_rmsg {
     char *data;
@@ -61,13 +61,13 @@ typedef struct td_mp_rmsg {
 } td_mp_rmsg;
 
 /* Receives one datagram (waiting until deadline_ns). TD_ERR_TIMEOUT when none came. */
-td_status td_mp_msg_recv(int sock, int64_t deadline_ns, td_mp_rmsg *r);
+td_status mp_msg_recv(int sock, int64_t deadline_ns, td_mp_rmsg *r);
 /* Rebuilds the value; consumes r (its fds are kept or closed, its buffer freed) in every case. */
-td_status td_mp_msg_decode(td_mp_rmsg *r, const mp_object_class *const *classes, td_value **out);
+td_status mp_msg_decode(td_mp_rmsg *r, const mp_object_class *const *classes, td_value **out);
 /* Decodes a message held in memory with its fds (fuzzing, and the spilled-body path). */
-td_status td_mp_msg_decode_bytes(const void *data, size_t len, int *fds, int nfds, const mp_object_class *const *classes,
+td_status mp_msg_decode_bytes(const void *data, size_t len, int *fds, int nfds, const mp_object_class *const *classes,
                                  td_value **out);
-void td_mp_rmsg_free(td_mp_rmsg *r);
+void mp_rmsg_free(td_mp_rmsg *r);
 
 /* ---- mp objects inside td_values ---------------------------------------------------------- */
 
@@ -92,17 +92,17 @@ struct mp_object_class {
 #define MP_OBJECT_MAX_FDS 3
 
 /* A TD_REC_MP_OBJECT value holding obj (retained through its class). */
-td_value *td_mp_object_value(const mp_object_class *cls, void *obj);
+td_value *mp_object_value(const mp_object_class *cls, void *obj);
 /* The object in v when v is such a value of that kind (borrowed), else NULL. */
-void *td_mp_object_of(const td_value *v, td_mp_object_kind kind);
+void *mp_object_of(const td_value *v, td_mp_object_kind kind);
 
 /* event.c's class; and every class, NULL-terminated, in queue.c: what a received message may
- * rebuild (td_mp_msg_decode's usual argument). */
+ * rebuild (mp_msg_decode's usual argument). */
 extern const mp_object_class mp_event_class;
 extern const mp_object_class *const mp_object_classes[];
 
 /* Makes close and release drop this process's unsent backlog instead of waiting for readers (a
  * pool being terminated: nobody will read its tasks). */
-void td_mp_queue_cancel_join(td_mp_queue *q);
+void mp_queue_cancel_join(td_mp_queue *q);
 
 #endif

@@ -30,7 +30,7 @@ TD_MP_ENTRY(td_mp_pool_worker)
     td_mp_queue *tasks = td_mp_value_queue(td_value_at(args, 0));
     td_mp_queue *results = td_mp_value_queue(td_value_at(args, 1));
     if (!tasks || !results)
-        return td_error(TD_ERR_INVALID, "td_mp_pool_worker: arguments are not (task queue, result queue)");
+        return error_fmt(TD_ERR_INVALID, "td_mp_pool_worker: arguments are not (task queue, result queue)");
     for (;;) {
         td_value *task = NULL;
         TD_TRY(td_mp_queue_get(tasks, 0, &task));
@@ -43,7 +43,7 @@ TD_MP_ENTRY(td_mp_pool_worker)
         td_mp_entry_fn fn = td_mp_entry_find(entry);
         td_value *res = NULL;
         td_status st = fn ? fn(rank, td_value_at(task, 2), &res)
-                          : td_error(TD_ERR_NOT_FOUND, "entry point '%s' is not registered in the worker", entry);
+                          : error_fmt(TD_ERR_NOT_FOUND, "entry point '%s' is not registered in the worker", entry);
         td_value *reply;
         if (st == TD_OK) {
             reply = td_value_tuple_of(3, td_value_int(id), td_value_bool(true), res ? res : td_value_none());
@@ -64,9 +64,9 @@ TD_MP_ENTRY(td_mp_pool_worker)
 td_status td_mp_pool_new(int nworkers, td_mp_start_method method, td_mp_pool **out)
 {
     if (!out || nworkers <= 0)
-        return td_error(TD_ERR_INVALID, "td_mp_pool_new: need at least one worker, got %d", nworkers);
+        return error_fmt(TD_ERR_INVALID, "td_mp_pool_new: need at least one worker, got %d", nworkers);
     td_mp_pool *p = TD_NEW(td_mp_pool);
-    td_fork_guard_init(&p->guard);
+    fork_guard_init(&p->guard);
     p->n = nworkers;
     td_status st = td_mp_queue_new(0, &p->tasks);
     if (st == TD_OK)
@@ -82,7 +82,7 @@ td_status td_mp_pool_new(int nworkers, td_mp_start_method method, td_mp_pool **o
         td_mp_queue_release(p->tasks);
         td_mp_queue_release(p->results);
         free(p);
-        return td_error_prefix(st, "td_mp_pool_new");
+        return error_prefix(st, "td_mp_pool_new");
     }
     *out = p;
     return TD_OK;
@@ -98,7 +98,7 @@ static td_status check_workers(td_mp_pool *p)
         int code;
         if (td_mp_exitcode(p->workers, i, &code) == TD_OK) {
             p->broken = true;
-            return td_error(TD_ERR_PEER_LOST, "td_mp_pool_map: pool worker %d (pid %d) exited (%s %d) while tasks "
+            return error_fmt(TD_ERR_PEER_LOST, "td_mp_pool_map: pool worker %d (pid %d) exited (%s %d) while tasks "
                                               "were pending; terminate the pool",
                             i, (int)td_mp_pool_pid(p, i), code < 0 ? "signal" : "exit code", code < 0 ? -code : code);
         }
@@ -109,15 +109,15 @@ static td_status check_workers(td_mp_pool *p)
 td_status td_mp_pool_map(td_mp_pool *p, const char *entry, const td_value *args, td_value **results)
 {
     if (!p || !entry || !args || !results)
-        return td_error(TD_ERR_INVALID, "td_mp_pool_map: NULL argument");
-    TD_TRY(td_fork_guard_check(&p->guard, "a td_mp_pool"));
+        return error_fmt(TD_ERR_INVALID, "td_mp_pool_map: NULL argument");
+    TD_TRY(fork_guard_check(&p->guard, "a td_mp_pool"));
     td_value_kind k = td_value_kind_of(args);
     if (k != TD_VAL_LIST && k != TD_VAL_TUPLE)
-        return td_error(TD_ERR_INVALID, "td_mp_pool_map: args must be a list or tuple, got %s", td_value_kind_name(k));
+        return error_fmt(TD_ERR_INVALID, "td_mp_pool_map: args must be a list or tuple, got %s", td_value_kind_name(k));
     if (p->closed || p->broken)
-        return td_error(TD_ERR_CLOSED, "td_mp_pool_map: Pool not running");
+        return error_fmt(TD_ERR_CLOSED, "td_mp_pool_map: Pool not running");
     if (!td_mp_entry_find(entry))
-        return td_error(TD_ERR_NOT_FOUND, "td_mp_pool_map: no entry point named '%s' is registered (TD_MP_ENTRY)", entry);
+        return error_fmt(TD_ERR_NOT_FOUND, "td_mp_pool_map: no entry point named '%s' is registered (TD_MP_ENTRY)", entry);
     size_t n = td_value_len(args);
     int64_t base = p->next_id;
     p->next_id += (int64_t)n;
@@ -128,7 +128,7 @@ td_status td_mp_pool_map(td_mp_pool *p, const char *entry, const td_value *args,
         td_value_release(task);
         if (st != TD_OK) {
             p->broken = true; /* some tasks are out and their results would confuse the next map */
-            return td_error_prefix(st, "td_mp_pool_map: queueing task %zu", i);
+            return error_prefix(st, "td_mp_pool_map: queueing task %zu", i);
         }
     }
     td_value **got = TD_NEW_ARRAY(td_value *, n + 1);
@@ -159,7 +159,7 @@ td_status td_mp_pool_map(td_mp_pool *p, const char *entry, const td_value *args,
             if (td_value_get_bool(td_value_at(got[i], 1)))
                 td_value_list_append(list, td_value_retain(td_value_at(got[i], 2)));
             else
-                st = td_error(TD_ERR_REMOTE, "td_mp_pool_map: task %zu (%s) failed in a pool worker: %s", i, entry,
+                st = error_fmt(TD_ERR_REMOTE, "td_mp_pool_map: task %zu (%s) failed in a pool worker: %s", i, entry,
                               td_value_get_string(td_value_at(got[i], 2), NULL));
         }
         if (st == TD_OK)
@@ -176,8 +176,8 @@ td_status td_mp_pool_map(td_mp_pool *p, const char *entry, const td_value *args,
 td_status td_mp_pool_close(td_mp_pool *p)
 {
     if (!p)
-        return td_error(TD_ERR_INVALID, "td_mp_pool_close: pool is NULL");
-    TD_TRY(td_fork_guard_check(&p->guard, "a td_mp_pool"));
+        return error_fmt(TD_ERR_INVALID, "td_mp_pool_close: pool is NULL");
+    TD_TRY(fork_guard_check(&p->guard, "a td_mp_pool"));
     if (p->closed)
         return TD_OK;
     p->closed = true;
@@ -192,10 +192,10 @@ td_status td_mp_pool_close(td_mp_pool *p)
 td_status td_mp_pool_join(td_mp_pool *p, int64_t timeout_ms)
 {
     if (!p)
-        return td_error(TD_ERR_INVALID, "td_mp_pool_join: pool is NULL");
-    TD_TRY(td_fork_guard_check(&p->guard, "a td_mp_pool"));
+        return error_fmt(TD_ERR_INVALID, "td_mp_pool_join: pool is NULL");
+    TD_TRY(fork_guard_check(&p->guard, "a td_mp_pool"));
     if (!p->closed)
-        return td_error(TD_ERR_INVALID, "td_mp_pool_join: close the pool first (Pool is still running)");
+        return error_fmt(TD_ERR_INVALID, "td_mp_pool_join: close the pool first (Pool is still running)");
     TD_TRY(td_mp_join(p->workers, timeout_ms));
     p->joined = true;
     return TD_OK;
@@ -214,7 +214,7 @@ void td_mp_pool_release(td_mp_pool *p)
     if (!p)
         return;
     if (!p->joined)
-        td_mp_queue_cancel_join(p->tasks); /* workers that are gone will not take what is left */
+        mp_queue_cancel_join(p->tasks); /* workers that are gone will not take what is left */
     td_mp_context_release(p->workers); /* terminates workers still running */
     td_mp_queue_release(p->tasks);
     td_mp_queue_release(p->results);

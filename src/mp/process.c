@@ -80,7 +80,7 @@ const char *td_mp_start_method_name(td_mp_start_method m)
 static void report_error(int chan, const char *msg)
 {
     size_t n = strnlen(msg, ERROR_MAX);
-    char *buf = td_malloc(n + 1);
+    char *buf = alloc_or_die(n + 1);
     buf[0] = 'E';
     memcpy(buf + 1, msg, n);
     struct pollfd p = {.fd = chan, .events = POLLOUT};
@@ -130,12 +130,12 @@ int td_mp_child_main(int argc, char **argv)
     }
     td_mp_rmsg r;
     td_value *boot = NULL;
-    td_status st = td_mp_msg_recv(chan, td_deadline_after_ms(60000), &r);
+    td_status st = mp_msg_recv(chan, deadline_after_ms(60000), &r);
     if (st == TD_OK)
-        st = td_mp_msg_decode(&r, mp_object_classes, &boot);
+        st = mp_msg_decode(&r, mp_object_classes, &boot);
     int code = 1;
     if (st != TD_OK) {
-        td_error_prefix(st, "spawned process: reading its arguments from the parent");
+        error_prefix(st, "spawned process: reading its arguments from the parent");
         report_error(chan, td_last_error());
     } else if (td_value_kind_of(boot) != TD_VAL_TUPLE || td_value_len(boot) != 4 ||
                td_value_kind_of(td_value_at(boot, 0)) != TD_VAL_STRING ||
@@ -183,11 +183,11 @@ static void reap_one(td_mp_context *ctx, int i, bool block)
         return;
     p->reaped = true;
     p->code = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? -WTERMSIG(status) : -1;
-    char *buf = td_malloc(ERROR_MAX + 2);
+    char *buf = alloc_or_die(ERROR_MAX + 2);
     ssize_t n = recv(p->chan, buf, ERROR_MAX + 1, MSG_DONTWAIT);
     if (n > 1 && buf[0] == 'E') {
         buf[n] = '\0';
-        p->error = td_strdup(buf + 1);
+        p->error = alloc_strdup(buf + 1);
     }
     free(buf);
     if (p->pidfd >= 0) {
@@ -205,7 +205,7 @@ static void reap_all(td_mp_context *ctx)
 /* Waits until some child may have exited, or the deadline. */
 static void wait_any(td_mp_context *ctx, int64_t deadline_ns)
 {
-    struct pollfd *pf = td_calloc((size_t)ctx->n, sizeof *pf);
+    struct pollfd *pf = alloc_zeroed((size_t)ctx->n, sizeof *pf);
     int n = 0;
     bool polling = false;
     for (int i = 0; i < ctx->n; i++) {
@@ -216,7 +216,7 @@ static void wait_any(td_mp_context *ctx, int64_t deadline_ns)
         else
             polling = true;
     }
-    int ms = td_deadline_poll_ms(deadline_ns);
+    int ms = deadline_poll_ms(deadline_ns);
     if (polling && (ms < 0 || ms > 20))
         ms = 20;
     int r;
@@ -237,13 +237,13 @@ static void terminate_running(td_mp_context *ctx, int64_t grace_ms)
     }
     if (!any)
         return;
-    int64_t deadline = td_deadline_after_ms(grace_ms > 0 ? grace_ms : 1);
+    int64_t deadline = deadline_after_ms(grace_ms > 0 ? grace_ms : 1);
     for (;;) {
         reap_all(ctx);
         bool left = false;
         for (int i = 0; i < ctx->n; i++)
             left |= !ctx->p[i].reaped && ctx->p[i].pid > 0;
-        if (!left || td_deadline_passed(deadline))
+        if (!left || deadline_passed(deadline))
             break;
         wait_any(ctx, deadline);
     }
@@ -258,13 +258,13 @@ static void terminate_running(td_mp_context *ctx, int64_t grace_ms)
 static char *describe_failure(const mp_proc *p, int rank)
 {
     if (p->error)
-        return td_asprintf("\n\n-- Process %d terminated with the following error:\n%s", rank, p->error);
+        return alloc_printf("\n\n-- Process %d terminated with the following error:\n%s", rank, p->error);
     if (p->code < 0) {
         const char *abbrev = sigabbrev_np(-p->code);
-        return abbrev ? td_asprintf("process %d terminated with signal SIG%s", rank, abbrev)
-                      : td_asprintf("process %d terminated with signal %d", rank, -p->code);
+        return abbrev ? alloc_printf("process %d terminated with signal SIG%s", rank, abbrev)
+                      : alloc_printf("process %d terminated with signal %d", rank, -p->code);
     }
-    return td_asprintf("process %d terminated with exit code %d", rank, p->code);
+    return alloc_printf("process %d terminated with exit code %d", rank, p->code);
 }
 
 static void close_all_chans_but(td_mp_context *ctx, int upto, int keep)
@@ -279,7 +279,7 @@ static td_status start_one(td_mp_context *ctx, const td_mp_spawn_opts *o, int ra
     mp_proc *p = &ctx->p[rank];
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
-        return td_error_errno(TD_ERR_IO, "td_mp_spawn: socketpair");
+        return error_errno(TD_ERR_IO, "td_mp_spawn: socketpair");
     char fdarg[16];
     snprintf(fdarg, sizeof fdarg, "%d", sv[1]);
     char *argv[] = {(char *)exe, (char *)CHILD_FLAG, fdarg, NULL};
@@ -287,15 +287,15 @@ static td_status start_one(td_mp_context *ctx, const td_mp_spawn_opts *o, int ra
         td_value *boot = td_value_tuple_of(4, td_value_string(o->entry), td_value_int(rank), td_value_int(ctx->n),
                                            o->args ? td_value_retain((td_value *)o->args) : td_value_none());
         td_mp_msg m;
-        td_status st = td_mp_msg_encode(boot, &m);
+        td_status st = mp_msg_encode(boot, &m);
         td_value_release(boot);
         if (st == TD_OK)
-            st = td_mp_msg_send(sv[0], &m, false, td_deadline_after_ms(30000));
-        td_mp_msg_free(&m);
+            st = mp_msg_send(sv[0], &m, false, deadline_after_ms(30000));
+        mp_msg_free(&m);
         if (st != TD_OK) {
             close(sv[0]);
             close(sv[1]);
-            return td_error_prefix(st, "td_mp_spawn: sending process %d its arguments", rank);
+            return error_prefix(st, "td_mp_spawn: sending process %d its arguments", rank);
         }
     }
     pid_t parent = getpid();
@@ -303,7 +303,7 @@ static td_status start_one(td_mp_context *ctx, const td_mp_spawn_opts *o, int ra
     if (pid < 0) {
         close(sv[0]);
         close(sv[1]);
-        return td_error_errno(TD_ERR_IO, "td_mp_spawn: fork of process %d", rank);
+        return error_errno(TD_ERR_IO, "td_mp_spawn: fork of process %d", rank);
     }
     if (pid == 0) {
         if (o->daemon) {
@@ -336,18 +336,18 @@ static td_status start_one(td_mp_context *ctx, const td_mp_spawn_opts *o, int ra
 td_status td_mp_spawn(const td_mp_spawn_opts *o, td_mp_context **out)
 {
     if (!o || !out || !o->entry)
-        return td_error(TD_ERR_INVALID, "td_mp_spawn: %s is NULL", !o ? "opts" : !out ? "out" : "opts->entry");
+        return error_fmt(TD_ERR_INVALID, "td_mp_spawn: %s is NULL", !o ? "opts" : !out ? "out" : "opts->entry");
     if (o->method != TD_MP_FORK && o->method != TD_MP_SPAWN)
-        return td_error(TD_ERR_INVALID, "td_mp_spawn: unknown start method %d (use TD_MP_FORK or TD_MP_SPAWN)",
+        return error_fmt(TD_ERR_INVALID, "td_mp_spawn: unknown start method %d (use TD_MP_FORK or TD_MP_SPAWN)",
                         (int)o->method);
     if (!td_mp_entry_find(o->entry))
-        return td_error(TD_ERR_NOT_FOUND, "td_mp_spawn: no entry point named '%s' is registered (TD_MP_ENTRY)", o->entry);
+        return error_fmt(TD_ERR_NOT_FOUND, "td_mp_spawn: no entry point named '%s' is registered (TD_MP_ENTRY)", o->entry);
     int n = o->nprocs > 0 ? o->nprocs : 1;
     char exe[4096];
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
     exe[len > 0 ? len : 0] = '\0';
     td_mp_context *ctx = TD_NEW(td_mp_context);
-    td_fork_guard_init(&ctx->guard);
+    fork_guard_init(&ctx->guard);
     ctx->n = n;
     ctx->failed = -1;
     ctx->p = TD_NEW_ARRAY(mp_proc, (size_t)n);
@@ -368,11 +368,11 @@ td_status td_mp_spawn(const td_mp_spawn_opts *o, td_mp_context **out)
 td_status td_mp_join(td_mp_context *ctx, int64_t timeout_ms)
 {
     if (!ctx)
-        return td_error(TD_ERR_INVALID, "td_mp_join: context is NULL");
-    TD_TRY(td_fork_guard_check(&ctx->guard, "a td_mp_context"));
+        return error_fmt(TD_ERR_INVALID, "td_mp_join: context is NULL");
+    TD_TRY(fork_guard_check(&ctx->guard, "a td_mp_context"));
     if (ctx->failure)
-        return td_error_set(TD_ERR_REMOTE, ctx->failure);
-    int64_t deadline = timeout_ms == TD_MP_NO_WAIT ? td_now_ns() : td_deadline_after_ms(timeout_ms);
+        return error_set(TD_ERR_REMOTE, ctx->failure);
+    int64_t deadline = timeout_ms == TD_MP_NO_WAIT ? clock_now_ns() : deadline_after_ms(timeout_ms);
     for (;;) {
         reap_all(ctx);
         int running = 0;
@@ -385,12 +385,12 @@ td_status td_mp_join(td_mp_context *ctx, int64_t timeout_ms)
         if (ctx->failed >= 0) {
             ctx->failure = describe_failure(&ctx->p[ctx->failed], ctx->failed);
             terminate_running(ctx, 3000);
-            return td_error_set(TD_ERR_REMOTE, ctx->failure);
+            return error_set(TD_ERR_REMOTE, ctx->failure);
         }
         if (running == 0)
             return TD_OK;
-        if (td_deadline_passed(deadline))
-            return td_error(TD_ERR_TIMEOUT, "td_mp_join: %d of %d processes still running after %lld ms", running,
+        if (deadline_passed(deadline))
+            return error_fmt(TD_ERR_TIMEOUT, "td_mp_join: %d of %d processes still running after %lld ms", running,
                             ctx->n, (long long)(timeout_ms < 0 ? 0 : timeout_ms));
         wait_any(ctx, deadline);
     }
@@ -405,7 +405,7 @@ pid_t td_mp_context_pid(const td_mp_context *ctx, int rank)
 
 bool td_mp_is_alive(td_mp_context *ctx, int rank)
 {
-    if (!ctx || rank < 0 || rank >= ctx->n || td_fork_guard_check(&ctx->guard, "a td_mp_context") != TD_OK)
+    if (!ctx || rank < 0 || rank >= ctx->n || fork_guard_check(&ctx->guard, "a td_mp_context") != TD_OK)
         return false;
     reap_one(ctx, rank, false);
     return !ctx->p[rank].reaped;
@@ -414,18 +414,18 @@ bool td_mp_is_alive(td_mp_context *ctx, int rank)
 td_status td_mp_exitcode(td_mp_context *ctx, int rank, int *code)
 {
     if (!ctx || !code || rank < 0 || rank >= ctx->n)
-        return td_error(TD_ERR_INVALID, "td_mp_exitcode: bad context or rank %d", rank);
-    TD_TRY(td_fork_guard_check(&ctx->guard, "a td_mp_context"));
+        return error_fmt(TD_ERR_INVALID, "td_mp_exitcode: bad context or rank %d", rank);
+    TD_TRY(fork_guard_check(&ctx->guard, "a td_mp_context"));
     reap_one(ctx, rank, false);
     if (!ctx->p[rank].reaped)
-        return td_error(TD_ERR_TIMEOUT, "process %d (pid %d) is still running", rank, (int)ctx->p[rank].pid);
+        return error_fmt(TD_ERR_TIMEOUT, "process %d (pid %d) is still running", rank, (int)ctx->p[rank].pid);
     *code = ctx->p[rank].code;
     return TD_OK;
 }
 
 void td_mp_terminate(td_mp_context *ctx, int64_t grace_ms)
 {
-    if (ctx && td_fork_guard_check(&ctx->guard, "a td_mp_context") == TD_OK)
+    if (ctx && fork_guard_check(&ctx->guard, "a td_mp_context") == TD_OK)
         terminate_running(ctx, grace_ms);
 }
 
@@ -434,7 +434,7 @@ void td_mp_context_release(td_mp_context *ctx)
     if (!ctx)
         return;
     /* In a forked child these processes are its siblings: not its to kill or reap. */
-    if (td_fork_guard_check(&ctx->guard, "a td_mp_context") == TD_OK)
+    if (fork_guard_check(&ctx->guard, "a td_mp_context") == TD_OK)
         terminate_running(ctx, 1000);
     for (int i = 0; i < ctx->n; i++) {
         if (ctx->p[i].chan >= 0)
@@ -453,13 +453,13 @@ void td_mp_context_release(td_mp_context *ctx)
 td_status td_set_thread_name(const char *name)
 {
     if (!name)
-        return td_error(TD_ERR_INVALID, "td_set_thread_name: the name must be a string, got NULL");
-    return td_thread_set_name(name);
+        return error_fmt(TD_ERR_INVALID, "td_set_thread_name: the name must be a string, got NULL");
+    return thread_set_name(name);
 }
 
 td_status td_get_thread_name(char *out, size_t size)
 {
     if (!out || size == 0)
-        return td_error(TD_ERR_INVALID, "td_get_thread_name: out is NULL or empty");
-    return td_thread_get_name(out, size);
+        return error_fmt(TD_ERR_INVALID, "td_get_thread_name: out is NULL or empty");
+    return thread_get_name(out, size);
 }

@@ -68,9 +68,9 @@ __attribute__((constructor)) static void queue_register_atfork(void) { pthread_a
 
 static void init_local(td_mp_queue *q)
 {
-    q->fork_gen = td_fork_generation();
-    td_mutex_init(&q->mu);
-    td_cond_init(&q->cv);
+    q->fork_gen = fork_generation();
+    thread_mutex_init(&q->mu);
+    thread_cond_init(&q->cv);
     q->backlog.items = NULL;
     q->backlog.len = q->backlog.cap = 0;
     q->head = 0;
@@ -79,17 +79,17 @@ static void init_local(td_mp_queue *q)
 
 static void free_msg(td_mp_msg *m)
 {
-    td_mp_msg_free(m);
+    mp_msg_free(m);
     free(m);
 }
 
 /* In a forked child: the inherited backlog and feeder are the parent's business. */
 static void local_check(td_mp_queue *q)
 {
-    if (q->fork_gen == td_fork_generation())
+    if (q->fork_gen == fork_generation())
         return;
     pthread_mutex_lock(&reset_mu);
-    if (q->fork_gen != td_fork_generation()) {
+    if (q->fork_gen != fork_generation()) {
         for (size_t i = q->head; i < q->backlog.len; i++) {
             q->backlog.items[i]->sent = true; /* the parent sends it: give back nothing here */
             free_msg(q->backlog.items[i]);
@@ -103,7 +103,7 @@ static void local_check(td_mp_queue *q)
 static td_status queue_on(int rfd, int wfd, td_segment ctl, td_mp_queue **out)
 {
     td_mp_queue *q = TD_NEW(td_mp_queue);
-    td_ref_init(&q->ref);
+    ref_init(&q->ref);
     q->rfd = rfd;
     q->wfd = wfd;
     q->ctl = ctl;
@@ -117,24 +117,24 @@ static td_status queue_on(int rfd, int wfd, td_segment ctl, td_mp_queue **out)
 td_status td_mp_queue_new(int64_t maxsize, td_mp_queue **out)
 {
     if (!out)
-        return td_error(TD_ERR_INVALID, "td_mp_queue_new: out is NULL");
+        return error_fmt(TD_ERR_INVALID, "td_mp_queue_new: out is NULL");
     if (maxsize < 0 || maxsize > 0x7fffffff)
-        return td_error(TD_ERR_INVALID, "td_mp_queue_new: maxsize must be 0 (unbounded) to 2^31-1, got %lld",
+        return error_fmt(TD_ERR_INVALID, "td_mp_queue_new: maxsize must be 0 (unbounded) to 2^31-1, got %lld",
                         (long long)maxsize);
     td_segment ctl;
-    TD_TRY(td_segment_create("q", sizeof(qctl), true, true, &ctl));
+    TD_TRY(segment_create("q", sizeof(qctl), true, true, &ctl));
     qctl *c = ctl.base;
     c->magic = QUEUE_MAGIC;
     c->maxsize = maxsize;
     atomic_store(&c->count, 0);
     if (maxsize > 0 && sem_init(&c->slots, 1, (unsigned)maxsize) != 0) {
-        td_segment_unmap(&ctl);
-        return td_error_errno(TD_ERR_IO, "td_mp_queue_new: sem_init");
+        segment_unmap(&ctl);
+        return error_errno(TD_ERR_IO, "td_mp_queue_new: sem_init");
     }
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
-        td_segment_unmap(&ctl);
-        return td_error_errno(TD_ERR_IO, "td_mp_queue_new: socketpair");
+        segment_unmap(&ctl);
+        return error_errno(TD_ERR_IO, "td_mp_queue_new: socketpair");
     }
     /* Room for many small messages before put has to queue them locally (best effort: capped by
      * net.core.wmem_max). */
@@ -155,10 +155,10 @@ static int64_t queue_wire(void *obj, int *fds)
 static td_status queue_from_fds(int64_t maxsize, const int *fds, td_mp_queue **out)
 {
     td_segment ctl;
-    td_status st = td_segment_map_fd(fds[2], sizeof(qctl), &ctl);
+    td_status st = segment_map_fd(fds[2], sizeof(qctl), &ctl);
     if (st == TD_OK && (((qctl *)ctl.base)->magic != QUEUE_MAGIC || ((qctl *)ctl.base)->maxsize != maxsize)) {
-        td_segment_unmap(&ctl);
-        st = td_error(TD_ERR_INVALID, "invalid mp message: a queue's control fd does not match it");
+        segment_unmap(&ctl);
+        st = error_fmt(TD_ERR_INVALID, "invalid mp message: a queue's control fd does not match it");
     } else if (st != TD_OK) {
         close(fds[2]);
     }
@@ -173,7 +173,7 @@ static td_status queue_from_fds(int64_t maxsize, const int *fds, td_mp_queue **o
 td_mp_queue *td_mp_queue_retain(td_mp_queue *q)
 {
     if (q)
-        td_ref_inc(&q->ref);
+        ref_inc(&q->ref);
     return q;
 }
 
@@ -202,8 +202,8 @@ static const mp_object_class queue_class = {
 /* Queues carry events and queues: the classes a received message may rebuild. */
 const mp_object_class *const mp_object_classes[] = {&queue_class, &mp_event_class, NULL};
 
-td_value *td_mp_queue_value(td_mp_queue *q) { return td_mp_object_value(&queue_class, q); }
-td_mp_queue *td_mp_value_queue(const td_value *v) { return td_mp_object_of(v, TD_MP_OBJ_QUEUE); }
+td_value *td_mp_queue_value(td_mp_queue *q) { return mp_object_value(&queue_class, q); }
+td_mp_queue *td_mp_value_queue(const td_value *v) { return mp_object_of(v, TD_MP_OBJ_QUEUE); }
 
 static void *feeder_main(void *arg)
 {
@@ -219,10 +219,10 @@ static void *feeder_main(void *arg)
         pthread_mutex_unlock(&q->mu);
         td_status st;
         if (cancel) {
-            st = td_error(TD_ERR_CLOSED, "the queue's backlog was cancelled");
+            st = error_fmt(TD_ERR_CLOSED, "the queue's backlog was cancelled");
         } else {
-            /* In slices, so that td_mp_queue_cancel_join can stop a send nobody will ever take. */
-            st = td_mp_msg_send(q->wfd, m, false, td_deadline_after_ms(200));
+            /* In slices, so that mp_queue_cancel_join can stop a send nobody will ever take. */
+            st = mp_msg_send(q->wfd, m, false, deadline_after_ms(200));
             if (st == TD_ERR_TIMEOUT) {
                 pthread_mutex_lock(&q->mu);
                 continue;
@@ -249,13 +249,13 @@ static td_status wait_slot(td_mp_queue *q, int64_t timeout_ms)
 {
     if (q->maxsize == 0)
         return TD_OK;
-    int64_t deadline = timeout_ms == TD_MP_NO_WAIT ? td_now_ns() : td_deadline_after_ms(timeout_ms);
+    int64_t deadline = timeout_ms == TD_MP_NO_WAIT ? clock_now_ns() : deadline_after_ms(timeout_ms);
     for (;;) {
         int rc;
         if (deadline == TD_DEADLINE_NONE) {
             rc = sem_wait(&q->c->slots);
         } else {
-            struct timespec ts = td_deadline_timespec(deadline);
+            struct timespec ts = deadline_timespec(deadline);
             rc = sem_clockwait(&q->c->slots, CLOCK_MONOTONIC, &ts);
         }
         if (rc == 0)
@@ -263,27 +263,27 @@ static td_status wait_slot(td_mp_queue *q, int64_t timeout_ms)
         if (errno == EINTR)
             continue;
         if (errno == ETIMEDOUT)
-            return td_error(TD_ERR_TIMEOUT, "td_mp_queue_put: the queue is full (maxsize %lld) and stayed full for %lld ms",
+            return error_fmt(TD_ERR_TIMEOUT, "td_mp_queue_put: the queue is full (maxsize %lld) and stayed full for %lld ms",
                             (long long)q->maxsize, (long long)(timeout_ms < 0 ? 0 : timeout_ms));
-        return td_error_errno(TD_ERR_IO, "td_mp_queue_put: waiting for a free slot");
+        return error_errno(TD_ERR_IO, "td_mp_queue_put: waiting for a free slot");
     }
 }
 
 td_status td_mp_queue_put(td_mp_queue *q, const td_value *v, int64_t timeout_ms)
 {
     if (!q || !v)
-        return td_error(TD_ERR_INVALID, "td_mp_queue_put: %s is NULL", q ? "value" : "queue");
+        return error_fmt(TD_ERR_INVALID, "td_mp_queue_put: %s is NULL", q ? "value" : "queue");
     local_check(q);
     pthread_mutex_lock(&q->mu);
     bool closed = q->closed;
     pthread_mutex_unlock(&q->mu);
     if (closed)
-        return td_error(TD_ERR_CLOSED, "td_mp_queue_put: the queue was closed in this process");
-    td_mp_msg *m = td_malloc(sizeof *m);
-    td_status st = td_mp_msg_encode(v, m);
+        return error_fmt(TD_ERR_CLOSED, "td_mp_queue_put: the queue was closed in this process");
+    td_mp_msg *m = alloc_or_die(sizeof *m);
+    td_status st = mp_msg_encode(v, m);
     if (st != TD_OK) {
         free_msg(m);
-        return td_error_prefix(st, "td_mp_queue_put");
+        return error_prefix(st, "td_mp_queue_put");
     }
     st = wait_slot(q, timeout_ms);
     if (st != TD_OK) {
@@ -296,11 +296,11 @@ td_status td_mp_queue_put(td_mp_queue *q, const td_value *v, int64_t timeout_ms)
         free_msg(m);
         if (q->maxsize > 0)
             sem_post(&q->c->slots);
-        return td_error(TD_ERR_CLOSED, "td_mp_queue_put: the queue was closed in this process");
+        return error_fmt(TD_ERR_CLOSED, "td_mp_queue_put: the queue was closed in this process");
     }
     if (q->head == q->backlog.len) {
         /* Non-blocking, so holding the lock here only orders this process's messages. */
-        st = td_mp_msg_send(q->wfd, m, true, 0);
+        st = mp_msg_send(q->wfd, m, true, 0);
         if (st == TD_OK) {
             atomic_fetch_add(&q->c->count, 1);
             pthread_mutex_unlock(&q->mu);
@@ -312,7 +312,7 @@ td_status td_mp_queue_put(td_mp_queue *q, const td_value *v, int64_t timeout_ms)
             free_msg(m);
             if (q->maxsize > 0)
                 sem_post(&q->c->slots);
-            return td_error_prefix(st, "td_mp_queue_put");
+            return error_prefix(st, "td_mp_queue_put");
         }
     }
     while (q->backlog.len - q->head >= BACKLOG_MAX && !q->closed)
@@ -320,14 +320,14 @@ td_status td_mp_queue_put(td_mp_queue *q, const td_value *v, int64_t timeout_ms)
     TD_VEC_PUSH(&q->backlog, m);
     if (!q->feeder_on) {
         q->stop = false;
-        st = td_thread_start(&q->feeder, "td-mp-feeder", feeder_main, q);
+        st = thread_start(&q->feeder, "td-mp-feeder", feeder_main, q);
         if (st != TD_OK) {
             q->backlog.len--;
             pthread_mutex_unlock(&q->mu);
             free_msg(m);
             if (q->maxsize > 0)
                 sem_post(&q->c->slots);
-            return td_error_prefix(st, "td_mp_queue_put");
+            return error_prefix(st, "td_mp_queue_put");
         }
         q->feeder_on = true;
     }
@@ -339,25 +339,25 @@ td_status td_mp_queue_put(td_mp_queue *q, const td_value *v, int64_t timeout_ms)
 td_status td_mp_queue_get(td_mp_queue *q, int64_t timeout_ms, td_value **out)
 {
     if (!q || !out)
-        return td_error(TD_ERR_INVALID, "td_mp_queue_get: %s is NULL", q ? "out" : "queue");
+        return error_fmt(TD_ERR_INVALID, "td_mp_queue_get: %s is NULL", q ? "out" : "queue");
     *out = NULL;
     local_check(q);
-    int64_t deadline = timeout_ms == TD_MP_NO_WAIT ? td_now_ns() : td_deadline_after_ms(timeout_ms);
+    int64_t deadline = timeout_ms == TD_MP_NO_WAIT ? clock_now_ns() : deadline_after_ms(timeout_ms);
     td_mp_rmsg r;
-    td_status st = td_mp_msg_recv(q->rfd, deadline, &r);
+    td_status st = mp_msg_recv(q->rfd, deadline, &r);
     if (st == TD_ERR_TIMEOUT)
-        return td_error(TD_ERR_TIMEOUT, "td_mp_queue_get: the queue stayed empty for %lld ms",
+        return error_fmt(TD_ERR_TIMEOUT, "td_mp_queue_get: the queue stayed empty for %lld ms",
                         (long long)(timeout_ms < 0 ? 0 : timeout_ms));
     if (st != TD_OK)
-        return td_error_prefix(st, "td_mp_queue_get");
+        return error_prefix(st, "td_mp_queue_get");
     atomic_fetch_sub(&q->c->count, 1);
     if (q->maxsize > 0)
         sem_post(&q->c->slots);
-    st = td_mp_msg_decode(&r, mp_object_classes, out);
-    return st == TD_OK ? TD_OK : td_error_prefix(st, "td_mp_queue_get");
+    st = mp_msg_decode(&r, mp_object_classes, out);
+    return st == TD_OK ? TD_OK : error_prefix(st, "td_mp_queue_get");
 }
 
-void td_mp_queue_cancel_join(td_mp_queue *q)
+void mp_queue_cancel_join(td_mp_queue *q)
 {
     local_check(q);
     pthread_mutex_lock(&q->mu);
@@ -369,7 +369,7 @@ void td_mp_queue_cancel_join(td_mp_queue *q)
 td_status td_mp_queue_close(td_mp_queue *q)
 {
     if (!q)
-        return td_error(TD_ERR_INVALID, "td_mp_queue_close: queue is NULL");
+        return error_fmt(TD_ERR_INVALID, "td_mp_queue_close: queue is NULL");
     local_check(q);
     pthread_mutex_lock(&q->mu);
     q->closed = true;
@@ -379,13 +379,13 @@ td_status td_mp_queue_close(td_mp_queue *q)
     pthread_cond_broadcast(&q->cv);
     pthread_mutex_unlock(&q->mu);
     if (join)
-        td_thread_join(q->feeder); /* it sends the whole backlog first */
+        thread_join(q->feeder); /* it sends the whole backlog first */
     return TD_OK;
 }
 
 void td_mp_queue_release(td_mp_queue *q)
 {
-    if (!q || !td_ref_dec(&q->ref))
+    if (!q || !ref_dec(&q->ref))
         return;
     td_mp_queue_close(q);
     for (size_t i = q->head; i < q->backlog.len; i++)
@@ -395,7 +395,7 @@ void td_mp_queue_release(td_mp_queue *q)
     pthread_cond_destroy(&q->cv);
     close(q->rfd);
     close(q->wfd);
-    td_segment_unmap(&q->ctl);
+    segment_unmap(&q->ctl);
     free(q);
 }
 

@@ -40,7 +40,7 @@ static _Atomic int strategy;
 static void strategy_init(void)
 {
     int v = TD_MP_FILE_DESCRIPTOR;
-    if (td_env_enum("TDIST_SHARING_STRATEGY", strategy_names, TD_MP_FILE_DESCRIPTOR, &v) != TD_OK) {
+    if (env_get_enum("TDIST_SHARING_STRATEGY", strategy_names, TD_MP_FILE_DESCRIPTOR, &v) != TD_OK) {
         TD_LOG_ERROR("%s; using file_descriptor", td_last_error());
         v = TD_MP_FILE_DESCRIPTOR;
     }
@@ -50,7 +50,7 @@ static void strategy_init(void)
 td_status td_mp_set_sharing_strategy(td_mp_strategy s)
 {
     if ((unsigned)s > TD_MP_FILE_SYSTEM)
-        return td_error(TD_ERR_INVALID, "unknown sharing strategy %d: the strategies are file_descriptor and "
+        return error_fmt(TD_ERR_INVALID, "unknown sharing strategy %d: the strategies are file_descriptor and "
                                         "file_system",
                         (int)s);
     pthread_once(&strategy_once, strategy_init);
@@ -76,7 +76,7 @@ td_status td_mp_strategy_from_name(const char *name, td_mp_strategy *out)
             return TD_OK;
         }
     }
-    return td_error(TD_ERR_INVALID, "unknown sharing strategy '%s': the strategies are file_descriptor and file_system",
+    return error_fmt(TD_ERR_INVALID, "unknown sharing strategy '%s': the strategies are file_descriptor and file_system",
                     name ? name : "(null)");
 }
 
@@ -100,8 +100,8 @@ __attribute__((constructor)) static void cache_register_atfork(void) { pthread_a
 static td_storage *cache_lookup(const char *key)
 {
     pthread_mutex_lock(&cache_mu);
-    td_storage *s = td_map_get_str(&cache, key);
-    s = s ? td_storage_weak_lock(s) : NULL;
+    td_storage *s = map_get_str(&cache, key);
+    s = s ? storage_weak_lock(s) : NULL;
     pthread_mutex_unlock(&cache_mu);
     return s;
 }
@@ -111,12 +111,12 @@ static td_storage *cache_lookup(const char *key)
 static td_storage *cache_insert(const char *key, td_storage *s)
 {
     pthread_mutex_lock(&cache_mu);
-    td_storage *old = td_map_get_str(&cache, key);
-    td_storage *live = old ? td_storage_weak_lock(old) : NULL;
+    td_storage *old = map_get_str(&cache, key);
+    td_storage *live = old ? storage_weak_lock(old) : NULL;
     if (!live) {
-        td_map_put(&cache, key, strlen(key), td_storage_weak_retain(s));
+        map_put(&cache, key, strlen(key), storage_weak_retain(s));
         if (old)
-            td_storage_weak_release(old); /* its free has not run yet; it will find s and leave it */
+            storage_weak_release(old); /* its free has not run yet; it will find s and leave it */
     }
     pthread_mutex_unlock(&cache_mu);
     return live;
@@ -125,14 +125,14 @@ static td_storage *cache_insert(const char *key, td_storage *s)
 static void cache_remove(const char *key, td_storage *s)
 {
     pthread_mutex_lock(&cache_mu);
-    if (td_map_get_str(&cache, key) == s) {
-        td_map_remove(&cache, key, strlen(key));
-        td_storage_weak_release(s); /* not the last weak reference: the strong side still holds one */
+    if (map_get_str(&cache, key) == s) {
+        map_remove(&cache, key, strlen(key));
+        storage_weak_release(s); /* not the last weak reference: the strong side still holds one */
     }
     pthread_mutex_unlock(&cache_mu);
 }
 
-size_t td_shm_cache_size(void)
+size_t shm_cache_size(void)
 {
     pthread_mutex_lock(&cache_mu);
     size_t n = cache.len;
@@ -156,7 +156,7 @@ static void shm_fd_free(void *data, size_t nbytes, void *p)
     shm_ctx *c = p;
     if (c->storage)
         cache_remove(c->key, c->storage);
-    td_segment_unmap(&c->seg);
+    segment_unmap(&c->seg);
     free(c);
 }
 
@@ -168,14 +168,14 @@ static void shm_named_free(void *data, size_t nbytes, void *p)
     if (c->pid == getpid()) {
         /* Tell the daemon before the decrement: if this process dies in between, the reference
          * leaks until the daemon's final sweep instead of being dropped twice. */
-        td_shmm_notify(TD_SHMM_DROP, c->seg.name);
-        if (td_shm_header_decref((td_shm_header *)c->seg.base)) {
-            td_segment_unlink(c->seg.name);
-            td_shmm_notify(TD_SHMM_FORGET, c->seg.name);
+        shmm_notify(TD_SHMM_DROP, c->seg.name);
+        if (shm_header_decref((td_shm_header *)c->seg.base)) {
+            segment_unlink(c->seg.name);
+            shmm_notify(TD_SHMM_FORGET, c->seg.name);
         }
-        td_shmm_release();
+        shmm_release();
     }
-    td_segment_unmap(&c->seg);
+    segment_unmap(&c->seg);
     free(c);
 }
 
@@ -183,7 +183,7 @@ static const td_storage_allocator shm_fd_allocator = {.kind = TD_STORAGE_SHM_FD,
 static const td_storage_allocator shm_named_allocator = {
     .kind = TD_STORAGE_SHM_NAMED, .name = "shm named", .free = shm_named_free};
 
-const td_segment *td_shm_segment_of(const td_storage *s)
+const td_segment *shm_segment_of(const td_storage *s)
 {
     if (!s || (s->allocator != &shm_fd_allocator && s->allocator != &shm_named_allocator))
         return NULL;
@@ -197,7 +197,7 @@ static td_status fd_identity(int fd, uint64_t *dev, uint64_t *ino)
 {
     struct stat st;
     if (fstat(fd, &st) != 0)
-        return td_error_errno(TD_ERR_IO, "fstat of a shared-memory fd");
+        return error_errno(TD_ERR_IO, "fstat of a shared-memory fd");
     *dev = (uint64_t)st.st_dev;
     *ino = (uint64_t)st.st_ino;
     return TD_OK;
@@ -206,7 +206,7 @@ static td_status fd_identity(int fd, uint64_t *dev, uint64_t *ino)
 /* A new file_system segment named `name` for nbytes of data (the caller registered the name). */
 static td_status create_named(const char *name, size_t nbytes, shm_ctx *c)
 {
-    TD_TRY(td_segment_create_as(name, TD_SHM_HEADER_SIZE + nbytes, false, false, &c->seg));
+    TD_TRY(segment_create_as(name, TD_SHM_HEADER_SIZE + nbytes, false, false, &c->seg));
     td_shm_header *h = c->seg.base;
     h->magic = TD_SHM_HEADER_MAGIC;
     h->nbytes = nbytes;
@@ -219,30 +219,30 @@ static td_status create_named(const char *name, size_t nbytes, shm_ctx *c)
 /* Undoes the registration of a name that was not created after all. */
 static void unregister_name(const char *name)
 {
-    td_shmm_notify(TD_SHMM_DROP, name);
-    td_shmm_notify(TD_SHMM_FORGET, name);
-    td_shmm_release();
+    shmm_notify(TD_SHMM_DROP, name);
+    shmm_notify(TD_SHMM_FORGET, name);
+    shmm_release();
 }
 
 td_status td_storage_share_memory(td_storage *s)
 {
     if (!s)
-        return td_error(TD_ERR_INVALID, "td_storage_share_memory: storage is NULL");
+        return error_fmt(TD_ERR_INVALID, "td_storage_share_memory: storage is NULL");
     if (s->nbytes == 0 || td_storage_is_shared(s))
         return TD_OK;
     if (s->device.type != TD_DEVICE_CPU)
-        return td_error(TD_ERR_UNSUPPORTED, "share_memory: storages on this device cannot be shared yet");
+        return error_fmt(TD_ERR_UNSUPPORTED, "share_memory: storages on this device cannot be shared yet");
     bool named = td_mp_get_sharing_strategy() == TD_MP_FILE_SYSTEM;
     const char *sname = td_mp_strategy_name(named ? TD_MP_FILE_SYSTEM : TD_MP_FILE_DESCRIPTOR);
     char name[TD_SEGMENT_NAME_MAX] = "";
     if (named) {
         /* Outside share_mu: this may start the daemon. The name is registered before the segment
          * exists, so a crash right after creating it is still cleaned up. */
-        td_status st = td_shmm_acquire();
+        td_status st = shmm_acquire();
         if (st != TD_OK)
-            return td_error_prefix(st, "share_memory of %zu bytes (%s strategy)", s->nbytes, sname);
-        td_segment_make_name(name, "fs");
-        td_shmm_notify(TD_SHMM_HOLD, name);
+            return error_prefix(st, "share_memory of %zu bytes (%s strategy)", s->nbytes, sname);
+        segment_make_name(name, "fs");
+        shmm_notify(TD_SHMM_HOLD, name);
     }
     pthread_mutex_lock(&share_mu);
     if (td_storage_is_shared(s)) { /* another thread moved it meanwhile */
@@ -258,25 +258,25 @@ td_status td_storage_share_memory(td_storage *s)
     if (named) {
         st = create_named(name, s->nbytes, c);
     } else {
-        st = td_segment_create("fd", s->nbytes, true, true, &c->seg);
+        st = segment_create("fd", s->nbytes, true, true, &c->seg);
         if (st == TD_OK)
             st = fd_identity(c->seg.fd, &c->dev, &c->ino);
         if (st == TD_OK)
             fd_key(c);
         else
-            td_segment_unmap(&c->seg);
+            segment_unmap(&c->seg);
     }
     if (st != TD_OK) {
         pthread_mutex_unlock(&share_mu);
         free(c);
         if (named)
             unregister_name(name);
-        return td_error_prefix(st, "share_memory of %zu bytes (%s strategy)", s->nbytes, sname);
+        return error_prefix(st, "share_memory of %zu bytes (%s strategy)", s->nbytes, sname);
     }
     char *data = (char *)c->seg.base + c->data_off;
     memcpy(data, s->data, s->nbytes);
     c->storage = s;
-    td_storage_swap_data(s, data, s->nbytes, named ? &shm_named_allocator : &shm_fd_allocator, c, false);
+    storage_swap_data(s, data, s->nbytes, named ? &shm_named_allocator : &shm_fd_allocator, c, false);
     td_storage *other = cache_insert(c->key, s);
     pthread_mutex_unlock(&share_mu);
     if (other) /* cannot happen for a segment this process just made; keep the counts right anyway */
@@ -287,7 +287,7 @@ td_status td_storage_share_memory(td_storage *s)
 td_status td_tensor_share_memory(td_tensor *t)
 {
     if (!t)
-        return td_error(TD_ERR_INVALID, "td_tensor_share_memory: tensor is NULL");
+        return error_fmt(TD_ERR_INVALID, "td_tensor_share_memory: tensor is NULL");
     return td_storage_share_memory(td_tensor_storage(t));
 }
 
@@ -295,7 +295,7 @@ bool td_tensor_is_shared(const td_tensor *t) { return t && td_storage_is_shared(
 
 /* ---- export / import ---------------------------------------------------------------------- */
 
-td_status td_shm_export(td_storage *s, td_shm_handle *h)
+td_status shm_export(td_storage *s, td_shm_handle *h)
 {
     memset(h, 0, sizeof *h);
     h->fd = -1;
@@ -319,34 +319,34 @@ td_status td_shm_export(td_storage *s, td_shm_handle *h)
         h->kind = TD_SHM_NAMED;
         snprintf(h->name, sizeof h->name, "%s", c->seg.name);
         /* Before the name is published, so the segment outlives the sender if need be. */
-        td_shm_header_incref((td_shm_header *)c->seg.base);
+        shm_header_incref((td_shm_header *)c->seg.base);
         return TD_OK;
     }
-    return td_error(TD_ERR_UNSUPPORTED, "a storage in %s memory cannot be sent to another process yet",
+    return error_fmt(TD_ERR_UNSUPPORTED, "a storage in %s memory cannot be sent to another process yet",
                     s->allocator->name);
 }
 
-void td_shm_abandon(const char *name)
+void shm_abandon(const char *name)
 {
     char key[96];
     snprintf(key, sizeof key, "fs:%s", name);
     td_storage *s = cache_lookup(key);
     if (s) {
         /* This process holds it too, so the count cannot reach 0 here. */
-        td_shm_header_decref((td_shm_header *)((shm_ctx *)s->allocator_ctx)->seg.base);
+        shm_header_decref((td_shm_header *)((shm_ctx *)s->allocator_ctx)->seg.base);
         td_storage_release(s);
         return;
     }
     td_segment seg;
-    if (td_segment_open(name, TD_SHM_HEADER_SIZE, &seg) != TD_OK)
+    if (segment_open(name, TD_SHM_HEADER_SIZE, &seg) != TD_OK)
         return;
     td_shm_header *h = seg.base;
-    if (h->magic == TD_SHM_HEADER_MAGIC && td_shm_header_decref(h))
-        td_segment_unlink(name);
-    td_segment_unmap(&seg);
+    if (h->magic == TD_SHM_HEADER_MAGIC && shm_header_decref(h))
+        segment_unlink(name);
+    segment_unmap(&seg);
 }
 
-td_status td_shm_import_fd(int fd, size_t nbytes, td_storage **out)
+td_status shm_import_fd(int fd, size_t nbytes, td_storage **out)
 {
     uint64_t dev, ino;
     td_status st = fd_identity(fd, &dev, &ino);
@@ -365,14 +365,14 @@ td_status td_shm_import_fd(int fd, size_t nbytes, td_storage **out)
         *out = s;
         return TD_OK;
     }
-    st = nbytes ? td_segment_map_fd(fd, nbytes, &c->seg) : td_error(TD_ERR_INVALID, "an fd handle of 0 bytes");
+    st = nbytes ? segment_map_fd(fd, nbytes, &c->seg) : error_fmt(TD_ERR_INVALID, "an fd handle of 0 bytes");
     if (st != TD_OK) {
         close(fd);
         free(c);
         return st;
     }
     c->pid = getpid();
-    s = td_storage_new_with(c->seg.base, nbytes, (td_device){TD_DEVICE_CPU, -1}, &shm_fd_allocator, c, false);
+    s = storage_new_with(c->seg.base, nbytes, (td_device){TD_DEVICE_CPU, -1}, &shm_fd_allocator, c, false);
     c->storage = s;
     td_storage *other = cache_insert(c->key, s);
     if (other) { /* another thread mapped it meanwhile: use that one */
@@ -383,45 +383,45 @@ td_status td_shm_import_fd(int fd, size_t nbytes, td_storage **out)
     return TD_OK;
 }
 
-td_status td_shm_import_named(const char *name, size_t nbytes, td_storage **out)
+td_status shm_import_named(const char *name, size_t nbytes, td_storage **out)
 {
-    if (!td_segment_name_valid(name))
-        return td_error(TD_ERR_INVALID, "'%s' is not a tdist shared-memory segment name", name);
+    if (!segment_name_valid(name))
+        return error_fmt(TD_ERR_INVALID, "'%s' is not a tdist shared-memory segment name", name);
     char key[96];
     snprintf(key, sizeof key, "fs:%s", name);
     td_storage *s = cache_lookup(key);
     if (s) {
-        td_shm_header_decref((td_shm_header *)((shm_ctx *)s->allocator_ctx)->seg.base);
+        shm_header_decref((td_shm_header *)((shm_ctx *)s->allocator_ctx)->seg.base);
         *out = s;
         return TD_OK;
     }
     shm_ctx *c = TD_NEW(shm_ctx);
-    td_status st = td_segment_open(name, TD_SHM_HEADER_SIZE + nbytes, &c->seg);
+    td_status st = segment_open(name, TD_SHM_HEADER_SIZE + nbytes, &c->seg);
     if (st != TD_OK) {
         free(c);
         return st;
     }
     td_shm_header *h = c->seg.base;
     if (h->magic != TD_SHM_HEADER_MAGIC || h->nbytes != nbytes) {
-        td_segment_unmap(&c->seg);
+        segment_unmap(&c->seg);
         free(c);
-        return td_error(TD_ERR_INVALID, "shared memory object </%s> is not a tdist storage of %zu bytes", name, nbytes);
+        return error_fmt(TD_ERR_INVALID, "shared memory object </%s> is not a tdist storage of %zu bytes", name, nbytes);
     }
     /* The in-flight reference becomes this process's own; tell the daemon after taking it (a crash
      * in between leaks it until the daemon's final sweep, rather than dropping it twice). */
-    st = td_shmm_acquire();
+    st = shmm_acquire();
     if (st != TD_OK) {
-        if (td_shm_header_decref(h))
-            td_segment_unlink(name);
-        td_segment_unmap(&c->seg);
+        if (shm_header_decref(h))
+            segment_unlink(name);
+        segment_unmap(&c->seg);
         free(c);
         return st;
     }
-    td_shmm_notify(TD_SHMM_HOLD, name);
+    shmm_notify(TD_SHMM_HOLD, name);
     c->pid = getpid();
     c->data_off = TD_SHM_HEADER_SIZE;
     named_key(c);
-    s = td_storage_new_with((char *)c->seg.base + TD_SHM_HEADER_SIZE, nbytes, (td_device){TD_DEVICE_CPU, -1},
+    s = storage_new_with((char *)c->seg.base + TD_SHM_HEADER_SIZE, nbytes, (td_device){TD_DEVICE_CPU, -1},
                             &shm_named_allocator, c, false);
     c->storage = s;
     td_storage *other = cache_insert(c->key, s);

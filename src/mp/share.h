@@ -27,18 +27,18 @@ typedef struct td_shm_handle {
 
 /* For sending s: moves it into shared memory first when it is not there (current strategy).
  * TD_SHM_NAMED takes a reference for the message in flight: the receiver takes it over, and
- * td_shm_abandon undoes it when the message is never sent. */
-td_status td_shm_export(td_storage *s, td_shm_handle *h);
-void td_shm_abandon(const char *name);
+ * shm_abandon undoes it when the message is never sent. */
+td_status shm_export(td_storage *s, td_shm_handle *h);
+void shm_abandon(const char *name);
 
 /* Receiving. import_fd always takes fd (closes it when it is not kept). import_named takes over
  * the in-flight reference (dropping it when this process already holds the segment). */
-td_status td_shm_import_fd(int fd, size_t nbytes, td_storage **out);
-td_status td_shm_import_named(const char *name, size_t nbytes, td_storage **out);
+td_status shm_import_fd(int fd, size_t nbytes, td_storage **out);
+td_status shm_import_named(const char *name, size_t nbytes, td_storage **out);
 
 /* Live entries in the identity cache (tests). */
-size_t td_shm_cache_size(void);
+size_t shm_cache_size(void);
 /* The segment behind a shared storage (tests: refcount header inspection); NULL otherwise. */
-const td_segment *td_shm_segment_of(const td_storage *s);
+const td_segment *shm_segment_of(const td_storage *s);
 
 #endif

@@ -44,11 +44,11 @@ _Static_assert(sizeof(td_shm_header) == TD_SHM_HEADER_SIZE, "header size");
 
 /* Drops one reference of the named segment mapped at h; true when it was the last one (the caller
  * then removes the name). */
-static inline bool td_shm_header_decref(td_shm_header *h)
+static inline bool shm_header_decref(td_shm_header *h)
 {
     return atomic_fetch_sub_explicit(&h->refcount, 1, memory_order_acq_rel) <= 1;
 }
-static inline void td_shm_header_incref(td_shm_header *h)
+static inline void shm_header_incref(td_shm_header *h)
 {
     atomic_fetch_add_explicit(&h->refcount, 1, memory_order_relaxed);
 }
@@ -75,18 +75,18 @@ typedef struct td_shmm_msg {
 } td_shmm_msg;
 
 /* The abstract socket name (without the leading NUL) into out. */
-void td_shmm_socket_name(char *out, size_t size);
+void shmm_socket_name(char *out, size_t size);
 
 /* ---- client (one connection per process, open while it holds named segments) ---------------- */
 
 /* Takes a use of the connection, connecting (and starting the daemon) on the first. Fails with a
  * message saying how to point tdist at the daemon (TDIST_SHM_MANAGER). */
-td_status td_shmm_acquire(void);
+td_status shmm_acquire(void);
 /* Drops a use; the last one closes the connection. */
-void td_shmm_release(void);
+void shmm_release(void);
 /* Best-effort, non-waiting notice (the caller holds a use). */
-void td_shmm_notify(int op, const char *name);
+void shmm_notify(int op, const char *name);
 /* The daemon's pid from its WELCOME, 0 when not connected (tests). */
-pid_t td_shmm_daemon_pid(void);
+pid_t shmm_daemon_pid(void);
 
 #endif

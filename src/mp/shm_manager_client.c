@@ -49,7 +49,7 @@ static void child_after_fork(void)
 
 __attribute__((constructor)) static void register_atfork(void) { pthread_atfork(NULL, NULL, child_after_fork); }
 
-void td_shmm_socket_name(char *out, size_t size)
+void shmm_socket_name(char *out, size_t size)
 {
     const char *env = getenv(TD_SHMM_SOCKET_ENV);
     if (env && *env)
@@ -110,7 +110,7 @@ static td_status start_daemon(const char *sock_name)
 {
     char prog[4096];
     if (!find_program(prog, sizeof prog))
-        return td_error(TD_ERR_NOT_FOUND,
+        return error_fmt(TD_ERR_NOT_FOUND,
                         "the file_system sharing strategy needs the tdist-shm-manager program, which was found "
                         "neither in the build tree, the install prefix nor PATH: set TDIST_SHM_MANAGER to its path, "
                         "or use the file_descriptor strategy");
@@ -118,12 +118,12 @@ static td_status start_daemon(const char *sock_name)
     char *argv[] = {prog, (char *)"--socket", (char *)sock_name, NULL};
     int p[2];
     if (pipe2(p, O_CLOEXEC) != 0)
-        return td_error_errno(TD_ERR_IO, "starting tdist-shm-manager: pipe");
+        return error_errno(TD_ERR_IO, "starting tdist-shm-manager: pipe");
     pid_t pid = fork();
     if (pid < 0) {
         close(p[0]);
         close(p[1]);
-        return td_error_errno(TD_ERR_IO, "starting tdist-shm-manager: fork");
+        return error_errno(TD_ERR_IO, "starting tdist-shm-manager: fork");
     }
     if (pid == 0) {
         /* Only async-signal-safe calls from here: the parent may have threads. */
@@ -154,7 +154,7 @@ static td_status start_daemon(const char *sock_name)
     while (n < 0 && errno == EINTR);
     close(p[0]);
     if (n == (ssize_t)sizeof e)
-        return td_error(TD_ERR_IO, "could not start tdist-shm-manager at \"%s\": %s", prog, strerror(e));
+        return error_fmt(TD_ERR_IO, "could not start tdist-shm-manager at \"%s\": %s", prog, strerror(e));
     return TD_OK;
 }
 
@@ -172,7 +172,7 @@ static td_status send_msg(int fd, int op, const char *name)
     do
         w = send(fd, &m, offsetof(td_shmm_msg, name) + n, MSG_NOSIGNAL);
     while (w < 0 && errno == EINTR);
-    return w < 0 ? td_error_errno(TD_ERR_PEER_LOST, "writing to tdist-shm-manager") : TD_OK;
+    return w < 0 ? error_errno(TD_ERR_PEER_LOST, "writing to tdist-shm-manager") : TD_OK;
 }
 
 /* One attempt: connect and say hello; TD_ERR_NOT_FOUND when nobody listens. */
@@ -180,16 +180,16 @@ static td_status try_connect(const char *sock_name, int *out_fd, pid_t *out_pid)
 {
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (fd < 0)
-        return td_error_errno(TD_ERR_IO, "socket for tdist-shm-manager");
+        return error_errno(TD_ERR_IO, "socket for tdist-shm-manager");
     struct sockaddr_un a;
     socklen_t len = abstract_addr(&a, sock_name);
     if (connect(fd, (struct sockaddr *)&a, len) != 0) {
         int e = errno;
         close(fd);
         if (e == ECONNREFUSED || e == ENOENT || e == EAGAIN)
-            return td_error(TD_ERR_NOT_FOUND, "no tdist-shm-manager listens on @%s", sock_name);
+            return error_fmt(TD_ERR_NOT_FOUND, "no tdist-shm-manager listens on @%s", sock_name);
         errno = e;
-        return td_error_errno(TD_ERR_IO, "connecting to tdist-shm-manager at @%s", sock_name);
+        return error_errno(TD_ERR_IO, "connecting to tdist-shm-manager at @%s", sock_name);
     }
     td_status st = send_msg(fd, TD_SHMM_HELLO, NULL);
     if (st == TD_OK) {
@@ -206,17 +206,17 @@ static td_status try_connect(const char *sock_name, int *out_fd, pid_t *out_pid)
             return TD_OK;
         }
         /* A daemon that is shutting down closes its connections: start or find another one. */
-        st = td_error(TD_ERR_NOT_FOUND, "no response from tdist-shm-manager at \"@%s\"", sock_name);
+        st = error_fmt(TD_ERR_NOT_FOUND, "no response from tdist-shm-manager at \"@%s\"", sock_name);
     }
     close(fd);
-    return st == TD_ERR_PEER_LOST ? td_error(TD_ERR_NOT_FOUND, "tdist-shm-manager at @%s went away", sock_name) : st;
+    return st == TD_ERR_PEER_LOST ? error_fmt(TD_ERR_NOT_FOUND, "tdist-shm-manager at @%s went away", sock_name) : st;
 }
 
 static td_status connect_daemon(int *out_fd, pid_t *out_pid)
 {
     char name[108];
-    td_shmm_socket_name(name, sizeof name);
-    int64_t deadline = td_deadline_after_ms(20000);
+    shmm_socket_name(name, sizeof name);
+    int64_t deadline = deadline_after_ms(20000);
     int64_t restart_at = 0; /* when to start another daemon if none answered yet */
     int64_t delay_ms = 1;
     for (;;) {
@@ -225,21 +225,21 @@ static td_status connect_daemon(int *out_fd, pid_t *out_pid)
             return st;
         /* A daemon that lost the race to bind, or that was exiting when we came, is replaced; one
          * that is still starting (slow under sanitizers) gets two seconds first. */
-        if (td_now_ns() >= restart_at) {
+        if (clock_now_ns() >= restart_at) {
             TD_TRY(start_daemon(name));
-            restart_at = td_now_ns() + 2000 * 1000000LL;
+            restart_at = clock_now_ns() + 2000 * 1000000LL;
         }
-        if (td_deadline_passed(deadline))
-            return td_error(TD_ERR_TIMEOUT, "no response from tdist-shm-manager at \"@%s\" (started, but it did not "
+        if (deadline_passed(deadline))
+            return error_fmt(TD_ERR_TIMEOUT, "no response from tdist-shm-manager at \"@%s\" (started, but it did not "
                                             "answer within 20 seconds)",
                             name);
-        td_sleep_ms(delay_ms);
+        clock_sleep_ms(delay_ms);
         if (delay_ms < 32)
             delay_ms *= 2;
     }
 }
 
-td_status td_shmm_acquire(void)
+td_status shmm_acquire(void)
 {
     pthread_mutex_lock(&mu);
     while (connecting)
@@ -267,7 +267,7 @@ td_status td_shmm_acquire(void)
     return st;
 }
 
-void td_shmm_release(void)
+void shmm_release(void)
 {
     int fd = -1;
     pthread_mutex_lock(&mu);
@@ -281,7 +281,7 @@ void td_shmm_release(void)
         close(fd);
 }
 
-void td_shmm_notify(int op, const char *name)
+void shmm_notify(int op, const char *name)
 {
     pthread_mutex_lock(&mu);
     int fd = conn_fd;
@@ -300,7 +300,7 @@ void td_shmm_notify(int op, const char *name)
     }
 }
 
-pid_t td_shmm_daemon_pid(void)
+pid_t shmm_daemon_pid(void)
 {
     pthread_mutex_lock(&mu);
     pid_t p = daemon_pid;

@@ -1,5 +1,5 @@
 /* Address parsing, resolution and printing for the net layer (addr.h). Everything that names a
- * peer in a message goes through td_net_format_hostport or td_addr_str, so IPv6 literals always
+ * peer in a message goes through net_format_hostport or addr_str, so IPv6 literals always
  * appear bracketed and messages stay greppable. */
 #include "net/addr.h"
 
@@ -29,42 +29,42 @@ static bool parse_port(const char *s, int *port)
     return true;
 }
 
-td_status td_net_split_hostport(const char *s, char **host, int *port)
+td_status net_split_hostport(const char *s, char **host, int *port)
 {
     *host = NULL;
     *port = -1;
     if (!s)
-        return td_error(TD_ERR_INVALID, "address is NULL");
+        return error_fmt(TD_ERR_INVALID, "address is NULL");
     if (s[0] == '[') {
         const char *close = strchr(s, ']');
         if (!close)
-            return td_error(TD_ERR_INVALID, "address '%s' has '[' without a matching ']'", s);
+            return error_fmt(TD_ERR_INVALID, "address '%s' has '[' without a matching ']'", s);
         if (close[1] == ':') {
             if (!parse_port(close + 2, port))
-                return td_error(TD_ERR_INVALID, "address '%s' has an invalid port (expected 0 to 65535)", s);
+                return error_fmt(TD_ERR_INVALID, "address '%s' has an invalid port (expected 0 to 65535)", s);
         } else if (close[1] != '\0') {
-            return td_error(TD_ERR_INVALID, "address '%s' has text after ']' (expected ':port')", s);
+            return error_fmt(TD_ERR_INVALID, "address '%s' has text after ']' (expected ':port')", s);
         }
-        *host = td_strndup(s + 1, (size_t)(close - s - 1));
+        *host = alloc_strndup(s + 1, (size_t)(close - s - 1));
         return TD_OK;
     }
     const char *colon = strrchr(s, ':');
     if (colon && strchr(s, ':') != colon) {
         /* Several colons and no brackets: a bare IPv6 literal. */
-        *host = td_strdup(s);
+        *host = alloc_strdup(s);
         return TD_OK;
     }
     if (colon) {
         if (!parse_port(colon + 1, port))
-            return td_error(TD_ERR_INVALID, "address '%s' has an invalid port (expected 0 to 65535)", s);
-        *host = td_strndup(s, (size_t)(colon - s));
+            return error_fmt(TD_ERR_INVALID, "address '%s' has an invalid port (expected 0 to 65535)", s);
+        *host = alloc_strndup(s, (size_t)(colon - s));
         return TD_OK;
     }
-    *host = td_strdup(s);
+    *host = alloc_strdup(s);
     return TD_OK;
 }
 
-void td_net_format_hostport(const char *host, int port, char *out, size_t size)
+void net_format_hostport(const char *host, int port, char *out, size_t size)
 {
     if (!host)
         host = "";
@@ -74,7 +74,7 @@ void td_net_format_hostport(const char *host, int port, char *out, size_t size)
         snprintf(out, size, "%s:%d", host, port);
 }
 
-td_status td_net_resolve(const char *host, int port, bool passive, td_addr **addrs, size_t *n)
+td_status net_resolve(const char *host, int port, bool passive, td_addr **addrs, size_t *n)
 {
     *addrs = NULL;
     *n = 0;
@@ -91,7 +91,7 @@ td_status td_net_resolve(const char *host, int port, bool passive, td_addr **add
     int rc = getaddrinfo(node, service, &hints, &res);
     if (rc != 0) {
         td_status code = (rc == EAI_AGAIN || rc == EAI_SYSTEM || rc == EAI_MEMORY) ? TD_ERR_IO : TD_ERR_NOT_FOUND;
-        return td_error(code, "cannot resolve host '%s': %s", node ? node : "", gai_strerror(rc));
+        return error_fmt(code, "cannot resolve host '%s': %s", node ? node : "", gai_strerror(rc));
     }
     size_t count = 0;
     for (struct addrinfo *ai = res; ai; ai = ai->ai_next)
@@ -109,14 +109,14 @@ td_status td_net_resolve(const char *host, int port, bool passive, td_addr **add
     freeaddrinfo(res);
     if (count == 0) {
         free(list);
-        return td_error(TD_ERR_NOT_FOUND, "cannot resolve host '%s': no TCP address", node ? node : "");
+        return error_fmt(TD_ERR_NOT_FOUND, "cannot resolve host '%s': no TCP address", node ? node : "");
     }
     *addrs = list;
     *n = count;
     return TD_OK;
 }
 
-void td_addr_str(const td_addr *a, char *out, size_t size)
+void addr_str(const td_addr *a, char *out, size_t size)
 {
     char ip[INET6_ADDRSTRLEN] = "?";
     if (a->ss.ss_family == AF_INET) {
@@ -134,7 +134,7 @@ void td_addr_str(const td_addr *a, char *out, size_t size)
     }
 }
 
-int td_addr_port(const td_addr *a)
+int addr_port(const td_addr *a)
 {
     if (a->ss.ss_family == AF_INET)
         return ntohs(((const struct sockaddr_in *)&a->ss)->sin_port);
@@ -143,7 +143,7 @@ int td_addr_port(const td_addr *a)
     return -1;
 }
 
-bool td_addr_is_loopback(const td_addr *a)
+bool addr_is_loopback(const td_addr *a)
 {
     if (a->ss.ss_family == AF_INET) {
         const struct sockaddr_in *in = (const struct sockaddr_in *)&a->ss;

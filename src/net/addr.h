@@ -1,7 +1,7 @@
 /* Internal network addresses: "host:port" parsing, name resolution and printing.
  *
  * Hosts are IPv4 or IPv6 literals or names (getaddrinfo). Text forms are "10.0.0.1:29500",
- * "node7:29500" and "[fe80::1]:29500"; td_net_format_hostport brackets an IPv6 literal so that
+ * "node7:29500" and "[fe80::1]:29500"; net_format_hostport brackets an IPv6 literal so that
  * every message names an address the same way. */
 #ifndef TDIST_NET_ADDR_H
 #define TDIST_NET_ADDR_H
@@ -22,19 +22,19 @@ typedef struct td_addr {
 
 /* Splits "host:port", "[v6]:port", "host" or "[v6]" into a malloc'd host (brackets removed) and a
  * port (-1 when absent). A bare IPv6 literal with several colons is taken as a host with no port. */
-td_status td_net_split_hostport(const char *s, char **host, int *port);
+td_status net_split_hostport(const char *s, char **host, int *port);
 
 /* "host:port", with brackets around an IPv6 literal. */
-void td_net_format_hostport(const char *host, int port, char *out, size_t size);
+void net_format_hostport(const char *host, int port, char *out, size_t size);
 
 /* Resolves host (NULL or "" means the wildcard when passive, loopback otherwise) for TCP; *addrs is
  * a malloc'd array (free()) in getaddrinfo's order, IPv6 and IPv4 both. A name that does not
  * resolve fails with TD_ERR_NOT_FOUND; a temporary resolver failure with TD_ERR_IO. */
-td_status td_net_resolve(const char *host, int port, bool passive, td_addr **addrs, size_t *n);
+td_status net_resolve(const char *host, int port, bool passive, td_addr **addrs, size_t *n);
 
 /* "1.2.3.4:5" or "[::1]:5". */
-void td_addr_str(const td_addr *a, char *out, size_t size);
-int td_addr_port(const td_addr *a);
-bool td_addr_is_loopback(const td_addr *a);
+void addr_str(const td_addr *a, char *out, size_t size);
+int addr_port(const td_addr *a);
+bool addr_is_loopback(const td_addr *a);
 
 #endif

@@ -12,14 +12,14 @@
 
 #define SPIN_BACKOFF_MAX 4096u
 
-void td_net_spin_init(td_net_spin *spin, int64_t budget_ns)
+void net_spin_init(td_net_spin *spin, int64_t budget_ns)
 {
     spin->budget_ns = budget_ns > 0 ? budget_ns : 0;
     spin->skip = 0;
     spin->backoff = 1;
 }
 
-bool td_net_spin_now(td_net_spin *spin)
+bool net_spin_now(td_net_spin *spin)
 {
     if (!spin || spin->budget_ns <= 0)
         return false;
@@ -30,7 +30,7 @@ bool td_net_spin_now(td_net_spin *spin)
     return true;
 }
 
-void td_net_spin_result(td_net_spin *spin, bool hit)
+void net_spin_result(td_net_spin *spin, bool hit)
 {
     if (hit) {
         spin->backoff = spin->backoff > 1 ? spin->backoff / 2 : 1;
@@ -40,33 +40,33 @@ void td_net_spin_result(td_net_spin *spin, bool hit)
     }
 }
 
-td_status td_net_wait(int fd, short events, int64_t deadline_ns)
+td_status net_wait(int fd, short events, int64_t deadline_ns)
 {
     for (;;) {
         struct pollfd p = {.fd = fd, .events = events};
-        int rc = poll(&p, 1, td_deadline_poll_ms(deadline_ns));
+        int rc = poll(&p, 1, deadline_poll_ms(deadline_ns));
         if (rc > 0)
             return TD_OK;
         if (rc == 0) {
             /* poll rounds to whole milliseconds; only report a timeout once it really passed. */
-            if (td_deadline_passed(deadline_ns))
-                return td_error(TD_ERR_TIMEOUT, "timed out waiting for the socket to become %s",
+            if (deadline_passed(deadline_ns))
+                return error_fmt(TD_ERR_TIMEOUT, "timed out waiting for the socket to become %s",
                                 events & POLLOUT ? "writable" : "readable");
             continue;
         }
         if (errno != EINTR)
-            return td_error_errno(TD_ERR_IO, "poll");
+            return error_errno(TD_ERR_IO, "poll");
     }
 }
 
 static td_status io_errno(const char *what)
 {
     if (errno == ECONNRESET || errno == EPIPE || errno == ENOTCONN || errno == ESHUTDOWN)
-        return td_error_errno(TD_ERR_PEER_LOST, "connection lost (%s)", what);
-    return td_error_errno(TD_ERR_IO, "%s", what);
+        return error_errno(TD_ERR_PEER_LOST, "connection lost (%s)", what);
+    return error_errno(TD_ERR_IO, "%s", what);
 }
 
-td_status td_net_sendv_all(int fd, struct iovec *iov, int iovcnt, int64_t deadline_ns)
+td_status net_sendv_all(int fd, struct iovec *iov, int iovcnt, int64_t deadline_ns)
 {
     while (iovcnt > 0 && iov[0].iov_len == 0) {
         iov++;
@@ -82,7 +82,7 @@ td_status td_net_sendv_all(int fd, struct iovec *iov, int iovcnt, int64_t deadli
             if (errno == EINTR)
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                TD_TRY(td_net_wait(fd, POLLOUT, deadline_ns));
+                TD_TRY(net_wait(fd, POLLOUT, deadline_ns));
                 continue;
             }
             return io_errno("send");
@@ -101,53 +101,53 @@ td_status td_net_sendv_all(int fd, struct iovec *iov, int iovcnt, int64_t deadli
     return TD_OK;
 }
 
-td_status td_net_send_all(int fd, const void *buf, size_t len, int64_t deadline_ns)
+td_status net_send_all(int fd, const void *buf, size_t len, int64_t deadline_ns)
 {
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
-    return td_net_sendv_all(fd, &iov, 1, deadline_ns);
+    return net_sendv_all(fd, &iov, 1, deadline_ns);
 }
 
 /* One readv that returns at least one byte (or an error), waiting as needed. */
 static td_status readv_some(int fd, struct iovec *iov, int iovcnt, size_t *got, int64_t deadline_ns, td_net_spin *spin)
 {
-    bool spinning = td_net_spin_now(spin);
-    int64_t spin_until = spinning ? td_now_ns() + spin->budget_ns : 0;
+    bool spinning = net_spin_now(spin);
+    int64_t spin_until = spinning ? clock_now_ns() + spin->budget_ns : 0;
     for (;;) {
         ssize_t n = readv(fd, iov, iovcnt > 1024 ? 1024 : iovcnt);
         if (n > 0) {
             if (spinning)
-                td_net_spin_result(spin, true);
+                net_spin_result(spin, true);
             *got = (size_t)n;
             return TD_OK;
         }
         if (n == 0)
-            return td_error(TD_ERR_PEER_LOST, "connection closed by peer");
+            return error_fmt(TD_ERR_PEER_LOST, "connection closed by peer");
         if (errno == EINTR)
             continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK)
             return io_errno("recv");
         if (spinning) {
-            if (td_now_ns() < spin_until)
+            if (clock_now_ns() < spin_until)
                 continue;
-            td_net_spin_result(spin, false);
+            net_spin_result(spin, false);
             spinning = false;
         }
-        TD_TRY(td_net_wait(fd, POLLIN, deadline_ns));
+        TD_TRY(net_wait(fd, POLLIN, deadline_ns));
     }
 }
 
-td_status td_net_recv_some(int fd, void *buf, size_t cap, size_t *got, int64_t deadline_ns)
+td_status net_recv_some(int fd, void *buf, size_t cap, size_t *got, int64_t deadline_ns)
 {
-    return td_net_recv_some_spin(fd, buf, cap, got, deadline_ns, NULL);
+    return net_recv_some_spin(fd, buf, cap, got, deadline_ns, NULL);
 }
 
-td_status td_net_recv_some_spin(int fd, void *buf, size_t cap, size_t *got, int64_t deadline_ns, td_net_spin *spin)
+td_status net_recv_some_spin(int fd, void *buf, size_t cap, size_t *got, int64_t deadline_ns, td_net_spin *spin)
 {
     struct iovec iov = {.iov_base = buf, .iov_len = cap};
     return readv_some(fd, &iov, 1, got, deadline_ns, spin);
 }
 
-td_status td_net_recvv_all(int fd, struct iovec *iov, int iovcnt, int64_t deadline_ns)
+td_status net_recvv_all(int fd, struct iovec *iov, int iovcnt, int64_t deadline_ns)
 {
     for (;;) {
         while (iovcnt > 0 && iov[0].iov_len == 0) {
@@ -170,8 +170,8 @@ td_status td_net_recvv_all(int fd, struct iovec *iov, int iovcnt, int64_t deadli
     }
 }
 
-td_status td_net_recv_all(int fd, void *buf, size_t len, int64_t deadline_ns)
+td_status net_recv_all(int fd, void *buf, size_t len, int64_t deadline_ns)
 {
     struct iovec iov = {.iov_base = buf, .iov_len = len};
-    return td_net_recvv_all(fd, &iov, 1, deadline_ns);
+    return net_recvv_all(fd, &iov, 1, deadline_ns);
 }

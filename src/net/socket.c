@@ -23,38 +23,38 @@
 #include "base/error.h"
 #include "base/thread.h"
 
-td_status td_net_set_nodelay(int fd)
+td_status net_set_nodelay(int fd)
 {
     int one = 1;
     if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0)
-        return td_error_errno(TD_ERR_IO, "setsockopt(TCP_NODELAY)");
+        return error_errno(TD_ERR_IO, "setsockopt(TCP_NODELAY)");
     return TD_OK;
 }
 
-td_status td_net_set_nonblocking(int fd, bool on)
+td_status net_set_nonblocking(int fd, bool on)
 {
     int flags = fcntl(fd, F_GETFL);
     if (flags < 0)
-        return td_error_errno(TD_ERR_IO, "fcntl(F_GETFL)");
+        return error_errno(TD_ERR_IO, "fcntl(F_GETFL)");
     int want = on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK);
     if (want != flags && fcntl(fd, F_SETFL, want) != 0)
-        return td_error_errno(TD_ERR_IO, "fcntl(F_SETFL)");
+        return error_errno(TD_ERR_IO, "fcntl(F_SETFL)");
     return TD_OK;
 }
 
-td_status td_net_local_addr(int fd, td_addr *addr)
+td_status net_local_addr(int fd, td_addr *addr)
 {
     addr->len = sizeof addr->ss;
     if (getsockname(fd, (struct sockaddr *)&addr->ss, &addr->len) != 0)
-        return td_error_errno(TD_ERR_IO, "getsockname");
+        return error_errno(TD_ERR_IO, "getsockname");
     return TD_OK;
 }
 
-td_status td_net_peer_addr(int fd, td_addr *addr)
+td_status net_peer_addr(int fd, td_addr *addr)
 {
     addr->len = sizeof addr->ss;
     if (getpeername(fd, (struct sockaddr *)&addr->ss, &addr->len) != 0)
-        return td_error_errno(TD_ERR_IO, "getpeername");
+        return error_errno(TD_ERR_IO, "getpeername");
     return TD_OK;
 }
 
@@ -83,20 +83,20 @@ static bool is_wildcard6(const td_addr *a)
            IN6_IS_ADDR_UNSPECIFIED(&((const struct sockaddr_in6 *)&a->ss)->sin6_addr);
 }
 
-td_status td_net_listen(const char *host, int port, int backlog, int *fd, int *bound_port)
+td_status net_listen(const char *host, int port, int backlog, int *fd, int *bound_port)
 {
     *fd = -1;
     if (port < 0 || port > 65535)
-        return td_error(TD_ERR_INVALID, "port must have value from 0 to 65535 but was %d.", port);
+        return error_fmt(TD_ERR_INVALID, "port must have value from 0 to 65535 but was %d.", port);
     if (backlog <= 0)
         backlog = SOMAXCONN;
     char where[TD_ADDR_STRLEN + 64];
-    td_net_format_hostport(host && *host ? host : "*", port, where, sizeof where);
+    net_format_hostport(host && *host ? host : "*", port, where, sizeof where);
     td_addr *addrs = NULL;
     size_t n = 0;
-    td_status s = td_net_resolve(host, port, true, &addrs, &n);
+    td_status s = net_resolve(host, port, true, &addrs, &n);
     if (s != TD_OK)
-        return td_error_prefix(s, "cannot listen on %s", where);
+        return error_prefix(s, "cannot listen on %s", where);
     /* With no host, prefer one dual-stack IPv6 socket; fall back to IPv4 where IPv6 is off. */
     bool any = !host || !*host;
     int err = 0, lfd = -1;
@@ -115,15 +115,15 @@ td_status td_net_listen(const char *host, int port, int backlog, int *fd, int *b
     free(addrs);
     if (lfd < 0) {
         errno = err;
-        return td_error_errno(TD_ERR_IO, "cannot listen on %s", where);
+        return error_errno(TD_ERR_IO, "cannot listen on %s", where);
     }
     if (bound_port) {
         td_addr local;
-        if (td_net_local_addr(lfd, &local) != TD_OK) {
+        if (net_local_addr(lfd, &local) != TD_OK) {
             close(lfd);
-            return td_error_prefix(TD_ERR_IO, "cannot listen on %s", where);
+            return error_prefix(TD_ERR_IO, "cannot listen on %s", where);
         }
-        *bound_port = td_addr_port(&local);
+        *bound_port = addr_port(&local);
     }
     *fd = lfd;
     return TD_OK;
@@ -157,7 +157,7 @@ static int connect_one(const td_addr *a, int64_t deadline_ns, int *err)
         }
         for (;;) {
             struct pollfd p = {.fd = fd, .events = POLLOUT};
-            int rc = poll(&p, 1, td_deadline_poll_ms(deadline_ns));
+            int rc = poll(&p, 1, deadline_poll_ms(deadline_ns));
             if (rc < 0 && errno == EINTR)
                 continue;
             if (rc <= 0) {
@@ -187,7 +187,7 @@ static uint64_t jitter_state(void)
 {
     static __thread uint64_t x;
     if (!x)
-        x = (uint64_t)td_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&x;
+        x = (uint64_t)clock_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&x;
     x ^= x << 13;
     x ^= x >> 7;
     x ^= x << 17;
@@ -199,7 +199,7 @@ static uint64_t jitter_state(void)
 static socklen_t local_name(const char *service, const td_addr *a, struct sockaddr_un *un)
 {
     char text[TD_ADDR_STRLEN];
-    td_addr_str(a, text, sizeof text);
+    addr_str(a, text, sizeof text);
     memset(un, 0, sizeof *un);
     un->sun_family = AF_UNIX;
     int n = snprintf(un->sun_path + 1, sizeof un->sun_path - 1, "%s/%s", service, text);
@@ -208,18 +208,18 @@ static socklen_t local_name(const char *service, const td_addr *a, struct sockad
     return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
 }
 
-td_status td_net_listen_local(int tcp_fd, const char *service, int *fd)
+td_status net_listen_local(int tcp_fd, const char *service, int *fd)
 {
     *fd = -1;
     td_addr bound;
-    TD_TRY(td_net_local_addr(tcp_fd, &bound));
+    TD_TRY(net_local_addr(tcp_fd, &bound));
     struct sockaddr_un un;
     socklen_t len = local_name(service, &bound, &un);
     int u = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (u < 0)
-        return td_error_errno(TD_ERR_IO, "socket(AF_UNIX)");
+        return error_errno(TD_ERR_IO, "socket(AF_UNIX)");
     if (bind(u, (struct sockaddr *)&un, len) != 0 || listen(u, SOMAXCONN) != 0) {
-        td_status s = td_error_errno(TD_ERR_IO, "cannot listen on the local socket @%s", un.sun_path + 1);
+        td_status s = error_errno(TD_ERR_IO, "cannot listen on the local socket @%s", un.sun_path + 1);
         close(u);
         return s;
     }
@@ -249,7 +249,7 @@ static bool same_ip(const td_addr *a, const struct sockaddr *b)
 /* Whether dest is an address of this host (loopback, wildcard, or one of its interfaces'). */
 static bool is_this_host(const td_addr *dest)
 {
-    if (td_addr_is_loopback(dest) || is_wildcard(dest))
+    if (addr_is_loopback(dest) || is_wildcard(dest))
         return true;
     struct ifaddrs *ifs = NULL;
     if (getifaddrs(&ifs) != 0)
@@ -273,7 +273,7 @@ static int connect_unix(const struct sockaddr_un *un, socklen_t len)
     return u;
 }
 
-void td_net_connect_local(const char *service, const td_addr *dest, int *fd)
+void net_connect_local(const char *service, const td_addr *dest, int *fd)
 {
     *fd = -1;
     if (!is_this_host(dest))
@@ -283,7 +283,7 @@ void td_net_connect_local(const char *service, const td_addr *dest, int *fd)
     if ((*fd = connect_unix(&un, len)) >= 0)
         return;
     /* A server bound to the wildcard serves every local address. */
-    int port = td_addr_port(dest);
+    int port = addr_port(dest);
     td_addr any;
     memset(&any, 0, sizeof any);
     struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&any.ss;
@@ -302,33 +302,33 @@ void td_net_connect_local(const char *service, const td_addr *dest, int *fd)
     *fd = connect_unix(&un, len);
 }
 
-td_status td_net_connect(const char *host, int port, int64_t deadline_ns, int *fd)
+td_status net_connect(const char *host, int port, int64_t deadline_ns, int *fd)
 {
-    return td_net_connect_ex(host, port, deadline_ns, NULL, fd);
+    return net_connect_ex(host, port, deadline_ns, NULL, fd);
 }
 
-td_status td_net_connect_ex(const char *host, int port, int64_t deadline_ns, const char *local_service, int *fd)
+td_status net_connect_ex(const char *host, int port, int64_t deadline_ns, const char *local_service, int *fd)
 {
     *fd = -1;
     char where[TD_ADDR_STRLEN + 64];
-    td_net_format_hostport(host, port, where, sizeof where);
+    net_format_hostport(host, port, where, sizeof where);
     if (port < 0 || port > 65535)
-        return td_error(TD_ERR_INVALID, "port must have value from 0 to 65535 but was %d.", port);
-    int64_t start = td_now_ns();
+        return error_fmt(TD_ERR_INVALID, "port must have value from 0 to 65535 but was %d.", port);
+    int64_t start = clock_now_ns();
     int64_t backoff_ns = 10 * 1000000;
     char last[512] = "no attempt finished before the deadline";
     for (;;) {
         td_addr *addrs = NULL;
         size_t n = 0;
-        td_status s = td_net_resolve(host, port, false, &addrs, &n);
+        td_status s = net_resolve(host, port, false, &addrs, &n);
         if (s == TD_ERR_NOT_FOUND)
-            return td_error_prefix(TD_ERR_NOT_FOUND, "cannot connect to %s", where);
+            return error_prefix(TD_ERR_NOT_FOUND, "cannot connect to %s", where);
         bool retry = s != TD_OK;
         if (s != TD_OK)
             snprintf(last, sizeof last, "%s", td_last_error());
         for (size_t i = 0; local_service && i < n; i++) {
             int c = -1;
-            td_net_connect_local(local_service, &addrs[i], &c);
+            net_connect_local(local_service, &addrs[i], &c);
             if (c >= 0) {
                 free(addrs);
                 *fd = c;
@@ -350,19 +350,19 @@ td_status td_net_connect_ex(const char *host, int port, int64_t deadline_ns, con
         }
         free(addrs);
         if (!retry)
-            return td_error(TD_ERR_IO, "cannot connect to %s: %s", where, last);
-        if (td_deadline_passed(deadline_ns))
-            return td_error(TD_ERR_TIMEOUT, "timed out after %lld ms connecting to %s: %s",
-                            (long long)((td_now_ns() - start) / 1000000), where, last);
+            return error_fmt(TD_ERR_IO, "cannot connect to %s: %s", where, last);
+        if (deadline_passed(deadline_ns))
+            return error_fmt(TD_ERR_TIMEOUT, "timed out after %lld ms connecting to %s: %s",
+                            (long long)((clock_now_ns() - start) / 1000000), where, last);
         /* Sleep backoff * [0.5, 1.5), capped by the deadline; the jitter spreads a thousand
          * clients that all found the master not listening yet. */
         int64_t sleep_ns = backoff_ns / 2 + (int64_t)(jitter_state() % (uint64_t)backoff_ns);
         if (deadline_ns != TD_DEADLINE_NONE) {
-            int64_t left = deadline_ns - td_now_ns();
+            int64_t left = deadline_ns - clock_now_ns();
             if (sleep_ns > left)
                 sleep_ns = left > 0 ? left : 0;
         }
-        td_sleep_ns(sleep_ns);
+        clock_sleep_ns(sleep_ns);
         if (backoff_ns < 1000 * 1000000)
             backoff_ns *= 2;
     }

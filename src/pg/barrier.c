@@ -17,13 +17,13 @@
 
 static td_status wait_key(td_store *store, const char *key, int64_t deadline_ns, td_status *timed_out)
 {
-    int64_t left = td_deadline_left_ms(deadline_ns);
+    int64_t left = deadline_left_ms(deadline_ns);
     td_status st;
     if (left <= 0) {
         bool ready = false;
         st = td_store_check(store, &key, 1, &ready);
         if (st == TD_OK && !ready)
-            st = td_error(TD_ERR_TIMEOUT, "Wait timeout");
+            st = error_fmt(TD_ERR_TIMEOUT, "Wait timeout");
     } else {
         st = td_store_wait(store, &key, 1, left == INT64_MAX ? TD_STORE_NO_TIMEOUT : left);
     }
@@ -36,9 +36,9 @@ td_status td_pg_monitored_barrier(td_pg *pg, int64_t timeout_ms, bool wait_all_r
     td_pg *g;
     TD_TRY(pg_resolve(pg, "monitored_barrier", &g));
     if (timeout_ms < 0)
-        return td_error(TD_ERR_INVALID, "monitored_barrier: timeout must be >= 0 ms, got %lld", (long long)timeout_ms);
+        return error_fmt(TD_ERR_INVALID, "monitored_barrier: timeout must be >= 0 ms, got %lld", (long long)timeout_ms);
     if (g->local_store)
-        return td_error(TD_ERR_UNSUPPORTED,
+        return error_fmt(TD_ERR_UNSUPPORTED,
                         "monitored_barrier runs over the group's store, and this %s group has no store its ranks "
                         "share (its backend needs none): give td_pg_create an options.store to use it",
                         g->backend_name);
@@ -47,31 +47,31 @@ td_status td_pg_monitored_barrier(td_pg *pg, int64_t timeout_ms, bool wait_all_r
     pthread_mutex_lock(&g->mu);
     uint64_t n = ++g->monitored_seq;
     td_status failed = g->failed;
-    char *failed_msg = failed != TD_OK ? td_strdup(g->failed_msg) : NULL;
+    char *failed_msg = failed != TD_OK ? alloc_strdup(g->failed_msg) : NULL;
     pthread_mutex_unlock(&g->mu);
     if (failed != TD_OK) {
-        td_error_set(failed, failed_msg);
+        error_set(failed, failed_msg);
         free(failed_msg);
         return failed;
     }
     char key[128], release[128];
     snprintf(release, sizeof release, "monitored_barrier/%llu/release", (unsigned long long)n);
-    int64_t deadline = td_deadline_after_ms(timeout_ms);
+    int64_t deadline = deadline_after_ms(timeout_ms);
 
     if (g->rank != 0) {
         snprintf(key, sizeof key, "monitored_barrier/%llu/arrived/%d", (unsigned long long)n, g->rank);
         TD_TRY(td_store_set_str(g->store, key, "1"));
         /* Rank 0 may take the whole timeout before it answers. */
         td_status timed_out;
-        if (wait_key(g->store, release, td_deadline_after_ms(2 * timeout_ms + 1000), &timed_out) != TD_OK)
-            return td_error_prefix(timed_out, "[Rank %d]: rank 0 did not release monitoredBarrier within %lld ms",
+        if (wait_key(g->store, release, deadline_after_ms(2 * timeout_ms + 1000), &timed_out) != TD_OK)
+            return error_prefix(timed_out, "[Rank %d]: rank 0 did not release monitoredBarrier within %lld ms",
                                    g->rank, (long long)(2 * timeout_ms + 1000));
         void *v = NULL;
         size_t len = 0;
         TD_TRY(td_store_get(g->store, release, &v, &len));
         td_status st = TD_OK;
         if (strcmp(v, "ok") != 0)
-            st = td_error(TD_ERR_TIMEOUT, "%s", (char *)v);
+            st = error_fmt(TD_ERR_TIMEOUT, "%s", (char *)v);
         free(v);
         return st;
     }
@@ -86,23 +86,23 @@ td_status td_pg_monitored_barrier(td_pg *pg, int64_t timeout_ms, bool wait_all_r
             continue;
         if (!nmissing)
             snprintf(first_error, sizeof first_error, "%s", td_last_error());
-        td_buf_printf(&missing, "%s%d", nmissing ? ", " : "", r);
+        buf_printf(&missing, "%s%d", nmissing ? ", " : "", r);
         nmissing++;
         if (!wait_all_ranks)
             break;
     }
     if (!nmissing) {
-        td_buf_free(&missing);
+        buf_free(&missing);
         return td_store_set_str(g->store, release, "ok");
     }
     char *msg = nmissing == 1 && !wait_all_ranks
-                    ? td_asprintf("[Rank 0]: Rank %s failed to pass monitoredBarrier in %lld ms\n Original exception: \n%s",
+                    ? alloc_printf("[Rank 0]: Rank %s failed to pass monitoredBarrier in %lld ms\n Original exception: \n%s",
                                   missing.data, (long long)timeout_ms, first_error)
-                    : td_asprintf("[Rank 0]: Ranks %s failed to pass monitoredBarrier in %lld ms", missing.data,
+                    : alloc_printf("[Rank 0]: Ranks %s failed to pass monitoredBarrier in %lld ms", missing.data,
                                   (long long)timeout_ms);
-    td_buf_free(&missing);
+    buf_free(&missing);
     td_store_set_str(g->store, release, msg);
-    td_status st = td_error(TD_ERR_TIMEOUT, "%s", msg);
+    td_status st = error_fmt(TD_ERR_TIMEOUT, "%s", msg);
     free(msg);
     return st;
 }

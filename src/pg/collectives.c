@@ -21,7 +21,7 @@
 static td_status check_tensor(const char *arg, const td_tensor *t)
 {
     if (!t)
-        return td_error(TD_ERR_INVALID,
+        return error_fmt(TD_ERR_INVALID,
                         "Invalid function argument. Expected parameter `%s` of type td_tensor but got NULL instead.",
                         arg);
     return TD_OK;
@@ -30,13 +30,13 @@ static td_status check_tensor(const char *arg, const td_tensor *t)
 static td_status check_list(const char *arg, td_tensor *const *ts, int n)
 {
     if (!ts)
-        return td_error(TD_ERR_INVALID,
+        return error_fmt(TD_ERR_INVALID,
                         "Invalid function argument. Expected parameter `%s` to be a list of %d td_tensor but got "
                         "NULL instead.",
                         arg, n);
     for (int i = 0; i < n; i++)
         if (!ts[i])
-            return td_error(TD_ERR_INVALID,
+            return error_fmt(TD_ERR_INVALID,
                             "Invalid function argument. Expected parameter `%s` to be a list of td_tensor but entry "
                             "%d is NULL.",
                             arg, i);
@@ -48,7 +48,7 @@ static td_status check_dtype(td_dtype want, const td_tensor *t)
 {
     td_dtype got = td_tensor_dtype(t);
     if (got != want)
-        return td_error(TD_ERR_INVALID, "Invalid usage of tensors with different dtypes Found %s and  %s",
+        return error_fmt(TD_ERR_INVALID, "Invalid usage of tensors with different dtypes Found %s and  %s",
                         td_dtype_name(want), td_dtype_name(got));
     return TD_OK;
 }
@@ -63,7 +63,7 @@ static td_status check_list_dtype(td_dtype want, td_tensor *const *ts, int n)
 static td_status check_numel(const char *opname, const char *arg, int index, const td_tensor *t, int64_t want)
 {
     if (td_tensor_numel(t) != want)
-        return td_error(TD_ERR_INVALID, "%s: invalid tensor size in `%s` at index %d (expected %lld elements, got %lld)",
+        return error_fmt(TD_ERR_INVALID, "%s: invalid tensor size in `%s` at index %d (expected %lld elements, got %lld)",
                         opname, arg, index, (long long)want, (long long)td_tensor_numel(t));
     return TD_OK;
 }
@@ -71,7 +71,7 @@ static td_status check_numel(const char *opname, const char *arg, int index, con
 static td_status check_rank(const char *opname, const char *what, int r, const td_pg *g)
 {
     if (r < 0 || r >= g->size)
-        return td_error(TD_ERR_INVALID, "%s: invalid %s rank: %d (the group has %d ranks: 0 to %d)", opname, what, r,
+        return error_fmt(TD_ERR_INVALID, "%s: invalid %s rank: %d (the group has %d ranks: 0 to %d)", opname, what, r,
                         g->size, g->size - 1);
     return TD_OK;
 }
@@ -82,9 +82,9 @@ static td_status check_root_list(const char *opname, const char *arg, const char
                                  bool is_root, td_dtype dt, int64_t numel, int size)
 {
     if (is_root && !list)
-        return td_error(TD_ERR_INVALID, "Argument ``%s`` must be specified on %s rank.", arg, side);
+        return error_fmt(TD_ERR_INVALID, "Argument ``%s`` must be specified on %s rank.", arg, side);
     if (!is_root && list)
-        return td_error(TD_ERR_INVALID, "Argument ``%s`` must NOT be specified on non-%s ranks.", arg, side);
+        return error_fmt(TD_ERR_INVALID, "Argument ``%s`` must NOT be specified on non-%s ranks.", arg, side);
     if (!is_root)
         return TD_OK;
     TD_TRY(check_list(arg, list, size));
@@ -168,12 +168,12 @@ __attribute__((always_inline)) static inline td_status in_place_work(td_pg *g, t
     td_work *w = work ? pg_work_new(g, what, kind, dt) : pg_work_init_local(&local, g, what, kind, dt);
     pg_work_set_op(w, op);
     w->coll.root = root;
-    int64_t numel = td_numel_of(tensor->ndim, tensor->sizes); /* the inline accessors: tensor/strided.h */
+    int64_t numel = strided_numel(tensor->ndim, tensor->sizes); /* the inline accessors: tensor/strided.h */
     w->coll.count = (size_t)numel;
     w->numel_in = w->numel_out = numel;
     td_status st = TD_OK;
-    if (td_contiguous_of(tensor->ndim, tensor->sizes, tensor->strides))
-        w->coll.out = td_tensor_data_of(tensor);
+    if (strided_is_contiguous(tensor->ndim, tensor->sizes, tensor->strides))
+        w->coll.out = tensor_data_of(tensor);
     else /* a broadcast's non-roots do not read their tensor: a temporary for it needs no copy */
         st = out_data(w, tensor, kind != TD_COLL_BROADCAST || g->rank == root, &w->coll.out);
     w->coll.in = w->coll.out;
@@ -237,7 +237,7 @@ td_status td_pg_all_reduce_coalesced(td_pg *pg, td_tensor *const *tensors, int n
     td_pg *g;
     TD_TRY(pg_resolve(pg, "all_reduce_coalesced", &g));
     if (n < 1)
-        return td_error(TD_ERR_INVALID, "all_reduce_coalesced: requires a non-empty tensor list (got %d tensors)", n);
+        return error_fmt(TD_ERR_INVALID, "all_reduce_coalesced: requires a non-empty tensor list (got %d tensors)", n);
     TD_TRY(check_list("tensors", tensors, n));
     td_dtype dt = td_tensor_dtype(tensors[0]);
     TD_TRY(check_list_dtype(dt, tensors, n));
@@ -336,7 +336,7 @@ td_status td_pg_all_gather_into_tensor(td_pg *pg, td_tensor *output, td_tensor *
     TD_TRY(check_dtype(dt, output));
     int64_t numel = td_tensor_numel(input);
     if (td_tensor_numel(output) != numel * g->size)
-        return td_error(TD_ERR_INVALID, "output tensor size must be equal to world_size times input tensor size "
+        return error_fmt(TD_ERR_INVALID, "output tensor size must be equal to world_size times input tensor size "
                                         "(world_size %d, input %lld elements, output %lld elements)",
                         g->size, (long long)numel, (long long)td_tensor_numel(output));
     TD_TRY(pg_check_supported(g, "all_gather_into_tensor", TD_COLL_ALL_GATHER, dt, TD_OP_SUM));
@@ -361,7 +361,7 @@ td_status td_pg_all_gather_coalesced(td_pg *pg, td_tensor *const *outputs, td_te
     td_pg *g;
     TD_TRY(pg_resolve(pg, "all_gather_coalesced", &g));
     if (n < 1)
-        return td_error(TD_ERR_INVALID, "all_gather_coalesced: requires a non-empty input tensor list (got %d)", n);
+        return error_fmt(TD_ERR_INVALID, "all_gather_coalesced: requires a non-empty input tensor list (got %d)", n);
     TD_TRY(check_list("input_tensor_list", inputs, n));
     TD_TRY(check_list("output_tensor_lists", outputs, g->size * n));
     td_dtype dt = td_tensor_dtype(inputs[0]);
@@ -495,7 +495,7 @@ td_status td_pg_reduce_scatter_tensor(td_pg *pg, td_tensor *output, td_tensor *i
     TD_TRY(check_dtype(dt, input));
     int64_t numel = td_tensor_numel(output);
     if (td_tensor_numel(input) != numel * g->size)
-        return td_error(TD_ERR_INVALID, "input tensor must be the same size as output size times world size "
+        return error_fmt(TD_ERR_INVALID, "input tensor must be the same size as output size times world size "
                                         "(world_size %d, output %lld elements, input %lld elements)",
                         g->size, (long long)numel, (long long)td_tensor_numel(input));
     TD_TRY(pg_check_supported(g, "reduce_scatter_tensor", TD_COLL_REDUCE_SCATTER, dt, op));
@@ -545,14 +545,14 @@ td_status td_pg_all_to_all(td_pg *pg, td_tensor *const *outputs, td_tensor *cons
 static td_status split_counts(const td_tensor *t, const int64_t *splits, int size, size_t *counts)
 {
     if (td_tensor_ndim(t) < 1)
-        return td_error(TD_ERR_INVALID, "all_to_all_single: tensors must have at least one dimension");
+        return error_fmt(TD_ERR_INVALID, "all_to_all_single: tensors must have at least one dimension");
     int64_t dim0 = td_tensor_size(t, 0);
     int64_t row = 1;
     for (int d = 1; d < td_tensor_ndim(t); d++)
         row *= td_tensor_size(t, d);
     if (!splits) {
         if (dim0 % size != 0)
-            return td_error(TD_ERR_INVALID, "Tensor's dim 0 does not divide equally across group size");
+            return error_fmt(TD_ERR_INVALID, "Tensor's dim 0 does not divide equally across group size");
         for (int r = 0; r < size; r++)
             counts[r] = (size_t)(dim0 / size * row);
         return TD_OK;
@@ -560,13 +560,13 @@ static td_status split_counts(const td_tensor *t, const int64_t *splits, int siz
     int64_t sum = 0;
     for (int r = 0; r < size; r++) {
         if (splits[r] < 0)
-            return td_error(TD_ERR_INVALID, "all_to_all_single: split sizes must be non-negative (entry %d is %lld)",
+            return error_fmt(TD_ERR_INVALID, "all_to_all_single: split sizes must be non-negative (entry %d is %lld)",
                             r, (long long)splits[r]);
         sum += splits[r];
         counts[r] = (size_t)(splits[r] * row);
     }
     if (sum != dim0)
-        return td_error(TD_ERR_INVALID, "Split sizes doesn't match total dim 0 size");
+        return error_fmt(TD_ERR_INVALID, "Split sizes doesn't match total dim 0 size");
     return TD_OK;
 }
 
@@ -623,14 +623,14 @@ static td_status build_p2p(td_pg *g, bool is_send, td_tensor *t, int peer, int t
     if (is_send || peer != TD_ANY_SOURCE) {
         TD_TRY(check_rank(opname, is_send ? "destination" : "source", peer, g));
         if (peer == g->rank)
-            return td_error(TD_ERR_INVALID,
+            return error_fmt(TD_ERR_INVALID,
                             is_send ? "Invalid destination rank: destination rank should not be the same as the rank "
                                       "of the current process."
                                     : "Invalid source rank: source rank should not be the same as the rank of the "
                                       "current process.");
     }
     if (tag < 0)
-        return td_error(TD_ERR_INVALID, "%s: tag must be non-negative, got %d", opname, tag);
+        return error_fmt(TD_ERR_INVALID, "%s: tag must be non-negative, got %d", opname, tag);
     td_dtype dt = td_tensor_dtype(t);
     TD_TRY(pg_check_supported(g, opname, is_send ? TD_COLL_SEND : TD_COLL_RECV, dt, TD_OP_SUM));
     pg_op op = is_send ? PG_OP_SEND : (peer == TD_ANY_SOURCE ? PG_OP_RECVANYSOURCE : PG_OP_RECV);
@@ -695,15 +695,15 @@ td_status td_pg_batch_isend_irecv(td_pg *pg, const td_p2p_op *ops, int n, td_fut
     td_pg *g;
     TD_TRY(pg_resolve(pg, "batch_isend_irecv", &g));
     if (n < 1 || !ops)
-        return td_error(TD_ERR_INVALID, "Invalid ``p2p_op_list``: batch_isend_irecv needs at least one op");
-    td_work **ws = td_calloc((size_t)n, sizeof *ws);
+        return error_fmt(TD_ERR_INVALID, "Invalid ``p2p_op_list``: batch_isend_irecv needs at least one op");
+    td_work **ws = alloc_zeroed((size_t)n, sizeof *ws);
     for (int i = 0; i < n; i++) {
         td_status st = build_p2p(g, ops[i].is_send, ops[i].tensor, ops[i].peer, ops[i].tag, &ws[i]);
         if (st != TD_OK) {
             for (int j = 0; j < i; j++)
                 pg_work_free(ws[j]);
             free(ws);
-            return td_error_prefix(st, "batch_isend_irecv: op %d", i);
+            return error_prefix(st, "batch_isend_irecv: op %d", i);
         }
         ws[i]->is_async = works != NULL;
     }
@@ -749,12 +749,12 @@ td_status td_pg_supports(const td_pg *cpg, const char *collective, td_dtype dtyp
     td_pg *pg;
     TD_TRY(pg_resolve((td_pg *)cpg, "supports", &pg));
     if (!collective)
-        return td_error(TD_ERR_INVALID, "td_pg_supports: collective name is NULL");
+        return error_fmt(TD_ERR_INVALID, "td_pg_supports: collective name is NULL");
     for (size_t i = 0; i < sizeof api_kinds / sizeof api_kinds[0]; i++) {
         if (strcmp(api_kinds[i].name, collective) != 0)
             continue;
         td_status st = pg_check_supported(pg, collective, api_kinds[i].kind, dtype, td_op_of(op));
         return st == TD_ERR_INVALID ? TD_ERR_UNSUPPORTED : st;
     }
-    return td_error(TD_ERR_INVALID, "td_pg_supports: unknown collective '%s'", collective);
+    return error_fmt(TD_ERR_INVALID, "td_pg_supports: unknown collective '%s'", collective);
 }

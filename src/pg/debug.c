@@ -39,7 +39,7 @@ td_status pg_parse_debug_level(const char *value, pg_debug_level *out)
 {
     int level = PG_DEBUG_OFF;
     if (!value) {
-        TD_TRY(td_env_enum("TDIST_DEBUG", level_names, PG_DEBUG_OFF, &level));
+        TD_TRY(env_get_enum("TDIST_DEBUG", level_names, PG_DEBUG_OFF, &level));
         *out = (pg_debug_level)level;
         return TD_OK;
     }
@@ -49,7 +49,7 @@ td_status pg_parse_debug_level(const char *value, pg_debug_level *out)
             return TD_OK;
         }
     }
-    return td_error(TD_ERR_INVALID, "The value of TDIST_DEBUG must be OFF, INFO, or DETAIL. Got '%s'.", value);
+    return error_fmt(TD_ERR_INVALID, "The value of TDIST_DEBUG must be OFF, INFO, or DETAIL. Got '%s'.", value);
 }
 
 void pg_fingerprint_fill_now(td_work *w, td_tensor *const *tensors, int n, int root, int reduce_op, bool shapes)
@@ -73,17 +73,17 @@ void pg_fingerprint_fill_now(td_work *w, td_tensor *const *tensors, int n, int r
         if (!tensors[i])
             continue;
         td_shape si = td_tensor_shape(tensors[i]);
-        h = td_hash_bytes(si.d, sizeof(int64_t) * (size_t)si.ndim, h ^ (uint64_t)si.ndim);
+        h = map_hash_bytes(si.d, sizeof(int64_t) * (size_t)si.ndim, h ^ (uint64_t)si.ndim);
     }
     fp->shapes_hash = (int64_t)h;
 }
 
 static void format_shape(td_buf *b, const pg_fingerprint *fp)
 {
-    td_buf_putc(b, '[');
+    buf_putc(b, '[');
     for (int64_t i = 0; i < fp->ndim && i < TD_MAX_DIMS; i++)
-        td_buf_printf(b, "%s%lld", i ? ", " : "", (long long)fp->shape[i]);
-    td_buf_putc(b, ']');
+        buf_printf(b, "%s%lld", i ? ", " : "", (long long)fp->shape[i]);
+    buf_putc(b, ']');
 }
 
 static const char *dtype_name(int64_t d) { return td_dtype_is_valid((int)d) ? td_dtype_name((td_dtype)d) : "?"; }
@@ -95,43 +95,43 @@ static const char *op_name(int64_t op) { return op >= 0 && op < PG_OP_COUNT ? pg
 
 static void format_fp(td_buf *b, const pg_fingerprint *fp)
 {
-    td_buf_printf(b, "CollectiveFingerPrint(SequenceNumber=%lld, OpType=%s", (long long)fp->seq, op_name(fp->op));
+    buf_printf(b, "CollectiveFingerPrint(SequenceNumber=%lld, OpType=%s", (long long)fp->seq, op_name(fp->op));
     if (fp->ndim >= 0) {
-        td_buf_append_str(b, ", TensorShape=");
+        buf_append_str(b, ", TensorShape=");
         format_shape(b, fp);
     }
-    td_buf_printf(b, ", TensorDtypes=%s, TensorDeviceTypes=cpu", dtype_name(fp->dtype));
+    buf_printf(b, ", TensorDtypes=%s, TensorDeviceTypes=cpu", dtype_name(fp->dtype));
     if (fp->ntensors > 1)
-        td_buf_printf(b, ", NumTensors=%lld", (long long)fp->ntensors);
+        buf_printf(b, ", NumTensors=%lld", (long long)fp->ntensors);
     if (fp->root >= 0)
-        td_buf_printf(b, ", Root=%lld", (long long)fp->root);
+        buf_printf(b, ", Root=%lld", (long long)fp->root);
     if (fp->reduce_op >= 0 && fp->reduce_op < TD_REDUCE_OP_COUNT)
-        td_buf_printf(b, ", ReduceOp=%s", td_reduce_op_name((td_reduce_op)fp->reduce_op));
-    td_buf_putc(b, ')');
+        buf_printf(b, ", ReduceOp=%s", td_reduce_op_name((td_reduce_op)fp->reduce_op));
+    buf_putc(b, ')');
 }
 
 /* c10d's "Collectives differ in the following aspects" summary. */
 static void format_diff(td_buf *b, const pg_fingerprint *a, const pg_fingerprint *o)
 {
-    td_buf_append_str(b, " Collectives differ in the following aspects:");
+    buf_append_str(b, " Collectives differ in the following aspects:");
     if (a->seq != o->seq)
-        td_buf_printf(b, " Sequence number: %lld vs %lld;", (long long)a->seq, (long long)o->seq);
+        buf_printf(b, " Sequence number: %lld vs %lld;", (long long)a->seq, (long long)o->seq);
     if (a->op != o->op)
-        td_buf_printf(b, " Op type: %s vs %s;", op_name(a->op), op_name(o->op));
+        buf_printf(b, " Op type: %s vs %s;", op_name(a->op), op_name(o->op));
     if (a->dtype != o->dtype)
-        td_buf_printf(b, " Tensor dtypes: %s vs %s;", dtype_name(a->dtype), dtype_name(o->dtype));
+        buf_printf(b, " Tensor dtypes: %s vs %s;", dtype_name(a->dtype), dtype_name(o->dtype));
     if (a->ndim != o->ndim || memcmp(a->shape, o->shape, sizeof a->shape) != 0 || a->shapes_hash != o->shapes_hash ||
         a->ntensors != o->ntensors) {
-        td_buf_append_str(b, " Tensor shapes: ");
+        buf_append_str(b, " Tensor shapes: ");
         format_shape(b, a);
-        td_buf_append_str(b, " vs ");
+        buf_append_str(b, " vs ");
         format_shape(b, o);
-        td_buf_putc(b, ';');
+        buf_putc(b, ';');
     }
     if (a->root != o->root && a->root >= 0 && o->root >= 0)
-        td_buf_printf(b, " Root: %lld vs %lld;", (long long)a->root, (long long)o->root);
+        buf_printf(b, " Root: %lld vs %lld;", (long long)a->root, (long long)o->root);
     if (a->reduce_op != o->reduce_op && a->reduce_op >= 0 && o->reduce_op >= 0)
-        td_buf_printf(b, " Reduce op: %s vs %s;", reduce_name(a->reduce_op), reduce_name(o->reduce_op));
+        buf_printf(b, " Reduce op: %s vs %s;", reduce_name(a->reduce_op), reduce_name(o->reduce_op));
     if (b->len && b->data[b->len - 1] == ';')
         b->data[--b->len] = '\0';
 }
@@ -142,14 +142,14 @@ td_status pg_fingerprints_compare(const pg_fingerprint *fps, int n)
         if (memcmp(&fps[0], &fps[r], sizeof(pg_fingerprint)) == 0)
             continue;
         td_buf b = TD_BUF_INIT;
-        td_buf_append_str(&b, "Detected mismatch between collectives on ranks. Rank 0 is running collective: ");
+        buf_append_str(&b, "Detected mismatch between collectives on ranks. Rank 0 is running collective: ");
         format_fp(&b, &fps[0]);
-        td_buf_printf(&b, ", but Rank %d is running collective: ", r);
+        buf_printf(&b, ", but Rank %d is running collective: ", r);
         format_fp(&b, &fps[r]);
-        td_buf_putc(&b, '.');
+        buf_putc(&b, '.');
         format_diff(&b, &fps[0], &fps[r]);
-        td_status st = td_error_set(TD_ERR_INVALID, b.data);
-        td_buf_free(&b);
+        td_status st = error_set(TD_ERR_INVALID, b.data);
+        buf_free(&b);
         return st;
     }
     return TD_OK;

@@ -25,7 +25,7 @@ static TD_VEC(td_pg *) g_groups;
 
 static td_status not_initialized(void)
 {
-    return td_error(TD_ERR_NOT_INIT, "Default process group has not been initialized, please make sure to call "
+    return error_fmt(TD_ERR_NOT_INIT, "Default process group has not been initialized, please make sure to call "
                                      "init_process_group.");
 }
 
@@ -34,7 +34,7 @@ td_status td_init_process_group(const td_pg_options *options)
     pthread_mutex_lock(&g_init_mu);
     if (pg_default_group()) {
         pthread_mutex_unlock(&g_init_mu);
-        return td_error(TD_ERR_ALREADY, "trying to initialize the default process group twice!");
+        return error_fmt(TD_ERR_ALREADY, "trying to initialize the default process group twice!");
     }
     td_pg *pg;
     td_status st = td_pg_create(options, &pg);
@@ -128,7 +128,7 @@ void td_pg_destroy(td_pg *pg)
     /* An inherited copy cannot be torn down: its worker thread stayed in the parent and its locks
      * may be held. Leave it to the process's exit rather than hang joining a thread that is not
      * there. */
-    if (td_fork_guard_check(&pg->guard, "a process group") != TD_OK) {
+    if (fork_guard_check(&pg->guard, "a process group") != TD_OK) {
         TD_LOG_WARN("td_pg_destroy: %s; the inherited copy is left alone", td_last_error());
         return;
     }

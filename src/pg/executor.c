@@ -64,7 +64,7 @@ static void join_zombies(void)
     pthread_mutex_unlock(&g_mu);
     while (z) {
         exec_thread *next = z->next;
-        td_thread_join(z->th);
+        thread_join(z->th);
         free(z);
         z = next;
     }
@@ -77,7 +77,7 @@ td_status executor_hold(void)
     pthread_mutex_lock(&g_mu);
     if (!g_cur) {
         exec_thread *t = TD_NEW(exec_thread);
-        td_status st = td_thread_start(&t->th, "td-callbacks", exec_main, t);
+        td_status st = thread_start(&t->th, "td-callbacks", exec_main, t);
         if (st != TD_OK) {
             pthread_mutex_unlock(&g_mu);
             free(t);
@@ -107,7 +107,7 @@ void executor_release(void)
     }
     pthread_mutex_unlock(&g_mu);
     if (t) {
-        td_thread_join(t->th);
+        thread_join(t->th);
         free(t);
     }
     if (!tl_on_executor)

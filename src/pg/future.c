@@ -126,11 +126,11 @@ td_future *td_future_new(void)
     }
     if (!f) {
         f = TD_NEW(td_future);
-        td_mutex_init(&f->mu);
-        td_cond_init(&f->cv);
+        thread_mutex_init(&f->mu);
+        thread_cond_init(&f->cv);
     }
     f->pool_next = NULL;
-    td_ref_init(&f->ref);
+    ref_init(&f->ref);
     atomic_store(&f->state, FUT_PENDING);
     f->status = TD_OK;
     f->drive = NULL;
@@ -162,13 +162,13 @@ td_future *td_future_failed(td_status status, const char *message)
 td_future *td_future_retain(td_future *f)
 {
     if (f)
-        td_ref_inc(&f->ref);
+        ref_inc(&f->ref);
     return f;
 }
 
 void td_future_release(td_future *f)
 {
-    if (!f || !td_ref_dec(&f->ref))
+    if (!f || !ref_dec(&f->ref))
         return;
     /* A pending future's callbacks can no longer run: drop them (their args are the caller's). */
     for (fut_cb *c = f->cbs; c;) {
@@ -205,7 +205,7 @@ static void run_one(void *p)
 
 static executor_item *make_item(td_future *f, void (*cb)(td_future *, void *), void *arg)
 {
-    fut_run *r = td_malloc(sizeof *r);
+    fut_run *r = alloc_or_die(sizeof *r);
     r->f = td_future_retain(f);
     r->cb = cb;
     r->arg = arg;
@@ -223,7 +223,7 @@ static td_status complete(td_future *f, int state, td_status status, char *messa
         pthread_mutex_unlock(&f->mu);
         td_value_release(value);
         free(message);
-        return td_error(TD_ERR_ALREADY, "The future was already completed (a future completes exactly once)");
+        return error_fmt(TD_ERR_ALREADY, "The future was already completed (a future completes exactly once)");
     }
     f->status = status;
     f->error = message;
@@ -257,7 +257,7 @@ td_status td_future_set_result(td_future *f, td_value *value)
 {
     if (!f) {
         td_value_release(value);
-        return td_error(TD_ERR_INVALID, "td_future_set_result: future is NULL");
+        return error_fmt(TD_ERR_INVALID, "td_future_set_result: future is NULL");
     }
     return complete(f, FUT_DONE, TD_OK, NULL, value);
 }
@@ -265,17 +265,17 @@ td_status td_future_set_result(td_future *f, td_value *value)
 td_status td_future_set_error(td_future *f, td_status status, const char *fmt, ...)
 {
     if (!f)
-        return td_error(TD_ERR_INVALID, "td_future_set_error: future is NULL");
+        return error_fmt(TD_ERR_INVALID, "td_future_set_error: future is NULL");
     if (status == TD_OK)
         status = TD_ERR_INTERNAL;
     char *msg = NULL;
     if (!fmt) {
-        msg = td_strdup("");
+        msg = alloc_strdup("");
     } else {
         va_list ap;
         va_start(ap, fmt);
         if (vasprintf(&msg, fmt, ap) < 0)
-            msg = td_strdup("(error message lost: out of memory)");
+            msg = alloc_strdup("(error message lost: out of memory)");
         va_end(ap);
     }
     return complete(f, FUT_FAILED, status, msg, NULL);
@@ -295,7 +295,7 @@ static bool wait_locked(td_future *f, int64_t deadline_ns)
                 return true;
             continue;
         }
-        if (!td_cond_wait_until(&f->cv, &f->mu, deadline_ns) && atomic_load(&f->state) == FUT_PENDING)
+        if (!thread_cond_wait_until(&f->cv, &f->mu, deadline_ns) && atomic_load(&f->state) == FUT_PENDING)
             return false;
     }
     return true;
@@ -304,14 +304,14 @@ static bool wait_locked(td_future *f, int64_t deadline_ns)
 bool pg_drive_wait_locked(bool (*drive)(void), pthread_mutex_t *mu, pthread_cond_t *cv, bool (*done)(const void *),
                           const void *arg, int64_t deadline_ns)
 {
-    int64_t start = td_now_ns(), sleep_ns = 0;
+    int64_t start = clock_now_ns(), sleep_ns = 0;
     for (;;) {
         pthread_mutex_unlock(mu);
         bool driving = drive();
         pthread_mutex_lock(mu);
         if (done(arg))
             return true;
-        int64_t now = td_now_ns();
+        int64_t now = clock_now_ns();
         if (!driving || now >= deadline_ns)
             return false;
         if (now - start < PG_DRIVE_SPIN_NS) {
@@ -323,7 +323,7 @@ bool pg_drive_wait_locked(bool (*drive)(void), pthread_mutex_t *mu, pthread_cond
         sleep_ns = sleep_ns ? sleep_ns * 2 : 2000;
         if (sleep_ns > PG_DRIVE_SLEEP_MAX_NS)
             sleep_ns = PG_DRIVE_SLEEP_MAX_NS;
-        td_cond_wait_until(cv, mu, now + sleep_ns < deadline_ns ? now + sleep_ns : deadline_ns);
+        thread_cond_wait_until(cv, mu, now + sleep_ns < deadline_ns ? now + sleep_ns : deadline_ns);
     }
 }
 
@@ -332,7 +332,7 @@ static bool future_done(const void *f) { return atomic_load(&((const td_future *
 static td_status wait_until(td_future *f, int64_t deadline_ns, int64_t timeout_ms)
 {
     if (!f)
-        return td_error(TD_ERR_INVALID, "td_future_wait: future is NULL");
+        return error_fmt(TD_ERR_INVALID, "td_future_wait: future is NULL");
     bool done = atomic_load(&f->state) != FUT_PENDING; /* complete() stored it last */
     if (!done) {
         pthread_mutex_lock(&f->mu);
@@ -340,21 +340,21 @@ static td_status wait_until(td_future *f, int64_t deadline_ns, int64_t timeout_m
         pthread_mutex_unlock(&f->mu);
     }
     if (!done)
-        return td_error(TD_ERR_TIMEOUT, "Timed out after %lld ms waiting for the future to complete",
+        return error_fmt(TD_ERR_TIMEOUT, "Timed out after %lld ms waiting for the future to complete",
                         (long long)timeout_ms);
     if (atomic_load(&f->state) == FUT_FAILED)
-        return td_error_set(f->status, f->error ? f->error : "");
+        return error_set(f->status, f->error ? f->error : "");
     return TD_OK;
 }
 
 td_status td_future_wait(td_future *f, int64_t timeout_ms)
 {
-    return wait_until(f, td_deadline_after_ms(timeout_ms), timeout_ms);
+    return wait_until(f, deadline_after_ms(timeout_ms), timeout_ms);
 }
 
 td_status td_future_wait_all(td_future *const *fs, int n, int64_t timeout_ms)
 {
-    int64_t deadline = td_deadline_after_ms(timeout_ms);
+    int64_t deadline = deadline_after_ms(timeout_ms);
     td_status first = TD_OK;
     char *first_msg = NULL;
     for (int i = 0; i < n; i++) {
@@ -365,11 +365,11 @@ td_status td_future_wait_all(td_future *const *fs, int n, int64_t timeout_ms)
         }
         if (st != TD_OK && first == TD_OK) {
             first = st;
-            first_msg = td_strdup(td_last_error());
+            first_msg = alloc_strdup(td_last_error());
         }
     }
     if (first != TD_OK) {
-        td_error_set(first, first_msg);
+        error_set(first, first_msg);
         free(first_msg);
     }
     return first;
@@ -450,7 +450,7 @@ td_future *td_future_then(td_future *f, td_status (*fn)(td_future *parent, void 
         td_future_set_error(child, TD_ERR_INVALID, "td_future_then: %s is NULL", f ? "fn" : "future");
         return child;
     }
-    then_ctx *c = td_malloc(sizeof *c);
+    then_ctx *c = alloc_or_die(sizeof *c);
     c->child = td_future_retain(child);
     c->fn = fn;
     c->arg = arg;

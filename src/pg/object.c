@@ -18,7 +18,7 @@ static td_status new_sizes(int64_t n, td_tensor **out) { return td_tensor_zeros(
 static td_status encode(const td_value *obj, td_tensor **out, int64_t *len)
 {
     if (!obj)
-        return td_error(TD_ERR_INVALID, "object collectives: the object is NULL (use td_value_none())");
+        return error_fmt(TD_ERR_INVALID, "object collectives: the object is NULL (use td_value_none())");
     void *data;
     size_t n;
     TD_TRY(td_value_encode_bytes(obj, &data, &n));
@@ -40,7 +40,7 @@ static td_status padded(const td_tensor *payload, int64_t len, int64_t size, td_
 static td_status check_size(int64_t size, int64_t bound, int rank)
 {
     if (size < 0 || size > bound)
-        return td_error(TD_ERR_INVALID, "object collectives: rank %d announced an object of %lld bytes (bound %lld)",
+        return error_fmt(TD_ERR_INVALID, "object collectives: rank %d announced an object of %lld bytes (bound %lld)",
                         rank, (long long)size, (long long)bound);
     return TD_OK;
 }
@@ -48,7 +48,7 @@ static td_status check_size(int64_t size, int64_t bound, int rank)
 static td_status decode(const void *data, int64_t len, td_value **out)
 {
     td_status st = td_value_decode(data, (size_t)len, out);
-    return st == TD_OK ? st : td_error_prefix(st, "object collectives: decoding a received object");
+    return st == TD_OK ? st : error_prefix(st, "object collectives: decoding a received object");
 }
 
 /* all_gathers every rank's byte count; *all is a new int64 tensor of size entries. */
@@ -117,7 +117,7 @@ td_status td_pg_all_gather_object(td_pg *pg, td_value *obj, td_value **out)
     td_pg *g;
     TD_TRY(pg_resolve(pg, "all_gather_object", &g));
     if (!out)
-        return td_error(TD_ERR_INVALID, "all_gather_object: out is NULL");
+        return error_fmt(TD_ERR_INVALID, "all_gather_object: out is NULL");
     *out = NULL;
     td_tensor *sizes = NULL, *mine = NULL, *all = NULL;
     int64_t max = 0;
@@ -139,13 +139,13 @@ td_status td_pg_gather_object(td_pg *pg, td_value *obj, td_value **out, int dst)
     td_pg *g;
     TD_TRY(pg_resolve(pg, "gather_object", &g));
     if (dst < 0 || dst >= g->size)
-        return td_error(TD_ERR_INVALID, "gather_object: invalid destination rank: %d (the group has %d ranks)", dst,
+        return error_fmt(TD_ERR_INVALID, "gather_object: invalid destination rank: %d (the group has %d ranks)", dst,
                         g->size);
     bool is_dst = g->rank == dst;
     if (is_dst && !out)
-        return td_error(TD_ERR_INVALID, "Argument ``gather_list`` must be specified on destination rank.");
+        return error_fmt(TD_ERR_INVALID, "Argument ``gather_list`` must be specified on destination rank.");
     if (!is_dst && out)
-        return td_error(TD_ERR_INVALID, "Argument ``gather_list`` must NOT be specified on non-destination ranks.");
+        return error_fmt(TD_ERR_INVALID, "Argument ``gather_list`` must NOT be specified on non-destination ranks.");
     if (out)
         *out = NULL;
     td_tensor *sizes = NULL, *mine = NULL, *all = NULL;
@@ -154,7 +154,7 @@ td_status td_pg_gather_object(td_pg *pg, td_value *obj, td_value **out, int dst)
     td_status st = exchange_sizes(g, obj, &sizes, &mine, &max);
     if (st == TD_OK && is_dst) {
         st = new_bytes(max * g->size, &all);
-        rows = td_calloc((size_t)g->size, sizeof *rows);
+        rows = alloc_zeroed((size_t)g->size, sizeof *rows);
         for (int r = 0; r < g->size && st == TD_OK; r++)
             st = td_tensor_narrow(all, 0, r * max, max, &rows[r]);
     }
@@ -176,10 +176,10 @@ td_status td_pg_broadcast_object_list(td_pg *pg, td_value *list, int src)
     td_pg *g;
     TD_TRY(pg_resolve(pg, "broadcast_object_list", &g));
     if (src < 0 || src >= g->size)
-        return td_error(TD_ERR_INVALID, "broadcast_object_list: invalid source rank: %d (the group has %d ranks)", src,
+        return error_fmt(TD_ERR_INVALID, "broadcast_object_list: invalid source rank: %d (the group has %d ranks)", src,
                         g->size);
     if (!list || td_value_kind_of(list) != TD_VAL_LIST)
-        return td_error(TD_ERR_INVALID, "broadcast_object_list: object_list must be a td_value list");
+        return error_fmt(TD_ERR_INVALID, "broadcast_object_list: object_list must be a td_value list");
     int64_t n = (int64_t)td_value_len(list);
     bool is_src = g->rank == src;
     td_tensor *sizes = NULL, *payload = NULL;
@@ -189,7 +189,7 @@ td_status td_pg_broadcast_object_list(td_pg *pg, td_value *list, int src)
     /* The source encodes everything once, into one buffer. */
     void **bufs = NULL;
     if (st == TD_OK && is_src) {
-        bufs = td_calloc((size_t)(n ? n : 1), sizeof *bufs);
+        bufs = alloc_zeroed((size_t)(n ? n : 1), sizeof *bufs);
         for (int64_t i = 0; i < n && st == TD_OK; i++) {
             size_t len;
             st = td_value_encode_bytes(td_value_at(list, (size_t)i), &bufs[i], &len);
@@ -237,14 +237,14 @@ td_status td_pg_scatter_object_list(td_pg *pg, td_value **out, td_value *in_list
     td_pg *g;
     TD_TRY(pg_resolve(pg, "scatter_object_list", &g));
     if (!out)
-        return td_error(TD_ERR_INVALID, "Expected argument scatter_object_output_list to be a list of size at least 1.");
+        return error_fmt(TD_ERR_INVALID, "Expected argument scatter_object_output_list to be a list of size at least 1.");
     *out = NULL;
     if (src < 0 || src >= g->size)
-        return td_error(TD_ERR_INVALID, "scatter_object_list: invalid source rank: %d (the group has %d ranks)", src,
+        return error_fmt(TD_ERR_INVALID, "scatter_object_list: invalid source rank: %d (the group has %d ranks)", src,
                         g->size);
     bool is_src = g->rank == src;
     if (is_src && (!in_list || td_value_kind_of(in_list) != TD_VAL_LIST || td_value_len(in_list) != (size_t)g->size))
-        return td_error(TD_ERR_INVALID,
+        return error_fmt(TD_ERR_INVALID,
                         "scatter_object_list: scatter_object_input_list must be a td_value list of %d objects (the "
                         "group size) on the source rank",
                         g->size);
@@ -253,9 +253,9 @@ td_status td_pg_scatter_object_list(td_pg *pg, td_value **out, td_value *in_list
     int64_t max = 0;
     td_status st = new_sizes(1, &max_t);
     if (st == TD_OK && is_src) {
-        payloads = td_calloc((size_t)g->size, sizeof *payloads);
-        lens = td_calloc((size_t)g->size, sizeof *lens);
-        td_tensor **enc = td_calloc((size_t)g->size, sizeof *enc);
+        payloads = alloc_zeroed((size_t)g->size, sizeof *payloads);
+        lens = alloc_zeroed((size_t)g->size, sizeof *lens);
+        td_tensor **enc = alloc_zeroed((size_t)g->size, sizeof *enc);
         for (int r = 0; r < g->size && st == TD_OK; r++) {
             int64_t len = 0;
             st = encode(td_value_at(in_list, (size_t)r), &enc[r], &len);

@@ -45,7 +45,7 @@ static int64_t spin_budget_ns(void)
     int64_t b = atomic_load(&budget);
     if (b < 0) {
         int64_t us = PG_DEFAULT_SPIN_US;
-        if (td_env_int("TDIST_PG_SPIN_US", PG_DEFAULT_SPIN_US, 0, 1000000, &us) != TD_OK)
+        if (env_get_int("TDIST_PG_SPIN_US", PG_DEFAULT_SPIN_US, 0, 1000000, &us) != TD_OK)
             us = PG_DEFAULT_SPIN_US;
         b = us * 1000;
         atomic_store(&budget, b);
@@ -67,19 +67,19 @@ static bool spin_until(td_net_spin *spin, bool (*ready)(const void *arg), const 
 {
     if (ready(arg))
         return true;
-    if (!td_net_spin_now(spin))
+    if (!net_spin_now(spin))
         return false;
-    int64_t until = td_now_ns() + spin->budget_ns;
+    int64_t until = clock_now_ns() + spin->budget_ns;
     for (;;) {
         for (int i = 0; i < 64; i++) {
             if (ready(arg)) {
-                td_net_spin_result(spin, true);
+                net_spin_result(spin, true);
                 return true;
             }
             cpu_relax();
         }
-        if (td_now_ns() >= until) {
-            td_net_spin_result(spin, false);
+        if (clock_now_ns() >= until) {
+            net_spin_result(spin, false);
             return false;
         }
     }
@@ -98,7 +98,7 @@ static td_net_spin *waiter_spin(void)
     static __thread td_net_spin spin;
     static __thread bool ready;
     if (!ready) {
-        td_net_spin_init(&spin, spin_budget_ns());
+        net_spin_init(&spin, spin_budget_ns());
         ready = true;
     }
     return &spin;
@@ -272,8 +272,8 @@ void pg_work_blocks(td_work *w, bool in, bool out)
     size_t n = (size_t)w->pg->size;
     if (in) {
         if (!w->in_blocks) {
-            w->in_blocks = td_calloc(n, sizeof(void *));
-            w->in_counts = td_calloc(n, sizeof(size_t));
+            w->in_blocks = alloc_zeroed(n, sizeof(void *));
+            w->in_counts = alloc_zeroed(n, sizeof(size_t));
         } else {
             memset(w->in_blocks, 0, n * sizeof(void *));
             memset(w->in_counts, 0, n * sizeof(size_t));
@@ -283,8 +283,8 @@ void pg_work_blocks(td_work *w, bool in, bool out)
     }
     if (out) {
         if (!w->out_blocks) {
-            w->out_blocks = td_calloc(n, sizeof(void *));
-            w->out_counts = td_calloc(n, sizeof(size_t));
+            w->out_blocks = alloc_zeroed(n, sizeof(void *));
+            w->out_counts = alloc_zeroed(n, sizeof(size_t));
         } else {
             memset(w->out_blocks, 0, n * sizeof(void *));
             memset(w->out_counts, 0, n * sizeof(size_t));
@@ -331,11 +331,11 @@ static char *watchdog_message(const td_work *w)
 {
     char cls[64];
     work_class(w->pg, cls, sizeof cls);
-    return td_asprintf("[Rank %d] Watchdog caught collective operation timeout: %s(SeqNum=%llu, OpType=%s, "
+    return alloc_printf("[Rank %d] Watchdog caught collective operation timeout: %s(SeqNum=%llu, OpType=%s, "
                        "NumelIn=%lld, NumelOut=%lld, Timeout(ms)=%lld) ran for %lld milliseconds before timing out.",
                        w->pg->rank, cls, (unsigned long long)w->seq, pg_op_type_name(w->op),
                        (long long)w->numel_in, (long long)w->numel_out, (long long)w->pg->timeout_ms,
-                       (long long)((td_now_ns() - w->issue_ns) / 1000000));
+                       (long long)((clock_now_ns() - w->issue_ns) / 1000000));
 }
 
 void pg_fail_locked(td_pg *pg, td_status status, const char *message)
@@ -344,7 +344,7 @@ void pg_fail_locked(td_pg *pg, td_status status, const char *message)
         return;
     pg->failed = status;
     atomic_fetch_or(&pg->gate, PG_GATE_CLOSED);
-    pg->failed_msg = td_strdup(message);
+    pg->failed_msg = alloc_strdup(message);
     pthread_cond_broadcast(&pg->cv);
 }
 
@@ -406,7 +406,7 @@ static executor_item *make_trace(const td_work *w, td_status status, void (*fn)(
         .numel_out = w->numel_out,
         .ndim = (int)w->fp.ndim,
         .begin_ns = w->issue_ns,
-        .end_ns = td_now_ns(),
+        .end_ns = clock_now_ns(),
     };
     /* Issued before the callback was set, the work has a coarse stamp (pg_issue), which may read later. */
     if (t->ev.begin_ns > t->ev.end_ns)
@@ -438,7 +438,7 @@ static td_status finish_avg(td_work *w, char **message)
         return TD_OK;
     td_status st = td_reduce_finish(TD_AVG, c->dtype, c->out, c->count, w->pg->size);
     if (st != TD_OK)
-        *message = td_strdup(td_last_error());
+        *message = alloc_strdup(td_last_error());
     return st;
 }
 
@@ -457,7 +457,7 @@ void pg_work_finish(td_work *w, td_status status, int sender, char *message)
             pg_copy *c = &w->copies.items[i];
             if (c->dst && td_tensor_copy(c->dst, c->src) != TD_OK) {
                 status = TD_ERR_INTERNAL;
-                message = td_asprintf("%s: copying the result back failed: %s", pg_op_api_name(w->op),
+                message = alloc_printf("%s: copying the result back failed: %s", pg_op_api_name(w->op),
                                       td_last_error());
                 break;
             }
@@ -467,10 +467,10 @@ void pg_work_finish(td_work *w, td_status status, int sender, char *message)
         if (!sync)
             value = w->value_sender ? td_value_int(sender) : (w->result ? td_value_retain(w->result) : NULL);
     } else if (!message) {
-        message = td_strdup(td_last_error()[0] ? td_last_error() : "unknown error");
+        message = alloc_strdup(td_last_error()[0] ? td_last_error() : "unknown error");
     }
     if (status != TD_OK && pg->debug >= PG_DEBUG_INFO)
-        td_log(TD_LOG_INFO, "Process group %s: %s (SeqNum=%llu) failed: %s", pg->name, pg_op_type_name(w->op),
+        log_emit(TD_LOG_INFO, "Process group %s: %s (SeqNum=%llu) failed: %s", pg->name, pg_op_type_name(w->op),
                (unsigned long long)w->seq, message);
 
     /* A successful operation with no trace callback takes the group's lock at most once, at the end. */
@@ -540,10 +540,10 @@ void td_work_done(td_work *w, td_status status, int sender, const char *fmt, ...
             va_end(ap);
         }
         if (!msg)
-            msg = td_strdup(td_last_error()[0] ? td_last_error() : "unknown error");
+            msg = alloc_strdup(td_last_error()[0] ? td_last_error() : "unknown error");
         if (status == TD_ERR_TIMEOUT && !strstr(msg, "Watchdog caught")) {
             char *line = watchdog_message(w);
-            char *full = td_asprintf("%s Cause: %s", line, msg);
+            char *full = alloc_printf("%s Cause: %s", line, msg);
             free(line);
             free(msg);
             msg = full;
@@ -569,7 +569,7 @@ void td_work_set_driver(td_work *w, bool (*drive)(void))
 
 static void log_op(td_pg *pg, const td_work *w)
 {
-    td_log(TD_LOG_INFO, "Process group %s (%s): %s SeqNum=%llu, dtype=%s, NumelIn=%lld, NumelOut=%lld%s", pg->name,
+    log_emit(TD_LOG_INFO, "Process group %s (%s): %s SeqNum=%llu, dtype=%s, NumelIn=%lld, NumelOut=%lld%s", pg->name,
            pg->backend_name, pg_op_type_name(w->op), (unsigned long long)w->seq, td_dtype_name(w->coll.dtype),
            (long long)w->numel_in, (long long)w->numel_out, w->is_p2p ? " (p2p)" : "");
 }
@@ -579,10 +579,10 @@ static void log_op(td_pg *pg, const td_work *w)
 static void stamp_work(td_pg *pg, td_work *w, int64_t now)
 {
     w->issue_ns = now;
-    w->coll.deadline_ns = td_deadline_at(now, pg->timeout_ms);
+    w->coll.deadline_ns = deadline_at(now, pg->timeout_ms);
 }
 
-static int64_t issue_time(const td_pg *pg) { return pg_traced(pg) ? td_now_ns() : td_now_coarse_ns(); }
+static int64_t issue_time(const td_pg *pg) { return pg_traced(pg) ? clock_now_ns() : clock_coarse_ns(); }
 
 /* By the BUSY holder, as w leaves the queue or is handed over on its caller's thread: the
  * group's operation numbers then follow the order in which operations reach the backend. */
@@ -620,7 +620,7 @@ static td_status premul_inputs(td_work *w)
 static td_status detail_check(td_pg *pg, td_work *w)
 {
     size_t words = PG_FP_WORDS;
-    int64_t *all = td_calloc((size_t)pg->size * words, sizeof(int64_t));
+    int64_t *all = alloc_zeroed((size_t)pg->size * words, sizeof(int64_t));
     td_work *iw = pg_work_new(pg, PG_OP_FINGERPRINT, TD_COLL_ALL_GATHER, TD_INT64);
     iw->seq = w->seq;
     iw->numel_in = (int64_t)words;
@@ -654,7 +654,7 @@ __attribute__((always_inline)) static inline void pg_submit(td_pg *pg, td_work *
                 pthread_mutex_lock(&pg->mu);
                 w->nonfatal = pg->failed == TD_OK;
                 pthread_mutex_unlock(&pg->mu);
-                pg_work_finish(w, st, -1, td_strdup(td_last_error()));
+                pg_work_finish(w, st, -1, alloc_strdup(td_last_error()));
                 return;
             }
         }
@@ -667,13 +667,13 @@ __attribute__((always_inline)) static inline void pg_submit(td_pg *pg, td_work *
         st = pg->ops->submit(pg->state, &w->coll, w);
     }
     if (st != TD_OK)
-        pg_work_finish(w, st, -1, td_strdup(td_last_error()));
+        pg_work_finish(w, st, -1, alloc_strdup(td_last_error()));
 }
 
 td_status pg_run_internal(td_pg *pg, td_work *w)
 {
     td_future *f = td_future_retain(w->future = td_future_new());
-    w->issue_ns = td_now_ns();
+    w->issue_ns = clock_now_ns();
     pthread_mutex_lock(&pg->mu);
     inflight_link_locked(pg, w);
     pthread_mutex_unlock(&pg->mu);
@@ -703,7 +703,7 @@ static bool sync_done(const void *sync) { return atomic_load(&((const pg_sync *)
 static void wait_on_caller(td_pg *pg, td_work *w, pg_sync *sync)
 {
     if (w->issue_ns == 0) /* TD_BACKEND_CAP_NO_DEADLINE: watched from now */
-        stamp_work(pg, w, td_now_coarse_ns());
+        stamp_work(pg, w, clock_coarse_ns());
     pthread_mutex_lock(&pg->mu);
     if (!atomic_load(&sync->done))
         inflight_link_locked(pg, w);
@@ -769,7 +769,7 @@ __attribute__((always_inline)) static inline td_status pg_run_on_caller(td_pg *p
         work_recycle(pg, w);
     }
     if (sync.status != TD_OK) {
-        td_error_set(sync.status, sync.message ? sync.message : "");
+        error_set(sync.status, sync.message ? sync.message : "");
         free(sync.message);
     }
     return sync.status;
@@ -796,7 +796,7 @@ td_status pg_issue(td_pg *pg, td_work **ws, int n, td_future **futs)
     if (n == 1 && on_caller && pg_claim(pg, PG_GATE_QUEUED | PG_GATE_CLOSED))
         return pg_run_on_caller(pg, ws[0], futs);
     td_future *local[8];
-    td_future **fs = futs ? futs : (n <= 8 ? local : td_calloc((size_t)n, sizeof *fs));
+    td_future **fs = futs ? futs : (n <= 8 ? local : alloc_zeroed((size_t)n, sizeof *fs));
     int i = 0;
     /* Several operations (batch_isend_irecv) for a backend that takes them on the caller's thread:
      * each handed over here in turn, while the group stays idle. */
@@ -809,7 +809,7 @@ td_status pg_issue(td_pg *pg, td_work **ws, int n, td_future **futs)
     pthread_mutex_lock(&pg->mu);
     if (i < n && (pg->failed != TD_OK || pg->stop)) {
         td_status st = pg->failed != TD_OK ? pg->failed : TD_ERR_CLOSED;
-        char *msg = td_strdup(pg->failed != TD_OK ? pg->failed_msg : "The process group is being destroyed");
+        char *msg = alloc_strdup(pg->failed != TD_OK ? pg->failed_msg : "The process group is being destroyed");
         pthread_mutex_unlock(&pg->mu);
         for (int k = i; k < n; k++)
             pg_work_free(ws[k]);
@@ -817,7 +817,7 @@ td_status pg_issue(td_pg *pg, td_work **ws, int n, td_future **futs)
             td_future_release(fs[k]);
         if (fs != local && fs != futs)
             free(fs);
-        td_error_set(st, msg);
+        error_set(st, msg);
         free(msg);
         return st;
     }
@@ -845,9 +845,9 @@ td_status pg_issue(td_pg *pg, td_work **ws, int n, td_future **futs)
 static void *worker_main(void *arg)
 {
     td_pg *pg = arg;
-    td_log_set_rank(pg->global_rank);
+    log_set_rank(pg->global_rank);
     td_net_spin spin;
-    td_net_spin_init(&spin, spin_budget_ns());
+    net_spin_init(&spin, spin_budget_ns());
     bool spun = false; /* since the last work or wake-up */
     pthread_mutex_lock(&pg->mu);
     for (;;) {
@@ -871,7 +871,7 @@ static void *worker_main(void *arg)
                 if (!oldest || x->coll.deadline_ns < oldest->coll.deadline_ns)
                     oldest = x;
             int64_t deadline = oldest && pg->failed == TD_OK ? oldest->coll.deadline_ns : TD_DEADLINE_NONE;
-            if (deadline != TD_DEADLINE_NONE && td_deadline_passed(deadline)) {
+            if (deadline != TD_DEADLINE_NONE && deadline_passed(deadline)) {
                 char *msg = watchdog_message(oldest);
                 TD_LOG_ERROR("%s", msg);
                 pg_fail_locked(pg, TD_ERR_TIMEOUT, msg);
@@ -885,7 +885,7 @@ static void *worker_main(void *arg)
                 pthread_mutex_lock(&pg->mu);
                 continue;
             }
-            td_cond_wait_until(&pg->cv, &pg->mu, deadline);
+            thread_cond_wait_until(&pg->cv, &pg->mu, deadline);
             spun = false;
             continue;
         }
@@ -899,7 +899,7 @@ static void *worker_main(void *arg)
         if (pg->failed != TD_OK) {
             pg_release(pg);
             td_status st = pg->failed;
-            char *msg = td_strdup(pg->failed_msg);
+            char *msg = alloc_strdup(pg->failed_msg);
             pthread_mutex_unlock(&pg->mu);
             pg_work_finish(w, st, -1, msg);
             pthread_mutex_lock(&pg->mu);
@@ -920,16 +920,16 @@ static void *worker_main(void *arg)
 static td_pg *pg_alloc(const char *name, const char *backend, int global_rank, const int *global_ranks, int nranks)
 {
     td_pg *pg = TD_NEW(td_pg);
-    td_fork_guard_init(&pg->guard);
-    pg->name = td_strdup(name);
-    pg->backend_name = td_strdup(backend);
+    fork_guard_init(&pg->guard);
+    pg->name = alloc_strdup(name);
+    pg->backend_name = alloc_strdup(backend);
     pg->rank = pg->size = -1;
     pg->global_rank = global_rank;
     pg->nranks = nranks;
-    pg->global_ranks = td_malloc((size_t)nranks * sizeof(int));
+    pg->global_ranks = alloc_or_die((size_t)nranks * sizeof(int));
     memcpy(pg->global_ranks, global_ranks, (size_t)nranks * sizeof(int));
-    td_mutex_init(&pg->mu);
-    td_cond_init(&pg->cv);
+    thread_mutex_init(&pg->mu);
+    thread_cond_init(&pg->cv);
     return pg;
 }
 
@@ -963,7 +963,7 @@ static void take_runtime_world(td_pg *pg, int rank, int size)
     pg->rank = pg->global_rank = rank;
     pg->size = pg->nranks = size;
     free(pg->global_ranks);
-    pg->global_ranks = td_malloc((size_t)size * sizeof(int));
+    pg->global_ranks = alloc_or_die((size_t)size * sizeof(int));
     for (int i = 0; i < size; i++)
         pg->global_ranks[i] = i;
 }
@@ -981,7 +981,7 @@ static td_status pg_start_member(td_pg *pg, const td_backend_ops *ops, td_store 
     pg->timeout_ms = timeout_ms;
     pg->debug = debug;
     pg->base_store = base_store;
-    char *prefix = td_asprintf("%s/", pg->name);
+    char *prefix = alloc_printf("%s/", pg->name);
     td_status st = td_prefix_store_create(prefix, base_store, &pg->store);
     free(prefix);
     if (st != TD_OK)
@@ -1005,14 +1005,14 @@ static td_status pg_start_member(td_pg *pg, const td_backend_ops *ops, td_store 
         executor_release();
         if (rank < 0) /* no rank to name yet: the runtime's own message says what failed */
             return st;
-        return td_error_prefix(st, "Creating process group %s (backend %s, rank %d of %d)", pg->name, ops->name,
+        return error_prefix(st, "Creating process group %s (backend %s, rank %d of %d)", pg->name, ops->name,
                                rank, pg->size);
     }
     if (rank < 0)
         take_runtime_world(pg, world_rank, world_size);
     char tname[16];
     snprintf(tname, sizeof tname, "td-pg-%s", pg->name);
-    st = td_thread_start(&pg->worker, tname, worker_main, pg);
+    st = thread_start(&pg->worker, tname, worker_main, pg);
     if (st != TD_OK) {
         if (ops->abort)
             ops->abort(pg->state, TD_ERR_CLOSED, "process group creation failed");
@@ -1022,7 +1022,7 @@ static td_status pg_start_member(td_pg *pg, const td_backend_ops *ops, td_store 
     }
     pg->worker_started = true;
     if (debug >= PG_DEBUG_INFO)
-        td_log(TD_LOG_INFO,
+        log_emit(TD_LOG_INFO,
                "Process group %s initialized: backend %s, rank %d of %d (global rank %d), timeout %lld ms. "
                "The debug level is set to %s.",
                pg->name, ops->name, pg->rank, pg->size, pg->global_rank, (long long)timeout_ms, debug_names[debug]);
@@ -1032,13 +1032,13 @@ static td_status pg_start_member(td_pg *pg, const td_backend_ops *ops, td_store 
 static td_status resolve_backend(const char *name, const td_backend_ops **ops)
 {
     if (!name)
-        name = td_env_str("TDIST_BACKEND", NULL);
+        name = env_get_str("TDIST_BACKEND", NULL);
     if (!name)
         name = "auto"; /* shared memory within a host, tcp between hosts */
     *ops = pg_find_backend(name);
     if (!*ops) {
         char *names = pg_backend_names();
-        td_status st = td_error(TD_ERR_INVALID,
+        td_status st = error_fmt(TD_ERR_INVALID,
                                 "Invalid backend: '%s'. Available backends: %s (td_register_backend adds others)",
                                 name, names);
         free(names);
@@ -1050,14 +1050,14 @@ static td_status resolve_backend(const char *name, const td_backend_ops **ops)
 static td_status resolve_timeout(int64_t timeout_ms, int64_t *out)
 {
     if (timeout_ms < 0)
-        return td_error(TD_ERR_INVALID, "Expected timeout argument to be a non-negative number of milliseconds, "
+        return error_fmt(TD_ERR_INVALID, "Expected timeout argument to be a non-negative number of milliseconds, "
                                         "got %lld",
                         (long long)timeout_ms);
     if (timeout_ms > 0) {
         *out = timeout_ms;
         return TD_OK;
     }
-    return td_env_duration_ms("TDIST_TIMEOUT_MS", TD_PG_DEFAULT_TIMEOUT_MS, 1, out);
+    return env_get_duration_ms("TDIST_TIMEOUT_MS", TD_PG_DEFAULT_TIMEOUT_MS, 1, out);
 }
 
 /* A backend whose runtime assigns the ranks (TD_BACKEND_CAP_RUNTIME_WORLD): PyTorch's MPI branch
@@ -1071,7 +1071,7 @@ static void warn_runtime_world(const td_backend_ops *ops, int want_rank, int wan
     for (; ops->name[i] && i + 1 < sizeof name; i++)
         name[i] = (char)toupper((unsigned char)ops->name[i]);
     name[i] = '\0';
-    td_log(TD_LOG_WARN,
+    log_emit(TD_LOG_WARN,
            "For %s backend, world_size (%d) and rank (%d) are ignored since they are assigned by the %s runtime.",
            name, want_size, want_rank, name);
 }
@@ -1079,13 +1079,13 @@ static void warn_runtime_world(const td_backend_ops *ops, int want_rank, int wan
 td_status td_pg_create(const td_pg_options *options, td_pg **out)
 {
     if (!out)
-        return td_error(TD_ERR_INVALID, "td_pg_create: out is NULL");
+        return error_fmt(TD_ERR_INVALID, "td_pg_create: out is NULL");
     *out = NULL;
     td_pg_options o = TD_PG_OPTIONS_INIT;
     if (options)
         o = *options;
     if (o.store && o.init_method)
-        return td_error(TD_ERR_INVALID, "Cannot specify both init_method and store.");
+        return error_fmt(TD_ERR_INVALID, "Cannot specify both init_method and store.");
     const td_backend_ops *ops;
     TD_TRY(resolve_backend(o.backend, &ops));
     int64_t timeout_ms;
@@ -1098,9 +1098,9 @@ td_status td_pg_create(const td_pg_options *options, td_pg **out)
     bool runtime_world = ops->caps & TD_BACKEND_CAP_RUNTIME_WORLD;
     if (o.store) {
         if (size <= 0)
-            return td_error(TD_ERR_INVALID, "world_size must be positive if using store");
+            return error_fmt(TD_ERR_INVALID, "world_size must be positive if using store");
         if (rank < 0)
-            return td_error(TD_ERR_INVALID, "rank must be non-negative if using store");
+            return error_fmt(TD_ERR_INVALID, "rank must be non-negative if using store");
         base = td_store_retain(o.store);
     } else if (runtime_world) {
         TD_TRY(td_hash_store_create(&base)); /* the backend needs no store: nothing to meet through */
@@ -1119,10 +1119,10 @@ td_status td_pg_create(const td_pg_options *options, td_pg **out)
         size = 0;
     } else if (rank >= size) {
         td_store_release(base);
-        return td_error(TD_ERR_INVALID, "Invalid rank %d: the rank must be in [0, %d) for a world size of %d", rank,
+        return error_fmt(TD_ERR_INVALID, "Invalid rank %d: the rank must be in [0, %d) for a world size of %d", rank,
                         size, size);
     }
-    int *ranks = td_malloc((size_t)size * sizeof(int));
+    int *ranks = alloc_or_die((size_t)size * sizeof(int));
     for (int i = 0; i < size; i++)
         ranks[i] = i;
     td_pg *pg = pg_alloc(o.group_name ? o.group_name : "0", ops->name, rank, ranks, size);
@@ -1130,14 +1130,14 @@ td_status td_pg_create(const td_pg_options *options, td_pg **out)
     pg->is_root = true;
     pg->local_store = runtime_world && !o.store;
     if (!runtime_world)
-        td_log_set_rank(rank);
+        log_set_rank(rank);
     td_status st = pg_start_member(pg, ops, base, rank, timeout_ms, debug, NULL);
     if (st != TD_OK) {
         pg_free(pg);
         return st;
     }
     if (runtime_world) {
-        td_log_set_rank(pg->rank);
+        log_set_rank(pg->rank);
         warn_runtime_world(ops, o.rank, o.world_size, pg->rank, pg->size);
     }
     *out = pg;
@@ -1153,28 +1153,28 @@ static int cmp_int(const void *a, const void *b)
 td_status td_pg_new_group(td_pg *parent, const int *ranks, int n, const td_pg_options *options, td_pg **out)
 {
     if (!out)
-        return td_error(TD_ERR_INVALID, "new_group: out is NULL");
+        return error_fmt(TD_ERR_INVALID, "new_group: out is NULL");
     *out = NULL;
     td_pg *p;
     TD_TRY(pg_resolve(parent, "new_group", &p));
     if (n < 0 || (n > 0 && !ranks))
-        return td_error(TD_ERR_INVALID, "new_group: ranks must be an array of n >= 0 ranks (NULL or n == 0: all)");
+        return error_fmt(TD_ERR_INVALID, "new_group: ranks must be an array of n >= 0 ranks (NULL or n == 0: all)");
     if (n > p->size)
-        return td_error(TD_ERR_INVALID,
+        return error_fmt(TD_ERR_INVALID,
                         "the new group's world size should be less or equal to the world size set by "
                         "init_process_group");
     int count = n > 0 ? n : p->size;
-    int *sorted = td_malloc((size_t)count * sizeof(int));
+    int *sorted = alloc_or_die((size_t)count * sizeof(int));
     for (int i = 0; i < count; i++)
         sorted[i] = n > 0 ? ranks[i] : i;
     qsort(sorted, (size_t)count, sizeof(int), cmp_int);
     for (int i = 0; i < count; i++) {
         td_status st = TD_OK;
         if (sorted[i] < 0 || sorted[i] >= p->size)
-            st = td_error(TD_ERR_INVALID,
+            st = error_fmt(TD_ERR_INVALID,
                           "The new group's rank should be within the world_size set by init_process_group");
         else if (i > 0 && sorted[i] == sorted[i - 1])
-            st = td_error(TD_ERR_INVALID, "new_group: rank %d appears more than once in ranks", sorted[i]);
+            st = error_fmt(TD_ERR_INVALID, "new_group: rank %d appears more than once in ranks", sorted[i]);
         if (st != TD_OK) {
             free(sorted);
             return st;
@@ -1199,14 +1199,14 @@ td_status td_pg_new_group(td_pg *parent, const int *ranks, int n, const td_pg_op
     pthread_mutex_unlock(&p->mu);
     char *name;
     if (o.group_name)
-        name = td_strdup(o.group_name);
+        name = alloc_strdup(o.group_name);
     else if (p->is_root)
-        name = td_asprintf("%llu", (unsigned long long)id);
+        name = alloc_printf("%llu", (unsigned long long)id);
     else
-        name = td_asprintf("%s.%llu", p->name, (unsigned long long)id);
+        name = alloc_printf("%s.%llu", p->name, (unsigned long long)id);
 
     int my_rank = -1;
-    int *globals = td_malloc((size_t)count * sizeof(int));
+    int *globals = alloc_or_die((size_t)count * sizeof(int));
     for (int i = 0; i < count; i++) {
         globals[i] = p->global_ranks[sorted[i]];
         if (sorted[i] == p->rank)
@@ -1238,7 +1238,7 @@ td_status td_pg_new_group(td_pg *parent, const int *ranks, int n, const td_pg_op
 void pg_destroy_now(td_pg *pg)
 {
     if (pg->member) {
-        char *msg = td_asprintf("Process group %s was destroyed while the operation was pending", pg->name);
+        char *msg = alloc_printf("Process group %s was destroyed while the operation was pending", pg->name);
         pthread_mutex_lock(&pg->mu);
         pg->stop = true;
         pg_fail_locked(pg, TD_ERR_CLOSED, msg); /* closes the gate (it already was if the group had failed) */
@@ -1249,7 +1249,7 @@ void pg_destroy_now(td_pg *pg)
             pg->ops->abort(pg->state, TD_ERR_CLOSED, msg);
         free(msg);
         if (pg->worker_started)
-            td_thread_join(pg->worker);
+            thread_join(pg->worker);
         pthread_mutex_lock(&pg->mu);
         while (pg->inflight || pg_busy(pg))
             pthread_cond_wait(&pg->cv, &pg->mu);
@@ -1257,7 +1257,7 @@ void pg_destroy_now(td_pg *pg)
         pg->ops->destroy(pg->state);
         executor_release();
         if (pg->debug >= PG_DEBUG_INFO)
-            td_log(TD_LOG_INFO, "Process group %s destroyed", pg->name);
+            log_emit(TD_LOG_INFO, "Process group %s destroyed", pg->name);
     }
     pg_free(pg);
 }
@@ -1274,11 +1274,11 @@ void pg_set_default_group(td_pg *pg) { atomic_store_explicit(&default_group, pg,
 td_status pg_not_usable(td_pg *g, const char *opname)
 {
     if (!g)
-        return td_error(TD_ERR_NOT_INIT, "Default process group has not been initialized, please make sure to "
+        return error_fmt(TD_ERR_NOT_INIT, "Default process group has not been initialized, please make sure to "
                                          "call init_process_group.");
-    TD_TRY(td_fork_guard_check(&g->guard, "a process group"));
+    TD_TRY(fork_guard_check(&g->guard, "a process group"));
     if (!g->member)
-        return td_error(TD_ERR_NOT_MEMBER, "Running %s on global rank %d which does not belong to the given group.",
+        return error_fmt(TD_ERR_NOT_MEMBER, "Running %s on global rank %d which does not belong to the given group.",
                         opname, g->global_rank);
     return TD_OK;
 }
@@ -1319,10 +1319,10 @@ td_status td_pg_global_rank(const td_pg *pg, int group_rank, int *global_rank)
 {
     const td_pg *g = query_pg(pg);
     if (!g)
-        return td_error(TD_ERR_NOT_INIT, "Default process group has not been initialized, please make sure to "
+        return error_fmt(TD_ERR_NOT_INIT, "Default process group has not been initialized, please make sure to "
                                          "call init_process_group.");
     if (group_rank < 0 || group_rank >= g->nranks)
-        return td_error(TD_ERR_INVALID, "Group rank %d is not part of group %s", group_rank, g->name);
+        return error_fmt(TD_ERR_INVALID, "Group rank %d is not part of group %s", group_rank, g->name);
     if (global_rank)
         *global_rank = g->global_ranks[group_rank];
     return TD_OK;
@@ -1332,7 +1332,7 @@ td_status td_pg_group_rank(const td_pg *pg, int global_rank, int *group_rank)
 {
     const td_pg *g = query_pg(pg);
     if (!g)
-        return td_error(TD_ERR_NOT_INIT, "Default process group has not been initialized, please make sure to "
+        return error_fmt(TD_ERR_NOT_INIT, "Default process group has not been initialized, please make sure to "
                                          "call init_process_group.");
     for (int i = 0; i < g->nranks; i++) {
         if (g->global_ranks[i] == global_rank) {
@@ -1341,7 +1341,7 @@ td_status td_pg_group_rank(const td_pg *pg, int global_rank, int *group_rank)
             return TD_OK;
         }
     }
-    return td_error(TD_ERR_INVALID, "Global rank %d is not part of group %s", global_rank, g->name);
+    return error_fmt(TD_ERR_INVALID, "Global rank %d is not part of group %s", global_rank, g->name);
 }
 
 const int *td_pg_ranks(const td_pg *pg, int *size)

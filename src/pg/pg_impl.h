@@ -220,7 +220,7 @@ static inline bool pg_traced(const td_pg *pg) { return __atomic_load_n(&pg->trac
 td_status pg_not_usable(td_pg *g, const char *opname);
 static inline td_status pg_check_usable(td_pg *g, const char *opname)
 {
-    if (__builtin_expect(g && g->member && td_fork_guard_ok(&g->guard), 1))
+    if (__builtin_expect(g && g->member && fork_guard_ok(&g->guard), 1))
         return TD_OK;
     return pg_not_usable(g, opname);
 }

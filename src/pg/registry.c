@@ -46,10 +46,10 @@ static void add_builtins_locked(void)
     if (g_builtins_added)
         return;
     g_builtins_added = true;
-    const td_backend_ops *builtins[] = {&td_backend_tcp_ops, &td_backend_threaded_ops, &td_backend_shm_ops,
-                                        &td_backend_auto_ops,
+    const td_backend_ops *builtins[] = {&backend_tcp_ops, &backend_threaded_ops, &backend_shm_ops,
+                                        &backend_auto_ops,
 #if TDIST_HAVE_MPI
-                                        &td_backend_mpi_ops,
+                                        &backend_mpi_ops,
 #endif
     };
     for (size_t i = 0; i < sizeof builtins / sizeof builtins[0]; i++)
@@ -60,15 +60,15 @@ static void add_builtins_locked(void)
 td_status td_register_backend(const td_backend_ops *ops)
 {
     if (!ops || !ops->name || !ops->name[0] || !ops->create || !ops->submit || !ops->destroy)
-        return td_error(TD_ERR_INVALID, "td_register_backend: a backend needs a name and create, submit "
+        return error_fmt(TD_ERR_INVALID, "td_register_backend: a backend needs a name and create, submit "
                                         "and destroy functions");
     pthread_mutex_lock(&g_mu);
     add_builtins_locked();
     td_status st = TD_OK;
     if (find_locked(ops->name))
-        st = td_error(TD_ERR_ALREADY, "Backend %s already registered", ops->name);
+        st = error_fmt(TD_ERR_ALREADY, "Backend %s already registered", ops->name);
     else if (g_count == MAX_BACKENDS)
-        st = td_error(TD_ERR_INVALID, "td_register_backend: too many backends (at most %d)", MAX_BACKENDS);
+        st = error_fmt(TD_ERR_INVALID, "td_register_backend: too many backends (at most %d)", MAX_BACKENDS);
     else
         g_backends[g_count++] = ops;
     pthread_mutex_unlock(&g_mu);
@@ -92,9 +92,9 @@ char *pg_backend_names(void)
     pthread_mutex_lock(&g_mu);
     add_builtins_locked();
     for (int i = 0; i < g_count; i++)
-        td_buf_printf(&b, "%s%s", i ? ", " : "", g_backends[i]->name);
+        buf_printf(&b, "%s%s", i ? ", " : "", g_backends[i]->name);
     pthread_mutex_unlock(&g_mu);
-    return td_buf_steal(&b);
+    return buf_steal(&b);
 }
 
 bool td_backend_available(const char *name) { return pg_find_backend(name) != NULL; }
@@ -108,15 +108,15 @@ static bool complex_denied(td_reduce_op op)
 td_status pg_check_reduce(const char *opname, td_op op, td_dtype dtype)
 {
     if ((int)op.kind < 0 || op.kind >= TD_REDUCE_OP_COUNT)
-        return td_error(TD_ERR_INVALID, "%s: invalid reduce op %d", opname, (int)op.kind);
+        return error_fmt(TD_ERR_INVALID, "%s: invalid reduce op %d", opname, (int)op.kind);
     if (!td_dtype_is_valid((int)dtype))
-        return td_error(TD_ERR_INVALID, "%s: invalid dtype %d", opname, (int)dtype);
+        return error_fmt(TD_ERR_INVALID, "%s: invalid dtype %d", opname, (int)dtype);
     if (td_dtype_is_complex(dtype) && complex_denied(op.kind))
-        return td_error(TD_ERR_INVALID, "%s does not support %s on complex tensors", opname,
+        return error_fmt(TD_ERR_INVALID, "%s does not support %s on complex tensors", opname,
                         td_reduce_op_name(op.kind));
     td_status st = td_reduce_check(op.kind, dtype);
     if (st != TD_OK)
-        return td_error_prefix(st, "%s", opname);
+        return error_prefix(st, "%s", opname);
     return TD_OK;
 }
 
@@ -133,7 +133,7 @@ td_status pg_check_supported_first(td_pg *pg, const char *opname, td_coll_kind k
         td_reduce_op backend_rk = rk == TD_AVG || rk == TD_PREMUL_SUM ? TD_SUM : rk;
         td_status st = pg->ops->supports(pg->state, kind, dtype, backend_rk);
         if (st != TD_OK)
-            return td_error_prefix(st, "%s", opname);
+            return error_prefix(st, "%s", opname);
     }
     if (seen)
         atomic_fetch_or_explicit(seen, 1u << rk, memory_order_relaxed);

@@ -55,15 +55,15 @@ static bool timed_out(int64_t start_ns, int64_t timeout_ms)
 {
     if (timeout_ms <= 0)
         return false;
-    int64_t whole_s = (td_now_ns() - start_ns) / 1000000000;
+    int64_t whole_s = (clock_now_ns() - start_ns) / 1000000000;
     return whole_s * 1000 >= timeout_ms;
 }
 
 /* Opens the file; a missing file is waited for (a writer may be about to create it). */
 static td_status open_file(file_store *f, int flags, int *fd)
 {
-    int64_t start = td_now_ns();
-    int64_t timeout = td_store_timeout_of(&f->base);
+    int64_t start = clock_now_ns();
+    int64_t timeout = store_timeout_of(&f->base);
     for (;;) {
         int rc = open(f->path, flags | O_CLOEXEC, 0644);
         if (rc >= 0) {
@@ -74,8 +74,8 @@ static td_status open_file(file_store *f, int flags, int *fd)
             continue;
         /* With O_CREAT, ENOENT means the directory is missing: no writer will fix that. */
         if (errno != ENOENT || (flags & O_CREAT) || timed_out(start, timeout))
-            return td_error_errno(TD_ERR_IO, "FileStore: open(%s)", f->path);
-        td_sleep_ns(POLL_NS);
+            return error_errno(TD_ERR_IO, "FileStore: open(%s)", f->path);
+        clock_sleep_ns(POLL_NS);
     }
 }
 
@@ -83,7 +83,7 @@ static td_status lock_file(file_store *f, int fd, int op)
 {
     while (flock(fd, op) != 0) {
         if (errno != EINTR)
-            return td_error_errno(TD_ERR_IO, "FileStore: flock(%s)", f->path);
+            return error_errno(TD_ERR_IO, "FileStore: flock(%s)", f->path);
     }
     return TD_OK;
 }
@@ -96,9 +96,9 @@ static td_status read_at(file_store *f, int fd, void *buf, size_t len, off_t off
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0)
-            return td_error_errno(TD_ERR_IO, "FileStore: read(%s)", f->path);
+            return error_errno(TD_ERR_IO, "FileStore: read(%s)", f->path);
         if (n == 0)
-            return td_error(TD_ERR_IO, "FileStore: %s is shorter than expected (truncated by someone?)", f->path);
+            return error_fmt(TD_ERR_IO, "FileStore: %s is shorter than expected (truncated by someone?)", f->path);
         p += n;
         len -= (size_t)n;
         off += n;
@@ -110,13 +110,13 @@ static td_status write_all(file_store *f, int fd, const void *buf, size_t len)
 {
     const char *p = buf;
     if (lseek(fd, 0, SEEK_END) < 0)
-        return td_error_errno(TD_ERR_IO, "FileStore: lseek(%s)", f->path);
+        return error_errno(TD_ERR_IO, "FileStore: lseek(%s)", f->path);
     while (len > 0) {
         ssize_t n = write(fd, p, len);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0)
-            return td_error_errno(TD_ERR_IO, "FileStore: write(%s)", f->path);
+            return error_errno(TD_ERR_IO, "FileStore: write(%s)", f->path);
         p += n;
         len -= (size_t)n;
     }
@@ -125,12 +125,12 @@ static td_status write_all(file_store *f, int fd, const void *buf, size_t len)
 
 static void cache_put(file_store *f, const char *key, size_t key_len, const void *data, size_t len)
 {
-    fs_value *v = td_malloc(sizeof *v + len + 1);
+    fs_value *v = alloc_or_die(sizeof *v + len + 1);
     v->len = len;
     if (len)
         memcpy(v->data, data, len);
     v->data[len] = '\0';
-    free(td_map_put(&f->cache, key, key_len, v));
+    free(map_put(&f->cache, key, key_len, v));
 }
 
 /* One length-prefixed field of a log record (a 4-byte length, then the bytes) at *off; false when
@@ -154,17 +154,17 @@ static td_status refresh(file_store *f, int fd)
 {
     struct stat st;
     if (fstat(fd, &st) != 0)
-        return td_error_errno(TD_ERR_IO, "FileStore: fstat(%s)", f->path);
+        return error_errno(TD_ERR_IO, "FileStore: fstat(%s)", f->path);
     if (st.st_size == f->pos)
         return TD_OK;
     if (st.st_size < f->pos) {
         /* The file was removed and re-created by a later job: start over. */
-        td_map_free(&f->cache, free);
+        map_free(&f->cache, free);
         f->pos = 0;
     }
     size_t len = (size_t)(st.st_size - f->pos);
     char *buf = NULL;
-    TD_TRY(td_try_malloc(len ? len : 1, "FileStore log", (void **)&buf));
+    TD_TRY(alloc_try(len ? len : 1, "FileStore log", (void **)&buf));
     td_status s = read_at(f, fd, buf, len, f->pos);
     size_t off = 0;
     while (s == TD_OK && off < len) {
@@ -173,7 +173,7 @@ static td_status refresh(file_store *f, int fd)
         if (!take_field(buf, len, &off, &key, &klen) || !take_field(buf, len, &off, &val, &vlen))
             goto corrupt;
         if (klen >= 1 && key[0] == DEL_PREFIX[0])
-            free(td_map_remove(&f->cache, key + 1, klen - 1));
+            free(map_remove(&f->cache, key + 1, klen - 1));
         else
             cache_put(f, key, klen, val, vlen);
     }
@@ -183,31 +183,31 @@ static td_status refresh(file_store *f, int fd)
     return s;
 corrupt:
     free(buf);
-    return td_error(TD_ERR_IO, "FileStore: %s is corrupt at offset %lld (not a FileStore file, or truncated)",
+    return error_fmt(TD_ERR_IO, "FileStore: %s is corrupt at offset %lld (not a FileStore file, or truncated)",
                     f->path, (long long)(f->pos + (off_t)off));
 }
 
 static void put_record(td_buf *b, const char *prefix, const char *key, size_t key_len, const void *val, size_t len)
 {
     uint32_t klen = (uint32_t)(strlen(prefix) + key_len), vlen = (uint32_t)len;
-    td_buf_append(b, &klen, 4);
-    td_buf_append_str(b, prefix);
-    td_buf_append(b, key, key_len);
-    td_buf_append(b, &vlen, 4);
-    td_buf_append(b, val, len);
+    buf_append(b, &klen, 4);
+    buf_append_str(b, prefix);
+    buf_append(b, key, key_len);
+    buf_append(b, &vlen, 4);
+    buf_append(b, val, len);
 }
 
 static td_status check_sizes(const char *key, size_t len)
 {
     if (strlen(key) > UINT32_MAX - 2 || len > UINT32_MAX)
-        return td_error(TD_ERR_INVALID, "FileStore: key '%.64s' or its value (%zu bytes) exceeds 4 GiB", key, len);
+        return error_fmt(TD_ERR_INVALID, "FileStore: key '%.64s' or its value (%zu bytes) exceeds 4 GiB", key, len);
     return TD_OK;
 }
 
 static char *reg_key(const char *key, size_t *len)
 {
     *len = strlen(key) + 1;
-    char *k = td_malloc(*len + 1);
+    char *k = alloc_or_die(*len + 1);
     k[0] = REG_PREFIX[0];
     memcpy(k + 1, key, *len);
     return k;
@@ -217,7 +217,7 @@ static fs_value *cached(file_store *f, const char *key)
 {
     size_t n;
     char *k = reg_key(key, &n);
-    fs_value *v = td_map_get(&f->cache, k, n);
+    fs_value *v = map_get(&f->cache, k, n);
     free(k);
     return v;
 }
@@ -250,18 +250,18 @@ static void end_locked(file_store *f, int fd)
 static td_status add_locked(file_store *f, int fd, const char *raw, size_t raw_len, const char *shown,
                             int64_t delta, int64_t *result)
 {
-    fs_value *v = td_map_get(&f->cache, raw, raw_len);
+    fs_value *v = map_get(&f->cache, raw, raw_len);
     int64_t cur = 0, next = 0;
-    td_status s = v ? td_store_parse_counter(shown, v->data, v->len, &cur) : TD_OK;
+    td_status s = v ? store_parse_counter(shown, v->data, v->len, &cur) : TD_OK;
     if (s == TD_OK)
-        s = td_store_counter_add(shown, cur, delta, &next);
+        s = store_counter_add(shown, cur, delta, &next);
     if (s == TD_OK) {
         char text[24];
-        size_t n = td_store_format_counter(next, text);
+        size_t n = store_format_counter(next, text);
         td_buf b = TD_BUF_INIT;
         put_record(&b, "", raw, raw_len, text, n);
         s = write_all(f, fd, b.data, b.len);
-        td_buf_free(&b);
+        buf_free(&b);
         *result = next;
     }
     return s;
@@ -289,7 +289,7 @@ static td_status fs_set(td_store *s, const char *key, const void *value, size_t 
         st = write_all(f, fd, b.data, b.len);
         end_locked(f, fd);
     }
-    td_buf_free(&b);
+    buf_free(&b);
     return st;
 }
 
@@ -298,7 +298,7 @@ static td_status fs_set(td_store *s, const char *key, const void *value, size_t 
 static td_status wait_keys(file_store *f, const char *const *keys, size_t n, int64_t timeout_ms, bool is_get,
                            int *fd)
 {
-    int64_t start = td_now_ns();
+    int64_t start = clock_now_ns();
     for (;;) {
         TD_TRY(begin_locked(f, O_RDONLY, LOCK_SH, fd));
         size_t missing = n;
@@ -313,11 +313,11 @@ static td_status wait_keys(file_store *f, const char *const *keys, size_t n, int
         end_locked(f, *fd);
         if (timed_out(start, timeout_ms)) {
             if (is_get)
-                return td_error(TD_ERR_TIMEOUT, "Timeout waiting for key: %s after %lld ms", keys[missing],
+                return error_fmt(TD_ERR_TIMEOUT, "Timeout waiting for key: %s after %lld ms", keys[missing],
                                 (long long)timeout_ms);
-            return td_error(TD_ERR_TIMEOUT, "Wait timeout");
+            return error_fmt(TD_ERR_TIMEOUT, "Wait timeout");
         }
-        td_sleep_ns(POLL_NS);
+        clock_sleep_ns(POLL_NS);
     }
 }
 
@@ -325,9 +325,9 @@ static td_status fs_get(td_store *s, const char *key, void **value, size_t *len)
 {
     file_store *f = F(s);
     int fd;
-    TD_TRY(wait_keys(f, &key, 1, td_store_timeout_of(s), true, &fd));
+    TD_TRY(wait_keys(f, &key, 1, store_timeout_of(s), true, &fd));
     fs_value *v = cached(f, key);
-    td_status st = td_store_copy_out(v->data, v->len, value, len);
+    td_status st = store_copy_out(v->data, v->len, value, len);
     end_locked(f, fd);
     return st;
 }
@@ -336,11 +336,11 @@ static td_status fs_multi_get(td_store *s, const char *const *keys, size_t n, vo
 {
     file_store *f = F(s);
     int fd;
-    TD_TRY(wait_keys(f, keys, n, td_store_timeout_of(s), true, &fd));
+    TD_TRY(wait_keys(f, keys, n, store_timeout_of(s), true, &fd));
     td_status st = TD_OK;
     for (size_t i = 0; st == TD_OK && i < n; i++) {
         fs_value *v = cached(f, keys[i]);
-        st = td_store_copy_out(v->data, v->len, &values[i], &lens[i]);
+        st = store_copy_out(v->data, v->len, &values[i], &lens[i]);
     }
     end_locked(f, fd);
     return st;
@@ -375,14 +375,14 @@ static td_status fs_compare_set(td_store *s, const char *key, const void *expect
     bool write;
     const void *res;
     size_t res_len;
-    td_store_compare_set_decide(v != NULL, v ? v->data : NULL, v ? v->len : 0, expected, expected_len, desired,
+    store_compare_set_decide(v != NULL, v ? v->data : NULL, v ? v->len : 0, expected, expected_len, desired,
                                 desired_len, &write, &res, &res_len);
-    td_status st = td_store_copy_out(res, res_len, value, len);
+    td_status st = store_copy_out(res, res_len, value, len);
     if (st == TD_OK && write) {
         td_buf b = TD_BUF_INIT;
         put_record(&b, REG_PREFIX, key, strlen(key), desired, desired_len);
         st = write_all(f, fd, b.data, b.len);
-        td_buf_free(&b);
+        buf_free(&b);
         if (st != TD_OK) {
             free(*value);
             *value = NULL;
@@ -403,7 +403,7 @@ static td_status fs_delete_key(td_store *s, const char *key, bool *deleted)
         td_buf b = TD_BUF_INIT;
         put_record(&b, "-/", key, strlen(key), "", 0);
         st = write_all(f, fd, b.data, b.len);
-        td_buf_free(&b);
+        buf_free(&b);
     }
     end_locked(f, fd);
     return st;
@@ -442,15 +442,15 @@ static td_status fs_append(td_store *s, const char *key, const void *value, size
     if (st == TD_OK) {
         td_buf b = TD_BUF_INIT;
         uint32_t klen = (uint32_t)(strlen(key) + 1), vlen = (uint32_t)(old + len);
-        td_buf_append(&b, &klen, 4);
-        td_buf_append_str(&b, REG_PREFIX);
-        td_buf_append_str(&b, key);
-        td_buf_append(&b, &vlen, 4);
+        buf_append(&b, &klen, 4);
+        buf_append_str(&b, REG_PREFIX);
+        buf_append_str(&b, key);
+        buf_append(&b, &vlen, 4);
         if (old)
-            td_buf_append(&b, v->data, old);
-        td_buf_append(&b, value, len);
+            buf_append(&b, v->data, old);
+        buf_append(&b, value, len);
         st = write_all(f, fd, b.data, b.len);
-        td_buf_free(&b);
+        buf_free(&b);
     }
     end_locked(f, fd);
     return st;
@@ -464,7 +464,7 @@ static td_status fs_multi_set(td_store *s, const char *const *keys, const void *
     for (size_t i = 0; i < n; i++) {
         td_status st = check_sizes(keys[i], lens[i]);
         if (st != TD_OK) {
-            td_buf_free(&b);
+            buf_free(&b);
             return st;
         }
         put_record(&b, REG_PREFIX, keys[i], strlen(keys[i]), values[i], lens[i]);
@@ -475,7 +475,7 @@ static td_status fs_multi_set(td_store *s, const char *const *keys, const void *
         st = write_all(f, fd, b.data, b.len);
         end_locked(f, fd);
     }
-    td_buf_free(&b);
+    buf_free(&b);
     return st;
 }
 
@@ -501,7 +501,7 @@ static void fs_destroy(td_store *s)
         if (st != TD_OK)
             TD_LOG_WARN("FileStore: could not count this handle out of %s: %s", f->path, td_last_error());
     }
-    td_map_free(&f->cache, free);
+    map_free(&f->cache, free);
     pthread_mutex_destroy(&f->mu);
     free(f->path);
     free(f);
@@ -526,16 +526,16 @@ static const td_store_ops file_store_ops = {
 td_status td_file_store_create(const char *path, int num_workers, td_store **store)
 {
     if (!path || !*path || !store)
-        return td_error(TD_ERR_INVALID, "td_file_store_create: path and store must be given");
+        return error_fmt(TD_ERR_INVALID, "td_file_store_create: path and store must be given");
     file_store *f = TD_NEW(file_store);
-    td_store_init(&f->base, &file_store_ops, TD_STORE_DEFAULT_TIMEOUT_MS);
-    td_mutex_init(&f->mu);
-    f->path = td_strdup(path);
+    store_init(&f->base, &file_store_ops, TD_STORE_DEFAULT_TIMEOUT_MS);
+    thread_mutex_init(&f->mu);
+    f->path = alloc_strdup(path);
     f->num_workers = num_workers;
     int64_t refs;
     td_status s = add_raw(f, REFCOUNT_KEY, strlen(REFCOUNT_KEY), REFCOUNT_KEY, 1, &refs);
     if (s != TD_OK) {
-        td_map_free(&f->cache, free);
+        map_free(&f->cache, free);
         pthread_mutex_destroy(&f->mu);
         free(f->path);
         free(f);

@@ -28,7 +28,7 @@ static hash_store *H(td_store *s) { return (hash_store *)s; }
 
 static hash_value *value_new(const void *data, size_t len)
 {
-    hash_value *v = td_malloc(sizeof *v + len + 1);
+    hash_value *v = alloc_or_die(sizeof *v + len + 1);
     v->len = len;
     if (len)
         memcpy(v->data, data, len);
@@ -36,12 +36,12 @@ static hash_value *value_new(const void *data, size_t len)
     return v;
 }
 
-static hash_value *lookup(hash_store *h, const char *key) { return td_map_get(&h->map, key, strlen(key)); }
+static hash_value *lookup(hash_store *h, const char *key) { return map_get(&h->map, key, strlen(key)); }
 
 /* Caller holds mu. */
 static void put_locked(hash_store *h, const char *key, hash_value *v)
 {
-    free(td_map_put(&h->map, key, strlen(key), v));
+    free(map_put(&h->map, key, strlen(key), v));
 }
 
 static bool all_present_locked(hash_store *h, const char *const *keys, size_t n)
@@ -56,7 +56,7 @@ static bool all_present_locked(hash_store *h, const char *const *keys, size_t n)
 static bool wait_locked(hash_store *h, const char *const *keys, size_t n, int64_t deadline)
 {
     while (!all_present_locked(h, keys, n))
-        if (!td_cond_wait_until(&h->cv, &h->mu, deadline) && !all_present_locked(h, keys, n))
+        if (!thread_cond_wait_until(&h->cv, &h->mu, deadline) && !all_present_locked(h, keys, n))
             return false;
     return true;
 }
@@ -75,14 +75,14 @@ static td_status hs_set(td_store *s, const char *key, const void *value, size_t 
 static td_status hs_get(td_store *s, const char *key, void **value, size_t *len)
 {
     hash_store *h = H(s);
-    int64_t deadline = td_deadline_after_ms(td_store_timeout_of(s));
+    int64_t deadline = deadline_after_ms(store_timeout_of(s));
     pthread_mutex_lock(&h->mu);
     if (!wait_locked(h, &key, 1, deadline)) {
         pthread_mutex_unlock(&h->mu);
-        return td_error(TD_ERR_TIMEOUT, "Wait timeout");
+        return error_fmt(TD_ERR_TIMEOUT, "Wait timeout");
     }
     hash_value *v = lookup(h, key);
-    td_status st = td_store_copy_out(v->data, v->len, value, len);
+    td_status st = store_copy_out(v->data, v->len, value, len);
     pthread_mutex_unlock(&h->mu);
     return st;
 }
@@ -93,12 +93,12 @@ static td_status hs_add(td_store *s, const char *key, int64_t delta, int64_t *re
     pthread_mutex_lock(&h->mu);
     hash_value *v = lookup(h, key);
     int64_t cur = 0, next = 0;
-    td_status st = v ? td_store_parse_counter(key, v->data, v->len, &cur) : TD_OK;
+    td_status st = v ? store_parse_counter(key, v->data, v->len, &cur) : TD_OK;
     if (st == TD_OK)
-        st = td_store_counter_add(key, cur, delta, &next);
+        st = store_counter_add(key, cur, delta, &next);
     if (st == TD_OK) {
         char text[24];
-        size_t n = td_store_format_counter(next, text);
+        size_t n = store_format_counter(next, text);
         put_locked(h, key, value_new(text, n));
         pthread_cond_broadcast(&h->cv);
         *result = next;
@@ -116,10 +116,10 @@ static td_status hs_compare_set(td_store *s, const char *key, const void *expect
     bool write;
     const void *res;
     size_t res_len;
-    td_store_compare_set_decide(v != NULL, v ? v->data : NULL, v ? v->len : 0, expected, expected_len, desired,
+    store_compare_set_decide(v != NULL, v ? v->data : NULL, v ? v->len : 0, expected, expected_len, desired,
                                 desired_len, &write, &res, &res_len);
     /* Copy out before a write frees the current value that res may point into. */
-    td_status st = td_store_copy_out(res, res_len, value, len);
+    td_status st = store_copy_out(res, res_len, value, len);
     if (st == TD_OK && write) {
         put_locked(h, key, value_new(desired, desired_len));
         pthread_cond_broadcast(&h->cv);
@@ -132,7 +132,7 @@ static td_status hs_delete_key(td_store *s, const char *key, bool *deleted)
 {
     hash_store *h = H(s);
     pthread_mutex_lock(&h->mu);
-    hash_value *v = td_map_remove(&h->map, key, strlen(key));
+    hash_value *v = map_remove(&h->map, key, strlen(key));
     pthread_mutex_unlock(&h->mu);
     *deleted = v != NULL;
     free(v);
@@ -160,11 +160,11 @@ static td_status hs_num_keys(td_store *s, int64_t *count)
 static td_status hs_wait(td_store *s, const char *const *keys, size_t n, int64_t timeout_ms)
 {
     hash_store *h = H(s);
-    int64_t deadline = td_deadline_after_ms(timeout_ms);
+    int64_t deadline = deadline_after_ms(timeout_ms);
     pthread_mutex_lock(&h->mu);
     bool ok = wait_locked(h, keys, n, deadline);
     pthread_mutex_unlock(&h->mu);
-    return ok ? TD_OK : td_error(TD_ERR_TIMEOUT, "Wait timeout");
+    return ok ? TD_OK : error_fmt(TD_ERR_TIMEOUT, "Wait timeout");
 }
 
 static td_status hs_append(td_store *s, const char *key, const void *value, size_t len)
@@ -175,9 +175,9 @@ static td_status hs_append(td_store *s, const char *key, const void *value, size
     size_t old_len = old ? old->len : 0;
     if (len > SIZE_MAX - old_len - sizeof(hash_value) - 1) {
         pthread_mutex_unlock(&h->mu);
-        return td_error(TD_ERR_NOMEM, "append: value of key '%s' would overflow", key);
+        return error_fmt(TD_ERR_NOMEM, "append: value of key '%s' would overflow", key);
     }
-    hash_value *v = td_malloc(sizeof *v + old_len + len + 1);
+    hash_value *v = alloc_or_die(sizeof *v + old_len + len + 1);
     v->len = old_len + len;
     if (old_len)
         memcpy(v->data, old->data, old_len);
@@ -193,14 +193,14 @@ static td_status hs_append(td_store *s, const char *key, const void *value, size
 static td_status hs_multi_get(td_store *s, const char *const *keys, size_t n, void **values, size_t *lens)
 {
     hash_store *h = H(s);
-    int64_t deadline = td_deadline_after_ms(td_store_timeout_of(s));
+    int64_t deadline = deadline_after_ms(store_timeout_of(s));
     pthread_mutex_lock(&h->mu);
     td_status st = TD_OK;
     if (!wait_locked(h, keys, n, deadline))
-        st = td_error(TD_ERR_TIMEOUT, "Wait timeout");
+        st = error_fmt(TD_ERR_TIMEOUT, "Wait timeout");
     for (size_t i = 0; st == TD_OK && i < n; i++) {
         hash_value *v = lookup(h, keys[i]);
-        st = td_store_copy_out(v->data, v->len, &values[i], &lens[i]);
+        st = store_copy_out(v->data, v->len, &values[i], &lens[i]);
     }
     pthread_mutex_unlock(&h->mu);
     return st;
@@ -221,7 +221,7 @@ static td_status hs_multi_set(td_store *s, const char *const *keys, const void *
 static void hs_destroy(td_store *s)
 {
     hash_store *h = H(s);
-    td_map_free(&h->map, free);
+    map_free(&h->map, free);
     pthread_cond_destroy(&h->cv);
     pthread_mutex_destroy(&h->mu);
     free(h);
@@ -246,11 +246,11 @@ static const td_store_ops hash_store_ops = {
 td_status td_hash_store_create(td_store **store)
 {
     if (!store)
-        return td_error(TD_ERR_INVALID, "td_hash_store_create: store is NULL");
+        return error_fmt(TD_ERR_INVALID, "td_hash_store_create: store is NULL");
     hash_store *h = TD_NEW(hash_store);
-    td_store_init(&h->base, &hash_store_ops, TD_STORE_DEFAULT_TIMEOUT_MS);
-    td_mutex_init(&h->mu);
-    td_cond_init(&h->cv);
+    store_init(&h->base, &hash_store_ops, TD_STORE_DEFAULT_TIMEOUT_MS);
+    thread_mutex_init(&h->mu);
+    thread_cond_init(&h->cv);
     *store = &h->base;
     return TD_OK;
 }

@@ -20,7 +20,7 @@ static prefix_store *P(td_store *s) { return (prefix_store *)s; }
 static char *full_key(prefix_store *p, const char *key)
 {
     size_t n = strlen(key);
-    char *k = td_malloc(p->prefix_len + 1 + n + 1);
+    char *k = alloc_or_die(p->prefix_len + 1 + n + 1);
     memcpy(k, p->prefix, p->prefix_len);
     k[p->prefix_len] = '/';
     memcpy(k + p->prefix_len + 1, key, n + 1);
@@ -158,11 +158,11 @@ static const td_store_ops prefix_store_ops = {
 td_status td_prefix_store_create(const char *prefix, td_store *base, td_store **store)
 {
     if (!prefix || !base || !store)
-        return td_error(TD_ERR_INVALID, "td_prefix_store_create: prefix, base and store must not be NULL");
+        return error_fmt(TD_ERR_INVALID, "td_prefix_store_create: prefix, base and store must not be NULL");
     prefix_store *p = TD_NEW(prefix_store);
-    td_store_init(&p->base, &prefix_store_ops, 0);
+    store_init(&p->base, &prefix_store_ops, 0);
     p->inner = td_store_retain(base);
-    p->prefix = td_strdup(prefix);
+    p->prefix = alloc_strdup(prefix);
     p->prefix_len = strlen(prefix);
     *store = &p->base;
     return TD_OK;

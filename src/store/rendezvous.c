@@ -81,15 +81,15 @@ static char *url_path_after_scheme(const char *url)
 {
     const char *p = strstr(url, "://");
     p = p ? p + 3 : url;
-    return td_strndup(p, strcspn(p, "?#"));
+    return alloc_strndup(p, strcspn(p, "?#"));
 }
 
 static td_status parse_int_param(const char *scheme, const char *what, const char *s, int64_t min, int64_t max,
                                  int *out)
 {
     int64_t v;
-    if (td_parse_int(what, s, min, max, &v) != TD_OK)
-        return td_error(TD_ERR_INVALID, RDZV_ERR "%s:// rendezvous: %s must be an integer from %lld to %lld, got '%s'",
+    if (env_parse_int(what, s, min, max, &v) != TD_OK)
+        return error_fmt(TD_ERR_INVALID, RDZV_ERR "%s:// rendezvous: %s must be an integer from %lld to %lld, got '%s'",
                         scheme, what, (long long)min, (long long)max, s);
     *out = (int)v;
     return TD_OK;
@@ -103,37 +103,37 @@ static td_status rank_and_world(const char *scheme, const char *url, bool from_e
     /* Without RANK / WORLD_SIZE, env:// takes what an MPI launcher or Slurm set (OMPI_COMM_WORLD_*,
      * PMI_*, SLURM_*: base/launcher.h), so that mpirun and srun start tdist jobs too. */
     td_launcher_env launcher = {.rank = -1};
-    if (from_env && (!td_env_str("RANK", NULL) || !td_env_str("WORLD_SIZE", NULL))) {
-        td_status st = td_launcher_env_read(false, &launcher);
+    if (from_env && (!env_get_str("RANK", NULL) || !env_get_str("WORLD_SIZE", NULL))) {
+        td_status st = launcher_env_read(false, &launcher);
         if (st == TD_ERR_INVALID)
-            return td_error_prefix(st, RDZV_ERR "env:// rendezvous");
+            return error_prefix(st, RDZV_ERR "env:// rendezvous");
     }
     if (td_rendezvous_url_param(url, "rank", buf, sizeof buf))
         v = buf;
-    else if (from_env && (v = td_env_str("RANK", NULL)))
+    else if (from_env && (v = env_get_str("RANK", NULL)))
         ;
     else if (launcher.rank >= 0) {
         snprintf(lbuf, sizeof lbuf, "%d", launcher.rank);
         v = lbuf;
     }
     else if (from_env)
-        return td_error(TD_ERR_INVALID, RDZV_ERR "env:// rendezvous: environment variable RANK expected, but not set");
+        return error_fmt(TD_ERR_INVALID, RDZV_ERR "env:// rendezvous: environment variable RANK expected, but not set");
     else
-        return td_error(TD_ERR_INVALID, RDZV_ERR "%s:// rendezvous: rank parameter missing", scheme);
+        return error_fmt(TD_ERR_INVALID, RDZV_ERR "%s:// rendezvous: rank parameter missing", scheme);
     TD_TRY(parse_int_param(scheme, "rank", v, 0, INT32_MAX, rank));
     if (td_rendezvous_url_param(url, "world_size", buf, sizeof buf))
         v = buf;
-    else if (from_env && (v = td_env_str("WORLD_SIZE", NULL)))
+    else if (from_env && (v = env_get_str("WORLD_SIZE", NULL)))
         ;
     else if (launcher.rank >= 0) {
         snprintf(lbuf, sizeof lbuf, "%d", launcher.world_size);
         v = lbuf;
     }
     else if (from_env)
-        return td_error(TD_ERR_INVALID,
+        return error_fmt(TD_ERR_INVALID,
                         RDZV_ERR "env:// rendezvous: environment variable WORLD_SIZE expected, but not set");
     else
-        return td_error(TD_ERR_INVALID, RDZV_ERR "%s:// rendezvous: world size parameter missing", scheme);
+        return error_fmt(TD_ERR_INVALID, RDZV_ERR "%s:// rendezvous: world size parameter missing", scheme);
     return parse_int_param(scheme, "world_size", v, 1, INT32_MAX, world);
 }
 
@@ -142,7 +142,7 @@ static td_status create_c10d_store(const char *host, int port, int rank, int wor
                                    td_store **store)
 {
     if (port < 0 || port >= 65536)
-        return td_error(TD_ERR_INVALID, "port must have value from 0 to 65535 but was %d.", port);
+        return error_fmt(TD_ERR_INVALID, "port must have value from 0 to 65535 but was %d.", port);
     td_tcp_store_options o = TD_TCP_STORE_OPTIONS_INIT;
     o.host = host;
     o.port = port;
@@ -153,13 +153,13 @@ static td_status create_c10d_store(const char *host, int port, int rank, int wor
      * each restart attempt gets its own key space so that a restarted group never reads the keys
      * of the one before. */
     bool tdist_agent = false;
-    TD_TRY(td_env_bool("TDIST_USE_AGENT_STORE", false, &tdist_agent));
-    const char *torch_agent = td_env_str("TORCHELASTIC_USE_AGENT_STORE", NULL);
+    TD_TRY(env_get_bool("TDIST_USE_AGENT_STORE", false, &tdist_agent));
+    const char *torch_agent = env_get_str("TORCHELASTIC_USE_AGENT_STORE", NULL);
     if (tdist_agent || (torch_agent && strcmp(torch_agent, "True") == 0)) {
         const char *count_var = tdist_agent ? "TDIST_RESTART_COUNT" : "TORCHELASTIC_RESTART_COUNT";
-        const char *attempt = td_env_str(count_var, NULL);
+        const char *attempt = env_get_str(count_var, NULL);
         if (!attempt)
-            return td_error(TD_ERR_INVALID, RDZV_ERR "env:// rendezvous: environment variable %s expected, but not set",
+            return error_fmt(TD_ERR_INVALID, RDZV_ERR "env:// rendezvous: environment variable %s expected, but not set",
                             count_var);
         o.is_master = false;
         td_store *tcp = NULL;
@@ -178,17 +178,17 @@ static td_status create_c10d_store(const char *host, int port, int rank, int wor
 static td_status env_handler(const char *url, int64_t timeout_ms, void *arg, td_store **store, int *rank, int *world)
 {
     TD_TRY(rank_and_world("env", url, true, rank, world));
-    const char *addr = td_env_str("MASTER_ADDR", NULL);
+    const char *addr = env_get_str("MASTER_ADDR", NULL);
     if (!addr)
-        return td_error(TD_ERR_INVALID,
+        return error_fmt(TD_ERR_INVALID,
                         RDZV_ERR "env:// rendezvous: environment variable MASTER_ADDR expected, but not set");
-    const char *port_s = td_env_str("MASTER_PORT", NULL);
+    const char *port_s = env_get_str("MASTER_PORT", NULL);
     if (!port_s)
-        return td_error(TD_ERR_INVALID,
+        return error_fmt(TD_ERR_INVALID,
                         RDZV_ERR "env:// rendezvous: environment variable MASTER_PORT expected, but not set");
     int64_t port;
-    if (td_parse_int("MASTER_PORT", port_s, INT32_MIN, INT32_MAX, &port) != TD_OK)
-        return td_error(TD_ERR_INVALID, RDZV_ERR "env:// rendezvous: MASTER_PORT must be an integer, got '%s'", port_s);
+    if (env_parse_int("MASTER_PORT", port_s, INT32_MIN, INT32_MAX, &port) != TD_OK)
+        return error_fmt(TD_ERR_INVALID, RDZV_ERR "env:// rendezvous: MASTER_PORT must be an integer, got '%s'", port_s);
     return create_c10d_store(addr, (int)port, *rank, *world, timeout_ms, store);
 }
 
@@ -198,14 +198,14 @@ static td_status tcp_handler(const char *url, int64_t timeout_ms, void *arg, td_
     url_netloc(url, netloc, sizeof netloc);
     char *host = NULL;
     int port = -1;
-    if (td_net_split_hostport(netloc, &host, &port) != TD_OK || port <= 0) {
+    if (net_split_hostport(netloc, &host, &port) != TD_OK || port <= 0) {
         /* c10d tests `if not result.port`: a missing port and port 0 are both "missing". */
         free(host);
-        return td_error(TD_ERR_INVALID, RDZV_ERR "tcp:// rendezvous: port number missing");
+        return error_fmt(TD_ERR_INVALID, RDZV_ERR "tcp:// rendezvous: port number missing");
     }
     td_status s = rank_and_world("tcp", url, false, rank, world);
     if (s == TD_OK && !*host)
-        s = td_error(TD_ERR_INVALID, RDZV_ERR "tcp:// rendezvous: host name missing");
+        s = error_fmt(TD_ERR_INVALID, RDZV_ERR "tcp:// rendezvous: host name missing");
     if (s == TD_OK)
         s = create_c10d_store(host, port, *rank, *world, timeout_ms, store);
     free(host);
@@ -217,7 +217,7 @@ static td_status file_handler(const char *url, int64_t timeout_ms, void *arg, td
     char *path = url_path_after_scheme(url);
     td_status s = TD_OK;
     if (!*path)
-        s = td_error(TD_ERR_INVALID, RDZV_ERR "file:// rendezvous: path missing");
+        s = error_fmt(TD_ERR_INVALID, RDZV_ERR "file:// rendezvous: path missing");
     if (s == TD_OK)
         s = rank_and_world("file", url, false, rank, world);
     if (s == TD_OK)
@@ -232,9 +232,9 @@ static td_status register_locked(const char *scheme, td_rendezvous_handler fn, v
 {
     for (size_t i = 0; i < g_count; i++)
         if (strcmp(g_handlers[i].scheme, scheme) == 0)
-            return td_error(TD_ERR_ALREADY, "Rendezvous handler for %s:// already registered", scheme);
+            return error_fmt(TD_ERR_ALREADY, "Rendezvous handler for %s:// already registered", scheme);
     if (g_count == MAX_HANDLERS)
-        return td_error(TD_ERR_INVALID, "too many rendezvous handlers (at most %d)", MAX_HANDLERS);
+        return error_fmt(TD_ERR_INVALID, "too many rendezvous handlers (at most %d)", MAX_HANDLERS);
     handler_entry *e = &g_handlers[g_count++];
     snprintf(e->scheme, sizeof e->scheme, "%s", scheme);
     e->fn = fn;
@@ -255,12 +255,12 @@ static void ensure_builtins_locked(void)
 td_status td_rendezvous_register(const char *scheme, td_rendezvous_handler handler, void *arg)
 {
     if (!scheme || !*scheme || !handler)
-        return td_error(TD_ERR_INVALID, "td_rendezvous_register: scheme and handler must be given");
+        return error_fmt(TD_ERR_INVALID, "td_rendezvous_register: scheme and handler must be given");
     if (strlen(scheme) >= sizeof g_handlers[0].scheme)
-        return td_error(TD_ERR_INVALID, "td_rendezvous_register: scheme '%s' is too long", scheme);
+        return error_fmt(TD_ERR_INVALID, "td_rendezvous_register: scheme '%s' is too long", scheme);
     for (const char *p = scheme; *p; p++)
         if (!isalnum((unsigned char)*p) && *p != '+' && *p != '-' && *p != '.')
-            return td_error(TD_ERR_INVALID, "td_rendezvous_register: '%s' is not a URL scheme", scheme);
+            return error_fmt(TD_ERR_INVALID, "td_rendezvous_register: '%s' is not a URL scheme", scheme);
     pthread_mutex_lock(&g_mu);
     ensure_builtins_locked();
     td_status s = register_locked(scheme, handler, arg);
@@ -272,10 +272,10 @@ td_status td_rendezvous(const char *url, int rank, int world_size, int64_t timeo
                         int *rank_out, int *world_size_out)
 {
     if (!url || !store)
-        return td_error(TD_ERR_INVALID, "td_rendezvous: url and store must not be NULL");
+        return error_fmt(TD_ERR_INVALID, "td_rendezvous: url and store must not be NULL");
     *store = NULL;
     if (timeout_ms < 0)
-        return td_error(TD_ERR_INVALID, "td_rendezvous: timeout must be >= 0 ms (0: none), got %lld",
+        return error_fmt(TD_ERR_INVALID, "td_rendezvous: timeout must be >= 0 ms (0: none), got %lld",
                         (long long)timeout_ms);
     const char *sep = strstr(url, "://");
     char scheme[32] = "";
@@ -285,23 +285,23 @@ td_status td_rendezvous(const char *url, int rank, int world_size, int64_t timeo
     }
     /* Append the node-specific arguments given here to the query. */
     td_buf full = TD_BUF_INIT;
-    td_buf_append_str(&full, url);
+    buf_append_str(&full, url);
     if (rank != -1 || world_size != -1) {
         if (td_rendezvous_url_param(url, "rank", NULL, 0) || td_rendezvous_url_param(url, "world_size", NULL, 0)) {
-            td_buf_free(&full);
-            return td_error(TD_ERR_INVALID, "The url: %s has node-specific arguments(rank, world_size) already.", url);
+            buf_free(&full);
+            return error_fmt(TD_ERR_INVALID, "The url: %s has node-specific arguments(rank, world_size) already.", url);
         }
         const char *frag = strchr(url, '#');
         if (frag)
             full.len = (size_t)(frag - url);
         if (!memchr(full.data, '?', full.len))
-            td_buf_putc(&full, '?');
+            buf_putc(&full, '?');
         else if (full.data[full.len - 1] != '?' && full.data[full.len - 1] != '&')
-            td_buf_putc(&full, '&');
+            buf_putc(&full, '&');
         if (rank != -1)
-            td_buf_printf(&full, "rank=%d", rank);
+            buf_printf(&full, "rank=%d", rank);
         if (world_size != -1)
-            td_buf_printf(&full, "%sworld_size=%d", rank != -1 ? "&" : "", world_size);
+            buf_printf(&full, "%sworld_size=%d", rank != -1 ? "&" : "", world_size);
     }
     pthread_mutex_lock(&g_mu);
     ensure_builtins_locked();
@@ -311,17 +311,17 @@ td_status td_rendezvous(const char *url, int rank, int world_size, int64_t timeo
             h = g_handlers[i];
     pthread_mutex_unlock(&g_mu);
     if (!h.fn) {
-        td_buf_free(&full);
-        return td_error(TD_ERR_INVALID, "No rendezvous handler for %s://", scheme);
+        buf_free(&full);
+        return error_fmt(TD_ERR_INVALID, "No rendezvous handler for %s://", scheme);
     }
     int r = -1, w = -1;
     td_store *s = NULL;
     td_status st = h.fn(full.data, timeout_ms, h.arg, &s, &r, &w);
-    td_buf_free(&full);
+    buf_free(&full);
     if (st != TD_OK)
         return st;
     if (!s)
-        return td_error(TD_ERR_INTERNAL, "rendezvous handler for %s:// returned no store", scheme);
+        return error_fmt(TD_ERR_INTERNAL, "rendezvous handler for %s:// returned no store", scheme);
     /* init_process_group gives the rendezvous store the group's timeout. */
     td_store_set_timeout(s, timeout_ms);
     *store = s;

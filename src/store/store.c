@@ -12,9 +12,9 @@
 #include "base/alloc.h"
 #include "base/error.h"
 
-void td_store_init(td_store *s, const td_store_ops *ops, int64_t timeout_ms)
+void store_init(td_store *s, const td_store_ops *ops, int64_t timeout_ms)
 {
-    td_ref_init(&s->ref);
+    ref_init(&s->ref);
     s->ops = ops;
     atomic_init(&s->timeout_ms, timeout_ms);
 }
@@ -22,29 +22,29 @@ void td_store_init(td_store *s, const td_store_ops *ops, int64_t timeout_ms)
 td_store *td_store_retain(td_store *store)
 {
     if (store)
-        td_ref_inc(&store->ref);
+        ref_inc(&store->ref);
     return store;
 }
 
 void td_store_release(td_store *store)
 {
-    if (store && td_ref_dec(&store->ref))
+    if (store && ref_dec(&store->ref))
         store->ops->destroy(store);
 }
 
-int64_t td_store_timeout_of(td_store *s)
+int64_t store_timeout_of(td_store *s)
 {
     if (s->ops->get_timeout)
         return s->ops->get_timeout(s);
     return atomic_load_explicit(&s->timeout_ms, memory_order_relaxed);
 }
 
-td_status td_store_copy_out(const void *data, size_t len, void **out, size_t *out_len)
+td_status store_copy_out(const void *data, size_t len, void **out, size_t *out_len)
 {
     if (len == SIZE_MAX)
-        return td_error(TD_ERR_NOMEM, "store value too large");
+        return error_fmt(TD_ERR_NOMEM, "store value too large");
     void *p = NULL;
-    TD_TRY(td_try_malloc(len + 1, "store value", &p));
+    TD_TRY(alloc_try(len + 1, "store value", &p));
     if (len)
         memcpy(p, data, len);
     ((char *)p)[len] = '\0';
@@ -54,7 +54,7 @@ td_status td_store_copy_out(const void *data, size_t len, void **out, size_t *ou
     return TD_OK;
 }
 
-td_status td_store_parse_counter(const char *key, const void *value, size_t len, int64_t *out)
+td_status store_parse_counter(const char *key, const void *value, size_t len, int64_t *out)
 {
     const char *p = value, *end = p + len;
     while (p < end && isspace((unsigned char)*p))
@@ -84,26 +84,26 @@ td_status td_store_parse_counter(const char *key, const void *value, size_t len,
     *out = neg ? (int64_t)(0 - mag) : (int64_t)mag;
     return TD_OK;
 bad:
-    return td_error(TD_ERR_INVALID,
+    return error_fmt(TD_ERR_INVALID,
                     "add: the value of key '%s' is not a decimal integer (%zu bytes); add only works on "
                     "keys written by add or set to a number",
                     key, len);
 }
 
-td_status td_store_counter_add(const char *key, int64_t current, int64_t delta, int64_t *out)
+td_status store_counter_add(const char *key, int64_t current, int64_t delta, int64_t *out)
 {
     if (__builtin_add_overflow(current, delta, out))
-        return td_error(TD_ERR_INVALID, "add: key '%s' would overflow int64 (%" PRId64 " + %" PRId64 ")", key,
+        return error_fmt(TD_ERR_INVALID, "add: key '%s' would overflow int64 (%" PRId64 " + %" PRId64 ")", key,
                         current, delta);
     return TD_OK;
 }
 
-size_t td_store_format_counter(int64_t v, char *buf)
+size_t store_format_counter(int64_t v, char *buf)
 {
     return (size_t)snprintf(buf, 24, "%" PRId64, v);
 }
 
-void td_store_compare_set_decide(bool present, const void *current, size_t current_len,
+void store_compare_set_decide(bool present, const void *current, size_t current_len,
                                  const void *expected, size_t expected_len, const void *desired,
                                  size_t desired_len, bool *write, const void **result, size_t *result_len)
 {
@@ -127,21 +127,21 @@ void td_store_compare_set_decide(bool present, const void *current, size_t curre
 #define CHECK_STORE(s)                                                   \
     do {                                                                 \
         if (!(s))                                                        \
-            return td_error(TD_ERR_INVALID, "%s: store is NULL", __func__); \
+            return error_fmt(TD_ERR_INVALID, "%s: store is NULL", __func__); \
     } while (0)
 #define CHECK_ARG(cond, what)                                                  \
     do {                                                                       \
         if (!(cond))                                                           \
-            return td_error(TD_ERR_INVALID, "%s: %s", __func__, what);         \
+            return error_fmt(TD_ERR_INVALID, "%s: %s", __func__, what);         \
     } while (0)
 
 static td_status check_keys(const char *fn, const char *const *keys, size_t n)
 {
     if (n > 0 && !keys)
-        return td_error(TD_ERR_INVALID, "%s: keys is NULL", fn);
+        return error_fmt(TD_ERR_INVALID, "%s: keys is NULL", fn);
     for (size_t i = 0; i < n; i++)
         if (!keys[i])
-            return td_error(TD_ERR_INVALID, "%s: keys[%zu] is NULL", fn, i);
+            return error_fmt(TD_ERR_INVALID, "%s: keys[%zu] is NULL", fn, i);
     return TD_OK;
 }
 
@@ -223,10 +223,10 @@ td_status td_store_wait(td_store *store, const char *const *keys, size_t n, int6
     CHECK_STORE(store);
     TD_TRY(check_keys(__func__, keys, n));
     if (timeout_ms < 0 && timeout_ms != TD_STORE_TIMEOUT_DEFAULT)
-        return td_error(TD_ERR_INVALID, "td_store_wait: timeout must be >= 0 or TD_STORE_TIMEOUT_DEFAULT, got %lld",
+        return error_fmt(TD_ERR_INVALID, "td_store_wait: timeout must be >= 0 or TD_STORE_TIMEOUT_DEFAULT, got %lld",
                         (long long)timeout_ms);
     if (timeout_ms == TD_STORE_TIMEOUT_DEFAULT)
-        timeout_ms = td_store_timeout_of(store);
+        timeout_ms = store_timeout_of(store);
     if (n == 0)
         return TD_OK;
     return store->ops->wait(store, keys, n, timeout_ms);
@@ -270,7 +270,7 @@ td_status td_store_multi_set(td_store *store, const char *const *keys, const voi
     CHECK_ARG(n == 0 || (values && lens), "values or lens is NULL");
     for (size_t i = 0; i < n; i++)
         if (!values[i] && lens[i])
-            return td_error(TD_ERR_INVALID, "td_store_multi_set: values[%zu] is NULL", i);
+            return error_fmt(TD_ERR_INVALID, "td_store_multi_set: values[%zu] is NULL", i);
     if (n == 0)
         return TD_OK;
     return store->ops->multi_set(store, keys, values, lens, n);
@@ -280,7 +280,7 @@ td_status td_store_set_timeout(td_store *store, int64_t timeout_ms)
 {
     CHECK_STORE(store);
     if (timeout_ms < 0)
-        return td_error(TD_ERR_INVALID, "td_store_set_timeout: timeout must be >= 0 ms (0: none), got %lld",
+        return error_fmt(TD_ERR_INVALID, "td_store_set_timeout: timeout must be >= 0 ms (0: none), got %lld",
                         (long long)timeout_ms);
     if (store->ops->set_timeout)
         store->ops->set_timeout(store, timeout_ms);
@@ -293,5 +293,5 @@ int64_t td_store_get_timeout(td_store *store)
 {
     if (!store)
         return -1;
-    return td_store_timeout_of(store);
+    return store_timeout_of(store);
 }

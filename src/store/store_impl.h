@@ -1,9 +1,9 @@
 /* Internal: the Store vtable behind the opaque td_store handle (tdist/store.h).
  *
  * A store kind embeds `td_store` as its first member, fills a static td_store_ops and calls
- * td_store_init. store.c checks arguments, resolves timeouts and dispatches, so an implementation
+ * store_init. store.c checks arguments, resolves timeouts and dispatches, so an implementation
  * sees only valid arguments: non-NULL keys and outputs, n >= 1 for multi-key calls, and for wait a
- * resolved timeout (0 = none). Output values are allocated with td_store_copy_out. */
+ * resolved timeout (0 = none). Output values are allocated with store_copy_out. */
 #ifndef TDIST_STORE_STORE_IMPL_H
 #define TDIST_STORE_STORE_IMPL_H
 
@@ -44,23 +44,23 @@ struct td_store {
     atomic_llong timeout_ms; /* 0 = none */
 };
 
-void td_store_init(td_store *s, const td_store_ops *ops, int64_t timeout_ms);
+void store_init(td_store *s, const td_store_ops *ops, int64_t timeout_ms);
 /* The store's own timeout (for implementations; honours get_timeout overrides). */
-int64_t td_store_timeout_of(td_store *s);
+int64_t store_timeout_of(td_store *s);
 
 /* A malloc'd copy of data with a NUL byte past len (TD_ERR_NOMEM for a huge len). */
-td_status td_store_copy_out(const void *data, size_t len, void **out, size_t *out_len);
+td_status store_copy_out(const void *data, size_t len, void **out, size_t *out_len);
 /* Parses a stored counter: optional whitespace and sign, then decimal digits, nothing after.
  * An empty value is 0. Fails with TD_ERR_INVALID naming the key. */
-td_status td_store_parse_counter(const char *key, const void *value, size_t len, int64_t *out);
+td_status store_parse_counter(const char *key, const void *value, size_t len, int64_t *out);
 /* current + delta, failing with TD_ERR_INVALID on int64 overflow. */
-td_status td_store_counter_add(const char *key, int64_t current, int64_t delta, int64_t *out);
+td_status store_counter_add(const char *key, int64_t current, int64_t delta, int64_t *out);
 /* The decimal text of v into buf (at least 24 bytes); returns its length. */
-size_t td_store_format_counter(int64_t v, char *buf);
+size_t store_format_counter(int64_t v, char *buf);
 
 /* The compare_set truth table over a current value (present = false when absent): sets *write when
  * desired must be stored and points *result at the bytes to return. */
-void td_store_compare_set_decide(bool present, const void *current, size_t current_len,
+void store_compare_set_decide(bool present, const void *current, size_t current_len,
                                  const void *expected, size_t expected_len, const void *desired,
                                  size_t desired_len, bool *write, const void **result, size_t *result_len);
 

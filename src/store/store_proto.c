@@ -9,58 +9,58 @@
 #include "base/env.h"
 #include "base/error.h"
 
-td_status td_store_limits_resolve(size_t max_key, size_t max_value, td_store_limits *out)
+td_status store_limits_resolve(size_t max_key, size_t max_value, td_store_limits *out)
 {
     uint64_t k = max_key, v = max_value;
     if (!k) {
-        const char *e = td_env_str("TDIST_STORE_MAX_KEY", NULL);
+        const char *e = env_get_str("TDIST_STORE_MAX_KEY", NULL);
         k = TD_STORE_DEFAULT_MAX_KEY;
         if (e)
-            TD_TRY(td_parse_size("TDIST_STORE_MAX_KEY", e, &k));
+            TD_TRY(env_parse_size("TDIST_STORE_MAX_KEY", e, &k));
     }
     if (!v) {
-        const char *e = td_env_str("TDIST_STORE_MAX_VALUE", NULL);
+        const char *e = env_get_str("TDIST_STORE_MAX_VALUE", NULL);
         v = TD_STORE_DEFAULT_MAX_VALUE;
         if (e)
-            TD_TRY(td_parse_size("TDIST_STORE_MAX_VALUE", e, &v));
+            TD_TRY(env_parse_size("TDIST_STORE_MAX_VALUE", e, &v));
     }
     if (k < 1 || k > UINT32_MAX)
-        return td_error(TD_ERR_INVALID, "the TCPStore key limit must be between 1 byte and 4 GiB, got %llu",
+        return error_fmt(TD_ERR_INVALID, "the TCPStore key limit must be between 1 byte and 4 GiB, got %llu",
                         (unsigned long long)k);
     if (v > ((uint64_t)1 << 48))
-        return td_error(TD_ERR_INVALID, "the TCPStore value limit must be at most 256 TiB, got %llu",
+        return error_fmt(TD_ERR_INVALID, "the TCPStore value limit must be at most 256 TiB, got %llu",
                         (unsigned long long)v);
     out->max_key = k;
     out->max_value = v;
     return TD_OK;
 }
 
-uint64_t td_store_max_body(const td_store_limits *lim)
+uint64_t store_max_body(const td_store_limits *lim)
 {
     return lim->max_key + lim->max_value + TD_STORE_BODY_SLACK;
 }
 
-const char *td_store_cmd_name(int cmd)
+const char *store_cmd_name(int cmd)
 {
     static const char *const names[] = {"?", "HELLO", "SET", "GET", "ADD", "COMPARE_SET", "DELETE_KEY", "CHECK",
                                         "NUM_KEYS", "WAIT", "CANCEL", "APPEND", "MULTI_GET", "MULTI_SET", "PING"};
     return cmd >= 1 && cmd <= TD_STORE_CMD_MAX_ ? names[cmd] : "unknown";
 }
 
-uint32_t td_store_get_u32(const uint8_t *p)
+uint32_t store_get_u32(const uint8_t *p)
 {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-uint64_t td_store_get_u64(const uint8_t *p)
+uint64_t store_get_u64(const uint8_t *p)
 {
-    return (uint64_t)td_store_get_u32(p) | (uint64_t)td_store_get_u32(p + 4) << 32;
+    return (uint64_t)store_get_u32(p) | (uint64_t)store_get_u32(p + 4) << 32;
 }
 
-void td_store_parse_header(const uint8_t *hdr, uint8_t *tag, uint64_t *body_len)
+void store_parse_header(const uint8_t *hdr, uint8_t *tag, uint64_t *body_len)
 {
     *tag = hdr[0];
-    *body_len = td_store_get_u64(hdr + 1);
+    *body_len = store_get_u64(hdr + 1);
 }
 
 /* A cursor over one request body. Each reader fails (returns false, sets why) instead of reading
@@ -89,7 +89,7 @@ static bool rd_u32(cursor *c, uint32_t *v)
     const uint8_t *p;
     if (!take(c, 4, &p))
         return false;
-    *v = td_store_get_u32(p);
+    *v = store_get_u32(p);
     return true;
 }
 
@@ -98,7 +98,7 @@ static bool rd_u64(cursor *c, uint64_t *v)
     const uint8_t *p;
     if (!take(c, 8, &p))
         return false;
-    *v = td_store_get_u64(p);
+    *v = store_get_u64(p);
     return true;
 }
 
@@ -220,7 +220,7 @@ static bool parse_body(cursor *c, uint8_t cmd, td_store_slice_vec *ks, td_store_
     }
 }
 
-td_status td_store_parse_request(const uint8_t *buf, size_t len, const td_store_limits *lim,
+td_status store_parse_request(const uint8_t *buf, size_t len, const td_store_limits *lim,
                                  td_store_slice_vec *keys_scratch, td_store_slice_vec *values_scratch,
                                  td_store_request *req, size_t *consumed, size_t *frame_len)
 {
@@ -230,15 +230,15 @@ td_status td_store_parse_request(const uint8_t *buf, size_t len, const td_store_
         return TD_OK;
     uint8_t cmd = buf[0];
     if (cmd < 1 || cmd > TD_STORE_CMD_MAX_)
-        return td_error(TD_ERR_INVALID, "unknown request type %u (not a tdist TCPStore client, or a newer one?)",
+        return error_fmt(TD_ERR_INVALID, "unknown request type %u (not a tdist TCPStore client, or a newer one?)",
                         cmd);
     if (len < TD_STORE_HEADER_LEN)
         return TD_OK;
-    uint64_t body = td_store_get_u64(buf + 1);
-    uint64_t max = td_store_max_body(lim);
+    uint64_t body = store_get_u64(buf + 1);
+    uint64_t max = store_max_body(lim);
     if (body > max)
-        return td_error(TD_ERR_INVALID, "%s request of %llu bytes exceeds the limit of %llu bytes (max key %llu, max value %llu; see TDIST_STORE_MAX_KEY and TDIST_STORE_MAX_VALUE)",
-                        td_store_cmd_name(cmd), (unsigned long long)body, (unsigned long long)max,
+        return error_fmt(TD_ERR_INVALID, "%s request of %llu bytes exceeds the limit of %llu bytes (max key %llu, max value %llu; see TDIST_STORE_MAX_KEY and TDIST_STORE_MAX_VALUE)",
+                        store_cmd_name(cmd), (unsigned long long)body, (unsigned long long)max,
                         (unsigned long long)lim->max_key, (unsigned long long)lim->max_value);
     *frame_len = TD_STORE_HEADER_LEN + (size_t)body;
     if (len - TD_STORE_HEADER_LEN < body)
@@ -247,23 +247,23 @@ td_status td_store_parse_request(const uint8_t *buf, size_t len, const td_store_
     req->cmd = cmd;
     cursor c = {.p = buf + TD_STORE_HEADER_LEN, .left = (size_t)body, .lim = lim, .why = NULL};
     if (!parse_body(&c, cmd, keys_scratch, values_scratch, req))
-        return td_error(TD_ERR_INVALID, "malformed %s request: %s", td_store_cmd_name(cmd), c.why);
+        return error_fmt(TD_ERR_INVALID, "malformed %s request: %s", store_cmd_name(cmd), c.why);
     if (c.left != 0)
-        return td_error(TD_ERR_INVALID, "malformed %s request: %zu unexpected bytes after its fields",
-                        td_store_cmd_name(cmd), c.left);
+        return error_fmt(TD_ERR_INVALID, "malformed %s request: %zu unexpected bytes after its fields",
+                        store_cmd_name(cmd), c.left);
     *consumed = *frame_len;
     return TD_OK;
 }
 
-size_t td_store_msg_begin(td_buf *b, uint8_t tag)
+size_t store_msg_begin(td_buf *b, uint8_t tag)
 {
     size_t off = b->len;
-    td_buf_put_u8(b, tag);
-    td_buf_put_u64(b, 0);
+    buf_put_u8(b, tag);
+    buf_put_u64(b, 0);
     return off;
 }
 
-void td_store_msg_end(td_buf *b, size_t off)
+void store_msg_end(td_buf *b, size_t off)
 {
     uint64_t body = b->len - off - TD_STORE_HEADER_LEN;
     uint8_t *p = (uint8_t *)b->data + off + 1;
@@ -271,52 +271,52 @@ void td_store_msg_end(td_buf *b, size_t off)
         p[i] = (uint8_t)(body >> (8 * i));
 }
 
-void td_store_put_key(td_buf *b, const char *prefix, const void *key, size_t len)
+void store_put_key(td_buf *b, const char *prefix, const void *key, size_t len)
 {
     size_t plen = prefix ? strlen(prefix) : 0;
-    td_buf_put_u32(b, (uint32_t)(plen + len));
+    buf_put_u32(b, (uint32_t)(plen + len));
     if (plen)
-        td_buf_append(b, prefix, plen);
-    td_buf_append(b, key, len);
+        buf_append(b, prefix, plen);
+    buf_append(b, key, len);
 }
 
-void td_store_put_value(td_buf *b, const void *value, size_t len)
+void store_put_value(td_buf *b, const void *value, size_t len)
 {
-    td_buf_put_u64(b, (uint64_t)len);
-    td_buf_append(b, value, len);
+    buf_put_u64(b, (uint64_t)len);
+    buf_append(b, value, len);
 }
 
-void td_store_put_i64(td_buf *b, int64_t v) { td_buf_put_u64(b, (uint64_t)v); }
+void store_put_i64(td_buf *b, int64_t v) { buf_put_u64(b, (uint64_t)v); }
 
-td_status td_store_check_reply_header(const uint8_t *hdr, uint64_t max_body, uint8_t *kind, uint64_t *body_len)
+td_status store_check_reply_header(const uint8_t *hdr, uint64_t max_body, uint8_t *kind, uint64_t *body_len)
 {
-    td_store_parse_header(hdr, kind, body_len);
+    store_parse_header(hdr, kind, body_len);
     uint64_t limit = *kind == TD_STORE_REPLY_OK ? max_body : 65536;
     if (*kind > TD_STORE_REPLY_CANCELED)
-        return td_error(TD_ERR_IO, "malformed reply: unknown kind %u", *kind);
+        return error_fmt(TD_ERR_IO, "malformed reply: unknown kind %u", *kind);
     if (*body_len > limit)
-        return td_error(TD_ERR_IO, "malformed reply: %llu bytes where at most %llu were expected",
+        return error_fmt(TD_ERR_IO, "malformed reply: %llu bytes where at most %llu were expected",
                         (unsigned long long)*body_len, (unsigned long long)limit);
     return TD_OK;
 }
 
-td_status td_store_parse_values(const uint8_t *body, size_t len, size_t n, td_store_slice *out)
+td_status store_parse_values(const uint8_t *body, size_t len, size_t n, td_store_slice *out)
 {
-    if (len < 4 || td_store_get_u32(body) != n)
-        return td_error(TD_ERR_IO, "malformed MULTI_GET reply: wrong value count");
+    if (len < 4 || store_get_u32(body) != n)
+        return error_fmt(TD_ERR_IO, "malformed MULTI_GET reply: wrong value count");
     size_t off = 4;
     for (size_t i = 0; i < n; i++) {
         if (len - off < 8)
-            return td_error(TD_ERR_IO, "malformed MULTI_GET reply: value %zu is cut off", i);
-        uint64_t vlen = td_store_get_u64(body + off);
+            return error_fmt(TD_ERR_IO, "malformed MULTI_GET reply: value %zu is cut off", i);
+        uint64_t vlen = store_get_u64(body + off);
         off += 8;
         if (vlen > len - off)
-            return td_error(TD_ERR_IO, "malformed MULTI_GET reply: value %zu runs past the end", i);
+            return error_fmt(TD_ERR_IO, "malformed MULTI_GET reply: value %zu runs past the end", i);
         out[i].data = body + off;
         out[i].len = (size_t)vlen;
         off += (size_t)vlen;
     }
     if (off != len)
-        return td_error(TD_ERR_IO, "malformed MULTI_GET reply: %zu bytes after the values", len - off);
+        return error_fmt(TD_ERR_IO, "malformed MULTI_GET reply: %zu bytes after the values", len - off);
     return TD_OK;
 }

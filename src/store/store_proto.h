@@ -8,7 +8,7 @@
  * A connection starts with HELLO (magic, version, auth token); the server answers with its version
  * and limits, or an ERROR and a close.
  *
- * td_store_parse_request is a pure function over bytes (the server and fuzz/fuzz_store_request.c
+ * store_parse_request is a pure function over bytes (the server and fuzz/fuzz_store_request.c
  * both drive it): it never trusts a length before checking it against the bytes present and the
  * limits, and never allocates beyond the scratch arrays for multi-key requests. */
 #ifndef TDIST_STORE_STORE_PROTO_H
@@ -66,9 +66,9 @@ typedef struct td_store_limits {
 #define TD_STORE_DEFAULT_MAX_VALUE ((uint64_t)512 << 20)
 
 /* Fills in zeros from TDIST_STORE_MAX_KEY / TDIST_STORE_MAX_VALUE or the defaults (64 KiB, 512 MiB). */
-td_status td_store_limits_resolve(size_t max_key, size_t max_value, td_store_limits *out);
+td_status store_limits_resolve(size_t max_key, size_t max_value, td_store_limits *out);
 /* The largest request body the limits allow: one key, one value and the slack. */
-uint64_t td_store_max_body(const td_store_limits *lim);
+uint64_t store_max_body(const td_store_limits *lim);
 
 typedef struct td_store_slice {
     const uint8_t *data;
@@ -96,32 +96,32 @@ typedef struct td_store_request {
  *     in (so the caller can reserve it), else 0.
  *   TD_ERR_INVALID: malformed, unknown or over the limits; the message says why, and the
  *     connection must be closed. */
-td_status td_store_parse_request(const uint8_t *buf, size_t len, const td_store_limits *lim,
+td_status store_parse_request(const uint8_t *buf, size_t len, const td_store_limits *lim,
                                  td_store_slice_vec *keys_scratch, td_store_slice_vec *values_scratch,
                                  td_store_request *req, size_t *consumed, size_t *frame_len);
 
-const char *td_store_cmd_name(int cmd);
+const char *store_cmd_name(int cmd);
 
 /* ---- encoding (client requests, server replies) ------------------------------------------------ */
 
-/* Starts a message with tag; returns the header's offset for td_store_msg_end. */
-size_t td_store_msg_begin(td_buf *b, uint8_t tag);
+/* Starts a message with tag; returns the header's offset for store_msg_end. */
+size_t store_msg_begin(td_buf *b, uint8_t tag);
 /* Patches the body length of the message started at off. */
-void td_store_msg_end(td_buf *b, size_t off);
-void td_store_put_key(td_buf *b, const char *prefix, const void *key, size_t len);
-void td_store_put_value(td_buf *b, const void *value, size_t len);
-void td_store_put_i64(td_buf *b, int64_t v);
+void store_msg_end(td_buf *b, size_t off);
+void store_put_key(td_buf *b, const char *prefix, const void *key, size_t len);
+void store_put_value(td_buf *b, const void *value, size_t len);
+void store_put_i64(td_buf *b, int64_t v);
 
 /* Checks a reply header: a known kind, and a body no longer than max_body (OK replies) or 64 KiB
  * (others). TD_ERR_IO names what is wrong. */
-td_status td_store_check_reply_header(const uint8_t *hdr, uint64_t max_body, uint8_t *kind, uint64_t *body_len);
+td_status store_check_reply_header(const uint8_t *hdr, uint64_t max_body, uint8_t *kind, uint64_t *body_len);
 /* Splits a MULTI_GET reply body (u32 count, then count x value) into n slices; the count must be n
  * and every length must fit in what is left. */
-td_status td_store_parse_values(const uint8_t *body, size_t len, size_t n, td_store_slice *out);
+td_status store_parse_values(const uint8_t *body, size_t len, size_t n, td_store_slice *out);
 
 /* Reads a response header: kind and body length. */
-void td_store_parse_header(const uint8_t *hdr, uint8_t *tag, uint64_t *body_len);
-uint32_t td_store_get_u32(const uint8_t *p);
-uint64_t td_store_get_u64(const uint8_t *p);
+void store_parse_header(const uint8_t *hdr, uint8_t *tag, uint64_t *body_len);
+uint32_t store_get_u32(const uint8_t *p);
+uint64_t store_get_u64(const uint8_t *p);
 
 #endif

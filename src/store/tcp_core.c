@@ -60,12 +60,12 @@ struct td_store_core {
     td_store_slice_vec ks, vs; /* parser scratch */
 };
 
-td_store_core *td_store_core_new(const td_store_limits *lim, const char *token)
+td_store_core *store_core_new(const td_store_limits *lim, const char *token)
 {
     td_store_core *c = TD_NEW(td_store_core);
     c->lim = *lim;
     if (token && *token) {
-        c->token = td_strdup(token);
+        c->token = alloc_strdup(token);
         c->token_len = strlen(token);
     }
     return c;
@@ -73,9 +73,9 @@ td_store_core *td_store_core_new(const td_store_limits *lim, const char *token)
 
 static void free_conn(td_store_conn *c)
 {
-    td_buf_free(&c->in);
-    td_buf_free(&c->out);
-    td_buf_free(&c->park_keys);
+    buf_free(&c->in);
+    buf_free(&c->out);
+    buf_free(&c->park_keys);
     TD_VEC_FREE(&c->park_refs);
     free(c);
 }
@@ -87,7 +87,7 @@ static void free_waitlist(void *p)
     free(v);
 }
 
-void td_store_core_free(td_store_core *core)
+void store_core_free(td_store_core *core)
 {
     if (!core)
         return;
@@ -95,15 +95,15 @@ void td_store_core_free(td_store_core *core)
         free_conn(core->conns.items[i]);
     TD_VEC_FREE(&core->conns);
     TD_VEC_FREE(&core->dirty);
-    td_map_free(&core->values, free);
-    td_map_free(&core->waiters, free_waitlist);
+    map_free(&core->values, free);
+    map_free(&core->waiters, free_waitlist);
     TD_VEC_FREE(&core->ks);
     TD_VEC_FREE(&core->vs);
     free(core->token);
     free(core);
 }
 
-td_store_conn *td_store_core_attach(td_store_core *core, void *user)
+td_store_conn *store_core_attach(td_store_core *core, void *user)
 {
     td_store_conn *c = TD_NEW(td_store_conn);
     c->user = user;
@@ -112,21 +112,21 @@ td_store_conn *td_store_core_attach(td_store_core *core, void *user)
     return c;
 }
 
-void *td_store_conn_user(const td_store_conn *conn) { return conn->user; }
-td_buf *td_store_conn_input(td_store_conn *conn) { return &conn->in; }
+void *store_conn_user(const td_store_conn *conn) { return conn->user; }
+td_buf *store_conn_input(td_store_conn *conn) { return &conn->in; }
 
-size_t td_store_conn_input_want(const td_store_conn *conn)
+size_t store_conn_input_want(const td_store_conn *conn)
 {
     return conn->want > conn->in.len ? conn->want - conn->in.len : 0;
 }
 
-const uint8_t *td_store_conn_output(const td_store_conn *conn, size_t *len)
+const uint8_t *store_conn_output(const td_store_conn *conn, size_t *len)
 {
     *len = conn->out.len - conn->out_off;
     return (const uint8_t *)conn->out.data + conn->out_off;
 }
 
-void td_store_conn_output_done(td_store_conn *conn, size_t n)
+void store_conn_output_done(td_store_conn *conn, size_t n)
 {
     conn->out_off += n;
     if (conn->out_off >= conn->out.len) {
@@ -134,14 +134,14 @@ void td_store_conn_output_done(td_store_conn *conn, size_t n)
         conn->out_off = 0;
         /* Give back the memory of a huge answer once it is sent. */
         if (conn->out.cap > BACKLOG_BYTES)
-            td_buf_free(&conn->out);
+            buf_free(&conn->out);
     }
 }
 
-bool td_store_conn_closing(const td_store_conn *conn) { return conn->closing; }
-bool td_store_conn_backlogged(const td_store_conn *conn) { return conn->out.len - conn->out_off > BACKLOG_BYTES; }
+bool store_conn_closing(const td_store_conn *conn) { return conn->closing; }
+bool store_conn_backlogged(const td_store_conn *conn) { return conn->out.len - conn->out_off > BACKLOG_BYTES; }
 
-td_store_conn *td_store_core_pop_dirty(td_store_core *core)
+td_store_conn *store_core_pop_dirty(td_store_core *core)
 {
     if (core->dirty.len == 0)
         return NULL;
@@ -150,10 +150,10 @@ td_store_conn *td_store_core_pop_dirty(td_store_core *core)
     return c;
 }
 
-size_t td_store_core_num_conns(const td_store_core *core) { return core->conns.len; }
-td_store_conn *td_store_core_conn(const td_store_core *core, size_t i) { return core->conns.items[i]; }
-size_t td_store_core_num_keys(const td_store_core *core) { return core->values.len; }
-size_t td_store_core_num_parked(const td_store_core *core) { return core->parked; }
+size_t store_core_num_conns(const td_store_core *core) { return core->conns.len; }
+td_store_conn *store_core_conn(const td_store_core *core, size_t i) { return core->conns.items[i]; }
+size_t store_core_num_keys(const td_store_core *core) { return core->values.len; }
+size_t store_core_num_parked(const td_store_core *core) { return core->parked; }
 
 /* ---- replies ------------------------------------------------------------------------------------ */
 
@@ -168,20 +168,20 @@ static void mark_dirty(td_store_core *core, td_store_conn *c)
 static size_t reply_begin(td_store_core *core, td_store_conn *c, uint8_t kind)
 {
     mark_dirty(core, c);
-    return td_store_msg_begin(&c->out, kind);
+    return store_msg_begin(&c->out, kind);
 }
 
 static void reply_empty(td_store_core *core, td_store_conn *c, uint8_t kind)
 {
     size_t off = reply_begin(core, c, kind);
-    td_store_msg_end(&c->out, off);
+    store_msg_end(&c->out, off);
 }
 
 static void reply_bytes(td_store_core *core, td_store_conn *c, const void *data, size_t len)
 {
     size_t off = reply_begin(core, c, TD_STORE_REPLY_OK);
-    td_buf_append(&c->out, data, len);
-    td_store_msg_end(&c->out, off);
+    buf_append(&c->out, data, len);
+    store_msg_end(&c->out, off);
 }
 
 static void reply_u8(td_store_core *core, td_store_conn *c, uint8_t v) { reply_bytes(core, c, &v, 1); }
@@ -189,22 +189,22 @@ static void reply_u8(td_store_core *core, td_store_conn *c, uint8_t v) { reply_b
 static void reply_i64(td_store_core *core, td_store_conn *c, int64_t v)
 {
     size_t off = reply_begin(core, c, TD_STORE_REPLY_OK);
-    td_store_put_i64(&c->out, v);
-    td_store_msg_end(&c->out, off);
+    store_put_i64(&c->out, v);
+    store_msg_end(&c->out, off);
 }
 
 /* An error answer for a request that was understood but failed (the connection stays). */
 static void reply_error(td_store_core *core, td_store_conn *c, td_status code, const char *msg)
 {
     size_t off = reply_begin(core, c, TD_STORE_REPLY_ERROR);
-    td_buf_put_u32(&c->out, (uint32_t)(int32_t)code);
-    td_buf_append_str(&c->out, msg);
-    td_store_msg_end(&c->out, off);
+    buf_put_u32(&c->out, (uint32_t)(int32_t)code);
+    buf_append_str(&c->out, msg);
+    store_msg_end(&c->out, off);
 }
 
 /* ---- values ------------------------------------------------------------------------------------- */
 
-static sval *lookup(td_store_core *core, td_store_slice k) { return td_map_get(&core->values, k.data, k.len); }
+static sval *lookup(td_store_core *core, td_store_slice k) { return map_get(&core->values, k.data, k.len); }
 
 /* Stores len bytes (from up to two pieces, for append) at key, reusing the old block when it fits. */
 static td_status store_value(td_store_core *core, td_store_slice k, const void *a, size_t alen, const void *b,
@@ -213,7 +213,7 @@ static td_status store_value(td_store_core *core, td_store_slice k, const void *
     sval *old = lookup(core, k);
     size_t len = alen + blen;
     if (len > core->lim.max_value)
-        return td_error(TD_ERR_INVALID, "the value of key '%.*s' would be %zu bytes, over the server's limit of %llu "
+        return error_fmt(TD_ERR_INVALID, "the value of key '%.*s' would be %zu bytes, over the server's limit of %llu "
                         "bytes (TDIST_STORE_MAX_VALUE)", (int)(k.len > 200 ? 200 : k.len), (const char *)k.data, len,
                         (unsigned long long)core->lim.max_value);
     if (old && old->cap >= len) {
@@ -229,14 +229,14 @@ static td_status store_value(td_store_core *core, td_store_slice k, const void *
     if (blen && old && old->cap < core->lim.max_value / 2 && len < old->cap * 2)
         cap = old->cap * 2;
     sval *v = NULL;
-    TD_TRY(td_try_malloc(sizeof *v + cap + 1, "TCPStore value", (void **)&v));
+    TD_TRY(alloc_try(sizeof *v + cap + 1, "TCPStore value", (void **)&v));
     v->len = len;
     v->cap = cap;
     if (alen)
         memcpy(v->data, a, alen);
     if (blen)
         memcpy(v->data + alen, b, blen);
-    td_map_put(&core->values, k.data, k.len, v);
+    map_put(&core->values, k.data, k.len, v);
     free(old);
     return TD_OK;
 }
@@ -262,12 +262,12 @@ static void answer_parked(td_store_core *core, td_store_conn *c)
         break;
     case TD_STORE_CMD_MULTI_GET: {
         size_t off = reply_begin(core, c, TD_STORE_REPLY_OK);
-        td_buf_put_u32(&c->out, (uint32_t)c->park_refs.len);
+        buf_put_u32(&c->out, (uint32_t)c->park_refs.len);
         for (size_t i = 0; i < c->park_refs.len; i++) {
             sval *v = lookup(core, park_key(c, i));
-            td_store_put_value(&c->out, v->data, v->len);
+            store_put_value(&c->out, v->data, v->len);
         }
-        td_store_msg_end(&c->out, off);
+        store_msg_end(&c->out, off);
         break;
     }
     default:
@@ -277,7 +277,7 @@ static void answer_parked(td_store_core *core, td_store_conn *c)
 
 static void waitlist_remove(td_store_core *core, td_store_slice k, td_store_conn *c)
 {
-    conn_vec *wl = td_map_get(&core->waiters, k.data, k.len);
+    conn_vec *wl = map_get(&core->waiters, k.data, k.len);
     if (!wl)
         return;
     for (size_t i = 0; i < wl->len;) {
@@ -287,7 +287,7 @@ static void waitlist_remove(td_store_core *core, td_store_slice k, td_store_conn
             i++;
     }
     if (wl->len == 0)
-        free_waitlist(td_map_remove(&core->waiters, k.data, k.len));
+        free_waitlist(map_remove(&core->waiters, k.data, k.len));
 }
 
 /* Takes c off every wait list and clears its parked request. */
@@ -299,7 +299,7 @@ static void unpark(td_store_core *core, td_store_conn *c)
         waitlist_remove(core, park_key(c, i), c);
     c->parked = 0;
     c->park_refs.len = 0;
-    td_buf_clear(&c->park_keys);
+    buf_clear(&c->park_keys);
     core->parked--;
 }
 
@@ -312,10 +312,10 @@ static void try_answer(td_store_core *core, td_store_conn *c)
         if (lookup(core, k))
             continue;
         all = false;
-        conn_vec *wl = td_map_get(&core->waiters, k.data, k.len);
+        conn_vec *wl = map_get(&core->waiters, k.data, k.len);
         if (!wl) {
             wl = TD_NEW(conn_vec);
-            td_map_put(&core->waiters, k.data, k.len, wl);
+            map_put(&core->waiters, k.data, k.len, wl);
         }
         TD_VEC_PUSH(wl, c);
     }
@@ -323,7 +323,7 @@ static void try_answer(td_store_core *core, td_store_conn *c)
         answer_parked(core, c);
         c->parked = 0;
         c->park_refs.len = 0;
-        td_buf_clear(&c->park_keys);
+        buf_clear(&c->park_keys);
         core->parked--;
     }
 }
@@ -332,11 +332,11 @@ static void park(td_store_core *core, td_store_conn *c, uint8_t cmd, const td_st
 {
     c->parked = cmd;
     core->parked++;
-    td_buf_clear(&c->park_keys);
+    buf_clear(&c->park_keys);
     c->park_refs.len = 0;
     for (size_t i = 0; i < n; i++) {
         key_ref r = {c->park_keys.len, keys[i].len};
-        td_buf_append(&c->park_keys, keys[i].data, keys[i].len);
+        buf_append(&c->park_keys, keys[i].data, keys[i].len);
         TD_VEC_PUSH(&c->park_refs, r);
     }
     try_answer(core, c);
@@ -347,7 +347,7 @@ static void wake(td_store_core *core, td_store_slice k)
 {
     if (core->waiters.len == 0)
         return;
-    conn_vec *wl = td_map_remove(&core->waiters, k.data, k.len);
+    conn_vec *wl = map_remove(&core->waiters, k.data, k.len);
     if (!wl)
         return;
     for (size_t i = 0; i < wl->len; i++) {
@@ -393,9 +393,9 @@ static bool token_matches(const td_store_core *core, td_store_slice t)
 static td_status handle_hello(td_store_core *core, td_store_conn *c, const td_store_request *r)
 {
     if (c->hello_done)
-        return td_error(TD_ERR_INVALID, "a second HELLO on one connection");
+        return error_fmt(TD_ERR_INVALID, "a second HELLO on one connection");
     if (r->magic != TD_STORE_PROTO_MAGIC)
-        return td_error(TD_ERR_INVALID, "HELLO with a wrong magic number (not a tdist TCPStore client)");
+        return error_fmt(TD_ERR_INVALID, "HELLO with a wrong magic number (not a tdist TCPStore client)");
     if (r->version != TD_STORE_PROTO_VERSION) {
         char msg[160];
         snprintf(msg, sizeof msg, "unsupported TCPStore protocol version %u; this server speaks version %u",
@@ -415,10 +415,10 @@ static td_status handle_hello(td_store_core *core, td_store_conn *c, const td_st
     }
     c->hello_done = true;
     size_t off = reply_begin(core, c, TD_STORE_REPLY_OK);
-    td_buf_put_u32(&c->out, TD_STORE_PROTO_VERSION);
-    td_buf_put_u64(&c->out, core->lim.max_key);
-    td_buf_put_u64(&c->out, core->lim.max_value);
-    td_store_msg_end(&c->out, off);
+    buf_put_u32(&c->out, TD_STORE_PROTO_VERSION);
+    buf_put_u64(&c->out, core->lim.max_key);
+    buf_put_u64(&c->out, core->lim.max_value);
+    store_msg_end(&c->out, off);
     return TD_OK;
 }
 
@@ -427,15 +427,15 @@ static td_status handle(td_store_core *core, td_store_conn *c, const td_store_re
     if (r->cmd == TD_STORE_CMD_HELLO)
         return handle_hello(core, c, r);
     if (!c->hello_done)
-        return td_error(TD_ERR_INVALID, "%s request before HELLO", td_store_cmd_name(r->cmd));
+        return error_fmt(TD_ERR_INVALID, "%s request before HELLO", store_cmd_name(r->cmd));
     if (r->cmd == TD_STORE_CMD_CANCEL) {
         unpark(core, c);
         reply_empty(core, c, TD_STORE_REPLY_CANCELED);
         return TD_OK;
     }
     if (c->parked)
-        return td_error(TD_ERR_INVALID, "%s request while a %s is pending (only CANCEL may follow a blocked request)",
-                        td_store_cmd_name(r->cmd), td_store_cmd_name(c->parked));
+        return error_fmt(TD_ERR_INVALID, "%s request while a %s is pending (only CANCEL may follow a blocked request)",
+                        store_cmd_name(r->cmd), store_cmd_name(c->parked));
     td_status s = TD_OK;
     switch (r->cmd) {
     case TD_STORE_CMD_SET:
@@ -448,7 +448,7 @@ static td_status handle(td_store_core *core, td_store_conn *c, const td_store_re
     case TD_STORE_CMD_APPEND: {
         sval *old = lookup(core, r->key);
         if (old && r->value.len > SIZE_MAX / 2) {
-            s = td_error(TD_ERR_INVALID, "append too large");
+            s = error_fmt(TD_ERR_INVALID, "append too large");
             break;
         }
         s = old ? store_value(core, r->key, old->data, old->len, r->value.data, r->value.len)
@@ -472,12 +472,12 @@ static td_status handle(td_store_core *core, td_store_conn *c, const td_store_re
         shown_key(r->key, key, sizeof key);
         sval *v = lookup(core, r->key);
         int64_t cur = 0, next = 0;
-        s = v ? td_store_parse_counter(key, v->data, v->len, &cur) : TD_OK;
+        s = v ? store_parse_counter(key, v->data, v->len, &cur) : TD_OK;
         if (s == TD_OK)
-            s = td_store_counter_add(key, cur, r->delta, &next);
+            s = store_counter_add(key, cur, r->delta, &next);
         if (s == TD_OK) {
             char text[24];
-            size_t n = td_store_format_counter(next, text);
+            size_t n = store_format_counter(next, text);
             s = store_value(core, r->key, text, n, NULL, 0);
         }
         if (s == TD_OK) {
@@ -491,7 +491,7 @@ static td_status handle(td_store_core *core, td_store_conn *c, const td_store_re
         bool write;
         const void *res;
         size_t res_len;
-        td_store_compare_set_decide(v != NULL, v ? v->data : NULL, v ? v->len : 0, r->expected.data,
+        store_compare_set_decide(v != NULL, v ? v->data : NULL, v ? v->len : 0, r->expected.data,
                                     r->expected.len, r->value.data, r->value.len, &write, &res, &res_len);
         if (!write) {
             reply_bytes(core, c, res, res_len);
@@ -506,7 +506,7 @@ static td_status handle(td_store_core *core, td_store_conn *c, const td_store_re
         break;
     }
     case TD_STORE_CMD_DELETE_KEY: {
-        sval *v = td_map_remove(&core->values, r->key.data, r->key.len);
+        sval *v = map_remove(&core->values, r->key.data, r->key.len);
         reply_u8(core, c, v != NULL);
         free(v);
         break;
@@ -534,21 +534,21 @@ static td_status handle(td_store_core *core, td_store_conn *c, const td_store_re
         reply_empty(core, c, TD_STORE_REPLY_OK);
         break;
     default:
-        return td_error(TD_ERR_INVALID, "unknown request type %u", r->cmd);
+        return error_fmt(TD_ERR_INVALID, "unknown request type %u", r->cmd);
     }
     if (s != TD_OK)
         reply_error(core, c, s, td_last_error());
     return TD_OK;
 }
 
-td_status td_store_core_process(td_store_core *core, td_store_conn *c)
+td_status store_core_process(td_store_core *core, td_store_conn *c)
 {
     size_t off = 0;
     td_status s = TD_OK;
-    while (!c->closing && !td_store_conn_backlogged(c)) {
+    while (!c->closing && !store_conn_backlogged(c)) {
         td_store_request req;
         size_t used = 0, frame = 0;
-        s = td_store_parse_request((const uint8_t *)c->in.data + off, c->in.len - off, &core->lim, &core->ks,
+        s = store_parse_request((const uint8_t *)c->in.data + off, c->in.len - off, &core->lim, &core->ks,
                                    &core->vs, &req, &used, &frame);
         if (s != TD_OK || used == 0) {
             c->want = frame;
@@ -561,11 +561,11 @@ td_status td_store_core_process(td_store_core *core, td_store_conn *c)
             break;
     }
     if (off)
-        td_buf_consume(&c->in, off);
+        buf_consume(&c->in, off);
     return s;
 }
 
-void td_store_core_detach(td_store_core *core, td_store_conn *c)
+void store_core_detach(td_store_core *core, td_store_conn *c)
 {
     unpark(core, c);
     if (c->dirty) {

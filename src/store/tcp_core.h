@@ -21,39 +21,39 @@ typedef struct td_store_core td_store_core;
 typedef struct td_store_conn td_store_conn;
 
 /* token: the shared secret clients must present (NULL or "": none). */
-td_store_core *td_store_core_new(const td_store_limits *lim, const char *token);
+td_store_core *store_core_new(const td_store_limits *lim, const char *token);
 /* Frees the core and every connection still attached. */
-void td_store_core_free(td_store_core *core);
+void store_core_free(td_store_core *core);
 
-td_store_conn *td_store_core_attach(td_store_core *core, void *user);
+td_store_conn *store_core_attach(td_store_core *core, void *user);
 /* Removes a connection (closed by either side), dropping its parked request. */
-void td_store_core_detach(td_store_core *core, td_store_conn *conn);
-void *td_store_conn_user(const td_store_conn *conn);
+void store_core_detach(td_store_core *core, td_store_conn *conn);
+void *store_conn_user(const td_store_conn *conn);
 
 /* Received bytes go at the end of this buffer. */
-td_buf *td_store_conn_input(td_store_conn *conn);
+td_buf *store_conn_input(td_store_conn *conn);
 /* How many more bytes the partially received request needs (0 when unknown), so the reader can
  * size one receive for a large value. */
-size_t td_store_conn_input_want(const td_store_conn *conn);
+size_t store_conn_input_want(const td_store_conn *conn);
 /* Handles every complete request in the input. An error (message set) means the connection must
  * be closed: malformed, oversize or unknown requests, or requests out of protocol order. */
-td_status td_store_core_process(td_store_core *core, td_store_conn *conn);
+td_status store_core_process(td_store_core *core, td_store_conn *conn);
 
-/* Pending output; td_store_conn_output_done drops n sent bytes. */
-const uint8_t *td_store_conn_output(const td_store_conn *conn, size_t *len);
-void td_store_conn_output_done(td_store_conn *conn, size_t n);
+/* Pending output; store_conn_output_done drops n sent bytes. */
+const uint8_t *store_conn_output(const td_store_conn *conn, size_t *len);
+void store_conn_output_done(td_store_conn *conn, size_t n);
 /* The connection must be closed once its output is sent (it was refused at HELLO). */
-bool td_store_conn_closing(const td_store_conn *conn);
+bool store_conn_closing(const td_store_conn *conn);
 /* Reading should pause: the peer is not taking its answers. */
-bool td_store_conn_backlogged(const td_store_conn *conn);
+bool store_conn_backlogged(const td_store_conn *conn);
 
 /* Connections that got output since the last call (the one processed and the waiters its writes
  * answered), one at a time; NULL when none is left. */
-td_store_conn *td_store_core_pop_dirty(td_store_core *core);
+td_store_conn *store_core_pop_dirty(td_store_core *core);
 
-size_t td_store_core_num_conns(const td_store_core *core);
-td_store_conn *td_store_core_conn(const td_store_core *core, size_t i);
-size_t td_store_core_num_keys(const td_store_core *core);
-size_t td_store_core_num_parked(const td_store_core *core);
+size_t store_core_num_conns(const td_store_core *core);
+td_store_conn *store_core_conn(const td_store_core *core, size_t i);
+size_t store_core_num_keys(const td_store_core *core);
+size_t store_core_num_parked(const td_store_core *core);
 
 #endif

@@ -88,7 +88,7 @@ static void reap_closed(td_store_server *s)
 {
     for (size_t i = 0; i < s->to_close.len; i++) {
         srv_conn *c = s->to_close.items[i];
-        td_store_core_detach(s->core, c->core);
+        store_core_detach(s->core, c->core);
         close(c->fd);
         free(c);
         atomic_fetch_sub(&s->st_connections, 1);
@@ -105,7 +105,7 @@ static void flush(td_store_server *s, srv_conn *c)
     if (c->dead)
         return;
     size_t len;
-    const uint8_t *p = td_store_conn_output(c->core, &len);
+    const uint8_t *p = store_conn_output(c->core, &len);
     while (len > 0) {
         ssize_t n = send(c->fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n < 0) {
@@ -116,41 +116,41 @@ static void flush(td_store_server *s, srv_conn *c)
             kill_conn(s, c, false, strerror(errno));
             return;
         }
-        td_store_conn_output_done(c->core, (size_t)n);
-        p = td_store_conn_output(c->core, &len);
+        store_conn_output_done(c->core, (size_t)n);
+        p = store_conn_output(c->core, &len);
     }
-    if (len == 0 && td_store_conn_closing(c->core)) {
+    if (len == 0 && store_conn_closing(c->core)) {
         kill_conn(s, c, true, "refused at HELLO (wrong protocol version or auth token)");
         return;
     }
     bool was_paused = !(c->events & EPOLLIN);
-    bool backlogged = td_store_conn_backlogged(c->core);
+    bool backlogged = store_conn_backlogged(c->core);
     set_events(s, c, (backlogged ? 0 : EPOLLIN) | (len ? EPOLLOUT : 0));
     /* Input that arrived while paused may hold whole requests already. */
-    if (was_paused && !backlogged && td_store_conn_input(c->core)->len > 0)
+    if (was_paused && !backlogged && store_conn_input(c->core)->len > 0)
         process_input(s, c);
 }
 
 static void flush_dirty(td_store_server *s)
 {
     td_store_conn *d;
-    while ((d = td_store_core_pop_dirty(s->core)))
-        flush(s, td_store_conn_user(d));
+    while ((d = store_core_pop_dirty(s->core)))
+        flush(s, store_conn_user(d));
 }
 
 static void process_input(td_store_server *s, srv_conn *c)
 {
-    if (td_store_core_process(s->core, c->core) != TD_OK)
+    if (store_core_process(s->core, c->core) != TD_OK)
         kill_conn(s, c, true, td_last_error());
     flush_dirty(s);
 }
 
 static void on_readable(td_store_server *s, srv_conn *c)
 {
-    td_buf *in = td_store_conn_input(c->core);
-    size_t want = td_store_conn_input_want(c->core);
+    td_buf *in = store_conn_input(c->core);
+    size_t want = store_conn_input_want(c->core);
     size_t chunk = want > READ_CHUNK ? want : READ_CHUNK;
-    if (td_buf_try_reserve(in, chunk) != TD_OK) {
+    if (buf_try_reserve(in, chunk) != TD_OK) {
         kill_conn(s, c, true, td_last_error());
         return;
     }
@@ -183,7 +183,7 @@ static void accept_all(td_store_server *s, int lfd)
             if ((errno == EMFILE || errno == ENFILE) && s->reserve_fd >= 0) {
                 /* Out of descriptors: accept and drop one pending client with the spare descriptor,
                  * so that the listener does not stay readable and spin. */
-                int64_t now = td_now_ms();
+                int64_t now = clock_now_ms();
                 if (now - s->last_emfile_log > 1000) {
                     TD_LOG_ERROR("TCPStore server %s: out of file descriptors; refusing clients (raise the "
                                  "open-files limit, ulimit -n)", s->address);
@@ -200,7 +200,7 @@ static void accept_all(td_store_server *s, int lfd)
         }
         srv_conn *c = TD_NEW(srv_conn);
         c->fd = fd;
-        td_addr_str(&peer, c->peer, sizeof c->peer);
+        addr_str(&peer, c->peer, sizeof c->peer);
         if (peer.ss.ss_family == AF_INET || peer.ss.ss_family == AF_INET6) {
             int one = 1;
             setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -213,7 +213,7 @@ static void accept_all(td_store_server *s, int lfd)
             free(c);
             continue;
         }
-        c->core = td_store_core_attach(s->core, c);
+        c->core = store_core_attach(s->core, c);
         atomic_fetch_add(&s->st_connections, 1);
         atomic_fetch_add(&s->st_accepted, 1);
         if (lfd == s->local_fd)
@@ -237,9 +237,9 @@ static void *server_main(void *arg)
             break;
         }
         if (spinning) {
-            if (n == 0 && td_now_ns() < spin_until)
+            if (n == 0 && clock_now_ns() < spin_until)
                 continue;
-            td_net_spin_result(&s->spin, n > 0);
+            net_spin_result(&s->spin, n > 0);
             spinning = false;
             if (n == 0)
                 continue;
@@ -265,12 +265,12 @@ static void *server_main(void *arg)
         }
         reap_closed(s);
         /* After a batch, a client usually sends its next request within microseconds. */
-        if (n > 0 && td_net_spin_now(&s->spin)) {
+        if (n > 0 && net_spin_now(&s->spin)) {
             spinning = true;
-            spin_until = td_now_ns() + s->spin.budget_ns;
+            spin_until = clock_now_ns() + s->spin.budget_ns;
         }
-        atomic_store(&s->st_keys, td_store_core_num_keys(s->core));
-        atomic_store(&s->st_parked, td_store_core_num_parked(s->core));
+        atomic_store(&s->st_keys, store_core_num_keys(s->core));
+        atomic_store(&s->st_parked, store_core_num_parked(s->core));
     }
     return NULL;
 }
@@ -278,10 +278,10 @@ static void *server_main(void *arg)
 static void close_all(td_store_server *s)
 {
     reap_closed(s);
-    while (td_store_core_num_conns(s->core) > 0) {
-        td_store_conn *cc = td_store_core_conn(s->core, 0);
-        srv_conn *c = td_store_conn_user(cc);
-        td_store_core_detach(s->core, cc);
+    while (store_core_num_conns(s->core) > 0) {
+        td_store_conn *cc = store_core_conn(s->core, 0);
+        srv_conn *c = store_conn_user(cc);
+        store_core_detach(s->core, cc);
         close(c->fd);
         free(c);
     }
@@ -300,38 +300,38 @@ static void free_server(td_store_server *s)
         close(s->wake_fd);
     if (s->reserve_fd >= 0)
         close(s->reserve_fd);
-    td_store_core_free(s->core);
+    store_core_free(s->core);
     TD_VEC_FREE(&s->to_close);
     free(s);
 }
 
-td_status td_store_server_start(const td_store_server_options *o, td_store_server **out)
+td_status store_server_start(const td_store_server_options *o, td_store_server **out)
 {
     *out = NULL;
     td_store_limits lim;
-    TD_TRY(td_store_limits_resolve(o->max_key_len, o->max_value_len, &lim));
+    TD_TRY(store_limits_resolve(o->max_key_len, o->max_value_len, &lim));
     int64_t spin = 0;
-    TD_TRY(td_env_int("TDIST_STORE_SPIN_US", TD_STORE_DEFAULT_SPIN_US, 0, 1000000, &spin));
+    TD_TRY(env_get_int("TDIST_STORE_SPIN_US", TD_STORE_DEFAULT_SPIN_US, 0, 1000000, &spin));
     bool same_host = true;
-    TD_TRY(td_env_bool("TDIST_STORE_UNIX", true, &same_host));
+    TD_TRY(env_get_bool("TDIST_STORE_UNIX", true, &same_host));
     td_store_server *s = TD_NEW(td_store_server);
     s->listen_fd = s->local_fd = s->epoll_fd = s->wake_fd = s->reserve_fd = -1;
-    td_net_spin_init(&s->spin, spin * 1000);
-    const char *token = o->auth_token ? o->auth_token : td_env_str("TDIST_AUTH_TOKEN", NULL);
-    s->core = td_store_core_new(&lim, token);
-    td_status st = td_net_listen(o->host, o->port, 0, &s->listen_fd, &s->port);
+    net_spin_init(&s->spin, spin * 1000);
+    const char *token = o->auth_token ? o->auth_token : env_get_str("TDIST_AUTH_TOKEN", NULL);
+    s->core = store_core_new(&lim, token);
+    td_status st = net_listen(o->host, o->port, 0, &s->listen_fd, &s->port);
     if (st != TD_OK) {
         free_server(s);
-        return td_error_prefix(st, "TCPStore server");
+        return error_prefix(st, "TCPStore server");
     }
     td_addr local;
-    if (td_net_local_addr(s->listen_fd, &local) == TD_OK)
-        td_addr_str(&local, s->address, sizeof s->address);
+    if (net_local_addr(s->listen_fd, &local) == TD_OK)
+        addr_str(&local, s->address, sizeof s->address);
     s->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
     s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (s->epoll_fd < 0 || s->wake_fd < 0) {
-        st = td_error_errno(TD_ERR_IO, "TCPStore server: epoll_create1/eventfd");
+        st = error_errno(TD_ERR_IO, "TCPStore server: epoll_create1/eventfd");
         free_server(s);
         return st;
     }
@@ -339,13 +339,13 @@ td_status td_store_server_start(const td_store_server_options *o, td_store_serve
     struct epoll_event wev = {.events = EPOLLIN, .data.ptr = &wake_tag};
     if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, s->listen_fd, &ev) != 0 ||
         epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, s->wake_fd, &wev) != 0) {
-        st = td_error_errno(TD_ERR_IO, "TCPStore server: epoll_ctl");
+        st = error_errno(TD_ERR_IO, "TCPStore server: epoll_ctl");
         free_server(s);
         return st;
     }
     if (same_host) {
         /* Same-host clients skip the TCP stack (net/socket.h); without it they still use TCP. */
-        if (td_net_listen_local(s->listen_fd, "tdist-store", &s->local_fd) == TD_OK) {
+        if (net_listen_local(s->listen_fd, "tdist-store", &s->local_fd) == TD_OK) {
             struct epoll_event lev = {.events = EPOLLIN, .data.ptr = &local_tag};
             if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, s->local_fd, &lev) != 0) {
                 close(s->local_fd);
@@ -355,7 +355,7 @@ td_status td_store_server_start(const td_store_server_options *o, td_store_serve
             TD_LOG_DEBUG("TCPStore server %s: no same-host socket: %s", s->address, td_last_error());
         }
     }
-    st = td_thread_start(&s->thread, "td-store-srv", server_main, s);
+    st = thread_start(&s->thread, "td-store-srv", server_main, s);
     if (st != TD_OK) {
         free_server(s);
         return st;
@@ -365,7 +365,7 @@ td_status td_store_server_start(const td_store_server_options *o, td_store_serve
     return TD_OK;
 }
 
-void td_store_server_stop(td_store_server *s)
+void store_server_stop(td_store_server *s)
 {
     if (!s)
         return;
@@ -374,15 +374,15 @@ void td_store_server_stop(td_store_server *s)
     do
         rc = write(s->wake_fd, &one, sizeof one);
     while (rc < 0 && errno == EINTR);
-    td_thread_join(s->thread);
+    thread_join(s->thread);
     /* The thread is gone: free_server closes every client socket it still had. */
     free_server(s);
 }
 
-int td_store_server_port(const td_store_server *s) { return s->port; }
-const char *td_store_server_address(const td_store_server *s) { return s->address; }
+int store_server_port(const td_store_server *s) { return s->port; }
+const char *store_server_address(const td_store_server *s) { return s->address; }
 
-void td_store_server_get_stats(const td_store_server *s, td_store_server_stats *st)
+void store_server_get_stats(const td_store_server *s, td_store_server_stats *st)
 {
     st->connections = atomic_load(&s->st_connections);
     st->accepted = atomic_load(&s->st_accepted);

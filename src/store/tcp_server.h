@@ -1,7 +1,7 @@
 /* Internal: the TCPStore server, one epoll thread serving the store's state machine (tcp_core.h).
  *
  * The master rank runs one inside its process (tcp_store.c); tools/tdist-store runs one as a
- * program. The thread is named "td-store-srv", and td_store_server_stop wakes it through an
+ * program. The thread is named "td-store-srv", and store_server_stop wakes it through an
  * eventfd, joins it and closes every connection. */
 #ifndef TDIST_STORE_TCP_SERVER_H
 #define TDIST_STORE_TCP_SERVER_H
@@ -21,12 +21,12 @@ typedef struct td_store_server_options {
     size_t max_value_len;   /* 0: $TDIST_STORE_MAX_VALUE or 512 MiB */
 } td_store_server_options;
 
-td_status td_store_server_start(const td_store_server_options *options, td_store_server **server);
+td_status store_server_start(const td_store_server_options *options, td_store_server **server);
 /* Stops the thread, closes every connection (clients see the server go) and frees. NULL is ignored. */
-void td_store_server_stop(td_store_server *server);
-int td_store_server_port(const td_store_server *server);
+void store_server_stop(td_store_server *server);
+int store_server_port(const td_store_server *server);
 /* The bound address as text, e.g. "0.0.0.0:29500" or "[::]:41234". */
-const char *td_store_server_address(const td_store_server *server);
+const char *store_server_address(const td_store_server *server);
 
 typedef struct td_store_server_stats {
     uint64_t connections; /* open now */
@@ -38,6 +38,6 @@ typedef struct td_store_server_stats {
 } td_store_server_stats;
 
 /* A snapshot, updated by the server thread after each batch of events. */
-void td_store_server_get_stats(const td_store_server *server, td_store_server_stats *stats);
+void store_server_get_stats(const td_store_server *server, td_store_server_stats *stats);
 
 #endif

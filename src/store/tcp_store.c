@@ -72,14 +72,14 @@ static td_status server_acquire(const td_tcp_store_options *o, server_ref **out)
     td_store_server_options so = {.host = o->host, .port = o->port, .auth_token = o->auth_token,
                                   .max_key_len = o->max_key_len, .max_value_len = o->max_value_len};
     td_store_server *srv = NULL;
-    td_status s = td_store_server_start(&so, &srv);
+    td_status s = store_server_start(&so, &srv);
     if (s != TD_OK) {
         pthread_mutex_unlock(&g_servers_mu);
         return s;
     }
     server_ref *r = TD_NEW(server_ref);
     r->server = srv;
-    r->port = td_store_server_port(srv);
+    r->port = store_server_port(srv);
     r->refs = 1;
     r->shared = o->multi_tenant;
     r->next = g_servers;
@@ -105,7 +105,7 @@ static void server_release(server_ref *r)
     }
     pthread_mutex_unlock(&g_servers_mu);
     if (last) {
-        td_store_server_stop(r->server);
+        store_server_stop(r->server);
         free(r);
     }
 }
@@ -161,15 +161,15 @@ static td_status io_failed(tcp_store *t, td_status s, const char *op)
         snprintf(t->lost_why, sizeof t->lost_why, "%s", td_last_error());
         t->lost = true;
         disconnect(t);
-        return td_error(TD_ERR_PEER_LOST,
+        return error_fmt(TD_ERR_PEER_LOST,
                         "TCPStore: lost the connection to the server at %s during %s (did the master process "
                         "exit?): %s",
                         t->where, op, t->lost_why);
     }
     disconnect(t);
     if (s == TD_ERR_TIMEOUT)
-        return td_error(TD_ERR_TIMEOUT, "Socket Timeout");
-    return td_error_prefix(s, "TCPStore: %s with the server at %s", op, t->where);
+        return error_fmt(TD_ERR_TIMEOUT, "Socket Timeout");
+    return error_prefix(s, "TCPStore: %s with the server at %s", op, t->where);
 }
 
 /* Makes the buffer hold at least n unread bytes. */
@@ -185,10 +185,10 @@ static td_status fill(tcp_store *t, size_t n, int64_t deadline)
         t->in_off = 0;
     }
     size_t want = n > 65536 ? n : 65536;
-    TD_TRY(td_buf_try_reserve(&t->in, want - t->in.len));
+    TD_TRY(buf_try_reserve(&t->in, want - t->in.len));
     while (t->in.len < n) {
         size_t got = 0;
-        TD_TRY(td_net_recv_some_spin(t->fd, t->in.data + t->in.len, t->in.cap - 1 - t->in.len, &got, deadline,
+        TD_TRY(net_recv_some_spin(t->fd, t->in.data + t->in.len, t->in.cap - 1 - t->in.len, &got, deadline,
                                      &t->spin));
         t->in.len += got;
     }
@@ -202,20 +202,20 @@ static td_status read_reply(tcp_store *t, int64_t deadline, uint64_t max_body, b
     memset(r, 0, sizeof *r);
     /* Give back the memory of a huge earlier reply. */
     if (t->in_off == t->in.len && t->in.cap > ((size_t)4 << 20)) {
-        td_buf_free(&t->in);
+        buf_free(&t->in);
         t->in_off = 0;
     }
     TD_TRY(fill(t, TD_STORE_HEADER_LEN, deadline));
-    TD_TRY(td_store_check_reply_header((const uint8_t *)t->in.data + t->in_off, max_body, &r->kind, &r->len));
+    TD_TRY(store_check_reply_header((const uint8_t *)t->in.data + t->in_off, max_body, &r->kind, &r->len));
     t->in_off += TD_STORE_HEADER_LEN;
     if (direct && r->kind == TD_STORE_REPLY_OK) {
         size_t len = (size_t)r->len;
-        TD_TRY(td_try_malloc(len + 1, "TCPStore value", &r->owned));
+        TD_TRY(alloc_try(len + 1, "TCPStore value", &r->owned));
         size_t have = t->in.len - t->in_off;
         size_t take = have < len ? have : len;
         memcpy(r->owned, t->in.data + t->in_off, take);
         t->in_off += take;
-        td_status s = td_net_recv_all(t->fd, (char *)r->owned + take, len - take, deadline);
+        td_status s = net_recv_all(t->fd, (char *)r->owned + take, len - take, deadline);
         if (s != TD_OK) {
             free(r->owned);
             r->owned = NULL;
@@ -235,49 +235,49 @@ static td_status read_reply(tcp_store *t, int64_t deadline, uint64_t max_body, b
 static td_status remote_error(tcp_store *t, const reply *r, const char *op)
 {
     if (r->len < 4)
-        return td_error(TD_ERR_IO, "TCPStore: malformed error reply from the server at %s", t->where);
-    int32_t code = (int32_t)td_store_get_u32(r->body);
+        return error_fmt(TD_ERR_IO, "TCPStore: malformed error reply from the server at %s", t->where);
+    int32_t code = (int32_t)store_get_u32(r->body);
     if (code >= 0 || code < TD_ERR_INTERNAL)
         code = TD_ERR_REMOTE;
-    return td_error((td_status)code, "TCPStore %s: %.*s", op, (int)(r->len - 4), (const char *)r->body + 4);
+    return error_fmt((td_status)code, "TCPStore %s: %.*s", op, (int)(r->len - 4), (const char *)r->body + 4);
 }
 
 static td_status hello(tcp_store *t, int64_t deadline)
 {
     t->out.len = 0;
-    size_t off = td_store_msg_begin(&t->out, TD_STORE_CMD_HELLO);
-    td_buf_put_u32(&t->out, TD_STORE_PROTO_MAGIC);
-    td_buf_put_u32(&t->out, TD_STORE_PROTO_VERSION);
+    size_t off = store_msg_begin(&t->out, TD_STORE_CMD_HELLO);
+    buf_put_u32(&t->out, TD_STORE_PROTO_MAGIC);
+    buf_put_u32(&t->out, TD_STORE_PROTO_VERSION);
     size_t tlen = t->token ? strlen(t->token) : 0;
-    td_buf_put_u32(&t->out, (uint32_t)tlen);
-    td_buf_append(&t->out, t->token ? t->token : "", tlen);
-    td_store_msg_end(&t->out, off);
-    TD_TRY(td_net_send_all(t->fd, t->out.data, t->out.len, deadline));
+    buf_put_u32(&t->out, (uint32_t)tlen);
+    buf_append(&t->out, t->token ? t->token : "", tlen);
+    store_msg_end(&t->out, off);
+    TD_TRY(net_send_all(t->fd, t->out.data, t->out.len, deadline));
     reply r;
     TD_TRY(read_reply(t, deadline, 64, false, &r));
     if (r.kind == TD_STORE_REPLY_ERROR) {
-        td_status code = r.len >= 4 ? (td_status)(int32_t)td_store_get_u32(r.body) : TD_ERR_REMOTE;
-        return td_error(code < 0 && code >= TD_ERR_INTERNAL ? code : TD_ERR_REMOTE,
+        td_status code = r.len >= 4 ? (td_status)(int32_t)store_get_u32(r.body) : TD_ERR_REMOTE;
+        return error_fmt(code < 0 && code >= TD_ERR_INTERNAL ? code : TD_ERR_REMOTE,
                         "TCPStore server at %s refused the connection: %.*s", t->where,
                         (int)(r.len >= 4 ? r.len - 4 : 0), r.len >= 4 ? (const char *)r.body + 4 : "");
     }
     if (r.kind != TD_STORE_REPLY_OK || r.len != 20)
-        return td_error(TD_ERR_IO, "TCPStore: %s did not answer like a tdist TCPStore server", t->where);
-    t->lim.max_key = td_store_get_u64(r.body + 4);
-    t->lim.max_value = td_store_get_u64(r.body + 12);
+        return error_fmt(TD_ERR_IO, "TCPStore: %s did not answer like a tdist TCPStore server", t->where);
+    t->lim.max_key = store_get_u64(r.body + 4);
+    t->lim.max_value = store_get_u64(r.body + 12);
     return TD_OK;
 }
 
 static td_status connect_server(tcp_store *t, int64_t deadline)
 {
-    td_status s = td_net_connect_ex(t->host, t->port, deadline, t->local ? "tdist-store" : NULL, &t->fd);
+    td_status s = net_connect_ex(t->host, t->port, deadline, t->local ? "tdist-store" : NULL, &t->fd);
     if (s != TD_OK)
-        return td_error_prefix(s, "TCPStore client");
+        return error_prefix(s, "TCPStore client");
     s = hello(t, deadline);
     if (s != TD_OK) {
         td_status code = s;
         if (s == TD_ERR_PEER_LOST || s == TD_ERR_TIMEOUT || s == TD_ERR_IO)
-            td_error_prefix(s, "TCPStore: handshake with %s", t->where);
+            error_prefix(s, "TCPStore: handshake with %s", t->where);
         disconnect(t);
         return code;
     }
@@ -290,16 +290,16 @@ static td_status connect_server(tcp_store *t, int64_t deadline)
 static td_status ready(tcp_store *t, int64_t deadline)
 {
     if (t->lost)
-        return td_error(TD_ERR_PEER_LOST, "TCPStore: the connection to the server at %s was lost earlier (%s)",
+        return error_fmt(TD_ERR_PEER_LOST, "TCPStore: the connection to the server at %s was lost earlier (%s)",
                         t->where, t->lost_why);
     if (t->fd >= 0)
         return TD_OK;
-    int64_t soon = td_deadline_after_ms(RECONNECT_MS);
+    int64_t soon = deadline_after_ms(RECONNECT_MS);
     td_status s = connect_server(t, soon < deadline ? soon : deadline);
     if (s == TD_ERR_TIMEOUT || s == TD_ERR_IO) {
         snprintf(t->lost_why, sizeof t->lost_why, "%s", td_last_error());
         t->lost = true;
-        return td_error(TD_ERR_PEER_LOST, "TCPStore: cannot reconnect to the server at %s: %s", t->where,
+        return error_fmt(TD_ERR_PEER_LOST, "TCPStore: cannot reconnect to the server at %s: %s", t->where,
                         t->lost_why);
     }
     return s;
@@ -308,11 +308,11 @@ static td_status ready(tcp_store *t, int64_t deadline)
 /* After a blocking request timed out: cancel it on the server and resynchronize the stream. */
 static void cancel_parked(tcp_store *t)
 {
-    int64_t grace = td_deadline_after_ms(CANCEL_GRACE_MS);
+    int64_t grace = deadline_after_ms(CANCEL_GRACE_MS);
     t->out.len = 0;
-    size_t off = td_store_msg_begin(&t->out, TD_STORE_CMD_CANCEL);
-    td_store_msg_end(&t->out, off);
-    td_status s = td_net_send_all(t->fd, t->out.data, t->out.len, grace);
+    size_t off = store_msg_begin(&t->out, TD_STORE_CMD_CANCEL);
+    store_msg_end(&t->out, off);
+    td_status s = net_send_all(t->fd, t->out.data, t->out.len, grace);
     while (s == TD_OK) {
         reply r;
         s = read_reply(t, grace, UINT64_MAX, false, &r);
@@ -340,7 +340,7 @@ static td_status drain_acks(tcp_store *t, int64_t deadline)
                 snprintf(t->set_error_msg, sizeof t->set_error_msg, "%s", td_last_error());
             }
         } else if (r.kind != TD_STORE_REPLY_OK) {
-            return td_error(TD_ERR_IO, "unexpected reply kind %u to a SET", r.kind);
+            return error_fmt(TD_ERR_IO, "unexpected reply kind %u to a SET", r.kind);
         }
     }
     return TD_OK;
@@ -351,20 +351,20 @@ static td_status take_set_error(tcp_store *t)
 {
     td_status s = t->set_error;
     t->set_error = TD_OK;
-    return td_error(s, "an earlier set on this handle failed: %s", t->set_error_msg);
+    return error_fmt(s, "an earlier set on this handle failed: %s", t->set_error_msg);
 }
 
 /* Sends the request in t->out and reads its reply. */
 static td_status roundtrip(tcp_store *t, int cmd, int64_t deadline, uint64_t max_body, bool direct, reply *r)
 {
-    const char *op = td_store_cmd_name(cmd);
+    const char *op = store_cmd_name(cmd);
     uint64_t body = t->out.len - TD_STORE_HEADER_LEN;
-    if (body > td_store_max_body(&t->lim))
-        return td_error(TD_ERR_INVALID,
+    if (body > store_max_body(&t->lim))
+        return error_fmt(TD_ERR_INVALID,
                         "TCPStore %s: the request is %" PRIu64 " bytes, over the server's limit of %" PRIu64
                         " (TDIST_STORE_MAX_VALUE on the server)",
-                        op, body, td_store_max_body(&t->lim));
-    td_status s = td_net_send_all(t->fd, t->out.data, t->out.len, deadline);
+                        op, body, store_max_body(&t->lim));
+    td_status s = net_send_all(t->fd, t->out.data, t->out.len, deadline);
     if (s != TD_OK)
         return io_failed(t, s, op);
     s = drain_acks(t, deadline);
@@ -383,14 +383,14 @@ static td_status roundtrip(tcp_store *t, int cmd, int64_t deadline, uint64_t max
             free(r->owned);
             r->owned = NULL;
             disconnect(t);
-            return td_error(TD_ERR_IO, "TCPStore %s: unexpected reply kind %u from %s", op, r->kind, t->where);
+            return error_fmt(TD_ERR_IO, "TCPStore %s: unexpected reply kind %u from %s", op, r->kind, t->where);
         }
         return TD_OK;
     }
     bool parks = cmd == TD_STORE_CMD_GET || cmd == TD_STORE_CMD_WAIT || cmd == TD_STORE_CMD_MULTI_GET;
     if (s == TD_ERR_TIMEOUT && parks) {
         cancel_parked(t);
-        return td_error(TD_ERR_TIMEOUT, "Socket Timeout");
+        return error_fmt(TD_ERR_TIMEOUT, "Socket Timeout");
     }
     return io_failed(t, s, op);
 }
@@ -398,7 +398,7 @@ static td_status roundtrip(tcp_store *t, int cmd, int64_t deadline, uint64_t max
 static td_status check_key(tcp_store *t, const char *prefix, size_t len)
 {
     if (strlen(prefix) + len > t->lim.max_key)
-        return td_error(TD_ERR_INVALID,
+        return error_fmt(TD_ERR_INVALID,
                         "TCPStore: a key of %zu bytes exceeds the server's limit of %" PRIu64
                         " bytes (TDIST_STORE_MAX_KEY)",
                         len, t->lim.max_key);
@@ -408,14 +408,14 @@ static td_status check_key(tcp_store *t, const char *prefix, size_t len)
 static td_status check_value(tcp_store *t, size_t len)
 {
     if (len > t->lim.max_value)
-        return td_error(TD_ERR_INVALID,
+        return error_fmt(TD_ERR_INVALID,
                         "TCPStore: a value of %zu bytes exceeds the server's limit of %" PRIu64
                         " bytes (TDIST_STORE_MAX_VALUE)",
                         len, t->lim.max_value);
     return TD_OK;
 }
 
-static int64_t op_deadline(tcp_store *t) { return td_deadline_after_ms(td_store_timeout_of(&t->base)); }
+static int64_t op_deadline(tcp_store *t) { return deadline_after_ms(store_timeout_of(&t->base)); }
 
 /* Starts a request with one key; the caller holds t->mu and has a connection. */
 static td_status begin_key_request(tcp_store *t, uint8_t cmd, const char *prefix, const char *key, size_t *off)
@@ -423,21 +423,21 @@ static td_status begin_key_request(tcp_store *t, uint8_t cmd, const char *prefix
     size_t klen = strlen(key);
     TD_TRY(check_key(t, prefix, klen));
     t->out.len = 0;
-    *off = td_store_msg_begin(&t->out, cmd);
-    td_store_put_key(&t->out, prefix, key, klen);
+    *off = store_msg_begin(&t->out, cmd);
+    store_put_key(&t->out, prefix, key, klen);
     return TD_OK;
 }
 
 static td_status begin_keys_request(tcp_store *t, uint8_t cmd, const char *const *keys, size_t n, size_t *off)
 {
     if (n > TD_STORE_MAX_KEYS_PER_REQUEST)
-        return td_error(TD_ERR_INVALID, "TCPStore: at most %u keys per request, got %zu",
+        return error_fmt(TD_ERR_INVALID, "TCPStore: at most %u keys per request, got %zu",
                         TD_STORE_MAX_KEYS_PER_REQUEST, n);
     for (size_t i = 0; i < n; i++)
         TD_TRY(check_key(t, KEY_PREFIX, strlen(keys[i])));
     t->out.len = 0;
-    *off = td_store_msg_begin(&t->out, cmd);
-    td_buf_put_u32(&t->out, (uint32_t)n);
+    *off = store_msg_begin(&t->out, cmd);
+    buf_put_u32(&t->out, (uint32_t)n);
     return TD_OK;
 }
 
@@ -466,10 +466,10 @@ static td_status key_call(tcp_store *t, const key_request *q, int64_t deadline, 
     if (st != TD_OK)
         return st;
     for (int i = 0; i < q->nval; i++)
-        td_store_put_value(&t->out, q->val[i], q->len[i]);
+        store_put_value(&t->out, q->val[i], q->len[i]);
     if (q->delta)
-        td_store_put_i64(&t->out, *q->delta);
-    td_store_msg_end(&t->out, off);
+        store_put_i64(&t->out, *q->delta);
+    store_msg_end(&t->out, off);
     return roundtrip(t, q->cmd, deadline, q->max_body, q->owned, r);
 }
 
@@ -477,8 +477,8 @@ static td_status key_call(tcp_store *t, const key_request *q, int64_t deadline, 
 static td_status reply_i64(tcp_store *t, const reply *r, const char *what, int64_t *out)
 {
     if (r->len != 8)
-        return td_error(TD_ERR_IO, "TCPStore %s: malformed reply from %s", what, t->where);
-    *out = (int64_t)td_store_get_u64(r->body);
+        return error_fmt(TD_ERR_IO, "TCPStore %s: malformed reply from %s", what, t->where);
+    *out = (int64_t)store_get_u64(r->body);
     return TD_OK;
 }
 
@@ -518,9 +518,9 @@ static td_status tc_set(td_store *s, const char *key, const void *value, size_t 
     if (st == TD_OK)
         st = begin_key_request(t, TD_STORE_CMD_SET, KEY_PREFIX, key, &off);
     if (st == TD_OK) {
-        td_store_put_value(&t->out, value, len);
-        td_store_msg_end(&t->out, off);
-        st = td_net_send_all(t->fd, t->out.data, t->out.len, deadline);
+        store_put_value(&t->out, value, len);
+        store_msg_end(&t->out, off);
+        st = net_send_all(t->fd, t->out.data, t->out.len, deadline);
         if (st == TD_OK)
             t->unacked++;
         else
@@ -595,8 +595,8 @@ static td_status keys_call(tcp_store *t, uint8_t cmd, const char *const *keys, s
         st = begin_keys_request(t, cmd, keys, n, &off);
     if (st == TD_OK) {
         for (size_t i = 0; i < n; i++)
-            td_store_put_key(&t->out, KEY_PREFIX, keys[i], strlen(keys[i]));
-        td_store_msg_end(&t->out, off);
+            store_put_key(&t->out, KEY_PREFIX, keys[i], strlen(keys[i]));
+        store_msg_end(&t->out, off);
         st = roundtrip(t, cmd, deadline, max_body, false, r);
     }
     return st;
@@ -619,7 +619,7 @@ static td_status tc_wait(td_store *s, const char *const *keys, size_t n, int64_t
     tcp_store *t = T(s);
     pthread_mutex_lock(&t->mu);
     reply r;
-    td_status st = keys_call(t, TD_STORE_CMD_WAIT, keys, n, td_deadline_after_ms(timeout_ms), 0, &r);
+    td_status st = keys_call(t, TD_STORE_CMD_WAIT, keys, n, deadline_after_ms(timeout_ms), 0, &r);
     pthread_mutex_unlock(&t->mu);
     return st;
 }
@@ -633,8 +633,8 @@ static td_status tc_num_keys(td_store *s, int64_t *count)
     td_status st = ready(t, deadline);
     if (st == TD_OK) {
         t->out.len = 0;
-        size_t off = td_store_msg_begin(&t->out, TD_STORE_CMD_NUM_KEYS);
-        td_store_msg_end(&t->out, off);
+        size_t off = store_msg_begin(&t->out, TD_STORE_CMD_NUM_KEYS);
+        store_msg_end(&t->out, off);
         st = roundtrip(t, TD_STORE_CMD_NUM_KEYS, deadline, 8, false, &r);
     }
     if (st == TD_OK)
@@ -665,12 +665,12 @@ static td_status tc_multi_get(td_store *s, const char *const *keys, size_t n, vo
     td_store_slice *vals = NULL;
     if (st == TD_OK) {
         vals = TD_NEW_ARRAY(td_store_slice, n);
-        st = td_store_parse_values(r.body, (size_t)r.len, n, vals);
+        st = store_parse_values(r.body, (size_t)r.len, n, vals);
         if (st != TD_OK)
-            td_error_prefix(st, "TCPStore: from %s", t->where);
+            error_prefix(st, "TCPStore: from %s", t->where);
     }
     for (size_t i = 0; st == TD_OK && i < n; i++)
-        st = td_store_copy_out(vals[i].data, vals[i].len, &values[i], &lens[i]);
+        st = store_copy_out(vals[i].data, vals[i].len, &values[i], &lens[i]);
     free(vals);
     pthread_mutex_unlock(&t->mu);
     return st;
@@ -691,10 +691,10 @@ static td_status tc_multi_set(td_store *s, const char *const *keys, const void *
         st = begin_keys_request(t, TD_STORE_CMD_MULTI_SET, keys, n, &off);
     if (st == TD_OK) {
         for (size_t i = 0; i < n; i++) {
-            td_store_put_key(&t->out, KEY_PREFIX, keys[i], strlen(keys[i]));
-            td_store_put_value(&t->out, values[i], lens[i]);
+            store_put_key(&t->out, KEY_PREFIX, keys[i], strlen(keys[i]));
+            store_put_value(&t->out, values[i], lens[i]);
         }
-        td_store_msg_end(&t->out, off);
+        store_msg_end(&t->out, off);
         st = roundtrip(t, TD_STORE_CMD_MULTI_SET, deadline, 0, false, &r);
     }
     pthread_mutex_unlock(&t->mu);
@@ -707,11 +707,11 @@ static void tc_destroy(td_store *s)
     /* Read the answers of the last sets before closing: a TCP socket closed with unread data
      * resets the connection, and the server should see a plain close after the sets. */
     if (t->fd >= 0 && t->unacked > 0)
-        drain_acks(t, td_deadline_after_ms(2000));
+        drain_acks(t, deadline_after_ms(2000));
     disconnect(t);
     server_release(t->server);
-    td_buf_free(&t->out);
-    td_buf_free(&t->in);
+    buf_free(&t->out);
+    buf_free(&t->in);
     pthread_mutex_destroy(&t->mu);
     free(t->host);
     free(t->token);
@@ -741,28 +741,28 @@ int td_tcp_store_port(td_store *store)
     return T(store)->port;
 }
 
-bool td_tcp_store_server_stats(td_store *store, td_store_server_stats *stats)
+bool tcp_store_server_stats(td_store *store, td_store_server_stats *stats)
 {
     if (!store || store->ops != &tcp_store_ops || !T(store)->server)
         return false;
-    td_store_server_get_stats(T(store)->server->server, stats);
+    store_server_get_stats(T(store)->server->server, stats);
     return true;
 }
 
-td_status td_tcp_store_workers_step(td_store *store, int world_size, int64_t start_ns, int64_t timeout_ms,
+td_status tcp_store_workers_step(td_store *store, int world_size, int64_t start_ns, int64_t timeout_ms,
                                     int64_t *joined, bool *done)
 {
     *done = false;
     if (!store || store->ops != &tcp_store_ops)
-        return td_error(TD_ERR_INVALID, "td_tcp_store_workers_step: not a TCPStore");
+        return error_fmt(TD_ERR_INVALID, "tcp_store_workers_step: not a TCPStore");
     TD_TRY(add_raw(T(store), "", INIT_KEY, 0, joined));
     if (*joined >= world_size) {
         *done = true;
         return TD_OK;
     }
-    int64_t elapsed_ms = (td_now_ns() - start_ns) / 1000000;
+    int64_t elapsed_ms = (clock_now_ns() - start_ns) / 1000000;
     if (timeout_ms > 0 && elapsed_ms >= timeout_ms)
-        return td_error(TD_ERR_TIMEOUT, "Timed out after %lld seconds waiting for clients. %lld/%d clients joined.",
+        return error_fmt(TD_ERR_TIMEOUT, "Timed out after %lld seconds waiting for clients. %lld/%d clients joined.",
                         (long long)(elapsed_ms / 1000), (long long)*joined, world_size);
     return TD_OK;
 }
@@ -774,55 +774,55 @@ static td_status wait_for_workers(tcp_store *t, bool master, int world_size)
     TD_TRY(add_raw(t, "", INIT_KEY, 1, &joined));
     if (!master)
         return TD_OK;
-    int64_t start = td_now_ns(), timeout = td_store_timeout_of(&t->base);
+    int64_t start = clock_now_ns(), timeout = store_timeout_of(&t->base);
     for (;;) {
         bool done;
-        TD_TRY(td_tcp_store_workers_step(&t->base, world_size, start, timeout, &joined, &done));
+        TD_TRY(tcp_store_workers_step(&t->base, world_size, start, timeout, &joined, &done));
         if (done)
             return TD_OK;
-        td_sleep_ms(WORKER_POLL_MS);
+        clock_sleep_ms(WORKER_POLL_MS);
     }
 }
 
 td_status td_tcp_store_create(const td_tcp_store_options *o, td_store **store)
 {
     if (!o || !store)
-        return td_error(TD_ERR_INVALID, "td_tcp_store_create: options and store must not be NULL");
+        return error_fmt(TD_ERR_INVALID, "td_tcp_store_create: options and store must not be NULL");
     *store = NULL;
     if (o->port < 0 || o->port > 65535)
-        return td_error(TD_ERR_INVALID, "port must have value from 0 to 65535 but was %d.", o->port);
+        return error_fmt(TD_ERR_INVALID, "port must have value from 0 to 65535 but was %d.", o->port);
     if (o->timeout_ms < 0)
-        return td_error(TD_ERR_INVALID, "td_tcp_store_create: timeout must be >= 0 ms (0: none), got %lld",
+        return error_fmt(TD_ERR_INVALID, "td_tcp_store_create: timeout must be >= 0 ms (0: none), got %lld",
                         (long long)o->timeout_ms);
     if (!o->is_master && o->port == 0)
-        return td_error(TD_ERR_INVALID, "td_tcp_store_create: a client needs the master's port (port 0 only means "
+        return error_fmt(TD_ERR_INVALID, "td_tcp_store_create: a client needs the master's port (port 0 only means "
                                         "'pick one' on the master)");
     tcp_store *t = TD_NEW(tcp_store);
-    td_store_init(&t->base, &tcp_store_ops, o->timeout_ms);
-    td_mutex_init(&t->mu);
+    store_init(&t->base, &tcp_store_ops, o->timeout_ms);
+    thread_mutex_init(&t->mu);
     t->fd = -1;
-    t->host = td_strdup(o->host && *o->host ? o->host : "127.0.0.1");
+    t->host = alloc_strdup(o->host && *o->host ? o->host : "127.0.0.1");
     t->port = o->port;
-    const char *token = o->auth_token ? o->auth_token : td_env_str("TDIST_AUTH_TOKEN", NULL);
-    t->token = token ? td_strdup(token) : NULL;
+    const char *token = o->auth_token ? o->auth_token : env_get_str("TDIST_AUTH_TOKEN", NULL);
+    t->token = token ? alloc_strdup(token) : NULL;
     if (t->token && strlen(t->token) > TD_STORE_MAX_TOKEN) {
         tc_destroy(&t->base);
-        return td_error(TD_ERR_INVALID, "TDIST_AUTH_TOKEN is longer than %d bytes", TD_STORE_MAX_TOKEN);
+        return error_fmt(TD_ERR_INVALID, "TDIST_AUTH_TOKEN is longer than %d bytes", TD_STORE_MAX_TOKEN);
     }
-    int64_t deadline = td_deadline_after_ms(o->timeout_ms);
+    int64_t deadline = deadline_after_ms(o->timeout_ms);
     td_status s;
     t->local = true;
-    s = td_env_bool("TDIST_STORE_UNIX", true, &t->local);
+    s = env_get_bool("TDIST_STORE_UNIX", true, &t->local);
     int64_t spin_us = 0;
     if (s == TD_OK)
-        s = td_env_int("TDIST_STORE_SPIN_US", TD_STORE_DEFAULT_SPIN_US, 0, 1000000, &spin_us);
-    td_net_spin_init(&t->spin, spin_us * 1000);
+        s = env_get_int("TDIST_STORE_SPIN_US", TD_STORE_DEFAULT_SPIN_US, 0, 1000000, &spin_us);
+    net_spin_init(&t->spin, spin_us * 1000);
     if (s == TD_OK && o->is_master) {
         s = server_acquire(o, &t->server);
         if (s == TD_OK)
             t->port = t->server->port;
     }
-    td_net_format_hostport(t->host, t->port, t->where, sizeof t->where);
+    net_format_hostport(t->host, t->port, t->where, sizeof t->where);
     if (s == TD_OK && o->is_master && o->on_listening)
         o->on_listening(t->port, o->on_listening_arg);
     if (s == TD_OK) {
@@ -837,7 +837,7 @@ td_status td_tcp_store_create(const td_tcp_store_options *o, td_store **store)
         char msg[TD_ERROR_MAX];
         snprintf(msg, sizeof msg, "%s", td_last_error());
         tc_destroy(&t->base);
-        return td_error_set(s, msg);
+        return error_set(s, msg);
     }
     *store = &t->base;
     return TD_OK;

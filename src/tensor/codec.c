@@ -52,7 +52,7 @@ static void put_varint(td_buf *b, uint64_t v)
         v >>= 7;
     }
     tmp[n++] = (uint8_t)v;
-    td_buf_append(b, tmp, (size_t)n);
+    buf_append(b, tmp, (size_t)n);
 }
 
 static uint64_t zigzag(int64_t v) { return ((uint64_t)v << 1) ^ (uint64_t)(v >> 63); }
@@ -85,75 +85,75 @@ static void put_f64(td_buf *b, double d)
 {
     uint64_t bits;
     memcpy(&bits, &d, sizeof bits);
-    put_le(td_buf_extend(b, 8), bits, 8);
+    put_le(buf_extend(b, 8), bits, 8);
 }
 
 static td_status encode_tensor(encoder *e, td_tensor *t)
 {
-    uintptr_t idx = (uintptr_t)td_map_get(&e->memo, &t, sizeof t);
+    uintptr_t idx = (uintptr_t)map_get(&e->memo, &t, sizeof t);
     if (idx) {
-        td_buf_put_u8(&e->s, TD_VTAG_TENSOR_REF);
+        buf_put_u8(&e->s, TD_VTAG_TENSOR_REF);
         put_varint(&e->s, idx - 1);
         return TD_OK;
     }
     td_device dev = td_storage_device(td_tensor_storage(t));
     if (dev.type == TD_DEVICE_CUDA)
-        return td_error(TD_ERR_UNSUPPORTED,
+        return error_fmt(TD_ERR_UNSUPPORTED,
                         "td_value_encode: a tensor on cuda:%d cannot be encoded; copy it to the CPU first",
                         dev.index);
     int nd = td_tensor_ndim(t);
     const int64_t *sizes = td_tensor_sizes(t);
-    td_buf_put_u8(&e->s, TD_VTAG_TENSOR);
-    td_buf_put_u8(&e->s, (uint8_t)td_tensor_dtype(t));
-    td_buf_put_u8(&e->s, (uint8_t)nd);
+    buf_put_u8(&e->s, TD_VTAG_TENSOR);
+    buf_put_u8(&e->s, (uint8_t)td_tensor_dtype(t));
+    buf_put_u8(&e->s, (uint8_t)nd);
     for (int i = 0; i < nd; i++)
         put_varint(&e->s, (uint64_t)sizes[i]);
     put_varint(&e->s, e->tensors.len); /* buffer index */
-    td_buf_put_u8(&e->s, (uint8_t)dev.type);
+    buf_put_u8(&e->s, (uint8_t)dev.type);
     put_varint(&e->s, zigzag(dev.index));
     TD_VEC_PUSH(&e->tensors, td_tensor_retain(t));
-    td_map_put(&e->memo, &t, sizeof t, (void *)(uintptr_t)e->tensors.len);
+    map_put(&e->memo, &t, sizeof t, (void *)(uintptr_t)e->tensors.len);
     return TD_OK;
 }
 
 static td_status encode_value(encoder *e, const td_value *v, int depth)
 {
     if (depth > TD_VALUE_MAX_DEPTH)
-        return td_error(TD_ERR_INVALID, "td_value_encode: value nested deeper than %d levels (a cycle?)",
+        return error_fmt(TD_ERR_INVALID, "td_value_encode: value nested deeper than %d levels (a cycle?)",
                         TD_VALUE_MAX_DEPTH);
     td_buf *s = &e->s;
     switch (v->kind) {
     case TD_VAL_NONE:
-        td_buf_put_u8(s, TD_VTAG_NONE);
+        buf_put_u8(s, TD_VTAG_NONE);
         return TD_OK;
     case TD_VAL_BOOL:
-        td_buf_put_u8(s, v->u.b ? TD_VTAG_TRUE : TD_VTAG_FALSE);
+        buf_put_u8(s, v->u.b ? TD_VTAG_TRUE : TD_VTAG_FALSE);
         return TD_OK;
     case TD_VAL_INT:
-        td_buf_put_u8(s, TD_VTAG_INT);
+        buf_put_u8(s, TD_VTAG_INT);
         put_varint(s, zigzag(v->u.i));
         return TD_OK;
     case TD_VAL_DOUBLE:
-        td_buf_put_u8(s, TD_VTAG_DOUBLE);
+        buf_put_u8(s, TD_VTAG_DOUBLE);
         put_f64(s, v->u.d);
         return TD_OK;
     case TD_VAL_COMPLEX:
-        td_buf_put_u8(s, TD_VTAG_COMPLEX);
+        buf_put_u8(s, TD_VTAG_COMPLEX);
         put_f64(s, v->u.c.re);
         put_f64(s, v->u.c.im);
         return TD_OK;
     case TD_VAL_STRING:
     case TD_VAL_BYTES:
-        td_buf_put_u8(s, v->kind == TD_VAL_STRING ? TD_VTAG_STRING : TD_VTAG_BYTES);
+        buf_put_u8(s, v->kind == TD_VAL_STRING ? TD_VTAG_STRING : TD_VTAG_BYTES);
         put_varint(s, v->u.str.len);
-        td_buf_append(s, v->u.str.data, v->u.str.len);
+        buf_append(s, v->u.str.data, v->u.str.len);
         return TD_OK;
     case TD_VAL_TENSOR:
         return encode_tensor(e, v->u.tensor);
     case TD_VAL_LIST:
     case TD_VAL_TUPLE:
     case TD_VAL_RECORD:
-        td_buf_put_u8(s, v->kind == TD_VAL_LIST ? TD_VTAG_LIST : v->kind == TD_VAL_TUPLE ? TD_VTAG_TUPLE : TD_VTAG_RECORD);
+        buf_put_u8(s, v->kind == TD_VAL_LIST ? TD_VTAG_LIST : v->kind == TD_VAL_TUPLE ? TD_VTAG_TUPLE : TD_VTAG_RECORD);
         if (v->kind == TD_VAL_RECORD)
             put_varint(s, v->u.seq.tag);
         put_varint(s, v->u.seq.len);
@@ -162,7 +162,7 @@ static td_status encode_value(encoder *e, const td_value *v, int depth)
         return TD_OK;
     case TD_VAL_DICT: {
         const td_value_dict *d = v->u.dict;
-        td_buf_put_u8(s, TD_VTAG_DICT);
+        buf_put_u8(s, TD_VTAG_DICT);
         put_varint(s, d->len);
         for (size_t i = 0; i < d->len; i++) {
             TD_TRY(encode_value(e, d->entries[i].key, depth + 1));
@@ -171,7 +171,7 @@ static td_status encode_value(encoder *e, const td_value *v, int depth)
         return TD_OK;
     }
     default:
-        return td_error(TD_ERR_INTERNAL, "td_value_encode: bad value kind %d", (int)v->kind);
+        return error_fmt(TD_ERR_INTERNAL, "td_value_encode: bad value kind %d", (int)v->kind);
     }
 }
 
@@ -179,7 +179,7 @@ void td_encoded_free(td_encoded *e)
 {
     if (!e)
         return;
-    td_buf_free(&e->head);
+    buf_free(&e->head);
     free(e->iov);
     for (size_t i = 0; i < e->ntensors; i++)
         td_tensor_release(e->tensors[i]);
@@ -195,7 +195,7 @@ static td_status finish_encoding(td_encoded *out)
 {
     size_t n = out->ntensors;
     size_t table_at = out->head.len;
-    td_buf_extend(&out->head, n * TD_VALUE_CODEC_TABLE_ENTRY);
+    buf_extend(&out->head, n * TD_VALUE_CODEC_TABLE_ENTRY);
     out->iov = TD_NEW_ARRAY(struct iovec, 1 + 2 * n);
     out->niov = 1; /* iov[0], the head, is filled last: appending the table may have moved it */
     out->packed = TD_NEW_ARRAY(void *, n);
@@ -205,13 +205,13 @@ static td_status finish_encoding(td_encoded *out)
         size_t nbytes = td_tensor_nbytes(t);
         size_t off = align_up(pos);
         if (off < pos || nbytes > SIZE_MAX - off)
-            return td_error(TD_ERR_INVALID, "td_value_encode: message size overflows");
+            return error_fmt(TD_ERR_INVALID, "td_value_encode: message size overflows");
         const void *src = NULL;
         if (nbytes && td_tensor_is_contiguous(t)) {
             src = td_tensor_data(t);
         } else if (nbytes) {
             void *p;
-            TD_TRY(td_try_malloc(nbytes, "a packed copy of a non-contiguous tensor", &p));
+            TD_TRY(alloc_try(nbytes, "a packed copy of a non-contiguous tensor", &p));
             out->packed[out->npacked++] = p;
             TD_TRY(td_tensor_read(t, p, nbytes));
             src = p;
@@ -234,17 +234,17 @@ static td_status finish_encoding(td_encoded *out)
 td_status td_value_encode(const td_value *v, td_encoded **out)
 {
     if (!v || !out)
-        return td_error(TD_ERR_INVALID, "td_value_encode: NULL argument");
+        return error_fmt(TD_ERR_INVALID, "td_value_encode: NULL argument");
     encoder e = {.s = TD_BUF_INIT, .memo = TD_MAP_INIT};
-    td_buf_extend(&e.s, TD_VALUE_CODEC_HEADER_SIZE);
+    buf_extend(&e.s, TD_VALUE_CODEC_HEADER_SIZE);
     td_status st = encode_value(&e, v, 1);
-    td_map_free(&e.memo, NULL);
+    map_free(&e.memo, NULL);
     td_encoded *enc = TD_NEW(td_encoded);
     enc->head = e.s;
     enc->tensors = e.tensors.items;
     enc->ntensors = e.tensors.len;
     if (st == TD_OK && enc->ntensors > UINT32_MAX)
-        st = td_error(TD_ERR_INVALID, "td_value_encode: more than %u tensors in one value", UINT32_MAX);
+        st = error_fmt(TD_ERR_INVALID, "td_value_encode: more than %u tensors in one value", UINT32_MAX);
     if (st == TD_OK) {
         uint8_t *h = (uint8_t *)enc->head.data;
         memset(h, 0, TD_VALUE_CODEC_HEADER_SIZE);
@@ -283,11 +283,11 @@ void td_encoded_flatten(const td_encoded *e, void *dst)
 td_status td_value_encode_bytes(const td_value *v, void **data, size_t *len)
 {
     if (!data || !len)
-        return td_error(TD_ERR_INVALID, "td_value_encode_bytes: NULL argument");
+        return error_fmt(TD_ERR_INVALID, "td_value_encode_bytes: NULL argument");
     td_encoded *e;
     TD_TRY(td_value_encode(v, &e));
     void *p;
-    td_status st = td_try_malloc(e->total, "an encoded td_value", &p);
+    td_status st = alloc_try(e->total, "an encoded td_value", &p);
     if (st == TD_OK) {
         td_encoded_flatten(e, p);
         *data = p;
@@ -319,7 +319,7 @@ static td_status fail_at(size_t at, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    return td_error(TD_ERR_INVALID, "invalid td_value message at byte %zu: %s", at, what);
+    return error_fmt(TD_ERR_INVALID, "invalid td_value message at byte %zu: %s", at, what);
 }
 
 static td_status read_u8(decoder *d, uint8_t *v, const char *what)
@@ -419,7 +419,7 @@ static td_status decode_tensor(decoder *d, size_t at, td_value **out)
     else
         st = td_tensor_empty((td_dtype)dtype, shape, &t);
     if (st != TD_OK)
-        return td_error_prefix(st, "decoding the tensor at byte %zu", at);
+        return error_prefix(st, "decoding the tensor at byte %zu", at);
     TD_VEC_PUSH(&d->memo, t);
     *out = td_value_tensor(t);
     return TD_OK;
@@ -455,7 +455,7 @@ static td_status decode_seq(decoder *d, td_value_kind kind, int depth, td_value 
     td_value *v = td_value_list_new();
     v->kind = kind;
     v->u.seq.tag = tag;
-    td_value_seq_reserve(v, n);
+    value_seq_reserve(v, n);
     for (uint64_t i = 0; i < n; i++) {
         td_status st = decode_value(d, depth + 1, &v->u.seq.items[i]);
         if (st != TD_OK) {
@@ -473,7 +473,7 @@ static td_status decode_dict(decoder *d, int depth, td_value **out)
     uint64_t n;
     TD_TRY(decode_count(d, "dict", 2, &n));
     td_value *v = td_value_dict_new();
-    td_value_dict_reserve(v, n);
+    value_dict_reserve(v, n);
     for (uint64_t i = 0; i < n; i++) {
         size_t at = d->pos;
         td_value *key = NULL, *val = NULL;
@@ -482,7 +482,7 @@ static td_status decode_dict(decoder *d, int depth, td_value **out)
             st = fail_at(at, "unhashable dict key of type %s", td_value_kind_name(key->kind));
         if (st == TD_OK)
             st = decode_value(d, depth + 1, &val);
-        if (st == TD_OK && !td_value_dict_insert_new(v, key, val))
+        if (st == TD_OK && !value_dict_insert_new(v, key, val))
             st = fail_at(at, "duplicate dict key");
         if (st != TD_OK) {
             td_value_release(key);
@@ -531,7 +531,7 @@ static td_status decode_value(decoder *d, int depth, td_value **out)
     case TD_VTAG_BYTES: {
         uint64_t n;
         TD_TRY(decode_count(d, tag == TD_VTAG_STRING ? "string" : "bytes", 1, &n));
-        *out = td_value_new_str(tag == TD_VTAG_STRING ? TD_VAL_STRING : TD_VAL_BYTES, d->msg + d->pos, (size_t)n);
+        *out = value_new_str(tag == TD_VTAG_STRING ? TD_VAL_STRING : TD_VAL_BYTES, d->msg + d->pos, (size_t)n);
         d->pos += (size_t)n;
         return TD_OK;
     }
@@ -571,7 +571,7 @@ static td_status check_magic_version(const uint8_t *h, size_t len)
         return fail_at(0, "bad magic 0x%08x (not a td_value message)", magic);
     unsigned version = (unsigned)get_le(h + 4, 2);
     if (version != TD_VALUE_CODEC_VERSION)
-        return td_error(TD_ERR_INVALID, "unsupported td_value codec version %u (this build reads version %d)", version,
+        return error_fmt(TD_ERR_INVALID, "unsupported td_value codec version %u (this build reads version %d)", version,
                         TD_VALUE_CODEC_VERSION);
     return TD_OK;
 }
@@ -626,7 +626,7 @@ static td_status parse_header(decoder *d)
 static td_status decode_message(const void *data, size_t len, td_storage *storage, td_value **out)
 {
     if (!out || (!data && len))
-        return td_error(TD_ERR_INVALID, "td_value_decode: NULL argument");
+        return error_fmt(TD_ERR_INVALID, "td_value_decode: NULL argument");
     decoder d = {.msg = data, .len = len, .storage = storage};
     td_status st = parse_header(&d);
     td_value *v = NULL;
@@ -659,11 +659,11 @@ td_status td_value_decode(const void *data, size_t len, td_value **out)
 td_status td_value_decode_storage(td_storage *message, td_value **out)
 {
     if (!message)
-        return td_error(TD_ERR_INVALID, "td_value_decode_storage: NULL storage");
+        return error_fmt(TD_ERR_INVALID, "td_value_decode_storage: NULL storage");
     return decode_message(td_storage_data(message), td_storage_nbytes(message), message, out);
 }
 
-td_status td_value_codec_message_size(const void *data, size_t len, size_t *total)
+td_status value_codec_message_size(const void *data, size_t len, size_t *total)
 {
     const uint8_t *h = data;
     TD_TRY(check_magic_version(h, len));

@@ -34,6 +34,6 @@ enum {
 
 /* Reads the total message length from the first len bytes of a message (at least the header),
  * checking magic and version, so that a reader can size its buffer before reading the rest. */
-td_status td_value_codec_message_size(const void *data, size_t len, size_t *total);
+td_status value_codec_message_size(const void *data, size_t len, size_t *total);
 
 #endif

@@ -34,8 +34,8 @@ static inline int64_t load_i8(const char *p) { return LOAD_AS(int8_t, p); }
 static inline int64_t load_i16(const char *p) { return LOAD_AS(int16_t, p); }
 static inline int64_t load_i32(const char *p) { return LOAD_AS(int32_t, p); }
 static inline int64_t load_i64(const char *p) { return LOAD_AS(int64_t, p); }
-static inline float load_f16(const char *p) { return td_h2f(LOAD_AS(uint16_t, p)); }
-static inline float load_bf16(const char *p) { return td_bf2f(LOAD_AS(uint16_t, p)); }
+static inline float load_f16(const char *p) { return h2f(LOAD_AS(uint16_t, p)); }
+static inline float load_bf16(const char *p) { return bf2f(LOAD_AS(uint16_t, p)); }
 static inline float load_f32(const char *p) { return LOAD_AS(float, p); }
 static inline double load_f64(const char *p) { return LOAD_AS(double, p); }
 static inline td_c64 load_c64(const char *p) { return LOAD_AS(td_c64, p); }
@@ -89,8 +89,8 @@ static inline void store_b8_cd(char *p, td_c128 v) { STORE_RAW(uint8_t, p, v.re 
     static inline void store_##name##_d(char *p, double v) { STORE_RAW(uint16_t, p, conv((float)v)); }  \
     static inline void store_##name##_cf(char *p, td_c64 v) { STORE_RAW(uint16_t, p, conv(v.re)); }     \
     static inline void store_##name##_cd(char *p, td_c128 v) { STORE_RAW(uint16_t, p, conv((float)v.re)); }
-DEF_STORE_HALF(f16, td_f2h)
-DEF_STORE_HALF(bf16, td_f2bf)
+DEF_STORE_HALF(f16, f2h)
+DEF_STORE_HALF(bf16, f2bf)
 
 #define DEF_STORE_REAL(name, type)                                                             \
     static inline void store_##name##_i(char *p, int64_t v) { STORE_RAW(type, p, (type)v); }   \
@@ -156,7 +156,7 @@ DTYPES_A(DEF_CONV_ROW, unused)
 #define CONV_ROW(unused, S) {DTYPES_B(CONV_ENTRY, S)},
 static const conv_fn conv_table[TD_DTYPE_COUNT][TD_DTYPE_COUNT] = {DTYPES_A(CONV_ROW, unused)};
 
-void td_convert_element(void *dst, td_dtype dst_dtype, const void *src, td_dtype src_dtype)
+void tensor_convert_element(void *dst, td_dtype dst_dtype, const void *src, td_dtype src_dtype)
 {
     conv_table[src_dtype][dst_dtype](dst, 0, src, 0, 1);
 }
@@ -378,7 +378,7 @@ static td_status check_no_internal_overlap(const td_strided *t)
 {
     for (int i = 0; i < t->ndim; i++) {
         if (t->strides[i] == 0 && t->sizes[i] > 1)
-            return td_error(TD_ERR_INVALID,
+            return error_fmt(TD_ERR_INVALID,
                             "unsupported operation: more than one element of the written-to tensor refers to a single "
                             "memory location. Please clone() the tensor before performing the operation.");
     }
@@ -396,7 +396,7 @@ static td_status broadcast_src(const td_strided *dst, const td_strided *src, int
         int di = i - (nd - dst->ndim), si = i - (nd - src->ndim);
         int64_t ds = di >= 0 ? dst->sizes[di] : 1, ss = si >= 0 ? src->sizes[si] : 1;
         if (ds != ss && ds != 1 && ss != 1)
-            return td_error(TD_ERR_INVALID,
+            return error_fmt(TD_ERR_INVALID,
                             "The size of tensor a (%lld) must match the size of tensor b (%lld) at non-singleton "
                             "dimension %d",
                             (long long)ds, (long long)ss, i);
@@ -405,8 +405,8 @@ static td_status broadcast_src(const td_strided *dst, const td_strided *src, int
             mismatch = true;
     }
     if (mismatch)
-        return td_error(TD_ERR_INVALID, "output with shape %s doesn't match the broadcast shape %s",
-                        td_format_sizes(b1, sizeof b1, dst->ndim, dst->sizes), td_format_sizes(b2, sizeof b2, nd, bshape));
+        return error_fmt(TD_ERR_INVALID, "output with shape %s doesn't match the broadcast shape %s",
+                        tensor_format_sizes(b1, sizeof b1, dst->ndim, dst->sizes), tensor_format_sizes(b2, sizeof b2, nd, bshape));
     for (int i = 0; i < dst->ndim; i++) {
         int si = i - (dst->ndim - src->ndim);
         strides[i] = si >= 0 && src->sizes[si] == dst->sizes[i] ? src->strides[si] : 0;
@@ -440,11 +440,11 @@ static td_status copy_impl(const td_strided *dst, const td_strided *src, bool al
         int64_t sn = numel_strided(src);
         size_t bytes = (size_t)sn * td_dtype_size(src->dtype);
         void *tmp;
-        TD_TRY(td_try_malloc(bytes, "a staging copy of an overlapping source tensor", &tmp));
-        td_strided staged = td_strided_contiguous(tmp, src->dtype, src->ndim, src->sizes);
-        td_status st = td_strided_copy(&staged, src);
+        TD_TRY(alloc_try(bytes, "a staging copy of an overlapping source tensor", &tmp));
+        td_strided staged = strided_contiguous(tmp, src->dtype, src->ndim, src->sizes);
+        td_status st = strided_copy(&staged, src);
         if (st == TD_OK)
-            st = td_strided_copy(dst, &staged);
+            st = strided_copy(dst, &staged);
         free(tmp);
         return st;
     }
@@ -465,21 +465,21 @@ static td_status copy_impl(const td_strided *dst, const td_strided *src, bool al
     return TD_OK;
 }
 
-td_status td_strided_copy(const td_strided *dst, const td_strided *src) { return copy_impl(dst, src, false); }
+td_status strided_copy(const td_strided *dst, const td_strided *src) { return copy_impl(dst, src, false); }
 
 td_status td_tensor_copy(td_tensor *dst, const td_tensor *src)
 {
     if (!dst || !src)
-        return td_error(TD_ERR_INVALID, "td_tensor_copy: %s is NULL", dst ? "src" : "dst");
-    td_strided d = td_strided_of(dst), s = td_strided_of(src);
-    return td_strided_copy(&d, &s);
+        return error_fmt(TD_ERR_INVALID, "td_tensor_copy: %s is NULL", dst ? "src" : "dst");
+    td_strided d = strided_of(dst), s = strided_of(src);
+    return strided_copy(&d, &s);
 }
 
 static td_status fill_with(td_tensor *t, const void *value, td_dtype vtype)
 {
     if (!t)
-        return td_error(TD_ERR_INVALID, "fill: tensor is NULL");
-    td_strided d = td_strided_of(t);
+        return error_fmt(TD_ERR_INVALID, "fill: tensor is NULL");
+    td_strided d = strided_of(t);
     td_strided s = {.data = (char *)value, .dtype = vtype, .ndim = 0};
     return copy_impl(&d, &s, true);
 }
@@ -495,13 +495,13 @@ td_status td_tensor_fill_complex(td_tensor *t, double re, double im)
 static td_status check_buffer(const td_tensor *t, const void *buf, size_t nbytes, const char *fn)
 {
     if (!t)
-        return td_error(TD_ERR_INVALID, "%s: tensor is NULL", fn);
-    size_t want = (size_t)td_numel_of(t->ndim, t->sizes) * td_dtype_size(t->dtype);
+        return error_fmt(TD_ERR_INVALID, "%s: tensor is NULL", fn);
+    size_t want = (size_t)strided_numel(t->ndim, t->sizes) * td_dtype_size(t->dtype);
     if (nbytes != want)
-        return td_error(TD_ERR_INVALID, "%s: the buffer has %zu bytes but the tensor holds %zu (%lld elements of %s)",
-                        fn, nbytes, want, (long long)td_numel_of(t->ndim, t->sizes), td_dtype_name(t->dtype));
+        return error_fmt(TD_ERR_INVALID, "%s: the buffer has %zu bytes but the tensor holds %zu (%lld elements of %s)",
+                        fn, nbytes, want, (long long)strided_numel(t->ndim, t->sizes), td_dtype_name(t->dtype));
     if (!buf && want)
-        return td_error(TD_ERR_INVALID, "%s: buffer is NULL", fn);
+        return error_fmt(TD_ERR_INVALID, "%s: buffer is NULL", fn);
     return TD_OK;
 }
 
@@ -510,9 +510,9 @@ td_status td_tensor_read(const td_tensor *t, void *dst, size_t nbytes)
     TD_TRY(check_buffer(t, dst, nbytes, "td_tensor_read"));
     if (!nbytes)
         return TD_OK;
-    td_strided s = td_strided_of(t);
-    td_strided d = td_strided_contiguous(dst, t->dtype, t->ndim, t->sizes);
-    return td_strided_copy(&d, &s);
+    td_strided s = strided_of(t);
+    td_strided d = strided_contiguous(dst, t->dtype, t->ndim, t->sizes);
+    return strided_copy(&d, &s);
 }
 
 td_status td_tensor_write(td_tensor *t, const void *src, size_t nbytes)
@@ -520,9 +520,9 @@ td_status td_tensor_write(td_tensor *t, const void *src, size_t nbytes)
     TD_TRY(check_buffer(t, src, nbytes, "td_tensor_write"));
     if (!nbytes)
         return TD_OK;
-    td_strided d = td_strided_of(t);
-    td_strided s = td_strided_contiguous((void *)src, t->dtype, t->ndim, t->sizes);
-    return td_strided_copy(&d, &s);
+    td_strided d = strided_of(t);
+    td_strided s = strided_contiguous((void *)src, t->dtype, t->ndim, t->sizes);
+    return strided_copy(&d, &s);
 }
 
 /* ---- element access --------------------------------------------------------------------------- */
@@ -530,18 +530,18 @@ td_status td_tensor_write(td_tensor *t, const void *src, size_t nbytes)
 static td_status element_ptr(const td_tensor *t, const int64_t *index, char **out)
 {
     if (!t)
-        return td_error(TD_ERR_INVALID, "element access: tensor is NULL");
+        return error_fmt(TD_ERR_INVALID, "element access: tensor is NULL");
     if (t->ndim > 0 && !index)
-        return td_error(TD_ERR_INVALID, "element access: index is NULL for a %d-dim tensor", t->ndim);
+        return error_fmt(TD_ERR_INVALID, "element access: index is NULL for a %d-dim tensor", t->ndim);
     int64_t off = 0;
     for (int i = 0; i < t->ndim; i++) {
         int64_t ix = index[i], size = t->sizes[i];
         if (ix < -size || ix >= size)
-            return td_error(TD_ERR_INVALID, "index %lld is out of bounds for dimension %d with size %lld",
+            return error_fmt(TD_ERR_INVALID, "index %lld is out of bounds for dimension %d with size %lld",
                             (long long)ix, i, (long long)size);
         off += (ix < 0 ? ix + size : ix) * t->strides[i];
     }
-    *out = (char *)td_tensor_data_of(t) + off * (int64_t)td_dtype_size(t->dtype);
+    *out = (char *)tensor_data_of(t) + off * (int64_t)td_dtype_size(t->dtype);
     return TD_OK;
 }
 
@@ -549,7 +549,7 @@ td_status td_tensor_get_f64(const td_tensor *t, const int64_t *index, double *ou
 {
     char *p;
     TD_TRY(element_ptr(t, index, &p));
-    td_convert_element(out, TD_FLOAT64, p, t->dtype);
+    tensor_convert_element(out, TD_FLOAT64, p, t->dtype);
     return TD_OK;
 }
 
@@ -557,7 +557,7 @@ td_status td_tensor_get_i64(const td_tensor *t, const int64_t *index, int64_t *o
 {
     char *p;
     TD_TRY(element_ptr(t, index, &p));
-    td_convert_element(out, TD_INT64, p, t->dtype);
+    tensor_convert_element(out, TD_INT64, p, t->dtype);
     return TD_OK;
 }
 
@@ -566,7 +566,7 @@ td_status td_tensor_get_complex(const td_tensor *t, const int64_t *index, double
     char *p;
     TD_TRY(element_ptr(t, index, &p));
     td_c128 v;
-    td_convert_element(&v, TD_COMPLEX128, p, t->dtype);
+    tensor_convert_element(&v, TD_COMPLEX128, p, t->dtype);
     if (re)
         *re = v.re;
     if (im)
@@ -578,7 +578,7 @@ td_status td_tensor_set_f64(td_tensor *t, const int64_t *index, double value)
 {
     char *p;
     TD_TRY(element_ptr(t, index, &p));
-    td_convert_element(p, t->dtype, &value, TD_FLOAT64);
+    tensor_convert_element(p, t->dtype, &value, TD_FLOAT64);
     return TD_OK;
 }
 
@@ -586,7 +586,7 @@ td_status td_tensor_set_i64(td_tensor *t, const int64_t *index, int64_t value)
 {
     char *p;
     TD_TRY(element_ptr(t, index, &p));
-    td_convert_element(p, t->dtype, &value, TD_INT64);
+    tensor_convert_element(p, t->dtype, &value, TD_INT64);
     return TD_OK;
 }
 
@@ -595,7 +595,7 @@ td_status td_tensor_set_complex(td_tensor *t, const int64_t *index, double re, d
     char *p;
     TD_TRY(element_ptr(t, index, &p));
     td_c128 v = {re, im};
-    td_convert_element(p, t->dtype, &v, TD_COMPLEX128);
+    tensor_convert_element(p, t->dtype, &v, TD_COMPLEX128);
     return TD_OK;
 }
 
@@ -627,14 +627,14 @@ static bool equal_run(void *vctx, char *a, ptrdiff_t sa, char *b, ptrdiff_t sb, 
     for (int64_t i = 0; i < n; i++, a += sa, b += sb) {
         if (td_dtype_is_integral(dt, true)) {
             int64_t x, y;
-            td_convert_element(&x, TD_INT64, a, dt);
-            td_convert_element(&y, TD_INT64, b, dt);
+            tensor_convert_element(&x, TD_INT64, a, dt);
+            tensor_convert_element(&y, TD_INT64, b, dt);
             if (x != y)
                 return false;
         } else {
             td_c128 x, y;
-            td_convert_element(&x, TD_COMPLEX128, a, dt);
-            td_convert_element(&y, TD_COMPLEX128, b, dt);
+            tensor_convert_element(&x, TD_COMPLEX128, a, dt);
+            tensor_convert_element(&y, TD_COMPLEX128, b, dt);
             if (!(x.re == y.re && x.im == y.im))
                 return false;
         }
@@ -646,7 +646,7 @@ bool td_tensor_equal(const td_tensor *a, const td_tensor *b)
 {
     if (!a || !b || a->dtype != b->dtype || !same_shape(a, b))
         return false;
-    td_strided sa = td_strided_of(a), sb = td_strided_of(b);
+    td_strided sa = strided_of(a), sb = strided_of(b);
     if (numel_strided(&sa) == 0)
         return true;
     loop2 l;
@@ -675,8 +675,8 @@ static bool close_run(void *vctx, char *a, ptrdiff_t sa, char *b, ptrdiff_t sb, 
     cmp_ctx *c = vctx;
     for (int64_t i = 0; i < n; i++, a += sa, b += sb) {
         td_c128 x, y;
-        td_convert_element(&x, TD_COMPLEX128, a, c->da);
-        td_convert_element(&y, TD_COMPLEX128, b, c->db);
+        tensor_convert_element(&x, TD_COMPLEX128, a, c->da);
+        tensor_convert_element(&y, TD_COMPLEX128, b, c->db);
         if (!close_value(c, x, y))
             return false;
     }
@@ -687,7 +687,7 @@ bool td_tensor_allclose(const td_tensor *a, const td_tensor *b, double rtol, dou
 {
     if (!a || !b || !same_shape(a, b))
         return false;
-    td_strided sa = td_strided_of(a), sb = td_strided_of(b);
+    td_strided sa = strided_of(a), sb = strided_of(b);
     if (numel_strided(&sa) == 0)
         return true;
     loop2 l;

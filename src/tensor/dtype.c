@@ -15,7 +15,7 @@ static const char *const dtype_names[TD_DTYPE_COUNT] = {
     "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
 };
 
-const size_t td_dtype_sizes[TD_DTYPE_COUNT] = {1, 1, 1, 2, 4, 8, 2, 2, 4, 8, 8, 16};
+const size_t dtype_sizes[TD_DTYPE_COUNT] = {1, 1, 1, 2, 4, 8, 2, 2, 4, 8, 8, 16};
 
 bool td_dtype_is_valid(int dtype) { return dtype >= 0 && dtype < TD_DTYPE_COUNT; }
 
@@ -24,7 +24,7 @@ const char *td_dtype_name(td_dtype dtype)
     return td_dtype_is_valid((int)dtype) ? dtype_names[dtype] : "invalid dtype";
 }
 
-size_t td_dtype_size(td_dtype dtype) { return td_dtype_size_of(dtype); }
+size_t td_dtype_size(td_dtype dtype) { return dtype_size_of(dtype); }
 
 bool td_dtype_is_floating(td_dtype dtype)
 {
@@ -55,7 +55,7 @@ static const struct {
 td_status td_dtype_from_name(const char *name, td_dtype *out)
 {
     if (!name)
-        return td_error(TD_ERR_INVALID, "dtype name is NULL");
+        return error_fmt(TD_ERR_INVALID, "dtype name is NULL");
     /* "torch.float32", as str(dtype) prints in PyTorch, is accepted too. */
     const char *n = strncmp(name, "torch.", 6) == 0 ? name + 6 : name;
     for (int i = 0; i < TD_DTYPE_COUNT; i++) {
@@ -70,7 +70,7 @@ td_status td_dtype_from_name(const char *name, td_dtype *out)
             return TD_OK;
         }
     }
-    return td_error(TD_ERR_INVALID,
+    return error_fmt(TD_ERR_INVALID,
                     "unknown dtype '%s': expected one of bool, uint8, int8, int16, int32, int64, float16, "
                     "bfloat16, float32, float64, complex64, complex128 (or f16, bf16, f32, f64, i8..i64, u8, "
                     "c64, c128, half, float, double, int, long)",
@@ -108,15 +108,15 @@ td_dtype td_dtype_promote(td_dtype a, td_dtype b)
     return td_dtype_size(a) >= td_dtype_size(b) ? a : b;
 }
 
-float td_half_to_float(uint16_t h) { return td_h2f(h); }
-uint16_t td_float_to_half(float f) { return td_f2h(f); }
-float td_bfloat16_to_float(uint16_t b) { return td_bf2f(b); }
-uint16_t td_float_to_bfloat16(float f) { return td_f2bf(f); }
+float td_half_to_float(uint16_t h) { return h2f(h); }
+uint16_t td_float_to_half(float f) { return f2h(f); }
+float td_bfloat16_to_float(uint16_t b) { return bf2f(b); }
+uint16_t td_float_to_bfloat16(float f) { return f2bf(f); }
 
-td_status td_dtype_check(int dtype)
+td_status dtype_check(int dtype)
 {
     if (!td_dtype_is_valid(dtype))
-        return td_error(TD_ERR_INVALID, "invalid dtype %d (expected a td_dtype from 0 to %d)", dtype,
+        return error_fmt(TD_ERR_INVALID, "invalid dtype %d (expected a td_dtype from 0 to %d)", dtype,
                         TD_DTYPE_COUNT - 1);
     return TD_OK;
 }

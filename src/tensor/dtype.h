@@ -14,13 +14,13 @@ typedef struct td_c128 {
 } td_c128;
 
 /* td_dtype_size, inline (0 for an invalid dtype). */
-extern const size_t td_dtype_sizes[TD_DTYPE_COUNT];
-static inline size_t td_dtype_size_of(td_dtype dtype)
+extern const size_t dtype_sizes[TD_DTYPE_COUNT];
+static inline size_t dtype_size_of(td_dtype dtype)
 {
-    return (unsigned)dtype < TD_DTYPE_COUNT ? td_dtype_sizes[dtype] : 0;
+    return (unsigned)dtype < TD_DTYPE_COUNT ? dtype_sizes[dtype] : 0;
 }
 
 /* TD_OK for a valid dtype; otherwise TD_ERR_INVALID with a message naming the value. */
-td_status td_dtype_check(int dtype);
+td_status dtype_check(int dtype);
 
 #endif

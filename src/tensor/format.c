@@ -45,7 +45,7 @@ typedef struct printer {
 static double float_value(const printer *p, const char *ptr, part which)
 {
     td_c128 v;
-    td_convert_element(&v, TD_COMPLEX128, ptr, p->t->dtype);
+    tensor_convert_element(&v, TD_COMPLEX128, ptr, p->t->dtype);
     return which == PART_IMAG ? v.im : v.re;
 }
 
@@ -55,7 +55,7 @@ static int format_integral(char *buf, size_t len, const printer *p, const char *
     if (p->t->dtype == TD_BOOL)
         return snprintf(buf, len, "%s", *(const uint8_t *)ptr ? "True" : "False");
     int64_t v;
-    td_convert_element(&v, TD_INT64, ptr, p->t->dtype);
+    tensor_convert_element(&v, TD_INT64, ptr, p->t->dtype);
     return snprintf(buf, len, "%lld", (long long)v);
 }
 
@@ -178,8 +178,8 @@ static void format_value(const printer *p, const formatter *f, const char *ptr, 
         }
     }
     for (int i = n; i < f->max_width; i++)
-        td_buf_putc(out, ' ');
-    td_buf_append(out, buf, (size_t)n);
+        buf_putc(out, ' ');
+    buf_append(out, buf, (size_t)n);
 }
 
 /* _val_formatter / _scalar_str: one element, complex as "re+imj". */
@@ -190,14 +190,14 @@ static void format_element(printer *p, const char *ptr, td_buf *out)
         return;
     td_buf im = TD_BUF_INIT;
     format_value(p, &p->f[1], ptr, PART_IMAG, &im);
-    td_buf_putc(&im, 'j');
+    buf_putc(&im, 'j');
     const char *s = im.data;
     while (*s == ' ')
         s++;
     if (*s != '+' && *s != '-')
-        td_buf_putc(out, '+');
-    td_buf_append_str(out, s);
-    td_buf_free(&im);
+        buf_putc(out, '+');
+    buf_append_str(out, s);
+    buf_free(&im);
 }
 
 /* ---- layout ----------------------------------------------------------------------------------- */
@@ -205,7 +205,7 @@ static void format_element(printer *p, const char *ptr, td_buf *out)
 static void put_spaces(td_buf *out, int n)
 {
     for (int i = 0; i < n; i++)
-        td_buf_putc(out, ' ');
+        buf_putc(out, ' ');
 }
 
 /* _vector_str. */
@@ -220,25 +220,25 @@ static void format_vector(printer *p, const char *ptr, int dim, int indent, td_b
         per_line = 1;
     int64_t size = t->sizes[dim], step = t->strides[dim] * (int64_t)p->elsize;
     bool cut = p->summarize && size > 2 * EDGEITEMS;
-    td_buf_putc(out, '[');
+    buf_putc(out, '[');
     int64_t item = 0; /* position in the printed list, "..." included */
     for (int64_t i = 0; i < size; i++, item++) {
         if (item > 0) {
             if (item % per_line == 0) {
-                td_buf_append_str(out, ",\n");
+                buf_append_str(out, ",\n");
                 put_spaces(out, indent + 1);
             } else {
-                td_buf_append_str(out, ", ");
+                buf_append_str(out, ", ");
             }
         }
         if (cut && i == EDGEITEMS) {
-            td_buf_append_str(out, " ...");
+            buf_append_str(out, " ...");
             i = size - EDGEITEMS - 1;
             continue;
         }
         format_element(p, ptr + i * step, out);
     }
-    td_buf_putc(out, ']');
+    buf_putc(out, ']');
 }
 
 /* _tensor_str_with_formatter. */
@@ -256,22 +256,22 @@ static void format_dims(printer *p, const char *ptr, int dim, int indent, td_buf
     }
     int64_t size = t->sizes[dim], step = t->strides[dim] * (int64_t)p->elsize;
     bool cut = p->summarize && size > 2 * EDGEITEMS;
-    td_buf_putc(out, '[');
+    buf_putc(out, '[');
     for (int64_t i = 0; i < size; i++) {
         if (i > 0) {
-            td_buf_putc(out, ',');
+            buf_putc(out, ',');
             for (int k = 0; k < rest - 1; k++)
-                td_buf_putc(out, '\n');
+                buf_putc(out, '\n');
             put_spaces(out, indent + 1);
         }
         if (cut && i == EDGEITEMS) {
-            td_buf_append_str(out, "...");
+            buf_append_str(out, "...");
             i = size - EDGEITEMS - 1;
             continue;
         }
         format_dims(p, ptr + i * step, dim + 1, indent + 1, out);
     }
-    td_buf_putc(out, ']');
+    buf_putc(out, ']');
 }
 
 /* _add_suffixes: ", suffix" on the same line while it fits in LINEWIDTH. *last_line_len starts
@@ -285,28 +285,28 @@ static void add_suffix(td_buf *out, const char *suffix, int indent, long *last_l
     }
     long len = (long)strlen(suffix);
     if (*last_line_len + len + 2 > LINEWIDTH) {
-        td_buf_append_str(out, ",\n");
+        buf_append_str(out, ",\n");
         put_spaces(out, indent);
         *last_line_len = indent + len;
     } else {
-        td_buf_append_str(out, ", ");
+        buf_append_str(out, ", ");
         *last_line_len += len + 2;
     }
-    td_buf_append_str(out, suffix);
+    buf_append_str(out, suffix);
 }
 
 char *td_tensor_format(const td_tensor *t)
 {
     if (!t)
-        return td_strdup("NULL");
+        return alloc_strdup("NULL");
     const int indent = 7; /* strlen("tensor(") */
     printer p = {.t = t, .elsize = td_dtype_size(t->dtype), .is_complex = td_dtype_is_complex(t->dtype)};
-    td_buf_append_str(&p.out, "tensor(");
+    buf_append_str(&p.out, "tensor(");
     int64_t numel = td_tensor_numel(t);
     char suffix[TD_MAX_DIMS * 22 + 16];
     long line_len = -1;
     if (numel == 0) {
-        td_buf_append_str(&p.out, "[]");
+        buf_append_str(&p.out, "[]");
         /* torch prints the shape of an empty tensor unless it is (0,), and always its dtype
          * unless it is the default float32: there are no elements to tell int64 apart. */
         if (t->ndim != 1) {
@@ -332,8 +332,8 @@ char *td_tensor_format(const td_tensor *t)
             add_suffix(&p.out, suffix, indent, &line_len);
         }
     }
-    td_buf_putc(&p.out, ')');
-    return td_buf_steal(&p.out);
+    buf_putc(&p.out, ')');
+    return buf_steal(&p.out);
 }
 
 void td_tensor_print(FILE *f, const td_tensor *t)

@@ -50,14 +50,14 @@
 #define OP_LXOR(T, U, x, y) ((T)(((x) != 0) ^ ((y) != 0)))
 
 /* float16 / bfloat16: widen, combine in float32, round back. */
-#define OP_HSUM(T, U, x, y) td_f2h(OP_FSUM(float, float, td_h2f(x), td_h2f(y)))
-#define OP_HPROD(T, U, x, y) td_f2h(OP_FPROD(float, float, td_h2f(x), td_h2f(y)))
-#define OP_HMIN(T, U, x, y) td_f2h(OP_FMIN(float, float, td_h2f(x), td_h2f(y)))
-#define OP_HMAX(T, U, x, y) td_f2h(OP_FMAX(float, float, td_h2f(x), td_h2f(y)))
-#define OP_BSUM(T, U, x, y) td_f2bf(OP_FSUM(float, float, td_bf2f(x), td_bf2f(y)))
-#define OP_BPROD(T, U, x, y) td_f2bf(OP_FPROD(float, float, td_bf2f(x), td_bf2f(y)))
-#define OP_BMIN(T, U, x, y) td_f2bf(OP_FMIN(float, float, td_bf2f(x), td_bf2f(y)))
-#define OP_BMAX(T, U, x, y) td_f2bf(OP_FMAX(float, float, td_bf2f(x), td_bf2f(y)))
+#define OP_HSUM(T, U, x, y) f2h(OP_FSUM(float, float, h2f(x), h2f(y)))
+#define OP_HPROD(T, U, x, y) f2h(OP_FPROD(float, float, h2f(x), h2f(y)))
+#define OP_HMIN(T, U, x, y) f2h(OP_FMIN(float, float, h2f(x), h2f(y)))
+#define OP_HMAX(T, U, x, y) f2h(OP_FMAX(float, float, h2f(x), h2f(y)))
+#define OP_BSUM(T, U, x, y) f2bf(OP_FSUM(float, float, bf2f(x), bf2f(y)))
+#define OP_BPROD(T, U, x, y) f2bf(OP_FPROD(float, float, bf2f(x), bf2f(y)))
+#define OP_BMIN(T, U, x, y) f2bf(OP_FMIN(float, float, bf2f(x), bf2f(y)))
+#define OP_BMAX(T, U, x, y) f2bf(OP_FMAX(float, float, bf2f(x), bf2f(y)))
 
 #define OP_CSUM(T, U, x, y) ((T){(x).re + (y).re, (x).im + (y).im})
 #define OP_CPROD(T, U, x, y) ((T){(x).re * (y).re - (x).im * (y).im, (x).re * (y).im + (x).im * (y).re})
@@ -65,7 +65,7 @@
 /* ---- kernel generator ------------------------------------------------------------------------ */
 
 /* Every kernel is built twice: for the baseline ISA (x86-64's SSE2) and for AVX2, picked at run
- * time by the CPU (td_reduce_kernel_isa). No FMA in the AVX2 target: fused multiply-adds would
+ * time by the CPU (reduce_kernel_isa). No FMA in the AVX2 target: fused multiply-adds would
  * round complex products differently from the baseline build, and ranks must agree. */
 #if defined(__x86_64__)
 #define TD_HAVE_AVX2_KERNELS 1
@@ -194,7 +194,7 @@ DEF_KERNEL_BASE(min_bf16, uint16_t, float, OP_BMIN)
 DEF_KERNEL_BASE(max_bf16, uint16_t, float, OP_BMAX)
 
 #if TD_HAVE_AVX2_KERNELS
-/* td_f2bf on 8 lanes, leaving the bfloat16 in the low half of each 32-bit lane: add 0x7FFF plus
+/* f2bf on 8 lanes, leaving the bfloat16 in the low half of each 32-bit lane: add 0x7FFF plus
  * the lowest kept bit and keep the top half; NaN -> 0x7FC0. */
 TD_AVX2 static inline __m256i bf16x8_round(__m256 v)
 {
@@ -286,7 +286,7 @@ const char *td_reduce_op_name(td_reduce_op op)
 td_status td_reduce_op_from_name(const char *name, td_reduce_op *out)
 {
     if (!name)
-        return td_error(TD_ERR_INVALID, "reduce op name is NULL");
+        return error_fmt(TD_ERR_INVALID, "reduce op name is NULL");
     const char *n = strncmp(name, "ReduceOp.", 9) == 0 ? name + 9 : name;
     for (int i = 0; i < TD_REDUCE_OP_COUNT; i++) {
         if (strcasecmp(n, op_names[i]) == 0) {
@@ -298,7 +298,7 @@ td_status td_reduce_op_from_name(const char *name, td_reduce_op *out)
         *out = TD_PRODUCT;
         return TD_OK;
     }
-    return td_error(TD_ERR_INVALID,
+    return error_fmt(TD_ERR_INVALID,
                     "unknown reduce op '%s': expected one of SUM, PRODUCT, MIN, MAX, BAND, BOR, BXOR, AVG, PREMUL_SUM",
                     name);
 }
@@ -306,24 +306,24 @@ td_status td_reduce_op_from_name(const char *name, td_reduce_op *out)
 td_status td_reduce_check(td_reduce_op op, td_dtype dtype)
 {
     if ((int)op < 0 || op >= TD_REDUCE_OP_COUNT)
-        return td_error(TD_ERR_INVALID, "invalid reduce op %d (expected a td_reduce_op from 0 to %d)", (int)op,
+        return error_fmt(TD_ERR_INVALID, "invalid reduce op %d (expected a td_reduce_op from 0 to %d)", (int)op,
                         TD_REDUCE_OP_COUNT - 1);
-    TD_TRY(td_dtype_check((int)dtype));
+    TD_TRY(dtype_check((int)dtype));
     if (kernels[op][dtype])
         return TD_OK;
     switch (op) {
     case TD_BAND:
     case TD_BOR:
     case TD_BXOR:
-        return td_error(TD_ERR_INVALID,
+        return error_fmt(TD_ERR_INVALID,
                         "reduce op %s is not supported for dtype %s (bitwise ops need an integer or bool dtype)",
                         op_names[op], td_dtype_name(dtype));
     case TD_MIN:
     case TD_MAX:
-        return td_error(TD_ERR_INVALID, "reduce op %s is not supported for dtype %s (complex numbers are not ordered)",
+        return error_fmt(TD_ERR_INVALID, "reduce op %s is not supported for dtype %s (complex numbers are not ordered)",
                         op_names[op], td_dtype_name(dtype));
     default:
-        return td_error(TD_ERR_INVALID,
+        return error_fmt(TD_ERR_INVALID,
                         "reduce op %s is not supported for dtype %s (%s needs a floating point or complex dtype)",
                         op_names[op], td_dtype_name(dtype), op_names[op]);
     }
@@ -346,7 +346,7 @@ static bool cpu_has_avx2_f16c(void)
 }
 #endif
 
-bool td_reduce_isa_available(td_reduce_isa isa)
+bool reduce_isa_available(td_reduce_isa isa)
 {
     switch (isa) {
     case TD_REDUCE_ISA_AUTO:
@@ -361,7 +361,7 @@ bool td_reduce_isa_available(td_reduce_isa isa)
     return false;
 }
 
-const char *td_reduce_isa_name(td_reduce_isa isa)
+const char *reduce_isa_name(td_reduce_isa isa)
 {
     switch (isa) {
     case TD_REDUCE_ISA_AUTO: return "auto";
@@ -371,15 +371,15 @@ const char *td_reduce_isa_name(td_reduce_isa isa)
     return "invalid";
 }
 
-td_reduce_fn td_reduce_kernel_isa(td_reduce_op op, td_dtype dtype, td_reduce_isa isa)
+td_reduce_fn reduce_kernel_isa(td_reduce_op op, td_dtype dtype, td_reduce_isa isa)
 {
     if (td_reduce_check(op, dtype) != TD_OK)
         return NULL;
     if (isa == TD_REDUCE_ISA_AUTO)
-        isa = td_reduce_isa_available(TD_REDUCE_ISA_AVX2) ? TD_REDUCE_ISA_AVX2 : TD_REDUCE_ISA_BASELINE;
-    if (!td_reduce_isa_available(isa)) {
-        td_error(TD_ERR_UNSUPPORTED, "the %s reduce kernels are not available on this CPU or build",
-                 td_reduce_isa_name(isa));
+        isa = reduce_isa_available(TD_REDUCE_ISA_AVX2) ? TD_REDUCE_ISA_AVX2 : TD_REDUCE_ISA_BASELINE;
+    if (!reduce_isa_available(isa)) {
+        error_fmt(TD_ERR_UNSUPPORTED, "the %s reduce kernels are not available on this CPU or build",
+                 reduce_isa_name(isa));
         return NULL;
     }
 #if TD_HAVE_AVX2_KERNELS
@@ -391,7 +391,7 @@ td_reduce_fn td_reduce_kernel_isa(td_reduce_op op, td_dtype dtype, td_reduce_isa
 
 td_reduce_fn td_reduce_kernel(td_reduce_op op, td_dtype dtype)
 {
-    return td_reduce_kernel_isa(op, dtype, TD_REDUCE_ISA_AUTO);
+    return reduce_kernel_isa(op, dtype, TD_REDUCE_ISA_AUTO);
 }
 
 td_status td_reduce(td_reduce_op op, td_dtype dtype, void *dst, const void *a, const void *b, size_t count)
@@ -400,7 +400,7 @@ td_status td_reduce(td_reduce_op op, td_dtype dtype, void *dst, const void *a, c
     if (!fn)
         return TD_ERR_INVALID;
     if (count && (!dst || !a || !b))
-        return td_error(TD_ERR_INVALID, "td_reduce: a NULL buffer for %zu elements", count);
+        return error_fmt(TD_ERR_INVALID, "td_reduce: a NULL buffer for %zu elements", count);
     fn(dst, a, b, count);
     return TD_OK;
 }
@@ -420,8 +420,8 @@ td_status td_reduce(td_reduce_op op, td_dtype dtype, void *dst, const void *a, c
             d[i] = STORE(LOAD(d[i]) / f);                                        \
     }
 #define SAME(v) (v)
-DEF_SCALE(f16, uint16_t, float, td_h2f, td_f2h)
-DEF_SCALE(bf16, uint16_t, float, td_bf2f, td_f2bf)
+DEF_SCALE(f16, uint16_t, float, h2f, f2h)
+DEF_SCALE(bf16, uint16_t, float, bf2f, f2bf)
 DEF_SCALE(f32, float, float, SAME, SAME)
 DEF_SCALE(f64, double, double, SAME, SAME)
 
@@ -439,7 +439,7 @@ TD_F16C static void scale16_f16_avx2(uint16_t *d, const uint16_t *s, size_t n, f
         _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     }
     for (; i < n; i++)
-        d[i] = td_f2h(divide ? td_h2f(s[i]) / f : td_h2f(s[i]) * f);
+        d[i] = f2h(divide ? h2f(s[i]) / f : h2f(s[i]) * f);
 }
 
 TD_AVX2 static void scale16_bf16_avx2(uint16_t *d, const uint16_t *s, size_t n, float f, bool divide)
@@ -456,7 +456,7 @@ TD_AVX2 static void scale16_bf16_avx2(uint16_t *d, const uint16_t *s, size_t n, 
         _mm256_storeu_si256((__m256i *)(d + i), _mm256_packus_epi32(bf16x8_round(lo), bf16x8_round(hi)));
     }
     for (; i < n; i++)
-        d[i] = td_f2bf(divide ? td_bf2f(s[i]) / f : td_bf2f(s[i]) * f);
+        d[i] = f2bf(divide ? bf2f(s[i]) / f : bf2f(s[i]) * f);
 }
 #endif
 
@@ -464,7 +464,7 @@ TD_AVX2 static void scale16_bf16_avx2(uint16_t *d, const uint16_t *s, size_t n, 
 static td_status scale(td_dtype dtype, void *dst, const void *src, size_t count, double factor, bool divide,
                        td_reduce_isa isa)
 {
-    bool avx2 = isa == TD_REDUCE_ISA_AVX2 || (isa == TD_REDUCE_ISA_AUTO && td_reduce_isa_available(TD_REDUCE_ISA_AVX2));
+    bool avx2 = isa == TD_REDUCE_ISA_AVX2 || (isa == TD_REDUCE_ISA_AUTO && reduce_isa_available(TD_REDUCE_ISA_AVX2));
     (void)avx2;
     switch (dtype) {
     case TD_COMPLEX64: count *= 2; /* fall through */
@@ -494,42 +494,42 @@ static td_status scale(td_dtype dtype, void *dst, const void *src, size_t count,
         divide ? divide_bf16(dst, count, (float)factor) : scale_bf16(dst, src, count, (float)factor);
         break;
     default:
-        return td_error(TD_ERR_INTERNAL, "scale: unexpected dtype %s", td_dtype_name(dtype));
+        return error_fmt(TD_ERR_INTERNAL, "scale: unexpected dtype %s", td_dtype_name(dtype));
     }
     return TD_OK;
 }
 
 static td_status check_isa(td_reduce_isa isa)
 {
-    if (!td_reduce_isa_available(isa))
-        return td_error(TD_ERR_UNSUPPORTED, "the %s reduce kernels are not available on this CPU or build",
-                        td_reduce_isa_name(isa));
+    if (!reduce_isa_available(isa))
+        return error_fmt(TD_ERR_UNSUPPORTED, "the %s reduce kernels are not available on this CPU or build",
+                        reduce_isa_name(isa));
     return TD_OK;
 }
 
-td_status td_reduce_premul_isa(td_dtype dtype, void *dst, const void *src, size_t count, double factor,
+td_status reduce_premul_isa(td_dtype dtype, void *dst, const void *src, size_t count, double factor,
                                td_reduce_isa isa)
 {
     TD_TRY(check_isa(isa));
     TD_TRY(td_reduce_check(TD_PREMUL_SUM, dtype));
     if (count && (!dst || !src))
-        return td_error(TD_ERR_INVALID, "td_reduce_premul: a NULL buffer for %zu elements", count);
+        return error_fmt(TD_ERR_INVALID, "td_reduce_premul: a NULL buffer for %zu elements", count);
     if (count && dst != src) {
         /* Partial overlap would make the result depend on the loop order. */
         size_t bytes = count * td_dtype_size(dtype);
         const char *d = dst, *s = src;
         if (d < s + bytes && s < d + bytes)
-            return td_error(TD_ERR_INVALID, "td_reduce_premul: dst and src overlap without being the same buffer");
+            return error_fmt(TD_ERR_INVALID, "td_reduce_premul: dst and src overlap without being the same buffer");
     }
     return scale(dtype, dst, src, count, factor, false, isa);
 }
 
 td_status td_reduce_premul(td_dtype dtype, void *dst, const void *src, size_t count, double factor)
 {
-    return td_reduce_premul_isa(dtype, dst, src, count, factor, TD_REDUCE_ISA_AUTO);
+    return reduce_premul_isa(dtype, dst, src, count, factor, TD_REDUCE_ISA_AUTO);
 }
 
-td_status td_reduce_finish_isa(td_reduce_op op, td_dtype dtype, void *buf, size_t count, int world_size,
+td_status reduce_finish_isa(td_reduce_op op, td_dtype dtype, void *buf, size_t count, int world_size,
                                td_reduce_isa isa)
 {
     TD_TRY(check_isa(isa));
@@ -537,13 +537,13 @@ td_status td_reduce_finish_isa(td_reduce_op op, td_dtype dtype, void *buf, size_
     if (op != TD_AVG)
         return TD_OK;
     if (world_size <= 0)
-        return td_error(TD_ERR_INVALID, "td_reduce_finish: world_size must be positive, got %d", world_size);
+        return error_fmt(TD_ERR_INVALID, "td_reduce_finish: world_size must be positive, got %d", world_size);
     if (count && !buf)
-        return td_error(TD_ERR_INVALID, "td_reduce_finish: buf is NULL for %zu elements", count);
+        return error_fmt(TD_ERR_INVALID, "td_reduce_finish: buf is NULL for %zu elements", count);
     return scale(dtype, buf, buf, count, (double)world_size, true, isa);
 }
 
 td_status td_reduce_finish(td_reduce_op op, td_dtype dtype, void *buf, size_t count, int world_size)
 {
-    return td_reduce_finish_isa(op, dtype, buf, count, world_size, TD_REDUCE_ISA_AUTO);
+    return reduce_finish_isa(op, dtype, buf, count, world_size, TD_REDUCE_ISA_AUTO);
 }

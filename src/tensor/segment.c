@@ -16,13 +16,13 @@
 
 static atomic_uint_fast64_t name_counter;
 
-void td_segment_make_name(char out[TD_SEGMENT_NAME_MAX], const char *tag)
+void segment_make_name(char out[TD_SEGMENT_NAME_MAX], const char *tag)
 {
     unsigned long long n = (unsigned long long)atomic_fetch_add(&name_counter, 1);
     snprintf(out, TD_SEGMENT_NAME_MAX, TD_SEGMENT_PREFIX "%d.%s%llu", (int)getpid(), tag, n);
 }
 
-pid_t td_segment_name_pid(const char *name)
+pid_t segment_name_pid(const char *name)
 {
     size_t plen = strlen(TD_SEGMENT_PREFIX);
     if (!name || strncmp(name, TD_SEGMENT_PREFIX, plen) != 0)
@@ -40,9 +40,9 @@ pid_t td_segment_name_pid(const char *name)
     return (pid_t)pid;
 }
 
-bool td_segment_name_valid(const char *name)
+bool segment_name_valid(const char *name)
 {
-    if (!name || td_segment_name_pid(name) < 0)
+    if (!name || segment_name_pid(name) < 0)
         return false;
     size_t len = strnlen(name, TD_SEGMENT_NAME_MAX);
     if (len >= TD_SEGMENT_NAME_MAX)
@@ -70,7 +70,7 @@ static td_status seg_error(int err, const char *what)
         hint = ". The process is out of file descriptors (under the file_descriptor sharing strategy each "
                "shared storage keeps one open): raise the limit (ulimit -n) or use the file_system strategy";
     td_status code = (err == ENOSPC || err == ENOMEM) ? TD_ERR_NOMEM : TD_ERR_IO;
-    return td_error(code, "%s: %s (%d)%s", what, strerror(err), err, hint);
+    return error_fmt(code, "%s: %s (%d)%s", what, strerror(err), err, hint);
 }
 
 static td_status open_error(int err, const char *name)
@@ -113,17 +113,17 @@ static td_status map(int fd, size_t size, const char *name, void **out)
     return TD_OK;
 }
 
-td_status td_segment_create(const char *tag, size_t size, bool unlinked, bool keep_fd, td_segment *out)
+td_status segment_create(const char *tag, size_t size, bool unlinked, bool keep_fd, td_segment *out)
 {
     char name[TD_SEGMENT_NAME_MAX];
-    td_segment_make_name(name, tag);
-    return td_segment_create_as(name, size, unlinked, keep_fd, out);
+    segment_make_name(name, tag);
+    return segment_create_as(name, size, unlinked, keep_fd, out);
 }
 
-td_status td_segment_create_as(const char *name, size_t size, bool unlinked, bool keep_fd, td_segment *out)
+td_status segment_create_as(const char *name, size_t size, bool unlinked, bool keep_fd, td_segment *out)
 {
     if (size == 0)
-        return td_error(TD_ERR_INVALID, "a shared-memory segment cannot be empty (mmap of 0 bytes)");
+        return error_fmt(TD_ERR_INVALID, "a shared-memory segment cannot be empty (mmap of 0 bytes)");
     td_segment seg = TD_SEGMENT_INIT;
     snprintf(seg.name, sizeof seg.name, "%s", name);
     int fd = shm_open(seg.name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -153,14 +153,14 @@ td_status td_segment_create_as(const char *name, size_t size, bool unlinked, boo
     return TD_OK;
 }
 
-td_status td_segment_open(const char *name, size_t min_size, td_segment *out)
+td_status segment_open(const char *name, size_t min_size, td_segment *out)
 {
-    if (!td_segment_name_valid(name))
-        return td_error(TD_ERR_INVALID, "'%s' is not a tdist shared-memory segment name", name ? name : "(null)");
+    if (!segment_name_valid(name))
+        return error_fmt(TD_ERR_INVALID, "'%s' is not a tdist shared-memory segment name", name ? name : "(null)");
     int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0) {
         if (errno == ENOENT)
-            return td_error(TD_ERR_NOT_FOUND,
+            return error_fmt(TD_ERR_NOT_FOUND,
                             "unable to open shared memory object </%s> in read-write mode: %s (%d). The segment was "
                             "removed: every process holding it let go (or crashed) before this one opened it",
                             name, strerror(ENOENT), ENOENT);
@@ -169,7 +169,7 @@ td_status td_segment_open(const char *name, size_t min_size, td_segment *out)
     struct stat st;
     if (fstat(fd, &st) != 0 || (size_t)st.st_size < min_size || st.st_size == 0) {
         close(fd);
-        return td_error(TD_ERR_INVALID, "shared memory object </%s> holds %lld bytes, expected at least %zu", name,
+        return error_fmt(TD_ERR_INVALID, "shared memory object </%s> holds %lld bytes, expected at least %zu", name,
                         (long long)st.st_size, min_size);
     }
     td_segment seg = TD_SEGMENT_INIT;
@@ -183,15 +183,15 @@ td_status td_segment_open(const char *name, size_t min_size, td_segment *out)
     return TD_OK;
 }
 
-td_status td_segment_map_fd(int fd, size_t size, td_segment *out)
+td_status segment_map_fd(int fd, size_t size, td_segment *out)
 {
     if (size == 0)
-        return td_error(TD_ERR_INVALID, "a shared-memory segment cannot be empty (mmap of 0 bytes)");
+        return error_fmt(TD_ERR_INVALID, "a shared-memory segment cannot be empty (mmap of 0 bytes)");
     struct stat st;
     if (fstat(fd, &st) != 0)
-        return td_error_errno(TD_ERR_IO, "fstat of a received shared-memory fd");
+        return error_errno(TD_ERR_IO, "fstat of a received shared-memory fd");
     if ((size_t)st.st_size < size)
-        return td_error(TD_ERR_INVALID, "received shared-memory fd holds %lld bytes, the message says %zu",
+        return error_fmt(TD_ERR_INVALID, "received shared-memory fd holds %lld bytes, the message says %zu",
                         (long long)st.st_size, size);
     td_segment seg = TD_SEGMENT_INIT;
     char what[32];
@@ -203,7 +203,7 @@ td_status td_segment_map_fd(int fd, size_t size, td_segment *out)
     return TD_OK;
 }
 
-void td_segment_unmap(td_segment *seg)
+void segment_unmap(td_segment *seg)
 {
     if (seg->base)
         munmap(seg->base, seg->size);
@@ -214,12 +214,12 @@ void td_segment_unmap(td_segment *seg)
     seg->fd = -1;
 }
 
-td_status td_segment_unlink(const char *name)
+td_status segment_unlink(const char *name)
 {
     if (shm_unlink(name) == 0)
         return TD_OK;
     if (errno == ENOENT)
-        return td_error(TD_ERR_NOT_FOUND, "could not unlink the shared memory file %s : %s (%d)", name,
+        return error_fmt(TD_ERR_NOT_FOUND, "could not unlink the shared memory file %s : %s (%d)", name,
                         strerror(errno), errno);
-    return td_error_errno(TD_ERR_IO, "could not unlink the shared memory file %s", name);
+    return error_errno(TD_ERR_IO, "could not unlink the shared memory file %s", name);
 }

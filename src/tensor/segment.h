@@ -9,7 +9,7 @@
  *  - unlinked: the name is removed right after creation and the fd is kept; the segment lives
  *    while an fd or a mapping of it does, and is passed between processes by fd (SCM_RIGHTS or
  *    inheritance). Nothing is ever left in /dev/shm, even after a crash.
- *  - named: the name stays until someone calls td_segment_unlink; other processes open it by name.
+ *  - named: the name stays until someone calls segment_unlink; other processes open it by name.
  * All fds are O_CLOEXEC. Messages use PyTorch's words ("unable to mmap 100 bytes from file ..."). */
 #ifndef TDIST_TENSOR_SEGMENT_H
 #define TDIST_TENSOR_SEGMENT_H
@@ -33,25 +33,25 @@ typedef struct td_segment {
 #define TD_SEGMENT_INIT {NULL, 0, -1, ""}
 
 /* A fresh name "tdist.<pid>.<tag><n>" (tag: a few letters saying what it is for). */
-void td_segment_make_name(char out[TD_SEGMENT_NAME_MAX], const char *tag);
+void segment_make_name(char out[TD_SEGMENT_NAME_MAX], const char *tag);
 /* Whether name has the form above (letters, digits, '_', '-', '.' after the pid; no '/'). */
-bool td_segment_name_valid(const char *name);
+bool segment_name_valid(const char *name);
 /* The creator pid in a valid name, else -1. */
-pid_t td_segment_name_pid(const char *name);
+pid_t segment_name_pid(const char *name);
 
 /* Creates a segment of size (> 0) bytes. unlinked: see above (fd kept). Named: the name stays and
  * the fd is kept only when keep_fd. On failure nothing is left behind. */
-td_status td_segment_create(const char *tag, size_t size, bool unlinked, bool keep_fd, td_segment *out);
-/* The same with a name made by td_segment_make_name (to register it somewhere before creating). */
-td_status td_segment_create_as(const char *name, size_t size, bool unlinked, bool keep_fd, td_segment *out);
+td_status segment_create(const char *tag, size_t size, bool unlinked, bool keep_fd, td_segment *out);
+/* The same with a name made by segment_make_name (to register it somewhere before creating). */
+td_status segment_create_as(const char *name, size_t size, bool unlinked, bool keep_fd, td_segment *out);
 /* Maps the whole of an existing named segment, which must hold at least min_size bytes. */
-td_status td_segment_open(const char *name, size_t min_size, td_segment *out);
+td_status segment_open(const char *name, size_t min_size, td_segment *out);
 /* Maps size bytes of the segment behind fd (received from another process), which must be at
- * least that large. Takes the fd on success (closed by td_segment_unmap); not on failure. */
-td_status td_segment_map_fd(int fd, size_t size, td_segment *out);
+ * least that large. Takes the fd on success (closed by segment_unmap); not on failure. */
+td_status segment_map_fd(int fd, size_t size, td_segment *out);
 /* Unmaps and closes the fd; leaves the name. */
-void td_segment_unmap(td_segment *seg);
+void segment_unmap(td_segment *seg);
 /* Removes a named segment's name: TD_OK, or TD_ERR_NOT_FOUND when already gone. */
-td_status td_segment_unlink(const char *name);
+td_status segment_unlink(const char *name);
 
 #endif

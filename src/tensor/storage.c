@@ -3,7 +3,7 @@
  * The heap allocator gives 64-byte aligned blocks (cache lines, and the widest vector loads the
  * reduce kernels use); td_storage_wrap adopts memory the user owns. Later layers add their own
  * allocators (shared memory, device memory) through storage.h and may move a live storage to
- * their memory with td_storage_swap_data. */
+ * their memory with storage_swap_data. */
 #include "tensor/storage.h"
 
 #include <stdio.h>
@@ -16,7 +16,7 @@
 
 static void heap_free(void *data, size_t nbytes, void *ctx) { free(data); }
 
-const td_storage_allocator td_storage_heap_allocator = {
+const td_storage_allocator storage_heap_allocator = {
     .kind = TD_STORAGE_HEAP,
     .name = "heap",
     .free = heap_free,
@@ -43,12 +43,12 @@ static const td_storage_allocator external_allocator = {
 
 static const td_device cpu_device = {.type = TD_DEVICE_CPU, .index = -1};
 
-td_storage *td_storage_new_with(void *data, size_t nbytes, td_device device, const td_storage_allocator *allocator,
+td_storage *storage_new_with(void *data, size_t nbytes, td_device device, const td_storage_allocator *allocator,
                                 void *allocator_ctx, bool resizable)
 {
     td_storage *s = TD_NEW(td_storage);
-    td_ref_init(&s->refcount);
-    td_ref_init(&s->weakcount);
+    ref_init(&s->refcount);
+    ref_init(&s->weakcount);
     s->data = data;
     s->nbytes = nbytes;
     s->device = device;
@@ -81,77 +81,77 @@ static td_status heap_alloc(size_t nbytes, bool zero, td_storage **out)
     /* A zero-byte storage still gets a real block, so element pointers are never NULL-based. Large
      * storages go on transparent huge pages: copies between ranks and the reduce loops then walk
      * one page-table entry per 2 MiB (base/hugealloc.h). */
-    TD_TRY(td_try_alloc_huge(nbytes ? nbytes : 64, what, &data));
+    TD_TRY(huge_try_alloc(nbytes ? nbytes : 64, what, &data));
     if (zero)
         memset(data, 0, nbytes);
-    *out = td_storage_new_with(data, nbytes, cpu_device, &td_storage_heap_allocator, NULL, true);
+    *out = storage_new_with(data, nbytes, cpu_device, &storage_heap_allocator, NULL, true);
     return TD_OK;
 }
 
 td_status td_storage_new(size_t nbytes, td_storage **out)
 {
     if (!out)
-        return td_error(TD_ERR_INVALID, "td_storage_new: out is NULL");
+        return error_fmt(TD_ERR_INVALID, "td_storage_new: out is NULL");
     return heap_alloc(nbytes, true, out);
 }
 
-td_status td_storage_new_uninit(size_t nbytes, td_storage **out) { return heap_alloc(nbytes, false, out); }
+td_status storage_new_uninit(size_t nbytes, td_storage **out) { return heap_alloc(nbytes, false, out); }
 
 td_status td_storage_wrap(void *data, size_t nbytes, void (*free_fn)(void *ctx), void *ctx, td_storage **out)
 {
     if (!out)
-        return td_error(TD_ERR_INVALID, "td_storage_wrap: out is NULL");
+        return error_fmt(TD_ERR_INVALID, "td_storage_wrap: out is NULL");
     if (!data && nbytes > 0)
-        return td_error(TD_ERR_INVALID, "td_storage_wrap: data is NULL but nbytes is %zu", nbytes);
+        return error_fmt(TD_ERR_INVALID, "td_storage_wrap: data is NULL but nbytes is %zu", nbytes);
     external_ctx *e = TD_NEW(external_ctx);
     e->free_fn = free_fn;
     e->ctx = ctx;
-    *out = td_storage_new_with(data, nbytes, cpu_device, &external_allocator, e, false);
+    *out = storage_new_with(data, nbytes, cpu_device, &external_allocator, e, false);
     return TD_OK;
 }
 
 td_storage *td_storage_retain(td_storage *s)
 {
     if (s)
-        td_ref_inc(&s->refcount);
+        ref_inc(&s->refcount);
     return s;
 }
 
 void td_storage_release(td_storage *s)
 {
-    if (!s || !td_ref_dec(&s->refcount))
+    if (!s || !ref_dec(&s->refcount))
         return;
     if (s->allocator && s->allocator->free)
         s->allocator->free(s->data, s->nbytes, s->allocator_ctx);
     s->data = NULL;
     s->allocator_ctx = NULL;
-    td_storage_weak_release(s); /* the strong references' collective weak one */
+    storage_weak_release(s); /* the strong references' collective weak one */
 }
 
-td_storage *td_storage_weak_retain(td_storage *s)
+td_storage *storage_weak_retain(td_storage *s)
 {
     if (s)
-        td_ref_inc(&s->weakcount);
+        ref_inc(&s->weakcount);
     return s;
 }
 
-void td_storage_weak_release(td_storage *s)
+void storage_weak_release(td_storage *s)
 {
-    if (s && td_ref_dec(&s->weakcount))
+    if (s && ref_dec(&s->weakcount))
         free(s);
 }
 
-td_storage *td_storage_weak_lock(td_storage *s)
+td_storage *storage_weak_lock(td_storage *s)
 {
-    return s && td_ref_inc_not_zero(&s->refcount) ? s : NULL;
+    return s && ref_inc_not_zero(&s->refcount) ? s : NULL;
 }
 
-long td_storage_use_count(const td_storage *s) { return s ? td_ref_count((td_ref *)&s->refcount) : 0; }
+long storage_use_count(const td_storage *s) { return s ? ref_count((td_ref *)&s->refcount) : 0; }
 
 void *td_storage_data(const td_storage *s) { return s ? s->data : NULL; }
 size_t td_storage_nbytes(const td_storage *s) { return s ? s->nbytes : 0; }
 td_device td_storage_device(const td_storage *s) { return s ? s->device : cpu_device; }
-td_storage_kind td_storage_kind_of(const td_storage *s) { return s->allocator->kind; }
+td_storage_kind storage_kind_of(const td_storage *s) { return s->allocator->kind; }
 
 bool td_storage_is_shared(const td_storage *s)
 {
@@ -168,7 +168,7 @@ bool td_storage_is_shared(const td_storage *s)
     }
 }
 
-void td_storage_swap_data(td_storage *s, void *data, size_t nbytes, const td_storage_allocator *allocator,
+void storage_swap_data(td_storage *s, void *data, size_t nbytes, const td_storage_allocator *allocator,
                           void *allocator_ctx, bool resizable)
 {
     void *old = s->data;

@@ -3,13 +3,13 @@
  * A storage is refcounted memory that tensors view. Its memory comes from an allocator, named by a
  * small vtable with a kind tag (heap, memory the user wrapped, and the kinds later layers add:
  * shared memory from the mp layer, device memory from the device layer). A later layer may move a
- * live storage to other memory with td_storage_swap_data(): tensors never cache the data pointer,
+ * live storage to other memory with storage_swap_data(): tensors never cache the data pointer,
  * they read storage->data at each access, so every existing view sees the move.
  *
  * Weak references (for caches that must not keep storages alive, like the mp layer's handle ->
  * storage table) work as std::weak_ptr: `weakcount` counts the weak references plus one for all
  * the strong ones together. The data is freed when the last strong reference goes, the struct when
- * the last weak one does, so a weak holder can always call td_storage_weak_lock() safely. */
+ * the last weak one does, so a weak holder can always call storage_weak_lock() safely. */
 #ifndef TDIST_TENSOR_STORAGE_H
 #define TDIST_TENSOR_STORAGE_H
 
@@ -34,7 +34,7 @@ typedef struct td_storage_allocator {
     const char *name; /* for messages and logs: "heap", "shm fd" */
     /* Releases memory this allocator provided; ctx is the storage's allocator_ctx. May be NULL
      * when there is nothing to release. Runs once, when the last strong reference goes (or when
-     * td_storage_swap_data replaces the memory). */
+     * storage_swap_data replaces the memory). */
     void (*free)(void *data, size_t nbytes, void *ctx);
 } td_storage_allocator;
 
@@ -49,29 +49,29 @@ struct td_storage {
     bool resizable;
 };
 
-extern const td_storage_allocator td_storage_heap_allocator;
+extern const td_storage_allocator storage_heap_allocator;
 
 /* A storage over memory an allocator provided; takes ownership of data (allocator->free runs when
  * the last reference goes). Never fails. */
-td_storage *td_storage_new_with(void *data, size_t nbytes, td_device device, const td_storage_allocator *allocator,
+td_storage *storage_new_with(void *data, size_t nbytes, td_device device, const td_storage_allocator *allocator,
                                 void *allocator_ctx, bool resizable);
 /* A heap storage whose bytes are not initialized (td_tensor_empty). */
-td_status td_storage_new_uninit(size_t nbytes, td_storage **out);
-td_storage_kind td_storage_kind_of(const td_storage *s);
+td_status storage_new_uninit(size_t nbytes, td_storage **out);
+td_storage_kind storage_kind_of(const td_storage *s);
 
 /* Replaces the storage's memory in place: every tensor on the storage sees the new data from now
  * on. The old memory is released with the old allocator. The caller copies the bytes first and
  * makes sure no other thread is using the old memory at the same time (as in PyTorch's
  * share_memory_). */
-void td_storage_swap_data(td_storage *s, void *data, size_t nbytes, const td_storage_allocator *allocator,
+void storage_swap_data(td_storage *s, void *data, size_t nbytes, const td_storage_allocator *allocator,
                           void *allocator_ctx, bool resizable);
 
 /* Weak references. */
-td_storage *td_storage_weak_retain(td_storage *s);
-void td_storage_weak_release(td_storage *s);
+td_storage *storage_weak_retain(td_storage *s);
+void storage_weak_release(td_storage *s);
 /* A new strong reference, or NULL when the storage's last strong reference is already gone. */
-td_storage *td_storage_weak_lock(td_storage *s);
+td_storage *storage_weak_lock(td_storage *s);
 /* Strong references now (racy by nature: for tests and cache purging). */
-long td_storage_use_count(const td_storage *s);
+long storage_use_count(const td_storage *s);
 
 #endif

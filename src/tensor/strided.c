@@ -21,10 +21,10 @@ int64_t td_shape_numel(const td_shape *shape)
 {
     if (!shape || shape->ndim < 0 || shape->ndim > TD_MAX_DIMS)
         return -1;
-    return td_numel_of(shape->ndim, shape->d);
+    return strided_numel(shape->ndim, shape->d);
 }
 
-const char *td_format_sizes(char *buf, size_t len, int ndim, const int64_t *sizes)
+const char *tensor_format_sizes(char *buf, size_t len, int ndim, const int64_t *sizes)
 {
     size_t n = 0;
     n += (size_t)snprintf(buf + n, len - n, "[");
@@ -44,25 +44,25 @@ void strided_contiguous_strides(int ndim, const int64_t *sizes, int64_t *strides
     }
 }
 
-td_status td_wrap_dim(int64_t dim, int ndim, int *out)
+td_status tensor_wrap_dim(int64_t dim, int ndim, int *out)
 {
     int64_t n = ndim > 0 ? ndim : 1;
     if (dim < -n || dim >= n)
-        return td_error(TD_ERR_INVALID, "Dimension out of range (expected to be in range of [%lld, %lld], but got %lld)",
+        return error_fmt(TD_ERR_INVALID, "Dimension out of range (expected to be in range of [%lld, %lld], but got %lld)",
                         (long long)-n, (long long)(n - 1), (long long)dim);
     *out = (int)(dim < 0 ? dim + n : dim);
     return TD_OK;
 }
 
-td_strided td_strided_of(const td_tensor *t)
+td_strided strided_of(const td_tensor *t)
 {
-    td_strided s = {.data = td_tensor_data_of(t), .dtype = t->dtype, .ndim = t->ndim};
+    td_strided s = {.data = tensor_data_of(t), .dtype = t->dtype, .ndim = t->ndim};
     memcpy(s.sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim);
     memcpy(s.strides, t->strides, sizeof(int64_t) * (size_t)t->ndim);
     return s;
 }
 
-td_strided td_strided_contiguous(void *data, td_dtype dtype, int ndim, const int64_t *sizes)
+td_strided strided_contiguous(void *data, td_dtype dtype, int ndim, const int64_t *sizes)
 {
     td_strided s = {.data = data, .dtype = dtype, .ndim = ndim};
     memcpy(s.sizes, sizes, sizeof(int64_t) * (size_t)ndim);

@@ -2,7 +2,7 @@
  *
  * A td_tensor is a view: dtype, sizes and strides (in elements) and an offset (in elements) into a
  * storage it holds a reference to. The data pointer is computed from storage->data at each access
- * and never cached, so a storage moved to shared memory (td_storage_swap_data) is seen by every
+ * and never cached, so a storage moved to shared memory (storage_swap_data) is seen by every
  * view at once.
  *
  * td_strided is the same description over a raw pointer (a tensor's current data, or a caller's
@@ -31,7 +31,7 @@ struct td_tensor {
 };
 
 /* Elements of a shape; -1 for a negative size or an overflow. */
-static inline int64_t td_numel_of(int ndim, const int64_t *sizes)
+static inline int64_t strided_numel(int ndim, const int64_t *sizes)
 {
     int64_t n = 1;
     for (int i = 0; i < ndim; i++) {
@@ -43,7 +43,7 @@ static inline int64_t td_numel_of(int ndim, const int64_t *sizes)
 
 /* Whether sizes and strides lay the elements out densely in row-major order (sizes of 1 and empty
  * shapes impose nothing). */
-static inline bool td_contiguous_of(int ndim, const int64_t *sizes, const int64_t *strides)
+static inline bool strided_is_contiguous(int ndim, const int64_t *sizes, const int64_t *strides)
 {
     int64_t expected = 1;
     for (int i = ndim - 1; i >= 0; i--) {
@@ -63,12 +63,12 @@ static inline bool td_contiguous_of(int ndim, const int64_t *sizes, const int64_
 /* td_tensor_data, inline for the library's hot paths (a collective handed straight to its
  * backend: pg/collectives.c), as td_tensor_numel and td_tensor_is_contiguous are through the two
  * above. */
-static inline void *td_tensor_data_of(const td_tensor *t)
+static inline void *tensor_data_of(const td_tensor *t)
 {
     char *base = t->storage->data;
     if (!base)
         return NULL;
-    return base + t->offset * (int64_t)td_dtype_size_of(t->dtype);
+    return base + t->offset * (int64_t)dtype_size_of(t->dtype);
 }
 
 typedef struct td_strided {
@@ -80,26 +80,26 @@ typedef struct td_strided {
 } td_strided;
 
 /* The tensor as a td_strided over its storage's current data. */
-td_strided td_strided_of(const td_tensor *t);
+td_strided strided_of(const td_tensor *t);
 /* Row-major strides for sizes (a size-0 or size-1 dim counts as 1, as in PyTorch). */
 void strided_contiguous_strides(int ndim, const int64_t *sizes, int64_t *strides);
 /* A contiguous td_strided over a caller's buffer. */
-td_strided td_strided_contiguous(void *data, td_dtype dtype, int ndim, const int64_t *sizes);
+td_strided strided_contiguous(void *data, td_dtype dtype, int ndim, const int64_t *sizes);
 
 /* dst = src converted (PyTorch's copy_ rules) with src broadcast to dst's shape. Handles
  * overlapping operands by staging src through a temporary copy. */
-td_status td_strided_copy(const td_strided *dst, const td_strided *src);
+td_status strided_copy(const td_strided *dst, const td_strided *src);
 
 /* A view: a new tensor on t's storage (retained) with the given geometry. */
-td_tensor *td_tensor_new_view(const td_tensor *t, int64_t offset, int ndim, const int64_t *sizes,
+td_tensor *tensor_new_view(const td_tensor *t, int64_t offset, int ndim, const int64_t *sizes,
                               const int64_t *strides);
 /* Wraps dim into [0, ndim) or fails with PyTorch's "Dimension out of range" message. A 0-dim
  * tensor accepts dims -1 and 0, as in PyTorch. */
-td_status td_wrap_dim(int64_t dim, int ndim, int *out);
+td_status tensor_wrap_dim(int64_t dim, int ndim, int *out);
 /* "[2, 3]" into buf. */
-const char *td_format_sizes(char *buf, size_t len, int ndim, const int64_t *sizes);
+const char *tensor_format_sizes(char *buf, size_t len, int ndim, const int64_t *sizes);
 
 /* Converts one element from one dtype to another (PyTorch's conversion rules). */
-void td_convert_element(void *dst, td_dtype dst_dtype, const void *src, td_dtype src_dtype);
+void tensor_convert_element(void *dst, td_dtype dst_dtype, const void *src, td_dtype src_dtype);
 
 #endif

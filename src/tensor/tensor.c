@@ -19,21 +19,21 @@
 /* Checks a shape for creating a tensor and computes its byte size. */
 static td_status check_shape(td_dtype dtype, const td_shape *shape, size_t *nbytes)
 {
-    TD_TRY(td_dtype_check((int)dtype));
+    TD_TRY(dtype_check((int)dtype));
     if (shape->ndim < 0 || shape->ndim > TD_MAX_DIMS)
-        return td_error(TD_ERR_INVALID, "a tensor has 0 to %d dims, got a shape with %d", TD_MAX_DIMS, shape->ndim);
+        return error_fmt(TD_ERR_INVALID, "a tensor has 0 to %d dims, got a shape with %d", TD_MAX_DIMS, shape->ndim);
     char b[TD_MAX_DIMS * 22 + 4];
     for (int i = 0; i < shape->ndim; i++) {
         if (shape->d[i] < 0)
-            return td_error(TD_ERR_INVALID, "Trying to create tensor with negative dimension %lld: %s",
-                            (long long)shape->d[i], td_format_sizes(b, sizeof b, shape->ndim, shape->d));
+            return error_fmt(TD_ERR_INVALID, "Trying to create tensor with negative dimension %lld: %s",
+                            (long long)shape->d[i], tensor_format_sizes(b, sizeof b, shape->ndim, shape->d));
     }
-    int64_t numel = td_numel_of(shape->ndim, shape->d);
+    int64_t numel = strided_numel(shape->ndim, shape->d);
     size_t bytes;
     if (numel < 0 || __builtin_mul_overflow((size_t)numel, td_dtype_size(dtype), &bytes) ||
         bytes > (size_t)INT64_MAX)
-        return td_error(TD_ERR_INVALID, "tensor of shape %s and dtype %s is too large: its byte size overflows",
-                        td_format_sizes(b, sizeof b, shape->ndim, shape->d), td_dtype_name(dtype));
+        return error_fmt(TD_ERR_INVALID, "tensor of shape %s and dtype %s is too large: its byte size overflows",
+                        tensor_format_sizes(b, sizeof b, shape->ndim, shape->d), td_dtype_name(dtype));
     *nbytes = bytes;
     return TD_OK;
 }
@@ -42,7 +42,7 @@ static td_tensor *tensor_on(td_storage *storage, int64_t offset, td_dtype dtype,
                             const int64_t *strides)
 {
     td_tensor *t = TD_NEW(td_tensor);
-    td_ref_init(&t->refcount);
+    ref_init(&t->refcount);
     t->storage = td_storage_retain(storage);
     t->offset = offset;
     t->dtype = dtype;
@@ -58,7 +58,7 @@ static td_tensor *tensor_on(td_storage *storage, int64_t offset, td_dtype dtype,
     return t;
 }
 
-td_tensor *td_tensor_new_view(const td_tensor *t, int64_t offset, int ndim, const int64_t *sizes,
+td_tensor *tensor_new_view(const td_tensor *t, int64_t offset, int ndim, const int64_t *sizes,
                               const int64_t *strides)
 {
     return tensor_on(t->storage, offset, t->dtype, ndim, sizes, strides);
@@ -69,11 +69,11 @@ td_tensor *td_tensor_new_view(const td_tensor *t, int64_t offset, int ndim, cons
 static td_status create(td_dtype dtype, td_shape shape, bool zero, td_tensor **out)
 {
     if (!out)
-        return td_error(TD_ERR_INVALID, "tensor creation: out is NULL");
+        return error_fmt(TD_ERR_INVALID, "tensor creation: out is NULL");
     size_t nbytes;
     TD_TRY(check_shape(dtype, &shape, &nbytes));
     td_storage *s;
-    TD_TRY(zero ? td_storage_new(nbytes, &s) : td_storage_new_uninit(nbytes, &s));
+    TD_TRY(zero ? td_storage_new(nbytes, &s) : storage_new_uninit(nbytes, &s));
     *out = tensor_on(s, 0, dtype, shape.ndim, shape.d, NULL);
     td_storage_release(s);
     return TD_OK;
@@ -98,17 +98,17 @@ td_status td_tensor_ones(td_dtype dtype, td_shape shape, td_tensor **out) { retu
 td_status td_tensor_arange(td_dtype dtype, double start, double end, double step, td_tensor **out)
 {
     if (!out)
-        return td_error(TD_ERR_INVALID, "td_tensor_arange: out is NULL");
-    TD_TRY(td_dtype_check((int)dtype));
+        return error_fmt(TD_ERR_INVALID, "td_tensor_arange: out is NULL");
+    TD_TRY(dtype_check((int)dtype));
     if (!isfinite(start) || !isfinite(end))
-        return td_error(TD_ERR_INVALID, "unsupported range: %g -> %g", start, end);
+        return error_fmt(TD_ERR_INVALID, "unsupported range: %g -> %g", start, end);
     if (step == 0 || isnan(step))
-        return td_error(TD_ERR_INVALID, "step must be nonzero");
+        return error_fmt(TD_ERR_INVALID, "step must be nonzero");
     if (!((step > 0 && end >= start) || (step < 0 && end <= start)))
-        return td_error(TD_ERR_INVALID, "upper bound and larger bound inconsistent with step sign");
+        return error_fmt(TD_ERR_INVALID, "upper bound and larger bound inconsistent with step sign");
     double n = ceil((end - start) / step);
     if (!(n < 9.2e18))
-        return td_error(TD_ERR_INVALID,
+        return error_fmt(TD_ERR_INVALID,
                         "invalid size, possible overflow? (arange from %g to %g by %g has too many elements)", start,
                         end, step);
     TD_TRY(create(dtype, TD_SHAPE((int64_t)n), false, out));
@@ -117,7 +117,7 @@ td_status td_tensor_arange(td_dtype dtype, double start, double end, double step
     size_t es = td_dtype_size(dtype);
     for (int64_t i = 0; i < (int64_t)n; i++) {
         double v = start + (double)i * step;
-        td_convert_element(p + (size_t)i * es, dtype, &v, TD_FLOAT64);
+        tensor_convert_element(p + (size_t)i * es, dtype, &v, TD_FLOAT64);
     }
     return TD_OK;
 }
@@ -125,11 +125,11 @@ td_status td_tensor_arange(td_dtype dtype, double start, double end, double step
 td_status td_tensor_from_buffer(td_dtype dtype, td_shape shape, const void *data, td_tensor **out)
 {
     if (!out)
-        return td_error(TD_ERR_INVALID, "td_tensor_from_buffer: out is NULL");
+        return error_fmt(TD_ERR_INVALID, "td_tensor_from_buffer: out is NULL");
     size_t nbytes;
     TD_TRY(check_shape(dtype, &shape, &nbytes));
     if (!data && nbytes)
-        return td_error(TD_ERR_INVALID, "td_tensor_from_buffer: data is NULL for %zu bytes", nbytes);
+        return error_fmt(TD_ERR_INVALID, "td_tensor_from_buffer: data is NULL for %zu bytes", nbytes);
     TD_TRY(create(dtype, shape, false, out));
     if (nbytes)
         memcpy(td_tensor_data(*out), data, nbytes);
@@ -140,17 +140,17 @@ td_status td_tensor_from_storage(td_storage *storage, int64_t offset, td_dtype d
                                  const int64_t *strides, td_tensor **out)
 {
     if (!out || !storage)
-        return td_error(TD_ERR_INVALID, "td_tensor_from_storage: %s is NULL", storage ? "out" : "storage");
+        return error_fmt(TD_ERR_INVALID, "td_tensor_from_storage: %s is NULL", storage ? "out" : "storage");
     size_t nbytes;
     TD_TRY(check_shape(dtype, &shape, &nbytes));
     if (offset < 0)
-        return td_error(TD_ERR_INVALID, "Tensor: invalid storage offset %lld", (long long)offset);
+        return error_fmt(TD_ERR_INVALID, "Tensor: invalid storage offset %lld", (long long)offset);
     char b1[TD_MAX_DIMS * 22 + 4], b2[TD_MAX_DIMS * 22 + 4];
     if (strides) {
         for (int i = 0; i < shape.ndim; i++) {
             if (strides[i] < 0)
-                return td_error(TD_ERR_INVALID, "as_strided: Negative strides are not supported at the moment, got strides: %s",
-                                td_format_sizes(b1, sizeof b1, shape.ndim, strides));
+                return error_fmt(TD_ERR_INVALID, "as_strided: Negative strides are not supported at the moment, got strides: %s",
+                                tensor_format_sizes(b1, sizeof b1, shape.ndim, strides));
         }
     }
     int64_t st[TD_MAX_DIMS];
@@ -160,7 +160,7 @@ td_status td_tensor_from_storage(td_storage *storage, int64_t offset, td_dtype d
         strided_contiguous_strides(shape.ndim, shape.d, st);
     /* The last element reached, in elements; computed with overflow checks as the inputs are the
      * caller's (or, through the mp layer, a peer's). */
-    int64_t numel = td_numel_of(shape.ndim, shape.d);
+    int64_t numel = strided_numel(shape.ndim, shape.d);
     uint64_t need = 0;
     bool overflow = false;
     if (numel > 0) {
@@ -173,11 +173,11 @@ td_status td_tensor_from_storage(td_storage *storage, int64_t offset, td_dtype d
             overflow = true;
     }
     if (overflow || need > storage->nbytes)
-        return td_error(TD_ERR_INVALID,
+        return error_fmt(TD_ERR_INVALID,
                         "setStorage: sizes %s, strides %s, storage offset %lld, and itemsize %zu requiring a storage "
                         "size of %llu are out of bounds for storage of size %zu",
-                        td_format_sizes(b1, sizeof b1, shape.ndim, shape.d),
-                        td_format_sizes(b2, sizeof b2, shape.ndim, st), (long long)offset, td_dtype_size(dtype),
+                        tensor_format_sizes(b1, sizeof b1, shape.ndim, shape.d),
+                        tensor_format_sizes(b2, sizeof b2, shape.ndim, st), (long long)offset, td_dtype_size(dtype),
                         overflow ? (unsigned long long)UINT64_MAX : (unsigned long long)need, storage->nbytes);
     *out = tensor_on(storage, offset, dtype, shape.ndim, shape.d, st);
     return TD_OK;
@@ -186,13 +186,13 @@ td_status td_tensor_from_storage(td_storage *storage, int64_t offset, td_dtype d
 td_tensor *td_tensor_retain(td_tensor *t)
 {
     if (t)
-        td_ref_inc(&t->refcount);
+        ref_inc(&t->refcount);
     return t;
 }
 
 void td_tensor_release(td_tensor *t)
 {
-    if (!t || !td_ref_dec(&t->refcount))
+    if (!t || !ref_dec(&t->refcount))
         return;
     td_storage_release(t->storage);
     free(t);
@@ -205,7 +205,7 @@ int td_tensor_ndim(const td_tensor *t) { return t->ndim; }
 td_shape td_tensor_shape(const td_tensor *t) { return td_shape_of(t->ndim, t->sizes); }
 const int64_t *td_tensor_sizes(const td_tensor *t) { return t->sizes; }
 const int64_t *td_tensor_strides(const td_tensor *t) { return t->strides; }
-int64_t td_tensor_numel(const td_tensor *t) { return td_numel_of(t->ndim, t->sizes); }
+int64_t td_tensor_numel(const td_tensor *t) { return strided_numel(t->ndim, t->sizes); }
 size_t td_tensor_nbytes(const td_tensor *t) { return (size_t)td_tensor_numel(t) * td_dtype_size(t->dtype); }
 int64_t td_tensor_offset(const td_tensor *t) { return t->offset; }
 td_storage *td_tensor_storage(const td_tensor *t) { return t->storage; }
@@ -215,7 +215,7 @@ td_storage *td_tensor_storage(const td_tensor *t) { return t->storage; }
 int64_t td_tensor_size(const td_tensor *t, int dim)
 {
     int d = 0;
-    if (td_wrap_dim(dim, t->ndim, &d) != TD_OK)
+    if (tensor_wrap_dim(dim, t->ndim, &d) != TD_OK)
         return -1;
     return t->ndim ? t->sizes[d] : 1;
 }
@@ -223,21 +223,21 @@ int64_t td_tensor_size(const td_tensor *t, int dim)
 int64_t td_tensor_stride(const td_tensor *t, int dim)
 {
     int d = 0;
-    if (td_wrap_dim(dim, t->ndim, &d) != TD_OK)
+    if (tensor_wrap_dim(dim, t->ndim, &d) != TD_OK)
         return -1;
     return t->ndim ? t->strides[d] : 1;
 }
 
-bool td_tensor_is_contiguous(const td_tensor *t) { return td_contiguous_of(t->ndim, t->sizes, t->strides); }
+bool td_tensor_is_contiguous(const td_tensor *t) { return strided_is_contiguous(t->ndim, t->sizes, t->strides); }
 
-void *td_tensor_data(const td_tensor *t) { return td_tensor_data_of(t); }
+void *td_tensor_data(const td_tensor *t) { return tensor_data_of(t); }
 
 /* ---- views ------------------------------------------------------------------------------------ */
 
 static td_status check_args(const td_tensor *t, td_tensor **out, const char *fn)
 {
     if (!t || !out)
-        return td_error(TD_ERR_INVALID, "%s: %s is NULL", fn, t ? "out" : "tensor");
+        return error_fmt(TD_ERR_INVALID, "%s: %s is NULL", fn, t ? "out" : "tensor");
     return TD_OK;
 }
 
@@ -246,36 +246,36 @@ static td_status infer_size(const td_shape *shape, int64_t numel, int64_t *res)
 {
     char b[TD_MAX_DIMS * 22 + 4];
     if (shape->ndim < 0 || shape->ndim > TD_MAX_DIMS)
-        return td_error(TD_ERR_INVALID, "a tensor has 0 to %d dims, got a shape with %d", TD_MAX_DIMS, shape->ndim);
+        return error_fmt(TD_ERR_INVALID, "a tensor has 0 to %d dims, got a shape with %d", TD_MAX_DIMS, shape->ndim);
     int64_t newsize = 1;
     int infer_dim = -1;
     for (int d = 0; d < shape->ndim; d++) {
         res[d] = shape->d[d];
         if (shape->d[d] == -1) {
             if (infer_dim >= 0)
-                return td_error(TD_ERR_INVALID, "only one dimension can be inferred");
+                return error_fmt(TD_ERR_INVALID, "only one dimension can be inferred");
             infer_dim = d;
         } else if (shape->d[d] >= 0) {
             if (__builtin_mul_overflow(newsize, shape->d[d], &newsize))
-                return td_error(TD_ERR_INVALID, "shape '%s' is invalid for input of size %lld",
-                                td_format_sizes(b, sizeof b, shape->ndim, shape->d), (long long)numel);
+                return error_fmt(TD_ERR_INVALID, "shape '%s' is invalid for input of size %lld",
+                                tensor_format_sizes(b, sizeof b, shape->ndim, shape->d), (long long)numel);
         } else {
-            return td_error(TD_ERR_INVALID, "invalid shape dimension %lld", (long long)shape->d[d]);
+            return error_fmt(TD_ERR_INVALID, "invalid shape dimension %lld", (long long)shape->d[d]);
         }
     }
     if (numel == newsize || (infer_dim >= 0 && newsize > 0 && numel % newsize == 0)) {
         if (infer_dim >= 0) {
             if (newsize == 0)
-                return td_error(TD_ERR_INVALID,
+                return error_fmt(TD_ERR_INVALID,
                                 "cannot reshape tensor of 0 elements into shape %s because the unspecified dimension "
                                 "size -1 can be any value and is ambiguous",
-                                td_format_sizes(b, sizeof b, shape->ndim, shape->d));
+                                tensor_format_sizes(b, sizeof b, shape->ndim, shape->d));
             res[infer_dim] = numel / newsize;
         }
         return TD_OK;
     }
-    return td_error(TD_ERR_INVALID, "shape '%s' is invalid for input of size %lld",
-                    td_format_sizes(b, sizeof b, shape->ndim, shape->d), (long long)numel);
+    return error_fmt(TD_ERR_INVALID, "shape '%s' is invalid for input of size %lld",
+                    tensor_format_sizes(b, sizeof b, shape->ndim, shape->d), (long long)numel);
 }
 
 /* ATen's computeStride: strides for viewing (oldshape, oldstride) as newshape without a copy, or
@@ -288,7 +288,7 @@ static bool compute_stride(int oldnd, const int64_t *oldshape, const int64_t *ol
             newstride[i] = 1;
         return true;
     }
-    int64_t numel = td_numel_of(oldnd, oldshape);
+    int64_t numel = strided_numel(oldnd, oldshape);
     if (numel == 0) {
         bool same = oldnd == newnd;
         for (int i = 0; same && i < oldnd; i++)
@@ -331,10 +331,10 @@ td_status td_tensor_view(td_tensor *t, td_shape shape, td_tensor **out)
     int64_t sizes[TD_MAX_DIMS], strides[TD_MAX_DIMS];
     TD_TRY(infer_size(&shape, td_tensor_numel(t), sizes));
     if (!compute_stride(t->ndim, t->sizes, t->strides, shape.ndim, sizes, strides))
-        return td_error(TD_ERR_INVALID,
+        return error_fmt(TD_ERR_INVALID,
                         "view size is not compatible with input tensor's size and stride (at least one dimension spans "
                         "across two contiguous subspaces). Use .reshape(...) instead.");
-    *out = td_tensor_new_view(t, t->offset, shape.ndim, sizes, strides);
+    *out = tensor_new_view(t, t->offset, shape.ndim, sizes, strides);
     return TD_OK;
 }
 
@@ -344,12 +344,12 @@ td_status td_tensor_reshape(td_tensor *t, td_shape shape, td_tensor **out)
     int64_t sizes[TD_MAX_DIMS], strides[TD_MAX_DIMS];
     TD_TRY(infer_size(&shape, td_tensor_numel(t), sizes));
     if (compute_stride(t->ndim, t->sizes, t->strides, shape.ndim, sizes, strides)) {
-        *out = td_tensor_new_view(t, t->offset, shape.ndim, sizes, strides);
+        *out = tensor_new_view(t, t->offset, shape.ndim, sizes, strides);
         return TD_OK;
     }
     td_tensor *c;
     TD_TRY(td_tensor_clone(t, &c));
-    *out = td_tensor_new_view(c, c->offset, shape.ndim, sizes, NULL);
+    *out = tensor_new_view(c, c->offset, shape.ndim, sizes, NULL);
     td_tensor_release(c);
     return TD_OK;
 }
@@ -358,24 +358,24 @@ td_status td_tensor_narrow(td_tensor *t, int dim, int64_t start, int64_t length,
 {
     TD_TRY(check_args(t, out, "narrow"));
     if (t->ndim == 0)
-        return td_error(TD_ERR_INVALID, "narrow() cannot be applied to a 0-dim tensor.");
+        return error_fmt(TD_ERR_INVALID, "narrow() cannot be applied to a 0-dim tensor.");
     if (length < 0)
-        return td_error(TD_ERR_INVALID, "narrow(): length must be non-negative.");
+        return error_fmt(TD_ERR_INVALID, "narrow(): length must be non-negative.");
     int d = 0;
-    TD_TRY(td_wrap_dim(dim, t->ndim, &d));
+    TD_TRY(tensor_wrap_dim(dim, t->ndim, &d));
     int64_t cur = t->sizes[d];
     if (start < -cur || start > cur)
-        return td_error(TD_ERR_INVALID, "start out of range (expected to be in range of [%lld, %lld], but got %lld)",
+        return error_fmt(TD_ERR_INVALID, "start out of range (expected to be in range of [%lld, %lld], but got %lld)",
                         (long long)-cur, (long long)cur, (long long)start);
     if (start < 0)
         start += cur;
     if (start > cur - length)
-        return td_error(TD_ERR_INVALID, "start (%lld) + length (%lld) exceeds dimension size (%lld).", (long long)start,
+        return error_fmt(TD_ERR_INVALID, "start (%lld) + length (%lld) exceeds dimension size (%lld).", (long long)start,
                         (long long)length, (long long)cur);
     int64_t sizes[TD_MAX_DIMS];
     memcpy(sizes, t->sizes, sizeof sizes);
     sizes[d] = length;
-    *out = td_tensor_new_view(t, t->offset + start * t->strides[d], t->ndim, sizes, t->strides);
+    *out = tensor_new_view(t, t->offset + start * t->strides[d], t->ndim, sizes, t->strides);
     return TD_OK;
 }
 
@@ -383,14 +383,14 @@ td_status td_tensor_select(td_tensor *t, int dim, int64_t index, td_tensor **out
 {
     TD_TRY(check_args(t, out, "select"));
     if (t->ndim == 0)
-        return td_error(TD_ERR_INVALID, "select() cannot be applied to a 0-dim tensor.");
+        return error_fmt(TD_ERR_INVALID, "select() cannot be applied to a 0-dim tensor.");
     int d = 0;
-    TD_TRY(td_wrap_dim(dim, t->ndim, &d));
+    TD_TRY(tensor_wrap_dim(dim, t->ndim, &d));
     int64_t size = t->sizes[d];
     if (index < -size || index >= size) {
         char b[TD_MAX_DIMS * 22 + 4];
-        return td_error(TD_ERR_INVALID, "select(): index %lld out of range for tensor of size %s at dimension %d",
-                        (long long)index, td_format_sizes(b, sizeof b, t->ndim, t->sizes), dim);
+        return error_fmt(TD_ERR_INVALID, "select(): index %lld out of range for tensor of size %s at dimension %d",
+                        (long long)index, tensor_format_sizes(b, sizeof b, t->ndim, t->sizes), dim);
     }
     if (index < 0)
         index += size;
@@ -402,7 +402,7 @@ td_status td_tensor_select(td_tensor *t, int dim, int64_t index, td_tensor **out
         sizes[n] = t->sizes[i];
         strides[n++] = t->strides[i];
     }
-    *out = td_tensor_new_view(t, t->offset + index * t->strides[d], n, sizes, strides);
+    *out = tensor_new_view(t, t->offset + index * t->strides[d], n, sizes, strides);
     return TD_OK;
 }
 
@@ -410,8 +410,8 @@ td_status td_tensor_transpose(td_tensor *t, int dim0, int dim1, td_tensor **out)
 {
     TD_TRY(check_args(t, out, "transpose"));
     int d0 = 0, d1 = 0;
-    TD_TRY(td_wrap_dim(dim0, t->ndim, &d0));
-    TD_TRY(td_wrap_dim(dim1, t->ndim, &d1));
+    TD_TRY(tensor_wrap_dim(dim0, t->ndim, &d0));
+    TD_TRY(tensor_wrap_dim(dim1, t->ndim, &d1));
     int64_t sizes[TD_MAX_DIMS], strides[TD_MAX_DIMS];
     memcpy(sizes, t->sizes, sizeof sizes);
     memcpy(strides, t->strides, sizeof strides);
@@ -421,7 +421,7 @@ td_status td_tensor_transpose(td_tensor *t, int dim0, int dim1, td_tensor **out)
         strides[d0] = t->strides[d1];
         strides[d1] = t->strides[d0];
     }
-    *out = td_tensor_new_view(t, t->offset, t->ndim, sizes, strides);
+    *out = tensor_new_view(t, t->offset, t->ndim, sizes, strides);
     return TD_OK;
 }
 
@@ -429,7 +429,7 @@ td_status td_tensor_permute(td_tensor *t, const int *dims, int ndim, td_tensor *
 {
     TD_TRY(check_args(t, out, "permute"));
     if (ndim != t->ndim || (ndim > 0 && !dims))
-        return td_error(TD_ERR_INVALID,
+        return error_fmt(TD_ERR_INVALID,
                         "permute(): number of dimensions in the tensor input does not match the length of the desired "
                         "ordering of dimensions i.e. input.dim() = %d is not equal to len(dims) = %d",
                         t->ndim, ndim);
@@ -437,14 +437,14 @@ td_status td_tensor_permute(td_tensor *t, const int *dims, int ndim, td_tensor *
     bool seen[TD_MAX_DIMS] = {false};
     for (int i = 0; i < ndim; i++) {
         int d = 0;
-        TD_TRY(td_wrap_dim(dims[i], ndim, &d));
+        TD_TRY(tensor_wrap_dim(dims[i], ndim, &d));
         if (seen[d])
-            return td_error(TD_ERR_INVALID, "permute(): duplicate dims are not allowed.");
+            return error_fmt(TD_ERR_INVALID, "permute(): duplicate dims are not allowed.");
         seen[d] = true;
         sizes[i] = t->sizes[d];
         strides[i] = t->strides[d];
     }
-    *out = td_tensor_new_view(t, t->offset, ndim, sizes, strides);
+    *out = tensor_new_view(t, t->offset, ndim, sizes, strides);
     return TD_OK;
 }
 
@@ -453,13 +453,13 @@ td_status td_tensor_expand(td_tensor *t, td_shape shape, td_tensor **out)
     TD_TRY(check_args(t, out, "expand"));
     char b1[TD_MAX_DIMS * 22 + 4], b2[TD_MAX_DIMS * 22 + 4];
     if (shape.ndim < 0 || shape.ndim > TD_MAX_DIMS)
-        return td_error(TD_ERR_INVALID, "a tensor has 0 to %d dims, got a shape with %d", TD_MAX_DIMS, shape.ndim);
+        return error_fmt(TD_ERR_INVALID, "a tensor has 0 to %d dims, got a shape with %d", TD_MAX_DIMS, shape.ndim);
     if (shape.ndim < t->ndim)
-        return td_error(TD_ERR_INVALID,
+        return error_fmt(TD_ERR_INVALID,
                         "expand(%s tensor of size %s, size=%s): the number of sizes provided (%d) must be greater or "
                         "equal to the number of dimensions in the tensor (%d)",
-                        td_dtype_name(t->dtype), td_format_sizes(b1, sizeof b1, t->ndim, t->sizes),
-                        td_format_sizes(b2, sizeof b2, shape.ndim, shape.d), shape.ndim, t->ndim);
+                        td_dtype_name(t->dtype), tensor_format_sizes(b1, sizeof b1, t->ndim, t->sizes),
+                        tensor_format_sizes(b2, sizeof b2, shape.ndim, shape.d), shape.ndim, t->ndim);
     int64_t sizes[TD_MAX_DIMS], strides[TD_MAX_DIMS];
     for (int i = shape.ndim - 1; i >= 0; i--) {
         int offset = shape.ndim - 1 - i;
@@ -469,29 +469,29 @@ td_status td_tensor_expand(td_tensor *t, td_shape shape, td_tensor **out)
         int64_t target = shape.d[i];
         if (target == -1) {
             if (dim < 0)
-                return td_error(TD_ERR_INVALID,
+                return error_fmt(TD_ERR_INVALID,
                                 "The expanded size of the tensor (-1) isn't allowed in a leading, non-existing "
                                 "dimension %d",
                                 i);
             target = size;
         }
         if (target < 0)
-            return td_error(TD_ERR_INVALID, "Trying to create tensor with negative dimension %lld: %s",
-                            (long long)target, td_format_sizes(b1, sizeof b1, shape.ndim, shape.d));
+            return error_fmt(TD_ERR_INVALID, "Trying to create tensor with negative dimension %lld: %s",
+                            (long long)target, tensor_format_sizes(b1, sizeof b1, shape.ndim, shape.d));
         if (size != target) {
             if (size != 1)
-                return td_error(TD_ERR_INVALID,
+                return error_fmt(TD_ERR_INVALID,
                                 "The expanded size of the tensor (%lld) must match the existing size (%lld) at "
                                 "non-singleton dimension %d.  Target sizes: %s.  Tensor sizes: %s",
                                 (long long)target, (long long)size, i,
-                                td_format_sizes(b1, sizeof b1, shape.ndim, shape.d),
-                                td_format_sizes(b2, sizeof b2, t->ndim, t->sizes));
+                                tensor_format_sizes(b1, sizeof b1, shape.ndim, shape.d),
+                                tensor_format_sizes(b2, sizeof b2, t->ndim, t->sizes));
             stride = 0;
         }
         sizes[i] = target;
         strides[i] = stride;
     }
-    *out = td_tensor_new_view(t, t->offset, shape.ndim, sizes, strides);
+    *out = tensor_new_view(t, t->offset, shape.ndim, sizes, strides);
     return TD_OK;
 }
 
@@ -499,9 +499,9 @@ td_status td_tensor_unsqueeze(td_tensor *t, int dim, td_tensor **out)
 {
     TD_TRY(check_args(t, out, "unsqueeze"));
     if (t->ndim >= TD_MAX_DIMS)
-        return td_error(TD_ERR_INVALID, "unsqueeze: a tensor has at most %d dims", TD_MAX_DIMS);
+        return error_fmt(TD_ERR_INVALID, "unsqueeze: a tensor has at most %d dims", TD_MAX_DIMS);
     int d = 0;
-    TD_TRY(td_wrap_dim(dim, t->ndim + 1, &d));
+    TD_TRY(tensor_wrap_dim(dim, t->ndim + 1, &d));
     int64_t sizes[TD_MAX_DIMS], strides[TD_MAX_DIMS];
     for (int i = 0, j = 0; i <= t->ndim; i++) {
         if (i == d) {
@@ -512,7 +512,7 @@ td_status td_tensor_unsqueeze(td_tensor *t, int dim, td_tensor **out)
             strides[i] = t->strides[j++];
         }
     }
-    *out = td_tensor_new_view(t, t->offset, t->ndim + 1, sizes, strides);
+    *out = tensor_new_view(t, t->offset, t->ndim + 1, sizes, strides);
     return TD_OK;
 }
 
@@ -520,9 +520,9 @@ td_status td_tensor_squeeze(td_tensor *t, int dim, td_tensor **out)
 {
     TD_TRY(check_args(t, out, "squeeze"));
     int d = 0;
-    TD_TRY(td_wrap_dim(dim, t->ndim, &d));
+    TD_TRY(tensor_wrap_dim(dim, t->ndim, &d));
     if (t->ndim == 0 || t->sizes[d] != 1) {
-        *out = td_tensor_new_view(t, t->offset, t->ndim, t->sizes, t->strides);
+        *out = tensor_new_view(t, t->offset, t->ndim, t->sizes, t->strides);
         return TD_OK;
     }
     int64_t sizes[TD_MAX_DIMS], strides[TD_MAX_DIMS];
@@ -533,7 +533,7 @@ td_status td_tensor_squeeze(td_tensor *t, int dim, td_tensor **out)
         sizes[n] = t->sizes[i];
         strides[n++] = t->strides[i];
     }
-    *out = td_tensor_new_view(t, t->offset, n, sizes, strides);
+    *out = tensor_new_view(t, t->offset, n, sizes, strides);
     return TD_OK;
 }
 
@@ -558,8 +558,8 @@ td_status td_tensor_to(const td_tensor *t, td_dtype dtype, td_tensor **out)
     TD_TRY(check_args(t, out, "to"));
     td_tensor *c;
     TD_TRY(create(dtype, td_tensor_shape(t), false, &c));
-    td_strided d = td_strided_of(c), s = td_strided_of(t);
-    td_status st = td_strided_copy(&d, &s);
+    td_strided d = strided_of(c), s = strided_of(t);
+    td_status st = strided_copy(&d, &s);
     if (st != TD_OK) {
         td_tensor_release(c);
         return st;

@@ -34,7 +34,7 @@ const char *td_value_kind_name(td_value_kind kind)
 static td_value *new_value(td_value_kind kind)
 {
     td_value *v = TD_NEW(td_value);
-    td_ref_init(&v->ref);
+    ref_init(&v->ref);
     v->kind = kind;
     return v;
 }
@@ -70,10 +70,10 @@ td_value *td_value_complex(double re, double im)
     return v;
 }
 
-td_value *td_value_new_str(td_value_kind kind, const void *data, size_t len)
+td_value *value_new_str(td_value_kind kind, const void *data, size_t len)
 {
     td_value *v = new_value(kind);
-    v->u.str.data = td_malloc(len + 1);
+    v->u.str.data = alloc_or_die(len + 1);
     if (len)
         memcpy(v->u.str.data, data, len);
     v->u.str.data[len] = '\0';
@@ -81,9 +81,9 @@ td_value *td_value_new_str(td_value_kind kind, const void *data, size_t len)
     return v;
 }
 
-td_value *td_value_string(const char *s) { return td_value_new_str(TD_VAL_STRING, s, s ? strlen(s) : 0); }
-td_value *td_value_string_n(const char *s, size_t len) { return td_value_new_str(TD_VAL_STRING, s, s ? len : 0); }
-td_value *td_value_bytes(const void *data, size_t len) { return td_value_new_str(TD_VAL_BYTES, data, data ? len : 0); }
+td_value *td_value_string(const char *s) { return value_new_str(TD_VAL_STRING, s, s ? strlen(s) : 0); }
+td_value *td_value_string_n(const char *s, size_t len) { return value_new_str(TD_VAL_STRING, s, s ? len : 0); }
+td_value *td_value_bytes(const void *data, size_t len) { return value_new_str(TD_VAL_BYTES, data, data ? len : 0); }
 
 td_value *td_value_tensor(td_tensor *t)
 {
@@ -171,7 +171,7 @@ td_value *td_value_device(td_device device)
 td_value *td_value_retain(td_value *v)
 {
     if (v)
-        td_ref_inc(&v->ref);
+        ref_inc(&v->ref);
     return v;
 }
 
@@ -217,7 +217,7 @@ static void free_one(td_value *v, value_stack *work)
 
 static void drop_child(td_value *c, value_stack *work)
 {
-    if (!c || !td_ref_dec(&c->ref))
+    if (!c || !ref_dec(&c->ref))
         return;
     switch (c->kind) {
     case TD_VAL_LIST:
@@ -233,7 +233,7 @@ static void drop_child(td_value *c, value_stack *work)
 
 void td_value_release(td_value *v)
 {
-    if (!v || !td_ref_dec(&v->ref))
+    if (!v || !ref_dec(&v->ref))
         return;
     value_stack work = {0};
     free_one(v, &work);
@@ -302,7 +302,7 @@ td_value *td_value_at(const td_value *v, size_t i)
 
 /* ---- sequences ---------------------------------------------------------------------------- */
 
-void td_value_seq_reserve(td_value *list, size_t n)
+void value_seq_reserve(td_value *list, size_t n)
 {
     TD_VEC_RESERVE(&list->u.seq, list->u.seq.len + n);
 }
@@ -310,11 +310,11 @@ void td_value_seq_reserve(td_value *list, size_t n)
 td_status td_value_list_append(td_value *list, td_value *item)
 {
     if (!item) {
-        return td_error(TD_ERR_INVALID, "td_value_list_append: item is NULL");
+        return error_fmt(TD_ERR_INVALID, "td_value_list_append: item is NULL");
     }
     if (!list || list->kind != TD_VAL_LIST) {
         td_value_release(item);
-        return td_error(TD_ERR_INVALID, "td_value_list_append: expected a list, got %s",
+        return error_fmt(TD_ERR_INVALID, "td_value_list_append: expected a list, got %s",
                         list ? td_value_kind_name(list->kind) : "NULL");
     }
     TD_VEC_PUSH(&list->u.seq, item);
@@ -324,15 +324,15 @@ td_status td_value_list_append(td_value *list, td_value *item)
 td_status td_value_set(td_value *seq, size_t i, td_value *item)
 {
     if (!item)
-        return td_error(TD_ERR_INVALID, "td_value_set: item is NULL");
+        return error_fmt(TD_ERR_INVALID, "td_value_set: item is NULL");
     if (!is_seq(seq)) {
         td_value_release(item);
-        return td_error(TD_ERR_INVALID, "td_value_set: expected a list, tuple or record, got %s",
+        return error_fmt(TD_ERR_INVALID, "td_value_set: expected a list, tuple or record, got %s",
                         seq ? td_value_kind_name(seq->kind) : "NULL");
     }
     if (i >= seq->u.seq.len) {
         td_value_release(item);
-        return td_error(TD_ERR_INVALID, "%s index %zu out of range (length %zu)", td_value_kind_name(seq->kind), i,
+        return error_fmt(TD_ERR_INVALID, "%s index %zu out of range (length %zu)", td_value_kind_name(seq->kind), i,
                         seq->u.seq.len);
     }
     td_value *old = seq->u.seq.items[i];
@@ -384,7 +384,7 @@ static uint64_t hash_impl(const td_value *v, bool key_mode, int depth)
         return mix64(h + hash_double(v->u.c.re) * 31 + hash_double(v->u.c.im));
     case TD_VAL_STRING:
     case TD_VAL_BYTES:
-        return td_hash_bytes(v->u.str.data, v->u.str.len, h);
+        return map_hash_bytes(v->u.str.data, v->u.str.len, h);
     case TD_VAL_TENSOR: {
         const td_tensor *t = v->u.tensor;
         if (key_mode)
@@ -417,7 +417,7 @@ static uint64_t hash_impl(const td_value *v, bool key_mode, int depth)
 }
 
 uint64_t td_value_hash(const td_value *v) { return hash_impl(v, false, 1); }
-uint64_t td_value_key_hash(const td_value *key) { return hash_impl(key, true, 1); }
+uint64_t value_key_hash(const td_value *key) { return hash_impl(key, true, 1); }
 
 static bool eq_impl(const td_value *a, const td_value *b, bool key_mode, int depth);
 
@@ -446,7 +446,7 @@ static size_t dict_find(const td_value_dict *d, const td_value *key, uint64_t h,
             return SIZE_MAX;
         }
         const td_dict_entry *e = &d->entries[s - 1];
-        if (e->hash == h && td_value_key_equal(e->key, key))
+        if (e->hash == h && value_key_equal(e->key, key))
             return s - 1;
     }
 }
@@ -522,7 +522,7 @@ static bool eq_impl(const td_value *a, const td_value *b, bool key_mode, int dep
 }
 
 bool td_value_equal(const td_value *a, const td_value *b) { return eq_impl(a, b, false, 1); }
-bool td_value_key_equal(const td_value *a, const td_value *b) { return eq_impl(a, b, true, 1); }
+bool value_key_equal(const td_value *a, const td_value *b) { return eq_impl(a, b, true, 1); }
 
 static bool hashable_impl(const td_value *v, int depth)
 {
@@ -572,12 +572,12 @@ static void dict_rehash(td_value_dict *d, size_t want_entries)
     }
 }
 
-void td_value_dict_reserve(td_value *dict, size_t n)
+void value_dict_reserve(td_value *dict, size_t n)
 {
     td_value_dict *d = dict->u.dict;
     if (d->len + n > d->cap) {
         d->cap = d->len + n;
-        d->entries = td_realloc(d->entries, d->cap * sizeof *d->entries);
+        d->entries = alloc_resize(d->entries, d->cap * sizeof *d->entries);
     }
     dict_rehash(d, d->len + n);
 }
@@ -597,7 +597,7 @@ static bool dict_insert(td_value_dict *d, td_value *key, td_value *value, uint64
     }
     if (d->len == d->cap) {
         d->cap = d->cap ? 2 * d->cap : 4;
-        d->entries = td_realloc(d->entries, d->cap * sizeof *d->entries);
+        d->entries = alloc_resize(d->entries, d->cap * sizeof *d->entries);
     }
     d->entries[d->len] = (td_dict_entry){key, value, h};
     d->slots[slot] = ++d->len;
@@ -606,29 +606,29 @@ static bool dict_insert(td_value_dict *d, td_value *key, td_value *value, uint64
     return true;
 }
 
-bool td_value_dict_insert_new(td_value *dict, td_value *key, td_value *value)
+bool value_dict_insert_new(td_value *dict, td_value *key, td_value *value)
 {
     size_t found;
-    return dict_insert(dict->u.dict, key, value, td_value_key_hash(key), &found);
+    return dict_insert(dict->u.dict, key, value, value_key_hash(key), &found);
 }
 
 td_status td_value_dict_set(td_value *dict, td_value *key, td_value *value)
 {
     td_status st = TD_OK;
     if (!key || !value)
-        st = td_error(TD_ERR_INVALID, "td_value_dict_set: %s is NULL", key ? "value" : "key");
+        st = error_fmt(TD_ERR_INVALID, "td_value_dict_set: %s is NULL", key ? "value" : "key");
     else if (!dict || dict->kind != TD_VAL_DICT)
-        st = td_error(TD_ERR_INVALID, "td_value_dict_set: expected a dict, got %s",
+        st = error_fmt(TD_ERR_INVALID, "td_value_dict_set: expected a dict, got %s",
                       dict ? td_value_kind_name(dict->kind) : "NULL");
     else if (!td_value_is_hashable(key))
-        st = td_error(TD_ERR_INVALID, "unhashable type: '%s'", td_value_kind_name(key->kind));
+        st = error_fmt(TD_ERR_INVALID, "unhashable type: '%s'", td_value_kind_name(key->kind));
     if (st != TD_OK) {
         td_value_release(key);
         td_value_release(value);
         return st;
     }
     size_t found;
-    if (!dict_insert(dict->u.dict, key, value, td_value_key_hash(key), &found)) {
+    if (!dict_insert(dict->u.dict, key, value, value_key_hash(key), &found)) {
         /* Python keeps the first key object and its place, and replaces the value. */
         td_dict_entry *e = &dict->u.dict->entries[found];
         td_value *old = e->value;
@@ -648,7 +648,7 @@ td_value *td_value_dict_get(const td_value *dict, const td_value *key)
 {
     if (!dict || dict->kind != TD_VAL_DICT || !key || !td_value_is_hashable(key))
         return NULL;
-    size_t slot, j = dict_find(dict->u.dict, key, td_value_key_hash(key), &slot);
+    size_t slot, j = dict_find(dict->u.dict, key, value_key_hash(key), &slot);
     return j == SIZE_MAX ? NULL : dict->u.dict->entries[j].value;
 }
 
@@ -660,7 +660,7 @@ td_value *td_value_dict_get_str(const td_value *dict, const char *key)
     td_value probe = {.kind = TD_VAL_STRING};
     probe.u.str.data = (char *)key;
     probe.u.str.len = strlen(key);
-    size_t slot, j = dict_find(dict->u.dict, &probe, td_value_key_hash(&probe), &slot);
+    size_t slot, j = dict_find(dict->u.dict, &probe, value_key_hash(&probe), &slot);
     return j == SIZE_MAX ? NULL : dict->u.dict->entries[j].value;
 }
 
@@ -683,7 +683,7 @@ static void release_tensor_cb(void *t) { td_tensor_release(t); }
 static td_status copy_impl(const td_value *v, td_map *memo, int depth, td_value **out)
 {
     if (depth > TD_VALUE_MAX_DEPTH)
-        return td_error(TD_ERR_INVALID, "td_value_deep_copy: value nested deeper than %d levels (a cycle?)",
+        return error_fmt(TD_ERR_INVALID, "td_value_deep_copy: value nested deeper than %d levels (a cycle?)",
                         TD_VALUE_MAX_DEPTH);
     switch (v->kind) {
     case TD_VAL_NONE:
@@ -698,14 +698,14 @@ static td_status copy_impl(const td_value *v, td_map *memo, int depth, td_value 
     }
     case TD_VAL_STRING:
     case TD_VAL_BYTES:
-        *out = td_value_new_str(v->kind, v->u.str.data, v->u.str.len);
+        *out = value_new_str(v->kind, v->u.str.data, v->u.str.len);
         return TD_OK;
     case TD_VAL_TENSOR: {
         td_tensor *t = v->u.tensor;
-        td_tensor *clone = td_map_get(memo, &t, sizeof t);
+        td_tensor *clone = map_get(memo, &t, sizeof t);
         if (!clone) {
             TD_TRY(td_tensor_clone(t, &clone));
-            td_map_put(memo, &t, sizeof t, clone);
+            map_put(memo, &t, sizeof t, clone);
         }
         *out = td_value_tensor(clone);
         return TD_OK;
@@ -731,14 +731,14 @@ static td_status copy_impl(const td_value *v, td_map *memo, int depth, td_value 
     case TD_VAL_DICT: {
         const td_value_dict *d = v->u.dict;
         td_value *c = td_value_dict_new();
-        td_value_dict_reserve(c, d->len);
+        value_dict_reserve(c, d->len);
         for (size_t i = 0; i < d->len; i++) {
             td_value *k = NULL, *val = NULL;
             td_status st = copy_impl(d->entries[i].key, memo, depth + 1, &k);
             if (st == TD_OK)
                 st = copy_impl(d->entries[i].value, memo, depth + 1, &val);
-            if (st == TD_OK && !td_value_dict_insert_new(c, k, val))
-                st = td_error(TD_ERR_INTERNAL, "td_value_deep_copy: copied dict keys collided");
+            if (st == TD_OK && !value_dict_insert_new(c, k, val))
+                st = error_fmt(TD_ERR_INTERNAL, "td_value_deep_copy: copied dict keys collided");
             if (st != TD_OK) {
                 td_value_release(k);
                 td_value_release(val);
@@ -750,16 +750,16 @@ static td_status copy_impl(const td_value *v, td_map *memo, int depth, td_value 
         return TD_OK;
     }
     default:
-        return td_error(TD_ERR_INTERNAL, "td_value_deep_copy: bad kind %d", (int)v->kind);
+        return error_fmt(TD_ERR_INTERNAL, "td_value_deep_copy: bad kind %d", (int)v->kind);
     }
 }
 
 td_status td_value_deep_copy(const td_value *v, td_value **out)
 {
     if (!v || !out)
-        return td_error(TD_ERR_INVALID, "td_value_deep_copy: NULL argument");
+        return error_fmt(TD_ERR_INVALID, "td_value_deep_copy: NULL argument");
     td_map memo = TD_MAP_INIT;
     td_status st = copy_impl(v, &memo, 1, out);
-    td_map_free(&memo, release_tensor_cb);
+    map_free(&memo, release_tensor_cb);
     return st;
 }

@@ -17,11 +17,11 @@
 static void put_double(td_buf *b, double d, bool add_dot0)
 {
     if (isnan(d)) {
-        td_buf_append_str(b, "nan");
+        buf_append_str(b, "nan");
         return;
     }
     if (isinf(d)) {
-        td_buf_append_str(b, d < 0 ? "-inf" : "inf");
+        buf_append_str(b, d < 0 ? "-inf" : "inf");
         return;
     }
     char tmp[40];
@@ -33,7 +33,7 @@ static void put_double(td_buf *b, double d, bool add_dot0)
     /* tmp is [-]D[.DDD]e(+|-)XX */
     const char *p = tmp;
     if (*p == '-') {
-        td_buf_putc(b, '-');
+        buf_putc(b, '-');
         p++;
     }
     char digits[24];
@@ -46,42 +46,42 @@ static void put_double(td_buf *b, double d, bool add_dot0)
     int exp = atoi(p + 1);
     if (exp >= -4 && exp < 16) {
         if (exp < 0) {
-            td_buf_append_str(b, "0.");
+            buf_append_str(b, "0.");
             for (int i = 0; i < -exp - 1; i++)
-                td_buf_putc(b, '0');
-            td_buf_append(b, digits, nd);
+                buf_putc(b, '0');
+            buf_append(b, digits, nd);
             return;
         }
         size_t int_digits = (size_t)exp + 1;
         for (size_t i = 0; i < int_digits; i++)
-            td_buf_putc(b, i < nd ? digits[i] : '0');
+            buf_putc(b, i < nd ? digits[i] : '0');
         if (nd > int_digits) {
-            td_buf_putc(b, '.');
-            td_buf_append(b, digits + int_digits, nd - int_digits);
+            buf_putc(b, '.');
+            buf_append(b, digits + int_digits, nd - int_digits);
         } else if (add_dot0) {
-            td_buf_append_str(b, ".0");
+            buf_append_str(b, ".0");
         }
         return;
     }
-    td_buf_putc(b, digits[0]);
+    buf_putc(b, digits[0]);
     if (nd > 1) {
-        td_buf_putc(b, '.');
-        td_buf_append(b, digits + 1, nd - 1);
+        buf_putc(b, '.');
+        buf_append(b, digits + 1, nd - 1);
     }
-    td_buf_printf(b, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
+    buf_printf(b, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
 }
 
 static void put_complex(td_buf *b, double re, double im)
 {
     bool bare = re == 0.0 && !signbit(re);
     if (!bare) {
-        td_buf_putc(b, '(');
+        buf_putc(b, '(');
         put_double(b, re, false);
         if (!(signbit(im) && !isnan(im)))
-            td_buf_putc(b, '+');
+            buf_putc(b, '+');
     }
     put_double(b, im, false);
-    td_buf_append_str(b, bare ? "j" : "j)");
+    buf_append_str(b, bare ? "j" : "j)");
 }
 
 /* Python's quoting: single quotes unless the text has one and no double quote. */
@@ -90,26 +90,26 @@ static void put_quoted(td_buf *b, const char *s, size_t len, bool bytes)
     bool has_single = memchr(s, '\'', len) != NULL, has_double = memchr(s, '"', len) != NULL;
     char q = has_single && !has_double ? '"' : '\'';
     if (bytes)
-        td_buf_putc(b, 'b');
-    td_buf_putc(b, q);
+        buf_putc(b, 'b');
+    buf_putc(b, q);
     for (size_t i = 0; i < len; i++) {
         unsigned char c = (unsigned char)s[i];
         if (c == '\\' || c == (unsigned char)q) {
-            td_buf_putc(b, '\\');
-            td_buf_putc(b, (char)c);
+            buf_putc(b, '\\');
+            buf_putc(b, (char)c);
         } else if (c == '\n') {
-            td_buf_append_str(b, "\\n");
+            buf_append_str(b, "\\n");
         } else if (c == '\r') {
-            td_buf_append_str(b, "\\r");
+            buf_append_str(b, "\\r");
         } else if (c == '\t') {
-            td_buf_append_str(b, "\\t");
+            buf_append_str(b, "\\t");
         } else if (c < 0x20 || c == 0x7f || (bytes && c > 0x7f)) {
-            td_buf_printf(b, "\\x%02x", c);
+            buf_printf(b, "\\x%02x", c);
         } else {
-            td_buf_putc(b, (char)c); /* UTF-8 text passes through, as Python shows it */
+            buf_putc(b, (char)c); /* UTF-8 text passes through, as Python shows it */
         }
     }
-    td_buf_putc(b, q);
+    buf_putc(b, q);
 }
 
 typedef struct record_layout {
@@ -132,7 +132,7 @@ static void put_items(td_buf *b, td_value *const *items, size_t n, int depth)
 {
     for (size_t i = 0; i < n; i++) {
         if (i)
-            td_buf_append_str(b, ", ");
+            buf_append_str(b, ", ");
         put_value(b, items[i], depth);
     }
 }
@@ -144,49 +144,49 @@ static void put_record(td_buf *b, const td_value *v, int depth)
         if (record_layouts[i].tag == v->u.seq.tag)
             layout = &record_layouts[i];
     if (!layout) {
-        td_buf_printf(b, "Record%u(", (unsigned)v->u.seq.tag);
+        buf_printf(b, "Record%u(", (unsigned)v->u.seq.tag);
         put_items(b, v->u.seq.items, v->u.seq.len, depth);
-        td_buf_putc(b, ')');
+        buf_putc(b, ')');
         return;
     }
-    td_buf_append_str(b, layout->name);
-    td_buf_putc(b, '(');
+    buf_append_str(b, layout->name);
+    buf_putc(b, '(');
     if (layout->nfields != v->u.seq.len) {
         put_items(b, v->u.seq.items, v->u.seq.len, depth);
-        td_buf_putc(b, ')');
+        buf_putc(b, ')');
         return;
     }
     static const char *const device_names[] = {"cpu", "cuda", "sim"};
     for (size_t i = 0; i < v->u.seq.len; i++) {
         const td_value *f = v->u.seq.items[i];
-        td_buf_printf(b, "%s%s=", i ? ", " : "", layout->fields[i]);
+        buf_printf(b, "%s%s=", i ? ", " : "", layout->fields[i]);
         if (layout->tag == TD_REC_DEVICE && i == 0 && f->kind == TD_VAL_INT && f->u.i >= 0 && f->u.i < 3)
-            td_buf_printf(b, "'%s'", device_names[f->u.i]);
+            buf_printf(b, "'%s'", device_names[f->u.i]);
         else
             put_value(b, f, depth);
     }
-    td_buf_putc(b, ')');
+    buf_putc(b, ')');
 }
 
 static void put_value(td_buf *b, const td_value *v, int depth)
 {
     if (!v) {
-        td_buf_append_str(b, "<NULL>");
+        buf_append_str(b, "<NULL>");
         return;
     }
     if (depth > TD_VALUE_MAX_DEPTH) {
-        td_buf_append_str(b, "...");
+        buf_append_str(b, "...");
         return;
     }
     switch (v->kind) {
     case TD_VAL_NONE:
-        td_buf_append_str(b, "None");
+        buf_append_str(b, "None");
         break;
     case TD_VAL_BOOL:
-        td_buf_append_str(b, v->u.b ? "True" : "False");
+        buf_append_str(b, v->u.b ? "True" : "False");
         break;
     case TD_VAL_INT:
-        td_buf_printf(b, "%lld", (long long)v->u.i);
+        buf_printf(b, "%lld", (long long)v->u.i);
         break;
     case TD_VAL_DOUBLE:
         put_double(b, v->u.d, true);
@@ -200,38 +200,38 @@ static void put_value(td_buf *b, const td_value *v, int depth)
         break;
     case TD_VAL_TENSOR: {
         char *s = td_tensor_format(v->u.tensor);
-        td_buf_append_str(b, s ? s : "tensor(?)");
+        buf_append_str(b, s ? s : "tensor(?)");
         free(s);
         break;
     }
     case TD_VAL_LIST:
-        td_buf_putc(b, '[');
+        buf_putc(b, '[');
         put_items(b, v->u.seq.items, v->u.seq.len, depth + 1);
-        td_buf_putc(b, ']');
+        buf_putc(b, ']');
         break;
     case TD_VAL_TUPLE:
-        td_buf_putc(b, '(');
+        buf_putc(b, '(');
         put_items(b, v->u.seq.items, v->u.seq.len, depth + 1);
-        td_buf_append_str(b, v->u.seq.len == 1 ? ",)" : ")");
+        buf_append_str(b, v->u.seq.len == 1 ? ",)" : ")");
         break;
     case TD_VAL_DICT: {
         const td_value_dict *d = v->u.dict;
-        td_buf_putc(b, '{');
+        buf_putc(b, '{');
         for (size_t i = 0; i < d->len; i++) {
             if (i)
-                td_buf_append_str(b, ", ");
+                buf_append_str(b, ", ");
             put_value(b, d->entries[i].key, depth + 1);
-            td_buf_append_str(b, ": ");
+            buf_append_str(b, ": ");
             put_value(b, d->entries[i].value, depth + 1);
         }
-        td_buf_putc(b, '}');
+        buf_putc(b, '}');
         break;
     }
     case TD_VAL_RECORD:
         put_record(b, v, depth + 1);
         break;
     default:
-        td_buf_printf(b, "<kind %d>", (int)v->kind);
+        buf_printf(b, "<kind %d>", (int)v->kind);
     }
 }
 
@@ -239,7 +239,7 @@ char *td_value_format(const td_value *v)
 {
     td_buf b = TD_BUF_INIT;
     put_value(&b, v, 1);
-    return td_buf_steal(&b);
+    return buf_steal(&b);
 }
 
 void td_value_print(FILE *f, const td_value *v)

@@ -15,7 +15,7 @@
 typedef struct td_dict_entry {
     td_value *key;
     td_value *value;
-    uint64_t hash; /* td_value_key_hash(key), kept so that growing the index never rehashes keys */
+    uint64_t hash; /* value_key_hash(key), kept so that growing the index never rehashes keys */
 } td_dict_entry;
 
 /* Entries in insertion order plus an open-addressing index over them. Nothing is ever removed,
@@ -56,16 +56,16 @@ struct td_value {
 
 /* The hash a dict uses for its keys: td_value_hash, except that tensors count by identity, as
  * dict keys compare them (IValue does the same). */
-uint64_t td_value_key_hash(const td_value *key);
+uint64_t value_key_hash(const td_value *key);
 /* Dict key equality: td_value_equal with tensors by identity. */
-bool td_value_key_equal(const td_value *a, const td_value *b);
+bool value_key_equal(const td_value *a, const td_value *b);
 /* A string or bytes value over len bytes, copied (bytes may hold NULs). */
-td_value *td_value_new_str(td_value_kind kind, const void *data, size_t len);
+td_value *value_new_str(td_value_kind kind, const void *data, size_t len);
 /* Inserts key -> value (taking both) when the key is new; when it is not, returns false and
  * leaves both to the caller. The key must be hashable. */
-bool td_value_dict_insert_new(td_value *dict, td_value *key, td_value *value);
+bool value_dict_insert_new(td_value *dict, td_value *key, td_value *value);
 /* Makes room for n more entries, for decoders that know the count. */
-void td_value_dict_reserve(td_value *dict, size_t n);
-void td_value_seq_reserve(td_value *list, size_t n);
+void value_dict_reserve(td_value *dict, size_t n);
+void value_seq_reserve(td_value *list, size_t n);
 
 #endif

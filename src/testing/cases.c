@@ -69,29 +69,29 @@ int td_skip_multi_gpu(int n)
     return -1;
 }
 
-int td_harness_world_size(const td_test_case *c) { return c->world_size > 0 ? c->world_size : 1; }
+int harness_world_size(const td_test_case *c) { return c->world_size > 0 ? c->world_size : 1; }
 
-int64_t td_harness_timeout_ms(const td_test_case *c)
+int64_t harness_timeout_ms(const td_test_case *c)
 {
     if (c->timeout_s > 0)
         return (int64_t)c->timeout_s * 1000;
     int64_t ms = 300000;
-    if (td_env_duration_ms("TDIST_TEST_TIMEOUT", 300000, 1000, &ms) != TD_OK) {
-        td_harness_log(NULL, "%s; using 300 seconds", td_last_error());
+    if (env_get_duration_ms("TDIST_TEST_TIMEOUT", 300000, 1000, &ms) != TD_OK) {
+        harness_log(NULL, "%s; using 300 seconds", td_last_error());
         ms = 300000;
     }
     return ms > 0 ? ms : 300000;
 }
 
-bool td_harness_sandcastle(void)
+bool harness_sandcastle(void)
 {
     bool on = false;
-    if (td_env_bool("TDIST_TEST_SANDCASTLE", false, &on) != TD_OK)
-        td_harness_log(NULL, "%s; treating it as off", td_last_error());
+    if (env_get_bool("TDIST_TEST_SANDCASTLE", false, &on) != TD_OK)
+        harness_log(NULL, "%s; treating it as off", td_last_error());
     return on;
 }
 
-char *td_harness_store_path(const char *dir) { return td_asprintf("%s/store", dir); }
+char *harness_store_path(const char *dir) { return alloc_printf("%s/store", dir); }
 
 __attribute__((format(printf, 3, 0))) static void log_line(td_buf *log, bool print, const char *fmt, va_list ap0)
 {
@@ -102,25 +102,25 @@ __attribute__((format(printf, 3, 0))) static void log_line(td_buf *log, bool pri
     int n = vsnprintf(small, sizeof small, fmt, ap);
     va_end(ap);
     if (n >= (int)sizeof small) {
-        td_buf_reserve(&line, (size_t)n + 1);
+        buf_reserve(&line, (size_t)n + 1);
         va_copy(ap, ap0);
-        vsnprintf(td_buf_extend(&line, (size_t)n), (size_t)n + 1, fmt, ap);
+        vsnprintf(buf_extend(&line, (size_t)n), (size_t)n + 1, fmt, ap);
         va_end(ap);
     } else if (n > 0) {
-        td_buf_append(&line, small, (size_t)n);
+        buf_append(&line, small, (size_t)n);
     }
     if (log) {
-        td_buf_append(log, line.data ? line.data : "", line.len);
-        td_buf_putc(log, '\n');
+        buf_append(log, line.data ? line.data : "", line.len);
+        buf_putc(log, '\n');
     }
     if (!print) {
-        td_buf_free(&line);
+        buf_free(&line);
         return;
     }
     td_buf out = TD_BUF_INIT;
-    td_buf_append_str(&out, "[tdist-test] ");
-    td_buf_append(&out, line.data ? line.data : "", line.len);
-    td_buf_putc(&out, '\n');
+    buf_append_str(&out, "[tdist-test] ");
+    buf_append(&out, line.data ? line.data : "", line.len);
+    buf_putc(&out, '\n');
     fflush(stderr);
     for (size_t off = 0; off < out.len;) {
         ssize_t w = write(STDERR_FILENO, out.data + off, out.len - off);
@@ -130,11 +130,11 @@ __attribute__((format(printf, 3, 0))) static void log_line(td_buf *log, bool pri
             break;
         off += (size_t)w;
     }
-    td_buf_free(&out);
-    td_buf_free(&line);
+    buf_free(&out);
+    buf_free(&line);
 }
 
-void td_harness_log(td_buf *log, const char *fmt, ...)
+void harness_log(td_buf *log, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -142,10 +142,10 @@ void td_harness_log(td_buf *log, const char *fmt, ...)
     va_end(ap);
 }
 
-void td_harness_note(td_buf *log, const char *fmt, ...)
+void harness_note(td_buf *log, const char *fmt, ...)
 {
     bool verbose = false;
-    if (td_env_bool("TDIST_TEST_VERBOSE", false, &verbose) != TD_OK)
+    if (env_get_bool("TDIST_TEST_VERBOSE", false, &verbose) != TD_OK)
         verbose = false;
     va_list ap;
     va_start(ap, fmt);
@@ -177,8 +177,8 @@ void harness_for_each_param(const td_test_case *c, void (*fn)(void *, const td_t
 char *harness_instance_name(const td_test_case *c, const char *param, size_t plen)
 {
     if (plen == 0)
-        return td_strdup(c->name);
-    return td_asprintf("%s/%.*s", c->name, (int)plen, param);
+        return alloc_strdup(c->name);
+    return alloc_printf("%s/%.*s", c->name, (int)plen, param);
 }
 
 typedef struct find_ctx {
@@ -199,7 +199,7 @@ static void find_param(void *arg, const td_test_case *c, const char *param, size
     }
 }
 
-bool td_harness_find(const char *name, td_test_case **out, const char **param, size_t *param_len)
+bool harness_find(const char *name, td_test_case **out, const char **param, size_t *param_len)
 {
     const char *slash = strchr(name, '/');
     size_t nlen = slash ? (size_t)(slash - name) : strlen(name);

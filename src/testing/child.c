@@ -41,28 +41,28 @@ static struct {
 void td_test_fail(const char *file, int line, const char *fmt, ...)
 {
     td_buf m = TD_BUF_INIT;
-    td_buf_printf(&m, "%s:%d: ", file, line);
+    buf_printf(&m, "%s:%d: ", file, line);
     va_list ap;
     va_start(ap, fmt);
     char *text = NULL;
     int n = vasprintf(&text, fmt, ap);
     va_end(ap);
     if (n >= 0) {
-        td_buf_append(&m, text, (size_t)n);
+        buf_append(&m, text, (size_t)n);
         free(text);
     }
-    char *msg = td_buf_steal(&m);
+    char *msg = buf_steal(&m);
     if (g_child.threaded)
-        td_harness_threaded_fail(msg); /* returns only on a thread that is not a rank */
-    td_harness_fail_process(msg);
+        harness_threaded_fail(msg); /* returns only on a thread that is not a rank */
+    harness_fail_process(msg);
 }
 
 void td_test_skip(int code, const char *reason)
 {
     if (g_child.threaded)
-        td_harness_threaded_skip(code, reason);
+        harness_threaded_skip(code, reason);
     if (g_child.active)
-        td_harness_log(NULL, "Process %d skipping test %s for following reason: %s", g_child.rank, g_child.name,
+        harness_log(NULL, "Process %d skipping test %s for following reason: %s", g_child.rank, g_child.name,
                        reason ? reason : "");
     fflush(stdout);
     fflush(stderr);
@@ -98,16 +98,16 @@ void td_test_check_str_(const char *a, const char *b, bool contains, const char 
 void td_test_add_abort_hook(td_test_ctx *ctx, void (*fn)(void *arg), void *arg)
 {
     if (ctx && ctx->threaded)
-        td_harness_threaded_add_hook(fn, arg);
+        harness_threaded_add_hook(fn, arg);
 }
 
 void td_test_remove_abort_hook(td_test_ctx *ctx, void (*fn)(void *arg), void *arg)
 {
     if (ctx && ctx->threaded)
-        td_harness_threaded_remove_hook(fn, arg);
+        harness_threaded_remove_hook(fn, arg);
 }
 
-bool td_test_aborted(const td_test_ctx *ctx) { return ctx && ctx->threaded && td_harness_threaded_aborted(); }
+bool td_test_aborted(const td_test_ctx *ctx) { return ctx && ctx->threaded && harness_threaded_aborted(); }
 
 /* ---- the event listener ------------------------------------------------------------------- */
 
@@ -127,29 +127,29 @@ static void *listener_main(void *arg)
         if (!p[0].revents)
             continue;
         uint8_t type = 0;
-        td_status s = td_ctl_recv(g_child.ctl, &type, &payload);
+        td_status s = ctl_recv(g_child.ctl, &type, &payload);
         if (s == TD_ERR_CLOSED) {
-            td_harness_log(NULL, "Pipe closed for process %d, stopping event listener thread", g_child.rank);
+            harness_log(NULL, "Pipe closed for process %d, stopping event listener thread", g_child.rank);
             break;
         }
         if (s != TD_OK) {
-            td_harness_log(NULL, "Event listener of process %d stops: %s", g_child.rank, td_last_error());
+            harness_log(NULL, "Event listener of process %d stops: %s", g_child.rank, td_last_error());
             break;
         }
-        td_harness_log(NULL, "Received event %u on process %d", type, g_child.rank);
+        harness_log(NULL, "Received event %u on process %d", type, g_child.rank);
         if (type != TD_CTL_GET_TRACEBACK)
             continue;
         td_buf text = TD_BUF_INIT;
-        if (td_harness_threaded_pending(&text)) {
-            td_ctl_send(g_child.ctl, TD_CTL_PENDING, text.data, text.len);
-            td_buf_clear(&text);
+        if (harness_threaded_pending(&text)) {
+            ctl_send(g_child.ctl, TD_CTL_PENDING, text.data, text.len);
+            buf_clear(&text);
         }
-        td_stacks_dump_all(&text);
-        if (td_ctl_send(g_child.ctl, TD_CTL_TRACEBACK, text.data ? text.data : "", text.len) == TD_OK)
-            td_harness_log(NULL, "Process %d sent traceback", g_child.rank);
-        td_buf_free(&text);
+        stacks_dump_all(&text);
+        if (ctl_send(g_child.ctl, TD_CTL_TRACEBACK, text.data ? text.data : "", text.len) == TD_OK)
+            harness_log(NULL, "Process %d sent traceback", g_child.rank);
+        buf_free(&text);
     }
-    td_buf_free(&payload);
+    buf_free(&payload);
     return NULL;
 }
 
@@ -170,16 +170,16 @@ static void *watchdog_main(void *arg)
     (void)arg;
     pthread_mutex_lock(&g_watch.mu);
     while (!g_watch.stop) {
-        if (td_cond_wait_until(&g_watch.cv, &g_watch.mu, g_watch.deadline_ns) || g_watch.stop)
+        if (thread_cond_wait_until(&g_watch.cv, &g_watch.mu, g_watch.deadline_ns) || g_watch.stop)
             continue;
         pthread_mutex_unlock(&g_watch.mu);
         char secs[32];
-        td_pyfmt_seconds_ms(g_watch.timeout_ms, secs, sizeof secs);
+        pyfmt_seconds_ms(g_watch.timeout_ms, secs, sizeof secs);
         td_buf stacks = TD_BUF_INIT;
-        td_stacks_dump_all(&stacks);
-        td_harness_log(NULL, "Process %d terminated or timed out after %s seconds (case %s). Its threads:\n%s",
+        stacks_dump_all(&stacks);
+        harness_log(NULL, "Process %d terminated or timed out after %s seconds (case %s). Its threads:\n%s",
                        g_child.rank, secs, g_child.name, stacks.data ? stacks.data : "");
-        td_buf_free(&stacks);
+        buf_free(&stacks);
         fflush(stdout);
         fflush(stderr);
         _exit(TD_TEST_ERROR_EXIT_CODE);
@@ -190,12 +190,12 @@ static void *watchdog_main(void *arg)
 
 /* ---- main of a rank ----------------------------------------------------------------------- */
 
-int td_harness_child_main(const td_harness_child_args *a)
+int harness_child_main(const td_harness_child_args *a)
 {
     td_test_case *c;
     const char *param;
     size_t plen;
-    if (!td_harness_find(a->name, &c, &param, &plen)) {
+    if (!harness_find(a->name, &c, &param, &plen)) {
         fprintf(stderr, "tdist test harness: no test case named '%s' in this binary\n", a->name);
         return 2;
     }
@@ -217,13 +217,13 @@ int td_harness_child_main(const td_harness_child_args *a)
     g_child.ctl = a->ctl_fd;
     harness_ctl_attach(a->rank, a->ctl_fd);
     g_child.name = a->name;
-    td_stacks_install(a->rank, c->threads);
+    stacks_install(a->rank, c->threads);
     if (!c->threads)
-        td_stacks_set_thread_rank(a->rank);
+        stacks_set_thread_rank(a->rank);
 
-    char *param_copy = td_strndup(param, plen);
-    char *store = td_harness_store_path(a->dir);
-    char *url = td_asprintf("file://%s", store);
+    char *param_copy = alloc_strndup(param, plen);
+    char *store = harness_store_path(a->dir);
+    char *url = alloc_printf("file://%s", store);
     td_test_ctx ctx = {
         .rank = a->rank,
         .world_size = a->world_size,
@@ -241,46 +241,46 @@ int td_harness_child_main(const td_harness_child_args *a)
         const char *reason = c->static_skip ? c->static_skip(ctx.param) : NULL;
         if (reason)
             td_test_skip(TD_SKIP_GENERIC, reason);
-        td_cond_init(&g_watch.cv);
-        g_watch.timeout_ms = td_harness_timeout_ms(c);
-        g_watch.deadline_ns = td_deadline_after_ms(g_watch.timeout_ms);
-        watching = td_thread_start(&listener, "td-watchdog", watchdog_main, NULL) == TD_OK;
+        thread_cond_init(&g_watch.cv);
+        g_watch.timeout_ms = harness_timeout_ms(c);
+        g_watch.deadline_ns = deadline_after_ms(g_watch.timeout_ms);
+        watching = thread_start(&listener, "td-watchdog", watchdog_main, NULL) == TD_OK;
         if (!watching)
-            td_harness_log(NULL, "%s; the case's timeout is left to the launcher", td_last_error());
+            harness_log(NULL, "%s; the case's timeout is left to the launcher", td_last_error());
     } else if (pipe2(g_child.stop, O_CLOEXEC) == 0) {
-        td_harness_note(NULL, "Starting event listener thread for rank %d", a->rank);
-        listening = td_thread_start(&listener, "td-listener", listener_main, NULL) == TD_OK;
+        harness_note(NULL, "Starting event listener thread for rank %d", a->rank);
+        listening = thread_start(&listener, "td-listener", listener_main, NULL) == TD_OK;
         if (!listening)
-            td_harness_log(NULL, "%s; hung-rank stacks will not be available", td_last_error());
+            harness_log(NULL, "%s; hung-rank stacks will not be available", td_last_error());
     }
 
     if (c->threads) {
-        td_harness_threaded_main(c, &ctx, a->ctl_fd);
+        harness_threaded_main(c, &ctx, a->ctl_fd);
     } else {
         if (c->setup)
             c->setup(&ctx);
         td_leak_snapshot before = {0};
         if (!c->no_leak_check)
-            td_leak_snapshot_take(&before);
+            leak_snapshot_take(&before);
         c->fn(&ctx);
         if (!c->no_leak_check) {
-            char *leak = td_leak_check(&before, td_leak_grace_ms(c));
-            td_leak_snapshot_free(&before);
+            char *leak = leak_check(&before, leak_grace_ms(c));
+            leak_snapshot_free(&before);
             if (leak)
-                td_harness_fail_process(leak);
+                harness_fail_process(leak);
         }
     }
 
     if (listening) {
         (void)!write(g_child.stop[1], "x", 1);
-        td_thread_join(listener);
+        thread_join(listener);
     }
     if (watching) {
         pthread_mutex_lock(&g_watch.mu);
         g_watch.stop = true;
         pthread_cond_broadcast(&g_watch.cv);
         pthread_mutex_unlock(&g_watch.mu);
-        td_thread_join(listener);
+        thread_join(listener);
     }
     if (g_child.stop[0] >= 0) {
         close(g_child.stop[0]);

@@ -3,8 +3,8 @@
  * A socketpair per rank carries small framed messages: the parent asks a hung rank for its stacks,
  * the rank answers with them, and a failing rank sends its message before exiting with code 10.
  * Frames are u32 little-endian payload length + u8 type + payload (docs/protocols.md). The parent
- * reads non-blocking and parses with td_ctl_parse, which refuses lengths above TD_CTL_MAX_PAYLOAD;
- * ranks read and write blocking. A rank ends a failed case here too (td_harness_fail_process):
+ * reads non-blocking and parses with ctl_parse, which refuses lengths above TD_CTL_MAX_PAYLOAD;
+ * ranks read and write blocking. A rank ends a failed case here too (harness_fail_process):
  * its message goes on the channel before exit code 10. */
 #include <errno.h>
 #include <stdio.h>
@@ -32,7 +32,7 @@ static td_status write_all(int fd, const void *data, size_t len)
         if (n < 0) {
             if (errno == EINTR)
                 continue;
-            return td_error_errno(TD_ERR_IO, "writing to the harness control channel");
+            return error_errno(TD_ERR_IO, "writing to the harness control channel");
         }
         p += n;
         len -= (size_t)n;
@@ -40,7 +40,7 @@ static td_status write_all(int fd, const void *data, size_t len)
     return TD_OK;
 }
 
-td_status td_ctl_send(int fd, uint8_t type, const void *data, size_t len)
+td_status ctl_send(int fd, uint8_t type, const void *data, size_t len)
 {
     if (len > TD_CTL_MAX_PAYLOAD)
         len = TD_CTL_MAX_PAYLOAD;
@@ -68,36 +68,36 @@ static td_status read_all(int fd, void *data, size_t len, bool *eof_at_start)
         if (n < 0) {
             if (errno == EINTR)
                 continue;
-            return td_error_errno(TD_ERR_IO, "reading the harness control channel");
+            return error_errno(TD_ERR_IO, "reading the harness control channel");
         }
         if (n == 0) {
             if (eof_at_start)
                 *eof_at_start = got == 0;
-            return td_error(TD_ERR_CLOSED, "the harness control channel was closed");
+            return error_fmt(TD_ERR_CLOSED, "the harness control channel was closed");
         }
         got += (size_t)n;
     }
     return TD_OK;
 }
 
-td_status td_ctl_recv(int fd, uint8_t *type, td_buf *payload)
+td_status ctl_recv(int fd, uint8_t *type, td_buf *payload)
 {
     unsigned char hdr[TD_CTL_HEADER];
-    td_buf_clear(payload);
+    buf_clear(payload);
     TD_TRY(read_all(fd, hdr, sizeof hdr, NULL));
     uint32_t n = (uint32_t)hdr[0] | (uint32_t)hdr[1] << 8 | (uint32_t)hdr[2] << 16 | (uint32_t)hdr[3] << 24;
     if (n > TD_CTL_MAX_PAYLOAD)
-        return td_error(TD_ERR_INVALID, "harness control frame of %u bytes exceeds the limit of %u", n,
+        return error_fmt(TD_ERR_INVALID, "harness control frame of %u bytes exceeds the limit of %u", n,
                         TD_CTL_MAX_PAYLOAD);
     *type = hdr[4];
     if (n > 0) {
-        TD_TRY(td_buf_try_reserve(payload, n));
-        TD_TRY(read_all(fd, td_buf_extend(payload, n), n, NULL));
+        TD_TRY(buf_try_reserve(payload, n));
+        TD_TRY(read_all(fd, buf_extend(payload, n), n, NULL));
     }
     return TD_OK;
 }
 
-td_status td_ctl_parse(td_buf *in, void (*on_frame)(void *arg, uint8_t type, const char *data, size_t len),
+td_status ctl_parse(td_buf *in, void (*on_frame)(void *arg, uint8_t type, const char *data, size_t len),
                        void *arg)
 {
     size_t off = 0;
@@ -106,7 +106,7 @@ td_status td_ctl_parse(td_buf *in, void (*on_frame)(void *arg, uint8_t type, con
         const unsigned char *h = (const unsigned char *)in->data + off;
         uint32_t n = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
         if (n > TD_CTL_MAX_PAYLOAD) {
-            s = td_error(TD_ERR_INVALID, "harness control frame of %u bytes exceeds the limit of %u", n,
+            s = error_fmt(TD_ERR_INVALID, "harness control frame of %u bytes exceeds the limit of %u", n,
                          TD_CTL_MAX_PAYLOAD);
             break;
         }
@@ -115,7 +115,7 @@ td_status td_ctl_parse(td_buf *in, void (*on_frame)(void *arg, uint8_t type, con
         on_frame(arg, h[4], (const char *)h + TD_CTL_HEADER, n);
         off += TD_CTL_HEADER + n;
     }
-    td_buf_consume(in, off);
+    buf_consume(in, off);
     return s;
 }
 
@@ -138,9 +138,9 @@ void harness_ctl_attach(int rank, int fd)
     g_rank.active = true;
 }
 
-int td_harness_ctl_fd(void) { return g_rank.fd; }
+int harness_ctl_fd(void) { return g_rank.fd; }
 
-void td_harness_fail_process(const char *message)
+void harness_fail_process(const char *message)
 {
     if (!g_rank.active) {
         fprintf(stderr, "%s\n", message);
@@ -150,15 +150,15 @@ void td_harness_fail_process(const char *message)
     }
     size_t len = strlen(message);
     td_buf stack = TD_BUF_INIT;
-    td_stacks_dump_self(&stack, 1);
-    td_harness_log(NULL, "Caught exception: \n%.*s%s\nat:\n%s exiting process %d with exit code: %d",
+    stacks_dump_self(&stack, 1);
+    harness_log(NULL, "Caught exception: \n%.*s%s\nat:\n%s exiting process %d with exit code: %d",
                    (int)(len > LOGGED_MESSAGE_MAX ? LOGGED_MESSAGE_MAX : len), message,
                    len > LOGGED_MESSAGE_MAX ? "... (cut here; the parent gets all of it)" : "",
                    stack.data ? stack.data : "", g_rank.rank, TD_TEST_ERROR_EXIT_CODE);
-    td_buf_free(&stack);
+    buf_free(&stack);
     /* Under an external launcher there is no parent to tell: the message above is the report. */
-    if (g_rank.fd >= 0 && td_ctl_send(g_rank.fd, TD_CTL_ERROR, message, len) != TD_OK)
-        td_harness_log(NULL, "could not send the failure to the parent: %s", td_last_error());
+    if (g_rank.fd >= 0 && ctl_send(g_rank.fd, TD_CTL_ERROR, message, len) != TD_OK)
+        harness_log(NULL, "could not send the failure to the parent: %s", td_last_error());
     fflush(stdout);
     fflush(stderr);
     _exit(TD_TEST_ERROR_EXIT_CODE);

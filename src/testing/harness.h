@@ -39,12 +39,12 @@ enum {
 
 /* Writes one whole frame on a blocking fd (retrying short writes and EINTR); serialized by a lock
  * so that frames from different threads never interleave. */
-td_status td_ctl_send(int fd, uint8_t type, const void *data, size_t len);
+td_status ctl_send(int fd, uint8_t type, const void *data, size_t len);
 /* Reads one whole frame from a blocking fd into *payload (cleared first); TD_ERR_CLOSED at EOF. */
-td_status td_ctl_recv(int fd, uint8_t *type, td_buf *payload);
+td_status ctl_recv(int fd, uint8_t *type, td_buf *payload);
 /* Parses the frames buffered in *in: calls on_frame for each complete one and consumes it.
  * Returns TD_ERR_INVALID (with a message) for a length above TD_CTL_MAX_PAYLOAD. */
-td_status td_ctl_parse(td_buf *in, void (*on_frame)(void *arg, uint8_t type, const char *data, size_t len),
+td_status ctl_parse(td_buf *in, void (*on_frame)(void *arg, uint8_t type, const char *data, size_t len),
                        void *arg);
 
 /* ---- registry (cases.c) ------------------------------------------------------------------- */
@@ -59,22 +59,22 @@ char *harness_instance_name(const td_test_case *c, const char *param, size_t ple
 
 /* The registered case and parameter for an instance name ("case" or "case/param"); false when
  * none matches. *param points into the case's params or is "" (copy it: *param_len bytes). */
-bool td_harness_find(const char *name, td_test_case **c, const char **param, size_t *param_len);
+bool harness_find(const char *name, td_test_case **c, const char **param, size_t *param_len);
 /* The case's per-test timeout in milliseconds (case, TDIST_TEST_TIMEOUT, 300 s). */
-int64_t td_harness_timeout_ms(const td_test_case *c);
-int td_harness_world_size(const td_test_case *c);
+int64_t harness_timeout_ms(const td_test_case *c);
+int harness_world_size(const td_test_case *c);
 /* "<dir>/store" and "file://<dir>/store", the FileStore rendezvous of a test dir (new strings). */
-char *td_harness_store_path(const char *dir);
+char *harness_store_path(const char *dir);
 
 /* Runs one instance under the supervisor (the body of td_test_run). */
-void td_harness_supervise(td_test_case *c, const char *param, const char *instance, td_test_result *r);
+void harness_supervise(td_test_case *c, const char *param, const char *instance, td_test_result *r);
 /* True when TDIST_TEST_SANDCASTLE says skips pass. */
-bool td_harness_sandcastle(void);
+bool harness_sandcastle(void);
 /* One harness log line: to stderr and, when log is not NULL, appended to it. */
-void td_harness_log(td_buf *log, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void harness_log(td_buf *log, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* A routine line (process started, listener started): appended to log, and printed to stderr only
  * with TDIST_TEST_VERBOSE=1. */
-void td_harness_note(td_buf *log, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void harness_note(td_buf *log, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- child side --------------------------------------------------------------------------- */
 
@@ -87,25 +87,25 @@ typedef struct td_harness_child_args {
 } td_harness_child_args;
 
 /* The whole life of a rank process (or of the threaded child); returns main's exit code. */
-int td_harness_child_main(const td_harness_child_args *a);
+int harness_child_main(const td_harness_child_args *a);
 /* Threaded mode: runs c's world_size threads in this process and reports per c10d's threaded
  * decision table; returns main's exit code (or never returns, on failure or skip). */
-int td_harness_threaded_main(td_test_case *c, const td_test_ctx *proto, int ctl_fd);
+int harness_threaded_main(td_test_case *c, const td_test_ctx *proto, int ctl_fd);
 
 /* The rank's end of the control channel (ctl.c), shared by child.c and thread_ranks.c: child.c attaches
  * the rank and its channel (fd -1 under an external launcher) before running a case. */
 void harness_ctl_attach(int rank, int fd);
-int td_harness_ctl_fd(void);
+int harness_ctl_fd(void);
 /* Ends the process with a failure: logs, sends the message on the control channel, _exit(10). */
-void td_harness_fail_process(const char *message) __attribute__((noreturn));
+void harness_fail_process(const char *message) __attribute__((noreturn));
 /* Threaded mode hooks, set by thread_ranks.c: return only when the calling thread is not a rank. */
-void td_harness_threaded_fail(char *message); /* takes message when it does not return */
-void td_harness_threaded_skip(int code, const char *reason);
-bool td_harness_threaded_aborted(void);
-void td_harness_threaded_add_hook(void (*fn)(void *), void *arg);
-void td_harness_threaded_remove_hook(void (*fn)(void *), void *arg);
+void harness_threaded_fail(char *message); /* takes message when it does not return */
+void harness_threaded_skip(int code, const char *reason);
+bool harness_threaded_aborted(void);
+void harness_threaded_add_hook(void (*fn)(void *), void *arg);
+void harness_threaded_remove_hook(void (*fn)(void *), void *arg);
 /* Appends "ranks still running" for a traceback request in threaded mode; false in process mode. */
-bool td_harness_threaded_pending(td_buf *out);
+bool harness_threaded_pending(td_buf *out);
 
 /* ---- leak checks ------------------------------------------------------------------------- */
 
@@ -116,38 +116,38 @@ typedef struct td_leak_snapshot {
     size_t ntids;
 } td_leak_snapshot;
 
-void td_leak_snapshot_take(td_leak_snapshot *s);
+void leak_snapshot_take(td_leak_snapshot *s);
 /* How long the check waits for threads and fds being torn down: a tenth of the case's timeout,
  * between 0.2 and 2 seconds. */
-int64_t td_leak_grace_ms(const td_test_case *c);
+int64_t leak_grace_ms(const td_test_case *c);
 /* NULL when nothing leaked, else a message naming the fds (with their targets) and threads; waits
  * up to grace_ms for threads and fds that are being closed. */
-char *td_leak_check(const td_leak_snapshot *before, int64_t grace_ms);
-void td_leak_snapshot_free(td_leak_snapshot *s);
+char *leak_check(const td_leak_snapshot *before, int64_t grace_ms);
+void leak_snapshot_free(td_leak_snapshot *s);
 
 /* ---- stacks and symbols ------------------------------------------------------------------ */
 
 /* Loads the symbol tables of the loaded objects (after this, td_symbols_format is async-signal
  * safe). Idempotent. */
-void td_symbols_init(void);
+void symbols_init(void);
 /* " in func+0x1c (/path/obj)" for addr, written into out (always NUL-terminated); signal safe. */
-void td_symbols_describe(uintptr_t addr, char *out, size_t size);
+void symbols_describe(uintptr_t addr, char *out, size_t size);
 
 /* Installs the fatal-signal backtrace handlers and the stack-dump signal handler. */
-void td_stacks_install(int rank, bool threaded);
+void stacks_install(int rank, bool threaded);
 /* Appends the stacks of every thread of this process except the caller (with names, rank
  * breadcrumbs and the current step), as for a hung rank. */
-void td_stacks_dump_all(td_buf *out);
+void stacks_dump_all(td_buf *out);
 /* The rank shown with the calling thread's stack (threaded mode: each rank thread). */
-void td_stacks_set_thread_rank(int rank);
+void stacks_set_thread_rank(int rank);
 /* Appends the calling thread's stack, skipping `skip` innermost frames. */
-void td_stacks_dump_self(td_buf *out, int skip);
+void stacks_dump_self(td_buf *out, int skip);
 
 /* ---- formatting -------------------------------------------------------------------------- */
 
 /* A double as Python's repr() prints it ("2.0", "0.5012345", "1e-05"). */
-void td_pyfmt_float(double v, char *out, size_t size);
+void pyfmt_float(double v, char *out, size_t size);
 /* A timeout in seconds as the harness prints it: "2" for whole seconds, else the float repr. */
-void td_pyfmt_seconds_ms(int64_t ms, char *out, size_t size);
+void pyfmt_seconds_ms(int64_t ms, char *out, size_t size);
 
 #endif

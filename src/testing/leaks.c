@@ -33,14 +33,14 @@ static void list_numbers(const char *dir, int **out, size_t *count)
             continue;
         if (*count == cap) {
             cap = cap ? cap * 2 : 64;
-            *out = td_realloc(*out, cap * sizeof **out);
+            *out = alloc_resize(*out, cap * sizeof **out);
         }
         (*out)[(*count)++] = v;
     }
     closedir(d);
 }
 
-void td_leak_snapshot_take(td_leak_snapshot *s)
+void leak_snapshot_take(td_leak_snapshot *s)
 {
     list_numbers("/proc/self/fd", &s->fds, &s->nfds);
     int *tids;
@@ -48,13 +48,13 @@ void td_leak_snapshot_take(td_leak_snapshot *s)
     s->tids = (pid_t *)tids;
 }
 
-int64_t td_leak_grace_ms(const td_test_case *c)
+int64_t leak_grace_ms(const td_test_case *c)
 {
-    int64_t ms = td_harness_timeout_ms(c) / 10;
+    int64_t ms = harness_timeout_ms(c) / 10;
     return ms < 200 ? 200 : ms > 2000 ? 2000 : ms;
 }
 
-void td_leak_snapshot_free(td_leak_snapshot *s)
+void leak_snapshot_free(td_leak_snapshot *s)
 {
     free(s->fds);
     free(s->tids);
@@ -82,7 +82,7 @@ static char *describe(const td_leak_snapshot *before, const td_leak_snapshot *no
         snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
         ssize_t n = readlink(path, target, sizeof target - 1);
         target[n > 0 ? n : 0] = '\0';
-        td_buf_printf(&fds, "%s%d -> %s", fds.len ? ", " : "", fd, n > 0 ? target : "?");
+        buf_printf(&fds, "%s%d -> %s", fds.len ? ", " : "", fd, n > 0 ? target : "?");
     }
     for (size_t i = 0; i < now->ntids; i++) {
         int tid = (int)now->tids[i];
@@ -96,33 +96,33 @@ static char *describe(const td_leak_snapshot *before, const td_leak_snapshot *no
                 name[strcspn(name, "\n")] = '\0';
             fclose(f);
         }
-        td_buf_printf(&threads, "%s%d (%s)", threads.len ? ", " : "", tid, name);
+        buf_printf(&threads, "%s%d (%s)", threads.len ? ", " : "", tid, name);
     }
     if (!fds.len && !threads.len)
         return NULL;
     td_buf msg = TD_BUF_INIT;
     if (fds.len)
-        td_buf_printf(&msg, "Test leaked file descriptors: %s (close them before the test returns, or set "
+        buf_printf(&msg, "Test leaked file descriptors: %s (close them before the test returns, or set "
                             ".no_leak_check)", fds.data);
     if (threads.len)
-        td_buf_printf(&msg, "%sTest leaked threads: %s (join them before the test returns, or set "
+        buf_printf(&msg, "%sTest leaked threads: %s (join them before the test returns, or set "
                             ".no_leak_check)", msg.len ? "\n" : "", threads.data);
-    td_buf_free(&fds);
-    td_buf_free(&threads);
-    return td_buf_steal(&msg);
+    buf_free(&fds);
+    buf_free(&threads);
+    return buf_steal(&msg);
 }
 
-char *td_leak_check(const td_leak_snapshot *before, int64_t grace_ms)
+char *leak_check(const td_leak_snapshot *before, int64_t grace_ms)
 {
-    int64_t deadline = td_now_ns() + grace_ms * 1000000;
+    int64_t deadline = clock_now_ns() + grace_ms * 1000000;
     for (int64_t sleep_ms = 1;; sleep_ms = sleep_ms < 50 ? sleep_ms * 2 : 50) {
         td_leak_snapshot now;
-        td_leak_snapshot_take(&now);
+        leak_snapshot_take(&now);
         char *msg = describe(before, &now);
-        td_leak_snapshot_free(&now);
-        if (!msg || td_now_ns() >= deadline)
+        leak_snapshot_free(&now);
+        if (!msg || clock_now_ns() >= deadline)
             return msg;
         free(msg);
-        td_sleep_ms(sleep_ms);
+        clock_sleep_ms(sleep_ms);
     }
 }

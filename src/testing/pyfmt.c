@@ -9,7 +9,7 @@
 
 #include "testing/harness.h"
 
-void td_pyfmt_float(double v, char *out, size_t size)
+void pyfmt_float(double v, char *out, size_t size)
 {
     if (isnan(v)) {
         snprintf(out, size, "nan");
@@ -80,10 +80,10 @@ void td_pyfmt_float(double v, char *out, size_t size)
     snprintf(out, size, "%s", buf);
 }
 
-void td_pyfmt_seconds_ms(int64_t ms, char *out, size_t size)
+void pyfmt_seconds_ms(int64_t ms, char *out, size_t size)
 {
     if (ms % 1000 == 0)
         snprintf(out, size, "%lld", (long long)(ms / 1000));
     else
-        td_pyfmt_float((double)ms / 1000.0, out, size);
+        pyfmt_float((double)ms / 1000.0, out, size);
 }

@@ -55,7 +55,7 @@ static pid_t my_tid(void) { return (pid_t)syscall(SYS_gettid); }
 
 static int dump_signal(void) { return TD_STACK_DUMP_SIGNAL; }
 
-void td_stacks_set_thread_rank(int rank) { tl_rank = rank; }
+void stacks_set_thread_rank(int rank) { tl_rank = rank; }
 
 void td_test_breadcrumb(const char *fmt, ...)
 {
@@ -139,7 +139,7 @@ static void on_fatal(int sig, siginfo_t *si, void *uc)
     int n = backtrace(frames, MAX_FRAMES);
     char line[512];
     for (int i = 1; i < n; i++) {
-        td_symbols_describe((uintptr_t)frames[i] - (i > 1), line, sizeof line);
+        symbols_describe((uintptr_t)frames[i] - (i > 1), line, sizeof line);
         put("  #");
         put_int(i - 1);
         put(line[0] ? line : " ?");
@@ -153,13 +153,13 @@ static void on_fatal(int sig, siginfo_t *si, void *uc)
     raise(sig);
 }
 
-void td_stacks_install(int rank, bool threaded)
+void stacks_install(int rank, bool threaded)
 {
     (void)threaded;
     g_rank = rank;
     void *warm[4];
     (void)backtrace(warm, 4);
-    td_symbols_init();
+    symbols_init();
 
     stack_t cur;
     if (sigaltstack(NULL, &cur) == 0 && (cur.ss_flags & SS_DISABLE)) {
@@ -190,14 +190,14 @@ static void append_frames(td_buf *out, void *const *frames, int n, int skip)
     char line[512];
     for (int i = skip; i < n; i++) {
         /* A return address points after the call: look up the byte before it. */
-        td_symbols_describe((uintptr_t)frames[i] - (i > 0), line, sizeof line);
-        td_buf_printf(out, "    #%d %p%s\n", i - skip, frames[i], line);
+        symbols_describe((uintptr_t)frames[i] - (i > 0), line, sizeof line);
+        buf_printf(out, "    #%d %p%s\n", i - skip, frames[i], line);
     }
 }
 
-void td_stacks_dump_self(td_buf *out, int skip)
+void stacks_dump_self(td_buf *out, int skip)
 {
-    td_symbols_init();
+    symbols_init();
     void *frames[MAX_FRAMES];
     int n = backtrace(frames, MAX_FRAMES);
     append_frames(out, frames, n, skip + 1);
@@ -229,12 +229,12 @@ static bool blocks_signal(pid_t tid, int sig)
     return (mask >> (sig - 1)) & 1;
 }
 
-void td_stacks_dump_all(td_buf *out)
+void stacks_dump_all(td_buf *out)
 {
-    td_symbols_init();
+    symbols_init();
     /* One dump at a time shares the slots; a second caller does not wait for the first. */
     if (pthread_mutex_trylock(&g_dump_lock) != 0) {
-        td_buf_printf(out, "(another stack dump is in progress)\n");
+        buf_printf(out, "(another stack dump is in progress)\n");
         return;
     }
     pid_t self = my_tid(), pid = getpid();
@@ -265,15 +265,15 @@ void td_stacks_dump_all(td_buf *out)
         if (!blocked[i] && syscall(SYS_tgkill, pid, tids[i], sig) != 0)
             blocked[i] = true; /* the thread is gone */
     }
-    int64_t deadline = td_now_ns() + 2000 * 1000000LL;
+    int64_t deadline = clock_now_ns() + 2000 * 1000000LL;
     for (;;) {
         bool all = true;
         for (int i = 0; i < n; i++)
             if (!blocked[i] && !atomic_load(&g_slots[i].done))
                 all = false;
-        if (all || td_now_ns() >= deadline)
+        if (all || clock_now_ns() >= deadline)
             break;
-        td_sleep_ms(2);
+        clock_sleep_ms(2);
     }
     for (int i = 0; i < n; i++) {
         char path[64], name[64] = "?", stat[256] = "";
@@ -283,17 +283,17 @@ void td_stacks_dump_all(td_buf *out)
         read_small(path, stat, sizeof stat);
         dump_slot *s = &g_slots[i];
         bool done = !blocked[i] && atomic_load(&s->done);
-        td_buf_printf(out, "Thread %d (%s)%s", (int)tids[i], name, tids[i] == pid ? " [main thread]" : "");
+        buf_printf(out, "Thread %d (%s)%s", (int)tids[i], name, tids[i] == pid ? " [main thread]" : "");
         if (done && s->rank >= 0)
-            td_buf_printf(out, " [rank %d]", s->rank);
-        td_buf_printf(out, " (most recent call first):\n");
+            buf_printf(out, " [rank %d]", s->rank);
+        buf_printf(out, " (most recent call first):\n");
         if (done) {
             if (s->crumb[0])
-                td_buf_printf(out, "    last step: %s\n", s->crumb);
+                buf_printf(out, "    last step: %s\n", s->crumb);
             /* frames 0 and 1 are the handler and the kernel's signal trampoline */
             append_frames(out, s->frames, s->nframes, 2);
         } else {
-            td_buf_printf(out, "    (no stack: %s; kernel wait channel: %s)\n",
+            buf_printf(out, "    (no stack: %s; kernel wait channel: %s)\n",
                           blocked[i] ? "the thread blocks the stack-dump signal or has exited"
                                      : "the thread did not answer within 2 seconds",
                           stat[0] ? stat : "?");

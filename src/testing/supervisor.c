@@ -82,9 +82,9 @@ static void slog_to(sup *s, bool note, const char *fmt, va_list ap)
     if (vasprintf(&line, fmt, ap) < 0)
         line = NULL;
     if (note)
-        td_harness_note(&s->log, "%s", line ? line : fmt);
+        harness_note(&s->log, "%s", line ? line : fmt);
     else
-        td_harness_log(&s->log, "%s", line ? line : fmt);
+        harness_log(&s->log, "%s", line ? line : fmt);
     free(line);
 }
 
@@ -128,27 +128,27 @@ static void emit_line(sup *s, rank_proc *p, int stream, const char *data, size_t
     char prefix[32];
     int pn = snprintf(prefix, sizeof prefix, "[rank %d] ", p->rank);
     td_buf line = TD_BUF_INIT;
-    td_buf_append(&line, prefix, (size_t)pn);
-    td_buf_append(&line, data, len);
-    td_buf_putc(&line, '\n');
+    buf_append(&line, prefix, (size_t)pn);
+    buf_append(&line, data, len);
+    buf_putc(&line, '\n');
     if (!s->quiet) {
         if (stream == 0)
             fflush(stdout);
         write_fully(stream == 0 ? STDOUT_FILENO : STDERR_FILENO, line.data, line.len);
     }
-    td_buf_append(&s->output, line.data, line.len);
+    buf_append(&s->output, line.data, line.len);
     if (s->output.len > OUTPUT_CAP + OUTPUT_CAP / 4) {
         size_t drop = s->output.len - OUTPUT_CAP;
         const char *nl = memchr(s->output.data + drop, '\n', s->output.len - drop);
-        td_buf_consume(&s->output, nl ? (size_t)(nl - s->output.data) + 1 : drop);
+        buf_consume(&s->output, nl ? (size_t)(nl - s->output.data) + 1 : drop);
     }
-    td_buf_free(&line);
+    buf_free(&line);
 }
 
 static void on_output(sup *s, rank_proc *p, int stream, const char *data, size_t len)
 {
     td_buf *lb = &p->line[stream];
-    td_buf_append(lb, data, len);
+    buf_append(lb, data, len);
     size_t start = 0;
     for (;;) {
         const char *nl = memchr(lb->data + start, '\n', lb->len - start);
@@ -157,10 +157,10 @@ static void on_output(sup *s, rank_proc *p, int stream, const char *data, size_t
         emit_line(s, p, stream, lb->data + start, (size_t)(nl - lb->data) - start);
         start = (size_t)(nl - lb->data) + 1;
     }
-    td_buf_consume(lb, start);
+    buf_consume(lb, start);
     if (lb->len > LINE_CAP) {
         emit_line(s, p, stream, lb->data, lb->len);
-        td_buf_clear(lb);
+        buf_clear(lb);
     }
 }
 
@@ -173,7 +173,7 @@ typedef struct frame_ctx {
 
 static char *copy_payload(const char *data, size_t len)
 {
-    char *m = td_malloc(len + 1);
+    char *m = alloc_or_die(len + 1);
     memcpy(m, data, len);
     m[len] = '\0';
     return m;
@@ -212,7 +212,7 @@ static void close_fd(sup *s, rank_proc *p, int which)
     p->fds[which] = -1;
     if (which > 0 && p->line[which - 1].len) {
         emit_line(s, p, which - 1, p->line[which - 1].data, p->line[which - 1].len);
-        td_buf_clear(&p->line[which - 1]);
+        buf_clear(&p->line[which - 1]);
     }
 }
 
@@ -233,12 +233,12 @@ static void drain_fd(sup *s, rank_proc *p, int which)
             return;
         }
         if (which == 0) {
-            td_buf_append(&p->ctl_in, buf, (size_t)n);
+            buf_append(&p->ctl_in, buf, (size_t)n);
             frame_ctx f = {s, p};
-            if (td_ctl_parse(&p->ctl_in, on_frame, &f) != TD_OK) {
+            if (ctl_parse(&p->ctl_in, on_frame, &f) != TD_OK) {
                 slog(s, "Process %d sent a malformed control message (%s); closing its channel", p->rank,
                      td_last_error());
-                td_buf_clear(&p->ctl_in);
+                buf_clear(&p->ctl_in);
                 close_fd(s, p, 0);
             }
         } else {
@@ -262,7 +262,7 @@ static bool poll_once(sup *s, int timeout_ms)
     if (n == 0) {
         /* Every pipe is at EOF but a rank is not reaped yet: it is exiting, so look again soon. */
         if (timeout_ms > 0)
-            td_sleep_ms(timeout_ms < 5 ? timeout_ms : 5);
+            clock_sleep_ms(timeout_ms < 5 ? timeout_ms : 5);
         return false;
     }
     int rc = poll(pfd, (nfds_t)n, timeout_ms);
@@ -322,23 +322,23 @@ static void signal_remaining(sup *s, int sig, bool mark)
 /* Waits up to grace_ms for the ranks to exit, then SIGKILLs them; reaps all; drains the pipes. */
 static void finish(sup *s, int64_t grace_ms)
 {
-    int64_t deadline = td_now_ns() + grace_ms * 1000000;
-    while (!all_exited(s) && td_now_ns() < deadline) {
+    int64_t deadline = clock_now_ns() + grace_ms * 1000000;
+    while (!all_exited(s) && clock_now_ns() < deadline) {
         poll_once(s, 20);
         reap(s, false);
     }
     if (!all_exited(s)) {
         signal_remaining(s, SIGKILL, true);
-        int64_t hard = td_now_ns() + 10000 * 1000000LL;
-        while (!all_exited(s) && td_now_ns() < hard) {
+        int64_t hard = clock_now_ns() + 10000 * 1000000LL;
+        while (!all_exited(s) && clock_now_ns() < hard) {
             poll_once(s, 20);
             reap(s, false);
         }
         reap(s, true);
     }
     /* Output still buffered in the pipes; a grandchild may hold them open, so only briefly. */
-    int64_t drain_deadline = td_now_ns() + 1000 * 1000000LL;
-    while (td_now_ns() < drain_deadline && poll_once(s, 20)) {
+    int64_t drain_deadline = clock_now_ns() + 1000 * 1000000LL;
+    while (clock_now_ns() < drain_deadline && poll_once(s, 20)) {
     }
     for (int i = 0; i < s->n; i++)
         for (int k = 0; k < 3; k++)
@@ -370,20 +370,20 @@ static td_status spawn_rank(sup *s, rank_proc *p, const char *dir, char **envp_b
     int sv[2] = {-1, -1}, outp[2] = {-1, -1}, errp[2] = {-1, -1};
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0 || pipe2(outp, O_CLOEXEC) != 0 ||
         pipe2(errp, O_CLOEXEC) != 0) {
-        td_error_errno(TD_ERR_IO, "creating the pipes of rank %d", p->rank);
+        error_errno(TD_ERR_IO, "creating the pipes of rank %d", p->rank);
         goto fail;
     }
     sv[1] = high_fd(sv[1]);
     outp[1] = high_fd(outp[1]);
     errp[1] = high_fd(errp[1]);
     if (sv[1] < 0 || outp[1] < 0 || errp[1] < 0) {
-        td_error_errno(TD_ERR_IO, "moving the pipes of rank %d", p->rank);
+        error_errno(TD_ERR_IO, "moving the pipes of rank %d", p->rank);
         goto fail;
     }
 
     char rank_s[16], world_s[16], ctl_s[16];
     snprintf(rank_s, sizeof rank_s, "%d", p->rank);
-    snprintf(world_s, sizeof world_s, "%d", td_harness_world_size(s->c));
+    snprintf(world_s, sizeof world_s, "%d", harness_world_size(s->c));
     snprintf(ctl_s, sizeof ctl_s, "%d", sv[1]);
     char exe[4096];
     ssize_t en = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -392,18 +392,18 @@ static td_status spawn_rank(sup *s, rank_proc *p, const char *dir, char **envp_b
                     (char *)"--td-rank", rank_s, (char *)"--td-world", world_s, (char *)"--td-dir", (char *)dir,
                     (char *)"--td-ctl", ctl_s, NULL};
     /* The per-rank environment; built before fork, as only async-signal-safe calls may follow it. */
-    char **envp = td_calloc(nenv + 8, sizeof *envp);
+    char **envp = alloc_zeroed(nenv + 8, sizeof *envp);
     size_t k = 0;
     for (size_t i = 0; i < nenv; i++)
         envp[k++] = envp_base[i];
     char *own[6] = {NULL};
     int no = 0;
     if (!s->c->threads)
-        own[no++] = td_asprintf("RANK=%d", p->rank);
-    own[no++] = td_asprintf("WORLD_SIZE=%d", td_harness_world_size(s->c));
-    own[no++] = td_asprintf("TEMP_DIR=%s", dir);
-    own[no++] = td_asprintf("TMPDIR=%s", dir);
-    own[no++] = td_asprintf("MASTER_ADDR=127.0.0.1");
+        own[no++] = alloc_printf("RANK=%d", p->rank);
+    own[no++] = alloc_printf("WORLD_SIZE=%d", harness_world_size(s->c));
+    own[no++] = alloc_printf("TEMP_DIR=%s", dir);
+    own[no++] = alloc_printf("TMPDIR=%s", dir);
+    own[no++] = alloc_printf("MASTER_ADDR=127.0.0.1");
     for (int i = 0; i < no; i++)
         envp[k++] = own[i];
     envp[k] = NULL;
@@ -443,7 +443,7 @@ static td_status spawn_rank(sup *s, rank_proc *p, const char *dir, char **envp_b
     free(envp);
     if (pid < 0) {
         errno = fork_errno;
-        td_error_errno(TD_ERR_IO, "fork for rank %d", p->rank);
+        error_errno(TD_ERR_IO, "fork for rank %d", p->rank);
         goto fail;
     }
     if (s->pgid == 0)
@@ -495,7 +495,7 @@ static void collect_tracebacks(sup *s)
         }
         p->tb_asked = true;
     }
-    int64_t deadline = td_now_ns() + wait_ms * 1000000;
+    int64_t deadline = clock_now_ns() + wait_ms * 1000000;
     for (;;) {
         bool waiting = false;
         for (int i = 0; i < s->n; i++) {
@@ -503,7 +503,7 @@ static void collect_tracebacks(sup *s)
             if (p->tb_asked && !p->traceback && p->fds[0] >= 0)
                 waiting = true;
         }
-        if (!waiting || td_now_ns() >= deadline)
+        if (!waiting || clock_now_ns() >= deadline)
             break;
         poll_once(s, 50);
         reap(s, false);
@@ -527,7 +527,7 @@ static void set_verdict(td_test_result *r, td_test_verdict v, char *message)
 {
     r->verdict = v;
     free(r->message);
-    r->message = message ? message : td_strdup("");
+    r->message = message ? message : alloc_strdup("");
 }
 
 static void check_no_test_errors(sup *s, const char *elapsed)
@@ -535,13 +535,13 @@ static void check_no_test_errors(sup *s, const char *elapsed)
     for (int i = 0; i < s->n; i++) {
         int code = s->r->exit_codes[i];
         if (code == TD_TEST_NOT_EXITED) {
-            set_verdict(s->r, TD_TEST_FAIL, td_asprintf("Process %d timed out after %s seconds", i, elapsed));
+            set_verdict(s->r, TD_TEST_FAIL, alloc_printf("Process %d timed out after %s seconds", i, elapsed));
             return;
         }
         if (code == TD_TEST_ERROR_EXIT_CODE) {
             rank_proc *p = &s->ranks[i];
             set_verdict(s->r, TD_TEST_FAIL,
-                        td_asprintf("10 == 10 : Process %d exited with error code 10 and exception:\n%s\n", i,
+                        alloc_printf("10 == 10 : Process %d exited with error code 10 and exception:\n%s\n", i,
                                     p->error ? p->error : ""));
             return;
         }
@@ -572,16 +572,16 @@ static void check_return_codes(sup *s, const char *elapsed)
             continue;
         const rank_proc *p = &s->ranks[i];
         if (s->c->threads && p->error)
-            td_buf_append(&err, p->error, p->error_len); /* already "Thread R exited with ..." */
+            buf_append(&err, p->error, p->error_len); /* already "Thread R exited with ..." */
         else
-            td_buf_printf(&err, "Process %d exited with error code 10 and exception:\n%s\n", i,
+            buf_printf(&err, "Process %d exited with error code 10 and exception:\n%s\n", i,
                           p->error ? p->error : "");
     }
     if (err.len) {
-        set_verdict(r, TD_TEST_FAIL, td_buf_steal(&err));
+        set_verdict(r, TD_TEST_FAIL, buf_steal(&err));
         return;
     }
-    td_buf_free(&err);
+    buf_free(&err);
     int c0 = r->exit_codes[0];
     for (int i = 0; i < s->n; i++) {
         int ci = r->exit_codes[i];
@@ -589,34 +589,34 @@ static void check_return_codes(sup *s, const char *elapsed)
             int t = s->c->threads ? first_pending_thread(&s->ranks[i]) : -1;
             if (t >= 0) {
                 char tmo[64];
-                td_pyfmt_seconds_ms(s->timeout_ms, tmo, sizeof tmo);
-                set_verdict(r, TD_TEST_FAIL, td_asprintf("Thread %d terminated or timed out after %s seconds\n", t, tmo));
+                pyfmt_seconds_ms(s->timeout_ms, tmo, sizeof tmo);
+                set_verdict(r, TD_TEST_FAIL, alloc_printf("Thread %d terminated or timed out after %s seconds\n", t, tmo));
             } else {
                 set_verdict(r, TD_TEST_FAIL,
-                            td_asprintf("Process %d terminated or timed out after %s seconds", i, elapsed));
+                            alloc_printf("Process %d terminated or timed out after %s seconds", i, elapsed));
             }
             return;
         }
         if (ci != c0) {
             set_verdict(r, TD_TEST_FAIL,
-                        td_asprintf("Expect process %d exit code to match Process 0 exit code of %d, but got %d", i,
+                        alloc_printf("Expect process %d exit code to match Process 0 exit code of %d, but got %d", i,
                                     c0, ci));
             return;
         }
     }
     const char *skip = td_skip_message(c0);
     if (skip) {
-        if (td_harness_sandcastle()) {
+        if (harness_sandcastle()) {
             slog(s, "Skipping %s on sandcastle for the following reason: %s", s->name, skip);
             set_verdict(r, TD_TEST_PASS, NULL);
         } else {
-            set_verdict(r, TD_TEST_SKIP, td_strdup(skip));
+            set_verdict(r, TD_TEST_SKIP, alloc_strdup(skip));
         }
         return;
     }
     if (c0 != 0) {
         set_verdict(r, TD_TEST_FAIL,
-                    td_asprintf("Expected zero exit code but got %d for pid: %d", c0, (int)s->ranks[0].pid));
+                    alloc_printf("Expected zero exit code but got %d for pid: %d", c0, (int)s->ranks[0].pid));
         return;
     }
     set_verdict(r, TD_TEST_PASS, NULL);
@@ -635,7 +635,7 @@ static int walk_collect(const char *path, const struct stat *st, int flag, struc
     if (ftw->level == 0)
         return 0;
     if (g_walk_count < 20)
-        td_buf_printf(g_walk_list, "%s%s", g_walk_count ? ", " : "", path + g_walk_prefix);
+        buf_printf(g_walk_list, "%s%s", g_walk_count ? ", " : "", path + g_walk_prefix);
     g_walk_count++;
     return 0;
 }
@@ -663,15 +663,15 @@ static char *leftover_files(const char *dir)
     int count = g_walk_count;
     pthread_mutex_unlock(&g_walk_lock);
     if (count == 0) {
-        td_buf_free(&list);
+        buf_free(&list);
         return NULL;
     }
     if (count > 20)
-        td_buf_printf(&list, " and %d more", count - 20);
-    char *msg = td_asprintf("Test left files in its temp dir %s: %s (remove them before the test returns, or set "
+        buf_printf(&list, " and %d more", count - 20);
+    char *msg = alloc_printf("Test left files in its temp dir %s: %s (remove them before the test returns, or set "
                             ".allow_leftovers for a crash test)",
                             dir, list.data);
-    td_buf_free(&list);
+    buf_free(&list);
     return msg;
 }
 
@@ -692,7 +692,7 @@ static char *leftover_shm(sup *s)
             char prefix[48];
             int n = snprintf(prefix, sizeof prefix, "tdist.%d.", (int)s->ranks[i].pid);
             if (s->ranks[i].pid > 0 && strncmp(e->d_name, prefix, (size_t)n) == 0) {
-                td_buf_printf(&list, "%s/dev/shm/%s", list.len ? ", " : "", e->d_name);
+                buf_printf(&list, "%s/dev/shm/%s", list.len ? ", " : "", e->d_name);
                 char path[512];
                 snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
                 unlink(path);
@@ -702,11 +702,11 @@ static char *leftover_shm(sup *s)
     }
     closedir(d);
     if (!list.len) {
-        td_buf_free(&list);
+        buf_free(&list);
         return NULL;
     }
-    char *msg = td_asprintf("Test left shared-memory segments behind (now removed): %s", list.data);
-    td_buf_free(&list);
+    char *msg = alloc_printf("Test left shared-memory segments behind (now removed): %s", list.data);
+    buf_free(&list);
     return msg;
 }
 
@@ -717,7 +717,7 @@ static char *leftover_processes(sup *s)
         return NULL;
     td_buf list = TD_BUF_INIT;
     for (int attempt = 0; attempt < 10; attempt++) {
-        td_buf_clear(&list);
+        buf_clear(&list);
         DIR *d = opendir("/proc");
         if (!d)
             break;
@@ -741,21 +741,21 @@ static char *leftover_processes(sup *s)
                 continue;
             if (pgrp == s->pgid && state != 'Z') {
                 char *lp = strchr(stat, '(');
-                td_buf_printf(&list, "%s%d %.*s", list.len ? ", " : "", pid, lp ? (int)(rp - lp + 1) : 0, lp ? lp : "");
+                buf_printf(&list, "%s%d %.*s", list.len ? ", " : "", pid, lp ? (int)(rp - lp + 1) : 0, lp ? lp : "");
             }
         }
         closedir(d);
         if (!list.len)
             break;
-        td_sleep_ms(30);
+        clock_sleep_ms(30);
     }
     if (!list.len) {
-        td_buf_free(&list);
+        buf_free(&list);
         return NULL;
     }
     killpg(s->pgid, SIGKILL);
-    char *msg = td_asprintf("Test left processes running (now killed): %s", list.data);
-    td_buf_free(&list);
+    char *msg = alloc_printf("Test left processes running (now killed): %s", list.data);
+    buf_free(&list);
     return msg;
 }
 
@@ -763,54 +763,54 @@ static char *leftover_processes(sup *s)
 
 static char *make_test_dir(const char *instance)
 {
-    const char *base = td_env_str("TMPDIR", "/tmp");
+    const char *base = env_get_str("TMPDIR", "/tmp");
     char clean[48];
     size_t k = 0;
     for (const char *p = instance; *p && k < sizeof clean - 1; p++)
         clean[k++] = ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9')) ? *p : '_';
     clean[k] = '\0';
-    char *dir = td_asprintf("%s/tdist-%s-XXXXXX", base, clean);
+    char *dir = alloc_printf("%s/tdist-%s-XXXXXX", base, clean);
     if (!mkdtemp(dir)) {
-        td_error_errno(TD_ERR_IO, "creating the test's temp dir %s", dir);
+        error_errno(TD_ERR_IO, "creating the test's temp dir %s", dir);
         free(dir);
         return NULL;
     }
     return dir;
 }
 
-void td_harness_supervise(td_test_case *c, const char *param, const char *instance, td_test_result *r)
+void harness_supervise(td_test_case *c, const char *param, const char *instance, td_test_result *r)
 {
     memset(r, 0, sizeof *r);
-    r->message = td_strdup("");
-    int64_t t0 = td_now_ns();
+    r->message = alloc_strdup("");
+    int64_t t0 = clock_now_ns();
     sup s = {.c = c, .name = instance, .r = r, .log = TD_BUF_INIT, .output = TD_BUF_INIT};
     bool quiet = false;
-    td_env_bool("TDIST_TEST_QUIET", false, &quiet);
+    env_get_bool("TDIST_TEST_QUIET", false, &quiet);
     s.quiet = quiet;
-    s.timeout_ms = td_harness_timeout_ms(c);
-    int ws = td_harness_world_size(c);
+    s.timeout_ms = harness_timeout_ms(c);
+    int ws = harness_world_size(c);
     r->world_size = ws;
     for (int i = 0; i < 64; i++)
         r->exit_codes[i] = TD_TEST_NOT_EXITED;
 
     const char *reason = c->static_skip ? c->static_skip(param) : NULL;
     if (reason) {
-        if (td_harness_sandcastle()) {
+        if (harness_sandcastle()) {
             slog(&s, "Skipping %s on sandcastle for following reason: %s", instance, reason);
             set_verdict(r, TD_TEST_PASS, NULL);
         } else {
-            set_verdict(r, TD_TEST_SKIP, td_strdup(reason));
+            set_verdict(r, TD_TEST_SKIP, alloc_strdup(reason));
         }
         goto out;
     }
 
     char *dir = make_test_dir(instance);
     if (!dir) {
-        set_verdict(r, TD_TEST_FAIL, td_strdup(td_last_error()));
+        set_verdict(r, TD_TEST_FAIL, alloc_strdup(td_last_error()));
         goto out;
     }
     s.n = c->threads ? 1 : ws;
-    s.ranks = td_calloc((size_t)s.n, sizeof *s.ranks);
+    s.ranks = alloc_zeroed((size_t)s.n, sizeof *s.ranks);
     for (int i = 0; i < s.n; i++) {
         s.ranks[i].rank = i;
         s.ranks[i].fds[0] = s.ranks[i].fds[1] = s.ranks[i].fds[2] = -1;
@@ -818,7 +818,7 @@ void td_harness_supervise(td_test_case *c, const char *param, const char *instan
     size_t nenv = 0;
     for (char **e = environ; *e; e++)
         nenv++;
-    char **envp = td_calloc(nenv + 1, sizeof *envp);
+    char **envp = alloc_zeroed(nenv + 1, sizeof *envp);
     size_t k = 0;
     for (char **e = environ; *e; e++)
         if (!env_overridden(*e))
@@ -826,11 +826,11 @@ void td_harness_supervise(td_test_case *c, const char *param, const char *instan
 
     fflush(stdout);
     fflush(stderr);
-    s.start_ns = td_now_ns();
+    s.start_ns = clock_now_ns();
     char *spawn_error = NULL;
     for (int i = 0; i < s.n; i++) {
         if (spawn_rank(&s, &s.ranks[i], dir, envp, k) != TD_OK) {
-            spawn_error = td_asprintf("Could not start process %d: %s", i, td_last_error());
+            spawn_error = alloc_printf("Could not start process %d: %s", i, td_last_error());
             break;
         }
         r->spawned++;
@@ -866,20 +866,20 @@ void td_harness_supervise(td_test_case *c, const char *param, const char *instan
                     const rank_proc *p = &s.ranks[i];
                     if (p->exited && p->code != 0 && !td_skip_message(p->code)) {
                         trigger = i;
-                        abort_at = td_now_ns() + settle_ms * 1000000;
+                        abort_at = clock_now_ns() + settle_ms * 1000000;
                     }
                 }
             }
-            if (trigger >= 0 && td_now_ns() >= abort_at) {
+            if (trigger >= 0 && clock_now_ns() >= abort_at) {
                 slog(&s, "Process %d terminated with exit code %d, terminating remaining processes.", trigger,
                      s.ranks[trigger].code);
                 signal_remaining(&s, SIGTERM, true);
                 break;
             }
-            if (td_now_ns() >= deadline) {
+            if (clock_now_ns() >= deadline) {
                 collect_tracebacks(&s);
                 char tmo[64];
-                td_pyfmt_seconds_ms(s.timeout_ms, tmo, sizeof tmo);
+                pyfmt_seconds_ms(s.timeout_ms, tmo, sizeof tmo);
                 slog(&s, "Timing out after %s seconds and killing subprocesses.", tmo);
                 signal_remaining(&s, SIGTERM, true);
                 break;
@@ -887,7 +887,7 @@ void td_harness_supervise(td_test_case *c, const char *param, const char *instan
         }
     }
     char elapsed[64];
-    td_pyfmt_float((double)(td_now_ns() - s.start_ns) / 1e9, elapsed, sizeof elapsed);
+    pyfmt_float((double)(clock_now_ns() - s.start_ns) / 1e9, elapsed, sizeof elapsed);
     finish(&s, grace_ms);
 
     for (int i = 0; i < s.n; i++) {
@@ -923,18 +923,18 @@ void td_harness_supervise(td_test_case *c, const char *param, const char *instan
     free(dir);
     for (int i = 0; i < s.n; i++) {
         rank_proc *p = &s.ranks[i];
-        td_buf_free(&p->ctl_in);
-        td_buf_free(&p->line[0]);
-        td_buf_free(&p->line[1]);
+        buf_free(&p->ctl_in);
+        buf_free(&p->line[0]);
+        buf_free(&p->line[1]);
         free(p->error);
         free(p->traceback);
         free(p->pending);
     }
     free(s.ranks);
 out:
-    r->log = td_buf_steal(&s.log);
-    r->output = td_buf_steal(&s.output);
-    r->elapsed_s = (double)(td_now_ns() - t0) / 1e9;
+    r->log = buf_steal(&s.log);
+    r->output = buf_steal(&s.output);
+    r->elapsed_s = (double)(clock_now_ns() - t0) / 1e9;
 }
 
 td_status td_test_run(const char *name, td_test_result *result)
@@ -942,12 +942,12 @@ td_status td_test_run(const char *name, td_test_result *result)
     td_test_case *c;
     const char *param;
     size_t plen;
-    if (!name || !td_harness_find(name, &c, &param, &plen)) {
+    if (!name || !harness_find(name, &c, &param, &plen)) {
         memset(result, 0, sizeof *result);
-        return td_error(TD_ERR_NOT_FOUND, "no test case named '%s'", name ? name : "(null)");
+        return error_fmt(TD_ERR_NOT_FOUND, "no test case named '%s'", name ? name : "(null)");
     }
-    char *p = td_strndup(param, plen);
-    td_harness_supervise(c, p, name, result);
+    char *p = alloc_strndup(param, plen);
+    harness_supervise(c, p, name, result);
     free(p);
     return TD_OK;
 }

@@ -112,7 +112,7 @@ static int on_object(struct dl_phdr_info *info, size_t size, void *arg)
     return 0;
 }
 
-void td_symbols_init(void)
+void symbols_init(void)
 {
     if (atomic_load(&g_loaded))
         return;
@@ -158,7 +158,7 @@ static void put_hex(sbuf *b, uintptr_t v)
     b->p[b->len] = '\0';
 }
 
-void td_symbols_describe(uintptr_t addr, char *out, size_t size)
+void symbols_describe(uintptr_t addr, char *out, size_t size)
 {
     sbuf b = {out, size, 0};
     if (size == 0)

@@ -62,7 +62,7 @@ static void trigger_abort(void)
     }
     atomic_store(&g_thr.aborted, true);
     size_t n = g_thr.hooks.len;
-    hook *copy = n ? td_calloc(n, sizeof *copy) : NULL;
+    hook *copy = n ? alloc_zeroed(n, sizeof *copy) : NULL;
     if (n)
         memcpy(copy, g_thr.hooks.items, n * sizeof *copy);
     pthread_mutex_unlock(&g_thr.lock);
@@ -78,34 +78,34 @@ static void record(outcome o)
     pthread_mutex_unlock(&g_thr.lock);
 }
 
-void td_harness_threaded_fail(char *message)
+void harness_threaded_fail(char *message)
 {
     rank_thread *self = tl_self;
     if (!self)
         return;
     int rank = self->ctx.rank;
-    td_harness_log(NULL, "Caught exception: \n%s exiting thread %d", message, rank);
-    record((outcome){.rank = rank, .error = true, .message = td_asprintf("Thread %d exited with exception:\n%s\n", rank, message)});
+    harness_log(NULL, "Caught exception: \n%s exiting thread %d", message, rank);
+    record((outcome){.rank = rank, .error = true, .message = alloc_printf("Thread %d exited with exception:\n%s\n", rank, message)});
     free(message);
     trigger_abort();
     longjmp(self->unwind, 1);
 }
 
-void td_harness_threaded_skip(int code, const char *reason)
+void harness_threaded_skip(int code, const char *reason)
 {
     rank_thread *self = tl_self;
     if (!self)
         return;
-    td_harness_log(NULL, "Thread %d skipping test %s for following reason: %s", self->ctx.rank, self->ctx.name,
+    harness_log(NULL, "Thread %d skipping test %s for following reason: %s", self->ctx.rank, self->ctx.name,
                    reason ? reason : "");
     record((outcome){.rank = self->ctx.rank, .skip_code = code});
     trigger_abort();
     longjmp(self->unwind, 1);
 }
 
-bool td_harness_threaded_aborted(void) { return atomic_load(&g_thr.aborted); }
+bool harness_threaded_aborted(void) { return atomic_load(&g_thr.aborted); }
 
-void td_harness_threaded_add_hook(void (*fn)(void *), void *arg)
+void harness_threaded_add_hook(void (*fn)(void *), void *arg)
 {
     pthread_mutex_lock(&g_thr.lock);
     TD_VEC_PUSH(&g_thr.hooks, ((hook){fn, arg}));
@@ -115,7 +115,7 @@ void td_harness_threaded_add_hook(void (*fn)(void *), void *arg)
         fn(arg);
 }
 
-void td_harness_threaded_remove_hook(void (*fn)(void *), void *arg)
+void harness_threaded_remove_hook(void (*fn)(void *), void *arg)
 {
     pthread_mutex_lock(&g_thr.lock);
     for (size_t i = 0; i < g_thr.hooks.len; i++)
@@ -126,13 +126,13 @@ void td_harness_threaded_remove_hook(void (*fn)(void *), void *arg)
     pthread_mutex_unlock(&g_thr.lock);
 }
 
-bool td_harness_threaded_pending(td_buf *out)
+bool harness_threaded_pending(td_buf *out)
 {
     pthread_mutex_lock(&g_thr.lock);
     bool threaded = g_thr.ranks != NULL;
     for (int i = 0; threaded && i < g_thr.n; i++)
         if (!atomic_load(&g_thr.ranks[i].finished))
-            td_buf_printf(out, "%s%d", out->len ? " " : "", i);
+            buf_printf(out, "%s%d", out->len ? " " : "", i);
     pthread_mutex_unlock(&g_thr.lock);
     return threaded;
 }
@@ -141,8 +141,8 @@ static void *rank_main(void *arg)
 {
     rank_thread *self = arg;
     tl_self = self;
-    td_stacks_set_thread_rank(self->ctx.rank);
-    td_log_set_rank(self->ctx.rank);
+    stacks_set_thread_rank(self->ctx.rank);
+    log_set_rank(self->ctx.rank);
     if (setjmp(self->unwind) == 0)
         g_thr.c->fn(&self->ctx);
     tl_self = NULL;
@@ -150,16 +150,16 @@ static void *rank_main(void *arg)
     return NULL;
 }
 
-int td_harness_threaded_main(td_test_case *c, const td_test_ctx *proto, int ctl_fd)
+int harness_threaded_main(td_test_case *c, const td_test_ctx *proto, int ctl_fd)
 {
     (void)ctl_fd;
     int n = proto->world_size;
     td_leak_snapshot before = {0};
     if (!c->no_leak_check)
-        td_leak_snapshot_take(&before);
+        leak_snapshot_take(&before);
     g_thr.c = c;
     g_thr.n = n;
-    rank_thread *ranks = td_calloc((size_t)n, sizeof *ranks);
+    rank_thread *ranks = alloc_zeroed((size_t)n, sizeof *ranks);
     int started = 0;
     for (int i = 0; i < n; i++) {
         ranks[i].ctx = *proto;
@@ -173,7 +173,7 @@ int td_harness_threaded_main(td_test_case *c, const td_test_ctx *proto, int ctl_
     for (int i = 0; i < n; i++) {
         int rc = pthread_create(&ranks[i].thread, NULL, rank_main, &ranks[i]);
         if (rc != 0) {
-            start_error = td_asprintf("could not start the thread of rank %d: %s", i, strerror(rc));
+            start_error = alloc_printf("could not start the thread of rank %d: %s", i, strerror(rc));
             break;
         }
         char name[32];
@@ -187,25 +187,25 @@ int td_harness_threaded_main(td_test_case *c, const td_test_ctx *proto, int ctl_
     for (int i = 0; i < started; i++)
         pthread_join(ranks[i].thread, NULL);
     if (start_error)
-        td_harness_fail_process(start_error);
+        harness_fail_process(start_error);
 
     td_buf errors = TD_BUF_INIT;
     int skip_code = 0;
     for (size_t i = 0; i < g_thr.outcomes.len; i++) {
         outcome *o = &g_thr.outcomes.items[i];
         if (o->error)
-            td_buf_append_str(&errors, o->message);
+            buf_append_str(&errors, o->message);
         else if (skip_code == 0)
             skip_code = o->skip_code;
     }
     if (errors.len)
-        td_harness_fail_process(errors.data);
+        harness_fail_process(errors.data);
     if (skip_code > 0 && td_skip_message(skip_code)) {
         fflush(stdout);
         fflush(stderr);
         _exit(skip_code);
     }
-    td_buf_free(&errors);
+    buf_free(&errors);
     for (size_t i = 0; i < g_thr.outcomes.len; i++)
         free(g_thr.outcomes.items[i].message);
     TD_VEC_FREE(&g_thr.outcomes);
@@ -215,10 +215,10 @@ int td_harness_threaded_main(td_test_case *c, const td_test_ctx *proto, int ctl_
     pthread_mutex_unlock(&g_thr.lock);
     free(ranks);
     if (!c->no_leak_check) {
-        char *leak = td_leak_check(&before, td_leak_grace_ms(c));
-        td_leak_snapshot_free(&before);
+        char *leak = leak_check(&before, leak_grace_ms(c));
+        leak_snapshot_free(&before);
         if (leak)
-            td_harness_fail_process(leak);
+            harness_fail_process(leak);
     }
     return 0;
 }

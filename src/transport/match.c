@@ -3,7 +3,7 @@
  * buffers from a size-class pool, completion of xfers, and their failure (length mismatches,
  * peers that close, aborts, timeouts), with the messages every transport gives. The tcp engine
  * (tcp.c) and the shm engine (shm.c) embed one and call in with their mutex held; they keep only
- * how bytes move. Nothing here blocks except td_match_wait_begin, which sleeps on one xfer without
+ * how bytes move. Nothing here blocks except match_wait_begin, which sleeps on one xfer without
  * the lock while another thread drives progress. */
 #include "transport/match.h"
 
@@ -25,14 +25,14 @@ typedef struct pool_buf {
     struct pool_buf *next;
 } pool_buf;
 
-void td_match_init(td_match *m, const char *name, int rank, int size, const int *global_ranks, int pool_min_class,
+void match_init(td_match *m, const char *name, int rank, int size, const int *global_ranks, int pool_min_class,
                    size_t extra_bytes)
 {
     memset(m, 0, sizeof *m);
     m->name = name;
     m->rank = rank;
     m->size = size;
-    td_mutex_init(&m->mu);
+    thread_mutex_init(&m->mu);
     m->peers = TD_NEW_ARRAY(td_match_peer, (size_t)size);
     for (int r = 0; r < size; r++)
         m->peers[r].rank = r;
@@ -44,7 +44,7 @@ void td_match_init(td_match *m, const char *name, int rank, int size, const int 
     m->unexp_size = sizeof(td_unexp) + extra_bytes;
 }
 
-void td_match_free(td_match *m)
+void match_free(td_match *m)
 {
     for (int r = 0; m->peers && r < m->size; r++) {
         for (td_unexp *u = m->peers[r].uq_head; u;) {
@@ -75,7 +75,7 @@ void td_match_free(td_match *m)
 
 /* ---- completion --------------------------------------------------------------------------------- */
 
-void td_match_complete(td_match *m, td_xfer *x, td_status status, const char *msg, td_done *done)
+void match_complete(td_match *m, td_xfer *x, td_status status, const char *msg, td_done *done)
 {
     m->pending--;
     done->completed++;
@@ -85,23 +85,23 @@ void td_match_complete(td_match *m, td_xfer *x, td_status status, const char *ms
         if (status != TD_OK)
             snprintf(x->error, sizeof x->error, "%s", msg ? msg : td_status_str(status));
         atomic_store_explicit(&x->state, 1, memory_order_release);
-        td_match_push(&done->head, &done->tail, x);
+        match_push(&done->head, &done->tail, x);
     } else {
-        td_xfer_finish(x, status, msg);
+        xfer_finish(x, status, msg);
     }
 }
 
-void td_match_completef(td_match *m, td_xfer *x, td_status status, td_done *done, const char *fmt, ...)
+void match_completef(td_match *m, td_xfer *x, td_status status, td_done *done, const char *fmt, ...)
 {
     char msg[TD_XFER_ERROR_MAX];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    td_match_complete(m, x, status, msg, done);
+    match_complete(m, x, status, msg, done);
 }
 
-void td_match_run_callbacks(td_done *done)
+void match_run_callbacks(td_done *done)
 {
     td_xfer *x = done->head;
     while (x) {
@@ -138,7 +138,7 @@ static char *pool_get(td_match *m, size_t len, size_t *cap)
         return (char *)b;
     }
     void *p = NULL;
-    if (td_try_malloc(size, "unexpected message buffer", &p) != TD_OK)
+    if (alloc_try(size, "unexpected message buffer", &p) != TD_OK)
         return NULL;
     return p;
 }
@@ -159,13 +159,13 @@ static void pool_put(td_match *m, char *buf, size_t len)
     m->pool_bytes += size;
 }
 
-td_unexp *td_match_unexp_new(td_match *m, uint64_t tag, size_t len)
+td_unexp *match_unexp_new(td_match *m, uint64_t tag, size_t len)
 {
     td_unexp *u = m->free_unexp;
     if (u)
         m->free_unexp = u->next;
     else
-        u = td_malloc(m->unexp_size);
+        u = alloc_or_die(m->unexp_size);
     memset(u, 0, m->unexp_size);
     u->tag = tag;
     u->len = len;
@@ -173,7 +173,7 @@ td_unexp *td_match_unexp_new(td_match *m, uint64_t tag, size_t len)
     return u;
 }
 
-void td_match_unexp_queue(td_match *m, td_match_peer *p, td_unexp *u)
+void match_unexp_queue(td_match *m, td_match_peer *p, td_unexp *u)
 {
     u->next = NULL;
     if (p->uq_tail)
@@ -184,7 +184,7 @@ void td_match_unexp_queue(td_match *m, td_match_peer *p, td_unexp *u)
     m->n_unexpected_msgs++;
 }
 
-void td_match_unexp_free(td_match *m, td_unexp *u)
+void match_unexp_free(td_match *m, td_unexp *u)
 {
     pool_put(m, u->buf, u->cap);
     u->buf = NULL;
@@ -193,7 +193,7 @@ void td_match_unexp_free(td_match *m, td_unexp *u)
     m->free_unexp = u;
 }
 
-bool td_match_unexp_room(td_match *m, td_unexp *u, size_t n)
+bool match_unexp_room(td_match *m, td_unexp *u, size_t n)
 {
     size_t need = u->got + n;
     if (need <= u->cap)
@@ -225,7 +225,7 @@ static void set_sender(td_xfer *x, const td_match_peer *p)
         x->peer = p->rank;
 }
 
-td_xfer *td_match_posted(td_match *m, td_match_peer *p, uint64_t tag)
+td_xfer *match_posted(td_match *m, td_match_peer *p, uint64_t tag)
 {
     td_xfer *prev = NULL, *x = p->posted_head;
     while (x && x->tag != tag) {
@@ -238,41 +238,41 @@ td_xfer *td_match_posted(td_match *m, td_match_peer *p, uint64_t tag)
         a = a->next;
     }
     if (a && (!x || a->order < x->order)) {
-        td_match_unlink(&m->any_head, &m->any_tail, aprev, a);
+        match_unlink(&m->any_head, &m->any_tail, aprev, a);
         set_sender(a, p);
         return a;
     }
     if (x)
-        td_match_unlink(&p->posted_head, &p->posted_tail, prev, x);
+        match_unlink(&p->posted_head, &p->posted_tail, prev, x);
     return x;
 }
 
-void td_match_mismatch(td_match *m, td_xfer *x, const td_match_peer *p, uint64_t tag, size_t len, td_done *done)
+void match_mismatch(td_match *m, td_xfer *x, const td_match_peer *p, uint64_t tag, size_t len, td_done *done)
 {
-    td_match_completef(m, x, TD_ERR_INVALID, done,
+    match_completef(m, x, TD_ERR_INVALID, done,
                        "Message size mismatch: rank %d sent %zu bytes (tag %llu) to a receive of %zu bytes; the "
                        "sizes must match",
-                       td_match_grank(m, p->rank), len, (unsigned long long)tag, x->total);
+                       match_grank(m, p->rank), len, (unsigned long long)tag, x->total);
 }
 
-bool td_match_arrived(td_match *m, td_match_peer *p, uint64_t tag, uint64_t len, td_done *done)
+bool match_arrived(td_match *m, td_match_peer *p, uint64_t tag, uint64_t len, td_done *done)
 {
     p->rx = NULL;
     p->ru = NULL;
-    td_xfer *x = td_match_posted(m, p, tag);
+    td_xfer *x = match_posted(m, p, tag);
     if (!x)
         return false;
     if (x->total != len)
-        td_match_mismatch(m, x, p, tag, (size_t)len, done); /* the payload is dropped */
+        match_mismatch(m, x, p, tag, (size_t)len, done); /* the payload is dropped */
     else
         p->rx = x;
     return true;
 }
 
-void td_match_message_done(td_match *m, td_match_peer *p, td_done *done)
+void match_message_done(td_match *m, td_match_peer *p, td_done *done)
 {
     if (p->rx) {
-        td_match_finish(m, p->rx, done);
+        match_finish(m, p->rx, done);
         p->rx = NULL;
     }
     p->ru = NULL; /* an unexpected message stays queued, now complete */
@@ -296,22 +296,22 @@ static void take_unexpected(td_match *m, td_match_peer *p, td_unexp *prev, td_un
     }
     bool arriving = p->ru == u;
     if (u->len != x->total) {
-        td_match_mismatch(m, x, p, u->tag, u->len, done);
+        match_mismatch(m, x, p, u->tag, u->len, done);
         if (arriving)
             p->ru = NULL; /* the rest of the payload is dropped */
     } else {
         if (u->got)
-            td_xfer_copy_in(x, 0, u->buf, u->got);
+            xfer_copy_in(x, 0, u->buf, u->got);
         x->progress = u->got;
         m->n_copied_out += u->got;
         if (arriving) {
             p->ru = NULL;
             p->rx = x; /* the rest arrives straight into x */
         } else {
-            td_match_finish(m, x, done);
+            match_finish(m, x, done);
         }
     }
-    td_match_unexp_free(m, u);
+    match_unexp_free(m, u);
 }
 
 /* p's first unexpected message with tag, and its predecessor. */
@@ -326,21 +326,21 @@ static td_unexp *find_unexpected(td_match_peer *p, uint64_t tag, td_unexp **prev
     return u;
 }
 
-bool td_match_post_send(td_match *m, td_match_peer *p, td_xfer *x)
+bool match_post_send(td_match *m, td_match_peer *p, td_xfer *x)
 {
     m->pending++;
     if (x->on_done)
         m->pending_cb++;
     bool idle = p->sq_head == NULL;
-    td_match_push(&p->sq_head, &p->sq_tail, x);
+    match_push(&p->sq_head, &p->sq_tail, x);
     return idle;
 }
 
-td_status td_match_post_recv(td_match *m, int peer, td_xfer *x, bool peer_gone, td_done *done, bool *queued)
+td_status match_post_recv(td_match *m, int peer, td_xfer *x, bool peer_gone, td_done *done, bool *queued)
 {
     *queued = false;
     if (m->aborted)
-        return td_error_set(m->abort_status, m->abort_msg);
+        return error_set(m->abort_status, m->abort_msg);
     x->order = ++m->order;
     td_match_peer *bp = NULL;
     td_unexp *bprev = NULL, *bu = NULL;
@@ -348,7 +348,7 @@ td_status td_match_post_recv(td_match *m, int peer, td_xfer *x, bool peer_gone, 
         bp = &m->peers[peer];
         bu = find_unexpected(bp, x->tag, &bprev);
         if (!bu && peer_gone)
-            return td_match_refused(m, bp);
+            return match_refused(m, bp);
     } else {
         for (int r = 0; r < m->size; r++) {
             if (r == m->rank)
@@ -367,27 +367,27 @@ td_status td_match_post_recv(td_match *m, int peer, td_xfer *x, bool peer_gone, 
     if (bu) {
         take_unexpected(m, bp, bprev, bu, x, done);
     } else if (peer != TD_TRANSPORT_ANY) {
-        td_match_push(&bp->posted_head, &bp->posted_tail, x);
+        match_push(&bp->posted_head, &bp->posted_tail, x);
         *queued = true;
     } else {
-        td_match_push(&m->any_head, &m->any_tail, x);
+        match_push(&m->any_head, &m->any_tail, x);
         *queued = true;
     }
     return TD_OK;
 }
 
-td_status td_match_refused(td_match *m, const td_match_peer *p)
+td_status match_refused(td_match *m, const td_match_peer *p)
 {
     if (m->aborted)
-        return td_error_set(m->abort_status, m->abort_msg);
+        return error_set(m->abort_status, m->abort_msg);
     char msg[TD_XFER_ERROR_MAX];
-    td_match_closed_msg(m, p, msg, sizeof msg);
-    return td_error_set(TD_ERR_PEER_LOST, msg);
+    match_closed_msg(m, p, msg, sizeof msg);
+    return error_set(TD_ERR_PEER_LOST, msg);
 }
 
 /* ---- failure ------------------------------------------------------------------------------------ */
 
-void td_match_fail_list(td_match *m, td_xfer **head, td_xfer **tail, td_status status, const char *msg,
+void match_fail_list(td_match *m, td_xfer **head, td_xfer **tail, td_status status, const char *msg,
                         td_done *done)
 {
     td_xfer *x = *head;
@@ -395,56 +395,56 @@ void td_match_fail_list(td_match *m, td_xfer **head, td_xfer **tail, td_status s
     while (x) {
         td_xfer *next = x->next;
         if (!(x->kind & TD_XFER_OWN))
-            td_match_complete(m, x, status, msg, done);
+            match_complete(m, x, status, msg, done);
         x = next;
     }
 }
 
 static void fail_peer(td_match *m, td_match_peer *p, td_status status, const char *msg, td_done *done)
 {
-    td_match_fail_list(m, &p->sq_head, &p->sq_tail, status, msg, done);
-    td_match_fail_list(m, &p->posted_head, &p->posted_tail, status, msg, done);
+    match_fail_list(m, &p->sq_head, &p->sq_tail, status, msg, done);
+    match_fail_list(m, &p->posted_head, &p->posted_tail, status, msg, done);
     if (p->rx) { /* cut off mid-message */
-        td_match_complete(m, p->rx, status, msg, done);
+        match_complete(m, p->rx, status, msg, done);
         p->rx = NULL;
     }
 }
 
-void td_match_fail_all(td_match *m, td_status status, const char *msg, td_done *done)
+void match_fail_all(td_match *m, td_status status, const char *msg, td_done *done)
 {
     m->aborted = true;
     m->abort_status = status;
     snprintf(m->abort_msg, sizeof m->abort_msg, "%s", msg);
-    TD_LOG_DEBUG("%s transport of rank %d aborted: %s", m->name, td_match_grank(m, m->rank), msg);
+    TD_LOG_DEBUG("%s transport of rank %d aborted: %s", m->name, match_grank(m, m->rank), msg);
     for (int r = 0; r < m->size; r++)
         if (r != m->rank)
             fail_peer(m, &m->peers[r], status, msg, done);
-    td_match_fail_list(m, &m->any_head, &m->any_tail, status, msg, done);
+    match_fail_list(m, &m->any_head, &m->any_tail, status, msg, done);
 }
 
-void td_match_closed_msg(const td_match *m, const td_match_peer *p, char *buf, size_t size)
+void match_closed_msg(const td_match *m, const td_match_peer *p, char *buf, size_t size)
 {
-    int g = td_match_grank(m, p->rank);
+    int g = match_grank(m, p->rank);
     snprintf(buf, size, "Connection to rank %d lost: rank %d closed its end (it destroyed its process group)", g, g);
 }
 
-void td_match_peer_closed(td_match *m, td_match_peer *p, td_done *done)
+void match_peer_closed(td_match *m, td_match_peer *p, td_done *done)
 {
     char msg[TD_XFER_ERROR_MAX];
-    td_match_closed_msg(m, p, msg, sizeof msg);
+    match_closed_msg(m, p, msg, sizeof msg);
     fail_peer(m, p, TD_ERR_PEER_LOST, msg, done);
 }
 
-void td_match_abort(td_match *m, td_status status, const char *message)
+void match_abort(td_match *m, td_status status, const char *message)
 {
     td_done done = TD_DONE_INIT;
     pthread_mutex_lock(&m->mu);
     m->abort_locked(m, status, message ? message : td_status_str(status), &done);
     pthread_mutex_unlock(&m->mu);
-    td_match_run_callbacks(&done);
+    match_run_callbacks(&done);
 }
 
-void td_match_abortf(td_match *m, td_status status, td_done *done, const char *fmt, ...)
+void match_abortf(td_match *m, td_status status, td_done *done, const char *fmt, ...)
 {
     char msg[TD_XFER_ERROR_MAX];
     va_list ap;
@@ -454,28 +454,28 @@ void td_match_abortf(td_match *m, td_status status, td_done *done, const char *f
     m->abort_locked(m, status, msg, done);
 }
 
-void td_match_lost(td_match *m, const td_match_peer *p, td_done *done, const char *why)
+void match_lost(td_match *m, const td_match_peer *p, td_done *done, const char *why)
 {
-    int g = td_match_grank(m, p->rank);
+    int g = match_grank(m, p->rank);
     if (g != p->rank)
-        td_match_abortf(m, TD_ERR_PEER_LOST, done, "Connection to rank %d (group rank %d) lost: %s", g, p->rank, why);
+        match_abortf(m, TD_ERR_PEER_LOST, done, "Connection to rank %d (group rank %d) lost: %s", g, p->rank, why);
     else
-        td_match_abortf(m, TD_ERR_PEER_LOST, done, "Connection to rank %d lost: %s", g, why);
+        match_abortf(m, TD_ERR_PEER_LOST, done, "Connection to rank %d lost: %s", g, why);
 }
 
-void td_match_timeout(td_match *m, const td_xfer *x, td_done *done)
+void match_timeout(td_match *m, const td_xfer *x, td_done *done)
 {
     if (x->peer == TD_TRANSPORT_ANY)
-        td_match_abortf(m, TD_ERR_TIMEOUT, done,
+        match_abortf(m, TD_ERR_TIMEOUT, done,
                         "Timed out waiting for a receive from any rank (%zu bytes, tag %llu) to complete", x->total,
                         (unsigned long long)x->tag);
     else
-        td_match_abortf(m, TD_ERR_TIMEOUT, done, "Timed out waiting for a %s rank %d (%zu bytes, tag %llu) to complete",
-                        (x->kind & TD_XFER_SEND) ? "send to" : "receive from", td_match_grank(m, x->peer), x->total,
+        match_abortf(m, TD_ERR_TIMEOUT, done, "Timed out waiting for a %s rank %d (%zu bytes, tag %llu) to complete",
+                        (x->kind & TD_XFER_SEND) ? "send to" : "receive from", match_grank(m, x->peer), x->total,
                         (unsigned long long)x->tag);
 }
 
-int64_t td_match_earliest(td_match *m, td_xfer **which)
+int64_t match_earliest(td_match *m, td_xfer **which)
 {
     int64_t best = TD_DEADLINE_NONE;
     *which = NULL;
@@ -503,10 +503,10 @@ int64_t td_match_earliest(td_match *m, td_xfer **which)
 
 /* ---- waiting ------------------------------------------------------------------------------------ */
 
-bool td_match_wait_begin(td_match *m, td_xfer *x, int64_t deadline_ns, int64_t *dl, td_status *result)
+bool match_wait_begin(td_match *m, td_xfer *x, int64_t deadline_ns, int64_t *dl, td_status *result)
 {
-    if (td_xfer_done(x)) {
-        *result = td_xfer_result(x);
+    if (xfer_done(x)) {
+        *result = xfer_result(x);
         return false;
     }
     *dl = x->deadline_ns < deadline_ns ? x->deadline_ns : deadline_ns;
@@ -518,15 +518,15 @@ bool td_match_wait_begin(td_match *m, td_xfer *x, int64_t deadline_ns, int64_t *
     /* Another thread drives progress and completes x; when it leaves, the transport's thread does. */
     m->xfer_sleepers++;
     pthread_mutex_unlock(&m->mu);
-    bool ok = td_xfer_sleep(x, *dl);
+    bool ok = xfer_sleep(x, *dl);
     td_done done = TD_DONE_INIT;
     pthread_mutex_lock(&m->mu);
     m->xfer_sleepers--;
-    if (!ok && !td_xfer_done(x))
-        td_match_timeout(m, x, &done);
+    if (!ok && !xfer_done(x))
+        match_timeout(m, x, &done);
     pthread_mutex_unlock(&m->mu);
-    td_match_run_callbacks(&done);
-    *result = td_xfer_result(x);
+    match_run_callbacks(&done);
+    *result = xfer_result(x);
     return false;
 }
 
@@ -554,11 +554,11 @@ static void xfer_copy(const td_xfer *x, size_t off, char *buf, size_t n, bool in
     }
 }
 
-void td_xfer_copy_in(td_xfer *x, size_t off, const char *src, size_t n) { xfer_copy(x, off, (char *)src, n, true); }
+void xfer_copy_in(td_xfer *x, size_t off, const char *src, size_t n) { xfer_copy(x, off, (char *)src, n, true); }
 
-void td_xfer_copy_out(const td_xfer *x, size_t off, char *dst, size_t n) { xfer_copy(x, off, dst, n, false); }
+void xfer_copy_out(const td_xfer *x, size_t off, char *dst, size_t n) { xfer_copy(x, off, dst, n, false); }
 
-int td_xfer_iov_from(const td_xfer *x, size_t skip, size_t limit, struct iovec *iov, int max)
+int xfer_iov_from(const td_xfer *x, size_t skip, size_t limit, struct iovec *iov, int max)
 {
     int cnt = 0;
     for (int i = 0; i < x->iovcnt && cnt < max && limit; i++) {

@@ -48,7 +48,7 @@ typedef struct td_unexp {
     /* The transport's own kind (tcp: an RTS whose payload waits in the sender's memory): the
      * payload is not in buf, extra describes it, and take_own delivers it. */
     bool own;
-    uint64_t extra[]; /* extra_bytes (td_match_init) */
+    uint64_t extra[]; /* extra_bytes (match_init) */
 } td_unexp;
 
 typedef struct td_match_peer {
@@ -79,7 +79,7 @@ struct td_match {
     int xfer_sleepers; /* threads asleep on an xfer while another polls */
     int pending;       /* posted and not completed */
     int pending_cb;    /* of which with a callback */
-    /* The transport's abort (first call wins): records the failure with td_match_fail_all, tells
+    /* The transport's abort (first call wins): records the failure with match_fail_all, tells
      * the peers, wakes its threads. Runs with mu held. */
     void (*abort_locked)(td_match *m, td_status status, const char *msg, td_done *done);
     /* Delivers an unexpected message of the transport's own kind (u->own) to receive x: u is
@@ -97,29 +97,29 @@ struct td_match {
 
 /* pool_min_class: the smallest buffer of the pool is 1 << pool_min_class bytes; extra_bytes: of
  * each td_unexp's extra. global_ranks (size entries, may be NULL) is copied. */
-void td_match_init(td_match *m, const char *name, int rank, int size, const int *global_ranks, int pool_min_class,
+void match_init(td_match *m, const char *name, int rank, int size, const int *global_ranks, int pool_min_class,
                    size_t extra_bytes);
 /* Frees the queues' buffers, the pools and the peers (every xfer must have completed). */
-void td_match_free(td_match *m);
+void match_free(td_match *m);
 
-static inline int td_match_grank(const td_match *m, int r) { return m->global_ranks ? m->global_ranks[r] : r; }
+static inline int match_grank(const td_match *m, int r) { return m->global_ranks ? m->global_ranks[r] : r; }
 
 /* ---- completion --------------------------------------------------------------------------------- */
 
 /* Completes x with (status, msg): at once when it has no callback, else queued on done. */
-void td_match_complete(td_match *m, td_xfer *x, td_status status, const char *msg, td_done *done);
-void td_match_completef(td_match *m, td_xfer *x, td_status status, td_done *done, const char *fmt, ...)
+void match_complete(td_match *m, td_xfer *x, td_status status, const char *msg, td_done *done);
+void match_completef(td_match *m, td_xfer *x, td_status status, td_done *done, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 /* Completes x successfully with all its bytes moved. */
-static inline void td_match_finish(td_match *m, td_xfer *x, td_done *done)
+static inline void match_finish(td_match *m, td_xfer *x, td_done *done)
 {
     x->nbytes = x->total;
-    td_match_complete(m, x, TD_OK, NULL, done);
+    match_complete(m, x, TD_OK, NULL, done);
 }
 /* Runs the queued callbacks (without the lock) and empties done. */
-void td_match_run_callbacks(td_done *done);
+void match_run_callbacks(td_done *done);
 
-static inline void td_match_push(td_xfer **head, td_xfer **tail, td_xfer *x)
+static inline void match_push(td_xfer **head, td_xfer **tail, td_xfer *x)
 {
     x->next = NULL;
     if (*tail)
@@ -130,7 +130,7 @@ static inline void td_match_push(td_xfer **head, td_xfer **tail, td_xfer *x)
 }
 
 /* Removes x (which must be in the list) given its predecessor. */
-static inline void td_match_unlink(td_xfer **head, td_xfer **tail, td_xfer *prev, td_xfer *x)
+static inline void match_unlink(td_xfer **head, td_xfer **tail, td_xfer *prev, td_xfer *x)
 {
     if (prev)
         prev->next = x->next;
@@ -145,60 +145,60 @@ static inline void td_match_unlink(td_xfer **head, td_xfer **tail, td_xfer *prev
 
 /* Queues send x behind p's sends; returns whether the queue was empty (the caller then starts
  * writing). */
-bool td_match_post_send(td_match *m, td_match_peer *p, td_xfer *x);
+bool match_post_send(td_match *m, td_match_peer *p, td_xfer *x);
 /* Posts receive x from peer (or TD_TRANSPORT_ANY): it takes the earliest matching unexpected
  * message, or waits in its queue (*queued). peer_gone: the peer said goodbye and sends no more;
  * a receive that nothing already here can satisfy is then refused (error set, x not posted). */
-td_status td_match_post_recv(td_match *m, int peer, td_xfer *x, bool peer_gone, td_done *done, bool *queued);
+td_status match_post_recv(td_match *m, int peer, td_xfer *x, bool peer_gone, td_done *done, bool *queued);
 /* Why a post is refused: the abort, or the peer's goodbye (error set). */
-td_status td_match_refused(td_match *m, const td_match_peer *p);
+td_status match_refused(td_match *m, const td_match_peer *p);
 
 /* ---- arriving messages -------------------------------------------------------------------------- */
 
 /* The posted receive that a message (p, tag) goes to, unlinked, or NULL. */
-td_xfer *td_match_posted(td_match *m, td_match_peer *p, uint64_t tag);
+td_xfer *match_posted(td_match *m, td_match_peer *p, uint64_t tag);
 /* A message (p, tag, len) reached the front of p's stream: its posted receive becomes p->rx and
  * true is returned, or false with p->rx NULL when there is none. A posted receive of another
  * length fails (the payload is dropped: true with p->rx NULL). p->ru is reset either way. */
-bool td_match_arrived(td_match *m, td_match_peer *p, uint64_t tag, uint64_t len, td_done *done);
+bool match_arrived(td_match *m, td_match_peer *p, uint64_t tag, uint64_t len, td_done *done);
 /* A new unexpected-message record (arrival numbered), not yet queued; no buffer yet. */
-td_unexp *td_match_unexp_new(td_match *m, uint64_t tag, size_t len);
+td_unexp *match_unexp_new(td_match *m, uint64_t tag, size_t len);
 /* Appends u to p's unexpected messages. */
-void td_match_unexp_queue(td_match *m, td_match_peer *p, td_unexp *u);
+void match_unexp_queue(td_match *m, td_match_peer *p, td_unexp *u);
 /* Makes room for n more bytes in u's buffer (it follows the bytes that came, so a header that
  * claims a huge length costs nothing until they come). False when out of memory (error set). */
-bool td_match_unexp_room(td_match *m, td_unexp *u, size_t n);
+bool match_unexp_room(td_match *m, td_unexp *u, size_t n);
 /* Returns u (unlinked) and its buffer to the pools. */
-void td_match_unexp_free(td_match *m, td_unexp *u);
+void match_unexp_free(td_match *m, td_unexp *u);
 /* The message into p->rx is complete (or the one into p->ru, which stays queued). */
-void td_match_message_done(td_match *m, td_match_peer *p, td_done *done);
+void match_message_done(td_match *m, td_match_peer *p, td_done *done);
 /* Fails x: the message (from p, tag, len bytes) does not fit it. */
-void td_match_mismatch(td_match *m, td_xfer *x, const td_match_peer *p, uint64_t tag, size_t len, td_done *done);
+void match_mismatch(td_match *m, td_xfer *x, const td_match_peer *p, uint64_t tag, size_t len, td_done *done);
 
 /* ---- failure ------------------------------------------------------------------------------------ */
 
 /* Completes every xfer of a list with (status, msg); the transport's own (TD_XFER_OWN) are only
  * dropped from it. */
-void td_match_fail_list(td_match *m, td_xfer **head, td_xfer **tail, td_status status, const char *msg,
+void match_fail_list(td_match *m, td_xfer **head, td_xfer **tail, td_status status, const char *msg,
                         td_done *done);
 /* For abort_locked: records the failure and fails every pending xfer. */
-void td_match_fail_all(td_match *m, td_status status, const char *msg, td_done *done);
+void match_fail_all(td_match *m, td_status status, const char *msg, td_done *done);
 /* "Connection to rank R lost: rank R closed its end (...)" into buf. */
-void td_match_closed_msg(const td_match *m, const td_match_peer *p, char *buf, size_t size);
+void match_closed_msg(const td_match *m, const td_match_peer *p, char *buf, size_t size);
 /* p said goodbye: fails what can only complete through it (the rest of the group goes on). */
-void td_match_peer_closed(td_match *m, td_match_peer *p, td_done *done);
+void match_peer_closed(td_match *m, td_match_peer *p, td_done *done);
 /* The transport's abort op: m->abort_locked under the lock, then the callbacks. message NULL: the
  * status's name. */
-void td_match_abort(td_match *m, td_status status, const char *message);
+void match_abort(td_match *m, td_status status, const char *message);
 /* Aborts (m->abort_locked) with a formatted message. */
-void td_match_abortf(td_match *m, td_status status, td_done *done, const char *fmt, ...)
+void match_abortf(td_match *m, td_status status, td_done *done, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* Aborts with TD_ERR_PEER_LOST: "Connection to rank R lost: <why>". */
-void td_match_lost(td_match *m, const td_match_peer *p, td_done *done, const char *why);
+void match_lost(td_match *m, const td_match_peer *p, td_done *done, const char *why);
 /* Aborts with TD_ERR_TIMEOUT naming x. */
-void td_match_timeout(td_match *m, const td_xfer *x, td_done *done);
+void match_timeout(td_match *m, const td_xfer *x, td_done *done);
 /* The earliest deadline of the pending xfers (TD_DEADLINE_NONE if none) and whose. */
-int64_t td_match_earliest(td_match *m, td_xfer **which);
+int64_t match_earliest(td_match *m, td_xfer **which);
 
 /* ---- waiting ------------------------------------------------------------------------------------ */
 
@@ -206,16 +206,16 @@ int64_t td_match_earliest(td_match *m, td_xfer **which);
  * progress (this one slept on x) until x completed or its deadline passed (then the transport
  * timed out). True: this thread is the poller now (poller_busy set, mu held). *dl: the deadline
  * that applies (the earlier of x's and the wait's). */
-bool td_match_wait_begin(td_match *m, td_xfer *x, int64_t deadline_ns, int64_t *dl, td_status *result);
+bool match_wait_begin(td_match *m, td_xfer *x, int64_t deadline_ns, int64_t *dl, td_status *result);
 
 /* ---- iovec copies ------------------------------------------------------------------------------- */
 
 /* Copies n bytes from src into x's buffers at offset off. */
-void td_xfer_copy_in(td_xfer *x, size_t off, const char *src, size_t n);
+void xfer_copy_in(td_xfer *x, size_t off, const char *src, size_t n);
 /* Copies n bytes of x's buffers from offset off into dst. */
-void td_xfer_copy_out(const td_xfer *x, size_t off, char *dst, size_t n);
+void xfer_copy_out(const td_xfer *x, size_t off, char *dst, size_t n);
 /* The part of x's buffers from offset skip on, at most limit bytes, as iov entries (at most max);
  * returns their count. */
-int td_xfer_iov_from(const td_xfer *x, size_t skip, size_t limit, struct iovec *iov, int max);
+int xfer_iov_from(const td_xfer *x, size_t skip, size_t limit, struct iovec *iov, int max);
 
 #endif

@@ -30,7 +30,7 @@ static void conn_open(td_rdv_conn *c, int fd, size_t bytes)
 {
     c->fd = fd;
     c->passed_fd = -1;
-    c->buf = td_malloc(bytes);
+    c->buf = alloc_or_die(bytes);
     c->got = 0;
 }
 
@@ -44,7 +44,7 @@ static void conn_close(td_rdv_conn *c)
     conn_reset(c);
 }
 
-void td_rdv_init(td_rdv *v, const td_transport_setup *o, const char *what, const char *default_prefix,
+void rdv_init(td_rdv *v, const td_transport_setup *o, const char *what, const char *default_prefix,
                  size_t out_bytes, size_t pend_bytes)
 {
     memset(v, 0, sizeof *v);
@@ -53,11 +53,11 @@ void td_rdv_init(td_rdv *v, const td_transport_setup *o, const char *what, const
     v->prefix = o->key_prefix ? o->key_prefix : default_prefix;
     v->rank = o->rank;
     v->size = o->size;
-    v->deadline = td_deadline_after_ms(o->timeout_ms);
+    v->deadline = deadline_after_ms(o->timeout_ms);
     v->out_bytes = out_bytes;
     v->pend_bytes = pend_bytes;
     if (getrandom(&v->nonce, sizeof v->nonce, 0) != sizeof v->nonce)
-        v->nonce = (uint64_t)td_now_ns() ^ ((uint64_t)getpid() << 32);
+        v->nonce = (uint64_t)clock_now_ns() ^ ((uint64_t)getpid() << 32);
     v->fds = TD_NEW_ARRAY(int, (size_t)o->size);
     v->out = TD_NEW_ARRAY(td_rdv_conn, (size_t)o->size);
     for (int r = 0; r < o->size; r++) {
@@ -66,10 +66,10 @@ void td_rdv_init(td_rdv *v, const td_transport_setup *o, const char *what, const
     }
 }
 
-void td_rdv_free(td_rdv *v, bool keep_fds)
+void rdv_free(td_rdv *v, bool keep_fds)
 {
     for (int i = v->npend - 1; i >= 0; i--)
-        td_rdv_drop(v, i);
+        rdv_drop(v, i);
     for (int r = 0; r < v->size; r++) {
         conn_close(&v->out[r]);
         if (!keep_fds && v->fds[r] >= 0)
@@ -88,40 +88,40 @@ static void addr_key(const td_rdv *v, int r, char *out, size_t size)
     snprintf(out, size, "%s%lld/addr/%d", v->prefix, (long long)v->generation, r);
 }
 
-td_status td_rdv_generation(td_rdv *v)
+td_status rdv_generation(td_rdv *v)
 {
     char key[256];
     snprintf(key, sizeof key, "%sgen/%d", v->prefix, v->rank);
     td_status st = td_store_add(v->o->store, key, 1, &v->generation);
     if (st != TD_OK)
-        td_error_prefix(st, "%s of rank %d: counting its generation in the store", v->what, td_rdv_grank(v, v->rank));
+        error_prefix(st, "%s of rank %d: counting its generation in the store", v->what, rdv_grank(v, v->rank));
     return st;
 }
 
-td_status td_rdv_publish(td_rdv *v, const char *value, const char *addr_name)
+td_status rdv_publish(td_rdv *v, const char *value, const char *addr_name)
 {
     char key[256];
     addr_key(v, v->rank, key, sizeof key);
     td_status st = td_store_set_str(v->o->store, key, value);
     if (st != TD_OK)
-        td_error_prefix(st, "publishing rank %d's %s in the store", td_rdv_grank(v, v->rank), addr_name);
+        error_prefix(st, "publishing rank %d's %s in the store", rdv_grank(v, v->rank), addr_name);
     return st;
 }
 
-td_status td_rdv_read(td_rdv *v, int r, const char *addr_name, char *text, size_t size)
+td_status rdv_read(td_rdv *v, int r, const char *addr_name, char *text, size_t size)
 {
     char key[256];
     addr_key(v, r, key, sizeof key);
     const char *keys[1] = {key};
-    int64_t left = td_deadline_left_ms(v->deadline);
+    int64_t left = deadline_left_ms(v->deadline);
     td_status st = td_store_wait(v->o->store, keys, 1, left == INT64_MAX ? 0 : (left > 0 ? left : 1));
     if (st != TD_OK)
-        return td_error_prefix(st, "waiting for rank %d to publish its %s in the store", td_rdv_grank(v, r), addr_name);
+        return error_prefix(st, "waiting for rank %d to publish its %s in the store", rdv_grank(v, r), addr_name);
     void *val = NULL;
     size_t n = 0;
     st = td_store_get(v->o->store, key, &val, &n);
     if (st != TD_OK)
-        return td_error_prefix(st, "reading rank %d's %s from the store", td_rdv_grank(v, r), addr_name);
+        return error_prefix(st, "reading rank %d's %s from the store", rdv_grank(v, r), addr_name);
     bool ok = n < size;
     if (ok) {
         memcpy(text, val, n);
@@ -129,13 +129,13 @@ td_status td_rdv_read(td_rdv *v, int r, const char *addr_name, char *text, size_
     }
     free(val);
     if (!ok)
-        return td_error(TD_ERR_INVALID, "rank %d's %s in the store is malformed", td_rdv_grank(v, r), addr_name);
+        return error_fmt(TD_ERR_INVALID, "rank %d's %s in the store is malformed", rdv_grank(v, r), addr_name);
     return TD_OK;
 }
 
 /* ---- UNIX-domain sockets ------------------------------------------------------------------------ */
 
-socklen_t td_rdv_unix_addr(const char *name, struct sockaddr_un *a)
+socklen_t rdv_unix_addr(const char *name, struct sockaddr_un *a)
 {
     memset(a, 0, sizeof *a);
     a->sun_family = AF_UNIX;
@@ -146,13 +146,13 @@ socklen_t td_rdv_unix_addr(const char *name, struct sockaddr_un *a)
     return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len);
 }
 
-int td_rdv_unix_listen(const char *name, int backlog)
+int rdv_unix_listen(const char *name, int backlog)
 {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return -1;
     struct sockaddr_un a;
-    socklen_t len = td_rdv_unix_addr(name, &a);
+    socklen_t len = rdv_unix_addr(name, &a);
     if (bind(fd, (struct sockaddr *)&a, len) != 0 || listen(fd, backlog) != 0) {
         int e = errno;
         close(fd);
@@ -162,13 +162,13 @@ int td_rdv_unix_listen(const char *name, int backlog)
     return fd;
 }
 
-int td_rdv_unix_connect(const char *name)
+int rdv_unix_connect(const char *name)
 {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return -1;
     struct sockaddr_un a;
-    socklen_t len = td_rdv_unix_addr(name, &a);
+    socklen_t len = rdv_unix_addr(name, &a);
     if (connect(fd, (struct sockaddr *)&a, len) != 0) {
         int e = errno;
         close(fd);
@@ -180,15 +180,15 @@ int td_rdv_unix_connect(const char *name)
 
 /* ---- connections in the handshake --------------------------------------------------------------- */
 
-void td_rdv_await(td_rdv *v, int r, int fd) { conn_open(&v->out[r], fd, v->out_bytes); }
+void rdv_await(td_rdv *v, int r, int fd) { conn_open(&v->out[r], fd, v->out_bytes); }
 
-void td_rdv_drop(td_rdv *v, int i)
+void rdv_drop(td_rdv *v, int i)
 {
     conn_close(&v->pend[i]);
     v->pend[i] = v->pend[--v->npend];
 }
 
-int td_rdv_take(td_rdv *v, int i, int r)
+int rdv_take(td_rdv *v, int i, int r)
 {
     td_rdv_conn *c = &v->pend[i];
     v->fds[r] = c->fd;
@@ -199,7 +199,7 @@ int td_rdv_take(td_rdv *v, int i, int r)
     return passed;
 }
 
-int td_rdv_answered(td_rdv *v, int r)
+int rdv_answered(td_rdv *v, int r)
 {
     td_rdv_conn *c = &v->out[r];
     v->fds[r] = c->fd;
@@ -215,18 +215,18 @@ static td_status missing_msg(td_rdv *v)
     int n = 0;
     for (int r = 0; r < v->size; r++) {
         if (r != v->rank && v->fds[r] < 0)
-            td_buf_printf(&b, "%s%d", n++ ? ", " : "", td_rdv_grank(v, r));
+            buf_printf(&b, "%s%d", n++ ? ", " : "", rdv_grank(v, r));
     }
-    td_status st = td_error(TD_ERR_TIMEOUT,
+    td_status st = error_fmt(TD_ERR_TIMEOUT,
                             "Timed out after %lld ms setting up the %s of rank %d: no connection yet with rank%s %s%s%s",
-                            (long long)v->o->timeout_ms, v->what, td_rdv_grank(v, v->rank), n > 1 ? "s" : "",
+                            (long long)v->o->timeout_ms, v->what, rdv_grank(v, v->rank), n > 1 ? "s" : "",
                             b.data ? b.data : "", v->last_refusal[0] ? "; last refused connection: " : "",
                             v->last_refusal);
-    td_buf_free(&b);
+    buf_free(&b);
     return st;
 }
 
-td_status td_rdv_handshake(td_rdv *v, const int *listen_fds, int nlisten)
+td_status rdv_handshake(td_rdv *v, const int *listen_fds, int nlisten)
 {
     struct pollfd *pfds = TD_NEW_ARRAY(struct pollfd, (size_t)(nlisten + v->size + TD_RDV_MAX_PENDING));
     int *who = TD_NEW_ARRAY(int, (size_t)(nlisten + v->size + TD_RDV_MAX_PENDING));
@@ -241,7 +241,7 @@ td_status td_rdv_handshake(td_rdv *v, const int *listen_fds, int nlisten)
         }
         if (!missing)
             break;
-        if (td_deadline_passed(v->deadline)) {
+        if (deadline_passed(v->deadline)) {
             st = missing_msg(v);
             break;
         }
@@ -265,9 +265,9 @@ td_status td_rdv_handshake(td_rdv *v, const int *listen_fds, int nlisten)
             pfds[n] = (struct pollfd){.fd = v->pend[i].fd, .events = POLLIN};
             who[n++] = -2 - i;
         }
-        int rc = poll(pfds, (nfds_t)n, td_deadline_poll_ms(v->deadline));
+        int rc = poll(pfds, (nfds_t)n, deadline_poll_ms(v->deadline));
         if (rc < 0 && errno != EINTR) {
-            st = td_error_errno(TD_ERR_IO, "poll during the %s set-up", v->what);
+            st = error_errno(TD_ERR_IO, "poll during the %s set-up", v->what);
             break;
         }
         if (rc <= 0)
@@ -291,7 +291,7 @@ td_status td_rdv_handshake(td_rdv *v, const int *listen_fds, int nlisten)
                 if (fd < 0)
                     break;
                 if (v->npend == TD_RDV_MAX_PENDING)
-                    td_rdv_drop(v, 0);
+                    rdv_drop(v, 0);
                 conn_open(&v->pend[v->npend++], fd, v->pend_bytes);
                 v->on_pending(v, v->npend - 1);
             }

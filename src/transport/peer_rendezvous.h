@@ -3,7 +3,7 @@
  * group re-created under the same name never reads the last one's keys), publishes where it
  * listens under "<prefix><generation>/addr/<rank>", and reads its peers' entries; lower ranks
  * connect to higher ones (one connection per pair) and send a hello, the higher rank answers it.
- * td_rdv_handshake runs the rest in one poll loop bounded by the group's timeout, so a stray or
+ * rdv_handshake runs the rest in one poll loop bounded by the group's timeout, so a stray or
  * silent connection cannot stall the set-up: it accepts connections, hands the bytes of each to
  * the transport (which checks hellos and answers), and fails at the deadline naming the ranks
  * still missing. The transport keeps its own formats and checks. */
@@ -45,8 +45,8 @@ struct td_rdv {
     size_t out_bytes, pend_bytes; /* buffer sizes */
     char last_refusal[640];
     /* The transport's steps. on_answer: bytes from higher rank r's connection (a failure ends
-     * the set-up). on_pending: bytes on pending connection i; it consumes the entry (td_rdv_drop
-     * or td_rdv_take) or leaves it for more bytes. */
+     * the set-up). on_pending: bytes on pending connection i; it consumes the entry (rdv_drop
+     * or rdv_take) or leaves it for more bytes. */
     void *arg;
     td_status (*on_answer)(td_rdv *v, int r);
     void (*on_pending)(td_rdv *v, int i);
@@ -54,40 +54,40 @@ struct td_rdv {
 
 /* Sets up the state (nonce, deadline, arrays) for o. what: "tcp transport"; default_prefix: the
  * key prefix when o has none; out_bytes, pend_bytes: the buffer of each answer and hello. */
-void td_rdv_init(td_rdv *v, const td_transport_setup *o, const char *what, const char *default_prefix,
+void rdv_init(td_rdv *v, const td_transport_setup *o, const char *what, const char *default_prefix,
                  size_t out_bytes, size_t pend_bytes);
 /* Closes what is still open (fds too unless keep_fds) and frees the state. */
-void td_rdv_free(td_rdv *v, bool keep_fds);
+void rdv_free(td_rdv *v, bool keep_fds);
 
-static inline int td_rdv_grank(const td_rdv *v, int r) { return v->o->global_ranks ? v->o->global_ranks[r] : r; }
+static inline int rdv_grank(const td_rdv *v, int r) { return v->o->global_ranks ? v->o->global_ranks[r] : r; }
 
 /* Counts this rank's generation in the store. */
-td_status td_rdv_generation(td_rdv *v);
+td_status rdv_generation(td_rdv *v);
 /* Publishes this rank's entry. addr_name names it in errors ("tcp address"). */
-td_status td_rdv_publish(td_rdv *v, const char *value, const char *addr_name);
+td_status rdv_publish(td_rdv *v, const char *value, const char *addr_name);
 /* Waits (until the deadline) for rank r's entry and reads it into text (NUL-terminated; an entry
  * of size bytes or more is malformed). */
-td_status td_rdv_read(td_rdv *v, int r, const char *addr_name, char *text, size_t size);
+td_status rdv_read(td_rdv *v, int r, const char *addr_name, char *text, size_t size);
 
 /* An abstract UNIX-domain address (a leading NUL: nothing in the file system). */
-socklen_t td_rdv_unix_addr(const char *name, struct sockaddr_un *a);
+socklen_t rdv_unix_addr(const char *name, struct sockaddr_un *a);
 /* A non-blocking listening socket on an abstract UNIX-domain address, or -1 (errno set). */
-int td_rdv_unix_listen(const char *name, int backlog);
+int rdv_unix_listen(const char *name, int backlog);
 /* A blocking connection to one, or -1 (errno set): a listening UNIX socket accepts at once or
  * refuses, so the connect never waits on a network. */
-int td_rdv_unix_connect(const char *name);
+int rdv_unix_connect(const char *name);
 
 /* Connection fd to higher rank r now awaits its answer. */
-void td_rdv_await(td_rdv *v, int r, int fd);
+void rdv_await(td_rdv *v, int r, int fd);
 /* Pending connection i was refused or is a stray: closed and dropped. */
-void td_rdv_drop(td_rdv *v, int i);
+void rdv_drop(td_rdv *v, int i);
 /* Pending connection i is rank r's: it becomes fds[r]; its passed fd (or -1) is returned. */
-int td_rdv_take(td_rdv *v, int i, int r);
+int rdv_take(td_rdv *v, int i, int r);
 /* Higher rank r answered: out[r]'s connection becomes fds[r]; its passed fd (or -1) is returned. */
-int td_rdv_answered(td_rdv *v, int r);
+int rdv_answered(td_rdv *v, int r);
 
 /* The poll loop: until every peer is connected (fds), or the deadline (TD_ERR_TIMEOUT naming the
  * missing ranks and the last refusal), or on_answer fails. Accepts on the listening sockets. */
-td_status td_rdv_handshake(td_rdv *v, const int *listen_fds, int nlisten);
+td_status rdv_handshake(td_rdv *v, const int *listen_fds, int nlisten);
 
 #endif

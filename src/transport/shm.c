@@ -137,22 +137,22 @@ td_status shm_layout_from_env(int world, td_shm_layout *l)
         l->ring_bytes /= 2;
     l->small_bytes = (uint64_t)64 << 10;
     l->slot_bytes = (uint64_t)1 << 20;
-    if ((s = td_env_str("TDIST_SHM_RING", NULL))) {
-        TD_TRY(td_parse_size("TDIST_SHM_RING", s, &v));
+    if ((s = env_get_str("TDIST_SHM_RING", NULL))) {
+        TD_TRY(env_parse_size("TDIST_SHM_RING", s, &v));
         if (v < 4096 || v > ((uint64_t)1 << 30) || (v & (v - 1)))
-            return td_error(TD_ERR_INVALID, "TDIST_SHM_RING must be a power of two from 4K to 1G, got '%s'", s);
+            return error_fmt(TD_ERR_INVALID, "TDIST_SHM_RING must be a power of two from 4K to 1G, got '%s'", s);
         l->ring_bytes = v;
     }
-    if ((s = td_env_str("TDIST_SHM_SMALL", NULL))) {
-        TD_TRY(td_parse_size("TDIST_SHM_SMALL", s, &v));
+    if ((s = env_get_str("TDIST_SHM_SMALL", NULL))) {
+        TD_TRY(env_parse_size("TDIST_SHM_SMALL", s, &v));
         if (v < 256 || v > ((uint64_t)64 << 20))
-            return td_error(TD_ERR_INVALID, "TDIST_SHM_SMALL must be from 256 to 64M, got '%s'", s);
+            return error_fmt(TD_ERR_INVALID, "TDIST_SHM_SMALL must be from 256 to 64M, got '%s'", s);
         l->small_bytes = align_up(v, SHM_LINE);
     }
-    if ((s = td_env_str("TDIST_SHM_SLOT", NULL))) {
-        TD_TRY(td_parse_size("TDIST_SHM_SLOT", s, &v));
+    if ((s = env_get_str("TDIST_SHM_SLOT", NULL))) {
+        TD_TRY(env_parse_size("TDIST_SHM_SLOT", s, &v));
         if (v < 4096 || v > ((uint64_t)1 << 30))
-            return td_error(TD_ERR_INVALID, "TDIST_SHM_SLOT must be from 4K to 1G, got '%s'", s);
+            return error_fmt(TD_ERR_INVALID, "TDIST_SHM_SLOT must be from 4K to 1G, got '%s'", s);
         l->slot_bytes = align_up(v, 4096);
     }
     return TD_OK;
@@ -196,7 +196,7 @@ static void bell_notify(shm_bell *b, uint32_t mask)
 
 static shm_transport *of_match(td_match *m) { return (shm_transport *)((char *)m - offsetof(shm_transport, m)); }
 
-static int grank(const shm_transport *t, int r) { return td_match_grank(&t->m, r); }
+static int grank(const shm_transport *t, int r) { return match_grank(&t->m, r); }
 
 /* Ring copies at byte position pos (mod size, a power of two), wrapping. */
 static void ring_read(const char *data, uint64_t size, uint64_t pos, char *dst, size_t n,
@@ -205,9 +205,9 @@ static void ring_read(const char *data, uint64_t size, uint64_t pos, char *dst, 
     size_t at = (size_t)(pos & (size - 1));
     size_t first = size - at < n ? size - at : n;
     if (x) {
-        td_xfer_copy_in(x, xoff, data + at, first);
+        xfer_copy_in(x, xoff, data + at, first);
         if (n > first)
-            td_xfer_copy_in(x, xoff + first, data, n - first);
+            xfer_copy_in(x, xoff + first, data, n - first);
     } else if (dst) {
         memcpy(dst, data + at, first);
         if (n > first)
@@ -219,9 +219,9 @@ static void ring_write(char *data, uint64_t size, uint64_t pos, const td_xfer *x
 {
     size_t at = (size_t)(pos & (size - 1));
     size_t first = size - at < n ? size - at : n;
-    td_xfer_copy_out(x, xoff, data + at, first);
+    xfer_copy_out(x, xoff, data + at, first);
     if (n > first)
-        td_xfer_copy_out(x, xoff + first, data, n - first);
+        xfer_copy_out(x, xoff + first, data, n - first);
 }
 
 static size_t wire_len(size_t payload) { return HDR + align_up(payload, 16); }
@@ -233,7 +233,7 @@ static void send_control(peer *p, int type, td_status status, const char *msg)
     if (p->sock < 0 || p->sock_closed)
         return;
     uint8_t f[TD_SHM_CTRL_MAX];
-    size_t len = td_shm_control_encode(f, type, status, msg);
+    size_t len = shm_control_encode(f, type, status, msg);
     ssize_t n = send(p->sock, f, len, MSG_NOSIGNAL | MSG_DONTWAIT);
     (void)n; /* best effort: the peer also sees the EOF */
 }
@@ -244,7 +244,7 @@ static void abort_locked(td_match *m, td_status status, const char *msg, td_done
     if (m->aborted)
         return;
     atomic_store_explicit(&t->aborted_flag, 1, memory_order_release); /* its readers take the lock */
-    td_match_fail_all(m, status, msg, done);
+    match_fail_all(m, status, msg, done);
     /* Every failure but an orderly close is passed on with its cause, so that the peers fail at
      * once, and a rank whose failure came from elsewhere (a dead rank on another host) names the
      * same culprit. */
@@ -274,7 +274,7 @@ static bool flush_sends(shm_transport *t, peer *p, td_done *done)
             if (room < HDR)
                 break;
             uint8_t h[HDR];
-            td_shm_msg_encode(h, x->tag, x->total);
+            shm_msg_encode(h, x->tag, x->total);
             memcpy(p->out_data + (head & (size - 1)), h, HDR); /* never wraps: 16 | size */
             head += HDR;
             room -= HDR;
@@ -298,7 +298,7 @@ static bool flush_sends(shm_transport *t, peer *p, td_done *done)
         q->sq_head = x->next;
         if (!q->sq_head)
             q->sq_tail = NULL;
-        td_match_finish(&t->m, x, done);
+        match_finish(&t->m, x, done);
     }
     if (moved) {
         p->whead = head;
@@ -325,7 +325,7 @@ static bool drain(shm_transport *t, peer *p, bool drain_all, td_done *done)
     if (head == tail)
         return false;
     if (head - tail > size) {
-        td_match_lost(m, q, done, "protocol error: its ring claims more bytes than it holds");
+        match_lost(m, q, done, "protocol error: its ring claims more bytes than it holds");
         return false;
     }
     bool moved = false;
@@ -339,17 +339,17 @@ static bool drain(shm_transport *t, peer *p, bool drain_all, td_done *done)
             uint8_t h[HDR];
             memcpy(h, p->in_data + (tail & (size - 1)), HDR);
             uint64_t tag, len;
-            if (!td_shm_msg_parse(h, &tag, &len)) {
-                td_match_lost(m, q, done, "protocol error: a message longer than the largest allowed");
+            if (!shm_msg_parse(h, &tag, &len)) {
+                match_lost(m, q, done, "protocol error: a message longer than the largest allowed");
                 return moved;
             }
-            if (!td_match_arrived(m, q, tag, len, done)) {
+            if (!match_arrived(m, q, tag, len, done)) {
                 bool must = drain_all || atomic_load_explicit(&p->in_ctl->sender_blocked, memory_order_relaxed) ||
                             q->posted_head || m->any_head;
                 if (!must)
                     break; /* leave it in the ring for its receive to copy once */
-                q->ru = td_match_unexp_new(m, tag, (size_t)len);
-                td_match_unexp_queue(m, q, q->ru);
+                q->ru = match_unexp_new(m, tag, (size_t)len);
+                match_unexp_queue(m, q, q->ru);
             }
             tail += HDR;
             p->rstate = R_ACTIVE;
@@ -368,8 +368,8 @@ static bool drain(shm_transport *t, peer *p, bool drain_all, td_done *done)
                 ring_read(p->in_data, size, tail, NULL, pay, q->rx, p->rgot);
                 t->n_direct += pay;
             } else if (q->ru) {
-                if (!td_match_unexp_room(m, q->ru, pay)) {
-                    td_match_abortf(m, TD_ERR_NOMEM, done, "out of memory buffering a message of %zu bytes from rank %d",
+                if (!match_unexp_room(m, q->ru, pay)) {
+                    match_abortf(m, TD_ERR_NOMEM, done, "out of memory buffering a message of %zu bytes from rank %d",
                                     q->ru->len, grank(t, q->rank));
                     return moved;
                 }
@@ -383,7 +383,7 @@ static bool drain(shm_transport *t, peer *p, bool drain_all, td_done *done)
         if (p->rgot < p->rwire)
             break;
         p->rstate = R_IDLE;
-        td_match_message_done(m, q, done);
+        match_message_done(m, q, done);
     }
     if (tail != p->rtail) {
         p->rtail = tail;
@@ -417,7 +417,7 @@ static void peer_bye_locked(shm_transport *t, peer *p, td_done *done)
     /* Everything it sent before the goodbye is in its ring: take it all first. */
     drain(t, p, true, done);
     atomic_store(&p->gone, true);
-    td_match_peer_closed(&t->m, p->q, done);
+    match_peer_closed(&t->m, p->q, done);
     bell_ring(t->bell, SHM_BIT_ALL); /* direct collectives waiting for it fail */
 }
 
@@ -432,7 +432,7 @@ static bool read_control(shm_transport *t, peer *p, td_done *done)
             return true;
         if (n <= 0) {
             if (!atomic_load(&p->gone))
-                td_match_lost(&t->m, p->q, done,
+                match_lost(&t->m, p->q, done,
                               n == 0 ? "its connection closed without a goodbye (the process exited or was killed)"
                                      : "its connection failed (the process exited or was killed)");
             return false;
@@ -441,11 +441,11 @@ static bool read_control(shm_transport *t, peer *p, td_done *done)
         for (;;) {
             td_shm_control c;
             size_t used = 0;
-            td_shm_parse pr = td_shm_control_parse(p->cbuf, p->cgot, &c, &used);
+            td_shm_parse pr = shm_control_parse(p->cbuf, p->cgot, &c, &used);
             if (pr == TD_SHM_PARSE_MORE)
                 break;
             if (pr == TD_SHM_PARSE_BAD) {
-                td_match_lost(&t->m, p->q, done, "protocol error: a malformed control frame");
+                match_lost(&t->m, p->q, done, "protocol error: a malformed control frame");
                 return false;
             }
             if (c.type == TD_SHM_CTRL_BYE) {
@@ -466,9 +466,9 @@ static void *watch_main(void *arg)
 {
     shm_transport *t = arg;
     int n = t->base.size;
-    struct pollfd *pf = td_calloc((size_t)(1 + 2 * n), sizeof *pf);
-    int *who = td_calloc((size_t)(1 + 2 * n), sizeof *who);
-    bool *pid_done = td_calloc((size_t)n, sizeof *pid_done);
+    struct pollfd *pf = alloc_zeroed((size_t)(1 + 2 * n), sizeof *pf);
+    int *who = alloc_zeroed((size_t)(1 + 2 * n), sizeof *who);
+    bool *pid_done = alloc_zeroed((size_t)n, sizeof *pid_done);
     for (;;) {
         int k = 0;
         pf[k] = (struct pollfd){.fd = t->watch_efd, .events = POLLIN};
@@ -515,11 +515,11 @@ static void *watch_main(void *arg)
             if (!atomic_load(&p->gone)) {
                 char why[96];
                 snprintf(why, sizeof why, "its process (pid %d) exited or was killed", (int)p->pid);
-                td_match_lost(&t->m, p->q, &done, why);
+                match_lost(&t->m, p->q, &done, why);
             }
         }
         pthread_mutex_unlock(&t->m.mu);
-        td_match_run_callbacks(&done);
+        match_run_callbacks(&done);
     }
     free(pf);
     free(who);
@@ -562,7 +562,7 @@ static void *io_main(void *arg)
     while (!m->stop) {
         td_done done = TD_DONE_INIT;
         uint32_t seq = atomic_load(&t->bell->seq);
-        int64_t dl = td_now_ns() + 10 * IO_SLICE_NS;
+        int64_t dl = clock_now_ns() + 10 * IO_SLICE_NS;
         bool moved = false;
         bool wanted = m->pending && io_wanted(t);
         if (!m->poller_busy && !m->aborted && (wanted || drain_wanted(t) || m->pending)) {
@@ -573,17 +573,17 @@ static void *io_main(void *arg)
             }
             moved = progress_locked(t, &done);
             td_xfer *which;
-            int64_t xdl = td_match_earliest(m, &which);
-            if (which && td_deadline_passed(xdl))
-                td_match_timeout(m, which, &done);
-            dl = td_now_ns() + IO_SLICE_NS;
+            int64_t xdl = match_earliest(m, &which);
+            if (which && deadline_passed(xdl))
+                match_timeout(m, which, &done);
+            dl = clock_now_ns() + IO_SLICE_NS;
             if (xdl < dl)
                 dl = xdl;
         }
         if (m->poller_busy || !m->pending || !io_wanted(t) || m->aborted)
             atomic_store(&t->bell->io_registered, 0);
         pthread_mutex_unlock(&m->mu);
-        td_match_run_callbacks(&done);
+        match_run_callbacks(&done);
         if (!moved) /* data flowing: look again at once (the lock was let go in between) */
             futex_wait(&t->bell->seq, seq, dl, SHM_BIT_IO);
         pthread_mutex_lock(&m->mu);
@@ -597,7 +597,7 @@ static void *io_main(void *arg)
  * must know. */
 static void need_io_locked(shm_transport *t, td_xfer *x)
 {
-    if (!td_xfer_done(x) && (x->on_done || x->kind == TD_XFER_SEND) && !t->m.poller_busy &&
+    if (!xfer_done(x) && (x->on_done || x->kind == TD_XFER_SEND) && !t->m.poller_busy &&
         !atomic_load(&t->bell->io_registered))
         bell_ring(t->bell, SHM_BIT_IO);
 }
@@ -611,15 +611,15 @@ static td_status shm_isend(td_transport *base, int peer_rank, td_xfer *x)
     pthread_mutex_lock(&t->m.mu);
     peer *p = &t->peers[peer_rank];
     if (t->m.aborted || atomic_load(&p->gone)) {
-        td_status s = td_match_refused(&t->m, p->q);
+        td_status s = match_refused(&t->m, p->q);
         pthread_mutex_unlock(&t->m.mu);
         return s;
     }
-    if (td_match_post_send(&t->m, p->q, x))
+    if (match_post_send(&t->m, p->q, x))
         flush_sends(t, p, &done);
     need_io_locked(t, x);
     pthread_mutex_unlock(&t->m.mu);
-    td_match_run_callbacks(&done);
+    match_run_callbacks(&done);
     return TD_OK;
 }
 
@@ -630,19 +630,19 @@ static td_status shm_irecv(td_transport *base, int peer_rank, td_xfer *x)
     pthread_mutex_lock(&t->m.mu);
     bool gone = peer_rank != TD_TRANSPORT_ANY && atomic_load(&t->peers[peer_rank].gone);
     bool queued;
-    td_status s = td_match_post_recv(&t->m, peer_rank, x, gone, &done, &queued);
+    td_status s = match_post_recv(&t->m, peer_rank, x, gone, &done, &queued);
     /* Waiting in its queue: the message may be at the front of a ring already. */
     if (queued && peer_rank != TD_TRANSPORT_ANY) {
         drain(t, &t->peers[peer_rank], false, &done);
     } else if (queued) {
-        for (int r = 0; r < t->base.size && !td_xfer_done(x); r++)
+        for (int r = 0; r < t->base.size && !xfer_done(x); r++)
             if (r != t->base.rank)
                 drain(t, &t->peers[r], false, &done);
     }
     if (s == TD_OK)
         need_io_locked(t, x);
     pthread_mutex_unlock(&t->m.mu);
-    td_match_run_callbacks(&done);
+    match_run_callbacks(&done);
     return s;
 }
 
@@ -670,7 +670,7 @@ static int64_t spin_budget(shm_transport *t)
 #define NEAR_MISS 10
 static void spin_result(shm_transport *t, bool slept, int64_t start)
 {
-    if (slept && !t->oversubscribed && td_now_ns() - start < NEAR_MISS * t->spin_ns)
+    if (slept && !t->oversubscribed && clock_now_ns() - start < NEAR_MISS * t->spin_ns)
         slept = false;
     if (!slept) {
         atomic_store_explicit(&t->spin_skip_next, 0, memory_order_relaxed);
@@ -708,23 +708,23 @@ static td_status shm_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
     td_match *m = &t->m;
     int64_t dl;
     td_status result;
-    if (!td_match_wait_begin(m, x, deadline_ns, &dl, &result))
+    if (!match_wait_begin(m, x, deadline_ns, &dl, &result))
         return result;
     td_done done = TD_DONE_INIT;
-    int64_t spin_start = td_now_ns(), wait_start = spin_start;
+    int64_t spin_start = clock_now_ns(), wait_start = spin_start;
     int64_t spin_end = spin_start + spin_budget(t);
     bool slept = false;
     for (;;) {
         bool moved = progress_locked(t, &done);
-        if (td_xfer_done(x))
+        if (xfer_done(x))
             break;
-        int64_t now = td_now_ns();
+        int64_t now = clock_now_ns();
         if (now >= dl) {
-            td_match_timeout(m, x, &done);
+            match_timeout(m, x, &done);
             break;
         }
         pthread_mutex_unlock(&m->mu);
-        td_match_run_callbacks(&done);
+        match_run_callbacks(&done);
         if (moved) {
             spin_end = now + t->spin_ns; /* data is flowing: keep polling */
             spin_start = now;
@@ -736,9 +736,9 @@ static td_status shm_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
             uint32_t seq = atomic_load(&t->bell->seq);
             pthread_mutex_lock(&m->mu);
             moved = progress_locked(t, &done);
-            bool finished = td_xfer_done(x);
+            bool finished = xfer_done(x);
             pthread_mutex_unlock(&m->mu);
-            td_match_run_callbacks(&done);
+            match_run_callbacks(&done);
             if (!finished && !moved) {
                 futex_wait(&t->bell->seq, seq, dl, SHM_BIT_WAIT);
                 slept = true;
@@ -753,13 +753,13 @@ static td_status shm_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
     if (m->pending && io_wanted(t) && !atomic_load(&t->bell->io_registered))
         bell_ring(t->bell, SHM_BIT_IO);
     pthread_mutex_unlock(&m->mu);
-    td_match_run_callbacks(&done);
-    return td_xfer_result(x);
+    match_run_callbacks(&done);
+    return xfer_result(x);
 }
 
 static void shm_abort(td_transport *base, td_status status, const char *message)
 {
-    td_match_abort(&((shm_transport *)base)->m, status, message);
+    match_abort(&((shm_transport *)base)->m, status, message);
 }
 
 static void free_transport(shm_transport *t)
@@ -770,12 +770,12 @@ static void free_transport(shm_transport *t)
             close(p->sock);
         if (p->pidfd >= 0)
             close(p->pidfd);
-        td_segment_unmap(&p->seg);
+        segment_unmap(&p->seg);
     }
-    td_segment_unmap(&t->seg);
+    segment_unmap(&t->seg);
     if (t->watch_efd >= 0)
         close(t->watch_efd);
-    td_match_free(&t->m);
+    match_free(&t->m);
     free(t->peers);
     free(t);
 }
@@ -792,12 +792,12 @@ static void shm_destroy(td_transport *base)
     pthread_mutex_unlock(&t->m.mu);
     bell_ring(t->bell, SHM_BIT_ALL);
     if (t->io_started)
-        td_thread_join(t->io_thread);
+        thread_join(t->io_thread);
     if (t->watch_started) {
         uint64_t one = 1;
         ssize_t n = write(t->watch_efd, &one, sizeof one);
         (void)n;
-        td_thread_join(t->watch_thread);
+        thread_join(t->watch_thread);
     }
     if (t->m.abort_status == TD_ERR_CLOSED)
         for (int r = 0; r < t->base.size; r++)
@@ -815,30 +815,30 @@ static const td_transport_ops shm_ops = {
     .destroy = shm_destroy,
 };
 
-bool td_transport_is_shm(const td_transport *t) { return t && t->ops == &shm_ops; }
+bool transport_is_shm(const td_transport *t) { return t && t->ops == &shm_ops; }
 
 /* ---- direct access ----------------------------------------------------------------------------- */
 
-size_t td_shm_small_bytes(const td_transport *t) { return (size_t)((const shm_transport *)t)->layout.small_bytes; }
-size_t td_shm_slot_bytes(const td_transport *t) { return (size_t)((const shm_transport *)t)->layout.slot_bytes; }
+size_t shm_small_bytes(const td_transport *t) { return (size_t)((const shm_transport *)t)->layout.small_bytes; }
+size_t shm_slot_bytes(const td_transport *t) { return (size_t)((const shm_transport *)t)->layout.slot_bytes; }
 
-char *td_shm_small(td_transport *base, int r, uint64_t e)
+char *shm_small(td_transport *base, int r, uint64_t e)
 {
     shm_transport *t = (shm_transport *)base;
     char *b = r == t->base.rank ? t->small : t->peers[r].small;
     return b + (e & 1) * t->layout.small_bytes;
 }
 
-char *td_shm_slot(td_transport *base, int r, uint64_t e)
+char *shm_slot(td_transport *base, int r, uint64_t e)
 {
     shm_transport *t = (shm_transport *)base;
     char *b = r == t->base.rank ? t->large : t->peers[r].large;
     return b + (e & 1) * t->layout.slot_bytes;
 }
 
-uint64_t td_shm_epoch(td_transport *base) { return ++((shm_transport *)base)->epoch; }
+uint64_t shm_epoch(td_transport *base) { return ++((shm_transport *)base)->epoch; }
 
-void td_shm_arrive(td_transport *base, uint64_t e, const td_shm_desc *d)
+void shm_publish_arrival(td_transport *base, uint64_t e, const td_shm_desc *d)
 {
     shm_transport *t = (shm_transport *)base;
     shm_arrive *a = t->arrive;
@@ -872,7 +872,7 @@ static int check_peer(shm_transport *t, int r, uint64_t e, const td_shm_desc *d)
                      "same collectives with the same sizes",
                      grank(t, t->base.rank), mine, grank(t, r), theirs);
             shm_abort(&t->base, TD_ERR_INVALID, msg);
-            td_error_set(TD_ERR_INVALID, msg);
+            error_set(TD_ERR_INVALID, msg);
             return -1;
         }
     }
@@ -909,45 +909,45 @@ static td_status wait_failed(shm_transport *t, int missing, uint64_t e, int64_t 
         td_done done = TD_DONE_INIT;
         if (atomic_load(&t->peers[missing].gone)) {
             char msg[TD_XFER_ERROR_MAX];
-            td_match_closed_msg(m, &m->peers[missing], msg, sizeof msg);
+            match_closed_msg(m, &m->peers[missing], msg, sizeof msg);
             abort_locked(m, TD_ERR_PEER_LOST, msg, &done);
-        } else if (td_deadline_passed(deadline_ns)) {
-            td_match_abortf(m, TD_ERR_TIMEOUT, &done,
+        } else if (deadline_passed(deadline_ns)) {
+            match_abortf(m, TD_ERR_TIMEOUT, &done,
                             "Timed out after %lld ms waiting for rank %d in a shared-memory collective (step %llu)",
-                            (long long)((td_now_ns() - start_ns) / 1000000), grank(t, missing), (unsigned long long)e);
+                            (long long)((clock_now_ns() - start_ns) / 1000000), grank(t, missing), (unsigned long long)e);
         }
         pthread_mutex_unlock(&m->mu);
-        td_match_run_callbacks(&done);
+        match_run_callbacks(&done);
         pthread_mutex_lock(&m->mu);
     }
-    td_status s = m->aborted ? td_error_set(m->abort_status, m->abort_msg)
-                             : td_error(TD_ERR_INTERNAL, "shm transport: a wait for rank %d ended without cause",
+    td_status s = m->aborted ? error_set(m->abort_status, m->abort_msg)
+                             : error_fmt(TD_ERR_INTERNAL, "shm transport: a wait for rank %d ended without cause",
                                         grank(t, missing));
     pthread_mutex_unlock(&m->mu);
     return s;
 }
 
-td_status td_shm_wait_arrival(td_transport *base, int r, uint64_t e, const td_shm_desc *d, int64_t deadline_ns)
+td_status shm_wait_arrival(td_transport *base, int r, uint64_t e, const td_shm_desc *d, int64_t deadline_ns)
 {
     shm_transport *t = (shm_transport *)base;
     int missing = r;
     if (atomic_load_explicit(&t->aborted_flag, memory_order_acquire)) {
         pthread_mutex_lock(&t->m.mu);
-        td_status s = td_error_set(t->m.abort_status, t->m.abort_msg);
+        td_status s = error_set(t->m.abort_status, t->m.abort_msg);
         pthread_mutex_unlock(&t->m.mu);
         return s;
     }
     int c = check_all(t, r, e, d, &missing);
     if (c != 0)
         return c > 0 ? TD_OK : TD_ERR_INVALID;
-    int64_t start = td_now_ns();
+    int64_t start = clock_now_ns();
     int64_t spin_end = start + spin_budget(t);
     bool slept = false;
     for (;;) {
         if (atomic_load_explicit(&t->aborted_flag, memory_order_acquire) || atomic_load(&t->peers[missing].gone) ||
-            td_deadline_passed(deadline_ns))
+            deadline_passed(deadline_ns))
             break;
-        int64_t now = td_now_ns();
+        int64_t now = clock_now_ns();
         if (now < spin_end) {
             spin_pause(t, now - start);
         } else {
@@ -992,7 +992,7 @@ td_status shm_transport_start(int rank, int size, const int *global_ranks, td_se
     t->base.ops = &shm_ops;
     t->base.rank = rank;
     t->base.size = size;
-    td_match_init(&t->m, "shm", rank, size, global_ranks, POOL_MIN_CLASS, 0);
+    match_init(&t->m, "shm", rank, size, global_ranks, POOL_MIN_CLASS, 0);
     t->m.abort_locked = abort_locked;
     t->watch_efd = -1;
     t->seg = *own;
@@ -1039,21 +1039,21 @@ td_status shm_transport_start(int rank, int size, const int *global_ranks, td_se
         }
     }
     int64_t spin_us = 20;
-    td_status s = td_env_int("TDIST_SHM_SPIN_US", 20, 0, 1000000, &spin_us);
+    td_status s = env_get_int("TDIST_SHM_SPIN_US", 20, 0, 1000000, &spin_us);
     if (s != TD_OK)
         goto fail;
     t->spin_ns = spin_us * 1000;
     t->oversubscribed = size > cpus_available();
     t->watch_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (t->watch_efd < 0) {
-        s = td_error_errno(TD_ERR_IO, "creating the shm transport's eventfd");
+        s = error_errno(TD_ERR_IO, "creating the shm transport's eventfd");
         goto fail;
     }
-    s = td_thread_start(&t->io_thread, "td-shm-io", io_main, t);
+    s = thread_start(&t->io_thread, "td-shm-io", io_main, t);
     if (s != TD_OK)
         goto fail;
     t->io_started = true;
-    s = td_thread_start(&t->watch_thread, "td-shm-watch", watch_main, t);
+    s = thread_start(&t->watch_thread, "td-shm-watch", watch_main, t);
     if (s != TD_OK)
         goto fail;
     t->watch_started = true;
@@ -1065,7 +1065,7 @@ fail:
         t->m.stop = true;
         pthread_mutex_unlock(&t->m.mu);
         bell_ring(t->bell, SHM_BIT_ALL);
-        td_thread_join(t->io_thread);
+        thread_join(t->io_thread);
     }
     free_transport(t);
     return s;

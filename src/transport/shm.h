@@ -41,13 +41,13 @@ typedef struct td_shm_options {
 /* Creates the segment, connects to every peer (all must be on this host: a peer on another host
  * fails with TD_ERR_INVALID naming it) and starts the transport's threads. Every rank of the group
  * must call it with the same store, prefix, group name and size. */
-td_status td_shm_transport_create(const td_shm_options *options, td_transport **out);
+td_status shm_transport_create(const td_shm_options *options, td_transport **out);
 
 /* Whether t is an shm transport (the direct collectives need one). */
-bool td_transport_is_shm(const td_transport *t);
+bool transport_is_shm(const td_transport *t);
 
 /* ---- direct access, for the shared-memory collectives ------------------------------------------
- * A direct collective is a sequence of epochs, numbered the same on every rank (td_shm_epoch).
+ * A direct collective is a sequence of epochs, numbered the same on every rank (shm_epoch).
  * In epoch e a rank (1) waits until every peer arrived at e-1, which means that they are done
  * reading what anyone wrote at e-2; (2) writes its contribution into its slots of parity e % 2;
  * (3) arrives at e; (4) waits for the peers it reads from to arrive at e and reads their slots of
@@ -62,19 +62,19 @@ typedef struct td_shm_desc {
     void (*describe)(uint64_t what, uint64_t count, char *out, size_t size);
 } td_shm_desc;
 
-size_t td_shm_small_bytes(const td_transport *t);
-size_t td_shm_slot_bytes(const td_transport *t);
+size_t shm_small_bytes(const td_transport *t);
+size_t shm_slot_bytes(const td_transport *t);
 /* Rank r's (r may be this rank) small or large slot of parity e % 2: 64-byte aligned. */
-char *td_shm_small(td_transport *t, int r, uint64_t e);
-char *td_shm_slot(td_transport *t, int r, uint64_t e);
+char *shm_small(td_transport *t, int r, uint64_t e);
+char *shm_slot(td_transport *t, int r, uint64_t e);
 /* The next epoch (the counter is the transport's: every direct collective on it shares it). */
-uint64_t td_shm_epoch(td_transport *t);
+uint64_t shm_epoch(td_transport *t);
 /* Publishes this rank's arrival at epoch e (after its writes), waking peers that sleep. */
-void td_shm_arrive(td_transport *t, uint64_t e, const td_shm_desc *d);
+void shm_publish_arrival(td_transport *t, uint64_t e, const td_shm_desc *d);
 /* Waits until peer r (or every peer, r = -1) arrived at e or later. d (may be NULL) is checked
  * against the peer's description of e. Fails, aborting the transport, on a mismatch
  * (TD_ERR_INVALID), at the deadline (TD_ERR_TIMEOUT), when the transport aborts (a peer died:
  * TD_ERR_PEER_LOST), or when r has closed its end. */
-td_status td_shm_wait_arrival(td_transport *t, int r, uint64_t e, const td_shm_desc *d, int64_t deadline_ns);
+td_status shm_wait_arrival(td_transport *t, int r, uint64_t e, const td_shm_desc *d, int64_t deadline_ns);
 
 #endif

@@ -1,4 +1,4 @@
-/* Setting up the shm transport through a store (td_shm_transport_create, shm.h).
+/* Setting up the shm transport through a store (shm_transport_create, shm.h).
  *
  * Each rank creates its segment (unlinked from /dev/shm at once: only fds and mappings keep it),
  * writes its header, listens on an abstract UNIX-domain socket, and publishes "hostid sockname
@@ -38,7 +38,7 @@ typedef struct setup {
     shm_peer_setup *peers;
 } setup;
 
-static int grank_of(const setup *s, int r) { return td_rdv_grank(&s->v, r); }
+static int grank_of(const setup *s, int r) { return rdv_grank(&s->v, r); }
 
 /* ---- hellos on the socket ---------------------------------------------------------------------- */
 
@@ -47,7 +47,7 @@ static int grank_of(const setup *s, int r) { return td_rdv_grank(&s->v, r); }
 static td_status send_hello(int sock, const td_shm_hello *h, int fd)
 {
     uint8_t b[TD_SHM_HELLO_SIZE];
-    td_shm_hello_encode(b, h);
+    shm_hello_encode(b, h);
     struct iovec iov = {b, sizeof b};
     union {
         char buf[CMSG_SPACE(sizeof(int))];
@@ -71,8 +71,8 @@ static td_status send_hello(int sock, const td_shm_hello *h, int fd)
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0)
-            return td_error_errno(TD_ERR_IO, "sending the shm transport hello");
-        return td_error(TD_ERR_IO, "sending the shm transport hello: the socket took only %zd of %zu bytes", n,
+            return error_errno(TD_ERR_IO, "sending the shm transport hello");
+        return error_fmt(TD_ERR_IO, "sending the shm transport hello: the socket took only %zd of %zu bytes", n,
                         sizeof b);
     }
 }
@@ -123,13 +123,13 @@ static int read_hello(td_rdv_conn *c)
 static td_status read_entry(setup *s, int r, char *sock_name, size_t name_size)
 {
     char text[512], hid[TD_HOST_ID_MAX], name[NAME_MAX_LEN];
-    TD_TRY(td_rdv_read(&s->v, r, "shm transport address", text, sizeof text));
+    TD_TRY(rdv_read(&s->v, r, "shm transport address", text, sizeof text));
     unsigned long long nonce = 0;
     int pid = 0;
     if (sscanf(text, "%191s %95s %llx %d", hid, name, &nonce, &pid) != 4)
-        return td_error(TD_ERR_INVALID, "rank %d's shm transport address in the store is malformed", grank_of(s, r));
+        return error_fmt(TD_ERR_INVALID, "rank %d's shm transport address in the store is malformed", grank_of(s, r));
     if (strcmp(hid, s->host_id) != 0 || strcmp(hid, "-") == 0)
-        return td_error(TD_ERR_INVALID,
+        return error_fmt(TD_ERR_INVALID,
                         "The shm backend needs every rank of the group on one host, but rank %d is on another host "
                         "(host id %s; rank %d's is %s). Use the auto backend, which uses shared memory within each "
                         "host and tcp between hosts",
@@ -187,9 +187,9 @@ static void handle_pending(td_rdv *v, int i)
         return;
     td_shm_hello h;
     const char *why = NULL;
-    if (rc < 0 || !td_shm_hello_parse(c->buf, c->got, &h, &why) || h.type != TD_SHM_HELLO || h.nonce != v->nonce) {
+    if (rc < 0 || !shm_hello_parse(c->buf, c->got, &h, &why) || h.type != TD_SHM_HELLO || h.nonce != v->nonce) {
         /* Not a peer of this group that read our entry: a stray. */
-        td_rdv_drop(v, i);
+        rdv_drop(v, i);
         return;
     }
     const char *problem = hello_problem(s, &h, -1);
@@ -204,19 +204,19 @@ static void handle_pending(td_rdv *v, int i)
         td_shm_hello no = my_hello(s, (int)h.from, TD_SHM_REFUSE, msg);
         no.nonce = 0;
         send_hello(c->fd, &no, -1);
-        td_rdv_drop(v, i);
+        rdv_drop(v, i);
         return;
     }
     td_shm_hello yes = my_hello(s, (int)h.from, TD_SHM_HELLO, NULL);
     if (send_hello(c->fd, &yes, s->seg.fd) != TD_OK) {
-        td_rdv_drop(v, i);
+        rdv_drop(v, i);
         return;
     }
     int r = (int)h.from;
-    int seg_fd = td_rdv_take(v, i, r);
+    int seg_fd = rdv_take(v, i, r);
     s->peers[r].pid = 0;
     /* Map it now, so that its fd is not held twice. */
-    if (td_segment_map_fd(seg_fd, s->seg_size, &s->peers[r].seg) != TD_OK) {
+    if (segment_map_fd(seg_fd, s->seg_size, &s->peers[r].seg) != TD_OK) {
         /* The lower rank sees the connection close and fails with its own message. */
         TD_LOG_WARN("shm transport of rank %d: %s", grank_of(s, v->rank), td_last_error());
         close(seg_fd);
@@ -234,25 +234,25 @@ static td_status handle_answer(td_rdv *v, int r)
     if (rc == 0)
         return TD_OK;
     if (rc < 0)
-        return td_error(TD_ERR_PEER_LOST, "rank %d closed the connection during the shm transport handshake",
+        return error_fmt(TD_ERR_PEER_LOST, "rank %d closed the connection during the shm transport handshake",
                         grank_of(s, r));
     td_shm_hello h;
     const char *why = NULL;
-    if (!td_shm_hello_parse(c->buf, c->got, &h, &why))
-        return td_error(TD_ERR_INVALID, "rank %d answered the shm transport hello with %s", grank_of(s, r), why);
+    if (!shm_hello_parse(c->buf, c->got, &h, &why))
+        return error_fmt(TD_ERR_INVALID, "rank %d answered the shm transport hello with %s", grank_of(s, r), why);
     if (h.type == TD_SHM_REFUSE)
-        return td_error(TD_ERR_INVALID, "%.*s", (int)h.msg_len, h.msg ? h.msg : "");
+        return error_fmt(TD_ERR_INVALID, "%.*s", (int)h.msg_len, h.msg ? h.msg : "");
     const char *problem = h.nonce != v->nonce ? "it did not read this rank's store entry" : hello_problem(s, &h, r);
     if (!problem && c->passed_fd < 0)
         problem = "its segment's fd did not come with it";
     if (problem)
-        return td_error(TD_ERR_INVALID, "rank %d's answer to the shm transport hello is unusable: %s", grank_of(s, r),
+        return error_fmt(TD_ERR_INVALID, "rank %d's answer to the shm transport hello is unusable: %s", grank_of(s, r),
                         problem);
-    td_status st = td_segment_map_fd(c->passed_fd, s->seg_size, &s->peers[r].seg);
+    td_status st = segment_map_fd(c->passed_fd, s->seg_size, &s->peers[r].seg);
     if (st != TD_OK)
-        return td_error_prefix(st, "mapping rank %d's shared-memory segment", grank_of(s, r));
+        return error_prefix(st, "mapping rank %d's shared-memory segment", grank_of(s, r));
     c->passed_fd = -1; /* the mapping took it */
-    td_rdv_answered(v, r);
+    rdv_answered(v, r);
     return TD_OK;
 }
 
@@ -280,10 +280,10 @@ static td_status check_peers(setup *s)
         p->sock = s->v.fds[r];
         s->v.fds[r] = -1;
         if (!p->seg.base)
-            return td_error(TD_ERR_IO, "mapping rank %d's shared-memory segment failed", grank_of(s, r));
+            return error_fmt(TD_ERR_IO, "mapping rank %d's shared-memory segment failed", grank_of(s, r));
         const char *why = NULL;
-        if (!td_shm_seg_header_check(p->seg.base, (uint32_t)r, (uint32_t)s->v.size, s->seg_size, &s->layout, &why))
-            return td_error(TD_ERR_INVALID, "rank %d's shared-memory segment is unusable: %s", grank_of(s, r), why);
+        if (!shm_seg_header_check(p->seg.base, (uint32_t)r, (uint32_t)s->v.size, s->seg_size, &s->layout, &why))
+            return error_fmt(TD_ERR_INVALID, "rank %d's shared-memory segment is unusable: %s", grank_of(s, r), why);
         /* The segment stays mapped; its fd is not needed any more. */
         if (p->seg.fd >= 0) {
             close(p->seg.fd);
@@ -301,51 +301,51 @@ static td_status check_peers(setup *s)
 static td_status rendezvous(setup *s, int *lfd)
 {
     td_rdv *v = &s->v;
-    TD_TRY(td_rdv_generation(v));
+    TD_TRY(rdv_generation(v));
     char name[NAME_MAX_LEN], val[512];
     snprintf(name, sizeof name, "tdist-shm-%d-%016llx", (int)getpid(), (unsigned long long)v->nonce);
-    *lfd = td_rdv_unix_listen(name, v->size + 16);
+    *lfd = rdv_unix_listen(name, v->size + 16);
     if (*lfd < 0)
-        return td_error_errno(TD_ERR_IO, "shm transport of rank %d: listening on a UNIX-domain socket",
+        return error_errno(TD_ERR_IO, "shm transport of rank %d: listening on a UNIX-domain socket",
                               grank_of(s, v->rank));
     snprintf(val, sizeof val, "%s %s %016llx %d", s->host_id, name, (unsigned long long)v->nonce, (int)getpid());
-    TD_TRY(td_rdv_publish(v, val, "shm transport address"));
-    char *names = td_calloc((size_t)v->size, NAME_MAX_LEN);
+    TD_TRY(rdv_publish(v, val, "shm transport address"));
+    char *names = alloc_zeroed((size_t)v->size, NAME_MAX_LEN);
     td_status st = TD_OK;
     for (int r = 0; r < v->size && st == TD_OK; r++)
         if (r != v->rank)
             st = read_entry(s, r, names + (size_t)r * NAME_MAX_LEN, NAME_MAX_LEN);
     for (int r = v->rank + 1; r < v->size && st == TD_OK; r++) {
-        int fd = td_rdv_unix_connect(names + (size_t)r * NAME_MAX_LEN);
+        int fd = rdv_unix_connect(names + (size_t)r * NAME_MAX_LEN);
         if (fd < 0) {
-            st = td_error_errno(TD_ERR_PEER_LOST, "connecting to rank %d's shm transport socket", grank_of(s, r));
+            st = error_errno(TD_ERR_PEER_LOST, "connecting to rank %d's shm transport socket", grank_of(s, r));
             break;
         }
-        td_rdv_await(v, r, fd);
+        rdv_await(v, r, fd);
         td_shm_hello h = my_hello(s, r, TD_SHM_HELLO, NULL);
         st = send_hello(fd, &h, s->seg.fd);
         if (st != TD_OK)
-            td_error_prefix(st, "rank %d", grank_of(s, r));
+            error_prefix(st, "rank %d", grank_of(s, r));
     }
     free(names);
     return st;
 }
 
-td_status td_shm_transport_create(const td_shm_options *o, td_transport **out)
+td_status shm_transport_create(const td_shm_options *o, td_transport **out)
 {
     *out = NULL;
     const td_transport_setup *g = &o->setup;
     if (g->size < 1 || g->rank < 0 || g->rank >= g->size)
-        return td_error(TD_ERR_INVALID, "invalid rank %d for a group of %d", g->rank, g->size);
+        return error_fmt(TD_ERR_INVALID, "invalid rank %d for a group of %d", g->rank, g->size);
     setup s;
     memset(&s, 0, sizeof s);
-    s.group_hash = td_shm_name_hash(g->group_name);
+    s.group_hash = shm_name_hash(g->group_name);
     s.seg = (td_segment)TD_SEGMENT_INIT;
     TD_TRY(shm_layout_from_env(g->size, &s.layout));
     shm_offsets off;
     shm_layout_offsets(g->size, &s.layout, &off);
     s.seg_size = off.total;
-    TD_TRY(td_segment_create("shm", s.seg_size, true, true, &s.seg));
+    TD_TRY(segment_create("shm", s.seg_size, true, true, &s.seg));
     init_segment(&s, g->rank, g->size);
     s.peers = TD_NEW_ARRAY(shm_peer_setup, (size_t)g->size);
     for (int r = 0; r < g->size; r++) {
@@ -354,33 +354,33 @@ td_status td_shm_transport_create(const td_shm_options *o, td_transport **out)
     }
     td_status st = TD_OK;
     if (g->size > 1) {
-        td_rdv_init(&s.v, g, "shm transport", "shm/", TD_SHM_HELLO_SIZE, TD_SHM_HELLO_SIZE);
+        rdv_init(&s.v, g, "shm transport", "shm/", TD_SHM_HELLO_SIZE, TD_SHM_HELLO_SIZE);
         s.v.arg = &s;
         s.v.on_answer = handle_answer;
         s.v.on_pending = handle_pending;
         s.peer_nonce = TD_NEW_ARRAY(uint64_t, (size_t)g->size);
-        td_host_id(s.host_id, sizeof s.host_id);
+        host_identity(s.host_id, sizeof s.host_id);
         if (!s.host_id[0])
             snprintf(s.host_id, sizeof s.host_id, "-");
         int lfd = -1;
         st = rendezvous(&s, &lfd);
         if (st == TD_OK)
-            st = td_rdv_handshake(&s.v, &lfd, 1);
+            st = rdv_handshake(&s.v, &lfd, 1);
         if (st == TD_OK)
             st = check_peers(&s);
         if (lfd >= 0)
             close(lfd);
-        td_rdv_free(&s.v, false);
+        rdv_free(&s.v, false);
         free(s.peer_nonce);
     }
     if (st != TD_OK) {
         for (int r = 0; r < g->size; r++) {
             if (s.peers[r].sock >= 0)
                 close(s.peers[r].sock);
-            td_segment_unmap(&s.peers[r].seg);
+            segment_unmap(&s.peers[r].seg);
         }
         free(s.peers);
-        td_segment_unmap(&s.seg);
+        segment_unmap(&s.seg);
         return st;
     }
     /* The own fd went to every peer; the mapping is all this rank needs. */

@@ -9,38 +9,38 @@
 
 /* Hello: u32 magic, u16 version, u16 type, u32 from, to, world, pid, u64 nonce, seg_size,
  * ring_bytes, small_bytes, slot_bytes, group_hash, u16 msg_len, u16 0, msg (the rest). */
-void td_shm_hello_encode(uint8_t *b, const td_shm_hello *h)
+void shm_hello_encode(uint8_t *b, const td_shm_hello *h)
 {
     memset(b, 0, TD_SHM_HELLO_SIZE);
-    td_wire_put32(b, TD_SHM_MAGIC);
+    wire_put32(b, TD_SHM_MAGIC);
     b[4] = TD_SHM_VERSION;
     b[6] = (uint8_t)h->type;
-    td_wire_put32(b + 8, h->from);
-    td_wire_put32(b + 12, h->to);
-    td_wire_put32(b + 16, h->world);
-    td_wire_put32(b + 20, h->pid);
-    td_wire_put64(b + 24, h->nonce);
-    td_wire_put64(b + 32, h->seg_size);
-    td_wire_put64(b + 40, h->layout.ring_bytes);
-    td_wire_put64(b + 48, h->layout.small_bytes);
-    td_wire_put64(b + 56, h->layout.slot_bytes);
-    td_wire_put64(b + 64, h->group_hash);
+    wire_put32(b + 8, h->from);
+    wire_put32(b + 12, h->to);
+    wire_put32(b + 16, h->world);
+    wire_put32(b + 20, h->pid);
+    wire_put64(b + 24, h->nonce);
+    wire_put64(b + 32, h->seg_size);
+    wire_put64(b + 40, h->layout.ring_bytes);
+    wire_put64(b + 48, h->layout.small_bytes);
+    wire_put64(b + 56, h->layout.slot_bytes);
+    wire_put64(b + 64, h->group_hash);
     size_t ml = h->msg ? h->msg_len : 0;
     if (ml > TD_SHM_HELLO_MSG_MAX)
         ml = TD_SHM_HELLO_MSG_MAX;
-    td_wire_put16(b + 72, (uint16_t)ml);
+    wire_put16(b + 72, (uint16_t)ml);
     if (ml)
         memcpy(b + 72 + 2, h->msg, ml);
 }
 
-bool td_shm_hello_parse(const uint8_t *b, size_t n, td_shm_hello *h, const char **why)
+bool shm_hello_parse(const uint8_t *b, size_t n, td_shm_hello *h, const char **why)
 {
     memset(h, 0, sizeof *h);
     if (n != TD_SHM_HELLO_SIZE) {
         *why = "a hello of the wrong size";
         return false;
     }
-    if (td_wire_get32(b) != TD_SHM_MAGIC) {
+    if (wire_get32(b) != TD_SHM_MAGIC) {
         *why = "not a tdist shm transport hello (bad magic)";
         return false;
     }
@@ -53,17 +53,17 @@ bool td_shm_hello_parse(const uint8_t *b, size_t n, td_shm_hello *h, const char 
         *why = "a shm transport hello of an unknown type";
         return false;
     }
-    h->from = td_wire_get32(b + 8);
-    h->to = td_wire_get32(b + 12);
-    h->world = td_wire_get32(b + 16);
-    h->pid = td_wire_get32(b + 20);
-    h->nonce = td_wire_get64(b + 24);
-    h->seg_size = td_wire_get64(b + 32);
-    h->layout.ring_bytes = td_wire_get64(b + 40);
-    h->layout.small_bytes = td_wire_get64(b + 48);
-    h->layout.slot_bytes = td_wire_get64(b + 56);
-    h->group_hash = td_wire_get64(b + 64);
-    size_t ml = td_wire_get16(b + 72);
+    h->from = wire_get32(b + 8);
+    h->to = wire_get32(b + 12);
+    h->world = wire_get32(b + 16);
+    h->pid = wire_get32(b + 20);
+    h->nonce = wire_get64(b + 24);
+    h->seg_size = wire_get64(b + 32);
+    h->layout.ring_bytes = wire_get64(b + 40);
+    h->layout.small_bytes = wire_get64(b + 48);
+    h->layout.slot_bytes = wire_get64(b + 56);
+    h->group_hash = wire_get64(b + 64);
+    size_t ml = wire_get16(b + 72);
     if (ml > TD_SHM_HELLO_MSG_MAX) {
         *why = "a shm transport hello with an over-long message";
         return false;
@@ -74,19 +74,19 @@ bool td_shm_hello_parse(const uint8_t *b, size_t n, td_shm_hello *h, const char 
 }
 
 /* Control: u8 type, u8 0, u16 msg_len, i32 status, msg. */
-size_t td_shm_control_encode(uint8_t *f, int type, td_status status, const char *msg)
+size_t shm_control_encode(uint8_t *f, int type, td_status status, const char *msg)
 {
-    size_t ml = td_wire_msg_len(msg, TD_SHM_CTRL_MSG_MAX);
+    size_t ml = wire_msg_len(msg, TD_SHM_CTRL_MSG_MAX);
     f[0] = (uint8_t)type;
     f[1] = 0;
-    td_wire_put16(f + 2, (uint16_t)ml);
-    td_wire_put32(f + 4, (uint32_t)(int32_t)status);
+    wire_put16(f + 2, (uint16_t)ml);
+    wire_put32(f + 4, (uint32_t)(int32_t)status);
     if (ml)
         memcpy(f + TD_SHM_CTRL_HDR, msg, ml);
     return TD_SHM_CTRL_HDR + ml;
 }
 
-td_shm_parse td_shm_control_parse(const uint8_t *b, size_t n, td_shm_control *c, size_t *used)
+td_shm_parse shm_control_parse(const uint8_t *b, size_t n, td_shm_control *c, size_t *used)
 {
     memset(c, 0, sizeof *c);
     *used = 0;
@@ -95,10 +95,10 @@ td_shm_parse td_shm_control_parse(const uint8_t *b, size_t n, td_shm_control *c,
     c->type = b[0];
     if ((c->type != TD_SHM_CTRL_BYE && c->type != TD_SHM_CTRL_ABORT) || b[1] != 0)
         return TD_SHM_PARSE_BAD;
-    size_t ml = td_wire_get16(b + 2);
+    size_t ml = wire_get16(b + 2);
     if (ml > TD_SHM_CTRL_MSG_MAX || (c->type == TD_SHM_CTRL_BYE && ml))
         return TD_SHM_PARSE_BAD;
-    int32_t st = (int32_t)td_wire_get32(b + 4);
+    int32_t st = (int32_t)wire_get32(b + 4);
     /* An abort carries a failure: a status outside the codes tdist defines is malformed. */
     if (c->type == TD_SHM_CTRL_ABORT && (st >= 0 || st < TD_ERR_INTERNAL))
         return TD_SHM_PARSE_BAD;
@@ -113,20 +113,20 @@ td_shm_parse td_shm_control_parse(const uint8_t *b, size_t n, td_shm_control *c,
     return TD_SHM_PARSE_OK;
 }
 
-void td_shm_msg_encode(uint8_t *b, uint64_t tag, uint64_t len)
+void shm_msg_encode(uint8_t *b, uint64_t tag, uint64_t len)
 {
     memcpy(b, &tag, 8);
     memcpy(b + 8, &len, 8);
 }
 
-bool td_shm_msg_parse(const uint8_t *b, uint64_t *tag, uint64_t *len)
+bool shm_msg_parse(const uint8_t *b, uint64_t *tag, uint64_t *len)
 {
     memcpy(tag, b, 8);
     memcpy(len, b + 8, 8);
     return *len <= TD_SHM_MAX_MESSAGE;
 }
 
-bool td_shm_seg_header_check(const td_shm_seg_header *h, uint32_t rank, uint32_t world, uint64_t size,
+bool shm_seg_header_check(const td_shm_seg_header *h, uint32_t rank, uint32_t world, uint64_t size,
                              const td_shm_layout *layout, const char **why)
 {
     if (h->magic != TD_SHM_MAGIC || h->version != TD_SHM_VERSION) {
@@ -145,7 +145,7 @@ bool td_shm_seg_header_check(const td_shm_seg_header *h, uint32_t rank, uint32_t
     return true;
 }
 
-uint64_t td_shm_name_hash(const char *name)
+uint64_t shm_name_hash(const char *name)
 {
     uint64_t h = UINT64_C(1469598103934665603);
     for (const char *p = name ? name : ""; *p; p++)

@@ -49,9 +49,9 @@ typedef struct td_shm_hello {
 } td_shm_hello;
 
 /* Writes a hello (or refusal) of exactly TD_SHM_HELLO_SIZE bytes into b. */
-void td_shm_hello_encode(uint8_t *b, const td_shm_hello *h);
+void shm_hello_encode(uint8_t *b, const td_shm_hello *h);
 /* Parses TD_SHM_HELLO_SIZE bytes; false with *why for a wrong magic, version, type or length. */
-bool td_shm_hello_parse(const uint8_t *b, size_t n, td_shm_hello *h, const char **why);
+bool shm_hello_parse(const uint8_t *b, size_t n, td_shm_hello *h, const char **why);
 
 typedef struct td_shm_control {
     int type;
@@ -61,14 +61,14 @@ typedef struct td_shm_control {
 } td_shm_control;
 
 /* A control frame into f (TD_SHM_CTRL_MAX bytes); the message is cut. Returns its size. */
-size_t td_shm_control_encode(uint8_t *f, int type, td_status status, const char *msg);
+size_t shm_control_encode(uint8_t *f, int type, td_status status, const char *msg);
 /* The first frame of n bytes: OK with *used its size, MORE, or BAD. */
-td_shm_parse td_shm_control_parse(const uint8_t *b, size_t n, td_shm_control *c, size_t *used);
+td_shm_parse shm_control_parse(const uint8_t *b, size_t n, td_shm_control *c, size_t *used);
 
 /* Ring message header: u64 tag, u64 payload length (little-endian in memory, as the host). */
-void td_shm_msg_encode(uint8_t *b, uint64_t tag, uint64_t len);
+void shm_msg_encode(uint8_t *b, uint64_t tag, uint64_t len);
 /* False when the length is over TD_SHM_MAX_MESSAGE. */
-bool td_shm_msg_parse(const uint8_t *b, uint64_t *tag, uint64_t *len);
+bool shm_msg_parse(const uint8_t *b, uint64_t *tag, uint64_t *len);
 
 /* The first cache line of each rank's segment, written by its owner before it shares the fd. */
 typedef struct td_shm_seg_header {
@@ -82,9 +82,9 @@ typedef struct td_shm_seg_header {
 } td_shm_seg_header;
 
 /* Checks a peer's mapped header against what this rank expects; false with *why. */
-bool td_shm_seg_header_check(const td_shm_seg_header *h, uint32_t rank, uint32_t world, uint64_t size,
+bool shm_seg_header_check(const td_shm_seg_header *h, uint32_t rank, uint32_t world, uint64_t size,
                              const td_shm_layout *layout, const char **why);
 
-uint64_t td_shm_name_hash(const char *name);
+uint64_t shm_name_hash(const char *name);
 
 #endif

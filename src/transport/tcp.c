@@ -130,7 +130,7 @@ static const td_transport_ops tcp_ops;
 
 static tcp_transport *of_match(td_match *m) { return (tcp_transport *)((char *)m - offsetof(tcp_transport, m)); }
 
-static int grank(const tcp_transport *t, const peer *p) { return td_match_grank(&t->m, p->q->rank); }
+static int grank(const tcp_transport *t, const peer *p) { return match_grank(&t->m, p->q->rank); }
 
 static void wake_fd(int fd)
 {
@@ -190,7 +190,7 @@ static void send_control(peer *p, int type, td_status status, const char *msg)
     if (p->closed || p->broken || p->bye || p->q->sq_head)
         return;
     uint8_t f[TD_TCP_CTRL_FRAME_MAX];
-    size_t len = td_tcp_control_encode(f, type, status, msg);
+    size_t len = tcp_control_encode(f, type, status, msg);
     ssize_t n = send(p->fd, f, len, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n != (ssize_t)len)
         p->broken = true;
@@ -211,9 +211,9 @@ static void abort_locked(td_match *m, td_status status, const char *msg, td_done
         bool kept = status == TD_ERR_CLOSED && !p->closed && !p->bye && keep_owed(t, p);
         if (p->q->sq_head && p->q->sq_head->progress > 0 && !kept)
             p->broken = true;
-        td_match_fail_list(m, &p->await_head, &p->await_tail, status, msg, done);
+        match_fail_list(m, &p->await_head, &p->await_tail, status, msg, done);
     }
-    td_match_fail_all(m, status, msg, done);
+    match_fail_all(m, status, msg, done);
     /* A failure (not an orderly close) is passed on: the peers learn of it at once instead of at
      * their timeouts, and with its cause, so that every survivor of a dead rank names that rank
      * and not the one that told it. A stream that cannot carry the frame is just cut. */
@@ -233,10 +233,10 @@ static void abort_locked(td_match *m, td_status status, const char *msg, td_done
 static void peer_said_bye(tcp_transport *t, peer *p, td_done *done)
 {
     char msg[TD_XFER_ERROR_MAX];
-    td_match_closed_msg(&t->m, p->q, msg, sizeof msg);
+    match_closed_msg(&t->m, p->q, msg, sizeof msg);
     p->bye = true;
-    td_match_fail_list(&t->m, &p->await_head, &p->await_tail, TD_ERR_PEER_LOST, msg, done);
-    td_match_peer_closed(&t->m, p->q, done);
+    match_fail_list(&t->m, &p->await_head, &p->await_tail, TD_ERR_PEER_LOST, msg, done);
+    match_peer_closed(&t->m, p->q, done);
 }
 
 static void peer_close(tcp_transport *t, peer *p)
@@ -258,7 +258,7 @@ static void peer_lost(tcp_transport *t, peer *p, td_done *done, const char *fmt,
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
     peer_close(t, p);
-    td_match_lost(&t->m, p->q, done, why);
+    match_lost(&t->m, p->q, done, why);
 }
 
 /* ---- sending ---------------------------------------------------------------------------------- */
@@ -284,7 +284,7 @@ static size_t wire_len(const td_xfer *x)
 static size_t frame_prefix(const tcp_transport *t, const td_xfer *x, uint8_t *f)
 {
     if (!is_rts(x)) {
-        td_tcp_header_encode(f, x->tag, x->total);
+        tcp_header_encode(f, x->tag, x->total);
         return HDR_SIZE;
     }
     uint64_t addr[TD_XFER_MAX_IOV], len[TD_XFER_MAX_IOV];
@@ -292,9 +292,9 @@ static size_t frame_prefix(const tcp_transport *t, const td_xfer *x, uint8_t *f)
         addr[i] = (uint64_t)(uintptr_t)x->iov[i].iov_base;
         len[i] = x->iov[i].iov_len;
     }
-    size_t n = td_tcp_rts_encode(f + HDR_SIZE, x->tag, x->order, (uint64_t)(uintptr_t)&t->guard, t->guard_value,
+    size_t n = tcp_rts_encode(f + HDR_SIZE, x->tag, x->order, (uint64_t)(uintptr_t)&t->guard, t->guard_value,
                                  addr, len, x->iovcnt);
-    td_tcp_header_encode(f, TD_TAG_RESERVED, n);
+    tcp_header_encode(f, TD_TAG_RESERVED, n);
     return HDR_SIZE + n;
 }
 
@@ -320,7 +320,7 @@ static void flush_sends(tcp_transport *t, peer *p, td_done *done)
             if (is_rts(x))
                 continue;
             size_t skip = x->progress > pre ? x->progress - pre : 0;
-            int k = td_xfer_iov_from(x, skip, SIZE_MAX, iov + cnt, SEND_IOV_MAX - cnt);
+            int k = xfer_iov_from(x, skip, SIZE_MAX, iov + cnt, SEND_IOV_MAX - cnt);
             for (int i = 0; i < k; i++)
                 want += iov[cnt + i].iov_len;
             cnt += k;
@@ -353,9 +353,9 @@ static void flush_sends(tcp_transport *t, peer *p, td_done *done)
             if (x->kind & TD_XFER_OWN)
                 ctrl_put(t, x);
             else if (is_rts(x))
-                td_match_push(&p->await_head, &p->await_tail, x);
+                match_push(&p->await_head, &p->await_tail, x);
             else
-                td_match_finish(&t->m, x, done);
+                match_finish(&t->m, x, done);
         }
         if ((size_t)n < want) {
             set_out(t, p, true);
@@ -381,7 +381,7 @@ static void queue_control(tcp_transport *t, peer *p, const uint8_t *payload, siz
     c->x.iovcnt = 1;
     c->x.total = len;
     bool idle = p->q->sq_head == NULL;
-    td_match_push(&p->q->sq_head, &p->q->sq_tail, &c->x);
+    match_push(&p->q->sq_head, &p->q->sq_tail, &c->x);
     if (idle)
         flush_sends(t, p, done);
 }
@@ -401,7 +401,7 @@ static bool keep_owed(tcp_transport *t, peer *p)
         size_t len = frame_prefix(t, x, f);
         memcpy(f + len, x->iov[0].iov_base, x->total);
         len += x->total;
-        td_buf_append(&p->owed, f + x->progress, len - x->progress);
+        buf_append(&p->owed, f + x->progress, len - x->progress);
     }
     return true;
 }
@@ -418,7 +418,7 @@ static int cma_copy(pid_t pid, td_xfer *x, const uint64_t *addr, const uint64_t 
     size_t total = x->total, done_bytes = 0;
     while (done_bytes < total) {
         struct iovec l[TD_XFER_MAX_IOV], r[TD_TCP_RTS_MAX_IOV];
-        int lc = td_xfer_iov_from(x, done_bytes, total - done_bytes, l, TD_XFER_MAX_IOV);
+        int lc = xfer_iov_from(x, done_bytes, total - done_bytes, l, TD_XFER_MAX_IOV);
         int rc = 0;
         size_t skip = done_bytes;
         for (int i = 0; i < n; i++) {
@@ -454,33 +454,33 @@ static void rts_deliver(tcp_transport *t, peer *p, td_xfer *x, const td_tcp_cont
 {
     td_status fin = TD_OK;
     if (x->total != c->total) {
-        td_match_mismatch(&t->m, x, p->q, c->tag, (size_t)c->total, done);
+        match_mismatch(&t->m, x, p->q, c->tag, (size_t)c->total, done);
     } else {
         int err = cma_copy(p->pid, x, c->addr, c->len, c->iovcnt);
         if (!err && !guard_holds(p->pid, c->guard_addr, c->guard_value)) {
             /* The sender aborted meanwhile: what was read may not be the message. Its abort frame
              * is on the way; the receive fails now. */
-            td_match_completef(&t->m, x, TD_ERR_PEER_LOST, done,
+            match_completef(&t->m, x, TD_ERR_PEER_LOST, done,
                                "Connection to rank %d lost: it failed while its message was read", grank(t, p));
             return;
         }
         if (err == ESRCH) {
             /* The sender is gone: the same loss its socket will show, reported at once. */
             peer_lost(t, p, done, "the process exited (reading its message failed: %s)", strerror(err));
-            td_match_complete(&t->m, x, t->m.abort_status, t->m.abort_msg, done); /* x left the posted list already */
+            match_complete(&t->m, x, t->m.abort_status, t->m.abort_msg, done); /* x left the posted list already */
             return;
         }
         if (err) {
-            td_match_completef(&t->m, x, TD_ERR_IO, done, "Reading a message of %zu bytes from rank %d's memory failed: %s",
+            match_completef(&t->m, x, TD_ERR_IO, done, "Reading a message of %zu bytes from rank %d's memory failed: %s",
                                x->total, grank(t, p), strerror(err));
             fin = TD_ERR_IO;
         } else {
             t->n_cma += x->total;
-            td_match_finish(&t->m, x, done);
+            match_finish(&t->m, x, done);
         }
     }
     uint8_t f[TD_TCP_RTS_MAX];
-    size_t flen = td_tcp_fin_encode(f, c->cookie, fin);
+    size_t flen = tcp_fin_encode(f, c->cookie, fin);
     queue_control(t, p, f, flen, done);
 }
 
@@ -489,7 +489,7 @@ static void take_rts(td_match *m, td_match_peer *q, td_unexp *u, td_xfer *x, td_
 {
     tcp_transport *t = of_match(m);
     rts_deliver(t, &t->peers[q->rank], x, (const td_tcp_control *)u->extra, done);
-    td_match_unexp_free(m, u);
+    match_unexp_free(m, u);
 }
 
 static void handle_rts(tcp_transport *t, peer *p, const td_tcp_control *c, td_done *done)
@@ -498,15 +498,15 @@ static void handle_rts(tcp_transport *t, peer *p, const td_tcp_control *c, td_do
         peer_lost(t, p, done, "protocol error: an RTS on a connection that did not agree to them");
         return;
     }
-    td_xfer *x = td_match_posted(&t->m, p->q, c->tag);
+    td_xfer *x = match_posted(&t->m, p->q, c->tag);
     if (x) {
         rts_deliver(t, p, x, c, done);
         return;
     }
-    td_unexp *u = td_match_unexp_new(&t->m, c->tag, (size_t)c->total);
+    td_unexp *u = match_unexp_new(&t->m, c->tag, (size_t)c->total);
     u->own = true;
     memcpy(u->extra, c, sizeof *c);
-    td_match_unexp_queue(&t->m, p->q, u);
+    match_unexp_queue(&t->m, p->q, u);
 }
 
 static void handle_fin(tcp_transport *t, peer *p, const td_tcp_control *c, td_done *done)
@@ -520,11 +520,11 @@ static void handle_fin(tcp_transport *t, peer *p, const td_tcp_control *c, td_do
         peer_lost(t, p, done, "protocol error: a FIN for no message in flight");
         return;
     }
-    td_match_unlink(&p->await_head, &p->await_tail, prev, x);
+    match_unlink(&p->await_head, &p->await_tail, prev, x);
     if (c->status == TD_OK)
-        td_match_finish(&t->m, x, done);
+        match_finish(&t->m, x, done);
     else
-        td_match_completef(&t->m, x, c->status, done,
+        match_completef(&t->m, x, c->status, done,
                            "Rank %d could not read a message of %zu bytes from this rank's memory", grank(t, p),
                            x->total);
 }
@@ -536,7 +536,7 @@ static void handle_control(tcp_transport *t, peer *p, td_done *done)
 {
     td_tcp_control c;
     int g = grank(t, p);
-    if (!td_tcp_control_parse(p->ctrl, p->ctrl_got, TD_TCP_MAX_MESSAGE, &c)) {
+    if (!tcp_control_parse(p->ctrl, p->ctrl_got, TD_TCP_MAX_MESSAGE, &c)) {
         peer_lost(t, p, done, "protocol error: malformed control frame (type %u, %zu bytes)", p->ctrl[0], p->ctrl_got);
     } else if (c.type == TD_TCP_CTRL_BYE) {
         peer_said_bye(t, p, done);
@@ -547,9 +547,9 @@ static void handle_control(tcp_transport *t, peer *p, td_done *done)
     } else {
         p->bye = true; /* nothing more comes from it */
         if (c.status == TD_ERR_PEER_LOST)
-            td_match_abortf(&t->m, TD_ERR_PEER_LOST, done, "%.*s (reported by rank %d)", (int)c.msg_len, c.msg, g);
+            match_abortf(&t->m, TD_ERR_PEER_LOST, done, "%.*s (reported by rank %d)", (int)c.msg_len, c.msg, g);
         else
-            td_match_abortf(&t->m, TD_ERR_PEER_LOST, done, "Connection to rank %d lost: rank %d failed: %.*s", g, g,
+            match_abortf(&t->m, TD_ERR_PEER_LOST, done, "Connection to rank %d lost: rank %d failed: %.*s", g, g,
                             (int)c.msg_len, c.msg);
     }
 }
@@ -562,7 +562,7 @@ static void finish_message(tcp_transport *t, peer *p, td_done *done)
         handle_control(t, p, done);
         return;
     }
-    td_match_message_done(&t->m, p->q, done);
+    match_message_done(&t->m, p->q, done);
 }
 
 /* A header arrived: pick where its payload goes. False when the stream must be dropped. */
@@ -593,15 +593,15 @@ static bool start_message(tcp_transport *t, peer *p, uint64_t tag, uint64_t len,
     p->rtag = tag;
     p->rlen = (size_t)len;
     p->remaining = (size_t)len;
-    if (!td_match_arrived(&t->m, p->q, tag, len, done)) {
-        td_unexp *u = td_match_unexp_new(&t->m, tag, (size_t)len);
-        if (len && !td_match_unexp_room(&t->m, u, 1)) {
-            td_match_unexp_free(&t->m, u);
+    if (!match_arrived(&t->m, p->q, tag, len, done)) {
+        td_unexp *u = match_unexp_new(&t->m, tag, (size_t)len);
+        if (len && !match_unexp_room(&t->m, u, 1)) {
+            match_unexp_free(&t->m, u);
             peer_lost(t, p, done, "cannot buffer an unexpected message of %llu bytes: %s", (unsigned long long)len,
                       td_last_error());
             return false;
         }
-        td_match_unexp_queue(&t->m, p->q, u);
+        match_unexp_queue(&t->m, p->q, u);
         p->q->ru = u;
     }
     if (len == 0)
@@ -614,7 +614,7 @@ static bool start_message(tcp_transport *t, peer *p, uint64_t tag, uint64_t len,
 /* Room in p->q->ru for the payload's next bytes; false (the stream dropped) when out of memory. */
 static bool unexp_room(tcp_transport *t, peer *p, td_done *done)
 {
-    if (td_match_unexp_room(&t->m, p->q->ru, 1))
+    if (match_unexp_room(&t->m, p->q->ru, 1))
         return true;
     peer_lost(t, p, done, "cannot buffer an unexpected message of %zu bytes: %s", p->q->ru->len, td_last_error());
     return false;
@@ -631,7 +631,7 @@ static bool consume_stage(tcp_transport *t, peer *p, td_done *done)
             if (avail < HDR_SIZE)
                 break;
             uint64_t tag, len;
-            td_tcp_header_decode((const uint8_t *)s, &tag, &len);
+            tcp_header_decode((const uint8_t *)s, &tag, &len);
             p->stage_off += HDR_SIZE;
             if (!start_message(t, p, tag, len, done))
                 return false;
@@ -642,7 +642,7 @@ static bool consume_stage(tcp_transport *t, peer *p, td_done *done)
             memcpy(p->ctrl + p->ctrl_got, s, take);
             p->ctrl_got += take;
         } else if (q->rx) {
-            td_xfer_copy_in(q->rx, q->rx->progress, s, take);
+            xfer_copy_in(q->rx, q->rx->progress, s, take);
             q->rx->progress += take;
             t->n_staged += take;
         } else if (q->ru) {
@@ -684,7 +684,7 @@ static void read_peer(tcp_transport *t, peer *p, td_done *done)
         size_t direct = 0;
         if (p->rstate == R_PAYLOAD) {
             if (q->rx) {
-                cnt = td_xfer_iov_from(q->rx, q->rx->progress, p->remaining, iov, TD_XFER_MAX_IOV);
+                cnt = xfer_iov_from(q->rx, q->rx->progress, p->remaining, iov, TD_XFER_MAX_IOV);
                 direct = p->remaining;
             } else if (q->ru) {
                 if (!unexp_room(t, p, done))
@@ -765,7 +765,7 @@ static void handle_events(tcp_transport *t, struct epoll_event *evs, int n, td_d
 /* The earliest deadline of the pending xfers, RTS sends awaiting their FIN included. */
 static int64_t earliest_deadline(tcp_transport *t, td_xfer **which)
 {
-    int64_t best = td_match_earliest(&t->m, which);
+    int64_t best = match_earliest(&t->m, which);
     for (int r = 0; r < t->base.size; r++) {
         for (td_xfer *x = t->peers[r].await_head; x; x = x->next) {
             if (x->deadline_ns < best) {
@@ -791,7 +791,7 @@ static void *io_main(void *arg)
         if (stop)
             break;
         struct epoll_event oev[2];
-        int n = epoll_wait(t->outer_ep, oev, 2, td_deadline_poll_ms(dl));
+        int n = epoll_wait(t->outer_ep, oev, 2, deadline_poll_ms(dl));
         bool inner = false;
         for (int i = 0; i < n; i++) {
             if (oev[i].data.u32 == 1)
@@ -811,14 +811,14 @@ static void *io_main(void *arg)
         }
         if (!m->stop) {
             dl = earliest_deadline(t, &which);
-            if (which && td_deadline_passed(dl))
-                td_match_timeout(m, which, &done);
+            if (which && deadline_passed(dl))
+                match_timeout(m, which, &done);
         }
         wake_poller(t, &done);
         if (!m->poller_busy && !t->armed && !m->stop)
             set_armed(t, true);
         pthread_mutex_unlock(&m->mu);
-        td_match_run_callbacks(&done);
+        match_run_callbacks(&done);
     }
     return NULL;
 }
@@ -832,21 +832,21 @@ static td_status tcp_isend(td_transport *base, int peer_rank, td_xfer *x)
     pthread_mutex_lock(&t->m.mu);
     peer *p = &t->peers[peer_rank];
     if (t->m.aborted || p->bye || p->closed || p->broken) {
-        td_status s = td_match_refused(&t->m, p->q);
+        td_status s = match_refused(&t->m, p->q);
         pthread_mutex_unlock(&t->m.mu);
         return s;
     }
-    /* Only sends whose receives are surely posted (td_transport_isend1_posted): a user's send must
+    /* Only sends whose receives are surely posted (transport_isend1_posted): a user's send must
      * complete even if the receive comes much later. */
     if (p->cma_send && x->recv_posted && x->total >= CMA_MIN) {
         x->kind |= XK_RTS;
         x->order = ++t->next_cookie;
     }
-    if (td_match_post_send(&t->m, p->q, x))
+    if (match_post_send(&t->m, p->q, x))
         flush_sends(t, p, &done);
     wake_poller(t, &done);
     pthread_mutex_unlock(&t->m.mu);
-    td_match_run_callbacks(&done);
+    match_run_callbacks(&done);
     return TD_OK;
 }
 
@@ -857,10 +857,10 @@ static td_status tcp_irecv(td_transport *base, int peer_rank, td_xfer *x)
     pthread_mutex_lock(&t->m.mu);
     bool gone = peer_rank != TD_TRANSPORT_ANY && (t->peers[peer_rank].bye || t->peers[peer_rank].closed);
     bool queued;
-    td_status s = td_match_post_recv(&t->m, peer_rank, x, gone, &done, &queued);
+    td_status s = match_post_recv(&t->m, peer_rank, x, gone, &done, &queued);
     wake_poller(t, &done);
     pthread_mutex_unlock(&t->m.mu);
-    td_match_run_callbacks(&done);
+    match_run_callbacks(&done);
     return s;
 }
 
@@ -870,7 +870,7 @@ static td_status tcp_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
     td_match *m = &t->m;
     int64_t dl;
     td_status result;
-    if (!td_match_wait_begin(m, x, deadline_ns, &dl, &result))
+    if (!match_wait_begin(m, x, deadline_ns, &dl, &result))
         return result;
     if (t->armed)
         set_armed(t, false);
@@ -881,26 +881,26 @@ static td_status tcp_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
     /* Busy-poll only for small messages, whose answer comes within microseconds; a large one takes
      * longer to arrive than the spin would last, and spinning would only steal the core from the
      * rank that is sending it. */
-    int64_t spin_end = x->total <= SPIN_MAX_BYTES ? td_now_ns() + t->spin_ns : 0;
-    while (!td_xfer_done(x)) {
-        int64_t now = td_now_ns();
+    int64_t spin_end = x->total <= SPIN_MAX_BYTES ? clock_now_ns() + t->spin_ns : 0;
+    while (!xfer_done(x)) {
+        int64_t now = clock_now_ns();
         if (now >= dl) {
             pthread_mutex_lock(&m->mu);
-            if (!td_xfer_done(x))
-                td_match_timeout(m, x, &done);
+            if (!xfer_done(x))
+                match_timeout(m, x, &done);
             pthread_mutex_unlock(&m->mu);
-            td_match_run_callbacks(&done);
+            match_run_callbacks(&done);
             break;
         }
         bool spinning = now < spin_end;
-        int n = epoll_wait(t->inner_ep, evs, MAX_EVENTS, spinning ? 0 : td_deadline_poll_ms(dl));
+        int n = epoll_wait(t->inner_ep, evs, MAX_EVENTS, spinning ? 0 : deadline_poll_ms(dl));
         if (n == 0 && spinning)
             sched_yield(); /* with more ranks than cores, the sender may be waiting for this core */
         if (n > 0) {
             pthread_mutex_lock(&m->mu);
             handle_events(t, evs, n, &done);
             pthread_mutex_unlock(&m->mu);
-            td_match_run_callbacks(&done);
+            match_run_callbacks(&done);
         }
     }
 
@@ -909,12 +909,12 @@ static td_status tcp_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
     if (!t->armed && !m->stop)
         set_armed(t, true);
     pthread_mutex_unlock(&m->mu);
-    return td_xfer_result(x);
+    return xfer_result(x);
 }
 
 static void tcp_abort(td_transport *base, td_status status, const char *message)
 {
-    td_match_abort(&((tcp_transport *)base)->m, status, message);
+    match_abort(&((tcp_transport *)base)->m, status, message);
 }
 
 /* ---- an orderly close --------------------------------------------------------------------------
@@ -963,15 +963,15 @@ static void say_goodbye(tcp_transport *t)
 {
     int n = t->base.size, me = t->base.rank;
     uint8_t bye[TD_TCP_CTRL_FRAME_MAX];
-    size_t bye_len = td_tcp_control_encode(bye, TD_TCP_CTRL_BYE, TD_OK, NULL);
+    size_t bye_len = tcp_control_encode(bye, TD_TCP_CTRL_BYE, TD_OK, NULL);
     for (int r = 0; r < n; r++) {
         peer *p = &t->peers[r];
         if (r != me && !p->closed && !p->broken && !p->bye)
-            td_buf_append(&p->owed, bye, bye_len);
+            buf_append(&p->owed, bye, bye_len);
     }
     struct pollfd *pf = TD_NEW_ARRAY(struct pollfd, (size_t)n);
     int *who = TD_NEW_ARRAY(int, (size_t)n);
-    int64_t deadline = td_now_ns() + BYE_WAIT_S * 1000000000LL;
+    int64_t deadline = clock_now_ns() + BYE_WAIT_S * 1000000000LL;
     for (;;) {
         int k = 0;
         for (int r = 0; r < n; r++) {
@@ -982,15 +982,15 @@ static void say_goodbye(tcp_transport *t)
         }
         if (k == 0)
             break;
-        if (td_deadline_passed(deadline)) {
+        if (deadline_passed(deadline)) {
             for (int i = 0; i < k; i++)
                 TD_LOG_WARN("tcp transport of rank %d: rank %d read nothing for %d s, so this rank closes "
                             "without its goodbye (rank %d will report the connection lost)",
-                            td_match_grank(&t->m, me), td_match_grank(&t->m, who[i]), BYE_WAIT_S,
-                            td_match_grank(&t->m, who[i]));
+                            match_grank(&t->m, me), match_grank(&t->m, who[i]), BYE_WAIT_S,
+                            match_grank(&t->m, who[i]));
             break;
         }
-        if (poll(pf, (nfds_t)k, td_deadline_poll_ms(deadline)) < 0 && errno != EINTR)
+        if (poll(pf, (nfds_t)k, deadline_poll_ms(deadline)) < 0 && errno != EINTR)
             break;
         for (int i = 0; i < k; i++)
             if (pf[i].revents & (POLLIN | POLLHUP | POLLERR))
@@ -1016,7 +1016,7 @@ static void free_transport(tcp_transport *t)
             close(p->fd);
         }
         free(p->stage);
-        td_buf_free(&p->owed);
+        buf_free(&p->owed);
     }
     for (ctrl_msg *c = t->all_ctrl; c;) {
         ctrl_msg *next = c->all_next;
@@ -1031,7 +1031,7 @@ static void free_transport(tcp_transport *t)
         close(t->efd_io);
     if (t->efd_poll >= 0)
         close(t->efd_poll);
-    td_match_free(&t->m);
+    match_free(&t->m);
     free(t->peers);
     free(t);
 }
@@ -1043,17 +1043,17 @@ static void tcp_destroy(td_transport *base)
     TD_LOG_DEBUG("tcp transport of rank %d: received %llu bytes straight into posted buffers, %llu by "
                  "single copy from the sender's memory, %llu through the staging buffer, %llu into %llu "
                  "unexpected-message buffers (%llu copied out)",
-                 td_match_grank(&t->m, t->base.rank), (unsigned long long)t->n_direct, (unsigned long long)t->n_cma,
+                 match_grank(&t->m, t->base.rank), (unsigned long long)t->n_direct, (unsigned long long)t->n_cma,
                  (unsigned long long)t->n_staged, (unsigned long long)t->n_unexpected,
                  (unsigned long long)t->m.n_unexpected_msgs, (unsigned long long)t->m.n_copied_out);
     if (t->io_started)
-        td_thread_join(t->io_thread);
+        thread_join(t->io_thread);
     if (t->m.abort_status == TD_ERR_CLOSED)
         say_goodbye(t);
     free_transport(t);
 }
 
-bool td_tcp_transport_peer_is_local(td_transport *base, int r)
+bool tcp_transport_peer_is_local(td_transport *base, int r)
 {
     tcp_transport *t = (tcp_transport *)base;
     if (r < 0 || r >= base->size || r == base->rank || t->peers[r].fd < 0)
@@ -1074,13 +1074,13 @@ static const td_transport_ops tcp_ops = {
 
 /* ---- creation --------------------------------------------------------------------------------- */
 
-td_status td_tcp_transport_from_fds(int rank, int size, const int *fds, const int *global_ranks,
+td_status tcp_transport_from_fds(int rank, int size, const int *fds, const int *global_ranks,
                                     td_transport **out)
 {
-    return td_tcp_transport_from_fds_ex(rank, size, fds, global_ranks, NULL, out);
+    return tcp_transport_from_fds_ex(rank, size, fds, global_ranks, NULL, out);
 }
 
-td_status td_tcp_transport_from_fds_ex(int rank, int size, const int *fds, const int *global_ranks,
+td_status tcp_transport_from_fds_ex(int rank, int size, const int *fds, const int *global_ranks,
                                        const td_tcp_peer_info *info, td_transport **out)
 {
     *out = NULL;
@@ -1088,13 +1088,13 @@ td_status td_tcp_transport_from_fds_ex(int rank, int size, const int *fds, const
         for (int r = 0; r < size; r++)
             if (r != rank && fds[r] >= 0)
                 close(fds[r]);
-        return td_error(TD_ERR_INVALID, "invalid rank %d for a group of %d", rank, size);
+        return error_fmt(TD_ERR_INVALID, "invalid rank %d for a group of %d", rank, size);
     }
     tcp_transport *t = TD_NEW(tcp_transport);
     t->base.ops = &tcp_ops;
     t->base.rank = rank;
     t->base.size = size;
-    td_match_init(&t->m, "tcp", rank, size, global_ranks, POOL_MIN_CLASS, sizeof(td_tcp_control));
+    match_init(&t->m, "tcp", rank, size, global_ranks, POOL_MIN_CLASS, sizeof(td_tcp_control));
     t->m.abort_locked = abort_locked;
     t->m.take_own = take_rts;
     t->inner_ep = t->outer_ep = t->efd_io = t->efd_poll = -1;
@@ -1109,10 +1109,10 @@ td_status td_tcp_transport_from_fds_ex(int rank, int size, const int *fds, const
         }
     }
     if (getrandom(&t->guard_value, sizeof t->guard_value, 0) != sizeof t->guard_value || !t->guard_value)
-        t->guard_value = (uint64_t)td_now_ns() | 1;
+        t->guard_value = (uint64_t)clock_now_ns() | 1;
     atomic_store(&t->guard, t->guard_value);
     int64_t spin_us = 50;
-    td_status s = td_env_int("TDIST_TCP_SPIN_US", 50, 0, 1000000, &spin_us);
+    td_status s = env_get_int("TDIST_TCP_SPIN_US", 50, 0, 1000000, &spin_us);
     if (s != TD_OK)
         goto fail;
     t->spin_ns = spin_us * 1000;
@@ -1122,7 +1122,7 @@ td_status td_tcp_transport_from_fds_ex(int rank, int size, const int *fds, const
     t->efd_io = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     t->efd_poll = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (t->inner_ep < 0 || t->outer_ep < 0 || t->efd_io < 0 || t->efd_poll < 0) {
-        s = td_error_errno(TD_ERR_IO, "creating the tcp transport's poll set");
+        s = error_errno(TD_ERR_IO, "creating the tcp transport's poll set");
         goto fail;
     }
     struct epoll_event ev = {.events = EPOLLIN, .data.u32 = (uint32_t)size};
@@ -1133,15 +1133,15 @@ td_status td_tcp_transport_from_fds_ex(int rank, int size, const int *fds, const
             continue;
         peer *p = &t->peers[r];
         if (p->fd < 0) {
-            s = td_error(TD_ERR_INVALID, "no socket for rank %d", r);
+            s = error_fmt(TD_ERR_INVALID, "no socket for rank %d", r);
             goto fail;
         }
         int fl = fcntl(p->fd, F_GETFL);
         if (fl < 0 || fcntl(p->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
-            s = td_error_errno(TD_ERR_IO, "making the socket to rank %d non-blocking", r);
+            s = error_errno(TD_ERR_IO, "making the socket to rank %d non-blocking", r);
             goto fail;
         }
-        p->stage = td_malloc(STAGE_SIZE);
+        p->stage = alloc_or_die(STAGE_SIZE);
         ev.events = EPOLLIN | EPOLLRDHUP;
         ev.data.u32 = (uint32_t)r;
         if (epoll_ctl(t->inner_ep, EPOLL_CTL_ADD, p->fd, &ev) != 0)
@@ -1156,14 +1156,14 @@ td_status td_tcp_transport_from_fds_ex(int rank, int size, const int *fds, const
     ev.data.u32 = 1;
     if (epoll_ctl(t->outer_ep, EPOLL_CTL_ADD, t->efd_io, &ev) != 0)
         goto fail_ctl;
-    s = td_thread_start(&t->io_thread, "td-tcp-io", io_main, t);
+    s = thread_start(&t->io_thread, "td-tcp-io", io_main, t);
     if (s != TD_OK)
         goto fail;
     t->io_started = true;
     *out = &t->base;
     return TD_OK;
 fail_ctl:
-    s = td_error_errno(TD_ERR_IO, "setting up the tcp transport's poll set");
+    s = error_errno(TD_ERR_IO, "setting up the tcp transport's poll set");
 fail:
     t->m.aborted = true;
     free_transport(t);

@@ -46,26 +46,26 @@ enum {
 /* Listens, publishes this rank's address, connects to every peer (lower rank connects to higher)
  * and starts the I/O thread. Every rank of the group must call it with the same store, group name
  * and size. */
-td_status td_tcp_transport_create(const td_tcp_options *options, td_transport **out);
+td_status tcp_transport_create(const td_tcp_options *options, td_transport **out);
 
 /* A transport over sockets that are already connected and past the handshake: fds[peer] for every
  * peer (fds[rank] is ignored). Takes ownership of the fds, also on failure. global_ranks may be NULL. */
-td_status td_tcp_transport_from_fds(int rank, int size, const int *fds, const int *global_ranks,
+td_status tcp_transport_from_fds(int rank, int size, const int *fds, const int *global_ranks,
                                     td_transport **out);
 
-/* What the handshake agreed with each peer, for td_tcp_transport_from_fds_ex. */
+/* What the handshake agreed with each peer, for tcp_transport_from_fds_ex. */
 typedef struct td_tcp_peer_info {
     int pid;        /* the peer's process id, as this process sees it */
     bool cma_send;  /* the peer reads large collective messages from this process's memory */
     bool cma_recv;  /* this process reads them from the peer's */
 } td_tcp_peer_info;
 
-/* As td_tcp_transport_from_fds, with info[peer] (may be NULL: plain streams only). */
-td_status td_tcp_transport_from_fds_ex(int rank, int size, const int *fds, const int *global_ranks,
+/* As tcp_transport_from_fds, with info[peer] (may be NULL: plain streams only). */
+td_status tcp_transport_from_fds_ex(int rank, int size, const int *fds, const int *global_ranks,
                                        const td_tcp_peer_info *info, td_transport **out);
 
 /* Whether the connection to peer is a UNIX-domain socket (a peer on this host). */
-bool td_tcp_transport_peer_is_local(td_transport *t, int peer);
+bool tcp_transport_peer_is_local(td_transport *t, int peer);
 
 /* The largest message the transport accepts (a longer length in a header is a protocol error). */
 #define TD_TCP_MAX_MESSAGE (UINT64_C(1) << 40)

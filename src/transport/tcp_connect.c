@@ -1,4 +1,4 @@
-/* Setting up the tcp transport's connections through a store (td_tcp_transport_create, tcp.h).
+/* Setting up the tcp transport's connections through a store (tcp_transport_create, tcp.h).
  *
  * Each rank listens on port 0 at its bind address (explicit, or TDIST_SOCKET_IFNAME's address, or
  * the local address that reaches MASTER_ADDR, or loopback), and on an abstract UNIX-domain socket
@@ -9,7 +9,7 @@
  * meanwhile it accepts the lower ranks' connections, checks their hellos and answers each with an
  * accept or a refusal, and reads the answers to its own hellos, all in the rendezvous' poll loop,
  * bounded by the group's timeout. The handshake is in docs/protocols.md, "tcp transport".
- * Sockets then go to the progress engine (td_tcp_transport_from_fds in tcp.c). */
+ * Sockets then go to the progress engine (tcp_transport_from_fds in tcp.c). */
 #include "transport/tcp.h"
 
 #include <arpa/inet.h>
@@ -46,7 +46,7 @@ static td_status iface_addr(const char *name, char *out, size_t size)
 {
     struct ifaddrs *ifs;
     if (getifaddrs(&ifs) != 0)
-        return td_error_errno(TD_ERR_IO, "getifaddrs");
+        return error_errno(TD_ERR_IO, "getifaddrs");
     bool found6 = false, exists = false;
     char v6[TD_ADDR_STRLEN] = "";
     bool found4 = false;
@@ -78,8 +78,8 @@ static td_status iface_addr(const char *name, char *out, size_t size)
         return TD_OK;
     }
     if (!exists)
-        return td_error(TD_ERR_INVALID, "TDIST_SOCKET_IFNAME names interface '%s', which does not exist", name);
-    return td_error(TD_ERR_INVALID, "TDIST_SOCKET_IFNAME names interface '%s', which has no IP address", name);
+        return error_fmt(TD_ERR_INVALID, "TDIST_SOCKET_IFNAME names interface '%s', which does not exist", name);
+    return error_fmt(TD_ERR_INVALID, "TDIST_SOCKET_IFNAME names interface '%s', which has no IP address", name);
 }
 
 /* The local address the kernel would use to reach host (a UDP connect sends nothing). */
@@ -87,13 +87,13 @@ static bool route_to(const char *host, char *out, size_t size)
 {
     td_addr *addrs = NULL;
     size_t n = 0;
-    if (td_net_resolve(host, 9, false, &addrs, &n) != TD_OK || n == 0) {
+    if (net_resolve(host, 9, false, &addrs, &n) != TD_OK || n == 0) {
         free(addrs);
         return false;
     }
     bool ok = false;
     for (size_t i = 0; i < n && !ok; i++) {
-        if (td_addr_is_loopback(&addrs[i])) {
+        if (addr_is_loopback(&addrs[i])) {
             snprintf(out, size, "%s", addrs[i].ss.ss_family == AF_INET6 ? "::1" : "127.0.0.1");
             ok = true;
             break;
@@ -121,10 +121,10 @@ static td_status bind_host(const td_tcp_options *o, char *out, size_t size)
         snprintf(out, size, "%s", o->bind_host);
         return TD_OK;
     }
-    const char *ifname = td_env_str("TDIST_SOCKET_IFNAME", NULL);
+    const char *ifname = env_get_str("TDIST_SOCKET_IFNAME", NULL);
     if (ifname)
         return iface_addr(ifname, out, size);
-    const char *master = td_env_str("MASTER_ADDR", NULL);
+    const char *master = env_get_str("MASTER_ADDR", NULL);
     if (master && route_to(master, out, size))
         return TD_OK;
     snprintf(out, size, "127.0.0.1");
@@ -147,7 +147,7 @@ typedef struct setup {
     char unix_name[64];       /* this rank's abstract UNIX socket name, "-" when none */
 } setup;
 
-static int grank_of(const setup *s, int r) { return td_rdv_grank(&s->v, r); }
+static int grank_of(const setup *s, int r) { return rdv_grank(&s->v, r); }
 
 static size_t hello_encode(const setup *s, int to, uint64_t nonce, bool cma, uint8_t *b)
 {
@@ -163,7 +163,7 @@ static size_t hello_encode(const setup *s, int to, uint64_t nonce, bool cma, uin
         .token = s->token,
         .token_len = s->token ? (uint32_t)strlen(s->token) : 0,
     };
-    return td_tcp_hello_encode(b, &h);
+    return tcp_hello_encode(b, &h);
 }
 
 static bool token_equal(const char *a, size_t alen, const char *b, size_t blen)
@@ -188,20 +188,20 @@ static td_status read_address(setup *s, int r, char **host, int *port, uint64_t 
                               size_t unix_size)
 {
     char text[513];
-    TD_TRY(td_rdv_read(&s->v, r, "tcp address", text, sizeof text));
+    TD_TRY(rdv_read(&s->v, r, "tcp address", text, sizeof text));
     char addr[TD_ADDR_STRLEN + 1], hid[160] = "", uname[64] = "-";
     unsigned long long nn = 0;
     if (sscanf(text, "%96s %llx %159s %63s", addr, &nn, hid, uname) < 2)
-        return td_error(TD_ERR_INVALID, "rank %d's tcp address in the store is malformed", grank_of(s, r));
+        return error_fmt(TD_ERR_INVALID, "rank %d's tcp address in the store is malformed", grank_of(s, r));
     *nonce = nn;
     /* Same host: offer its UNIX socket (the caller falls back to TCP if it does not answer). */
     bool local = s->use_unix && s->host_id[0] && strcmp(hid, s->host_id) == 0 && strcmp(uname, "-") != 0;
     snprintf(unix_name, unix_size, "%s", local ? uname : "");
-    td_status st = td_net_split_hostport(addr, host, port);
+    td_status st = net_split_hostport(addr, host, port);
     if (st == TD_OK && *port < 0) {
         free(*host);
         *host = NULL;
-        st = td_error(TD_ERR_INVALID, "rank %d's tcp address '%s' has no port", grank_of(s, r), addr);
+        st = error_fmt(TD_ERR_INVALID, "rank %d's tcp address '%s' has no port", grank_of(s, r), addr);
     }
     return st;
 }
@@ -209,8 +209,8 @@ static td_status read_address(setup *s, int r, char **host, int *port, uint64_t 
 /* A connection to a peer's UNIX socket, non-blocking, or -1. */
 static int unix_connect(const char *name)
 {
-    int fd = td_rdv_unix_connect(name);
-    if (fd >= 0 && td_net_set_nonblocking(fd, true) != TD_OK) {
+    int fd = rdv_unix_connect(name);
+    if (fd >= 0 && net_set_nonblocking(fd, true) != TD_OK) {
         close(fd);
         return -1;
     }
@@ -219,7 +219,7 @@ static int unix_connect(const char *name)
 
 static td_status connect_up(setup *s, int r)
 {
-    uint8_t *hello = td_malloc(TD_TCP_HELLO_FIXED + strlen(s->group) + (s->token ? strlen(s->token) : 0));
+    uint8_t *hello = alloc_or_die(TD_TCP_HELLO_FIXED + strlen(s->group) + (s->token ? strlen(s->token) : 0));
     td_status st;
     for (;;) {
         char *host = NULL;
@@ -235,28 +235,28 @@ static td_status connect_up(setup *s, int r)
         } else {
             /* A short connect deadline, then the address is read again: a key left by an earlier
              * group of the same name may point at a port nobody listens on any more. */
-            int64_t dl = td_now_ns() + 2000000000LL;
+            int64_t dl = clock_now_ns() + 2000000000LL;
             if (dl > s->v.deadline)
                 dl = s->v.deadline;
-            st = td_net_connect(host, port, dl, &fd);
+            st = net_connect(host, port, dl, &fd);
             free(host);
         }
-        if (st == TD_ERR_TIMEOUT && !td_deadline_passed(s->v.deadline))
+        if (st == TD_ERR_TIMEOUT && !deadline_passed(s->v.deadline))
             continue;
         if (st != TD_OK) {
-            td_error_prefix(st, "connecting to rank %d", grank_of(s, r));
+            error_prefix(st, "connecting to rank %d", grank_of(s, r));
             break;
         }
         bool unix_sock = uname[0] && fd_is_unix(fd);
         s->asked_cma[r] = s->use_cma && unix_sock;
         size_t len = hello_encode(s, r, nonce, s->asked_cma[r], hello);
-        st = td_net_send_all(fd, hello, len, s->v.deadline);
+        st = net_send_all(fd, hello, len, s->v.deadline);
         if (st != TD_OK) {
             close(fd);
-            td_error_prefix(st, "sending the hello to rank %d", grank_of(s, r));
+            error_prefix(st, "sending the hello to rank %d", grank_of(s, r));
             break;
         }
-        td_rdv_await(&s->v, r, fd);
+        rdv_await(&s->v, r, fd);
         break;
     }
     free(hello);
@@ -268,10 +268,10 @@ static td_status connect_up(setup *s, int r)
 static void send_reply(int fd, int rank, int status, unsigned flags, const char *msg, int64_t deadline)
 {
     uint8_t b[TD_TCP_REPLY_MAX];
-    size_t len = td_tcp_reply_encode(b, rank, status, flags, msg);
+    size_t len = tcp_reply_encode(b, rank, status, flags, msg);
     /* Short: the peer is waiting for it, and a stuck stray must not stall the set-up. */
-    int64_t dl = td_now_ns() + 1000000000LL;
-    td_net_send_all(fd, b, len, dl < deadline ? dl : deadline);
+    int64_t dl = clock_now_ns() + 1000000000LL;
+    net_send_all(fd, b, len, dl < deadline ? dl : deadline);
 }
 
 /* A complete hello (or a malformed one): refuse, accept, or wait for more bytes. */
@@ -281,12 +281,12 @@ static void check_hello(setup *s, int i)
     td_tcp_hello h;
     size_t need = 0;
     const char *why = NULL;
-    td_tcp_parse pr = td_tcp_hello_parse(p->buf, p->got, &h, &need, &why);
+    td_tcp_parse pr = tcp_hello_parse(p->buf, p->got, &h, &need, &why);
     if (pr == TD_TCP_PARSE_MORE)
         return;
     if (pr == TD_TCP_PARSE_BAD) {
         TD_LOG_WARN("tcp transport of rank %d dropped a connection: %s", grank_of(s, s->v.rank), why);
-        td_rdv_drop(&s->v, i);
+        rdv_drop(&s->v, i);
         return;
     }
     char msg[TD_TCP_MAX_REPLY_MSG];
@@ -317,13 +317,13 @@ static void check_hello(setup *s, int i)
         TD_LOG_WARN("tcp transport of rank %d refused a connection: %s", grank_of(s, rank), msg);
         snprintf(s->v.last_refusal, sizeof s->v.last_refusal, "%s", msg);
         send_reply(fd, rank, TD_TCP_REPLY_REFUSED, 0, msg, s->v.deadline);
-        td_rdv_drop(&s->v, i);
+        rdv_drop(&s->v, i);
         return;
     }
     bool cma = (h.flags & TD_TCP_FLAG_CMA) && s->use_cma && fd_is_unix(fd);
     send_reply(fd, rank, TD_TCP_REPLY_OK, cma ? TD_TCP_FLAG_CMA : 0, NULL, s->v.deadline);
     s->agreed_cma[h.from] = cma;
-    td_rdv_take(&s->v, i, (int)h.from);
+    rdv_take(&s->v, i, (int)h.from);
 }
 
 /* Reads an accepted connection's hello bytes (no more than the hello needs: what follows belongs
@@ -335,13 +335,13 @@ static void read_pending(td_rdv *v, int i)
     td_tcp_hello h;
     size_t want = TD_TCP_HELLO_FIXED;
     const char *why;
-    if (td_tcp_hello_parse(p->buf, p->got, &h, &want, &why) != TD_TCP_PARSE_MORE) {
+    if (tcp_hello_parse(p->buf, p->got, &h, &want, &why) != TD_TCP_PARSE_MORE) {
         check_hello(s, i);
         return;
     }
     ssize_t n = recv(p->fd, p->buf + p->got, want - p->got, MSG_DONTWAIT);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-        td_rdv_drop(v, i);
+        rdv_drop(v, i);
         return;
     }
     if (n > 0)
@@ -358,25 +358,25 @@ static td_status read_reply(td_rdv *v, int r)
         td_tcp_reply rep;
         size_t want = TD_TCP_REPLY_FIXED;
         const char *why = NULL;
-        td_tcp_parse pr = td_tcp_reply_parse(c->buf, c->got, &rep, &want, &why);
+        td_tcp_parse pr = tcp_reply_parse(c->buf, c->got, &rep, &want, &why);
         if (pr == TD_TCP_PARSE_BAD)
-            return td_error(TD_ERR_INVALID, "rank %d answered the tcp transport hello: %s", grank_of(s, r), why);
+            return error_fmt(TD_ERR_INVALID, "rank %d answered the tcp transport hello: %s", grank_of(s, r), why);
         if (pr == TD_TCP_PARSE_OK) {
             if (rep.status != TD_TCP_REPLY_OK)
-                return td_error(TD_ERR_INVALID, "rank %d refused the connection from rank %d: %.*s", grank_of(s, r),
+                return error_fmt(TD_ERR_INVALID, "rank %d refused the connection from rank %d: %.*s", grank_of(s, r),
                                 grank_of(s, v->rank), (int)rep.msg_len, rep.msg);
             s->agreed_cma[r] = s->asked_cma[r] && (rep.flags & TD_TCP_FLAG_CMA);
-            td_rdv_answered(v, r);
+            rdv_answered(v, r);
             return TD_OK;
         }
         ssize_t n = recv(c->fd, c->buf + c->got, want - c->got, MSG_DONTWAIT);
         if (n == 0)
-            return td_error(TD_ERR_PEER_LOST, "rank %d closed the connection during the tcp transport handshake",
+            return error_fmt(TD_ERR_PEER_LOST, "rank %d closed the connection during the tcp transport handshake",
                             grank_of(s, r));
         if (n < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
                 return TD_OK;
-            return td_error_errno(TD_ERR_PEER_LOST, "reading rank %d's handshake answer", grank_of(s, r));
+            return error_errno(TD_ERR_PEER_LOST, "reading rank %d's handshake answer", grank_of(s, r));
         }
         c->got += (size_t)n;
     }
@@ -399,37 +399,37 @@ static td_status cma_probe(setup *s)
         if (getsockopt(s->v.fds[r], SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0)
             s->info[r].pid = cred.pid;
         uint8_t m[TD_TCP_CMA_PROBE_SIZE];
-        td_wire_put64(m, TD_TCP_CMA_PROBE_MAGIC);
-        td_wire_put64(m + 8, (uint64_t)(uintptr_t)&word);
-        td_wire_put64(m + 16, word);
-        TD_TRY(td_net_send_all(s->v.fds[r], m, sizeof m, s->v.deadline));
+        wire_put64(m, TD_TCP_CMA_PROBE_MAGIC);
+        wire_put64(m + 8, (uint64_t)(uintptr_t)&word);
+        wire_put64(m + 16, word);
+        TD_TRY(net_send_all(s->v.fds[r], m, sizeof m, s->v.deadline));
     }
     for (int r = 0; r < s->v.size; r++) {
         if (!s->agreed_cma[r])
             continue;
         uint8_t m[TD_TCP_CMA_PROBE_SIZE];
-        td_status st = td_net_recv_all(s->v.fds[r], m, sizeof m, s->v.deadline);
+        td_status st = net_recv_all(s->v.fds[r], m, sizeof m, s->v.deadline);
         if (st != TD_OK)
-            return td_error_prefix(st, "reading rank %d's single-copy probe", td_rdv_grank(&s->v, r));
-        uint64_t v[3] = {td_wire_get64(m), td_wire_get64(m + 8), td_wire_get64(m + 16)};
+            return error_prefix(st, "reading rank %d's single-copy probe", rdv_grank(&s->v, r));
+        uint64_t v[3] = {wire_get64(m), wire_get64(m + 8), wire_get64(m + 16)};
         uint64_t got = 0;
         struct iovec l = {&got, sizeof got}, rem = {(void *)(uintptr_t)v[1], sizeof got};
         bool ok = v[0] == TD_TCP_CMA_PROBE_MAGIC && s->info[r].pid > 0 &&
                   process_vm_readv(s->info[r].pid, &l, 1, &rem, 1, 0) == (ssize_t)sizeof got && got == v[2];
         if (!ok)
             TD_LOG_DEBUG("tcp transport of rank %d cannot read rank %d's memory (%s): messages go by the socket",
-                         td_rdv_grank(&s->v, s->v.rank), td_rdv_grank(&s->v, r), strerror(errno));
+                         rdv_grank(&s->v, s->v.rank), rdv_grank(&s->v, r), strerror(errno));
         s->info[r].cma_recv = ok;
         uint8_t answer = ok;
-        TD_TRY(td_net_send_all(s->v.fds[r], &answer, 1, s->v.deadline));
+        TD_TRY(net_send_all(s->v.fds[r], &answer, 1, s->v.deadline));
     }
     for (int r = 0; r < s->v.size; r++) {
         if (!s->agreed_cma[r])
             continue;
         uint8_t answer = 0;
-        td_status st = td_net_recv_all(s->v.fds[r], &answer, 1, s->v.deadline);
+        td_status st = net_recv_all(s->v.fds[r], &answer, 1, s->v.deadline);
         if (st != TD_OK)
-            return td_error_prefix(st, "reading rank %d's single-copy probe answer", td_rdv_grank(&s->v, r));
+            return error_prefix(st, "reading rank %d's single-copy probe answer", rdv_grank(&s->v, r));
         s->info[r].cma_send = answer == 1;
     }
     return TD_OK;
@@ -439,11 +439,11 @@ static td_status cma_probe(setup *s)
 
 static td_status tune_socket(int fd, int64_t bufsize)
 {
-    TD_TRY(td_net_set_nonblocking(fd, true));
+    TD_TRY(net_set_nonblocking(fd, true));
     int domain = 0;
     socklen_t dlen = sizeof domain;
     if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &dlen) == 0 && domain != AF_UNIX)
-        TD_TRY(td_net_set_nodelay(fd));
+        TD_TRY(net_set_nodelay(fd));
     if (bufsize > 0) {
         int v = (int)bufsize;
         setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof v);
@@ -461,56 +461,56 @@ static td_status listen_and_publish(setup *s, int *lfd, int *ufd)
     const td_tcp_options *o = s->o;
     int rank = o->setup.rank;
     if (s->use_unix) {
-        td_host_id(s->host_id, sizeof s->host_id);
+        host_identity(s->host_id, sizeof s->host_id);
         char name[64];
         snprintf(name, sizeof name, "tdist-tcp-%d-%llx", (int)getpid(), (unsigned long long)s->v.nonce);
-        if (s->host_id[0] && (*ufd = td_rdv_unix_listen(name, o->setup.size + 16)) >= 0)
+        if (s->host_id[0] && (*ufd = rdv_unix_listen(name, o->setup.size + 16)) >= 0)
             snprintf(s->unix_name, sizeof s->unix_name, "%s", name);
     }
     if (!s->host_id[0])
         snprintf(s->host_id, sizeof s->host_id, "-");
-    TD_TRY(td_rdv_generation(&s->v));
+    TD_TRY(rdv_generation(&s->v));
     char host[TD_ADDR_STRLEN];
     TD_TRY(bind_host(o, host, sizeof host));
     int port = 0;
-    td_status st = td_net_listen(host, 0, o->setup.size + 16, lfd, &port);
+    td_status st = net_listen(host, 0, o->setup.size + 16, lfd, &port);
     if (st != TD_OK)
-        return td_error_prefix(st, "tcp transport of rank %d", grank_of(s, rank));
+        return error_prefix(st, "tcp transport of rank %d", grank_of(s, rank));
     char hp[TD_ADDR_STRLEN + 32];
-    td_net_format_hostport(host, port, hp, sizeof hp);
+    net_format_hostport(host, port, hp, sizeof hp);
     char val[TD_ADDR_STRLEN + 320];
     snprintf(val, sizeof val, "%s %llx %s %s", hp, (unsigned long long)s->v.nonce, s->host_id, s->unix_name);
-    TD_TRY(td_rdv_publish(&s->v, val, "tcp address"));
+    TD_TRY(rdv_publish(&s->v, val, "tcp address"));
     TD_LOG_DEBUG("tcp transport of rank %d listening on %s", grank_of(s, rank), hp);
     return TD_OK;
 }
 
-td_status td_tcp_transport_create(const td_tcp_options *o, td_transport **out)
+td_status tcp_transport_create(const td_tcp_options *o, td_transport **out)
 {
     *out = NULL;
     const td_transport_setup *g = &o->setup;
     if (g->size < 1 || g->rank < 0 || g->rank >= g->size)
-        return td_error(TD_ERR_INVALID, "invalid rank %d for a group of %d", g->rank, g->size);
+        return error_fmt(TD_ERR_INVALID, "invalid rank %d for a group of %d", g->rank, g->size);
     int64_t bufsize = 0;
-    TD_TRY(td_env_int("TDIST_TCP_BUFFER", 0, 0, INT32_MAX, &bufsize));
+    TD_TRY(env_get_int("TDIST_TCP_BUFFER", 0, 0, INT32_MAX, &bufsize));
     setup s = {0};
     s.o = o;
     s.group = g->group_name ? g->group_name : "";
-    s.token = td_env_str("TDIST_AUTH_TOKEN", NULL);
+    s.token = env_get_str("TDIST_AUTH_TOKEN", NULL);
     if (strlen(s.group) > TD_TCP_MAX_GROUP_NAME)
-        return td_error(TD_ERR_INVALID, "group name is longer than %d bytes", TD_TCP_MAX_GROUP_NAME);
+        return error_fmt(TD_ERR_INVALID, "group name is longer than %d bytes", TD_TCP_MAX_GROUP_NAME);
     if (s.token && strlen(s.token) > TD_TCP_MAX_TOKEN)
-        return td_error(TD_ERR_INVALID, "TDIST_AUTH_TOKEN is longer than %d bytes", TD_TCP_MAX_TOKEN);
+        return error_fmt(TD_ERR_INVALID, "TDIST_AUTH_TOKEN is longer than %d bytes", TD_TCP_MAX_TOKEN);
     if (g->size == 1) {
         int none = -1;
-        return td_tcp_transport_from_fds(g->rank, 1, &none, g->global_ranks, out);
+        return tcp_transport_from_fds(g->rank, 1, &none, g->global_ranks, out);
     }
     bool unix_env = true, cma_env = true;
-    TD_TRY(td_env_bool("TDIST_TCP_UNIX", true, &unix_env));
-    TD_TRY(td_env_bool("TDIST_TCP_CMA", true, &cma_env));
+    TD_TRY(env_get_bool("TDIST_TCP_UNIX", true, &unix_env));
+    TD_TRY(env_get_bool("TDIST_TCP_CMA", true, &cma_env));
     s.use_unix = o->same_host == TD_TCP_SAME_HOST_UNIX || (o->same_host == TD_TCP_SAME_HOST_DEFAULT && unix_env);
     s.use_cma = s.use_unix && (o->cma == TD_TCP_CMA_ON || (o->cma == TD_TCP_CMA_DEFAULT && cma_env));
-    td_rdv_init(&s.v, g, "tcp transport", "tcp/", TD_TCP_REPLY_MAX, TD_TCP_HELLO_MAX);
+    rdv_init(&s.v, g, "tcp transport", "tcp/", TD_TCP_REPLY_MAX, TD_TCP_HELLO_MAX);
     s.v.arg = &s;
     s.v.on_answer = read_reply;
     s.v.on_pending = read_pending;
@@ -524,11 +524,11 @@ td_status td_tcp_transport_create(const td_tcp_options *o, td_transport **out)
     for (int r = g->rank + 1; r < g->size && st == TD_OK; r++)
         st = connect_up(&s, r);
     if (st == TD_OK)
-        st = td_rdv_handshake(&s.v, listen_fds, 2);
+        st = rdv_handshake(&s.v, listen_fds, 2);
     if (st == TD_OK)
         st = cma_probe(&s);
     if (st == TD_ERR_TIMEOUT && !strstr(td_last_error(), "setting up the tcp transport"))
-        td_error_prefix(st, "Timed out after %lld ms setting up the tcp transport of rank %d",
+        error_prefix(st, "Timed out after %lld ms setting up the tcp transport of rank %d",
                         (long long)g->timeout_ms, grank_of(&s, g->rank));
     for (int r = 0; r < g->size && st == TD_OK; r++)
         if (r != g->rank)
@@ -541,8 +541,8 @@ td_status td_tcp_transport_create(const td_tcp_options *o, td_transport **out)
     free(s.agreed_cma);
     bool handed = st == TD_OK; /* the engine takes the sockets, also when it fails */
     if (handed)
-        st = td_tcp_transport_from_fds_ex(g->rank, g->size, s.v.fds, g->global_ranks, s.info, out);
-    td_rdv_free(&s.v, handed);
+        st = tcp_transport_from_fds_ex(g->rank, g->size, s.v.fds, g->global_ranks, s.info, out);
+    rdv_free(&s.v, handed);
     free(s.info);
     return st;
 }

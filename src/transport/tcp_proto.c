@@ -10,17 +10,17 @@
 
 /* ---- handshake -------------------------------------------------------------------------------- */
 
-size_t td_tcp_hello_encode(uint8_t *b, const td_tcp_hello *h)
+size_t tcp_hello_encode(uint8_t *b, const td_tcp_hello *h)
 {
-    td_wire_put32(b, TD_TCP_MAGIC);
-    td_wire_put16(b + 4, h->version);
-    td_wire_put16(b + 6, h->flags);
-    td_wire_put32(b + 8, h->from);
-    td_wire_put32(b + 12, h->to);
-    td_wire_put32(b + 16, h->world);
-    td_wire_put64(b + 20, h->nonce);
-    td_wire_put32(b + 28, h->group_len);
-    td_wire_put32(b + 32, h->token_len);
+    wire_put32(b, TD_TCP_MAGIC);
+    wire_put16(b + 4, h->version);
+    wire_put16(b + 6, h->flags);
+    wire_put32(b + 8, h->from);
+    wire_put32(b + 12, h->to);
+    wire_put32(b + 16, h->world);
+    wire_put64(b + 20, h->nonce);
+    wire_put32(b + 28, h->group_len);
+    wire_put32(b + 32, h->token_len);
     if (h->group_len)
         memcpy(b + TD_TCP_HELLO_FIXED, h->group, h->group_len);
     if (h->token_len)
@@ -28,10 +28,10 @@ size_t td_tcp_hello_encode(uint8_t *b, const td_tcp_hello *h)
     return TD_TCP_HELLO_FIXED + h->group_len + h->token_len;
 }
 
-td_tcp_parse td_tcp_hello_parse(const uint8_t *b, size_t n, td_tcp_hello *h, size_t *need, const char **why)
+td_tcp_parse tcp_hello_parse(const uint8_t *b, size_t n, td_tcp_hello *h, size_t *need, const char **why)
 {
     *why = NULL;
-    if (n >= 4 && td_wire_get32(b) != TD_TCP_MAGIC) {
+    if (n >= 4 && wire_get32(b) != TD_TCP_MAGIC) {
         *why = "not a tdist tcp transport peer (bad magic)";
         return TD_TCP_PARSE_BAD;
     }
@@ -39,7 +39,7 @@ td_tcp_parse td_tcp_hello_parse(const uint8_t *b, size_t n, td_tcp_hello *h, siz
         *need = TD_TCP_HELLO_FIXED;
         return TD_TCP_PARSE_MORE;
     }
-    uint32_t gl = td_wire_get32(b + 28), tl = td_wire_get32(b + 32);
+    uint32_t gl = wire_get32(b + 28), tl = wire_get32(b + 32);
     if (gl > TD_TCP_MAX_GROUP_NAME || tl > TD_TCP_MAX_TOKEN) {
         *why = "the hello's group name or token is over the limit";
         return TD_TCP_PARSE_BAD;
@@ -47,12 +47,12 @@ td_tcp_parse td_tcp_hello_parse(const uint8_t *b, size_t n, td_tcp_hello *h, siz
     *need = TD_TCP_HELLO_FIXED + (size_t)gl + tl;
     if (n < *need)
         return TD_TCP_PARSE_MORE;
-    h->version = td_wire_get16(b + 4);
-    h->flags = td_wire_get16(b + 6);
-    h->from = td_wire_get32(b + 8);
-    h->to = td_wire_get32(b + 12);
-    h->world = td_wire_get32(b + 16);
-    h->nonce = td_wire_get64(b + 20);
+    h->version = wire_get16(b + 4);
+    h->flags = wire_get16(b + 6);
+    h->from = wire_get32(b + 8);
+    h->to = wire_get32(b + 12);
+    h->world = wire_get32(b + 16);
+    h->nonce = wire_get64(b + 20);
     h->group = (const char *)b + TD_TCP_HELLO_FIXED;
     h->group_len = gl;
     h->token = h->group + gl;
@@ -60,24 +60,24 @@ td_tcp_parse td_tcp_hello_parse(const uint8_t *b, size_t n, td_tcp_hello *h, siz
     return TD_TCP_PARSE_OK;
 }
 
-size_t td_tcp_reply_encode(uint8_t *b, int rank, int status, unsigned flags, const char *msg)
+size_t tcp_reply_encode(uint8_t *b, int rank, int status, unsigned flags, const char *msg)
 {
-    size_t ml = td_wire_msg_len(msg, TD_TCP_MAX_REPLY_MSG);
-    td_wire_put32(b, TD_TCP_MAGIC);
-    td_wire_put16(b + 4, TD_TCP_VERSION);
+    size_t ml = wire_msg_len(msg, TD_TCP_MAX_REPLY_MSG);
+    wire_put32(b, TD_TCP_MAGIC);
+    wire_put16(b + 4, TD_TCP_VERSION);
     b[6] = (uint8_t)status;
     b[7] = (uint8_t)flags;
-    td_wire_put32(b + 8, (uint32_t)rank);
-    td_wire_put32(b + 12, (uint32_t)ml);
+    wire_put32(b + 8, (uint32_t)rank);
+    wire_put32(b + 12, (uint32_t)ml);
     if (ml)
         memcpy(b + TD_TCP_REPLY_FIXED, msg, ml);
     return TD_TCP_REPLY_FIXED + ml;
 }
 
-td_tcp_parse td_tcp_reply_parse(const uint8_t *b, size_t n, td_tcp_reply *r, size_t *need, const char **why)
+td_tcp_parse tcp_reply_parse(const uint8_t *b, size_t n, td_tcp_reply *r, size_t *need, const char **why)
 {
     *why = NULL;
-    if (n >= 4 && td_wire_get32(b) != TD_TCP_MAGIC) {
+    if (n >= 4 && wire_get32(b) != TD_TCP_MAGIC) {
         *why = "malformed handshake answer (bad magic)";
         return TD_TCP_PARSE_BAD;
     }
@@ -85,7 +85,7 @@ td_tcp_parse td_tcp_reply_parse(const uint8_t *b, size_t n, td_tcp_reply *r, siz
         *need = TD_TCP_REPLY_FIXED;
         return TD_TCP_PARSE_MORE;
     }
-    uint32_t ml = td_wire_get32(b + 12);
+    uint32_t ml = wire_get32(b + 12);
     if (ml > TD_TCP_MAX_REPLY_MSG) {
         *why = "malformed handshake answer (message over the limit)";
         return TD_TCP_PARSE_BAD;
@@ -93,10 +93,10 @@ td_tcp_parse td_tcp_reply_parse(const uint8_t *b, size_t n, td_tcp_reply *r, siz
     *need = TD_TCP_REPLY_FIXED + (size_t)ml;
     if (n < *need)
         return TD_TCP_PARSE_MORE;
-    r->version = td_wire_get16(b + 4);
+    r->version = wire_get16(b + 4);
     r->status = b[6];
     r->flags = b[7];
-    r->rank = td_wire_get32(b + 8);
+    r->rank = wire_get32(b + 8);
     r->msg = (const char *)b + TD_TCP_REPLY_FIXED;
     r->msg_len = ml;
     return TD_TCP_PARSE_OK;
@@ -104,36 +104,36 @@ td_tcp_parse td_tcp_reply_parse(const uint8_t *b, size_t n, td_tcp_reply *r, siz
 
 /* ---- frames ----------------------------------------------------------------------------------- */
 
-void td_tcp_header_encode(uint8_t *b, uint64_t tag, uint64_t len)
+void tcp_header_encode(uint8_t *b, uint64_t tag, uint64_t len)
 {
-    td_wire_put64(b, tag);
-    td_wire_put64(b + 8, len);
+    wire_put64(b, tag);
+    wire_put64(b + 8, len);
 }
 
-void td_tcp_header_decode(const uint8_t *b, uint64_t *tag, uint64_t *len)
+void tcp_header_decode(const uint8_t *b, uint64_t *tag, uint64_t *len)
 {
-    *tag = td_wire_get64(b);
-    *len = td_wire_get64(b + 8);
+    *tag = wire_get64(b);
+    *len = wire_get64(b + 8);
 }
 
-size_t td_tcp_control_encode(uint8_t *f, int type, td_status status, const char *msg)
+size_t tcp_control_encode(uint8_t *f, int type, td_status status, const char *msg)
 {
     uint8_t *p = f + TD_TCP_HDR_SIZE;
     size_t len = 1;
     p[0] = (uint8_t)type;
     if (type == TD_TCP_CTRL_ABORT) {
-        size_t ml = td_wire_msg_len(msg, TD_TCP_CTRL_MSG_MAX);
-        td_wire_put32(p + 1, (uint32_t)(int32_t)status);
-        td_wire_put16(p + 5, (uint16_t)ml);
+        size_t ml = wire_msg_len(msg, TD_TCP_CTRL_MSG_MAX);
+        wire_put32(p + 1, (uint32_t)(int32_t)status);
+        wire_put16(p + 5, (uint16_t)ml);
         if (ml)
             memcpy(p + 7, msg, ml);
         len = 7 + ml;
     }
-    td_tcp_header_encode(f, TD_TAG_RESERVED, len);
+    tcp_header_encode(f, TD_TAG_RESERVED, len);
     return TD_TCP_HDR_SIZE + len;
 }
 
-bool td_tcp_control_parse(const uint8_t *p, size_t n, uint64_t max_message, td_tcp_control *c)
+bool tcp_control_parse(const uint8_t *p, size_t n, uint64_t max_message, td_tcp_control *c)
 {
     memset(c, 0, sizeof *c);
     if (n < 1)
@@ -145,10 +145,10 @@ bool td_tcp_control_parse(const uint8_t *p, size_t n, uint64_t max_message, td_t
     case TD_TCP_CTRL_ABORT: {
         if (n < 7)
             return false;
-        size_t ml = td_wire_get16(p + 5);
+        size_t ml = wire_get16(p + 5);
         if (n != 7 + ml || ml > TD_TCP_CTRL_MSG_MAX)
             return false;
-        int32_t st = (int32_t)td_wire_get32(p + 1);
+        int32_t st = (int32_t)wire_get32(p + 1);
         /* Only a failure can be relayed: anything else is not a td_status an abort carries. */
         if (st >= 0 || st < -1000)
             return false;
@@ -160,19 +160,19 @@ bool td_tcp_control_parse(const uint8_t *p, size_t n, uint64_t max_message, td_t
     case TD_TCP_CTRL_RTS: {
         if (n < TD_TCP_RTS_FIXED)
             return false;
-        c->tag = td_wire_get64(p + 1);
-        c->cookie = td_wire_get64(p + 9);
-        c->total = td_wire_get64(p + 17);
-        c->guard_addr = td_wire_get64(p + 25);
-        c->guard_value = td_wire_get64(p + 33);
+        c->tag = wire_get64(p + 1);
+        c->cookie = wire_get64(p + 9);
+        c->total = wire_get64(p + 17);
+        c->guard_addr = wire_get64(p + 25);
+        c->guard_value = wire_get64(p + 33);
         c->iovcnt = p[41];
         if (c->iovcnt > TD_TCP_RTS_MAX_IOV || n != TD_TCP_RTS_FIXED + 16 * (size_t)c->iovcnt ||
             c->total > max_message)
             return false;
         uint64_t sum = 0;
         for (int i = 0; i < c->iovcnt; i++) {
-            c->addr[i] = td_wire_get64(p + TD_TCP_RTS_FIXED + 16 * i);
-            c->len[i] = td_wire_get64(p + TD_TCP_RTS_FIXED + 8 + 16 * i);
+            c->addr[i] = wire_get64(p + TD_TCP_RTS_FIXED + 16 * i);
+            c->len[i] = wire_get64(p + TD_TCP_RTS_FIXED + 8 + 16 * i);
             if (c->len[i] > max_message || c->addr[i] + c->len[i] < c->addr[i])
                 return false;
             sum += c->len[i];
@@ -182,8 +182,8 @@ bool td_tcp_control_parse(const uint8_t *p, size_t n, uint64_t max_message, td_t
     case TD_TCP_CTRL_FIN: {
         if (n != 13)
             return false;
-        c->cookie = td_wire_get64(p + 1);
-        int32_t st = (int32_t)td_wire_get32(p + 9);
+        c->cookie = wire_get64(p + 1);
+        int32_t st = (int32_t)wire_get32(p + 9);
         if (st > 0 || st < -1000)
             return false;
         c->status = (td_status)st;
@@ -194,29 +194,29 @@ bool td_tcp_control_parse(const uint8_t *p, size_t n, uint64_t max_message, td_t
     }
 }
 
-size_t td_tcp_rts_encode(uint8_t *p, uint64_t tag, uint64_t cookie, uint64_t guard_addr, uint64_t guard_value,
+size_t tcp_rts_encode(uint8_t *p, uint64_t tag, uint64_t cookie, uint64_t guard_addr, uint64_t guard_value,
                          const uint64_t *addr, const uint64_t *len, int iovcnt)
 {
     uint64_t total = 0;
     p[0] = TD_TCP_CTRL_RTS;
-    td_wire_put64(p + 1, tag);
-    td_wire_put64(p + 9, cookie);
-    td_wire_put64(p + 25, guard_addr);
-    td_wire_put64(p + 33, guard_value);
+    wire_put64(p + 1, tag);
+    wire_put64(p + 9, cookie);
+    wire_put64(p + 25, guard_addr);
+    wire_put64(p + 33, guard_value);
     p[41] = (uint8_t)iovcnt;
     for (int i = 0; i < iovcnt; i++) {
-        td_wire_put64(p + TD_TCP_RTS_FIXED + 16 * i, addr[i]);
-        td_wire_put64(p + TD_TCP_RTS_FIXED + 8 + 16 * i, len[i]);
+        wire_put64(p + TD_TCP_RTS_FIXED + 16 * i, addr[i]);
+        wire_put64(p + TD_TCP_RTS_FIXED + 8 + 16 * i, len[i]);
         total += len[i];
     }
-    td_wire_put64(p + 17, total);
+    wire_put64(p + 17, total);
     return TD_TCP_RTS_FIXED + 16 * (size_t)iovcnt;
 }
 
-size_t td_tcp_fin_encode(uint8_t *p, uint64_t cookie, td_status status)
+size_t tcp_fin_encode(uint8_t *p, uint64_t cookie, td_status status)
 {
     p[0] = TD_TCP_CTRL_FIN;
-    td_wire_put64(p + 1, cookie);
-    td_wire_put32(p + 9, (uint32_t)(int32_t)status);
+    wire_put64(p + 1, cookie);
+    wire_put32(p + 9, (uint32_t)(int32_t)status);
     return 13;
 }

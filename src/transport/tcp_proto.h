@@ -54,10 +54,10 @@ typedef struct td_tcp_hello {
 } td_tcp_hello;
 
 /* Writes the hello into b (TD_TCP_HELLO_FIXED + group_len + token_len bytes); returns its size. */
-size_t td_tcp_hello_encode(uint8_t *b, const td_tcp_hello *h);
+size_t tcp_hello_encode(uint8_t *b, const td_tcp_hello *h);
 /* Parses the first n bytes of a hello. MORE: *need is how many bytes are needed in all (as far as
  * known yet). BAD: a wrong magic or a length over the limits (*why names it). */
-td_tcp_parse td_tcp_hello_parse(const uint8_t *b, size_t n, td_tcp_hello *h, size_t *need, const char **why);
+td_tcp_parse tcp_hello_parse(const uint8_t *b, size_t n, td_tcp_hello *h, size_t *need, const char **why);
 
 typedef struct td_tcp_reply {
     uint16_t version;
@@ -68,12 +68,12 @@ typedef struct td_tcp_reply {
 } td_tcp_reply;
 
 /* msg may be NULL; it is cut to TD_TCP_MAX_REPLY_MSG. b holds TD_TCP_REPLY_MAX bytes. */
-size_t td_tcp_reply_encode(uint8_t *b, int rank, int status, unsigned flags, const char *msg);
-td_tcp_parse td_tcp_reply_parse(const uint8_t *b, size_t n, td_tcp_reply *r, size_t *need, const char **why);
+size_t tcp_reply_encode(uint8_t *b, int rank, int status, unsigned flags, const char *msg);
+td_tcp_parse tcp_reply_parse(const uint8_t *b, size_t n, td_tcp_reply *r, size_t *need, const char **why);
 
 /* Frame header: u64 tag, u64 payload length (little-endian). */
-void td_tcp_header_encode(uint8_t *b, uint64_t tag, uint64_t len);
-void td_tcp_header_decode(const uint8_t *b, uint64_t *tag, uint64_t *len);
+void tcp_header_encode(uint8_t *b, uint64_t tag, uint64_t len);
+void tcp_header_decode(const uint8_t *b, uint64_t *tag, uint64_t *len);
 
 typedef struct td_tcp_control {
     int type;
@@ -91,13 +91,13 @@ typedef struct td_tcp_control {
 
 /* A whole control frame (header with TD_TAG_RESERVED, then payload) into f
  * (TD_TCP_CTRL_FRAME_MAX bytes); the message is cut to TD_TCP_CTRL_MSG_MAX. Returns its size. */
-size_t td_tcp_control_encode(uint8_t *f, int type, td_status status, const char *msg);
+size_t tcp_control_encode(uint8_t *f, int type, td_status status, const char *msg);
 /* Parses a control payload of n bytes (n was checked against TD_TCP_CTRL_MAX from the header). An
  * RTS's pieces must add up to its total, which is at most max_message. */
-bool td_tcp_control_parse(const uint8_t *p, size_t n, uint64_t max_message, td_tcp_control *c);
+bool tcp_control_parse(const uint8_t *p, size_t n, uint64_t max_message, td_tcp_control *c);
 /* The payload (no header) of an RTS or a FIN into p (TD_TCP_RTS_MAX bytes); returns its size. */
-size_t td_tcp_rts_encode(uint8_t *p, uint64_t tag, uint64_t cookie, uint64_t guard_addr, uint64_t guard_value,
+size_t tcp_rts_encode(uint8_t *p, uint64_t tag, uint64_t cookie, uint64_t guard_addr, uint64_t guard_value,
                          const uint64_t *addr, const uint64_t *len, int iovcnt);
-size_t td_tcp_fin_encode(uint8_t *p, uint64_t cookie, td_status status);
+size_t tcp_fin_encode(uint8_t *p, uint64_t cookie, td_status status);
 
 #endif

@@ -63,10 +63,10 @@ typedef struct td_store td_store;
 
 enum { TD_XFER_SEND = 1, TD_XFER_RECV = 2 };
 
-/* One posted operation. Post it with td_transport_isend / td_transport_irecv; read the result after
+/* One posted operation. Post it with transport_isend / transport_irecv; read the result after
  * completion. The private part belongs to the transport until completion. */
 struct td_xfer {
-    /* results, valid once td_xfer_done(x) */
+    /* results, valid once xfer_done(x) */
     td_status status;
     int peer;         /* the actual peer (for any-source receives) */
     size_t nbytes;    /* bytes moved */
@@ -77,7 +77,7 @@ struct td_xfer {
     /* private */
     atomic_int state; /* 0 pending, 1 done, 2 pending with a thread asleep on it */
     int kind;
-    bool recv_posted; /* sends: the peer's receive is surely posted (td_transport_isend1_posted) */
+    bool recv_posted; /* sends: the peer's receive is surely posted (transport_isend1_posted) */
     uint64_t tag;
     int64_t deadline_ns;
     uint64_t order;   /* posting order, for any-source matching */
@@ -88,14 +88,14 @@ struct td_xfer {
     td_xfer *next;
 };
 
-static inline bool td_xfer_done(td_xfer *x)
+static inline bool xfer_done(td_xfer *x)
 {
     return atomic_load_explicit(&x->state, memory_order_acquire) == 1;
 }
 
 /* Makes x an xfer that completed successfully without being posted, for code that waits on arrays
  * of xfers where a step has nothing to move. Its callback is cleared. */
-static inline void td_xfer_set_empty(td_xfer *x)
+static inline void xfer_set_empty(td_xfer *x)
 {
     x->on_done = NULL;
     x->status = TD_OK;
@@ -151,12 +151,12 @@ static inline td_status transport_prepare(td_transport *t, int peer, uint64_t ta
                          int64_t deadline_ns, td_xfer *x, int kind, bool recv_posted)
 {
     if (iovcnt < 0 || iovcnt > TD_XFER_MAX_IOV)
-        return td_error(TD_ERR_INVALID, "a transfer takes at most %d buffers, got %d", TD_XFER_MAX_IOV, iovcnt);
+        return error_fmt(TD_ERR_INVALID, "a transfer takes at most %d buffers, got %d", TD_XFER_MAX_IOV, iovcnt);
     if (tag == TD_TAG_RESERVED)
-        return td_error(TD_ERR_INVALID, "tag %llu is reserved for the transport", (unsigned long long)tag);
+        return error_fmt(TD_ERR_INVALID, "tag %llu is reserved for the transport", (unsigned long long)tag);
     bool any_ok = kind == TD_XFER_RECV && peer == TD_TRANSPORT_ANY;
     if (!any_ok && (peer < 0 || peer >= t->size || peer == t->rank))
-        return td_error(TD_ERR_INVALID, "invalid peer rank %d for rank %d in a group of %d", peer, t->rank, t->size);
+        return error_fmt(TD_ERR_INVALID, "invalid peer rank %d for rank %d in a group of %d", peer, t->rank, t->size);
     x->status = TD_OK;
     x->peer = peer;
     x->nbytes = 0;
@@ -180,14 +180,14 @@ static inline td_status transport_prepare(td_transport *t, int peer, uint64_t ta
     return TD_OK;
 }
 
-static inline td_status td_transport_isend(td_transport *t, int peer, uint64_t tag, const struct iovec *iov, int iovcnt,
+static inline td_status transport_isend(td_transport *t, int peer, uint64_t tag, const struct iovec *iov, int iovcnt,
                              int64_t deadline_ns, td_xfer *x)
 {
     TD_TRY(transport_prepare(t, peer, tag, iov, iovcnt, deadline_ns, x, TD_XFER_SEND, false));
     return t->ops->isend(t, peer, x);
 }
 
-static inline td_status td_transport_irecv(td_transport *t, int peer, uint64_t tag, const struct iovec *iov, int iovcnt,
+static inline td_status transport_irecv(td_transport *t, int peer, uint64_t tag, const struct iovec *iov, int iovcnt,
                              int64_t deadline_ns, td_xfer *x)
 {
     TD_TRY(transport_prepare(t, peer, tag, iov, iovcnt, deadline_ns, x, TD_XFER_RECV, false));
@@ -195,60 +195,60 @@ static inline td_status td_transport_irecv(td_transport *t, int peer, uint64_t t
 }
 
 /* One-buffer forms. */
-static inline td_status td_transport_isend1(td_transport *t, int peer, uint64_t tag, const void *buf, size_t len,
+static inline td_status transport_isend1(td_transport *t, int peer, uint64_t tag, const void *buf, size_t len,
                               int64_t deadline_ns, td_xfer *x)
 {
     struct iovec iov = {(void *)buf, len};
-    return td_transport_isend(t, peer, tag, &iov, 1, deadline_ns, x);
+    return transport_isend(t, peer, tag, &iov, 1, deadline_ns, x);
 }
 
-static inline td_status td_transport_irecv1(td_transport *t, int peer, uint64_t tag, void *buf, size_t len,
+static inline td_status transport_irecv1(td_transport *t, int peer, uint64_t tag, void *buf, size_t len,
                               int64_t deadline_ns, td_xfer *x)
 {
     struct iovec iov = {buf, len};
-    return td_transport_irecv(t, peer, tag, &iov, 1, deadline_ns, x);
+    return transport_irecv(t, peer, tag, &iov, 1, deadline_ns, x);
 }
 
-/* td_transport_isend for a message whose receive the peer posts without waiting for anything this
+/* transport_isend for a message whose receive the peer posts without waiting for anything this
  * rank does after sending (every collective algorithm's): the transport may then hold the send
  * until the receiver pulls the data straight from this rank's memory (tcp's single-copy path on
  * one host). A user's send must not use it: it has to complete even if the receive comes later. */
-static inline td_status td_transport_isend_posted(td_transport *t, int peer, uint64_t tag, const struct iovec *iov,
+static inline td_status transport_isend_posted(td_transport *t, int peer, uint64_t tag, const struct iovec *iov,
                                                   int iovcnt, int64_t deadline_ns, td_xfer *x)
 {
     TD_TRY(transport_prepare(t, peer, tag, iov, iovcnt, deadline_ns, x, TD_XFER_SEND, true));
     return t->ops->isend(t, peer, x);
 }
 
-static inline td_status td_transport_isend1_posted(td_transport *t, int peer, uint64_t tag, const void *buf,
+static inline td_status transport_isend1_posted(td_transport *t, int peer, uint64_t tag, const void *buf,
                                                    size_t len, int64_t deadline_ns, td_xfer *x)
 {
     struct iovec iov = {(void *)buf, len};
-    return td_transport_isend_posted(t, peer, tag, &iov, 1, deadline_ns, x);
+    return transport_isend_posted(t, peer, tag, &iov, 1, deadline_ns, x);
 }
 
 /* Drives progress until x completes (td_transport_ops.wait). */
-static inline td_status td_transport_wait(td_transport *t, td_xfer *x, int64_t deadline_ns)
+static inline td_status transport_wait(td_transport *t, td_xfer *x, int64_t deadline_ns)
 {
     return t->ops->wait(t, x, deadline_ns);
 }
 
 /* Waits for all n (each completes even when one fails); returns the first failure in index order,
  * with its message. Entries never posted must not be passed. */
-td_status td_transport_wait_all(td_transport *t, td_xfer *xs, int n, int64_t deadline_ns);
+td_status transport_wait_all(td_transport *t, td_xfer *xs, int n, int64_t deadline_ns);
 /* Blocking conveniences for algorithm code. */
-td_status td_transport_send(td_transport *t, int peer, uint64_t tag, const void *buf, size_t len,
+td_status transport_send(td_transport *t, int peer, uint64_t tag, const void *buf, size_t len,
                             int64_t deadline_ns);
-td_status td_transport_recv(td_transport *t, int peer, uint64_t tag, void *buf, size_t len, int64_t deadline_ns);
+td_status transport_recv(td_transport *t, int peer, uint64_t tag, void *buf, size_t len, int64_t deadline_ns);
 /* Simultaneous send to one peer and receive from another (the step of ring algorithms); recv_posted
- * as td_transport_isend1_posted says. */
-td_status td_transport_sendrecv(td_transport *t, int to, const void *sbuf, size_t slen, int from, void *rbuf,
+ * as transport_isend1_posted says. */
+td_status transport_sendrecv(td_transport *t, int to, const void *sbuf, size_t slen, int from, void *rbuf,
                                 size_t rlen, uint64_t tag, int64_t deadline_ns, bool recv_posted);
-static inline void td_transport_abort(td_transport *t, td_status status, const char *message)
+static inline void transport_abort(td_transport *t, td_status status, const char *message)
 {
     t->ops->abort(t, status, message);
 }
-static inline void td_transport_destroy(td_transport *t)
+static inline void transport_destroy(td_transport *t)
 {
     if (t)
         t->ops->destroy(t);
@@ -256,10 +256,10 @@ static inline void td_transport_destroy(td_transport *t)
 
 /* For transport implementations: record x's result and mark it done (waking a thread asleep on
  * it). Does not run on_done. */
-void td_xfer_finish(td_xfer *x, td_status status, const char *message);
+void xfer_finish(td_xfer *x, td_status status, const char *message);
 /* For wait implementations: sleep until x is done or the deadline passes (false then). */
-bool td_xfer_sleep(td_xfer *x, int64_t deadline_ns);
+bool xfer_sleep(td_xfer *x, int64_t deadline_ns);
 /* For wait implementations: a done x's status, with td_last_error() set to its message on failure. */
-td_status td_xfer_result(const td_xfer *x);
+td_status xfer_result(const td_xfer *x);
 
 #endif

@@ -11,39 +11,39 @@
 
 TD_TEST(error_sets_message_and_returns_code)
 {
-    TD_CHECK_EQ(td_error(TD_ERR_INVALID, "size must be >= 0, got %d", -3), TD_ERR_INVALID);
+    TD_CHECK_EQ(error_fmt(TD_ERR_INVALID, "size must be >= 0, got %d", -3), TD_ERR_INVALID);
     TD_CHECK_STR_EQ(td_last_error(), "size must be >= 0, got -3");
     /* a later success does not clear it */
     TD_CHECK_STR_EQ(td_last_error(), "size must be >= 0, got -3");
-    td_error_clear();
+    error_clear();
     TD_CHECK_STR_EQ(td_last_error(), "");
 }
 
 TD_TEST(error_errno_appends_strerror)
 {
     errno = ENOENT;
-    TD_CHECK_EQ(td_error_errno(TD_ERR_IO, "open(%s)", "/nonexistent"), TD_ERR_IO);
+    TD_CHECK_EQ(error_errno(TD_ERR_IO, "open(%s)", "/nonexistent"), TD_ERR_IO);
     TD_CHECK_STR_EQ(td_last_error(), "open(/nonexistent): No such file or directory");
     errno = ECONNREFUSED;
-    td_error_errno(TD_ERR_IO, "connect");
+    error_errno(TD_ERR_IO, "connect");
     TD_CHECK_STR_EQ(td_last_error(), "connect: Connection refused");
 }
 
 TD_TEST(error_prefix_adds_context)
 {
     errno = ECONNREFUSED;
-    td_error_errno(TD_ERR_IO, "connect");
-    TD_CHECK_EQ(td_error_prefix(TD_ERR_PEER_LOST, "connecting to %s:%d", "10.0.0.1", 29500), TD_ERR_PEER_LOST);
+    error_errno(TD_ERR_IO, "connect");
+    TD_CHECK_EQ(error_prefix(TD_ERR_PEER_LOST, "connecting to %s:%d", "10.0.0.1", 29500), TD_ERR_PEER_LOST);
     TD_CHECK_STR_EQ(td_last_error(), "connecting to 10.0.0.1:29500: connect: Connection refused");
-    td_error_prefix(TD_ERR_PEER_LOST, "rank %d", 2);
+    error_prefix(TD_ERR_PEER_LOST, "rank %d", 2);
     TD_CHECK_STR_EQ(td_last_error(), "rank 2: connecting to 10.0.0.1:29500: connect: Connection refused");
 }
 
 TD_TEST(error_set_and_status_names)
 {
-    TD_CHECK_EQ(td_error_set(TD_ERR_REMOTE, "remote said no"), TD_ERR_REMOTE);
+    TD_CHECK_EQ(error_set(TD_ERR_REMOTE, "remote said no"), TD_ERR_REMOTE);
     TD_CHECK_STR_EQ(td_last_error(), "remote said no");
-    td_error_set(TD_ERR_REMOTE, NULL);
+    error_set(TD_ERR_REMOTE, NULL);
     TD_CHECK_STR_EQ(td_last_error(), "");
     static const struct {
         td_status s;
@@ -70,7 +70,7 @@ TD_TEST(error_set_and_status_names)
     TD_CHECK(strlen(td_version()) > 0);
 }
 
-static td_status inner(int fail) { return fail ? td_error(TD_ERR_TIMEOUT, "Wait timeout") : TD_OK; }
+static td_status inner(int fail) { return fail ? error_fmt(TD_ERR_TIMEOUT, "Wait timeout") : TD_OK; }
 
 static td_status outer(int fail, int *reached)
 {
@@ -93,27 +93,27 @@ TD_TEST(long_messages_are_truncated)
 {
     static char big[3 * TD_ERROR_MAX];
     memset(big, 'x', sizeof big - 1);
-    td_error(TD_ERR_INVALID, "%s", big);
+    error_fmt(TD_ERR_INVALID, "%s", big);
     const char *m = td_last_error();
     TD_CHECK_EQ(strlen(m), TD_ERROR_MAX - 1);
     TD_CHECK(strcmp(m + TD_ERROR_MAX - 4, "...") == 0);
     TD_CHECK_EQ(m[0], 'x');
 
     /* a prefix on a full message keeps the prefix and stays within the buffer */
-    td_error_prefix(TD_ERR_INVALID, "context");
+    error_prefix(TD_ERR_INVALID, "context");
     m = td_last_error();
     TD_CHECK(strncmp(m, "context: xxx", 12) == 0);
     TD_CHECK(strlen(m) <= TD_ERROR_MAX - 1);
 
     errno = EINVAL;
-    td_error_errno(TD_ERR_IO, "%s", big);
+    error_errno(TD_ERR_IO, "%s", big);
     m = td_last_error();
     TD_CHECK(strlen(m) <= TD_ERROR_MAX - 1);
     TD_CHECK(strlen(m) > TD_ERROR_MAX / 2 - 2);
 
     /* exactly TD_ERROR_MAX - 1 characters fit without "..." */
     big[TD_ERROR_MAX - 1] = '\0';
-    td_error(TD_ERR_INVALID, "%s", big);
+    error_fmt(TD_ERR_INVALID, "%s", big);
     TD_CHECK_EQ(strlen(td_last_error()), TD_ERROR_MAX - 1);
     TD_CHECK_EQ(td_last_error()[TD_ERROR_MAX - 2], 'x');
 }
@@ -129,7 +129,7 @@ static void *set_and_check(void *arg)
 {
     thread_msg *t = arg;
     snprintf(t->seen_before, sizeof t->seen_before, "%s", td_last_error());
-    td_error(TD_ERR_INVALID, "%s", t->set);
+    error_fmt(TD_ERR_INVALID, "%s", t->set);
     pthread_barrier_wait(t->barrier); /* both threads have set their message */
     snprintf(t->seen_after, sizeof t->seen_after, "%s", td_last_error());
     return NULL;
@@ -137,7 +137,7 @@ static void *set_and_check(void *arg)
 
 TD_TEST(messages_are_per_thread)
 {
-    td_error(TD_ERR_INVALID, "main thread's message");
+    error_fmt(TD_ERR_INVALID, "main thread's message");
     pthread_barrier_t barrier;
     pthread_barrier_init(&barrier, NULL, 2);
     thread_msg a = {.set = "message of A", .barrier = &barrier}, b = {.set = "message of B", .barrier = &barrier};

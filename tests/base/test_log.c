@@ -46,15 +46,15 @@ static char *capture_end(capture *c)
 
 TD_TEST(log_line_has_level_and_rank)
 {
-    td_log_set_level(TD_LOG_INFO);
+    log_set_level(TD_LOG_INFO);
     capture c;
     capture_begin(&c);
     TD_LOG_INFO("no rank yet %d", 1);
-    td_log_set_rank(3);
+    log_set_rank(3);
     TD_LOG_INFO("store server listening on %s", "127.0.0.1:29500");
     TD_LOG_DEBUG("not shown");
     TD_LOG_WARN("a warning");
-    td_log_set_rank(-1);
+    log_set_rank(-1);
     TD_LOG_ERROR("rank removed");
     char *out = capture_end(&c);
     TD_CHECK_STR_EQ(out, "[tdist INFO] no rank yet 1\n"
@@ -62,16 +62,16 @@ TD_TEST(log_line_has_level_and_rank)
                          "[tdist WARN] [rank 3] a warning\n"
                          "[tdist ERROR] rank removed\n");
     free(out);
-    TD_CHECK(td_log_enabled(TD_LOG_INFO));
-    TD_CHECK(!td_log_enabled(TD_LOG_DEBUG));
-    td_log_set_level(TD_LOG_OFF);
-    TD_CHECK(!td_log_enabled(TD_LOG_ERROR));
+    TD_CHECK(log_enabled(TD_LOG_INFO));
+    TD_CHECK(!log_enabled(TD_LOG_DEBUG));
+    log_set_level(TD_LOG_OFF);
+    TD_CHECK(!log_enabled(TD_LOG_ERROR));
 }
 
 static void *log_as_rank7(void *arg)
 {
     (void)arg;
-    td_log_set_rank(7);
+    log_set_rank(7);
     TD_LOG_WARN("from the thread");
     return NULL;
 }
@@ -85,10 +85,10 @@ static void *log_without_rank(void *arg)
 
 TD_TEST(log_rank_is_per_thread)
 {
-    td_log_set_level(TD_LOG_WARN);
+    log_set_level(TD_LOG_WARN);
     capture c;
     capture_begin(&c);
-    td_log_set_rank(2);
+    log_set_rank(2);
     pthread_t t;
     pthread_create(&t, NULL, log_as_rank7, NULL);
     pthread_join(t, NULL);
@@ -105,7 +105,7 @@ TD_TEST(log_rank_is_per_thread)
 
 TD_TEST(log_long_lines_are_cut)
 {
-    td_log_set_level(TD_LOG_WARN);
+    log_set_level(TD_LOG_WARN);
     char *big = malloc(10000);
     memset(big, 'y', 9999);
     big[9999] = '\0';
@@ -126,8 +126,8 @@ TD_TEST(log_level_from_env)
 {
     /* The level is read once per process, and this case runs in its own process. */
     setenv("TDIST_LOG_LEVEL", "debug", 1);
-    TD_CHECK(td_log_enabled(TD_LOG_DEBUG));
-    TD_CHECK(!td_log_enabled(TD_LOG_TRACE));
+    TD_CHECK(log_enabled(TD_LOG_DEBUG));
+    TD_CHECK(!log_enabled(TD_LOG_TRACE));
     unsetenv("TDIST_LOG_LEVEL");
 }
 
@@ -136,9 +136,9 @@ TD_TEST(log_bad_level_warns_once)
     setenv("TDIST_LOG_LEVEL", "chatty", 1);
     capture c;
     capture_begin(&c);
-    TD_CHECK(td_log_enabled(TD_LOG_WARN));
-    TD_CHECK(!td_log_enabled(TD_LOG_INFO));
-    TD_CHECK(td_log_enabled(TD_LOG_ERROR));
+    TD_CHECK(log_enabled(TD_LOG_WARN));
+    TD_CHECK(!log_enabled(TD_LOG_INFO));
+    TD_CHECK(log_enabled(TD_LOG_ERROR));
     char *out = capture_end(&c);
     TD_CHECK_STR_EQ(out, "[tdist WARN] The value of TDIST_LOG_LEVEL must be TRACE, DEBUG, INFO, WARN, ERROR, or OFF. "
                          "Got 'chatty'.; using WARN\n");

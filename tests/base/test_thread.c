@@ -21,7 +21,7 @@ typedef struct probe {
 static void *probe_main(void *arg)
 {
     probe *p = arg;
-    td_thread_get_name(p->name, sizeof p->name);
+    thread_get_name(p->name, sizeof p->name);
     sigset_t cur;
     pthread_sigmask(SIG_BLOCK, NULL, &cur);
     p->int_blocked = sigismember(&cur, SIGINT);
@@ -37,36 +37,36 @@ TD_TEST(started_threads_are_named_and_mask_signals)
 {
     pthread_mutex_t gate = PTHREAD_MUTEX_INITIALIZER;
     pthread_mutex_lock(&gate);
-    int before = td_thread_count();
+    int before = thread_count();
     TD_CHECK(before >= 1);
     probe p = {.gate = &gate};
     pthread_t t;
-    TD_CHECK_OK(td_thread_start(&t, "td-a-very-long-thread-name", probe_main, &p));
-    int64_t deadline = td_deadline_after_ms(30000);
-    while (td_thread_count() != before + 1 && !td_deadline_passed(deadline))
-        td_sleep_ms(1);
-    TD_CHECK_EQ(td_thread_count(), before + 1);
+    TD_CHECK_OK(thread_start(&t, "td-a-very-long-thread-name", probe_main, &p));
+    int64_t deadline = deadline_after_ms(30000);
+    while (thread_count() != before + 1 && !deadline_passed(deadline))
+        clock_sleep_ms(1);
+    TD_CHECK_EQ(thread_count(), before + 1);
     pthread_mutex_unlock(&gate);
-    td_thread_join(t);
+    thread_join(t);
     TD_CHECK_STR_EQ(p.name, "td-a-very-long-"); /* 15 characters */
     TD_CHECK(p.int_blocked && p.term_blocked);
     TD_CHECK(!p.segv_blocked);
     TD_CHECK(!p.dump_blocked);
     /* the joined thread is gone from /proc */
-    while (td_thread_count() != before && !td_deadline_passed(deadline))
-        td_sleep_ms(1);
-    TD_CHECK_EQ(td_thread_count(), before);
+    while (thread_count() != before && !deadline_passed(deadline))
+        clock_sleep_ms(1);
+    TD_CHECK_EQ(thread_count(), before);
     pthread_mutex_destroy(&gate);
 }
 
 static void *rename_self(void *arg)
 {
     char *out = arg;
-    td_thread_set_name("exactly15chars!");
-    td_thread_get_name(out, 32);
-    td_thread_set_name("sixteen-chars-xx");
-    td_thread_get_name(out + 32, 32);
-    td_thread_get_name(out + 64, 4); /* a short buffer is cut, not overrun */
+    thread_set_name("exactly15chars!");
+    thread_get_name(out, 32);
+    thread_set_name("sixteen-chars-xx");
+    thread_get_name(out + 32, 32);
+    thread_get_name(out + 64, 4); /* a short buffer is cut, not overrun */
     return NULL;
 }
 
@@ -79,10 +79,10 @@ TD_TEST(set_and_get_name)
     TD_CHECK_STR_EQ(names, "exactly15chars!");
     TD_CHECK_STR_EQ(names + 32, "sixteen-chars-x");
     TD_CHECK_STR_EQ(names + 64, "six");
-    TD_CHECK_ERR(td_thread_set_name(NULL), TD_ERR_INVALID, "thread name must not be NULL");
+    TD_CHECK_ERR(thread_set_name(NULL), TD_ERR_INVALID, "thread name must not be NULL");
 }
 
 TD_TEST(process_id)
 {
-    TD_CHECK_EQ(td_process_id(), getpid());
+    TD_CHECK_EQ(thread_process_id(), getpid());
 }

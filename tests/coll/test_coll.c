@@ -25,8 +25,8 @@
 
 /* The registry refers to the built-in backends weakly, which does not pull them out of the static
  * library this test links; this strong reference does. */
-extern const td_backend_ops td_backend_tcp_ops;
-__attribute__((used)) static const td_backend_ops *const link_tcp_backend = &td_backend_tcp_ops;
+extern const td_backend_ops backend_tcp_ops;
+__attribute__((used)) static const td_backend_ops *const link_tcp_backend = &backend_tcp_ops;
 
 /* ---- set-up ----------------------------------------------------------------------------------- */
 
@@ -36,8 +36,8 @@ static cc_world open_cw_chunk(td_test_ctx *ctx, size_t chunk)
     w.tw.ctx = ctx;
     w.tw.store = tu_store_open(ctx->store_path);
     td_tcp_options o = {.setup = tu_setup(ctx, w.tw.store, 30000, "coll")};
-    TD_CHECK_OK(td_tcp_transport_create(&o, &w.tw.t));
-    cc_world_init(&w, chunk, 2048, NULL, td_coll_run);
+    TD_CHECK_OK(tcp_transport_create(&o, &w.tw.t));
+    cc_world_init(&w, chunk, 2048, NULL, coll_execute);
     return w;
 }
 
@@ -88,7 +88,7 @@ CC_COLL_TEST(large_messages, .timeout_s = 120)
         td_coll c = cc_coll_of(&w, TD_COLL_ALL_REDUCE, TD_FLOAT32, n);
         c.in = c.out = buf;
         cc_run(&w, &c, allreduce_algos[a], "all_reduce");
-        cc_check_buf(TD_FLOAT32, TD_OP_SUM, buf, n, ws, 0, td_algo_name(allreduce_algos[a]));
+        cc_check_buf(TD_FLOAT32, TD_OP_SUM, buf, n, ws, 0, coll_algo_name(allreduce_algos[a]));
         free(buf);
     }
     for (int chain = 0; chain < 2; chain++) {
@@ -147,7 +147,7 @@ CC_COLL_TEST(broadcast, .timeout_s = 120)
                     cc_run(&w, &c, algos[a], "broadcast");
                     for (size_t i = 0; i < n; i++)
                         TD_CHECK_MSG(cc_get(dt, buf, i) == cc_value(TD_SUM, root, i),
-                                     "broadcast %s root %d: element %zu", td_algo_name(algos[a]), root, i);
+                                     "broadcast %s root %d: element %zu", coll_algo_name(algos[a]), root, i);
                     free(buf);
                 }
             }
@@ -212,7 +212,7 @@ CC_COLL_TEST(all_gather, .timeout_s = 120)
                 for (int r = 0; r < ws; r++)
                     for (size_t i = 0; i < n; i++)
                         TD_CHECK_MSG(cc_get(TD_FLOAT32, out[r], i) == cc_value(TD_SUM, r, i),
-                                     "all_gather %s: block %d element %zu", td_algo_name(algos[a]), r, i);
+                                     "all_gather %s: block %d element %zu", coll_algo_name(algos[a]), r, i);
                 if (!inplace)
                     free(in);
                 cc_free_blocks(out, ws);
@@ -248,7 +248,7 @@ CC_COLL_TEST(gather_scatter, .timeout_s = 120)
                     for (int r = 0; r < ws; r++)
                         for (size_t i = 0; i < n; i++)
                             TD_CHECK_MSG(cc_get(TD_INT32, out[r], i) == cc_value(TD_SUM, r, i),
-                                         "gather %s root %d: block %d element %zu", td_algo_name(algos[a]), root, r, i);
+                                         "gather %s root %d: block %d element %zu", coll_algo_name(algos[a]), root, r, i);
                     cc_free_blocks(out, ws);
                 }
                 free(in);
@@ -269,7 +269,7 @@ CC_COLL_TEST(gather_scatter, .timeout_s = 120)
                 cc_run(&w, &c, algos[a], "scatter");
                 for (size_t i = 0; i < n; i++)
                     TD_CHECK_MSG(cc_get(TD_INT32, o, i) == cc_value(TD_SUM, ctx->rank + 100, i),
-                                 "scatter %s root %d: element %zu", td_algo_name(algos[a]), root, i);
+                                 "scatter %s root %d: element %zu", coll_algo_name(algos[a]), root, i);
                 free(o);
                 if (ins)
                     cc_free_blocks(ins, ws);
@@ -318,7 +318,7 @@ CC_COLL_TEST(reduce_scatter, .timeout_s = 120)
                         double want = cc_expected(cs[k].op, ws, gi), got = cc_get(dt, out, i);
                         double tol = cs[k].op.kind == TD_AVG ? 1e-9 * (1 + fabs(want)) : 0;
                         TD_CHECK_MSG(fabs(got - want) <= tol, "reduce_scatter %s %s %s%s: element %zu is %g, want %g",
-                                     td_algo_name(algos[a]), td_dtype_name(dt), td_reduce_op_name(cs[k].op.kind),
+                                     coll_algo_name(algos[a]), td_dtype_name(dt), td_reduce_op_name(cs[k].op.kind),
                                      inplace ? " in place" : "", i, got, want);
                     }
                     if (!inplace)
@@ -364,7 +364,7 @@ CC_COLL_TEST(all_to_all, .timeout_s = 120)
             for (int p = 0; p < ws; p++)
                 for (size_t i = 0; i < ocount[p]; i++)
                     TD_CHECK_MSG(((int64_t *)out[p])[i] == (int64_t)(p * 1000000 + me * 10000) + (int64_t)i,
-                                 "all_to_all %s: from rank %d element %zu", td_algo_name(algos[a]), p, i);
+                                 "all_to_all %s: from rank %d element %zu", coll_algo_name(algos[a]), p, i);
             for (int p = 0; p < ws; p++) {
                 free(in[p]);
                 free(out[p]);
@@ -397,7 +397,7 @@ CC_COLL_TEST(all_to_all, .timeout_s = 120)
         for (int p = 0; p < ws; p++)
             for (size_t i = 0; i < n; i++)
                 TD_CHECK_MSG(flat[(size_t)p * n + i] == p * 1000000 + me * 10000 + (int64_t)i,
-                             "all_to_all %s in place: from rank %d element %zu", td_algo_name(algos[a]), p, i);
+                             "all_to_all %s in place: from rank %d element %zu", coll_algo_name(algos[a]), p, i);
         free(flat);
         free(b);
         free(counts);
@@ -411,7 +411,7 @@ CC_COLL_TEST(barrier)
 {
     cc_world w = open_cw(ctx);
     for (int round = 0; round < 3; round++) {
-        td_sleep_ms(30 * ((ctx->rank + round) % ctx->world_size));
+        clock_sleep_ms(30 * ((ctx->rank + round) % ctx->world_size));
         char key[64];
         snprintf(key, sizeof key, "arrived/%d/%d", round, ctx->rank);
         TD_CHECK_OK(td_store_set_str(w.tw.store, key, "1"));
@@ -439,10 +439,10 @@ TD_TEST(size_disagreement_fails_every_rank, .world_size = 3)
     float *buf = calloc(n, sizeof *buf);
     td_coll c = cc_coll_of(&w, TD_COLL_ALL_REDUCE, TD_FLOAT32, n);
     c.in = c.out = buf;
-    int64_t t0 = td_now_ns();
-    td_status s = td_coll_run(&w.c, &c, TD_ALGO_RING);
+    int64_t t0 = clock_now_ns();
+    td_status s = coll_execute(&w.c, &c, TD_ALGO_RING);
     TD_CHECK_MSG(s == TD_ERR_INVALID || s == TD_ERR_PEER_LOST, "got %s: %s", td_status_str(s), td_last_error());
-    TD_CHECK((td_now_ns() - t0) / 1e9 < 20);
+    TD_CHECK((clock_now_ns() - t0) / 1e9 < 20);
     free(buf);
     cc_world_close(&w);
 }
@@ -456,15 +456,15 @@ TD_TEST(collective_timeout, .world_size = 2)
     td_coll c = cc_coll_of(&w, TD_COLL_ALL_REDUCE, TD_FLOAT32, 1);
     c.in = c.out = &v;
     if (ctx->rank == 0) {
-        c.deadline_ns = td_now_ns() + 300 * 1000000LL;
-        TD_CHECK_ERR(td_coll_run(&w.c, &c, TD_ALGO_AUTO), TD_ERR_TIMEOUT, "Timed out waiting for a receive from rank 1");
+        c.deadline_ns = clock_now_ns() + 300 * 1000000LL;
+        TD_CHECK_ERR(coll_execute(&w.c, &c, TD_ALGO_AUTO), TD_ERR_TIMEOUT, "Timed out waiting for a receive from rank 1");
         TD_CHECK_OK(td_store_set_str(w.tw.store, "timed_out", "1"));
     } else {
         const char *k = "timed_out";
         TD_CHECK_OK(td_store_wait(w.tw.store, &k, 1, 30000));
         /* Another collective than the one rank 0 gave up on (whose data did arrive). */
         c.seq = 99;
-        TD_CHECK_ERR(td_coll_run(&w.c, &c, TD_ALGO_AUTO), TD_ERR_PEER_LOST, "Connection to rank 0 lost");
+        TD_CHECK_ERR(coll_execute(&w.c, &c, TD_ALGO_AUTO), TD_ERR_PEER_LOST, "Connection to rank 0 lost");
     }
     cc_world_close(&w);
 }
@@ -475,7 +475,7 @@ TD_TEST(algo_config)
 {
     td_coll_config cfg;
     memset(&cfg, 0, sizeof cfg);
-    TD_CHECK_OK(td_coll_config_parse_algo(&cfg, "ring"));
+    TD_CHECK_OK(coll_config_parse_algo(&cfg, "ring"));
     TD_CHECK_EQ(cfg.forced[TD_COLL_ALL_REDUCE], TD_ALGO_RING);
     TD_CHECK_EQ(cfg.forced[TD_COLL_BROADCAST], TD_ALGO_RING);
     TD_CHECK_EQ(cfg.forced[TD_COLL_ALL_GATHER], TD_ALGO_RING);
@@ -483,16 +483,16 @@ TD_TEST(algo_config)
     TD_CHECK_EQ(cfg.forced[TD_COLL_GATHER], TD_ALGO_AUTO);
     TD_CHECK_EQ(cfg.forced[TD_COLL_BARRIER], TD_ALGO_AUTO);
     memset(&cfg, 0, sizeof cfg);
-    TD_CHECK_OK(td_coll_config_parse_algo(&cfg, "all_reduce=rhd, broadcast:tree,GATHER=tree"));
+    TD_CHECK_OK(coll_config_parse_algo(&cfg, "all_reduce=rhd, broadcast:tree,GATHER=tree"));
     TD_CHECK_EQ(cfg.forced[TD_COLL_ALL_REDUCE], TD_ALGO_RHD);
     TD_CHECK_EQ(cfg.forced[TD_COLL_BROADCAST], TD_ALGO_TREE);
     TD_CHECK_EQ(cfg.forced[TD_COLL_GATHER], TD_ALGO_TREE);
     TD_CHECK_EQ(cfg.forced[TD_COLL_REDUCE], TD_ALGO_AUTO);
-    TD_CHECK_ERR(td_coll_config_parse_algo(&cfg, "fastest"), TD_ERR_INVALID,
+    TD_CHECK_ERR(coll_config_parse_algo(&cfg, "fastest"), TD_ERR_INVALID,
                  "TDIST_ALGO: unknown algorithm 'fastest'; choose from auto, rd, ring, rhd, tree, bruck, direct");
-    TD_CHECK_ERR(td_coll_config_parse_algo(&cfg, "all_reduce=bruck"), TD_ERR_INVALID,
+    TD_CHECK_ERR(coll_config_parse_algo(&cfg, "all_reduce=bruck"), TD_ERR_INVALID,
                  "TDIST_ALGO: all_reduce has no algorithm 'bruck'; choose from auto, rd, ring, rhd, tree");
-    TD_CHECK_ERR(td_coll_config_parse_algo(&cfg, "allreduce=ring"), TD_ERR_INVALID,
+    TD_CHECK_ERR(coll_config_parse_algo(&cfg, "allreduce=ring"), TD_ERR_INVALID,
                  "TDIST_ALGO: unknown collective 'allreduce'");
 }
 

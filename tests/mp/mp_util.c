@@ -54,10 +54,10 @@ int mpt_shm_entries(pid_t pid)
 
 int mpt_wait_shm_entries(pid_t pid, int want, int ms)
 {
-    int64_t deadline = td_deadline_after_ms(ms);
+    int64_t deadline = deadline_after_ms(ms);
     int n;
-    while ((n = mpt_shm_entries(pid)) != want && !td_deadline_passed(deadline))
-        td_sleep_ms(20);
+    while ((n = mpt_shm_entries(pid)) != want && !deadline_passed(deadline))
+        clock_sleep_ms(20);
     return n;
 }
 

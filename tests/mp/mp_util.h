@@ -13,13 +13,13 @@
 #define E_CHECK(cond)                                                                                 \
     do {                                                                                              \
         if (!(cond))                                                                                  \
-            return td_error(TD_ERR_INTERNAL, "%s:%d: check failed: %s", __FILE__, __LINE__, #cond);   \
+            return error_fmt(TD_ERR_INTERNAL, "%s:%d: check failed: %s", __FILE__, __LINE__, #cond);   \
     } while (0)
 #define E_OK(expr)                                                                                    \
     do {                                                                                              \
         td_status e_s_ = (expr);                                                                      \
         if (e_s_ != TD_OK)                                                                            \
-            return td_error_prefix(e_s_, "%s:%d: %s", __FILE__, __LINE__, #expr);                     \
+            return error_prefix(e_s_, "%s:%d: %s", __FILE__, __LINE__, #expr);                     \
     } while (0)
 
 /* Every element of t equals v (any dtype, any layout). */

@@ -118,7 +118,7 @@ TD_TEST(strategy_config, .timeout_s = 120)
 
 static int32_t refcount_of(td_tensor *t)
 {
-    const td_segment *seg = td_shm_segment_of(td_tensor_storage(t));
+    const td_segment *seg = shm_segment_of(td_tensor_storage(t));
     return seg ? atomic_load(&((td_shm_header *)seg->base)->refcount) : -1;
 }
 
@@ -193,7 +193,7 @@ TD_MP_ENTRY(hold_fs_segments)
         E_OK(td_tensor_zeros(TD_FLOAT32, TD_SHAPE(100), &t[i]));
         E_OK(td_tensor_share_memory(t[i]));
     }
-    td_value *pid = td_value_int(td_shmm_daemon_pid());
+    td_value *pid = td_value_int(shmm_daemon_pid());
     E_OK(td_mp_queue_put(q, pid, 0));
     td_value_release(pid);
     return td_mp_event_wait(never, 0);
@@ -243,9 +243,9 @@ TD_TEST(fs_daemon_cleans_after_sigkill, .timeout_s = 120)
      * practice at once). */
     TD_CHECK_EQ(mpt_wait_shm_entries(child, 0, 30000), 0);
     /* And, its last client gone, it exits after its idle time (2 s). */
-    int64_t deadline = td_deadline_after_ms(30000);
-    while (!process_gone(daemon) && !td_deadline_passed(deadline))
-        td_sleep_ms(50);
+    int64_t deadline = deadline_after_ms(30000);
+    while (!process_gone(daemon) && !deadline_passed(deadline))
+        clock_sleep_ms(50);
     TD_CHECK_MSG(process_gone(daemon), "tdist-shm-manager (pid %d) still runs 30 s after its last client left",
                  (int)daemon);
     td_mp_context_release(pc);
@@ -371,7 +371,7 @@ TD_TEST(dev_shm_full_is_a_clean_error, .timeout_s = 120)
         td_storage *s;
         TD_CHECK_OK(td_storage_new(0, &s));
         td_segment seg;
-        TD_CHECK_ERR(td_segment_create("big", total, true, true, &seg), TD_ERR_NOMEM, "No space left on device");
+        TD_CHECK_ERR(segment_create("big", total, true, true, &seg), TD_ERR_NOMEM, "No space left on device");
         td_storage_release(s);
     }
     mpt_lc_end(lc);
@@ -383,7 +383,7 @@ TD_MP_ENTRY(square_or_fail)
 {
     int64_t x = td_value_get_int(args);
     if (x == 2)
-        return td_error(TD_ERR_INVALID, "ValueError: no twos here");
+        return error_fmt(TD_ERR_INVALID, "ValueError: no twos here");
     *result = td_value_int(x * x);
     return TD_OK;
 }
@@ -437,8 +437,8 @@ TD_TEST(pool_task_fails, .timeout_s = 180)
 TD_MP_ENTRY(fail_with_message)
 {
     if (rank == 1)
-        return td_error(TD_ERR_INVALID, "rank %d says no", rank);
-    td_sleep_ms(60000); /* the others are terminated when rank 1 fails */
+        return error_fmt(TD_ERR_INVALID, "rank %d says no", rank);
+    clock_sleep_ms(60000); /* the others are terminated when rank 1 fails */
     return TD_OK;
 }
 
@@ -446,7 +446,7 @@ TD_MP_ENTRY(exit_code) { _exit((int)td_value_get_int(args)); }
 
 TD_MP_ENTRY(sleep_long)
 {
-    td_sleep_ms(60000);
+    clock_sleep_ms(60000);
     return TD_OK;
 }
 
@@ -671,15 +671,15 @@ TD_TEST(queue_backlog_and_spill, .timeout_s = 180)
 TD_TEST(cache_stays_bounded)
 {
     td_mp_leak_checker *lc = mpt_lc_begin();
-    size_t base = td_shm_cache_size();
+    size_t base = shm_cache_size();
     for (int i = 0; i < 300; i++) {
         td_tensor *t;
         TD_CHECK_OK(td_tensor_zeros(TD_FLOAT32, TD_SHAPE(8), &t));
         TD_CHECK_OK(td_tensor_share_memory(t));
-        TD_CHECK_EQ(td_shm_cache_size(), base + 1);
+        TD_CHECK_EQ(shm_cache_size(), base + 1);
         td_tensor_release(t);
     }
-    TD_CHECK_EQ(td_shm_cache_size(), base);
+    TD_CHECK_EQ(shm_cache_size(), base);
     mpt_lc_end(lc);
 }
 
@@ -693,27 +693,27 @@ TD_TEST(hostile_messages)
     td_value *v = td_value_list_new();
     td_value_list_append(v, tensor_value(t));
     td_value_list_append(v, td_value_record_of(TD_REC_MP_TENSOR, 1, td_value_int(0)));
-    TD_CHECK_ERR(td_mp_msg_encode(v, &m), TD_ERR_INVALID, "reserved");
-    td_mp_msg_free(&m);
+    TD_CHECK_ERR(mp_msg_encode(v, &m), TD_ERR_INVALID, "reserved");
+    mp_msg_free(&m);
     td_value_release(v);
     v = td_value_dict_new();
     TD_CHECK_OK(td_tensor_ones(TD_FLOAT32, TD_SHAPE(3), &t));
     td_value_dict_set(v, tensor_value(t), td_value_int(1));
-    TD_CHECK_ERR(td_mp_msg_encode(v, &m), TD_ERR_UNSUPPORTED, "dict keyed by tensors");
-    td_mp_msg_free(&m);
+    TD_CHECK_ERR(mp_msg_encode(v, &m), TD_ERR_UNSUPPORTED, "dict keyed by tensors");
+    mp_msg_free(&m);
     td_value_release(v);
 
     TD_CHECK_OK(td_tensor_ones(TD_FLOAT32, TD_SHAPE(3), &t));
     v = tensor_value(t);
-    TD_CHECK_OK(td_mp_msg_encode(v, &m));
+    TD_CHECK_OK(mp_msg_encode(v, &m));
     td_value *out;
     int fds[1];
     /* Its fd withheld. */
-    TD_CHECK_ERR(td_mp_msg_decode_bytes(m.data.data, m.data.len, fds, 0, mp_object_classes, &out), TD_ERR_INVALID, "file descriptors");
+    TD_CHECK_ERR(mp_msg_decode_bytes(m.data.data, m.data.len, fds, 0, mp_object_classes, &out), TD_ERR_INVALID, "file descriptors");
     /* Every truncation and every single-byte corruption. */
     for (size_t cut = 0; cut < m.data.len; cut++) {
         fds[0] = dup(m.fds.items[0]);
-        TD_CHECK(td_mp_msg_decode_bytes(m.data.data, cut, fds, 1, mp_object_classes, &out) == TD_ERR_INVALID);
+        TD_CHECK(mp_msg_decode_bytes(m.data.data, cut, fds, 1, mp_object_classes, &out) == TD_ERR_INVALID);
     }
     char *copy = malloc(m.data.len);
     for (size_t i = 0; i < m.data.len; i++) {
@@ -721,16 +721,16 @@ TD_TEST(hostile_messages)
         copy[i] ^= 0x5a;
         fds[0] = dup(m.fds.items[0]);
         out = NULL;
-        if (td_mp_msg_decode_bytes(copy, m.data.len, fds, 1, mp_object_classes, &out) == TD_OK)
+        if (mp_msg_decode_bytes(copy, m.data.len, fds, 1, mp_object_classes, &out) == TD_OK)
             td_value_release(out); /* a flipped value byte can still be a valid message */
     }
     free(copy);
     fds[0] = dup(m.fds.items[0]);
-    TD_CHECK_OK(td_mp_msg_decode_bytes(m.data.data, m.data.len, fds, 1, mp_object_classes, &out));
+    TD_CHECK_OK(mp_msg_decode_bytes(m.data.data, m.data.len, fds, 1, mp_object_classes, &out));
     TD_CHECK(td_value_equal(out, v));
     td_value_release(out);
     m.sent = true;
-    td_mp_msg_free(&m);
+    mp_msg_free(&m);
     td_value_release(v);
     mpt_lc_end(lc);
 }
@@ -748,13 +748,13 @@ TD_TEST(write_fuzz_seeds, .hidden = true)
         td_value *v = td_value_tuple_of(4, td_value_tensor(x), td_value_tensor(col), td_value_tensor(e),
                                         td_value_string("label"));
         td_mp_msg m;
-        TD_CHECK_OK(td_mp_msg_encode(v, &m));
+        TD_CHECK_OK(mp_msg_encode(v, &m));
         char path[512];
         snprintf(path, sizeof path, "%s/seed_%s", dir, td_mp_strategy_name((td_mp_strategy)s));
         FILE *f = fopen(path, "wb");
         TD_CHECK(f && fwrite(m.data.data, 1, m.data.len, f) == m.data.len);
         fclose(f);
-        td_mp_msg_free(&m);
+        mp_msg_free(&m);
         td_value_release(v);
         td_tensor_release(e);
         td_tensor_release(col);
@@ -790,7 +790,7 @@ TD_MP_ENTRY(round_trip_in_child)
     if (st == TD_OK)
         st = td_mp_queue_get(q, 10000, &got);
     if (st == TD_OK && td_tensor_storage(td_value_get_tensor(got)) != td_tensor_storage(t))
-        st = td_error(TD_ERR_INTERNAL, "the round trip lost the storage's identity");
+        st = error_fmt(TD_ERR_INTERNAL, "the round trip lost the storage's identity");
     td_value_release(got);
     td_value_release(v);
     td_tensor_release(t);

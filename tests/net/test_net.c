@@ -21,13 +21,13 @@
 #include "net/io.h"
 #include "net/socket.h"
 
-static double now_s(void) { return (double)td_now_ns() / 1e9; }
+static double now_s(void) { return (double)clock_now_ns() / 1e9; }
 
 static void split_ok(const char *s, const char *host, int port)
 {
     char *h = NULL;
     int p = -2;
-    TD_CHECK_OK(td_net_split_hostport(s, &h, &p));
+    TD_CHECK_OK(net_split_hostport(s, &h, &p));
     TD_CHECK_MSG(strcmp(h, host) == 0 && p == port, "'%s' -> '%s' %d, want '%s' %d", s, h, p, host, port);
     free(h);
 }
@@ -44,16 +44,16 @@ TD_TEST(split_and_format_host_port)
     split_ok("", "", -1);
     char *h = NULL;
     int p;
-    TD_CHECK_ERR(td_net_split_hostport("host:65536", &h, &p), TD_ERR_INVALID, "invalid port");
-    TD_CHECK_ERR(td_net_split_hostport("host:12a", &h, &p), TD_ERR_INVALID, "invalid port");
-    TD_CHECK_ERR(td_net_split_hostport("host:", &h, &p), TD_ERR_INVALID, "invalid port");
-    TD_CHECK_ERR(td_net_split_hostport("[::1", &h, &p), TD_ERR_INVALID, "without a matching");
-    TD_CHECK_ERR(td_net_split_hostport("[::1]x", &h, &p), TD_ERR_INVALID, "after ']'");
+    TD_CHECK_ERR(net_split_hostport("host:65536", &h, &p), TD_ERR_INVALID, "invalid port");
+    TD_CHECK_ERR(net_split_hostport("host:12a", &h, &p), TD_ERR_INVALID, "invalid port");
+    TD_CHECK_ERR(net_split_hostport("host:", &h, &p), TD_ERR_INVALID, "invalid port");
+    TD_CHECK_ERR(net_split_hostport("[::1", &h, &p), TD_ERR_INVALID, "without a matching");
+    TD_CHECK_ERR(net_split_hostport("[::1]x", &h, &p), TD_ERR_INVALID, "after ']'");
     TD_CHECK(h == NULL);
     char out[TD_ADDR_STRLEN];
-    td_net_format_hostport("::1", 5, out, sizeof out);
+    net_format_hostport("::1", 5, out, sizeof out);
     TD_CHECK_STR_EQ(out, "[::1]:5");
-    td_net_format_hostport("a.b", 5, out, sizeof out);
+    net_format_hostport("a.b", 5, out, sizeof out);
     TD_CHECK_STR_EQ(out, "a.b:5");
 }
 
@@ -61,18 +61,18 @@ TD_TEST(resolve_names_and_literals)
 {
     td_addr *a = NULL;
     size_t n = 0;
-    TD_CHECK_OK(td_net_resolve("127.0.0.1", 1234, false, &a, &n));
+    TD_CHECK_OK(net_resolve("127.0.0.1", 1234, false, &a, &n));
     TD_CHECK(n >= 1);
     char s[TD_ADDR_STRLEN];
-    td_addr_str(&a[0], s, sizeof s);
+    addr_str(&a[0], s, sizeof s);
     TD_CHECK_STR_EQ(s, "127.0.0.1:1234");
-    TD_CHECK(td_addr_is_loopback(&a[0]));
-    TD_CHECK_EQ(td_addr_port(&a[0]), 1234);
+    TD_CHECK(addr_is_loopback(&a[0]));
+    TD_CHECK_EQ(addr_port(&a[0]), 1234);
     free(a);
-    TD_CHECK_OK(td_net_resolve("localhost", 7, false, &a, &n));
-    TD_CHECK(n >= 1 && td_addr_is_loopback(&a[0]));
+    TD_CHECK_OK(net_resolve("localhost", 7, false, &a, &n));
+    TD_CHECK(n >= 1 && addr_is_loopback(&a[0]));
     free(a);
-    TD_CHECK_ERR(td_net_resolve("no-such-host.invalid", 1, false, &a, &n), TD_ERR_NOT_FOUND,
+    TD_CHECK_ERR(net_resolve("no-such-host.invalid", 1, false, &a, &n), TD_ERR_NOT_FOUND,
                  "cannot resolve host 'no-such-host.invalid'");
     TD_CHECK(a == NULL && n == 0);
 }
@@ -80,24 +80,24 @@ TD_TEST(resolve_names_and_literals)
 TD_TEST(listen_port_zero_reads_back_the_port)
 {
     int fd = -1, port = 0;
-    TD_CHECK_OK(td_net_listen("127.0.0.1", 0, 0, &fd, &port));
+    TD_CHECK_OK(net_listen("127.0.0.1", 0, 0, &fd, &port));
     TD_CHECK(port > 0);
     td_addr local;
-    TD_CHECK_OK(td_net_local_addr(fd, &local));
-    TD_CHECK_EQ(td_addr_port(&local), port);
+    TD_CHECK_OK(net_local_addr(fd, &local));
+    TD_CHECK_EQ(addr_port(&local), port);
     /* The port is taken: a second listener on it fails naming the address and errno. */
     int fd2 = -1;
     char want[64];
     snprintf(want, sizeof want, "cannot listen on 127.0.0.1:%d: Address already in use", port);
-    TD_CHECK_ERR(td_net_listen("127.0.0.1", port, 0, &fd2, NULL), TD_ERR_IO, want);
+    TD_CHECK_ERR(net_listen("127.0.0.1", port, 0, &fd2, NULL), TD_ERR_IO, want);
     close(fd);
     /* Every interface, dual stack where there is IPv6. */
-    TD_CHECK_OK(td_net_listen(NULL, 0, 16, &fd, &port));
+    TD_CHECK_OK(net_listen(NULL, 0, 16, &fd, &port));
     int c = -1;
-    TD_CHECK_OK(td_net_connect("127.0.0.1", port, td_deadline_after_ms(5000), &c));
+    TD_CHECK_OK(net_connect("127.0.0.1", port, deadline_after_ms(5000), &c));
     close(c);
     close(fd);
-    TD_CHECK_ERR(td_net_listen("127.0.0.1", 65536, 0, &fd, NULL), TD_ERR_INVALID,
+    TD_CHECK_ERR(net_listen("127.0.0.1", 65536, 0, &fd, NULL), TD_ERR_INVALID,
                  "port must have value from 0 to 65535 but was 65536.");
 }
 
@@ -129,7 +129,7 @@ TD_TEST(connect_retries_until_the_listener_appears)
     TD_CHECK(pthread_create(&th, NULL, listen_later, &l) == 0);
     double t0 = now_s();
     int c = -1;
-    TD_CHECK_OK(td_net_connect("127.0.0.1", ntohs(a.sin_port), td_deadline_after_ms(20000), &c));
+    TD_CHECK_OK(net_connect("127.0.0.1", ntohs(a.sin_port), deadline_after_ms(20000), &c));
     TD_CHECK(now_s() - t0 >= 0.3);
     pthread_join(th, NULL);
     close(c);
@@ -147,7 +147,7 @@ TD_TEST(connect_timeout_message_names_address_and_error)
     int port = ntohs(a.sin6_port);
     int c = -1;
     double t0 = now_s();
-    TD_CHECK_ERR(td_net_connect("::1", port, td_deadline_after_ms(600), &c), TD_ERR_TIMEOUT, "Connection refused");
+    TD_CHECK_ERR(net_connect("::1", port, deadline_after_ms(600), &c), TD_ERR_TIMEOUT, "Connection refused");
     double dt = now_s() - t0;
     char want[96];
     snprintf(want, sizeof want, "connecting to [::1]:%d: Connection refused", port);
@@ -181,7 +181,7 @@ static void *send_pieces(void *p)
         off += piece;
         n++;
     }
-    s->status = td_net_sendv_all(s->fd, iov, n, td_deadline_after_ms(30000));
+    s->status = net_sendv_all(s->fd, iov, n, deadline_after_ms(30000));
     return NULL;
 }
 
@@ -201,7 +201,7 @@ TD_TEST(vectored_io_survives_partial_transfers)
     TD_CHECK(pthread_create(&th, NULL, send_pieces, &p) == 0);
     /* Receive into three uneven iovecs. */
     struct iovec iov[3] = {{dst, 1}, {dst + 1, 3 << 20}, {dst + 1 + (3 << 20), len - 1 - (3 << 20)}};
-    TD_CHECK_OK(td_net_recvv_all(sv[1], iov, 3, td_deadline_after_ms(30000)));
+    TD_CHECK_OK(net_recvv_all(sv[1], iov, 3, deadline_after_ms(30000)));
     pthread_join(th, NULL);
     TD_CHECK_OK(p.status);
     TD_CHECK(memcmp(src, dst, len) == 0);
@@ -217,24 +217,24 @@ TD_TEST(recv_timeout_and_closed_peer)
     TD_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) == 0);
     char buf[16];
     double t0 = now_s();
-    TD_CHECK_ERR(td_net_recv_all(sv[1], buf, 4, td_deadline_after_ms(300)), TD_ERR_TIMEOUT, "timed out");
+    TD_CHECK_ERR(net_recv_all(sv[1], buf, 4, deadline_after_ms(300)), TD_ERR_TIMEOUT, "timed out");
     double dt = now_s() - t0;
     TD_CHECK_MSG(dt >= 0.3 && dt < 1.3, "timed out after %.3f s", dt);
     /* Half a message, then the peer goes away. */
-    TD_CHECK_OK(td_net_send_all(sv[0], "ab", 2, td_deadline_after_ms(1000)));
+    TD_CHECK_OK(net_send_all(sv[0], "ab", 2, deadline_after_ms(1000)));
     close(sv[0]);
-    TD_CHECK_ERR(td_net_recv_all(sv[1], buf, 4, td_deadline_after_ms(5000)), TD_ERR_PEER_LOST,
+    TD_CHECK_ERR(net_recv_all(sv[1], buf, 4, deadline_after_ms(5000)), TD_ERR_PEER_LOST,
                  "connection closed by peer");
     /* Sending to a closed peer fails without SIGPIPE. */
-    TD_CHECK_ERR(td_net_send_all(sv[1], "x", 1, td_deadline_after_ms(1000)), TD_ERR_PEER_LOST, "connection lost");
+    TD_CHECK_ERR(net_send_all(sv[1], "x", 1, deadline_after_ms(1000)), TD_ERR_PEER_LOST, "connection lost");
     close(sv[1]);
     /* recv_some returns what is there. */
     TD_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) == 0);
-    TD_CHECK_OK(td_net_send_all(sv[0], "hello", 5, td_deadline_after_ms(1000)));
+    TD_CHECK_OK(net_send_all(sv[0], "hello", 5, deadline_after_ms(1000)));
     size_t got = 0;
-    TD_CHECK_OK(td_net_recv_some(sv[1], buf, sizeof buf, &got, td_deadline_after_ms(1000)));
+    TD_CHECK_OK(net_recv_some(sv[1], buf, sizeof buf, &got, deadline_after_ms(1000)));
     TD_CHECK_EQ(got, 5);
-    TD_CHECK_OK(td_net_wait(sv[0], POLLOUT, td_deadline_after_ms(1000)));
+    TD_CHECK_OK(net_wait(sv[0], POLLOUT, deadline_after_ms(1000)));
     close(sv[0]);
     close(sv[1]);
 }

@@ -96,7 +96,7 @@ static td_status plus_one(td_future *parent, void *arg, td_value **result)
 {
     (*(int *)arg)++;
     if (td_future_status(parent) != TD_OK)
-        return td_error_set(td_future_status(parent), td_future_error(parent));
+        return error_set(td_future_status(parent), td_future_error(parent));
     *result = td_value_int(td_value_get_int(td_future_value(parent)) + 1);
     return TD_OK;
 }
@@ -106,7 +106,7 @@ static td_status fail_with(td_future *parent, void *arg, td_value **result)
     (void)parent;
     (void)result;
     (void)arg;
-    return td_error(TD_ERR_INVALID, "then failed on purpose");
+    return error_fmt(TD_ERR_INVALID, "then failed on purpose");
 }
 
 TD_TEST(future_callbacks_without_executor)

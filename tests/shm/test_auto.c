@@ -45,7 +45,7 @@ static td_pg *make_group(td_test_ctx *ctx)
 static td_auto_topology topology(td_pg *pg)
 {
     td_auto_topology t;
-    td_auto_backend_topology(pg->state, &t);
+    auto_backend_topology(pg->state, &t);
     return t;
 }
 
@@ -86,9 +86,9 @@ TD_TEST(two_by_two_is_hierarchical_over_tcp, .world_size = 4, .timeout_s = 60)
     TD_CHECK(t.shm != NULL && t.tcp != NULL);
     for (int r = 0; r < 4; r++)
         if (r != ctx->rank)
-            TD_CHECK_MSG(td_tcp_transport_peer_is_local(t.tcp, r) == (r / 2 == ctx->rank / 2),
+            TD_CHECK_MSG(tcp_transport_peer_is_local(t.tcp, r) == (r / 2 == ctx->rank / 2),
                          "rank %d: the connection to rank %d is %s", ctx->rank, r,
-                         td_tcp_transport_peer_is_local(t.tcp, r) ? "a UNIX socket" : "TCP");
+                         tcp_transport_peer_is_local(t.tcp, r) ? "a UNIX socket" : "TCP");
     td_tensor *x = pg_test_tensor(TD_FLOAT32, ctx->rank, 1000);
     TD_CHECK_OK(td_pg_all_reduce(pg, x, TD_OP_SUM, NULL));
     for (int64_t i = 0; i < 1000; i++)
@@ -220,14 +220,14 @@ static void killed_body(td_test_ctx *ctx, int victim)
     char path[1024];
     snprintf(path, sizeof path, "%s/kill_time", ctx->tmpdir);
     if (ctx->rank == victim) {
-        td_sleep_ms(300);
+        clock_sleep_ms(300);
         FILE *fp = fopen(path, "w");
-        fprintf(fp, "%lld\n", (long long)td_now_ms());
+        fprintf(fp, "%lld\n", (long long)clock_now_ms());
         fclose(fp);
         raise(SIGKILL);
     }
     td_status st = td_pg_all_reduce(pg, t, TD_OP_SUM, NULL);
-    int64_t failed_at = td_now_ms();
+    int64_t failed_at = clock_now_ms();
     char name[32];
     snprintf(name, sizeof name, "rank %d", victim);
     TD_CHECK_ERR(st, TD_ERR_PEER_LOST, name);

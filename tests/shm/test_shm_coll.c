@@ -22,7 +22,7 @@
 static td_status run_forced(td_coll_ctx *c, const td_coll *op, td_algo forced)
 {
     c->cfg.forced[op->kind] = forced;
-    return td_shm_coll_run(c, op);
+    return shm_coll_run(c, op);
 }
 
 /* Slots of 4 KiB (the small ones 1 KiB): chunking runs on small data. */
@@ -199,7 +199,7 @@ CC_COLL_TEST(transport_algorithms, .timeout_s = 120)
             td_coll c = cc_coll_of(&w, TD_COLL_ALL_REDUCE, TD_INT32, n);
             c.in = c.out = buf;
             cc_run(&w, &c, ar[a], "all_reduce");
-            cc_check_buf(TD_INT32, TD_OP_SUM, buf, n, ws, 0, td_algo_name(ar[a]));
+            cc_check_buf(TD_INT32, TD_OP_SUM, buf, n, ws, 0, coll_algo_name(ar[a]));
             free(buf);
         }
         for (int chain = 0; chain < 2; chain++) {
@@ -274,7 +274,7 @@ TD_TEST(eight_ranks, .world_size = 8, .timeout_s = 120)
             td_coll c = cc_coll_of(&w, TD_COLL_ALL_REDUCE, TD_FLOAT64, n);
             c.in = c.out = buf;
             cc_run(&w, &c, reduce_algos[a], "all_reduce");
-            cc_check_buf(TD_FLOAT64, TD_OP_SUM, buf, n, 8, 0, td_algo_name(reduce_algos[a]));
+            cc_check_buf(TD_FLOAT64, TD_OP_SUM, buf, n, 8, 0, coll_algo_name(reduce_algos[a]));
             free(buf);
         }
         void **out = cc_blocks(8, n, TD_INT32);
@@ -304,8 +304,8 @@ TD_TEST(disagreement_fails_every_rank, .world_size = 3, .timeout_s = 60)
     td_coll c = cc_coll_of(&w, TD_COLL_ALL_REDUCE, TD_FLOAT32, n);
     c.in = c.out = buf;
     w.c.cfg.forced[TD_COLL_ALL_REDUCE] = TD_ALGO_SHM;
-    int64_t t0 = td_now_ns();
-    TD_CHECK_ERR(td_shm_coll_run(&w.c, &c), TD_ERR_INVALID, "Ranks disagree about a collective");
+    int64_t t0 = clock_now_ns();
+    TD_CHECK_ERR(shm_coll_run(&w.c, &c), TD_ERR_INVALID, "Ranks disagree about a collective");
     TD_CHECK_CONTAINS(td_last_error(), "all_reduce of 100 float32 elements");
     TD_CHECK(tu_since_s(t0) < 10);
     free(buf);
@@ -326,18 +326,18 @@ TD_TEST(peer_killed_mid_collective, .world_size = 3, .skip_return_code_check = t
     c.in = c.out = buf;
     cc_run(&w, &c, TD_ALGO_AUTO, "all_reduce");
     if (ctx->rank == 2) {
-        td_sleep_ms(300);
+        clock_sleep_ms(300);
         raise(SIGKILL);
     }
     c = cc_coll_of(&w, TD_COLL_ALL_REDUCE, TD_FLOAT32, n);
     c.in = c.out = buf;
-    int64_t t0 = td_now_ns();
-    TD_CHECK_ERR(td_shm_coll_run(&w.c, &c), TD_ERR_PEER_LOST, "Connection to rank 2 lost");
+    int64_t t0 = clock_now_ns();
+    TD_CHECK_ERR(shm_coll_run(&w.c, &c), TD_ERR_PEER_LOST, "Connection to rank 2 lost");
     double dt = tu_since_s(t0);
     TD_CHECK_MSG(dt < 2.3, "the loss of rank 2 took %.2f s to notice (the kill came at 0.3 s)", dt);
     c = cc_coll_of(&w, TD_COLL_BROADCAST, TD_FLOAT32, 4);
     c.in = c.out = buf;
-    TD_CHECK_ERR(td_shm_coll_run(&w.c, &c), TD_ERR_PEER_LOST, "Connection to rank 2 lost");
+    TD_CHECK_ERR(shm_coll_run(&w.c, &c), TD_ERR_PEER_LOST, "Connection to rank 2 lost");
     tu_no_segments();
     free(buf);
     w.tw.keep_store = true;
@@ -353,9 +353,9 @@ TD_TEST(stalled_rank_times_out, .world_size = 2, .timeout_s = 60)
     td_coll c = cc_coll_of(&w, TD_COLL_ALL_REDUCE, TD_FLOAT32, 1);
     c.in = c.out = &v;
     if (ctx->rank == 0) {
-        c.deadline_ns = td_now_ns() + 300 * 1000000LL;
-        int64_t t0 = td_now_ns();
-        TD_CHECK_ERR(td_shm_coll_run(&w.c, &c), TD_ERR_TIMEOUT, "waiting for rank 1 in a shared-memory collective");
+        c.deadline_ns = clock_now_ns() + 300 * 1000000LL;
+        int64_t t0 = clock_now_ns();
+        TD_CHECK_ERR(shm_coll_run(&w.c, &c), TD_ERR_TIMEOUT, "waiting for rank 1 in a shared-memory collective");
         TD_CHECK(tu_since_s(t0) >= 0.29 && tu_since_s(t0) < 10);
         TD_CHECK_OK(td_store_set_str(w.tw.store, "timed_out", "1"));
     } else {
@@ -364,8 +364,8 @@ TD_TEST(stalled_rank_times_out, .world_size = 2, .timeout_s = 60)
         /* The relayed abort reaches this rank's transport (a receive fails with it), and every
          * collective after it fails the same way. */
         char b[4];
-        TD_CHECK_ERR(td_transport_recv(w.tw.t, 0, 1, b, 4, tu_after_ms(30000)), TD_ERR_TIMEOUT, "waiting for rank 1");
-        TD_CHECK_ERR(td_shm_coll_run(&w.c, &c), TD_ERR_TIMEOUT, "waiting for rank 1");
+        TD_CHECK_ERR(transport_recv(w.tw.t, 0, 1, b, 4, tu_after_ms(30000)), TD_ERR_TIMEOUT, "waiting for rank 1");
+        TD_CHECK_ERR(shm_coll_run(&w.c, &c), TD_ERR_TIMEOUT, "waiting for rank 1");
     }
     cc_world_close(&w);
 }
@@ -375,7 +375,7 @@ TD_TEST(four_ranks_one_core, .world_size = 4, .timeout_s = 120)
 {
     tu_one_core();
     cc_world w = open_cw(ctx, NULL);
-    int64_t t0 = td_now_ns();
+    int64_t t0 = clock_now_ns();
     float v[2];
     for (int i = 0; i < 1000; i++) {
         v[0] = (float)ctx->rank;

@@ -20,7 +20,7 @@ static td_status create(const td_test_ctx *ctx, const td_transport_setup *setup,
 {
     (void)ctx;
     td_shm_options o = {.setup = *setup};
-    return td_shm_transport_create(&o, out);
+    return shm_transport_create(&o, out);
 }
 
 static void connect_body(td_test_ctx *ctx)
@@ -61,9 +61,9 @@ TD_TEST(orderly_close, .world_size = 3)
     tu_all_pairs(ctx, w.t, 64);
     if (ctx->rank == 2) {
         int v = 2222;
-        TD_CHECK_OK(td_transport_send(w.t, 0, 9, &v, sizeof v, tu_after_ms(30000)));
+        TD_CHECK_OK(transport_send(w.t, 0, 9, &v, sizeof v, tu_after_ms(30000)));
         tu_barrier(ctx, w.store, "sent");
-        td_transport_destroy(w.t);
+        transport_destroy(w.t);
         tu_barrier(ctx, w.store, "synced");
         tu_store_close(ctx, w.store, ctx->store_path);
         return;
@@ -72,7 +72,7 @@ TD_TEST(orderly_close, .world_size = 3)
     tu_barrier(ctx, w.store, "synced");
     if (ctx->rank == 0) {
         int v = 0;
-        TD_CHECK_OK(td_transport_recv(w.t, 2, 9, &v, sizeof v, tu_after_ms(30000)));
+        TD_CHECK_OK(transport_recv(w.t, 2, 9, &v, sizeof v, tu_after_ms(30000)));
         TD_CHECK_EQ(v, 2222);
     }
     tu_check_after_close(&w);
@@ -120,7 +120,7 @@ TD_TEST(four_ranks_one_core, .world_size = 4, .timeout_s = 120)
 {
     tu_one_core();
     tu_world w = shm_test_open(ctx, 0);
-    int64_t t0 = td_now_ns();
+    int64_t t0 = clock_now_ns();
     for (int i = 0; i < 300; i++)
         tu_all_pairs(ctx, w.t, (size_t)(i % 7) * 1000);
     tu_all_pairs(ctx, w.t, 3 << 20);

@@ -82,13 +82,13 @@ TD_TEST(simultaneous_closes_remove_the_file, .world_size = 4, .timeout_s = 120)
         snprintf(key, sizeof key, "at%d", round);
         if (ctx->rank == 0) {
             char at[32];
-            snprintf(at, sizeof at, "%lld", (long long)(td_now_ns() + 40000000));
+            snprintf(at, sizeof at, "%lld", (long long)(clock_now_ns() + 40000000));
             TD_CHECK_OK(td_store_set_str(meet, key, at));
         }
         char *at = get_str(meet, key);
         int64_t when = atoll(at);
         free(at);
-        while (td_now_ns() < when) {
+        while (clock_now_ns() < when) {
         }
         td_store_release(s);
         snprintf(key, sizeof key, "closed%d", round);

@@ -56,11 +56,11 @@ TD_TEST(master_and_clients_wait_for_workers, .world_size = 4, .timeout_s = 60)
     if (ctx->rank == 0) {
         /* Serve until every client is gone. */
         td_store_server_stats st;
-        TD_CHECK(td_tcp_store_server_stats(s, &st));
+        TD_CHECK(tcp_store_server_stats(s, &st));
         double end = now_s() + 30;
         while (st.connections > 1 && now_s() < end) {
             sleep_s(0.01);
-            td_tcp_store_server_stats(s, &st);
+            tcp_store_server_stats(s, &st);
         }
         TD_CHECK_EQ(st.connections, 1);
         unpublish(ctx, "port");
@@ -160,7 +160,7 @@ TD_TEST(clients_256_times_1000_adds, .world_size = 4, .timeout_s = 240)
         double end = now_s() + 30;
         do {
             sleep_s(0.01);
-            td_tcp_store_server_stats(s, &st);
+            tcp_store_server_stats(s, &st);
         } while (st.connections > 1 && now_s() < end);
         unpublish(ctx, "port");
     }
@@ -210,7 +210,7 @@ TD_TEST(thousand_concurrent_clients_and_parked_waits, .world_size = 4, .timeout_
     store_barrier(s, "all_connected", 4);
     if (ctx->rank == 0) {
         td_store_server_stats st;
-        TD_CHECK(td_tcp_store_server_stats(s, &st));
+        TD_CHECK(tcp_store_server_stats(s, &st));
         TD_CHECK_MSG(st.connections >= 4 * HANDLES_PER_RANK + 4, "server has %llu connections",
                      (unsigned long long)st.connections);
     }
@@ -230,7 +230,7 @@ TD_TEST(thousand_concurrent_clients_and_parked_waits, .world_size = 4, .timeout_
         double end = now_s() + 60;
         do {
             sleep_s(0.01);
-            td_tcp_store_server_stats(s, &st);
+            tcp_store_server_stats(s, &st);
         } while (st.parked < 4 * WAITERS_PER_RANK && now_s() < end);
         TD_CHECK_EQ(st.parked, 4 * WAITERS_PER_RANK);
         TD_CHECK_OK(td_store_set_str(s, "go", "now"));
@@ -246,7 +246,7 @@ TD_TEST(thousand_concurrent_clients_and_parked_waits, .world_size = 4, .timeout_
         double end = now_s() + 30;
         do {
             sleep_s(0.01);
-            td_tcp_store_server_stats(s, &st);
+            tcp_store_server_stats(s, &st);
         } while (st.connections > 1 && now_s() < end);
         TD_CHECK_EQ(st.parked, 0);
         unpublish(ctx, "port");
@@ -510,14 +510,14 @@ static void raw_send(int fd, const void *p, size_t n) { TD_CHECK(send(fd, p, n, 
 static void raw_hello(int fd, uint32_t magic, uint32_t version, const char *token)
 {
     td_buf b = TD_BUF_INIT;
-    size_t off = td_store_msg_begin(&b, TD_STORE_CMD_HELLO);
-    td_buf_put_u32(&b, magic);
-    td_buf_put_u32(&b, version);
-    td_buf_put_u32(&b, (uint32_t)strlen(token));
-    td_buf_append_str(&b, token);
-    td_store_msg_end(&b, off);
+    size_t off = store_msg_begin(&b, TD_STORE_CMD_HELLO);
+    buf_put_u32(&b, magic);
+    buf_put_u32(&b, version);
+    buf_put_u32(&b, (uint32_t)strlen(token));
+    buf_append_str(&b, token);
+    store_msg_end(&b, off);
     raw_send(fd, b.data, b.len);
-    td_buf_free(&b);
+    buf_free(&b);
 }
 
 /* Reads until the server closes the connection; returns the bytes it sent before (up to size). */
@@ -584,38 +584,38 @@ TD_TEST(garbage_and_oversize_requests_close_only_their_connection, .timeout_s = 
     /* 4: a request before HELLO */
     fd = raw_connect(port);
     td_buf b = TD_BUF_INIT;
-    size_t off = td_store_msg_begin(&b, TD_STORE_CMD_SET);
-    td_store_put_key(&b, "", "k", 1);
-    td_store_put_value(&b, "v", 1);
-    td_store_msg_end(&b, off);
+    size_t off = store_msg_begin(&b, TD_STORE_CMD_SET);
+    store_put_key(&b, "", "k", 1);
+    store_put_value(&b, "v", 1);
+    store_msg_end(&b, off);
     raw_send(fd, b.data, b.len);
     expect_closed(fd, buf, sizeof buf);
     /* 5: a key length that runs past its request */
     fd = raw_connect(port);
     raw_hello(fd, TD_STORE_PROTO_MAGIC, TD_STORE_PROTO_VERSION, "");
     b.len = 0;
-    off = td_store_msg_begin(&b, TD_STORE_CMD_GET);
-    td_buf_put_u32(&b, 1u << 20);
-    td_buf_append(&b, "short", 5);
-    td_store_msg_end(&b, off);
+    off = store_msg_begin(&b, TD_STORE_CMD_GET);
+    buf_put_u32(&b, 1u << 20);
+    buf_append(&b, "short", 5);
+    store_msg_end(&b, off);
     raw_send(fd, b.data, b.len);
     expect_closed(fd, buf, sizeof buf);
     /* 6: a request other than CANCEL while a GET is parked */
     fd = raw_connect(port);
     raw_hello(fd, TD_STORE_PROTO_MAGIC, TD_STORE_PROTO_VERSION, "");
     b.len = 0;
-    off = td_store_msg_begin(&b, TD_STORE_CMD_GET);
-    td_store_put_key(&b, "", "absent", 6);
-    td_store_msg_end(&b, off);
-    off = td_store_msg_begin(&b, TD_STORE_CMD_NUM_KEYS);
-    td_store_msg_end(&b, off);
+    off = store_msg_begin(&b, TD_STORE_CMD_GET);
+    store_put_key(&b, "", "absent", 6);
+    store_msg_end(&b, off);
+    off = store_msg_begin(&b, TD_STORE_CMD_NUM_KEYS);
+    store_msg_end(&b, off);
     raw_send(fd, b.data, b.len);
     expect_closed(fd, buf, sizeof buf);
-    td_buf_free(&b);
+    buf_free(&b);
     still_serving(good, 3);
 
     td_store_server_stats st;
-    TD_CHECK(td_tcp_store_server_stats(master, &st));
+    TD_CHECK(tcp_store_server_stats(master, &st));
     TD_CHECK_EQ(st.dropped, 6);
     TD_CHECK_EQ(st.parked, 0);
     close(slow);
@@ -669,7 +669,7 @@ TD_TEST(auth_token_required_and_checked, .timeout_s = 60)
     TD_CHECK_STR_EQ(t, "v");
     free(t);
     td_store_server_stats st;
-    TD_CHECK(td_tcp_store_server_stats(master, &st));
+    TD_CHECK(tcp_store_server_stats(master, &st));
     TD_CHECK_EQ(st.dropped, 2);
     td_store_release(c);
     td_store_release(master);
@@ -776,7 +776,7 @@ TD_TEST(timeout_cancels_the_parked_request, .timeout_s = 60)
     td_store_server_stats st;
     double end = now_s() + 10;
     do {
-        td_tcp_store_server_stats(s, &st);
+        tcp_store_server_stats(s, &st);
     } while (st.parked != 0 && now_s() < end);
     TD_CHECK_EQ(st.parked, 0);
     TD_CHECK_OK(td_store_set_str(s, "late", "value"));
@@ -802,16 +802,16 @@ static void *mute_main(void *p)
     TD_CHECK(m->conn_fd >= 0);
     uint8_t hdr[TD_STORE_HEADER_LEN], body[4096];
     TD_CHECK(recv(m->conn_fd, hdr, sizeof hdr, MSG_WAITALL) == (ssize_t)sizeof hdr);
-    size_t n = (size_t)td_store_get_u64(hdr + 1);
+    size_t n = (size_t)store_get_u64(hdr + 1);
     TD_CHECK(n <= sizeof body && recv(m->conn_fd, body, n, MSG_WAITALL) == (ssize_t)n);
     td_buf b = TD_BUF_INIT;
-    size_t off = td_store_msg_begin(&b, TD_STORE_REPLY_OK);
-    td_buf_put_u32(&b, TD_STORE_PROTO_VERSION);
-    td_buf_put_u64(&b, 1 << 16);
-    td_buf_put_u64(&b, 1 << 20);
-    td_store_msg_end(&b, off);
+    size_t off = store_msg_begin(&b, TD_STORE_REPLY_OK);
+    buf_put_u32(&b, TD_STORE_PROTO_VERSION);
+    buf_put_u64(&b, 1 << 16);
+    buf_put_u64(&b, 1 << 20);
+    store_msg_end(&b, off);
     raw_send(m->conn_fd, b.data, b.len);
-    td_buf_free(&b);
+    buf_free(&b);
     return NULL;
 }
 
@@ -867,7 +867,7 @@ TD_TEST(same_host_clients_use_the_local_socket, .timeout_s = 60)
     td_store *master = NULL;
     TD_CHECK_OK(td_tcp_store_create(&o, &master));
     td_store_server_stats st;
-    TD_CHECK(td_tcp_store_server_stats(master, &st));
+    TD_CHECK(tcp_store_server_stats(master, &st));
     TD_CHECK_EQ(st.accepted_local, 1);
     o.is_master = false;
     o.port = td_tcp_store_port(master);
@@ -898,7 +898,7 @@ TD_TEST(same_host_clients_use_the_local_socket, .timeout_s = 60)
     TD_CHECK_OK(td_tcp_store_create(&o, &c));
     unsetenv("TDIST_STORE_UNIX");
     TD_CHECK_OK(td_store_set_str(c, "via", "tcp"));
-    TD_CHECK(td_tcp_store_server_stats(master, &st));
+    TD_CHECK(tcp_store_server_stats(master, &st));
     TD_CHECK_EQ(st.accepted_local, want_local);
     TD_CHECK_EQ(st.accepted, want_local + 1);
     td_store_release(c);

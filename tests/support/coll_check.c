@@ -126,15 +126,15 @@ void cc_world_init(cc_world *w, size_t chunk_bytes, size_t small_bytes, const ch
     cfg.chunk_bytes = chunk_bytes;
     cfg.small_bytes = small_bytes;
     if (algo)
-        TD_CHECK_OK(td_coll_config_parse_algo(&cfg, algo));
-    TD_CHECK_OK(td_coll_ctx_init(&w->c, w->tw.t, &cfg));
+        TD_CHECK_OK(coll_config_parse_algo(&cfg, algo));
+    TD_CHECK_OK(coll_ctx_init(&w->c, w->tw.t, &cfg));
     w->seq = 0;
     w->run = run;
 }
 
 void cc_world_close(cc_world *w)
 {
-    td_coll_ctx_free(&w->c);
+    coll_ctx_free(&w->c);
     tu_world_close(&w->tw);
 }
 
@@ -147,7 +147,7 @@ td_coll cc_coll_of(cc_world *w, td_coll_kind kind, td_dtype dt, size_t count)
     c.op = TD_OP_SUM;
     c.count = count;
     c.seq = ++w->seq;
-    c.deadline_ns = td_now_ns() + 60 * 1000000000LL;
+    c.deadline_ns = clock_now_ns() + 60 * 1000000000LL;
     return c;
 }
 
@@ -187,10 +187,10 @@ static td_status run_resolved(cc_world *w, const td_coll *c, td_algo a)
 
 void cc_run(cc_world *w, const td_coll *c, td_algo a, const char *what)
 {
-    td_test_breadcrumb("%s %s n=%zu %s root %d", what, td_algo_name(a), c->count, td_dtype_name(c->dtype), c->root);
+    td_test_breadcrumb("%s %s n=%zu %s root %d", what, coll_algo_name(a), c->count, td_dtype_name(c->dtype), c->root);
     td_status s = run_resolved(w, c, a);
     if (s != TD_OK)
-        TD_FAIL("%s (%s, %zu x %s, op %s, root %d): %s: %s", what, td_algo_name(a), c->count, td_dtype_name(c->dtype),
+        TD_FAIL("%s (%s, %zu x %s, op %s, root %d): %s: %s", what, coll_algo_name(a), c->count, td_dtype_name(c->dtype),
                 td_reduce_op_name(c->op.kind), c->root, td_status_str(s), td_last_error());
 }
 
@@ -209,7 +209,7 @@ void cc_case_all_reduce(cc_world *w, const td_algo *algos, size_t nalgos, const 
                 c.op = combos[k].op;
                 c.in = c.out = buf;
                 cc_run(w, &c, algos[a], "all_reduce");
-                cc_check_buf(combos[k].dt, combos[k].op, buf, n, ctx->world_size, 0, td_algo_name(algos[a]));
+                cc_check_buf(combos[k].dt, combos[k].op, buf, n, ctx->world_size, 0, coll_algo_name(algos[a]));
                 free(buf);
             }
         }
@@ -243,7 +243,7 @@ void cc_case_all_reduce_bit_identical(cc_world *w, const td_algo *algos, size_t 
                     size_t len = 0;
                     TD_CHECK_OK(td_store_get(w->tw.store, key, &v, &len));
                     TD_CHECK_MSG(len == strlen(val) && memcmp(v, val, len) == 0,
-                                 "%s all_reduce of %zu %s: rank %d and rank %d differ", td_algo_name(algos[a]), n,
+                                 "%s all_reduce of %zu %s: rank %d and rank %d differ", coll_algo_name(algos[a]), n,
                                  td_dtype_name(dt), ctx->rank, r);
                     free(v);
                 }

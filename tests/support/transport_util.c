@@ -38,7 +38,7 @@ void tu_store_close(const td_test_ctx *ctx, td_store *s, const char *path)
     for (int r = 1; r < ctx->world_size; r++) {
         snprintf(mark, sizeof mark, "%s.released.%d", path, r);
         for (int i = 0; i < 60000 && access(mark, F_OK) != 0; i++)
-            td_sleep_ms(1);
+            clock_sleep_ms(1);
         unlink(mark);
     }
     unlink(path);
@@ -57,8 +57,8 @@ void tu_barrier(const td_test_ctx *ctx, td_store *store, const char *name)
     TD_CHECK_OK(td_store_wait(store, kp, (size_t)ctx->world_size, 60000));
 }
 
-int64_t tu_after_ms(int64_t ms) { return td_now_ns() + ms * 1000000; }
-double tu_since_s(int64_t t0) { return (double)(td_now_ns() - t0) / 1e9; }
+int64_t tu_after_ms(int64_t ms) { return clock_now_ns() + ms * 1000000; }
+double tu_since_s(int64_t t0) { return (double)(clock_now_ns() - t0) / 1e9; }
 
 unsigned char tu_pattern(int from, int to, size_t i)
 {
@@ -77,11 +77,11 @@ void tu_all_pairs(const td_test_ctx *ctx, td_transport *t, size_t len)
         if (p == me)
             continue;
         xs[k].on_done = NULL;
-        TD_CHECK_OK(td_transport_irecv1(t, p, 42, in + (size_t)p * (len + 1), len, tu_after_ms(30000), &xs[k++]));
+        TD_CHECK_OK(transport_irecv1(t, p, 42, in + (size_t)p * (len + 1), len, tu_after_ms(30000), &xs[k++]));
         xs[k].on_done = NULL;
-        TD_CHECK_OK(td_transport_isend1(t, p, 42, out, len, tu_after_ms(30000), &xs[k++]));
+        TD_CHECK_OK(transport_isend1(t, p, 42, out, len, tu_after_ms(30000), &xs[k++]));
     }
-    TD_CHECK_OK(td_transport_wait_all(t, xs, k, tu_after_ms(30000)));
+    TD_CHECK_OK(transport_wait_all(t, xs, k, tu_after_ms(30000)));
     for (int p = 0; p < n; p++) {
         if (p == me)
             continue;
@@ -143,7 +143,7 @@ td_transport_setup tu_setup(const td_test_ctx *ctx, td_store *store, int64_t tim
 
 void tu_world_close(tu_world *w)
 {
-    td_transport_destroy(w->t);
+    transport_destroy(w->t);
     if (w->keep_store)
         td_store_release(w->store);
     else
@@ -155,7 +155,7 @@ void tu_world_close(tu_world *w)
 void tu_case_world_1(tu_world *w)
 {
     td_xfer x = {0};
-    TD_CHECK_ERR(td_transport_isend1(w->t, 0, 1, "x", 1, tu_after_ms(1000), &x), TD_ERR_INVALID,
+    TD_CHECK_ERR(transport_isend1(w->t, 0, 1, "x", 1, tu_after_ms(1000), &x), TD_ERR_INVALID,
                  "invalid peer rank 0");
 }
 
@@ -175,9 +175,9 @@ void tu_case_sizes_and_iovecs(tu_world *w, const size_t *sizes, size_t nsizes)
         struct iovec riov[3] = {{in, b}, {in + b, 0}, {in + b, len - b}};
         td_xfer xs[2];
         xs[0].on_done = xs[1].on_done = NULL;
-        TD_CHECK_OK(td_transport_irecv(w->t, peer, si, riov, 3, tu_after_ms(30000), &xs[0]));
-        TD_CHECK_OK(td_transport_isend(w->t, peer, si, siov, 3, tu_after_ms(30000), &xs[1]));
-        TD_CHECK_OK(td_transport_wait_all(w->t, xs, 2, tu_after_ms(30000)));
+        TD_CHECK_OK(transport_irecv(w->t, peer, si, riov, 3, tu_after_ms(30000), &xs[0]));
+        TD_CHECK_OK(transport_isend(w->t, peer, si, siov, 3, tu_after_ms(30000), &xs[1]));
+        TD_CHECK_OK(transport_wait_all(w->t, xs, 2, tu_after_ms(30000)));
         TD_CHECK_EQ(xs[0].nbytes, len);
         TD_CHECK_EQ(xs[1].nbytes, len);
         TD_CHECK_EQ(xs[0].peer, peer);
@@ -194,28 +194,28 @@ void tu_case_tag_matching(tu_world *w)
     if (w->ctx->rank == 0) {
         for (int tag = 1; tag <= 6; tag++) {
             int v[2] = {tag, tag * 100};
-            TD_CHECK_OK(td_transport_send(w->t, 1, (uint64_t)tag, v, sizeof v, tu_after_ms(30000)));
+            TD_CHECK_OK(transport_send(w->t, 1, (uint64_t)tag, v, sizeof v, tu_after_ms(30000)));
         }
         for (int i = 0; i < 5; i++)
-            TD_CHECK_OK(td_transport_send(w->t, 1, 77, &i, sizeof i, tu_after_ms(30000)));
-        TD_CHECK_OK(td_transport_send(w->t, 1, 1000, "go", 2, tu_after_ms(30000)));
+            TD_CHECK_OK(transport_send(w->t, 1, 77, &i, sizeof i, tu_after_ms(30000)));
+        TD_CHECK_OK(transport_send(w->t, 1, 1000, "go", 2, tu_after_ms(30000)));
     } else {
         /* Tag 6 first: it comes last, so tags 1..5 arrive unexpected meanwhile. */
         int v[2];
-        TD_CHECK_OK(td_transport_recv(w->t, 0, 6, v, sizeof v, tu_after_ms(30000)));
+        TD_CHECK_OK(transport_recv(w->t, 0, 6, v, sizeof v, tu_after_ms(30000)));
         TD_CHECK(v[0] == 6 && v[1] == 600);
         const int order[] = {3, 1, 5, 2, 4};
         for (int i = 0; i < 5; i++) {
-            TD_CHECK_OK(td_transport_recv(w->t, 0, (uint64_t)order[i], v, sizeof v, tu_after_ms(30000)));
+            TD_CHECK_OK(transport_recv(w->t, 0, (uint64_t)order[i], v, sizeof v, tu_after_ms(30000)));
             TD_CHECK(v[0] == order[i] && v[1] == order[i] * 100);
         }
         for (int i = 0; i < 5; i++) {
             int x = -1;
-            TD_CHECK_OK(td_transport_recv(w->t, 0, 77, &x, sizeof x, tu_after_ms(30000)));
+            TD_CHECK_OK(transport_recv(w->t, 0, 77, &x, sizeof x, tu_after_ms(30000)));
             TD_CHECK_EQ(x, i);
         }
         char go[2];
-        TD_CHECK_OK(td_transport_recv(w->t, 0, 1000, go, 2, tu_after_ms(30000)));
+        TD_CHECK_OK(transport_recv(w->t, 0, 1000, go, 2, tu_after_ms(30000)));
     }
     /* Posted before anything is sent: receives wait in their queue. */
     if (w->ctx->rank == 1) {
@@ -223,17 +223,17 @@ void tu_case_tag_matching(tu_world *w)
         int vals[3] = {-1, -1, -1};
         for (int i = 0; i < 3; i++) {
             xs[i].on_done = NULL;
-            TD_CHECK_OK(td_transport_irecv1(w->t, 0, (uint64_t)(20 + (2 - i)), &vals[i], sizeof(int),
+            TD_CHECK_OK(transport_irecv1(w->t, 0, (uint64_t)(20 + (2 - i)), &vals[i], sizeof(int),
                                             tu_after_ms(30000), &xs[i]));
         }
-        TD_CHECK_OK(td_transport_send(w->t, 0, 1001, "ready", 5, tu_after_ms(30000)));
-        TD_CHECK_OK(td_transport_wait_all(w->t, xs, 3, tu_after_ms(30000)));
+        TD_CHECK_OK(transport_send(w->t, 0, 1001, "ready", 5, tu_after_ms(30000)));
+        TD_CHECK_OK(transport_wait_all(w->t, xs, 3, tu_after_ms(30000)));
         TD_CHECK(vals[0] == 22 && vals[1] == 21 && vals[2] == 20);
     } else {
         char r[5];
-        TD_CHECK_OK(td_transport_recv(w->t, 1, 1001, r, 5, tu_after_ms(30000)));
+        TD_CHECK_OK(transport_recv(w->t, 1, 1001, r, 5, tu_after_ms(30000)));
         for (int tag = 20; tag <= 22; tag++)
-            TD_CHECK_OK(td_transport_send(w->t, 1, (uint64_t)tag, &tag, sizeof tag, tu_after_ms(30000)));
+            TD_CHECK_OK(transport_send(w->t, 1, (uint64_t)tag, &tag, sizeof tag, tu_after_ms(30000)));
     }
 }
 
@@ -245,8 +245,8 @@ void tu_case_any_source(tu_world *w)
         for (int i = 0; i < 3; i++) {
             td_xfer x = {0};
             int v[2] = {-1, -1};
-            TD_CHECK_OK(td_transport_irecv1(w->t, TD_TRANSPORT_ANY, 9, v, sizeof v, tu_after_ms(30000), &x));
-            TD_CHECK_OK(td_transport_wait(w->t, &x, tu_after_ms(30000)));
+            TD_CHECK_OK(transport_irecv1(w->t, TD_TRANSPORT_ANY, 9, v, sizeof v, tu_after_ms(30000), &x));
+            TD_CHECK_OK(transport_wait(w->t, &x, tu_after_ms(30000)));
             TD_CHECK(x.peer >= 1 && x.peer <= 3);
             TD_CHECK_EQ(v[0], x.peer);
             TD_CHECK_EQ(v[1], x.peer * 11);
@@ -257,23 +257,23 @@ void tu_case_any_source(tu_world *w)
         td_xfer xs[2];
         int a = -1, b = -1;
         xs[0].on_done = xs[1].on_done = NULL;
-        TD_CHECK_OK(td_transport_irecv1(w->t, 2, 10, &a, sizeof a, tu_after_ms(30000), &xs[0]));
-        TD_CHECK_OK(td_transport_irecv1(w->t, TD_TRANSPORT_ANY, 10, &b, sizeof b, tu_after_ms(30000), &xs[1]));
-        TD_CHECK_OK(td_transport_send(w->t, 2, 11, "go", 2, tu_after_ms(30000)));
-        TD_CHECK_OK(td_transport_wait_all(w->t, xs, 2, tu_after_ms(30000)));
+        TD_CHECK_OK(transport_irecv1(w->t, 2, 10, &a, sizeof a, tu_after_ms(30000), &xs[0]));
+        TD_CHECK_OK(transport_irecv1(w->t, TD_TRANSPORT_ANY, 10, &b, sizeof b, tu_after_ms(30000), &xs[1]));
+        TD_CHECK_OK(transport_send(w->t, 2, 11, "go", 2, tu_after_ms(30000)));
+        TD_CHECK_OK(transport_wait_all(w->t, xs, 2, tu_after_ms(30000)));
         TD_CHECK_EQ(a, 2);
         TD_CHECK_EQ(xs[0].peer, 2);
         TD_CHECK_EQ(b, 102);
         TD_CHECK_EQ(xs[1].peer, 2);
     } else {
         int v[2] = {ctx->rank, ctx->rank * 11};
-        TD_CHECK_OK(td_transport_send(w->t, 0, 9, v, sizeof v, tu_after_ms(30000)));
+        TD_CHECK_OK(transport_send(w->t, 0, 9, v, sizeof v, tu_after_ms(30000)));
         if (ctx->rank == 2) {
             char go[2];
-            TD_CHECK_OK(td_transport_recv(w->t, 0, 11, go, 2, tu_after_ms(30000)));
+            TD_CHECK_OK(transport_recv(w->t, 0, 11, go, 2, tu_after_ms(30000)));
             int x = 2, y = 102;
-            TD_CHECK_OK(td_transport_send(w->t, 0, 10, &x, sizeof x, tu_after_ms(30000)));
-            TD_CHECK_OK(td_transport_send(w->t, 0, 10, &y, sizeof y, tu_after_ms(30000)));
+            TD_CHECK_OK(transport_send(w->t, 0, 10, &x, sizeof x, tu_after_ms(30000)));
+            TD_CHECK_OK(transport_send(w->t, 0, 10, &y, sizeof y, tu_after_ms(30000)));
         }
     }
     tu_barrier(ctx, w->store, "done");
@@ -295,15 +295,15 @@ void tu_case_unexpected(tu_world *w)
         for (int i = 0; i < N; i++) {
             xs[i].on_done = NULL;
             TD_CHECK_OK(
-                td_transport_isend1(w->t, 1, (uint64_t)(N - i), bufs[i], sizes[i], tu_after_ms(30000), &xs[i]));
+                transport_isend1(w->t, 1, (uint64_t)(N - i), bufs[i], sizes[i], tu_after_ms(30000), &xs[i]));
         }
-        TD_CHECK_OK(td_transport_wait_all(w->t, xs, N, tu_after_ms(30000)));
+        TD_CHECK_OK(transport_wait_all(w->t, xs, N, tu_after_ms(30000)));
         TD_CHECK_OK(td_store_set_str(w->store, "sent", "1"));
     } else {
         const char *k = "sent";
         TD_CHECK_OK(td_store_wait(w->store, &k, 1, 30000));
         for (int i = N - 1; i >= 0; i--) {
-            TD_CHECK_OK(td_transport_recv(w->t, 0, (uint64_t)(N - i), bufs[i], sizes[i], tu_after_ms(30000)));
+            TD_CHECK_OK(transport_recv(w->t, 0, (uint64_t)(N - i), bufs[i], sizes[i], tu_after_ms(30000)));
             for (size_t j = 0; j < sizes[i]; j++)
                 TD_CHECK_MSG(bufs[i][j] == tu_pattern(0, i, j), "message %d byte %zu differs", i, j);
         }
@@ -317,23 +317,23 @@ void tu_case_length_mismatch(tu_world *w)
 {
     if (w->ctx->rank == 0) {
         char b[12] = "abcdefghijk";
-        TD_CHECK_OK(td_transport_send(w->t, 1, 5, b, 12, tu_after_ms(30000)));
-        TD_CHECK_OK(td_transport_send(w->t, 1, 6, b, 3, tu_after_ms(30000)));
-        TD_CHECK_OK(td_transport_send(w->t, 1, 7, b, 12, tu_after_ms(30000)));
-        TD_CHECK_OK(td_transport_send(w->t, 1, 8, b, 4, tu_after_ms(30000)));
+        TD_CHECK_OK(transport_send(w->t, 1, 5, b, 12, tu_after_ms(30000)));
+        TD_CHECK_OK(transport_send(w->t, 1, 6, b, 3, tu_after_ms(30000)));
+        TD_CHECK_OK(transport_send(w->t, 1, 7, b, 12, tu_after_ms(30000)));
+        TD_CHECK_OK(transport_send(w->t, 1, 8, b, 4, tu_after_ms(30000)));
         TD_CHECK_OK(td_store_set_str(w->store, "sent", "1"));
     } else {
         char b[64];
         /* Posted first: the payload is discarded as it arrives. */
-        TD_CHECK_ERR(td_transport_recv(w->t, 0, 5, b, 8, tu_after_ms(30000)), TD_ERR_INVALID,
+        TD_CHECK_ERR(transport_recv(w->t, 0, 5, b, 8, tu_after_ms(30000)), TD_ERR_INVALID,
                      "rank 0 sent 12 bytes (tag 5) to a receive of 8 bytes");
-        TD_CHECK_OK(td_transport_recv(w->t, 0, 6, b, 3, tu_after_ms(30000)));
+        TD_CHECK_OK(transport_recv(w->t, 0, 6, b, 3, tu_after_ms(30000)));
         TD_CHECK(memcmp(b, "abc", 3) == 0);
         /* Posted after the message came (unexpected): same error. */
         const char *k = "sent";
         TD_CHECK_OK(td_store_wait(w->store, &k, 1, 30000));
-        TD_CHECK_OK(td_transport_recv(w->t, 0, 8, b, 4, tu_after_ms(30000))); /* tag 7 is pulled out of the way */
-        TD_CHECK_ERR(td_transport_recv(w->t, 0, 7, b, 20, tu_after_ms(30000)), TD_ERR_INVALID,
+        TD_CHECK_OK(transport_recv(w->t, 0, 8, b, 4, tu_after_ms(30000))); /* tag 7 is pulled out of the way */
+        TD_CHECK_ERR(transport_recv(w->t, 0, 7, b, 20, tu_after_ms(30000)), TD_ERR_INVALID,
                      "sent 12 bytes (tag 7) to a receive of 20 bytes");
     }
     tu_barrier(w->ctx, w->store, "done");
@@ -345,20 +345,20 @@ void tu_case_peer_killed(tu_world *w)
     tu_all_pairs(ctx, w->t, 100);
     tu_barrier(ctx, w->store, "ready");
     if (ctx->rank == 2) {
-        td_sleep_ms(300);
+        clock_sleep_ms(300);
         raise(SIGKILL);
     }
     /* Rank 0 waits on rank 1, which never sends; rank 1 waits on rank 2. */
     int peer = ctx->rank == 0 ? 1 : 2;
     char b[4];
-    int64_t t0 = td_now_ns();
-    TD_CHECK_ERR(td_transport_recv(w->t, peer, 3, b, 4, tu_after_ms(60000)), TD_ERR_PEER_LOST,
+    int64_t t0 = clock_now_ns();
+    TD_CHECK_ERR(transport_recv(w->t, peer, 3, b, 4, tu_after_ms(60000)), TD_ERR_PEER_LOST,
                  "Connection to rank 2 lost");
     double dt = tu_since_s(t0);
     TD_CHECK_MSG(dt < 2.3, "the loss of rank 2 took %.2f s to notice (the kill came at 0.3 s)", dt);
-    TD_CHECK_ERR(td_transport_send(w->t, 1 - ctx->rank, 3, b, 4, tu_after_ms(60000)), TD_ERR_PEER_LOST,
+    TD_CHECK_ERR(transport_send(w->t, 1 - ctx->rank, 3, b, 4, tu_after_ms(60000)), TD_ERR_PEER_LOST,
                  "Connection to rank 2 lost");
-    TD_CHECK_ERR(td_transport_recv(w->t, TD_TRANSPORT_ANY, 3, b, 4, tu_after_ms(60000)), TD_ERR_PEER_LOST,
+    TD_CHECK_ERR(transport_recv(w->t, TD_TRANSPORT_ANY, 3, b, 4, tu_after_ms(60000)), TD_ERR_PEER_LOST,
                  "Connection to rank 2 lost");
     tu_no_segments();
     w->keep_store = true;
@@ -367,23 +367,23 @@ void tu_case_peer_killed(tu_world *w)
 void tu_case_timeout(tu_world *w, td_status stalled_status, const char *stalled_msg)
 {
     char b[4];
-    int64_t t0 = td_now_ns();
+    int64_t t0 = clock_now_ns();
     if (w->ctx->rank == 1) {
-        TD_CHECK_ERR(td_transport_recv(w->t, 0, 1, b, 4, tu_after_ms(300)), TD_ERR_TIMEOUT,
+        TD_CHECK_ERR(transport_recv(w->t, 0, 1, b, 4, tu_after_ms(300)), TD_ERR_TIMEOUT,
                      "Timed out waiting for a receive from rank 0 (4 bytes, tag 1)");
         double dt = tu_since_s(t0);
         TD_CHECK_MSG(dt >= 0.29 && dt < 10, "timed out after %.2f s", dt);
-        TD_CHECK_ERR(td_transport_send(w->t, 0, 1, b, 4, tu_after_ms(300)), TD_ERR_TIMEOUT, "Timed out");
+        TD_CHECK_ERR(transport_send(w->t, 0, 1, b, 4, tu_after_ms(300)), TD_ERR_TIMEOUT, "Timed out");
     } else {
-        TD_CHECK_ERR(td_transport_recv(w->t, 1, 2, b, 4, tu_after_ms(60000)), stalled_status, stalled_msg);
+        TD_CHECK_ERR(transport_recv(w->t, 1, 2, b, 4, tu_after_ms(60000)), stalled_status, stalled_msg);
         TD_CHECK(tu_since_s(t0) < 10);
     }
 }
 
 static void *abort_later(void *arg)
 {
-    td_sleep_ms(100);
-    td_transport_abort(arg, TD_ERR_CLOSED, "aborted by the test");
+    clock_sleep_ms(100);
+    transport_abort(arg, TD_ERR_CLOSED, "aborted by the test");
     return NULL;
 }
 
@@ -392,15 +392,15 @@ void tu_case_abort_wakes_waiters(tu_world *w)
     int peer = 1 - w->ctx->rank;
     char b[4];
     td_xfer x = {0};
-    TD_CHECK_OK(td_transport_irecv1(w->t, peer, 1, b, 4, tu_after_ms(60000), &x));
+    TD_CHECK_OK(transport_irecv1(w->t, peer, 1, b, 4, tu_after_ms(60000), &x));
     pthread_t th;
     TD_CHECK(pthread_create(&th, NULL, abort_later, w->t) == 0);
-    int64_t t0 = td_now_ns();
-    TD_CHECK_ERR(td_transport_wait(w->t, &x, tu_after_ms(60000)), TD_ERR_CLOSED, "aborted by the test");
+    int64_t t0 = clock_now_ns();
+    TD_CHECK_ERR(transport_wait(w->t, &x, tu_after_ms(60000)), TD_ERR_CLOSED, "aborted by the test");
     TD_CHECK(tu_since_s(t0) < 10);
     pthread_join(th, NULL);
-    TD_CHECK_ERR(td_transport_send(w->t, peer, 1, b, 4, tu_after_ms(1000)), TD_ERR_CLOSED, "aborted by the test");
-    TD_CHECK_ERR(td_transport_recv(w->t, peer, 1, b, 4, tu_after_ms(1000)), TD_ERR_CLOSED, "aborted by the test");
+    TD_CHECK_ERR(transport_send(w->t, peer, 1, b, 4, tu_after_ms(1000)), TD_ERR_CLOSED, "aborted by the test");
+    TD_CHECK_ERR(transport_recv(w->t, peer, 1, b, 4, tu_after_ms(1000)), TD_ERR_CLOSED, "aborted by the test");
     tu_barrier(w->ctx, w->store, "done");
 }
 
@@ -408,13 +408,13 @@ void tu_check_after_close(tu_world *w)
 {
     int me = w->ctx->rank;
     char b[4];
-    TD_CHECK_ERR(td_transport_recv(w->t, 2, 1, b, 4, tu_after_ms(30000)), TD_ERR_PEER_LOST, "rank 2 closed its end");
+    TD_CHECK_ERR(transport_recv(w->t, 2, 1, b, 4, tu_after_ms(30000)), TD_ERR_PEER_LOST, "rank 2 closed its end");
     for (int i = 0; i < 3; i++) {
         int v = me * 10 + i, got = -1;
-        TD_CHECK_OK(td_transport_sendrecv(w->t, 1 - me, &v, sizeof v, 1 - me, &got, sizeof got, 5, tu_after_ms(30000), false));
+        TD_CHECK_OK(transport_sendrecv(w->t, 1 - me, &v, sizeof v, 1 - me, &got, sizeof got, 5, tu_after_ms(30000), false));
         TD_CHECK_EQ(got, (1 - me) * 10 + i);
     }
-    TD_CHECK_ERR(td_transport_send(w->t, 2, 1, b, 4, tu_after_ms(30000)), TD_ERR_PEER_LOST, "rank 2 closed its end");
+    TD_CHECK_ERR(transport_send(w->t, 2, 1, b, 4, tu_after_ms(30000)), TD_ERR_PEER_LOST, "rank 2 closed its end");
 }
 
 typedef struct cb_state {
@@ -446,13 +446,13 @@ void tu_case_callbacks_any_order(tu_world *w)
     }
     int peer = 1 - ctx->rank;
     if (ctx->rank == 0) {
-        TD_CHECK_OK(td_transport_isend1(w->t, peer, 1, out, len, tu_after_ms(30000), &xs[0]));
-        TD_CHECK_OK(td_transport_irecv1(w->t, peer, 2, in, len, tu_after_ms(30000), &xs[1]));
+        TD_CHECK_OK(transport_isend1(w->t, peer, 1, out, len, tu_after_ms(30000), &xs[0]));
+        TD_CHECK_OK(transport_irecv1(w->t, peer, 2, in, len, tu_after_ms(30000), &xs[1]));
     } else {
-        TD_CHECK_OK(td_transport_isend1(w->t, peer, 2, out, len, tu_after_ms(30000), &xs[0]));
-        TD_CHECK_OK(td_transport_irecv1(w->t, peer, 1, in, len, tu_after_ms(30000), &xs[1]));
+        TD_CHECK_OK(transport_isend1(w->t, peer, 2, out, len, tu_after_ms(30000), &xs[0]));
+        TD_CHECK_OK(transport_irecv1(w->t, peer, 1, in, len, tu_after_ms(30000), &xs[1]));
     }
-    int64_t t0 = td_now_ns();
+    int64_t t0 = clock_now_ns();
     for (;;) {
         pthread_mutex_lock(&s.mu);
         int d = s.done;
@@ -460,7 +460,7 @@ void tu_case_callbacks_any_order(tu_world *w)
         if (d == 2)
             break;
         TD_CHECK_MSG(tu_since_s(t0) < 30, "the callbacks did not come");
-        td_sleep_ms(1);
+        clock_sleep_ms(1);
     }
     TD_CHECK(s.status[0] == TD_OK && s.status[1] == TD_OK);
     for (size_t i = 0; i < len; i++)
@@ -491,7 +491,7 @@ void tu_case_create_destroy_repeatedly(td_test_ctx *ctx, tu_create_fn create)
         td_transport *t = NULL;
         TD_CHECK_OK(create(ctx, &g, &t));
         tu_all_pairs(ctx, t, (size_t)i * 1000);
-        td_transport_destroy(t);
+        transport_destroy(t);
         tu_no_segments();
     }
     tu_barrier(ctx, store, "done");

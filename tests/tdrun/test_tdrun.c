@@ -48,12 +48,12 @@ static void proc_start(proc *p, char *const argv[])
 /* Reads output until `needle` appears (true) or the process ends or the time is up (false). */
 static bool proc_read_until(proc *p, const char *needle, int64_t timeout_ms)
 {
-    int64_t deadline = td_deadline_after_ms(timeout_ms);
+    int64_t deadline = deadline_after_ms(timeout_ms);
     while (!(needle && p->out.data && strstr(p->out.data, needle))) {
-        if (p->fd < 0 || td_deadline_passed(deadline))
+        if (p->fd < 0 || deadline_passed(deadline))
             return false;
         struct pollfd pfd = {.fd = p->fd, .events = POLLIN};
-        if (poll(&pfd, 1, td_deadline_poll_ms(deadline)) <= 0)
+        if (poll(&pfd, 1, deadline_poll_ms(deadline)) <= 0)
             continue;
         char chunk[8192];
         ssize_t n = read(p->fd, chunk, sizeof chunk);
@@ -61,7 +61,7 @@ static bool proc_read_until(proc *p, const char *needle, int64_t timeout_ms)
             close(p->fd);
             p->fd = -1;
         } else {
-            td_buf_append(&p->out, chunk, (size_t)n);
+            buf_append(&p->out, chunk, (size_t)n);
         }
     }
     return true;
@@ -78,7 +78,7 @@ static void proc_finish(proc *p, int64_t timeout_ms)
     p->code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
     p->exited = true;
     if (!p->out.data)
-        td_buf_append(&p->out, "", 0);
+        buf_append(&p->out, "", 0);
 }
 
 static void proc_free(proc *p)
@@ -89,7 +89,7 @@ static void proc_free(proc *p)
     }
     if (p->fd >= 0)
         close(p->fd);
-    td_buf_free(&p->out);
+    buf_free(&p->out);
 }
 
 /* Runs tdrun with the given arguments to the end. */
@@ -159,9 +159,9 @@ TD_TEST(failing_worker_stops_the_others, .timeout_s = 60)
 {
     proc p;
     char *argv[] = {TDRUN_BIN, "--standalone", "--nproc-per-node", "4", WORKER_BIN, "fail", "2", "3", NULL};
-    int64_t t0 = td_now_ms();
+    int64_t t0 = clock_now_ms();
     run_tdrun(&p, argv, 30000);
-    int64_t took = td_now_ms() - t0;
+    int64_t took = clock_now_ms() - t0;
     TD_CHECK_MSG(p.code == 1, "tdrun exited %d:\n%s", p.code, p.out.data);
     TD_CHECK_MSG(took < 20000, "tdrun took %lld ms to stop the group", (long long)took);
     TD_CHECK_CONTAINS(p.out.data, "Root Cause (first observed failure):");

@@ -122,7 +122,7 @@ static void check_kernel(td_reduce_op op, td_dtype dt, td_reduce_isa isa, size_t
     for (size_t i = 0; i < n; i++)
         ref_combine(op, dt, pa + i * es, pb + i * es, want + i * es);
 
-    td_reduce_fn fn = td_reduce_kernel_isa(op, dt, isa);
+    td_reduce_fn fn = reduce_kernel_isa(op, dt, isa);
     TD_CHECK_MSG(fn, "no kernel for %s %s: %s", td_reduce_op_name(op), td_dtype_name(dt), td_last_error());
     char *dst = pd, *x = pa, *y = pb;
     switch (mode) {
@@ -140,7 +140,7 @@ static void check_kernel(td_reduce_op op, td_dtype dt, td_reduce_isa isa, size_t
             describe_element(dt, a + (offset + i) * es, ea, sizeof ea);
             describe_element(dt, b + (offset + i) * es, eb, sizeof eb);
             TD_FAIL("%s %s (%s, n=%zu, offset=%zu, alias mode %d): element %zu of %s op %s is %s, want %s",
-                    td_reduce_op_name(op), td_dtype_name(dt), td_reduce_isa_name(isa), n, offset, (int)mode, i, ea,
+                    td_reduce_op_name(op), td_dtype_name(dt), reduce_isa_name(isa), n, offset, (int)mode, i, ea,
                     eb, g, w);
         }
     }
@@ -159,7 +159,7 @@ static void check_kernel(td_reduce_op op, td_dtype dt, td_reduce_isa isa, size_t
 
 static void check_all_pairs(td_reduce_isa isa)
 {
-    if (!td_reduce_isa_available(isa))
+    if (!reduce_isa_available(isa))
         TD_SKIP(TD_SKIP_GENERIC, "this CPU has no AVX2/F16C");
     static const size_t counts[] = {0, 1, 2, 7, 8, 15, 16, 17, 33, 64, 1000, 1027};
     static const size_t offsets[] = {0, 1, 3};
@@ -183,11 +183,11 @@ TD_TEST(every_pair_matches_reference_avx2) { check_all_pairs(TD_REDUCE_ISA_AVX2)
 
 TD_TEST(public_kernel_is_the_best_isa)
 {
-    td_reduce_isa best = td_reduce_isa_available(TD_REDUCE_ISA_AVX2) ? TD_REDUCE_ISA_AVX2 : TD_REDUCE_ISA_BASELINE;
+    td_reduce_isa best = reduce_isa_available(TD_REDUCE_ISA_AVX2) ? TD_REDUCE_ISA_AVX2 : TD_REDUCE_ISA_BASELINE;
     for (int op = 0; op < TD_REDUCE_OP_COUNT; op++) {
         for (int dt = 0; dt < TD_DTYPE_COUNT; dt++) {
             td_reduce_fn fn = td_reduce_kernel((td_reduce_op)op, (td_dtype)dt);
-            TD_CHECK(fn == td_reduce_kernel_isa((td_reduce_op)op, (td_dtype)dt, best));
+            TD_CHECK(fn == reduce_kernel_isa((td_reduce_op)op, (td_dtype)dt, best));
         }
     }
 }
@@ -263,7 +263,7 @@ static int n_isas(td_reduce_isa *isas)
 {
     int n = 0;
     isas[n++] = TD_REDUCE_ISA_BASELINE;
-    if (td_reduce_isa_available(TD_REDUCE_ISA_AVX2))
+    if (reduce_isa_available(TD_REDUCE_ISA_AVX2))
         isas[n++] = TD_REDUCE_ISA_AVX2;
     return n;
 }
@@ -280,12 +280,12 @@ static void check_pair16(td_reduce_op op, td_dtype dt, uint16_t x, uint16_t y, u
             a[i] = x;
             b[i] = y;
         }
-        td_reduce_kernel_isa(op, dt, isas[k])(d, a, b, 19);
+        reduce_kernel_isa(op, dt, isas[k])(d, a, b, 19);
         for (int i = 0; i < 19; i++) {
             float f = dt == TD_FLOAT16 ? td_half_to_float(d[i]) : td_bfloat16_to_float(d[i]);
             bool ok = want_nan ? isnan(f) : d[i] == want;
             TD_CHECK_MSG(ok, "%s %s (%s) of 0x%04x and 0x%04x at %d: got 0x%04x, want 0x%04x%s", td_reduce_op_name(op),
-                         td_dtype_name(dt), td_reduce_isa_name(isas[k]), x, y, i, d[i], want, want_nan ? " (NaN)" : "");
+                         td_dtype_name(dt), reduce_isa_name(isas[k]), x, y, i, d[i], want, want_nan ? " (NaN)" : "");
         }
     }
 }
@@ -340,10 +340,10 @@ TD_TEST(min_max_propagate_nan_either_side)
                     memcpy(aa, a, sizeof a);
                     memcpy(bb, b, sizeof b);
                     char *dst = mode == 0 ? d : mode == 1 ? aa : bb;
-                    td_reduce_kernel_isa((td_reduce_op)op, dt, isas[k])(dst, aa, bb, N);
+                    reduce_kernel_isa((td_reduce_op)op, dt, isas[k])(dst, aa, bb, N);
                     for (int i = 0; i < N; i++)
                         TD_CHECK_MSG(isnan(load_real(dt, dst + i * es)), "%s %s (%s, mode %d): element %d is %g, want NaN",
-                                     td_reduce_op_name((td_reduce_op)op), td_dtype_name(dt), td_reduce_isa_name(isas[k]),
+                                     td_reduce_op_name((td_reduce_op)op), td_dtype_name(dt), reduce_isa_name(isas[k]),
                                      mode, i, load_real(dt, dst + i * es));
                 }
             }
@@ -354,8 +354,8 @@ TD_TEST(min_max_propagate_nan_either_side)
                 store_real(dt, x + i * es, xs[i]);
                 store_real(dt, y + i * es, ys[i]);
             }
-            td_reduce_kernel_isa(TD_MIN, dt, isas[k])(mn, x, y, 4);
-            td_reduce_kernel_isa(TD_MAX, dt, isas[k])(mx, x, y, 4);
+            reduce_kernel_isa(TD_MIN, dt, isas[k])(mn, x, y, 4);
+            reduce_kernel_isa(TD_MAX, dt, isas[k])(mx, x, y, 4);
             for (int i = 0; i < 4; i++) {
                 TD_CHECK(load_real(dt, mn + i * es) == (xs[i] < ys[i] ? xs[i] : ys[i]));
                 TD_CHECK(load_real(dt, mx + i * es) == (xs[i] > ys[i] ? xs[i] : ys[i]));
@@ -387,11 +387,11 @@ TD_TEST(integer_arithmetic_wraps)
             a64[i] = INT64_MIN;
             b64[i] = -1;
         }
-        td_reduce_kernel_isa(TD_SUM, TD_INT8, isa)(d8, a8, b8, 17);
-        td_reduce_kernel_isa(TD_SUM, TD_UINT8, isa)(du, au, bu, 17);
-        td_reduce_kernel_isa(TD_PRODUCT, TD_INT16, isa)(d16, a16, b16, 17);
-        td_reduce_kernel_isa(TD_SUM, TD_INT32, isa)(d32, a32, b32, 17);
-        td_reduce_kernel_isa(TD_PRODUCT, TD_INT64, isa)(d64, a64, b64, 17);
+        reduce_kernel_isa(TD_SUM, TD_INT8, isa)(d8, a8, b8, 17);
+        reduce_kernel_isa(TD_SUM, TD_UINT8, isa)(du, au, bu, 17);
+        reduce_kernel_isa(TD_PRODUCT, TD_INT16, isa)(d16, a16, b16, 17);
+        reduce_kernel_isa(TD_SUM, TD_INT32, isa)(d32, a32, b32, 17);
+        reduce_kernel_isa(TD_PRODUCT, TD_INT64, isa)(d64, a64, b64, 17);
         for (int i = 0; i < 17; i++) {
             TD_CHECK_EQ(d8[i], -128);
             TD_CHECK_EQ(du[i], 1);
@@ -399,8 +399,8 @@ TD_TEST(integer_arithmetic_wraps)
             TD_CHECK_EQ(d32[i], INT32_MIN);
             TD_CHECK(d64[i] == INT64_MIN);
         }
-        td_reduce_kernel_isa(TD_SUM, TD_INT64, isa)(d64, a64, a64, 17); /* MIN + MIN = 0 */
-        td_reduce_kernel_isa(TD_PRODUCT, TD_INT32, isa)(d32, a32, a32, 17); /* MAX^2 = 1 mod 2^32 */
+        reduce_kernel_isa(TD_SUM, TD_INT64, isa)(d64, a64, a64, 17); /* MIN + MIN = 0 */
+        reduce_kernel_isa(TD_PRODUCT, TD_INT32, isa)(d32, a32, a32, 17); /* MAX^2 = 1 mod 2^32 */
         for (int i = 0; i < 17; i++) {
             TD_CHECK_EQ(d64[i], 0);
             TD_CHECK_EQ(d32[i], 1);
@@ -520,12 +520,12 @@ TD_TEST(premul_and_finish_match_reference_on_long_arrays)
             }
             memcpy(out, src, n * es);
             if (divide)
-                TD_CHECK_OK(td_reduce_finish_isa(TD_AVG, dt, out, N, 3, isa));
+                TD_CHECK_OK(reduce_finish_isa(TD_AVG, dt, out, N, 3, isa));
             else
-                TD_CHECK_OK(td_reduce_premul_isa(dt, out, out, N, factor, isa));
+                TD_CHECK_OK(reduce_premul_isa(dt, out, out, N, factor, isa));
             for (size_t i = 0; i < n; i++) {
                 TD_CHECK_MSG(same_element(real, out + i * es, want + i * es), "%s %s (%s): element %zu is %g, want %g",
-                             divide ? "finish" : "premul", td_dtype_name(dt), td_reduce_isa_name(isa), i,
+                             divide ? "finish" : "premul", td_dtype_name(dt), reduce_isa_name(isa), i,
                              load_real(real, out + i * es),
                              load_real(real, want + i * es));
             }

@@ -44,9 +44,9 @@ TD_TEST(heap_storage_is_zeroed_and_aligned)
         TD_CHECK(((unsigned char *)td_storage_data(s))[i] == 0);
     TD_CHECK(td_storage_device(s).type == TD_DEVICE_CPU);
     TD_CHECK(!td_storage_is_shared(s));
-    TD_CHECK(td_storage_kind_of(s) == TD_STORAGE_HEAP);
+    TD_CHECK(storage_kind_of(s) == TD_STORAGE_HEAP);
     TD_CHECK(td_storage_retain(s) == s);
-    TD_CHECK_EQ(td_storage_use_count(s), 2);
+    TD_CHECK_EQ(storage_use_count(s), 2);
     td_storage_release(s);
     td_storage_release(s);
 
@@ -86,7 +86,7 @@ TD_TEST(wrapped_storage_runs_its_free_once)
     td_storage *s;
     TD_CHECK_OK(td_storage_wrap(data, sizeof data, count_free, &freed, &s));
     TD_CHECK(td_storage_data(s) == data && td_storage_nbytes(s) == sizeof data);
-    TD_CHECK(td_storage_kind_of(s) == TD_STORAGE_EXTERNAL && !td_storage_is_shared(s));
+    TD_CHECK(storage_kind_of(s) == TD_STORAGE_EXTERNAL && !td_storage_is_shared(s));
     td_tensor *t;
     TD_CHECK_OK(td_tensor_from_storage(s, 1, TD_FLOAT32, TD_SHAPE(3), NULL, &t));
     td_storage_release(s); /* the tensor keeps it */
@@ -104,20 +104,20 @@ TD_TEST(weak_references_do_not_keep_storages_alive)
 {
     td_storage *s;
     TD_CHECK_OK(td_storage_new(64, &s));
-    td_storage *weak = td_storage_weak_retain(s);
-    td_storage *strong = td_storage_weak_lock(weak);
+    td_storage *weak = storage_weak_retain(s);
+    td_storage *strong = storage_weak_lock(weak);
     TD_CHECK(strong == s);
-    TD_CHECK_EQ(td_storage_use_count(s), 2);
+    TD_CHECK_EQ(storage_use_count(s), 2);
     td_storage_release(strong);
     td_storage_release(s); /* data freed now; the struct lives for the weak holder */
-    TD_CHECK(td_storage_weak_lock(weak) == NULL);
-    TD_CHECK_EQ(td_storage_use_count(weak), 0);
-    td_storage_weak_release(weak); /* ASan reports a leak or a double free if this is wrong */
+    TD_CHECK(storage_weak_lock(weak) == NULL);
+    TD_CHECK_EQ(storage_use_count(weak), 0);
+    storage_weak_release(weak); /* ASan reports a leak or a double free if this is wrong */
 
     /* Weak references released before the last strong one. */
     TD_CHECK_OK(td_storage_new(64, &s));
-    td_storage_weak_release(td_storage_weak_retain(s));
-    TD_CHECK(td_storage_weak_lock(s) == s);
+    storage_weak_release(storage_weak_retain(s));
+    TD_CHECK(storage_weak_lock(s) == s);
     td_storage_release(s);
     td_storage_release(s);
 }
@@ -149,7 +149,7 @@ TD_TEST(swapping_storage_data_moves_every_view)
     float *moved = malloc(n);
     TD_CHECK(moved != NULL);
     memcpy(moved, old, n);
-    td_storage_swap_data(s, moved, n, &fake_shm_allocator, &shm, false);
+    storage_swap_data(s, moved, n, &fake_shm_allocator, &shm, false);
     TD_CHECK(td_storage_is_shared(s) && !s->resizable);
     TD_CHECK(td_tensor_data(col) == (char *)moved + 4 && td_tensor_data(row) == (char *)moved + 32);
     moved[5] = 50; /* written through the new memory, seen by the views made before */
@@ -255,7 +255,7 @@ TD_TEST(from_storage_checks_bounds)
     int64_t strides[2] = {1, 4};
     TD_CHECK_OK(td_tensor_from_storage(s, 3, TD_FLOAT32, TD_SHAPE(4, 3), strides, &t)); /* last: 3+3+8 = 14 */
     check_geometry(t, TD_SHAPE(4, 3), TD_SHAPE(1, 4), 3);
-    TD_CHECK(td_tensor_storage(t) == s && td_storage_use_count(s) == 2);
+    TD_CHECK(td_tensor_storage(t) == s && storage_use_count(s) == 2);
     TD_CHECK(td_tensor_data(t) == (char *)td_storage_data(s) + 12);
     td_tensor_release(t);
     TD_CHECK_OK(td_tensor_from_storage(s, 0, TD_FLOAT64, TD_SHAPE(8), NULL, &t));
@@ -587,9 +587,9 @@ TD_TEST(views_keep_the_storage_alive)
     td_tensor *x = arange_view(TD_INT32, 10, TD_SHAPE(10)), *v;
     TD_CHECK_OK(td_tensor_narrow(x, 0, 5, 5, &v));
     td_storage *s = td_tensor_storage(x);
-    TD_CHECK_EQ(td_storage_use_count(s), 2);
+    TD_CHECK_EQ(storage_use_count(s), 2);
     td_tensor_release(x);
-    TD_CHECK_EQ(td_storage_use_count(s), 1);
+    TD_CHECK_EQ(storage_use_count(s), 1);
     TD_CHECK(value_at(v, 4) == 9);
     TD_CHECK(td_tensor_retain(v) == v);
     td_tensor_release(v);

@@ -247,8 +247,8 @@ static void *helper_main(void *arg)
 TD_TEST(inner_hang, .world_size = 2, .timeout_s = 2, .hidden = true)
 {
     if (ctx->rank == 0) {
-        pthread_t helper; /* a library-style thread: td_thread_start blocks most signals */
-        TD_CHECK_OK(td_thread_start(&helper, "td-helper", helper_main, NULL));
+        pthread_t helper; /* a library-style thread: thread_start blocks most signals */
+        TD_CHECK_OK(thread_start(&helper, "td-helper", helper_main, NULL));
         td_test_breadcrumb("all_reduce #%d of %d", 3, 8);
         hang_forever_in_rank0();
     }
@@ -712,7 +712,7 @@ TD_TEST(leak_sanitizer_exit_code_fails, .timeout_s = 60)
 
 /* ---- check macros: each failure text exactly ------------------------------------------------ */
 
-static td_status fails_with_timeout(void) { return td_error(TD_ERR_TIMEOUT, "Wait timeout"); }
+static td_status fails_with_timeout(void) { return error_fmt(TD_ERR_TIMEOUT, "Wait timeout"); }
 
 TD_TEST(inner_checks, .world_size = 1, .timeout_s = 10, .hidden = true,
         .params = "eq,str_eq,contains,ok,err_code,err_msg,err_ok,near,msg,null_str")

@@ -42,10 +42,10 @@ static void sleep_ms(int ms)
 static int fill_socket(td_transport *t, td_xfer *pending)
 {
     for (int n = 0; n < 1000000; n++) {
-        TD_CHECK_OK(td_transport_isend1(t, 1, FILL_TAG, NULL, 0, TD_DEADLINE_NONE, pending));
-        if (!td_xfer_done(pending))
+        TD_CHECK_OK(transport_isend1(t, 1, FILL_TAG, NULL, 0, TD_DEADLINE_NONE, pending));
+        if (!xfer_done(pending))
             return n;
-        TD_CHECK_OK(td_transport_wait(t, pending, TD_DEADLINE_NONE));
+        TD_CHECK_OK(transport_wait(t, pending, TD_DEADLINE_NONE));
     }
     TD_FAIL("the socket took a million frames without filling up");
 }
@@ -64,7 +64,7 @@ static void *late_rank_main(void *arg)
     late_rank *l = arg;
     sleep_ms(READER_DELAY_MS);
     int fds[2] = {l->fd, -1};
-    l->st = td_tcp_transport_from_fds(1, 2, fds, NULL, &l->t);
+    l->st = tcp_transport_from_fds(1, 2, fds, NULL, &l->t);
     return NULL;
 }
 
@@ -76,7 +76,7 @@ TD_TEST(goodbye_behind_full_socket)
     TD_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
     td_transport *t0 = NULL;
     int fds0[2] = {-1, sv[0]};
-    TD_CHECK_OK(td_tcp_transport_from_fds(0, 2, fds0, NULL, &t0));
+    TD_CHECK_OK(tcp_transport_from_fds(0, 2, fds0, NULL, &t0));
     td_xfer pending;
     memset(&pending, 0, sizeof pending);
     int sent = fill_socket(t0, &pending);
@@ -84,11 +84,11 @@ TD_TEST(goodbye_behind_full_socket)
 
     late_rank l = {.fd = sv[1]};
     pthread_t th;
-    TD_CHECK_OK(td_thread_start(&th, "td-late-rank", late_rank_main, &l));
-    int64_t t_start = td_now_ns();
-    td_transport_destroy(t0);
-    double waited = (double)(td_now_ns() - t_start) / 1e9;
-    td_thread_join(th);
+    TD_CHECK_OK(thread_start(&th, "td-late-rank", late_rank_main, &l));
+    int64_t t_start = clock_now_ns();
+    transport_destroy(t0);
+    double waited = (double)(clock_now_ns() - t_start) / 1e9;
+    thread_join(th);
     TD_CHECK_OK(l.st);
     TD_CHECK_MSG(waited < 8.0, "the destroy waited %.1f s for a peer that was reading", waited);
 
@@ -97,17 +97,17 @@ TD_TEST(goodbye_behind_full_socket)
     char byte;
     td_xfer last;
     memset(&last, 0, sizeof last);
-    td_status st = td_transport_irecv1(l.t, 0, FILL_TAG + 1, &byte, 1, td_now_ns() + 30 * 1000000000LL, &last);
+    td_status st = transport_irecv1(l.t, 0, FILL_TAG + 1, &byte, 1, clock_now_ns() + 30 * 1000000000LL, &last);
     if (st == TD_OK)
-        st = td_transport_wait(l.t, &last, TD_DEADLINE_NONE);
+        st = transport_wait(l.t, &last, TD_DEADLINE_NONE);
     TD_CHECK_ERR(st, TD_ERR_PEER_LOST, "closed its end");
     for (int i = 0; i < sent; i++) {
-        st = td_transport_recv(l.t, 0, FILL_TAG, NULL, 0, td_now_ns() + 30 * 1000000000LL);
+        st = transport_recv(l.t, 0, FILL_TAG, NULL, 0, clock_now_ns() + 30 * 1000000000LL);
         TD_CHECK_MSG(st == TD_OK, "message %d of %d sent before the destroy: %s: %s", i, sent, td_status_str(st),
                      td_last_error());
     }
-    TD_CHECK_ERR(td_transport_recv(l.t, 0, FILL_TAG, NULL, 0, TD_DEADLINE_NONE), TD_ERR_PEER_LOST, "closed its end");
-    td_transport_destroy(l.t);
+    TD_CHECK_ERR(transport_recv(l.t, 0, FILL_TAG, NULL, 0, TD_DEADLINE_NONE), TD_ERR_PEER_LOST, "closed its end");
+    transport_destroy(l.t);
 }
 
 /* ---- a raw peer reads the FIN and the goodbye --------------------------------------------------- */
@@ -126,7 +126,7 @@ static void *raw_reader_main(void *arg)
         ssize_t n = read(r->fd, b, sizeof b);
         if (n <= 0)
             break;
-        td_buf_append(&r->got, b, (size_t)n);
+        buf_append(&r->got, b, (size_t)n);
     }
     return NULL;
 }
@@ -137,7 +137,7 @@ static bool next_frame(const td_buf *b, size_t *off, uint64_t *tag, const uint8_
     if (*off == b->len)
         return false;
     TD_CHECK_MSG(b->len - *off >= TD_TCP_HDR_SIZE, "a partial frame header at byte %zu of %zu", *off, b->len);
-    td_tcp_header_decode((const uint8_t *)b->data + *off, tag, len);
+    tcp_header_decode((const uint8_t *)b->data + *off, tag, len);
     *off += TD_TCP_HDR_SIZE;
     TD_CHECK_MSG(b->len - *off >= *len, "a partial frame of %llu bytes at byte %zu of %zu", (unsigned long long)*len,
                  *off, b->len);
@@ -161,7 +161,7 @@ TD_TEST(goodbye_keeps_owed_fin)
     td_tcp_peer_info info[2] = {{0}, {.pid = getpid(), .cma_recv = true}};
     td_transport *t0 = NULL;
     int fds0[2] = {-1, sv[0]};
-    TD_CHECK_OK(td_tcp_transport_from_fds_ex(0, 2, fds0, NULL, info, &t0));
+    TD_CHECK_OK(tcp_transport_from_fds_ex(0, 2, fds0, NULL, info, &t0));
     td_xfer pending;
     memset(&pending, 0, sizeof pending);
     int sent = fill_socket(t0, &pending);
@@ -176,21 +176,21 @@ TD_TEST(goodbye_keeps_owed_fin)
     const uint64_t tag = (UINT64_C(1) << 63) | 5, cookie = 42;
     uint64_t addr = (uint64_t)(uintptr_t)src, len = N;
     uint8_t frame[TD_TCP_HDR_SIZE + TD_TCP_RTS_MAX];
-    size_t plen = td_tcp_rts_encode(frame + TD_TCP_HDR_SIZE, tag, cookie, (uint64_t)(uintptr_t)&guard, guard, &addr,
+    size_t plen = tcp_rts_encode(frame + TD_TCP_HDR_SIZE, tag, cookie, (uint64_t)(uintptr_t)&guard, guard, &addr,
                                     &len, 1);
-    td_tcp_header_encode(frame, TD_TAG_RESERVED, plen);
+    tcp_header_encode(frame, TD_TAG_RESERVED, plen);
     td_xfer rx;
     memset(&rx, 0, sizeof rx);
-    TD_CHECK_OK(td_transport_irecv1(t0, 1, tag, dst, N, TD_DEADLINE_NONE, &rx));
+    TD_CHECK_OK(transport_irecv1(t0, 1, tag, dst, N, TD_DEADLINE_NONE, &rx));
     TD_CHECK(write(sv[1], frame, TD_TCP_HDR_SIZE + plen) == (ssize_t)(TD_TCP_HDR_SIZE + plen));
-    TD_CHECK_OK(td_transport_wait(t0, &rx, TD_DEADLINE_NONE));
+    TD_CHECK_OK(transport_wait(t0, &rx, TD_DEADLINE_NONE));
     TD_CHECK(memcmp(src, dst, N) == 0);
 
     raw_reader r = {.fd = sv[1], .got = TD_BUF_INIT};
     pthread_t th;
-    TD_CHECK_OK(td_thread_start(&th, "td-raw-reader", raw_reader_main, &r));
-    td_transport_destroy(t0);
-    td_thread_join(th);
+    TD_CHECK_OK(thread_start(&th, "td-raw-reader", raw_reader_main, &r));
+    transport_destroy(t0);
+    thread_join(th);
     close(sv[1]);
 
     size_t off = 0;
@@ -204,15 +204,15 @@ TD_TEST(goodbye_keeps_owed_fin)
     }
     td_tcp_control c;
     TD_CHECK_MSG(next_frame(&r.got, &off, &ftag, &payload, &flen), "the stream ended before the FIN");
-    TD_CHECK(ftag == TD_TAG_RESERVED && td_tcp_control_parse(payload, flen, TD_TCP_MAX_MESSAGE, &c));
+    TD_CHECK(ftag == TD_TAG_RESERVED && tcp_control_parse(payload, flen, TD_TCP_MAX_MESSAGE, &c));
     TD_CHECK_EQ(c.type, TD_TCP_CTRL_FIN);
     TD_CHECK_EQ(c.cookie, cookie);
     TD_CHECK_EQ(c.status, TD_OK);
     TD_CHECK_MSG(next_frame(&r.got, &off, &ftag, &payload, &flen), "the stream ended before the goodbye");
-    TD_CHECK(ftag == TD_TAG_RESERVED && td_tcp_control_parse(payload, flen, TD_TCP_MAX_MESSAGE, &c));
+    TD_CHECK(ftag == TD_TAG_RESERVED && tcp_control_parse(payload, flen, TD_TCP_MAX_MESSAGE, &c));
     TD_CHECK_EQ(c.type, TD_TCP_CTRL_BYE);
     TD_CHECK_MSG(!next_frame(&r.got, &off, &ftag, &payload, &flen), "bytes after the goodbye");
-    td_buf_free(&r.got);
+    buf_free(&r.got);
 }
 
 TD_TEST_MAIN()

@@ -30,7 +30,7 @@ static int same_host(const td_test_ctx *ctx)
 static td_status create(const td_test_ctx *ctx, const td_transport_setup *setup, td_transport **out)
 {
     td_tcp_options o = {.setup = *setup, .same_host = same_host(ctx)};
-    return td_tcp_transport_create(&o, out);
+    return tcp_transport_create(&o, out);
 }
 
 static tu_world open_world(td_test_ctx *ctx, const char *bind_host, int64_t timeout_ms)
@@ -40,12 +40,12 @@ static tu_world open_world(td_test_ctx *ctx, const char *bind_host, int64_t time
     w.store = tu_store_open(ctx->store_path);
     td_tcp_options o = {.setup = tu_setup(ctx, w.store, timeout_ms, "test"), .bind_host = bind_host,
                         .same_host = same_host(ctx)};
-    TD_CHECK_OK(td_tcp_transport_create(&o, &w.t));
+    TD_CHECK_OK(tcp_transport_create(&o, &w.t));
     TD_CHECK_EQ(w.t->rank, ctx->rank);
     TD_CHECK_EQ(w.t->size, ctx->world_size);
     for (int r = 0; r < ctx->world_size; r++)
         if (r != ctx->rank)
-            TD_CHECK_EQ(td_tcp_transport_peer_is_local(w.t, r), same_host(ctx) == TD_TCP_SAME_HOST_UNIX);
+            TD_CHECK_EQ(tcp_transport_peer_is_local(w.t, r), same_host(ctx) == TD_TCP_SAME_HOST_UNIX);
     return w;
 }
 
@@ -191,9 +191,9 @@ TD_TEST(rendezvous_sizes, .world_size = 2, BOTH)
         struct iovec riov[2] = {{in, b}, {in + b, len - b}};
         td_xfer xs[2];
         xs[0].on_done = xs[1].on_done = NULL;
-        TD_CHECK_OK(td_transport_irecv(w.t, peer, COLL_TAG(si), riov, 2, tu_after_ms(30000), &xs[0]));
-        TD_CHECK_OK(td_transport_isend_posted(w.t, peer, COLL_TAG(si), siov, 3, tu_after_ms(30000), &xs[1]));
-        TD_CHECK_OK(td_transport_wait_all(w.t, xs, 2, tu_after_ms(30000)));
+        TD_CHECK_OK(transport_irecv(w.t, peer, COLL_TAG(si), riov, 2, tu_after_ms(30000), &xs[0]));
+        TD_CHECK_OK(transport_isend_posted(w.t, peer, COLL_TAG(si), siov, 3, tu_after_ms(30000), &xs[1]));
+        TD_CHECK_OK(transport_wait_all(w.t, xs, 2, tu_after_ms(30000)));
         TD_CHECK_EQ(xs[0].nbytes, len);
         TD_CHECK_EQ(xs[1].nbytes, len);
         for (size_t i = 0; i < len; i++)
@@ -221,22 +221,22 @@ TD_TEST(rendezvous_late_and_mismatched, .world_size = 2, BOTH)
         td_xfer xs[N + 1];
         for (int i = 0; i < N; i++) {
             xs[i].on_done = NULL;
-            TD_CHECK_OK(td_transport_isend1_posted(w.t, 1, COLL_TAG(7), bufs[i], len, tu_after_ms(30000), &xs[i]));
+            TD_CHECK_OK(transport_isend1_posted(w.t, 1, COLL_TAG(7), bufs[i], len, tu_after_ms(30000), &xs[i]));
         }
         xs[N].on_done = NULL;
-        TD_CHECK_OK(td_transport_isend1_posted(w.t, 1, COLL_TAG(8), bufs[0], len, tu_after_ms(30000), &xs[N]));
+        TD_CHECK_OK(transport_isend1_posted(w.t, 1, COLL_TAG(8), bufs[0], len, tu_after_ms(30000), &xs[N]));
         TD_CHECK_OK(td_store_set_str(w.store, "announced", "1"));
-        TD_CHECK_OK(td_transport_wait_all(w.t, xs, N + 1, tu_after_ms(30000)));
+        TD_CHECK_OK(transport_wait_all(w.t, xs, N + 1, tu_after_ms(30000)));
     } else {
         const char *k = "announced";
         TD_CHECK_OK(td_store_wait(w.store, &k, 1, 30000));
-        td_sleep_ms(50);
+        clock_sleep_ms(50);
         for (int i = 0; i < N; i++) {
-            TD_CHECK_OK(td_transport_recv(w.t, 0, COLL_TAG(7), bufs[i], len, tu_after_ms(30000)));
+            TD_CHECK_OK(transport_recv(w.t, 0, COLL_TAG(7), bufs[i], len, tu_after_ms(30000)));
             for (size_t j = 0; j < len; j += 997)
                 TD_CHECK_EQ(bufs[i][j], 'a' + i);
         }
-        TD_CHECK_ERR(td_transport_recv(w.t, 0, COLL_TAG(8), bufs[0], len - 1, tu_after_ms(30000)), TD_ERR_INVALID,
+        TD_CHECK_ERR(transport_recv(w.t, 0, COLL_TAG(8), bufs[0], len - 1, tu_after_ms(30000)), TD_ERR_INVALID,
                      "rank 0 sent 200000 bytes");
     }
     for (int i = 0; i < N; i++)
@@ -254,15 +254,15 @@ TD_TEST(rendezvous_reader_killed, .world_size = 2, .skip_return_code_check = tru
     tu_all_pairs(ctx, w.t, 10);
     tu_barrier(ctx, w.store, "ready");
     if (ctx->rank == 1) {
-        td_sleep_ms(200);
+        clock_sleep_ms(200);
         raise(SIGKILL);
     }
     size_t len = 1 << 20;
     char *buf = calloc(1, len);
-    int64_t t0 = td_now_ns();
+    int64_t t0 = clock_now_ns();
     td_xfer x = {.on_done = NULL};
-    TD_CHECK_OK(td_transport_isend1_posted(w.t, 1, COLL_TAG(1), buf, len, tu_after_ms(60000), &x));
-    TD_CHECK_ERR(td_transport_wait(w.t, &x, tu_after_ms(60000)), TD_ERR_PEER_LOST, "Connection to rank 1 lost");
+    TD_CHECK_OK(transport_isend1_posted(w.t, 1, COLL_TAG(1), buf, len, tu_after_ms(60000), &x));
+    TD_CHECK_ERR(transport_wait(w.t, &x, tu_after_ms(60000)), TD_ERR_PEER_LOST, "Connection to rank 1 lost");
     TD_CHECK(tu_since_s(t0) < 2.2);
     free(buf);
     w.keep_store = true;

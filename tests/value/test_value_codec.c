@@ -393,7 +393,7 @@ TD_TEST(zero_copy_tensors_share_the_message)
     size_t total = 0;
     v = td_value_int(1);
     TD_CHECK_OK(td_value_encode_bytes(v, &msg, &len));
-    TD_CHECK_OK(td_value_codec_message_size(msg, 32, &total));
+    TD_CHECK_OK(value_codec_message_size(msg, 32, &total));
     TD_CHECK_EQ(total, len);
     td_value_release(v);
     free(msg);

@@ -364,7 +364,7 @@ td_status bench_case_run(bench_case *c)
         }
         return TD_OK;
     default:
-        return td_error(TD_ERR_INVALID, "tdist-bench: unknown op");
+        return error_fmt(TD_ERR_INVALID, "tdist-bench: unknown op");
     }
 }
 

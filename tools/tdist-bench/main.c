@@ -104,7 +104,7 @@ static const char *flag_value(int argc, char **argv, int *i, const char *name, c
 static int64_t int_arg(const char *what, const char *v, int64_t min, int64_t max)
 {
     int64_t x;
-    if (td_parse_int(what, v, min, max, &x) != TD_OK)
+    if (env_parse_int(what, v, min, max, &x) != TD_OK)
         bad_usage("%s", td_last_error());
     return x;
 }
@@ -148,10 +148,10 @@ static void parse(int argc, char **argv, bench_options *o)
         } else if ((v = flag_value(argc, argv, &i, "--root", "-r"))) {
             o->root = (int)int_arg("--root", v, 0, 4095);
         } else if ((v = flag_value(argc, argv, &i, "--min", "-b"))) {
-            if (td_parse_size("--min", v, &o->min_bytes) != TD_OK)
+            if (env_parse_size("--min", v, &o->min_bytes) != TD_OK)
                 bad_usage("%s", td_last_error());
         } else if ((v = flag_value(argc, argv, &i, "--max", "-e"))) {
-            if (td_parse_size("--max", v, &o->max_bytes) != TD_OK)
+            if (env_parse_size("--max", v, &o->max_bytes) != TD_OK)
                 bad_usage("%s", td_last_error());
         } else if ((v = flag_value(argc, argv, &i, "--factor", "-f"))) {
             o->factor = double_arg("--factor", v, 1.0000001);
@@ -167,13 +167,13 @@ static void parse(int argc, char **argv, bench_options *o)
             o->batches = (int)int_arg("--batches", v, 1, 1000);
         } else if ((v = flag_value(argc, argv, &i, "--check", "-c"))) {
             bool b;
-            if (td_parse_bool("--check", v, &b) != TD_OK)
+            if (env_parse_bool("--check", v, &b) != TD_OK)
                 bad_usage("%s", td_last_error());
             o->check = b;
         } else if ((v = flag_value(argc, argv, &i, "--algo", NULL))) {
             o->algo = v;
         } else if ((v = flag_value(argc, argv, &i, "--timeout", NULL))) {
-            if (td_parse_duration_ms("--timeout", v, 1000, &o->timeout_ms) != TD_OK)
+            if (env_parse_duration_ms("--timeout", v, 1000, &o->timeout_ms) != TD_OK)
                 bad_usage("%s", td_last_error());
         } else if ((v = flag_value(argc, argv, &i, "--impl", NULL))) {
             o->impl = v;
@@ -287,7 +287,7 @@ static int run_threads(const bench_options *o)
         ts[started] = (rank_thread){.o = o, .store = store, .rank = started};
         char name[24];
         snprintf(name, sizeof name, "bench-rank%d", started);
-        if (td_thread_start(&ts[started].th, name, rank_thread_main, &ts[started]) != TD_OK) {
+        if (thread_start(&ts[started].th, name, rank_thread_main, &ts[started]) != TD_OK) {
             fprintf(stderr, "tdist-bench: starting rank thread %d: %s\n", started, td_last_error());
             td_threaded_abort_all("tdist-bench: could not start every rank");
             rc = 1;
@@ -295,7 +295,7 @@ static int run_threads(const bench_options *o)
         }
     }
     for (int r = 0; r < started; r++) {
-        td_thread_join(ts[r].th);
+        thread_join(ts[r].th);
         if (ts[r].rc > rc)
             rc = ts[r].rc;
     }
@@ -323,23 +323,23 @@ static char **rank_env(const bench_options *o, int rank, int port)
     size_t n = 0;
     while (environ[n])
         n++;
-    char **env = td_calloc(n + 12, sizeof *env);
+    char **env = alloc_zeroed(n + 12, sizeof *env);
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         if (replaced_var(o, environ[i]))
             continue;
-        env[k++] = td_strdup(environ[i]);
+        env[k++] = alloc_strdup(environ[i]);
     }
-    env[k++] = td_asprintf("RANK=%d", rank);
-    env[k++] = td_asprintf("WORLD_SIZE=%d", o->nranks);
-    env[k++] = td_asprintf("LOCAL_RANK=%d", rank);
-    env[k++] = td_asprintf("LOCAL_WORLD_SIZE=%d", o->nranks);
-    env[k++] = td_strdup("MASTER_ADDR=127.0.0.1");
-    env[k++] = td_asprintf("MASTER_PORT=%d", port);
-    env[k++] = td_strdup("TDIST_USE_AGENT_STORE=1");
-    env[k++] = td_strdup("TDIST_RESTART_COUNT=0");
+    env[k++] = alloc_printf("RANK=%d", rank);
+    env[k++] = alloc_printf("WORLD_SIZE=%d", o->nranks);
+    env[k++] = alloc_printf("LOCAL_RANK=%d", rank);
+    env[k++] = alloc_printf("LOCAL_WORLD_SIZE=%d", o->nranks);
+    env[k++] = alloc_strdup("MASTER_ADDR=127.0.0.1");
+    env[k++] = alloc_printf("MASTER_PORT=%d", port);
+    env[k++] = alloc_strdup("TDIST_USE_AGENT_STORE=1");
+    env[k++] = alloc_strdup("TDIST_RESTART_COUNT=0");
     if (o->algo)
-        env[k++] = td_asprintf("TDIST_ALGO=%s", o->algo);
+        env[k++] = alloc_printf("TDIST_ALGO=%s", o->algo);
     env[k] = NULL;
     return env;
 }
@@ -412,7 +412,7 @@ static int spawn_ranks(const bench_options *o, char **argv)
         for (int r = 0; r < started; r++)
             kill(pids[r], SIGTERM);
     if (stopping)
-        kill_at = td_now_ms() + 5000;
+        kill_at = clock_now_ms() + 5000;
     while (running > 0) {
         int st;
         pid_t pid = waitpid(-1, &st, stopping ? WNOHANG : 0);
@@ -421,13 +421,13 @@ static int spawn_ranks(const bench_options *o, char **argv)
         if (pid < 0)
             break;
         if (pid == 0) {
-            if (td_now_ms() >= kill_at) {
+            if (clock_now_ms() >= kill_at) {
                 for (int r = 0; r < started; r++)
                     if (pids[r] > 0)
                         kill(pids[r], SIGKILL);
                 kill_at = INT64_MAX;
             }
-            td_sleep_ms(10);
+            clock_sleep_ms(10);
             continue;
         }
         int r = 0;
@@ -447,7 +447,7 @@ static int spawn_ranks(const bench_options *o, char **argv)
             describe_exit(r, st, first, sizeof first);
             stopping = true;
             rc = 1;
-            kill_at = td_now_ms() + 5000;
+            kill_at = clock_now_ms() + 5000;
             for (int q = 0; q < started; q++)
                 if (pids[q] > 0)
                     kill(pids[q], SIGTERM);

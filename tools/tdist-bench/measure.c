@@ -34,7 +34,7 @@ typedef struct row {
     int64_t iters;
 } row;
 
-static double secs(void) { return (double)td_now_ns() * 1e-9; }
+static double secs(void) { return (double)clock_now_ns() * 1e-9; }
 
 /* Every rank gets the elementwise maximum (or sum) of v over the ranks. */
 static td_status agree(td_pg *pg, double *v, int n, td_op op)
@@ -97,7 +97,7 @@ static td_status measure(const bench_options *o, td_pg *pg, bench_case *c, row *
     int64_t k = (iters + batches - 1) / batches;
     double *times = calloc((size_t)batches, sizeof *times);
     if (!times)
-        return td_error(TD_ERR_NOMEM, "tdist-bench: out of memory");
+        return error_fmt(TD_ERR_NOMEM, "tdist-bench: out of memory");
     td_status s = TD_OK;
     for (int b = 0; b < batches && s == TD_OK; b++) {
         s = td_pg_barrier(pg, NULL);

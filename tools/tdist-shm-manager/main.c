@@ -57,15 +57,15 @@ static void logf_(const char *fmt, ...)
 static void drop_reference(const char *name)
 {
     td_segment seg;
-    if (td_segment_open(name, TD_SHM_HEADER_SIZE, &seg) != TD_OK)
+    if (segment_open(name, TD_SHM_HEADER_SIZE, &seg) != TD_OK)
         return; /* already gone */
     td_shm_header *h = seg.base;
-    if (h->magic == TD_SHM_HEADER_MAGIC && td_shm_header_decref(h)) {
-        td_segment_unlink(name);
-        td_map_remove(&known, name, strlen(name));
+    if (h->magic == TD_SHM_HEADER_MAGIC && shm_header_decref(h)) {
+        segment_unlink(name);
+        map_remove(&known, name, strlen(name));
         logf_("removed %s", name);
     }
-    td_segment_unmap(&seg);
+    segment_unmap(&seg);
 }
 
 static void client_close(size_t i)
@@ -73,14 +73,14 @@ static void client_close(size_t i)
     client *c = clients.items[i];
     td_map_entry *e;
     size_t n = 0;
-    for (size_t it = 0; (e = td_map_next(&c->holds, &it));) {
+    for (size_t it = 0; (e = map_next(&c->holds, &it));) {
         for (uintptr_t k = (uintptr_t)e->value; k > 0; k--)
             drop_reference(e->key);
         n += (uintptr_t)e->value;
     }
     if (n)
         logf_("client pid %d went away holding %zu references", (int)c->pid, n);
-    td_map_free(&c->holds, NULL);
+    map_free(&c->holds, NULL);
     close(c->fd);
     free(c);
     TD_VEC_SWAP_REMOVE(&clients, i);
@@ -89,11 +89,11 @@ static void client_close(size_t i)
 static void hold_add(client *c, const char *name, int delta)
 {
     size_t len = strlen(name);
-    intptr_t v = (intptr_t)(uintptr_t)td_map_get(&c->holds, name, len) + delta;
+    intptr_t v = (intptr_t)(uintptr_t)map_get(&c->holds, name, len) + delta;
     if (v <= 0)
-        td_map_remove(&c->holds, name, len);
+        map_remove(&c->holds, name, len);
     else
-        td_map_put(&c->holds, name, len, (void *)(uintptr_t)v);
+        map_put(&c->holds, name, len, (void *)(uintptr_t)v);
 }
 
 /* Handles one datagram; false when the client must be dropped. */
@@ -114,18 +114,18 @@ static bool client_message(client *c, const td_shmm_msg *m, ssize_t n)
         w.pid = (uint32_t)getpid();
         return send(c->fd, &w, offsetof(td_shmm_msg, name), MSG_NOSIGNAL | MSG_DONTWAIT) >= 0;
     }
-    if (!td_segment_name_valid(name))
+    if (!segment_name_valid(name))
         return false;
     switch (m->op) {
     case TD_SHMM_HOLD:
         hold_add(c, name, 1);
-        td_map_put(&known, name, strlen(name), (void *)1);
+        map_put(&known, name, strlen(name), (void *)1);
         return true;
     case TD_SHMM_DROP:
         hold_add(c, name, -1);
         return true;
     case TD_SHMM_FORGET:
-        td_map_remove(&known, name, strlen(name));
+        map_remove(&known, name, strlen(name));
         return true;
     default:
         return false;
@@ -135,17 +135,17 @@ static bool client_message(client *c, const td_shmm_msg *m, ssize_t n)
 static void sweep(void)
 {
     td_map_entry *e;
-    for (size_t it = 0; (e = td_map_next(&known, &it));) {
-        if (td_segment_unlink(e->key) == TD_OK)
+    for (size_t it = 0; (e = map_next(&known, &it));) {
+        if (segment_unlink(e->key) == TD_OK)
             logf_("removed %s (left by messages never received)", e->key);
     }
-    td_map_free(&known, NULL);
+    map_free(&known, NULL);
 }
 
 int main(int argc, char **argv)
 {
     char name[108];
-    td_shmm_socket_name(name, sizeof name);
+    shmm_socket_name(name, sizeof name);
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--socket") == 0 && i + 1 < argc) {
             snprintf(name, sizeof name, "%s", argv[++i]);
@@ -155,7 +155,7 @@ int main(int argc, char **argv)
         }
     }
     int64_t idle_ms = 2000;
-    if (td_env_duration_ms("TDIST_SHM_MANAGER_IDLE_MS", 2000, 1, &idle_ms) != TD_OK)
+    if (env_get_duration_ms("TDIST_SHM_MANAGER_IDLE_MS", 2000, 1, &idle_ms) != TD_OK)
         idle_ms = 2000;
     signal(SIGPIPE, SIG_IGN);
     signal(SIGINT, SIG_IGN); /* a Ctrl-C meant for the job must not take cleanup down with it */
@@ -178,7 +178,7 @@ int main(int argc, char **argv)
         return 1;
     }
     logf_("listening on @%s", name);
-    int64_t idle_since = td_now_ns();
+    int64_t idle_since = clock_now_ns();
     TD_VEC(struct pollfd) pfds = {0};
     for (;;) {
         pfds.len = 0;
@@ -187,7 +187,7 @@ int main(int argc, char **argv)
             TD_VEC_PUSH(&pfds, ((struct pollfd){.fd = clients.items[i]->fd, .events = POLLIN}));
         int timeout = -1;
         if (clients.len == 0) {
-            int64_t left = idle_ms - (td_now_ns() - idle_since) / 1000000;
+            int64_t left = idle_ms - (clock_now_ns() - idle_since) / 1000000;
             if (left <= 0)
                 break;
             timeout = (int)left;
@@ -219,7 +219,7 @@ int main(int argc, char **argv)
             if (!keep) {
                 client_close(i);
                 if (clients.len == 0)
-                    idle_since = td_now_ns();
+                    idle_since = clock_now_ns();
             }
         }
         if (pfds.items[0].revents & POLLIN) {

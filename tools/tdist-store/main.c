@@ -93,19 +93,19 @@ int main(int argc, char **argv)
         } else if ((v = flag_value(argc, argv, &i, "--host"))) {
             host = v;
         } else if ((v = flag_value(argc, argv, &i, "--port"))) {
-            if (td_parse_int("--port", v, 0, 65535, &port) != TD_OK)
+            if (env_parse_int("--port", v, 0, 65535, &port) != TD_OK)
                 die("bad flag");
         } else if ((v = flag_value(argc, argv, &i, "--world-size"))) {
-            if (td_parse_int("--world-size", v, 1, INT32_MAX, &world) != TD_OK)
+            if (env_parse_int("--world-size", v, 1, INT32_MAX, &world) != TD_OK)
                 die("bad flag");
         } else if ((v = flag_value(argc, argv, &i, "--timeout"))) {
-            if (td_parse_duration_ms("--timeout", v, 1000, &timeout_ms) != TD_OK)
+            if (env_parse_duration_ms("--timeout", v, 1000, &timeout_ms) != TD_OK)
                 die("bad flag");
         } else if ((v = flag_value(argc, argv, &i, "--max-key"))) {
-            if (td_parse_size("--max-key", v, &max_key) != TD_OK)
+            if (env_parse_size("--max-key", v, &max_key) != TD_OK)
                 die("bad flag");
         } else if ((v = flag_value(argc, argv, &i, "--max-value"))) {
-            if (td_parse_size("--max-value", v, &max_value) != TD_OK)
+            if (env_parse_size("--max-value", v, &max_value) != TD_OK)
                 die("bad flag");
         } else {
             fprintf(stderr, "tdist-store: unknown argument '%s'\n", argv[i]);
@@ -138,9 +138,9 @@ int main(int argc, char **argv)
     td_store_server_options so = {.host = host, .port = (int)port, .auth_token = NULL,
                                   .max_key_len = (size_t)max_key, .max_value_len = (size_t)max_value};
     td_store_server *server = NULL;
-    if (td_store_server_start(&so, &server) != TD_OK)
+    if (store_server_start(&so, &server) != TD_OK)
         die("cannot start");
-    printf("tdist-store listening on %s\n", td_store_server_address(server));
+    printf("tdist-store listening on %s\n", store_server_address(server));
     fflush(stdout);
 
     int rc = 0, sig = 0;
@@ -149,7 +149,7 @@ int main(int argc, char **argv)
         o.host = host && *host ? host : "127.0.0.1";
         if (strcmp(o.host, "0.0.0.0") == 0 || strcmp(o.host, "::") == 0)
             o.host = "127.0.0.1";
-        o.port = td_store_server_port(server);
+        o.port = store_server_port(server);
         o.timeout_ms = timeout_ms;
         o.wait_for_workers = false;
         td_store *client = NULL;
@@ -157,10 +157,10 @@ int main(int argc, char **argv)
             fprintf(stderr, "tdist-store: %s\n", td_last_error());
             rc = 1;
         }
-        int64_t start = td_now_ns(), joined = 0;
+        int64_t start = clock_now_ns(), joined = 0;
         bool done = false;
         while (client && !done && !sig) {
-            if (td_tcp_store_workers_step(client, (int)world, start, timeout_ms, &joined, &done) != TD_OK) {
+            if (tcp_store_workers_step(client, (int)world, start, timeout_ms, &joined, &done) != TD_OK) {
                 fprintf(stderr, "tdist-store: %s\n", td_last_error());
                 rc = 1;
                 break;
@@ -178,6 +178,6 @@ int main(int argc, char **argv)
         sig = wait_signal(&stop, -1);
     if (sig)
         fprintf(stderr, "tdist-store: stopping on %s\n", strsignal(sig));
-    td_store_server_stop(server);
+    store_server_stop(server);
     return rc;
 }

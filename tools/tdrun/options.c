@@ -48,7 +48,7 @@ static td_status parse_streams(const char *flag, const char *s, int *out)
 {
     if (!strchr(s, ':')) {
         int64_t v;
-        TD_TRY(td_parse_int(flag, s, 0, 3, &v));
+        TD_TRY(env_parse_int(flag, s, 0, 3, &v));
         for (int i = 0; i < TDRUN_MAX_LOCAL; i++)
             out[i] = (int)v;
         return TD_OK;
@@ -59,13 +59,13 @@ static td_status parse_streams(const char *flag, const char *s, int *out)
         char *colon = strchr(item, ':');
         int64_t rank, v;
         if (!colon) {
-            st = td_error(TD_ERR_INVALID, "%s must be N or LOCAL_RANK:N,..., got '%s'", flag, s);
+            st = error_fmt(TD_ERR_INVALID, "%s must be N or LOCAL_RANK:N,..., got '%s'", flag, s);
             break;
         }
         *colon = '\0';
-        st = td_parse_int(flag, item, 0, TDRUN_MAX_LOCAL - 1, &rank);
+        st = env_parse_int(flag, item, 0, TDRUN_MAX_LOCAL - 1, &rank);
         if (st == TD_OK)
-            st = td_parse_int(flag, colon + 1, 0, 3, &v);
+            st = env_parse_int(flag, colon + 1, 0, 3, &v);
         if (st == TD_OK)
             out[rank] = (int)v;
     }
@@ -77,7 +77,7 @@ static td_status parse_endpoint(const char *s, tdrun_options *o)
 {
     const char *colon = strrchr(s, ':');
     if (!colon || colon == s)
-        return td_error(TD_ERR_INVALID, "--rdzv-endpoint must be HOST:PORT, got '%s'", s);
+        return error_fmt(TD_ERR_INVALID, "--rdzv-endpoint must be HOST:PORT, got '%s'", s);
     const char *host = s;
     size_t hlen = (size_t)(colon - s);
     if (host[0] == '[' && hlen >= 2 && host[hlen - 1] == ']') { /* [v6]:port */
@@ -85,11 +85,11 @@ static td_status parse_endpoint(const char *s, tdrun_options *o)
         hlen -= 2;
     }
     if (hlen >= sizeof o->master_addr)
-        return td_error(TD_ERR_INVALID, "--rdzv-endpoint host is too long");
+        return error_fmt(TD_ERR_INVALID, "--rdzv-endpoint host is too long");
     memcpy(o->master_addr, host, hlen);
     o->master_addr[hlen] = '\0';
     int64_t port;
-    TD_TRY(td_parse_int("--rdzv-endpoint port", colon + 1, 0, 65535, &port));
+    TD_TRY(env_parse_int("--rdzv-endpoint port", colon + 1, 0, 65535, &port));
     o->master_port = (int)port;
     return TD_OK;
 }
@@ -152,25 +152,25 @@ td_status tdrun_parse_options(int argc, char **argv, tdrun_options *o)
             if (strcmp(optarg, "auto") == 0 || strcmp(optarg, "cpu") == 0) {
                 o->nproc_per_node = cpu_count();
             } else {
-                TD_TRY(td_parse_int("--nproc-per-node", optarg, 1, TDRUN_MAX_LOCAL, &v));
+                TD_TRY(env_parse_int("--nproc-per-node", optarg, 1, TDRUN_MAX_LOCAL, &v));
                 o->nproc_per_node = (int)v;
             }
             break;
         case NNODES:
-            TD_TRY(td_parse_int("--nnodes", optarg, 1, 1 << 20, &v));
+            TD_TRY(env_parse_int("--nnodes", optarg, 1, 1 << 20, &v));
             o->nnodes = (int)v;
             break;
         case NODE_RANK:
-            TD_TRY(td_parse_int("--node-rank", optarg, 0, 1 << 20, &v));
+            TD_TRY(env_parse_int("--node-rank", optarg, 0, 1 << 20, &v));
             o->node_rank = (int)v;
             break;
         case MADDR:
             if (strlen(optarg) >= sizeof o->master_addr || !*optarg)
-                return td_error(TD_ERR_INVALID, "--master-addr must be a host name or address, got '%s'", optarg);
+                return error_fmt(TD_ERR_INVALID, "--master-addr must be a host name or address, got '%s'", optarg);
             snprintf(o->master_addr, sizeof o->master_addr, "%s", optarg);
             break;
         case MPORT:
-            TD_TRY(td_parse_int("--master-port", optarg, 0, 65535, &v));
+            TD_TRY(env_parse_int("--master-port", optarg, 0, 65535, &v));
             o->master_port = (int)v;
             break;
         case RDZV:
@@ -180,16 +180,16 @@ td_status tdrun_parse_options(int argc, char **argv, tdrun_options *o)
             o->standalone = true;
             break;
         case RESTARTS:
-            TD_TRY(td_parse_int("--max-restarts", optarg, 0, 1 << 20, &v));
+            TD_TRY(env_parse_int("--max-restarts", optarg, 0, 1 << 20, &v));
             o->max_restarts = (int)v;
             break;
         case MONITOR:
-            TD_TRY(td_parse_duration_ms("--monitor-interval", optarg, 1000, &o->monitor_interval_ms));
+            TD_TRY(env_parse_duration_ms("--monitor-interval", optarg, 1000, &o->monitor_interval_ms));
             if (o->monitor_interval_ms < 1)
                 o->monitor_interval_ms = 1;
             break;
         case TERM:
-            TD_TRY(td_parse_duration_ms("--term-timeout", optarg, 1000, &o->term_timeout_ms));
+            TD_TRY(env_parse_duration_ms("--term-timeout", optarg, 1000, &o->term_timeout_ms));
             break;
         case LOGDIR:
             o->log_dir = optarg;
@@ -206,17 +206,17 @@ td_status tdrun_parse_options(int argc, char **argv, tdrun_options *o)
             o->quiet = true;
             break;
         case EXIT_BARRIER:
-            TD_TRY(td_parse_duration_ms("--exit-barrier-timeout", optarg, 1000, &o->exit_barrier_timeout_ms));
+            TD_TRY(env_parse_duration_ms("--exit-barrier-timeout", optarg, 1000, &o->exit_barrier_timeout_ms));
             break;
         case 'h':
             tdrun_usage(stdout);
             exit(0);
         default:
-            return td_error(TD_ERR_INVALID, "unknown or incomplete option '%s' (see tdrun --help)", argv[optind - 1]);
+            return error_fmt(TD_ERR_INVALID, "unknown or incomplete option '%s' (see tdrun --help)", argv[optind - 1]);
         }
     }
     if (optind >= argc)
-        return td_error(TD_ERR_INVALID, "no program to run (usage: tdrun [options] program [args...])");
+        return error_fmt(TD_ERR_INVALID, "no program to run (usage: tdrun [options] program [args...])");
     o->argv = argv + optind;
 
     if (o->standalone) {
@@ -228,13 +228,13 @@ td_status tdrun_parse_options(int argc, char **argv, tdrun_options *o)
         o->master_port = 29500;
     }
     if (o->node_rank >= o->nnodes)
-        return td_error(TD_ERR_INVALID, "--node-rank %d must be less than --nnodes %d", o->node_rank, o->nnodes);
+        return error_fmt(TD_ERR_INVALID, "--node-rank %d must be less than --nnodes %d", o->node_rank, o->nnodes);
     /* Node 0 may take port 0 (it prints the port it got); the others must be told the port. */
     if (o->node_rank > 0 && o->master_port == 0)
-        return td_error(TD_ERR_INVALID, "--node-rank %d needs the --master-port that node 0 listens on",
+        return error_fmt(TD_ERR_INVALID, "--node-rank %d needs the --master-port that node 0 listens on",
                         o->node_rank);
     if ((have_redirects || have_tee) && !o->log_dir)
-        return td_error(TD_ERR_INVALID, "--redirects and --tee need --log-dir");
+        return error_fmt(TD_ERR_INVALID, "--redirects and --tee need --log-dir");
     if (o->log_dir && !have_redirects && !have_tee)
         for (int i = 0; i < TDRUN_MAX_LOCAL; i++)
             o->tee[i] = 3; /* --log-dir alone: every stream to its file and to the console */

@@ -55,7 +55,7 @@ static td_status check_program(const char *prog)
 {
     if (strchr(prog, '/')) {
         if (access(prog, X_OK) != 0)
-            return td_error_errno(TD_ERR_INVALID, "cannot run '%s'", prog);
+            return error_errno(TD_ERR_INVALID, "cannot run '%s'", prog);
         return TD_OK;
     }
     const char *path = getenv("PATH");
@@ -70,7 +70,7 @@ static td_status check_program(const char *prog)
         found = stat(full, &st) == 0 && S_ISREG(st.st_mode) && access(full, X_OK) == 0;
     }
     free(copy);
-    return found ? TD_OK : td_error(TD_ERR_INVALID, "cannot run '%s': not found in PATH", prog);
+    return found ? TD_OK : error_fmt(TD_ERR_INVALID, "cannot run '%s': not found in PATH", prog);
 }
 
 static void format_time(int64_t wall_ns, char *out, size_t size)

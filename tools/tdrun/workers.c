@@ -96,11 +96,11 @@ static void emit_line(const worker *w, int which, const char *p, size_t n)
     }
     if (s->console) {
         td_buf out = TD_BUF_INIT;
-        td_buf_printf(&out, "[rank%d]: ", w->rank);
-        td_buf_append(&out, p, n);
-        td_buf_putc(&out, '\n');
+        buf_printf(&out, "[rank%d]: ", w->rank);
+        buf_append(&out, p, n);
+        buf_putc(&out, '\n');
         write_all(which == OUT ? STDOUT_FILENO : STDERR_FILENO, out.data, out.len);
-        td_buf_free(&out);
+        buf_free(&out);
     }
 }
 
@@ -115,7 +115,7 @@ static bool pump(worker *w, int which)
     if (k <= 0) {
         if (s->line.len)
             emit_line(w, which, s->line.data, s->line.len);
-        td_buf_clear(&s->line);
+        buf_clear(&s->line);
         close(s->fd);
         s->fd = -1;
         return false;
@@ -124,17 +124,17 @@ static bool pump(worker *w, int which)
     while (p < end) {
         const char *nl = memchr(p, '\n', (size_t)(end - p));
         if (!nl) {
-            td_buf_append(&s->line, p, (size_t)(end - p));
+            buf_append(&s->line, p, (size_t)(end - p));
             if (s->line.len >= 65536) { /* a very long line is cut rather than held forever */
                 emit_line(w, which, s->line.data, s->line.len);
-                td_buf_clear(&s->line);
+                buf_clear(&s->line);
             }
             break;
         }
         if (s->line.len) {
-            td_buf_append(&s->line, p, (size_t)(nl - p));
+            buf_append(&s->line, p, (size_t)(nl - p));
             emit_line(w, which, s->line.data, s->line.len);
-            td_buf_clear(&s->line);
+            buf_clear(&s->line);
         } else {
             emit_line(w, which, p, (size_t)(nl - p));
         }
@@ -152,11 +152,11 @@ static td_status make_dirs(const char *path)
             continue;
         *p = '\0';
         if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-            return td_error_errno(TD_ERR_IO, "creating log directory %s", tmp);
+            return error_errno(TD_ERR_IO, "creating log directory %s", tmp);
         *p = '/';
     }
     if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-        return td_error_errno(TD_ERR_IO, "creating log directory %s", tmp);
+        return error_errno(TD_ERR_IO, "creating log directory %s", tmp);
     return TD_OK;
 }
 
@@ -164,25 +164,25 @@ static char **build_env(const tdrun_options *o, const worker *w, const char *add
 {
     int world = o->nnodes * o->nproc_per_node;
     char *vars[] = {
-        td_asprintf("RANK=%d", w->rank),
-        td_asprintf("LOCAL_RANK=%d", w->local_rank),
-        td_asprintf("WORLD_SIZE=%d", world),
-        td_asprintf("LOCAL_WORLD_SIZE=%d", o->nproc_per_node),
-        td_asprintf("GROUP_RANK=%d", o->node_rank),
-        td_asprintf("GROUP_WORLD_SIZE=%d", o->nnodes),
-        td_asprintf("ROLE_RANK=%d", w->rank),
-        td_asprintf("ROLE_WORLD_SIZE=%d", world),
-        td_asprintf("MASTER_ADDR=%s", addr),
-        td_asprintf("MASTER_PORT=%d", port),
-        td_asprintf("TDIST_RESTART_COUNT=%d", restart),
-        td_asprintf("TDIST_MAX_RESTARTS=%d", o->max_restarts),
-        td_asprintf("TDIST_USE_AGENT_STORE=1"),
+        alloc_printf("RANK=%d", w->rank),
+        alloc_printf("LOCAL_RANK=%d", w->local_rank),
+        alloc_printf("WORLD_SIZE=%d", world),
+        alloc_printf("LOCAL_WORLD_SIZE=%d", o->nproc_per_node),
+        alloc_printf("GROUP_RANK=%d", o->node_rank),
+        alloc_printf("GROUP_WORLD_SIZE=%d", o->nnodes),
+        alloc_printf("ROLE_RANK=%d", w->rank),
+        alloc_printf("ROLE_WORLD_SIZE=%d", world),
+        alloc_printf("MASTER_ADDR=%s", addr),
+        alloc_printf("MASTER_PORT=%d", port),
+        alloc_printf("TDIST_RESTART_COUNT=%d", restart),
+        alloc_printf("TDIST_MAX_RESTARTS=%d", o->max_restarts),
+        alloc_printf("TDIST_USE_AGENT_STORE=1"),
     };
     size_t nvars = sizeof vars / sizeof *vars;
     size_t nenv = 0;
     while (environ[nenv])
         nenv++;
-    char **env = td_calloc(nenv + nvars + 2, sizeof *env);
+    char **env = alloc_zeroed(nenv + nvars + 2, sizeof *env);
     size_t k = 0;
     bool have_omp = false;
     for (size_t i = 0; i < nenv; i++) {
@@ -194,13 +194,13 @@ static char **build_env(const tdrun_options *o, const worker *w, const char *add
         if (strncmp(environ[i], "OMP_NUM_THREADS=", 16) == 0)
             have_omp = true;
         if (!replaced)
-            env[k++] = td_strdup(environ[i]);
+            env[k++] = alloc_strdup(environ[i]);
     }
     for (size_t j = 0; j < nvars; j++)
         env[k++] = vars[j];
     /* As torchrun: several workers per node should not each start one thread per core. */
     if (!have_omp && o->nproc_per_node > 1)
-        env[k++] = td_strdup("OMP_NUM_THREADS=1");
+        env[k++] = alloc_strdup("OMP_NUM_THREADS=1");
     env[k] = NULL;
     return env;
 }
@@ -218,7 +218,7 @@ static td_status start_worker(tdrun_group *g, worker *w, const char *addr, int p
     int pipes[2][2] = {{-1, -1}, {-1, -1}};
     for (int i = 0; i < 2; i++)
         if (pipe2(pipes[i], O_CLOEXEC) != 0)
-            return td_error_errno(TD_ERR_IO, "pipe for worker %d", w->rank);
+            return error_errno(TD_ERR_IO, "pipe for worker %d", w->rank);
     for (int i = 0; i < 2; i++) {
         int bits = (i == OUT) ? 1 : 2;
         int redirect = o->redirects[w->local_rank] & bits;
@@ -233,7 +233,7 @@ static td_status start_worker(tdrun_group *g, worker *w, const char *addr, int p
             snprintf(w->log_path[i], sizeof w->log_path[i], "%s/%s.log", dir, i == OUT ? "stdout" : "stderr");
             w->s[i].log_fd = open(w->log_path[i], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
             if (w->s[i].log_fd < 0)
-                return td_error_errno(TD_ERR_IO, "opening log file %s", w->log_path[i]);
+                return error_errno(TD_ERR_IO, "opening log file %s", w->log_path[i]);
         }
     }
     char **env = build_env(o, w, addr, port, restart);
@@ -241,7 +241,7 @@ static td_status start_worker(tdrun_group *g, worker *w, const char *addr, int p
     pid_t pid = fork();
     if (pid < 0) {
         free_env(env);
-        return td_error_errno(TD_ERR_IO, "fork for worker %d", w->rank);
+        return error_errno(TD_ERR_IO, "fork for worker %d", w->rank);
     }
     if (pid == 0) {
         /* Only async-signal-safe calls from here to exec: tdrun may have other threads. */
@@ -370,7 +370,7 @@ td_status tdrun_group_monitor(tdrun_group *g, bool *failed, tdrun_exit *first, i
         worker *f = reap(g);
         if (f) {
             *failed = true;
-            *first = (tdrun_exit){f->local_rank, f->rank, f->pid, f->code, td_wall_ns()};
+            *first = (tdrun_exit){f->local_rank, f->rank, f->pid, f->code, clock_wall_ns()};
             tdrun_group_stop(g, SIGTERM);
             return TD_OK;
         }
@@ -381,8 +381,8 @@ td_status tdrun_group_monitor(tdrun_group *g, bool *failed, tdrun_exit *first, i
         }
         if (live_count(g) == 0) {
             /* Drain what the workers wrote last (bounded: a grandchild may hold a pipe open). */
-            int64_t deadline = td_deadline_after_ms(1000);
-            while (!td_deadline_passed(deadline)) {
+            int64_t deadline = deadline_after_ms(1000);
+            while (!deadline_passed(deadline)) {
                 bool open = false;
                 for (int i = 0; i < g->n; i++)
                     open |= g->w[i].s[OUT].fd >= 0 || g->w[i].s[ERR].fd >= 0;
@@ -403,8 +403,8 @@ void tdrun_group_stop(tdrun_group *g, int sig)
             g->w[i].stopped = true;
             kill(-g->w[i].pid, sig);
         }
-    int64_t deadline = td_deadline_after_ms(g->o->term_timeout_ms);
-    while (live_count(g) > 0 && !td_deadline_passed(deadline)) {
+    int64_t deadline = deadline_after_ms(g->o->term_timeout_ms);
+    while (live_count(g) > 0 && !deadline_passed(deadline)) {
         poll_once(g, g_sigfd, 20);
         reap(g);
     }
@@ -439,7 +439,7 @@ void tdrun_group_free(tdrun_group *g)
                 close(s->fd);
             if (s->log_fd >= 0)
                 close(s->log_fd);
-            td_buf_free(&s->line);
+            buf_free(&s->line);
         }
     free(g->w);
     free(g);

@@ -100,10 +100,10 @@ static inline td_status check_types(td_coll_kind kind, td_dtype dtype, td_reduce
                                     MPI_Op *mop)
 {
     if ((*dt = mpi_datatype(dtype)) == MPI_DATATYPE_NULL)
-        return td_error(TD_ERR_UNSUPPORTED, "the mpi backend has no MPI datatype for %s in this MPI",
+        return error_fmt(TD_ERR_UNSUPPORTED, "the mpi backend has no MPI datatype for %s in this MPI",
                         td_dtype_name(dtype));
     if (td_coll_kind_reduces(kind) && (*mop = mpi_reduce_op(op, dtype)) == MPI_OP_NULL)
-        return td_error(TD_ERR_UNSUPPORTED, "the mpi backend cannot reduce %s with %s", td_dtype_name(dtype),
+        return error_fmt(TD_ERR_UNSUPPORTED, "the mpi backend cannot reduce %s with %s", td_dtype_name(dtype),
                         td_reduce_op_name(op));
     return TD_OK;
 }
@@ -139,7 +139,7 @@ static td_status make_comm(mpi_group *g, const td_backend_args *a)
     MPI_Comm_rank(MPI_COMM_WORLD, &wrank);
     mpi_leave();
     MPI_Comm from = parent ? parent->comm : MPI_COMM_WORLD;
-    int *ranks = td_malloc((size_t)a->size * sizeof(int));
+    int *ranks = alloc_or_die((size_t)a->size * sizeof(int));
     bool identity = !parent && a->size == wsize;
     for (int i = 0; i < a->size; i++) {
         int r = -1;
@@ -152,7 +152,7 @@ static td_status make_comm(mpi_group *g, const td_backend_args *a)
         }
         if (r < 0) {
             free(ranks);
-            return td_error(TD_ERR_INVALID, "mpi backend: global rank %d of group %s is not a rank of %s",
+            return error_fmt(TD_ERR_INVALID, "mpi backend: global rank %d of group %s is not a rank of %s",
                             a->global_ranks[i], a->group_name, parent ? "its parent group" : "MPI_COMM_WORLD");
         }
         ranks[i] = r;
@@ -161,7 +161,7 @@ static td_status make_comm(mpi_group *g, const td_backend_args *a)
     if (!parent && ranks[a->rank] != wrank) {
         int want = ranks[a->rank];
         free(ranks);
-        return td_error(TD_ERR_INVALID,
+        return error_fmt(TD_ERR_INVALID,
                         "mpi backend: group %s puts this process at global rank %d, but it is rank %d of "
                         "MPI_COMM_WORLD; an mpi group made from a group of another backend needs that group's "
                         "ranks to be the MPI ranks",
@@ -196,13 +196,13 @@ static td_status make_comm(mpi_group *g, const td_backend_args *a)
     mpi_leave();
     free(ranks);
     if (rc != MPI_SUCCESS) {
-        char *ctx = td_asprintf("mpi backend: making the communicator of group %s: %s", a->group_name, what);
+        char *ctx = alloc_printf("mpi backend: making the communicator of group %s: %s", a->group_name, what);
         td_status st = mpi_error(rc, ctx);
         free(ctx);
         return st;
     }
     if (crank != a->rank || csize != a->size)
-        return td_error(TD_ERR_INTERNAL, "mpi backend: the communicator of group %s has rank %d of %d, expected %d of %d",
+        return error_fmt(TD_ERR_INTERNAL, "mpi backend: the communicator of group %s has rank %d of %d, expected %d of %d",
                         a->group_name, crank, csize, a->rank, a->size);
     return TD_OK;
 }
@@ -211,7 +211,7 @@ static td_status read_config(mpi_group *g)
 {
     static const char *const modes[] = {"blocking", "nonblocking", NULL};
     int mode = 0;
-    TD_TRY(td_env_enum("TDIST_MPI_COLLECTIVES", modes, 0, &mode));
+    TD_TRY(env_get_enum("TDIST_MPI_COLLECTIVES", modes, 0, &mode));
     /* Below MPI_THREAD_MULTIPLE too: a blocking call then holds the serializing lock until the
      * peers arrive (the progress thread waits meanwhile; MPI progresses the posted sends and
      * receives inside the call), and TD_BACKEND_CAP_ASYNC_ON_CALLER keeps the collectives of all
@@ -219,7 +219,7 @@ static td_status read_config(mpi_group *g)
      * nonblocking one. */
     g->blocking = mode == 0;
     int64_t us = DEFAULT_SPIN_US;
-    TD_TRY(td_env_int("TDIST_MPI_SPIN_US", DEFAULT_SPIN_US, 0, 1000000, &us));
+    TD_TRY(env_get_int("TDIST_MPI_SPIN_US", DEFAULT_SPIN_US, 0, 1000000, &us));
     g->spin_ns = us * 1000;
     return TD_OK;
 }
@@ -245,9 +245,9 @@ static td_status create_group(const td_backend_args *a, void **state)
     g->comm = MPI_COMM_NULL;
     g->rank = a->rank;
     g->size = a->size;
-    g->global_ranks = td_malloc((size_t)a->size * sizeof(int));
+    g->global_ranks = alloc_or_die((size_t)a->size * sizeof(int));
     memcpy(g->global_ranks, a->global_ranks, (size_t)a->size * sizeof(int));
-    td_mutex_init(&g->mu);
+    thread_mutex_init(&g->mu);
     g->tag_ub = 32767; /* the least MPI promises */
     td_status st = read_config(g);
     if (st == TD_OK)
@@ -275,7 +275,7 @@ static td_status mpi_create(const td_backend_args *args, void **state)
         TD_TRY(mpi_world(args->world_rank, args->world_size));
         world_args.rank = *args->world_rank;
         world_args.size = *args->world_size;
-        identity = td_malloc((size_t)world_args.size * sizeof(int));
+        identity = alloc_or_die((size_t)world_args.size * sizeof(int));
         for (int i = 0; i < world_args.size; i++)
             identity[i] = i;
         world_args.global_ranks = identity;
@@ -338,7 +338,7 @@ static td_status finish(const td_coll *c, const mpi_op *op, int *sender)
         if (sender)
             *sender = op->status.MPI_SOURCE;
         if ((size_t)n != c->count)
-            return td_error(TD_ERR_INVALID,
+            return error_fmt(TD_ERR_INVALID,
                             "mpi backend: rank %d sent %d %s elements (tag %d), but the receive expects %zu",
                             op->status.MPI_SOURCE, n, td_dtype_name(c->dtype), c->tag, c->count);
         return TD_OK;
@@ -380,7 +380,7 @@ void mpi_op_complete(mpi_op *op)
     td_status st;
     if (op->status.MPI_ERROR != MPI_SUCCESS) {
         const td_coll *c = &op->coll;
-        char *ctx = td_asprintf("mpi backend: %s #%llu", td_coll_kind_name(c->kind), (unsigned long long)c->seq);
+        char *ctx = alloc_printf("mpi backend: %s #%llu", td_coll_kind_name(c->kind), (unsigned long long)c->seq);
         st = mpi_error(op->status.MPI_ERROR, ctx);
         free(ctx);
     } else {
@@ -419,7 +419,7 @@ static bool overlaps(const void *a, size_t alen, const void *b, size_t blen)
 
 static td_status too_many(const td_coll *c, size_t n)
 {
-    return td_error(TD_ERR_UNSUPPORTED,
+    return error_fmt(TD_ERR_UNSUPPORTED,
                     "mpi backend: %s of %zu elements: MPI counts are ints, so one call moves at most %d elements",
                     td_coll_kind_name(c->kind), n, INT_MAX);
 }
@@ -427,7 +427,7 @@ static td_status too_many(const td_coll *c, size_t n)
 static td_status check_tag(const mpi_group *g, int tag)
 {
     if (tag > g->tag_ub)
-        return td_error(TD_ERR_INVALID, "mpi backend: tag %d is above this MPI's MPI_TAG_UB (%d)", tag, g->tag_ub);
+        return error_fmt(TD_ERR_INVALID, "mpi backend: tag %d is above this MPI's MPI_TAG_UB (%d)", tag, g->tag_ub);
     return TD_OK;
 }
 
@@ -441,7 +441,7 @@ __attribute__((always_inline)) static inline td_status post(mpi_group *g, const 
 {
     MPI_Comm comm = g->comm;
     MPI_Request *req = &op->req;
-    size_t es = td_dtype_size_of(c->dtype), bytes = c->count * es;
+    size_t es = dtype_size_of(c->dtype), bytes = c->count * es;
     int n = g->size, me = g->rank;
     int cnt = (int)c->count;
     if (!fits_int(c->count))
@@ -584,7 +584,7 @@ __attribute__((always_inline)) static inline td_status post(mpi_group *g, const 
     case TD_COLL_ALL_TO_ALL: {
         size_t need = 4 * (size_t)n;
         if (op->ints_cap < need) {
-            op->ints = td_realloc(op->ints, need * sizeof(int));
+            op->ints = alloc_resize(op->ints, need * sizeof(int));
             op->ints_cap = need;
         }
         int *scounts = op->ints, *sdispls = scounts + n, *rcounts = sdispls + n, *rdispls = rcounts + n;
@@ -626,10 +626,10 @@ __attribute__((always_inline)) static inline td_status post(mpi_group *g, const 
         mpi_leave();
         break;
     }
-    default: return td_error(TD_ERR_INTERNAL, "mpi backend: unknown collective kind %d", (int)c->kind);
+    default: return error_fmt(TD_ERR_INTERNAL, "mpi backend: unknown collective kind %d", (int)c->kind);
     }
     if (rc != MPI_SUCCESS) {
-        char *ctx = td_asprintf("mpi backend: %s #%llu: %s", td_coll_kind_name(c->kind), (unsigned long long)c->seq, what);
+        char *ctx = alloc_printf("mpi backend: %s #%llu: %s", td_coll_kind_name(c->kind), (unsigned long long)c->seq, what);
         st = mpi_error(rc, ctx);
         free(ctx);
         return st;
@@ -647,12 +647,12 @@ __attribute__((always_inline)) static inline td_status ready(mpi_group *g, const
 {
     if (atomic_load_explicit(&g->abort_seen, memory_order_acquire)) {
         pthread_mutex_lock(&g->mu);
-        td_status st = g->aborted ? td_error(g->abort_status, "%s", g->abort_msg) : TD_OK;
+        td_status st = g->aborted ? error_fmt(g->abort_status, "%s", g->abort_msg) : TD_OK;
         pthread_mutex_unlock(&g->mu);
         TD_TRY(st);
     }
     if (!mpi_on_mpi_thread()) {
-        char *what = td_asprintf("the %s", td_coll_kind_name(coll->kind));
+        char *what = alloc_printf("the %s", td_coll_kind_name(coll->kind));
         td_status st = mpi_check_thread(what);
         free(what);
         return st;
@@ -721,7 +721,7 @@ static td_status mpi_submit(void *state, const td_coll *coll, td_work *work)
     if (g->aborted) {
         atomic_store(&op->state, MPI_OP_ABORTED);
         td_status ast = g->abort_status;
-        char *msg = td_strdup(g->abort_msg);
+        char *msg = alloc_strdup(g->abort_msg);
         pthread_mutex_unlock(&g->mu);
         td_work_done(work, ast, -1, "%s", msg);
         free(msg);
@@ -736,7 +736,7 @@ static td_status mpi_submit(void *state, const td_coll *coll, td_work *work)
     pthread_mutex_unlock(&g->mu);
 
     /* A short operation finishes here, without handing it to another thread. */
-    int64_t until = td_now_ns() + g->spin_ns;
+    int64_t until = clock_now_ns() + g->spin_ns;
     do {
         int flag = 0;
         mpi_enter();
@@ -752,7 +752,7 @@ static td_status mpi_submit(void *state, const td_coll *coll, td_work *work)
             mpi_op_complete(op);
             return TD_OK;
         }
-    } while (atomic_load(&op->state) == MPI_OP_PENDING && td_now_ns() < until);
+    } while (atomic_load(&op->state) == MPI_OP_PENDING && clock_now_ns() < until);
     mpi_rt_track(op);
     return TD_OK;
 }
@@ -767,7 +767,7 @@ static void mpi_abort(void *state, td_status status, const char *message)
         g->aborted = true;
         atomic_store_explicit(&g->abort_seen, true, memory_order_release);
         g->abort_status = status == TD_OK ? TD_ERR_INTERNAL : status;
-        g->abort_msg = td_strdup(message ? message : "the mpi group was aborted");
+        g->abort_msg = alloc_strdup(message ? message : "the mpi group was aborted");
     }
     for (mpi_op *op = g->inflight; op;) {
         mpi_op *next = op->gnext;
@@ -778,14 +778,14 @@ static void mpi_abort(void *state, td_status status, const char *message)
         if (atomic_compare_exchange_strong(&op->state, &expect, MPI_OP_ABORTED)) {
             if (n == cap) {
                 cap = cap ? cap * 2 : 8;
-                works = td_realloc(works, cap * sizeof *works);
+                works = alloc_resize(works, cap * sizeof *works);
             }
             works[n++] = w;
         }
         op = next;
     }
     td_status st = g->abort_status;
-    char *msg = td_strdup(g->abort_msg);
+    char *msg = alloc_strdup(g->abort_msg);
     pthread_mutex_unlock(&g->mu);
     for (size_t i = 0; i < n; i++)
         td_work_done(works[i], st, -1, "%s", msg);
@@ -793,7 +793,7 @@ static void mpi_abort(void *state, td_status status, const char *message)
     free(msg);
 }
 
-const td_backend_ops td_backend_mpi_ops = {
+const td_backend_ops backend_mpi_ops = {
     .name = "mpi",
     .create = mpi_create,
     .submit = mpi_submit,

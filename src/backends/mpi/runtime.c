@@ -75,7 +75,7 @@ td_status mpi_check_thread(const char *what)
 {
     if (mpi_on_mpi_thread())
         return TD_OK;
-    return td_error(TD_ERR_INVALID,
+    return error_fmt(TD_ERR_INVALID,
                     "mpi backend: MPI provides %s, so tdist calls MPI only on the thread that initialized it, "
                     "and %s came from another thread: issue every operation of mpi groups on that thread, or "
                     "initialize MPI with MPI_THREAD_SERIALIZED or higher (TDIST_MPI_THREAD_LEVEL)",
@@ -113,14 +113,14 @@ char *mpi_error_text(int code, const char *what, td_status *status)
     case MPI_ERR_UNSUPPORTED_OPERATION: *status = TD_ERR_UNSUPPORTED; break;
     default: *status = TD_ERR_IO; break;
     }
-    return td_asprintf("%s failed: %s (MPI error class %d)", what, text, cls);
+    return alloc_printf("%s failed: %s (MPI error class %d)", what, text, cls);
 }
 
 td_status mpi_error(int code, const char *what)
 {
     td_status st;
     char *msg = mpi_error_text(code, what, &st);
-    td_error_set(st, msg);
+    error_set(st, msg);
     free(msg);
     return st;
 }
@@ -131,7 +131,7 @@ static td_status requested_level(int *level)
 {
     static const char *const names[] = {"single", "funneled", "serialized", "multiple", NULL};
     int idx = 3;
-    TD_TRY(td_env_enum("TDIST_MPI_THREAD_LEVEL", names, 3, &idx));
+    TD_TRY(env_get_enum("TDIST_MPI_THREAD_LEVEL", names, 3, &idx));
     static const int levels[] = {MPI_THREAD_SINGLE, MPI_THREAD_FUNNELED, MPI_THREAD_SERIALIZED, MPI_THREAD_MULTIPLE};
     *level = levels[idx];
     return TD_OK;
@@ -142,7 +142,7 @@ static td_status init_locked(void)
     int finalized = 0, initialized = 0;
     MPI_Finalized(&finalized);
     if (finalized)
-        return td_error(TD_ERR_CLOSED, "mpi backend: MPI has been finalized in this process; MPI cannot be "
+        return error_fmt(TD_ERR_CLOSED, "mpi backend: MPI has been finalized in this process; MPI cannot be "
                                        "initialized again");
     MPI_Initialized(&initialized);
     if (!initialized) {
@@ -161,7 +161,7 @@ static td_status init_locked(void)
         int is_main = 0;
         MPI_Is_thread_main(&is_main);
         if (!is_main)
-            return td_error(TD_ERR_UNSUPPORTED,
+            return error_fmt(TD_ERR_UNSUPPORTED,
                             "mpi backend: MPI provides %s, so only the thread that initialized MPI may call it, "
                             "and this is another thread: make the first mpi group on that thread, or initialize "
                             "MPI with MPI_THREAD_SERIALIZED or higher",
@@ -243,7 +243,7 @@ void *mpi_op_scratch(mpi_op *op, int i, size_t bytes)
         bytes = 1; /* a valid pointer even for empty blocks */
     if (bytes > op->scratch_cap[i]) {
         void *p = NULL;
-        if (td_try_aligned_alloc(64, bytes, "mpi backend scratch buffer", &p) != TD_OK)
+        if (alloc_try_aligned(64, bytes, "mpi backend scratch buffer", &p) != TD_OK)
             return NULL;
         free(op->scratch[i]);
         op->scratch[i] = p;
@@ -269,7 +269,7 @@ static bool g_running, g_stop;
 static pthread_t g_thread;
 static mpi_op *g_incoming;
 
-static void cv_init(void) { td_cond_init(&g_cv); }
+static void cv_init(void) { thread_cond_init(&g_cv); }
 
 typedef struct active_set {
     size_t n, cap;
@@ -284,11 +284,11 @@ static void active_add(active_set *a, mpi_op *op)
 {
     if (a->n == a->cap) {
         a->cap = a->cap ? a->cap * 2 : 64;
-        a->reqs = td_realloc(a->reqs, a->cap * sizeof *a->reqs);
-        a->ops = td_realloc(a->ops, a->cap * sizeof *a->ops);
-        a->idx = td_realloc(a->idx, a->cap * sizeof *a->idx);
-        a->sts = td_realloc(a->sts, a->cap * sizeof *a->sts);
-        a->cancelled = td_realloc(a->cancelled, a->cap * sizeof *a->cancelled);
+        a->reqs = alloc_resize(a->reqs, a->cap * sizeof *a->reqs);
+        a->ops = alloc_resize(a->ops, a->cap * sizeof *a->ops);
+        a->idx = alloc_resize(a->idx, a->cap * sizeof *a->idx);
+        a->sts = alloc_resize(a->sts, a->cap * sizeof *a->sts);
+        a->cancelled = alloc_resize(a->cancelled, a->cap * sizeof *a->cancelled);
     }
     a->reqs[a->n] = op->req;
     a->ops[a->n] = op;
@@ -353,7 +353,7 @@ static bool has_collective(const active_set *a)
 static int64_t poll_max_ns(void)
 {
     int64_t us = POLL_DEFAULT_MAX_US;
-    if (td_env_int("TDIST_MPI_POLL_MAX_US", POLL_DEFAULT_MAX_US, 0, 100000, &us) != TD_OK)
+    if (env_get_int("TDIST_MPI_POLL_MAX_US", POLL_DEFAULT_MAX_US, 0, 100000, &us) != TD_OK)
         us = POLL_DEFAULT_MAX_US;
     return us * 1000;
 }
@@ -424,7 +424,7 @@ static void *progress_main(void *arg)
 {
     (void)arg;
     active_set a = {0};
-    int64_t max_sleep = poll_max_ns(), sleep_ns = 0, last_done = td_now_ns();
+    int64_t max_sleep = poll_max_ns(), sleep_ns = 0, last_done = clock_now_ns();
     pthread_mutex_lock(&g_mu);
     for (;;) {
         while (g_incoming) {
@@ -432,7 +432,7 @@ static void *progress_main(void *arg)
             g_incoming = op->next;
             op->next = NULL;
             active_add(&a, op);
-            last_done = td_now_ns();
+            last_done = clock_now_ns();
         }
         if (g_stop || a.n == 0) {
             if (g_stop)
@@ -443,7 +443,7 @@ static void *progress_main(void *arg)
         pthread_mutex_unlock(&g_mu);
 
         int done = test_round(&a);
-        int64_t now = td_now_ns();
+        int64_t now = clock_now_ns();
         if (done > 0) {
             last_done = now;
             sleep_ns = 0;
@@ -460,7 +460,7 @@ static void *progress_main(void *arg)
         sleep_ns = sleep_ns ? sleep_ns * 2 : 2000;
         if (sleep_ns > max_sleep)
             sleep_ns = max_sleep;
-        td_cond_wait_until(&g_cv, &g_mu, now + sleep_ns);
+        thread_cond_wait_until(&g_cv, &g_mu, now + sleep_ns);
     }
     /* Stopping with requests still out (only aborted ones can be: every group is gone): keep them
      * for the next thread. */
@@ -482,7 +482,7 @@ static void stop_thread_locked_life(void)
     g_stop = true;
     pthread_cond_broadcast(&g_cv);
     pthread_mutex_unlock(&g_mu);
-    td_thread_join(g_thread);
+    thread_join(g_thread);
     pthread_mutex_lock(&g_mu);
     g_stop = false;
     g_running = false;
@@ -496,7 +496,7 @@ td_status mpi_rt_acquire(void)
     pthread_mutex_lock(&g_life_mu);
     td_status st = TD_OK;
     if (g_holds == 0 && !g_running && !mpi_funneled()) {
-        st = td_thread_start(&g_thread, "td-mpi-progress", progress_main, NULL);
+        st = thread_start(&g_thread, "td-mpi-progress", progress_main, NULL);
         g_running = st == TD_OK;
     }
     if (st == TD_OK)

@@ -68,7 +68,7 @@ static void types_init_once(void)
         for (int t = 0; t < UDT_TYPES && rc == MPI_SUCCESS; t++) {
             g_kernels[k][t] = td_reduce_kernel(uop_kind[k], udt_dtype[t]);
             if (!g_kernels[k][t]) {
-                g_init_status = td_error(TD_ERR_INTERNAL, "mpi backend: no reduce kernel for %s on %s",
+                g_init_status = error_fmt(TD_ERR_INTERNAL, "mpi backend: no reduce kernel for %s on %s",
                                          td_reduce_op_name(uop_kind[k]), td_dtype_name(udt_dtype[t]));
                 snprintf(g_init_msg, sizeof g_init_msg, "%s", td_last_error());
                 return;
@@ -87,7 +87,7 @@ static void types_init_once(void)
         for (int t = 0; t < TD_DTYPE_COUNT; t++)
             if (!reduce_op_lookup((td_reduce_op)k, (td_dtype)t, &mpi_ops[k][t]))
                 mpi_ops[k][t] = MPI_OP_NULL;
-    td_error_clear();
+    error_clear();
 }
 
 td_status mpi_types_init(void)
@@ -96,7 +96,7 @@ td_status mpi_types_init(void)
     pthread_once(&g_once, types_init_once);
     mpi_leave();
     if (g_init_status != TD_OK)
-        return td_error_set(g_init_status, g_init_msg);
+        return error_set(g_init_status, g_init_msg);
     return TD_OK;
 }
 

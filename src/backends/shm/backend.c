@@ -17,14 +17,14 @@
 static td_status shm_create(const td_backend_args *a, void **state)
 {
     td_coll_config cfg;
-    TD_TRY(td_coll_config_from_env(&cfg));
+    TD_TRY(coll_config_from_env(&cfg));
     td_shm_options o = {.setup = coll_transport_setup(a, "shm/")};
     td_transport *t;
-    TD_TRY(td_shm_transport_create(&o, &t));
-    return coll_group_create(t, &cfg, td_shm_coll_run, state);
+    TD_TRY(shm_transport_create(&o, &t));
+    return coll_group_create(t, &cfg, shm_coll_run, state);
 }
 
-const td_backend_ops td_backend_shm_ops = {
+const td_backend_ops backend_shm_ops = {
     .name = "shm",
     .create = shm_create,
     .submit = coll_group_submit,

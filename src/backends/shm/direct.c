@@ -1,7 +1,7 @@
 /* The shared-memory collectives (backends/shm/direct.h) over the shm transport's direct access
  * (transport/shm.h): each is a sequence of epochs in which ranks write their slots, raise their
  * arrival, and read the slots of the peers that arrived. Choice by size and world size here;
- * everything that has no direct algorithm goes to td_coll_run. */
+ * everything that has no direct algorithm goes to coll_execute. */
 #include "backends/shm/direct.h"
 
 #include <stdint.h>
@@ -49,11 +49,11 @@ static void desc_describe(uint64_t what, uint64_t count, char *out, size_t size)
         snprintf(out + n, size - (size_t)n, " (root %d)", root);
 }
 
-td_algo td_shm_coll_choose(const td_coll_ctx *c, const td_coll *op)
+td_algo shm_coll_choose(const td_coll_ctx *c, const td_coll *op)
 {
     td_algo forced = c->cfg.forced[op->kind];
     size_t bytes = op->count * td_dtype_size(op->dtype);
-    bool flat_ok = bytes <= td_shm_small_bytes(c->t);
+    bool flat_ok = bytes <= shm_small_bytes(c->t);
     if (forced != TD_ALGO_AUTO) {
         if (forced == TD_ALGO_SHM_FLAT && !flat_ok)
             return TD_ALGO_SHM; /* does not fit in the small slots */
@@ -71,7 +71,7 @@ td_algo td_shm_coll_choose(const td_coll_ctx *c, const td_coll *op)
     case TD_COLL_BARRIER:
         return TD_ALGO_SHM;
     default:
-        return td_coll_choose(c, op);
+        return coll_choose(c, op);
     }
 }
 
@@ -81,15 +81,15 @@ td_algo td_shm_coll_choose(const td_coll_ctx *c, const td_coll *op)
  * written two epochs ago (they arrived at the last one). */
 static td_status begin(srun *S, uint64_t *e, bool writes)
 {
-    *e = td_shm_epoch(S->t);
+    *e = shm_epoch(S->t);
     if (!writes)
         return TD_OK;
-    return td_shm_wait_arrival(S->t, -1, *e - 1, NULL, S->dl);
+    return shm_wait_arrival(S->t, -1, *e - 1, NULL, S->dl);
 }
 
-static td_status wait_peer(srun *S, int r, uint64_t e) { return td_shm_wait_arrival(S->t, r, e, &S->d, S->dl); }
-static td_status wait_all(srun *S, uint64_t e) { return td_shm_wait_arrival(S->t, -1, e, &S->d, S->dl); }
-static void arrive(srun *S, uint64_t e) { td_shm_arrive(S->t, e, &S->d); }
+static td_status wait_peer(srun *S, int r, uint64_t e) { return shm_wait_arrival(S->t, r, e, &S->d, S->dl); }
+static td_status wait_all(srun *S, uint64_t e) { return shm_wait_arrival(S->t, -1, e, &S->d, S->dl); }
+static void arrive(srun *S, uint64_t e) { shm_publish_arrival(S->t, e, &S->d); }
 
 /* This rank's contribution into a slot. */
 static td_status put_input(srun *S, char *dst, const void *src, size_t count)
@@ -104,7 +104,7 @@ static void reduce_all(srun *S, char *dst, uint64_t e, bool small, size_t off, s
 {
     if (!count)
         return;
-    char *(*slot)(td_transport *, int, uint64_t) = small ? td_shm_small : td_shm_slot;
+    char *(*slot)(td_transport *, int, uint64_t) = small ? shm_small : shm_slot;
     S->fn(dst, slot(S->t, 0, e) + off, slot(S->t, 1, e) + off, count);
     for (int q = 2; q < S->n; q++)
         S->fn(dst, dst, slot(S->t, q, e) + off, count);
@@ -126,7 +126,7 @@ static void slice_of(const srun *S, size_t cn, int q, size_t *lo, size_t *hi)
 
 static size_t chunk_elems(const srun *S, size_t per)
 {
-    size_t c = td_shm_slot_bytes(S->t) / (S->es * per);
+    size_t c = shm_slot_bytes(S->t) / (S->es * per);
     return c ? c : 1;
 }
 
@@ -139,7 +139,7 @@ static td_status reduce_flat(srun *S, int root)
     size_t count = S->op->count;
     uint64_t e;
     TD_TRY(begin(S, &e, true));
-    TD_TRY(put_input(S, td_shm_small(S->t, S->me, e), buf, count));
+    TD_TRY(put_input(S, shm_small(S->t, S->me, e), buf, count));
     arrive(S, e);
     if (root >= 0 && S->me != root)
         return TD_OK;
@@ -206,20 +206,20 @@ static td_status reduce_slices(srun *S, int root)
         TD_TRY(begin(S, &e, true));
         size_t lo, hi;
         slice_of(S, cn, S->me, &lo, &hi);
-        char *slot = td_shm_slot(S->t, S->me, e);
+        char *slot = shm_slot(S->t, S->me, e);
         TD_TRY(put_input(S, slot, in, lo));
         TD_TRY(put_input(S, slot + hi * es, in + hi * es, cn - hi));
         arrive(S, e);
         TD_TRY(wait_all(S, e));
         /* The reduced slice goes into the other slot (everyone is past the epoch that used it). */
-        char *dst = td_shm_slot(S->t, S->me, e + 1) + lo * es;
+        char *dst = shm_slot(S->t, S->me, e + 1) + lo * es;
         if (hi > lo) {
             const char *src[2];
             for (int q = 0; q < 2; q++)
-                src[q] = q == S->me ? in + lo * es : td_shm_slot(S->t, q, e) + lo * es;
+                src[q] = q == S->me ? in + lo * es : shm_slot(S->t, q, e) + lo * es;
             S->fn(dst, src[0], src[1], hi - lo);
             for (int q = 2; q < S->n; q++)
-                S->fn(dst, dst, q == S->me ? in + lo * es : td_shm_slot(S->t, q, e) + lo * es, hi - lo);
+                S->fn(dst, dst, q == S->me ? in + lo * es : shm_slot(S->t, q, e) + lo * es, hi - lo);
         }
         uint64_t e2;
         TD_TRY(begin(S, &e2, false));
@@ -231,7 +231,7 @@ static td_status reduce_slices(srun *S, int root)
                 if (q != S->me)
                     TD_TRY(wait_peer(S, q, e2));
                 if (hi > lo)
-                    copy_out(in + lo * es, td_shm_slot(S->t, q, e2) + lo * es, (hi - lo) * es, stream);
+                    copy_out(in + lo * es, shm_slot(S->t, q, e2) + lo * es, (hi - lo) * es, stream);
             }
         }
         off += cn;
@@ -253,13 +253,13 @@ static td_status broadcast(srun *S)
         TD_TRY(begin(S, &e, S->me == root));
         if (S->me == root) {
             if (cn)
-                memcpy(td_shm_slot(S->t, root, e), buf + off * es, cn * es);
+                memcpy(shm_slot(S->t, root, e), buf + off * es, cn * es);
             arrive(S, e);
         } else {
             arrive(S, e); /* done with the last chunk */
             TD_TRY(wait_peer(S, root, e));
             if (cn)
-                memcpy(buf + off * es, td_shm_slot(S->t, root, e), cn * es);
+                memcpy(buf + off * es, shm_slot(S->t, root, e), cn * es);
         }
         off += cn;
     } while (off < count);
@@ -280,14 +280,14 @@ static td_status gather(srun *S, int root)
         uint64_t e;
         TD_TRY(begin(S, &e, true));
         if (cn)
-            memcpy(td_shm_slot(S->t, S->me, e), in + off * es, cn * es);
+            memcpy(shm_slot(S->t, S->me, e), in + off * es, cn * es);
         arrive(S, e);
         if (reader) {
             for (int k = 1; k < S->n; k++) {
                 int q = (S->me + k) % S->n;
                 TD_TRY(wait_peer(S, q, e));
                 if (cn)
-                    memcpy((char *)out[q] + off * es, td_shm_slot(S->t, q, e), cn * es);
+                    memcpy((char *)out[q] + off * es, shm_slot(S->t, q, e), cn * es);
             }
         }
         off += cn;
@@ -308,7 +308,7 @@ static td_status scatter(srun *S)
         uint64_t e;
         TD_TRY(begin(S, &e, S->me == root));
         if (S->me == root) {
-            char *slot = td_shm_slot(S->t, root, e);
+            char *slot = shm_slot(S->t, root, e);
             for (int q = 0; q < n && cn; q++)
                 if (q != root)
                     memcpy(slot + (size_t)q * cn * es, (const char *)in[q] + off * es, cn * es);
@@ -317,7 +317,7 @@ static td_status scatter(srun *S)
             arrive(S, e);
             TD_TRY(wait_peer(S, root, e));
             if (cn)
-                memcpy(out + off * es, td_shm_slot(S->t, root, e) + (size_t)S->me * cn * es, cn * es);
+                memcpy(out + off * es, shm_slot(S->t, root, e) + (size_t)S->me * cn * es, cn * es);
         }
         off += cn;
     } while (off < count);
@@ -334,7 +334,7 @@ static td_status reduce_scatter(srun *S)
         size_t cn = count - off < chunk ? count - off : chunk;
         uint64_t e;
         TD_TRY(begin(S, &e, true));
-        char *slot = td_shm_slot(S->t, S->me, e);
+        char *slot = shm_slot(S->t, S->me, e);
         for (int q = 0; q < n; q++)
             TD_TRY(put_input(S, slot + (size_t)q * cn * es, COLL_AT(in[q], off * es), cn));
         arrive(S, e);
@@ -356,13 +356,13 @@ static td_status barrier(srun *S)
 
 /* ---- dispatch ---------------------------------------------------------------------------------- */
 
-td_status td_shm_coll_run(td_coll_ctx *c, const td_coll *op)
+td_status shm_coll_run(td_coll_ctx *c, const td_coll *op)
 {
-    td_algo a = c->size > 1 && td_transport_is_shm(c->t) ? td_shm_coll_choose(c, op) : TD_ALGO_AUTO;
+    td_algo a = c->size > 1 && transport_is_shm(c->t) ? shm_coll_choose(c, op) : TD_ALGO_AUTO;
     if (a != TD_ALGO_SHM && a != TD_ALGO_SHM_FLAT)
-        return td_coll_run(c, op, a);
-    if (!td_algo_supports(a, op->kind))
-        return td_coll_run(c, op, TD_ALGO_AUTO);
+        return coll_execute(c, op, a);
+    if (!coll_algo_supports(a, op->kind))
+        return coll_execute(c, op, TD_ALGO_AUTO);
     srun S = {
         .t = c->t,
         .op = op,
@@ -412,14 +412,14 @@ td_status td_shm_coll_run(td_coll_ctx *c, const td_coll *op)
         s = barrier(&S);
         break;
     default:
-        return td_coll_run(c, op, TD_ALGO_AUTO);
+        return coll_execute(c, op, TD_ALGO_AUTO);
     }
     if (s != TD_OK) {
         /* Waits that fail have aborted the transport already; a failing kernel has not. */
         char msg[TD_XFER_ERROR_MAX];
         snprintf(msg, sizeof msg, "%s", td_last_error());
-        td_transport_abort(c->t, s, msg);
-        td_error_set(s, msg);
+        transport_abort(c->t, s, msg);
+        error_set(s, msg);
     }
     return s;
 }

@@ -12,7 +12,7 @@
  *               shm: the writer copies into its slot, the readers copy out (chunked)
  *   reduce_scatter  shm: every rank copies its blocks into its slot; each reduces its own block
  *   barrier     shm: every rank raises its arrival and waits for everyone's
- * all_to_all and point-to-point messages go through the transport (td_coll_run).
+ * all_to_all and point-to-point messages go through the transport (coll_execute).
  *
  * Every element is reduced once, in an order that does not depend on which rank does it, so all
  * ranks get the same bits; the hot path allocates nothing. PREMUL_SUM's scaling is folded into the
@@ -23,10 +23,10 @@
 
 #include "coll/coll.h"
 
-/* The algorithm td_shm_coll_run uses for op: TD_ALGO_SHM, TD_ALGO_SHM_FLAT, or a transport
+/* The algorithm shm_coll_run uses for op: TD_ALGO_SHM, TD_ALGO_SHM_FLAT, or a transport
  * algorithm (forced through TDIST_ALGO, or for collectives that have no direct one). */
-td_algo td_shm_coll_choose(const td_coll_ctx *c, const td_coll *op);
+td_algo shm_coll_choose(const td_coll_ctx *c, const td_coll *op);
 /* Runs op (not SEND / RECV) on c, whose transport must be an shm transport. */
-td_status td_shm_coll_run(td_coll_ctx *c, const td_coll *op);
+td_status shm_coll_run(td_coll_ctx *c, const td_coll *op);
 
 #endif

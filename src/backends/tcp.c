@@ -24,7 +24,7 @@ static td_status tcp_create(const td_backend_args *a, void **state)
     td_tcp_options o = {.setup = coll_transport_setup(a, "tcp/")};
     td_transport *t;
     TD_TRY(tcp_transport_create(&o, &t));
-    return coll_group_create(t, &cfg, NULL, state);
+    return coll_group_create(t, &cfg, state);
 }
 
 const td_backend_ops backend_tcp_ops = {

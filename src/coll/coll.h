@@ -106,14 +106,12 @@ td_algo coll_choose(const td_coll_ctx *c, const td_coll *op);
  * callback. abort aborts the transport, so that the other ranks learn of a failure at once instead
  * of at their timeout. */
 
-/* A backend's own algorithms for one collective (shm's, over shared memory), tried instead of
- * coll_execute's; they fall back to coll_execute themselves. */
-typedef td_status (*coll_own_run)(td_coll_ctx *ctx, const td_coll *op);
-
 /* The set-up of the group's transport (its store, ranks, timeout, name) under key_prefix. */
 td_transport_setup coll_transport_setup(const td_backend_args *a, const char *key_prefix);
-/* The state of a group over t, which it takes (and destroys on failure too). own_run may be NULL. */
-td_status coll_group_create(td_transport *t, const td_coll_config *cfg, coll_own_run own_run, void **state);
+/* The state of a group over t, which it takes (and destroys on failure too). */
+td_status coll_group_create(td_transport *t, const td_coll_config *cfg, void **state);
+/* The group's collective context, for a backend that runs algorithms of its own on it (shm). */
+td_coll_ctx *coll_group_ctx(void *state);
 td_status coll_group_submit(void *state, const td_coll *c, td_work *work);
 void coll_group_abort(void *state, td_status status, const char *message);
 void coll_group_destroy(void *state);

@@ -282,7 +282,6 @@ typedef struct coll_group {
     td_transport *t;
     td_coll_ctx coll;
     td_p2p_pool p2p;
-    coll_own_run own_run; /* the backend's own algorithms (shm); NULL: those of coll_execute */
 } coll_group;
 
 td_transport_setup coll_transport_setup(const td_backend_args *a, const char *key_prefix)
@@ -299,11 +298,10 @@ td_transport_setup coll_transport_setup(const td_backend_args *a, const char *ke
     return g;
 }
 
-td_status coll_group_create(td_transport *t, const td_coll_config *cfg, coll_own_run own_run, void **state)
+td_status coll_group_create(td_transport *t, const td_coll_config *cfg, void **state)
 {
     coll_group *s = TD_NEW(coll_group);
     s->t = t;
-    s->own_run = own_run;
     p2p_pool_init(&s->p2p);
     td_status st = coll_ctx_init(&s->coll, t, cfg);
     if (st != TD_OK) {
@@ -330,8 +328,10 @@ td_status coll_group_submit(void *state, const td_coll *c, td_work *work)
     coll_group *s = state;
     if (c->kind == TD_COLL_SEND || c->kind == TD_COLL_RECV)
         return p2p_submit(&s->p2p, s->t, c, work);
-    return coll_finish(work, s->own_run ? s->own_run(&s->coll, c) : coll_execute(&s->coll, c, TD_ALGO_AUTO));
+    return coll_finish(work, coll_execute(&s->coll, c, TD_ALGO_AUTO));
 }
+
+td_coll_ctx *coll_group_ctx(void *state) { return &((coll_group *)state)->coll; }
 
 void coll_group_abort(void *state, td_status status, const char *message)
 {

@@ -9,9 +9,9 @@
 #include <tdist/backend.h>
 
 #include "backends/builtin.h"
+#include "backends/shm/direct.h"
 #include "base/error.h"
 #include "coll/coll.h"
-#include "backends/shm/direct.h"
 #include "transport/shm.h"
 
 static td_status shm_create(const td_backend_args *a, void **state)
@@ -21,13 +21,22 @@ static td_status shm_create(const td_backend_args *a, void **state)
     td_shm_options o = {.setup = coll_transport_setup(a, "shm/")};
     td_transport *t;
     TD_TRY(shm_transport_create(&o, &t));
-    return coll_group_create(t, &cfg, shm_coll_run, state);
+    return coll_group_create(t, &cfg, state);
+}
+
+/* Collectives go to the direct algorithms (which hand what they have no algorithm for to
+ * coll_execute); sends and receives to the group over the transport. */
+static td_status shm_submit(void *state, const td_coll *c, td_work *work)
+{
+    if (c->kind == TD_COLL_SEND || c->kind == TD_COLL_RECV)
+        return coll_group_submit(state, c, work);
+    return coll_finish(work, shm_coll_run(coll_group_ctx(state), c));
 }
 
 const td_backend_ops backend_shm_ops = {
     .name = "shm",
     .create = shm_create,
-    .submit = coll_group_submit,
+    .submit = shm_submit,
     .abort = coll_group_abort,
     .destroy = coll_group_destroy,
     .supports = NULL,

@@ -16,8 +16,8 @@
 #include "transport/shm.h"
 
 /* all_reduce and reduce up to this many bytes reduce every input on every rank (one step); above,
- * the slices (two steps per chunk) move and reduce less. Measured crossovers (bench/shm): 8 KiB
- * for 2 ranks, 1 KiB for 4 (every rank reads all n inputs, so the one step loses sooner). */
+ * the slices (two steps per chunk) move and reduce less. The crossover falls with the world size
+ * because every rank reads all n inputs in the one step (bench/shm measures it). */
 static size_t flat_max(int n) { return n <= 2 ? (size_t)8 << 10 : n == 3 ? (size_t)2 << 10 : (size_t)1 << 10; }
 /* From this size on, results are written around the caches (see copy_out). */
 #define STREAM_MIN ((size_t)16 << 20)

@@ -664,9 +664,9 @@ static int64_t spin_budget(shm_transport *t)
  * interrupt, the host preempting its CPU), and spinning a little longer would have saved the
  * sleep and the peer's doorbell. When the ranks have a core each, spinning takes nothing from
  * them, so a near miss keeps the full budget; otherwise a sleep of any length cuts it short
- * for exponentially more waits. Without this, one preemption put both ranks of a ping-pong into
- * a cycle of sleeps and doorbells (each wake-up late enough for the other to miss its short
- * spin): 8 B all_reduce at 2 ranks went from 0.45 to 1.5-3 us on a host with other tenants. */
+ * for exponentially more waits. Without this, one preemption puts both ranks of a ping-pong into
+ * a cycle of sleeps and doorbells, each wake-up late enough for the other to miss its short spin
+ * (docs/performance.md, "Collectives on one host", has the measurements). */
 #define NEAR_MISS 10
 static void spin_result(shm_transport *t, bool slept, int64_t start)
 {

@@ -271,8 +271,7 @@ static bool loop2_run(const loop2 *l, char *p0, char *p1, run_fn fn, void *ctx)
 
 /* Copies where the source is contiguous along a different dim than the destination (a transpose)
  * walk one of the two with a large stride whichever dim is inner. Visiting the plane of those two
- * dims in square tiles keeps the lines of both in cache: about 3x faster on a 4096^2 float32
- * transpose. */
+ * dims in square tiles keeps the lines of both in cache. */
 enum { TILE = 32 };
 
 static void loop2_run_tiled(const loop2 *l0, int src_inner, char *p0, char *p1, run_fn fn, void *ctx)

@@ -152,8 +152,8 @@ DEF_FLOAT_KERNELS(f32, float)
 DEF_FLOAT_KERNELS(f64, double)
 
 /* float16 on AVX2 machines converts with F16C (vcvtph2ps / vcvtps2ph, round to nearest even), which
- * gcc does not generate from half.h's bit manipulation: the baseline loop is compute-bound at a
- * few GB/s, this one runs at memory speed. It reads each block before writing it, so dst may be a
+ * gcc does not generate from half.h's bit manipulation: the baseline loop is compute-bound, this
+ * one runs at memory speed. It reads each block before writing it, so dst may be a
  * or b without separate loops; the tail uses the scalar conversion, which rounds the same way. */
 DEF_KERNEL_BASE(sum_f16, uint16_t, float, OP_HSUM)
 DEF_KERNEL_BASE(prod_f16, uint16_t, float, OP_HPROD)

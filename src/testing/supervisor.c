@@ -62,11 +62,11 @@ typedef struct rank_proc {
 } rank_proc;
 
 typedef struct sup {
-    td_test_case *c;
+    td_test_case *test_case;
     const char *name;
-    td_test_result *r;
+    td_test_result *result;
     rank_proc *ranks;
-    int n;
+    int nranks;
     pid_t pgid;
     bool quiet;
     td_buf log, output;
@@ -253,7 +253,7 @@ static bool poll_once(sup *s, int timeout_ms)
     struct pollfd pfd[64 * 3];
     int who[64 * 3];
     int n = 0;
-    for (int i = 0; i < s->n; i++)
+    for (int i = 0; i < s->nranks; i++)
         for (int k = 0; k < 3; k++)
             if (s->ranks[i].fds[k] >= 0) {
                 pfd[n] = (struct pollfd){.fd = s->ranks[i].fds[k], .events = POLLIN};
@@ -278,7 +278,7 @@ static bool poll_once(sup *s, int timeout_ms)
 
 static void reap(sup *s, bool block)
 {
-    for (int i = 0; i < s->n; i++) {
+    for (int i = 0; i < s->nranks; i++) {
         rank_proc *p = &s->ranks[i];
         if (p->exited || p->pid <= 0)
             continue;
@@ -299,7 +299,7 @@ static void reap(sup *s, bool block)
 
 static bool all_exited(const sup *s)
 {
-    for (int i = 0; i < s->n; i++)
+    for (int i = 0; i < s->nranks; i++)
         if (!s->ranks[i].exited)
             return false;
     return true;
@@ -307,7 +307,7 @@ static bool all_exited(const sup *s)
 
 static void signal_remaining(sup *s, int sig, bool mark)
 {
-    for (int i = 0; i < s->n; i++) {
+    for (int i = 0; i < s->nranks; i++) {
         rank_proc *p = &s->ranks[i];
         if (p->exited || p->pid <= 0)
             continue;
@@ -340,7 +340,7 @@ static void finish(sup *s, int64_t grace_ms)
     int64_t drain_deadline = clock_now_ns() + 1000 * 1000000LL;
     while (clock_now_ns() < drain_deadline && poll_once(s, 20)) {
     }
-    for (int i = 0; i < s->n; i++)
+    for (int i = 0; i < s->nranks; i++)
         for (int k = 0; k < 3; k++)
             close_fd(s, &s->ranks[i], k);
 }
@@ -383,7 +383,7 @@ static td_status spawn_rank(sup *s, rank_proc *p, const char *dir, char **envp_b
 
     char rank_s[16], world_s[16], ctl_s[16];
     snprintf(rank_s, sizeof rank_s, "%d", p->rank);
-    snprintf(world_s, sizeof world_s, "%d", harness_world_size(s->c));
+    snprintf(world_s, sizeof world_s, "%d", harness_world_size(s->test_case));
     snprintf(ctl_s, sizeof ctl_s, "%d", sv[1]);
     char exe[4096];
     ssize_t en = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -398,9 +398,9 @@ static td_status spawn_rank(sup *s, rank_proc *p, const char *dir, char **envp_b
         envp[k++] = envp_base[i];
     char *own[6] = {NULL};
     int no = 0;
-    if (!s->c->threads)
+    if (!s->test_case->threads)
         own[no++] = alloc_printf("RANK=%d", p->rank);
-    own[no++] = alloc_printf("WORLD_SIZE=%d", harness_world_size(s->c));
+    own[no++] = alloc_printf("WORLD_SIZE=%d", harness_world_size(s->test_case));
     own[no++] = alloc_printf("TEMP_DIR=%s", dir);
     own[no++] = alloc_printf("TMPDIR=%s", dir);
     own[no++] = alloc_printf("MASTER_ADDR=127.0.0.1");
@@ -476,7 +476,7 @@ fail:
 static void collect_tracebacks(sup *s)
 {
     int64_t wait_ms = clamp_ms(s->timeout_ms / 2, 1000, 5000);
-    for (int i = 0; i < s->n; i++) {
+    for (int i = 0; i < s->nranks; i++) {
         rank_proc *p = &s->ranks[i];
         if (p->exited)
             continue;
@@ -498,7 +498,7 @@ static void collect_tracebacks(sup *s)
     int64_t deadline = clock_now_ns() + wait_ms * 1000000;
     for (;;) {
         bool waiting = false;
-        for (int i = 0; i < s->n; i++) {
+        for (int i = 0; i < s->nranks; i++) {
             rank_proc *p = &s->ranks[i];
             if (p->tb_asked && !p->traceback && p->fds[0] >= 0)
                 waiting = true;
@@ -508,7 +508,7 @@ static void collect_tracebacks(sup *s)
         poll_once(s, 50);
         reap(s, false);
     }
-    for (int i = 0; i < s->n; i++) {
+    for (int i = 0; i < s->nranks; i++) {
         rank_proc *p = &s->ranks[i];
         if (!p->tb_asked)
             continue;
@@ -532,21 +532,21 @@ static void set_verdict(td_test_result *r, td_test_verdict v, char *message)
 
 static void check_no_test_errors(sup *s, const char *elapsed)
 {
-    for (int i = 0; i < s->n; i++) {
-        int code = s->r->exit_codes[i];
+    for (int i = 0; i < s->nranks; i++) {
+        int code = s->result->exit_codes[i];
         if (code == TD_TEST_NOT_EXITED) {
-            set_verdict(s->r, TD_TEST_FAIL, alloc_printf("Process %d timed out after %s seconds", i, elapsed));
+            set_verdict(s->result, TD_TEST_FAIL, alloc_printf("Process %d timed out after %s seconds", i, elapsed));
             return;
         }
         if (code == TD_TEST_ERROR_EXIT_CODE) {
             rank_proc *p = &s->ranks[i];
-            set_verdict(s->r, TD_TEST_FAIL,
+            set_verdict(s->result, TD_TEST_FAIL,
                         alloc_printf("10 == 10 : Process %d exited with error code 10 and exception:\n%s\n", i,
                                     p->error ? p->error : ""));
             return;
         }
     }
-    set_verdict(s->r, TD_TEST_PASS, NULL);
+    set_verdict(s->result, TD_TEST_PASS, NULL);
 }
 
 static int first_pending_thread(const rank_proc *p)
@@ -560,18 +560,18 @@ static int first_pending_thread(const rank_proc *p)
 
 static void check_return_codes(sup *s, const char *elapsed)
 {
-    td_test_result *r = s->r;
-    if (s->n == 0) {
+    td_test_result *r = s->result;
+    if (s->nranks == 0) {
         slog(s, "Note: no subprocesses were spawned, test was likely skipped.");
         set_verdict(r, TD_TEST_PASS, NULL);
         return;
     }
     td_buf err = TD_BUF_INIT;
-    for (int i = 0; i < s->n; i++) {
+    for (int i = 0; i < s->nranks; i++) {
         if (r->exit_codes[i] != TD_TEST_ERROR_EXIT_CODE)
             continue;
         const rank_proc *p = &s->ranks[i];
-        if (s->c->threads && p->error)
+        if (s->test_case->threads && p->error)
             buf_append(&err, p->error, p->error_len); /* already "Thread R exited with ..." */
         else
             buf_printf(&err, "Process %d exited with error code 10 and exception:\n%s\n", i,
@@ -583,10 +583,10 @@ static void check_return_codes(sup *s, const char *elapsed)
     }
     buf_free(&err);
     int c0 = r->exit_codes[0];
-    for (int i = 0; i < s->n; i++) {
+    for (int i = 0; i < s->nranks; i++) {
         int ci = r->exit_codes[i];
         if (ci == TD_TEST_NOT_EXITED) {
-            int t = s->c->threads ? first_pending_thread(&s->ranks[i]) : -1;
+            int t = s->test_case->threads ? first_pending_thread(&s->ranks[i]) : -1;
             if (t >= 0) {
                 char tmo[64];
                 pyfmt_seconds_ms(s->timeout_ms, tmo, sizeof tmo);
@@ -688,7 +688,7 @@ static char *leftover_shm(sup *s)
     td_buf list = TD_BUF_INIT;
     struct dirent *e;
     while ((e = readdir(d))) {
-        for (int i = 0; i < s->n; i++) {
+        for (int i = 0; i < s->nranks; i++) {
             char prefix[48];
             int n = snprintf(prefix, sizeof prefix, "tdist.%d.", (int)s->ranks[i].pid);
             if (s->ranks[i].pid > 0 && strncmp(e->d_name, prefix, (size_t)n) == 0) {
@@ -783,7 +783,7 @@ void harness_supervise(td_test_case *c, const char *param, const char *instance,
     memset(r, 0, sizeof *r);
     r->message = alloc_strdup("");
     int64_t t0 = clock_now_ns();
-    sup s = {.c = c, .name = instance, .r = r, .log = TD_BUF_INIT, .output = TD_BUF_INIT};
+    sup s = {.test_case = c, .name = instance, .result = r, .log = TD_BUF_INIT, .output = TD_BUF_INIT};
     bool quiet = false;
     env_get_bool("TDIST_TEST_QUIET", false, &quiet);
     s.quiet = quiet;
@@ -809,9 +809,9 @@ void harness_supervise(td_test_case *c, const char *param, const char *instance,
         set_verdict(r, TD_TEST_FAIL, alloc_strdup(td_last_error()));
         goto out;
     }
-    s.n = c->threads ? 1 : ws;
-    s.ranks = alloc_zeroed((size_t)s.n, sizeof *s.ranks);
-    for (int i = 0; i < s.n; i++) {
+    s.nranks = c->threads ? 1 : ws;
+    s.ranks = alloc_zeroed((size_t)s.nranks, sizeof *s.ranks);
+    for (int i = 0; i < s.nranks; i++) {
         s.ranks[i].rank = i;
         s.ranks[i].fds[0] = s.ranks[i].fds[1] = s.ranks[i].fds[2] = -1;
     }
@@ -828,7 +828,7 @@ void harness_supervise(td_test_case *c, const char *param, const char *instance,
     fflush(stderr);
     s.start_ns = clock_now_ns();
     char *spawn_error = NULL;
-    for (int i = 0; i < s.n; i++) {
+    for (int i = 0; i < s.nranks; i++) {
         if (spawn_rank(&s, &s.ranks[i], dir, envp, k) != TD_OK) {
             spawn_error = alloc_printf("Could not start process %d: %s", i, td_last_error());
             break;
@@ -850,7 +850,7 @@ void harness_supervise(td_test_case *c, const char *param, const char *instance,
             poll_once(&s, 100);
             reap(&s, false);
             int err_rank = -1;
-            for (int i = 0; i < s.n && err_rank < 0; i++)
+            for (int i = 0; i < s.nranks && err_rank < 0; i++)
                 if (s.ranks[i].exited && s.ranks[i].code == TD_TEST_ERROR_EXIT_CODE)
                     err_rank = i;
             if (err_rank >= 0 && !all_exited(&s)) {
@@ -862,7 +862,7 @@ void harness_supervise(td_test_case *c, const char *param, const char *instance,
             if (all_exited(&s))
                 break;
             if (!c->skip_return_code_check && trigger < 0) {
-                for (int i = 0; i < s.n && trigger < 0; i++) {
+                for (int i = 0; i < s.nranks && trigger < 0; i++) {
                     const rank_proc *p = &s.ranks[i];
                     if (p->exited && p->code != 0 && !td_skip_message(p->code)) {
                         trigger = i;
@@ -890,7 +890,7 @@ void harness_supervise(td_test_case *c, const char *param, const char *instance,
     pyfmt_float((double)(clock_now_ns() - s.start_ns) / 1e9, elapsed, sizeof elapsed);
     finish(&s, grace_ms);
 
-    for (int i = 0; i < s.n; i++) {
+    for (int i = 0; i < s.nranks; i++) {
         const rank_proc *p = &s.ranks[i];
         bool by_us = p->killed && (p->code == -SIGTERM || p->code == -SIGKILL);
         r->exit_codes[i] = by_us ? TD_TEST_NOT_EXITED : p->code;
@@ -921,7 +921,7 @@ void harness_supervise(td_test_case *c, const char *param, const char *instance,
     }
     remove_tree(dir);
     free(dir);
-    for (int i = 0; i < s.n; i++) {
+    for (int i = 0; i < s.nranks; i++) {
         rank_proc *p = &s.ranks[i];
         buf_free(&p->ctl_in);
         buf_free(&p->line[0]);

@@ -43,9 +43,9 @@ typedef struct hook {
 
 static struct {
     pthread_mutex_t lock;
-    td_test_case *c;
+    td_test_case *test_case;
     rank_thread *ranks;
-    int n;
+    int nranks;
     atomic_bool aborted;
     TD_VEC(outcome) outcomes; /* in the order they happened */
     TD_VEC(hook) hooks;
@@ -130,7 +130,7 @@ bool harness_threaded_pending(td_buf *out)
 {
     pthread_mutex_lock(&g_thr.lock);
     bool threaded = g_thr.ranks != NULL;
-    for (int i = 0; threaded && i < g_thr.n; i++)
+    for (int i = 0; threaded && i < g_thr.nranks; i++)
         if (!atomic_load(&g_thr.ranks[i].finished))
             buf_printf(out, "%s%d", out->len ? " " : "", i);
     pthread_mutex_unlock(&g_thr.lock);
@@ -144,7 +144,7 @@ static void *rank_main(void *arg)
     stacks_set_thread_rank(self->ctx.rank);
     log_set_rank(self->ctx.rank);
     if (setjmp(self->unwind) == 0)
-        g_thr.c->fn(&self->ctx);
+        g_thr.test_case->fn(&self->ctx);
     tl_self = NULL;
     atomic_store(&self->finished, true);
     return NULL;
@@ -157,8 +157,8 @@ int harness_threaded_main(td_test_case *c, const td_test_ctx *proto, int ctl_fd)
     td_leak_snapshot before = {0};
     if (!c->no_leak_check)
         leak_snapshot_take(&before);
-    g_thr.c = c;
-    g_thr.n = n;
+    g_thr.test_case = c;
+    g_thr.nranks = n;
     rank_thread *ranks = alloc_zeroed((size_t)n, sizeof *ranks);
     int started = 0;
     for (int i = 0; i < n; i++) {

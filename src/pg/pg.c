@@ -165,10 +165,11 @@ static void local_work_end(td_work *w)
 
 /* The same as work_recycle_locked, without the lock when the spare slot is free; a work on its
  * caller's stack is only emptied. */
-static void work_recycle(td_pg *pg, td_work *w)
+static inline void work_recycle(td_pg *pg, td_work *w)
 {
     if (w->on_stack) {
-        local_work_end(w);
+        if (w->copies.items || w->result || w->future) /* a blocking in-place call holds none */
+            local_work_end(w);
         return;
     }
     work_release_refs(w);
@@ -442,10 +443,13 @@ static td_status finish_avg(td_work *w, char **message)
     return st;
 }
 
-/* The pg_sync of the blocking call whose submit this thread is running (pg_run_on_caller). */
-static __thread pg_sync *submitting_sync;
+/* The pg_sync of the blocking call whose submit this thread is running (pg_run_on_caller). The
+ * initial-exec model reads it at a fixed offset from the thread pointer, where the default model of
+ * a shared library calls __tls_get_addr on every access (three per call). */
+static __thread pg_sync *submitting_sync __attribute__((tls_model("initial-exec")));
 
-void pg_work_finish(td_work *w, td_status status, int sender, char *message)
+/* pg_work_finish's general case. */
+__attribute__((noinline)) static void work_finish(td_work *w, td_status status, int sender, char *message)
 {
     td_pg *pg = w->pg;
     pg_sync *sync = w->sync;
@@ -526,30 +530,53 @@ void pg_work_finish(td_work *w, td_status status, int sender, char *message)
     pthread_mutex_unlock(&pg->mu);
 }
 
+/* Kept small, so that the common case (see the first test) pays for no more than its tests: the
+ * rest is work_finish. */
+void pg_work_finish(td_work *w, td_status status, int sender, char *message)
+{
+    /* A blocking call completed within submit on its caller's thread, with nothing to do after the
+     * backend: w is on no list and nobody sleeps, so the caller only needs to learn it is done. */
+    pg_sync *sync = w->sync;
+    if (__builtin_expect(status == TD_OK && sync != NULL && sync == submitting_sync && w->copies.len == 0 &&
+                             w->reduce_op.kind != TD_AVG && !pg_traced(w->pg), 1)) {
+        atomic_store_explicit(&sync->done, true, memory_order_release);
+        return;
+    }
+    work_finish(w, status, sender, message);
+}
+
+/* td_work_done's failure: the message from fmt (else the thread's last error), with the
+ * watchdog's line in front of a timeout. */
+__attribute__((noinline)) static void work_failed(td_work *w, td_status status, int sender, const char *fmt,
+                                                  va_list ap)
+{
+    char *msg = NULL;
+    if (fmt && vasprintf(&msg, fmt, ap) < 0)
+        msg = NULL;
+    if (!msg)
+        msg = alloc_strdup(td_last_error()[0] ? td_last_error() : "unknown error");
+    if (status == TD_ERR_TIMEOUT && !strstr(msg, "Watchdog caught")) {
+        char *line = watchdog_message(w);
+        char *full = alloc_printf("%s Cause: %s", line, msg);
+        free(line);
+        free(msg);
+        msg = full;
+    }
+    work_finish(w, status, sender, msg);
+}
+
 void td_work_done(td_work *w, td_status status, int sender, const char *fmt, ...)
 {
     if (!w)
         return;
-    char *msg = NULL;
-    if (status != TD_OK) {
-        if (fmt) {
-            va_list ap;
-            va_start(ap, fmt);
-            if (vasprintf(&msg, fmt, ap) < 0)
-                msg = NULL;
-            va_end(ap);
-        }
-        if (!msg)
-            msg = alloc_strdup(td_last_error()[0] ? td_last_error() : "unknown error");
-        if (status == TD_ERR_TIMEOUT && !strstr(msg, "Watchdog caught")) {
-            char *line = watchdog_message(w);
-            char *full = alloc_printf("%s Cause: %s", line, msg);
-            free(line);
-            free(msg);
-            msg = full;
-        }
+    if (__builtin_expect(status == TD_OK, 1)) {
+        pg_work_finish(w, TD_OK, sender, NULL);
+        return;
     }
-    pg_work_finish(w, status, sender, msg);
+    va_list ap;
+    va_start(ap, fmt);
+    work_failed(w, status, sender, fmt, ap);
+    va_end(ap);
 }
 
 void td_work_set_driver(td_work *w, bool (*drive)(void))
@@ -723,6 +750,31 @@ static void wait_on_caller(td_pg *pg, td_work *w, pg_sync *sync)
     pthread_mutex_unlock(&pg->mu);
 }
 
+/* pg_run_on_caller for an asynchronous call (or a send or receive): the work gets a future. */
+__attribute__((noinline)) static td_status run_on_caller_async(td_pg *pg, td_work *w, td_future **fut)
+{
+    stamp_work(pg, w, issue_time(pg));
+    td_future *f = td_future_retain(w->future = td_future_new());
+    pthread_mutex_lock(&pg->mu);
+    inflight_link_locked(pg, w);
+    pthread_mutex_unlock(&pg->mu);
+    pg_submit(pg, w);
+    pthread_mutex_lock(&pg->mu);
+    pg_release(pg);
+    /* Issued by other threads meanwhile (the worker waits for us), or still in flight after
+     * submit returned: the worker must watch its deadline. */
+    if (pg->qhead || !td_future_is_completed(f) || pg->stop)
+        pthread_cond_broadcast(&pg->cv);
+    pthread_mutex_unlock(&pg->mu);
+    if (fut) {
+        *fut = f;
+        return TD_OK;
+    }
+    td_status st = td_future_wait(f, 0);
+    td_future_release(f);
+    return st;
+}
+
 /* Hands w to the backend on the caller's thread, BUSY held (pg_issue claimed it on an idle,
  * healthy group): the worker would only take the operation, hand it over and hand the result
  * back, two thread switches that are most of a small operation's time. A blocking collective
@@ -732,28 +784,8 @@ static void wait_on_caller(td_pg *pg, td_work *w, pg_sync *sync)
 __attribute__((always_inline)) static inline td_status pg_run_on_caller(td_pg *pg, td_work *w, td_future **fut)
 {
     pg_number(pg, w);
-    if (__builtin_expect(fut != NULL || w->is_p2p, 0)) {
-        stamp_work(pg, w, issue_time(pg));
-        td_future *f = td_future_retain(w->future = td_future_new());
-        pthread_mutex_lock(&pg->mu);
-        inflight_link_locked(pg, w);
-        pthread_mutex_unlock(&pg->mu);
-        pg_submit(pg, w);
-        pthread_mutex_lock(&pg->mu);
-        pg_release(pg);
-        /* Issued by other threads meanwhile (the worker waits for us), or still in flight after
-         * submit returned: the worker must watch its deadline. */
-        if (pg->qhead || !td_future_is_completed(f) || pg->stop)
-            pthread_cond_broadcast(&pg->cv);
-        pthread_mutex_unlock(&pg->mu);
-        if (fut) {
-            *fut = f;
-            return TD_OK;
-        }
-        td_status st = td_future_wait(f, 0);
-        td_future_release(f);
-        return st;
-    }
+    if (__builtin_expect(fut != NULL || w->is_p2p, 0))
+        return run_on_caller_async(pg, w, fut);
     if (!(pg->caps & TD_BACKEND_CAP_NO_DEADLINE) || pg_traced(pg))
         stamp_work(pg, w, issue_time(pg));
     pg_sync sync = {.status = TD_OK};
@@ -789,12 +821,10 @@ static td_future *enqueue_locked(td_pg *pg, td_work *w, int64_t now)
     return f;
 }
 
-td_status pg_issue(td_pg *pg, td_work **ws, int n, td_future **futs)
+/* pg_issue's other cases: several operations, a busy group, or a backend that wants the worker. */
+__attribute__((noinline)) static td_status issue_queued(td_pg *pg, td_work **ws, int n, td_future **futs,
+                                                        bool on_caller)
 {
-    unsigned need = futs ? TD_BACKEND_CAP_CALLER_THREAD | TD_BACKEND_CAP_ASYNC_ON_CALLER : TD_BACKEND_CAP_CALLER_THREAD;
-    bool on_caller = (pg->caps & need) == need;
-    if (n == 1 && on_caller && pg_claim(pg, PG_GATE_QUEUED | PG_GATE_CLOSED))
-        return pg_run_on_caller(pg, ws[0], futs);
     td_future *local[8];
     td_future **fs = futs ? futs : (n <= 8 ? local : alloc_zeroed((size_t)n, sizeof *fs));
     int i = 0;
@@ -838,6 +868,15 @@ td_status pg_issue(td_pg *pg, td_work **ws, int n, td_future **futs)
     if (fs != local)
         free(fs);
     return st;
+}
+
+td_status pg_issue(td_pg *pg, td_work **ws, int n, td_future **futs)
+{
+    unsigned need = futs ? TD_BACKEND_CAP_CALLER_THREAD | TD_BACKEND_CAP_ASYNC_ON_CALLER : TD_BACKEND_CAP_CALLER_THREAD;
+    bool on_caller = (pg->caps & need) == need;
+    if (n == 1 && on_caller && pg_claim(pg, PG_GATE_QUEUED | PG_GATE_CLOSED))
+        return pg_run_on_caller(pg, ws[0], futs);
+    return issue_queued(pg, ws, n, futs, on_caller);
 }
 
 /* The worker thread: hands queued works to the backend in order, aborts the backend once the group
@@ -1003,8 +1042,8 @@ static td_status pg_start_member(td_pg *pg, const td_backend_ops *ops, td_store 
     st = ops->create(&args, &pg->state);
     if (st != TD_OK) {
         executor_release();
-        if (rank < 0) /* no rank to name yet: the runtime's own message says what failed */
-            return st;
+        if (rank < 0) /* the runtime had no rank to give yet */
+            return error_prefix(st, "Creating process group %s (backend %s)", pg->name, ops->name);
         return error_prefix(st, "Creating process group %s (backend %s, rank %d of %d)", pg->name, ops->name,
                                rank, pg->size);
     }

@@ -547,8 +547,8 @@ void pg_work_finish(td_work *w, td_status status, int sender, char *message)
 
 /* td_work_done's failure: the message from fmt (else the thread's last error), with the
  * watchdog's line in front of a timeout. */
-__attribute__((noinline)) static void work_failed(td_work *w, td_status status, int sender, const char *fmt,
-                                                  va_list ap)
+__attribute__((noinline, format(printf, 4, 0))) static void work_failed(td_work *w, td_status status, int sender,
+                                                                         const char *fmt, va_list ap)
 {
     char *msg = NULL;
     if (fmt && vasprintf(&msg, fmt, ap) < 0)

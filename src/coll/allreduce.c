@@ -8,7 +8,7 @@
  * Determinism: floating-point results must be bit-identical on every rank. rd has both partners of
  * each exchange compute (lower rank's data) op (higher rank's data), so both hold the same bits;
  * ring and rhd reduce each element on exactly one rank and distribute that rank's result; tree
- * broadcasts the root's. All run on the pipelined engine (ring.c), so large exchanges overlap
+ * broadcasts the root's. All run on the pipelined engine (engine.c), so large exchanges overlap
  * reduction with transfer. */
 #include "coll/coll_impl.h"
 
@@ -34,85 +34,85 @@ static fold fold_plan(int rank, int size)
 static int real_rank(const fold *f, int newrank) { return newrank < f->rem ? newrank * 2 + 1 : newrank + f->rem; }
 
 /* Fold in: even ranks below 2*rem send everything to rank+1, which reduces it in. */
-static td_status fold_in(coll_run *R, const fold *f, char *buf, size_t count, char *slots)
+static td_status fold_in(coll_run *run, const fold *f, char *buf, size_t count, char *slots)
 {
-    if (R->rank >= 2 * f->rem)
+    if (run->rank >= 2 * f->rem)
         return TD_OK;
-    ring_step *st = coll_steps(R, 1);
-    if (R->rank % 2 == 0) {
+    ring_step *st = coll_steps(run, 1);
+    if (run->rank % 2 == 0) {
         st->send = buf;
         st->send_count = count;
         st->no_recv = true;
-        return coll_ring_run(R, st, 1, R->rank + 1, R->rank + 1, slots, COLL_PHASE(0));
+        return coll_ring_run(run, st, 1, run->rank + 1, run->rank + 1, slots, COLL_PHASE(0));
     }
     st->no_send = true;
     st->recv_count = count;
     st->red_in = buf;
     st->red_dst = buf;
     st->own_first = false; /* the lower rank's data first */
-    return coll_ring_run(R, st, 1, R->rank - 1, R->rank - 1, slots, COLL_PHASE(0));
+    return coll_ring_run(run, st, 1, run->rank - 1, run->rank - 1, slots, COLL_PHASE(0));
 }
 
 /* Fold out: the odd ranks send the result back. */
-static td_status fold_out(coll_run *R, const fold *f, char *buf, size_t count, char *slots)
+static td_status fold_out(coll_run *run, const fold *f, char *buf, size_t count, char *slots)
 {
-    if (R->rank >= 2 * f->rem)
+    if (run->rank >= 2 * f->rem)
         return TD_OK;
-    ring_step *st = coll_steps(R, 1);
-    if (R->rank % 2) {
+    ring_step *st = coll_steps(run, 1);
+    if (run->rank % 2) {
         st->send = buf;
         st->send_count = count;
         st->no_recv = true;
-        return coll_ring_run(R, st, 1, R->rank - 1, R->rank - 1, slots, COLL_PHASE(1));
+        return coll_ring_run(run, st, 1, run->rank - 1, run->rank - 1, slots, COLL_PHASE(1));
     }
     st->no_send = true;
     st->recv_direct = true;
     st->recv = buf;
     st->recv_count = count;
-    return coll_ring_run(R, st, 1, R->rank + 1, R->rank + 1, slots, COLL_PHASE(1));
+    return coll_ring_run(run, st, 1, run->rank + 1, run->rank + 1, slots, COLL_PHASE(1));
 }
 
-td_status coll_all_reduce_rd(coll_run *R)
+td_status coll_all_reduce_rd(coll_run *run)
 {
-    if (R->size == 1)
+    if (run->size == 1)
         return TD_OK;
-    char *buf = R->op->out;
-    size_t count = R->op->count;
-    fold f = fold_plan(R->rank, R->size);
+    char *buf = run->op->out;
+    size_t count = run->op->count;
+    fold f = fold_plan(run->rank, run->size);
     char *slots;
-    TD_TRY(coll_scratch(R, coll_ring_scratch(R, count), &slots));
-    TD_TRY(fold_in(R, &f, buf, count, slots));
+    TD_TRY(coll_scratch(run, coll_ring_scratch(run, count), &slots));
+    TD_TRY(fold_in(run, &f, buf, count, slots));
     if (f.newrank >= 0) {
         uint32_t phase = 2;
         for (int mask = 1; mask < f.p2; mask <<= 1) {
             int peer = real_rank(&f, f.newrank ^ mask);
-            ring_step *st = coll_steps(R, 1);
+            ring_step *st = coll_steps(run, 1);
             st->send = buf;
             st->send_count = count;
             st->recv_count = count;
             st->red_in = buf;
             st->red_dst = buf;
-            st->own_first = R->rank < peer;
+            st->own_first = run->rank < peer;
             st->send_is_dst = true;
-            TD_TRY(coll_ring_run(R, st, 1, peer, peer, slots, COLL_PHASE(phase++)));
+            TD_TRY(coll_ring_run(run, st, 1, peer, peer, slots, COLL_PHASE(phase++)));
         }
     }
-    return fold_out(R, &f, buf, count, slots);
+    return fold_out(run, &f, buf, count, slots);
 }
 
-td_status coll_all_reduce_ring(coll_run *R)
+td_status coll_all_reduce_ring(coll_run *run)
 {
-    int n = R->size, r = R->rank;
+    int n = run->size, r = run->rank;
     if (n == 1)
         return TD_OK;
-    char *buf = R->op->out;
-    size_t count = R->op->count, es = R->esize;
+    char *buf = run->op->out;
+    size_t count = run->op->count, es = run->esize;
     size_t base = count / (size_t)n, extra = count % (size_t)n;
 #define BCOUNT(b) (base + ((size_t)(b) < extra))
 #define BOFF(b) ((size_t)(b) * base + ((size_t)(b) < extra ? (size_t)(b) : extra))
     char *slots;
-    TD_TRY(coll_scratch(R, coll_ring_scratch(R, BCOUNT(0)), &slots));
-    ring_step *st = coll_steps(R, 2 * (size_t)(n - 1));
+    TD_TRY(coll_scratch(run, coll_ring_scratch(run, BCOUNT(0)), &slots));
+    ring_step *st = coll_steps(run, 2 * (size_t)(n - 1));
     for (int s = 0; s < n - 1; s++) {
         int sb = ((r - s) % n + n) % n, rb = ((r - s - 1) % n + n) % n;
         ring_step *x = &st[s];
@@ -133,19 +133,19 @@ td_status coll_all_reduce_ring(coll_run *R)
     }
 #undef BCOUNT
 #undef BOFF
-    return coll_ring_run(R, st, 2 * (n - 1), (r + 1) % n, (r - 1 + n) % n, slots, COLL_PHASE(0));
+    return coll_ring_run(run, st, 2 * (n - 1), (r + 1) % n, (r - 1 + n) % n, slots, COLL_PHASE(0));
 }
 
-td_status coll_all_reduce_rhd(coll_run *R)
+td_status coll_all_reduce_rhd(coll_run *run)
 {
-    if (R->size == 1)
+    if (run->size == 1)
         return TD_OK;
-    char *buf = R->op->out;
-    size_t count = R->op->count, es = R->esize;
-    fold f = fold_plan(R->rank, R->size);
+    char *buf = run->op->out;
+    size_t count = run->op->count, es = run->esize;
+    fold f = fold_plan(run->rank, run->size);
     char *slots;
-    TD_TRY(coll_scratch(R, coll_ring_scratch(R, count), &slots));
-    TD_TRY(fold_in(R, &f, buf, count, slots));
+    TD_TRY(coll_scratch(run, coll_ring_scratch(run, count), &slots));
+    TD_TRY(fold_in(run, &f, buf, count, slots));
     if (f.newrank >= 0) {
         size_t klo[32], khi[32], slo[32], shi[32];
         int peers[32];
@@ -163,14 +163,14 @@ td_status coll_all_reduce_rhd(coll_run *R)
             slo[levels] = low ? mid : lo;
             shi[levels] = low ? hi : mid;
             peers[levels] = peer;
-            ring_step *st = coll_steps(R, 1);
+            ring_step *st = coll_steps(run, 1);
             st->send = COLL_AT(buf, slo[levels] * es);
             st->send_count = shi[levels] - slo[levels];
             st->recv_count = khi[levels] - klo[levels];
             st->red_in = COLL_AT(buf, klo[levels] * es);
             st->red_dst = COLL_AT(buf, klo[levels] * es);
-            st->own_first = R->rank < peer;
-            TD_TRY(coll_ring_run(R, st, 1, peer, peer, slots, COLL_PHASE(phase++)));
+            st->own_first = run->rank < peer;
+            TD_TRY(coll_ring_run(run, st, 1, peer, peer, slots, COLL_PHASE(phase++)));
             lo = klo[levels];
             hi = khi[levels];
             levels++;
@@ -178,20 +178,20 @@ td_status coll_all_reduce_rhd(coll_run *R)
         /* All-gather by recursive doubling, retracing the levels: send what is ours, receive the
          * half the partner kept. */
         for (int l = levels - 1; l >= 0; l--) {
-            ring_step *st = coll_steps(R, 1);
+            ring_step *st = coll_steps(run, 1);
             st->send = COLL_AT(buf, klo[l] * es);
             st->send_count = khi[l] - klo[l];
             st->recv_direct = true;
             st->recv = COLL_AT(buf, slo[l] * es);
             st->recv_count = shi[l] - slo[l];
-            TD_TRY(coll_ring_run(R, st, 1, peers[l], peers[l], slots, COLL_PHASE(phase++)));
+            TD_TRY(coll_ring_run(run, st, 1, peers[l], peers[l], slots, COLL_PHASE(phase++)));
         }
     }
-    return fold_out(R, &f, buf, count, slots);
+    return fold_out(run, &f, buf, count, slots);
 }
 
-td_status coll_all_reduce_tree(coll_run *R)
+td_status coll_all_reduce_tree(coll_run *run)
 {
-    TD_TRY(coll_reduce(R, R->op->out, R->op->count, 0, false, COLL_PHASE(0)));
-    return coll_broadcast(R, R->op->out, R->op->count, 0, false, COLL_PHASE(1));
+    TD_TRY(coll_reduce(run, run->op->out, run->op->count, 0, false, COLL_PHASE(0)));
+    return coll_broadcast(run, run->op->out, run->op->count, 0, false, COLL_PHASE(1));
 }

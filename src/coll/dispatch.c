@@ -208,37 +208,37 @@ td_algo coll_choose(const td_coll_ctx *c, const td_coll *op)
     }
 }
 
-static td_status dispatch(coll_run *R, td_algo a)
+static td_status dispatch(coll_run *run, td_algo a)
 {
-    const td_coll *op = R->op;
+    const td_coll *op = run->op;
     switch (op->kind) {
     case TD_COLL_ALL_REDUCE:
         switch (a) {
         case TD_ALGO_RD:
-            return coll_all_reduce_rd(R);
+            return coll_all_reduce_rd(run);
         case TD_ALGO_RING:
-            return coll_all_reduce_ring(R);
+            return coll_all_reduce_ring(run);
         case TD_ALGO_RHD:
-            return coll_all_reduce_rhd(R);
+            return coll_all_reduce_rhd(run);
         default:
-            return coll_all_reduce_tree(R);
+            return coll_all_reduce_tree(run);
         }
     case TD_COLL_BROADCAST:
-        return coll_broadcast(R, op->out, op->count, op->root, a == TD_ALGO_RING, 0);
+        return coll_broadcast(run, op->out, op->count, op->root, a == TD_ALGO_RING, 0);
     case TD_COLL_REDUCE:
-        return coll_reduce(R, op->out, op->count, op->root, a == TD_ALGO_RING, 0);
+        return coll_reduce(run, op->out, op->count, op->root, a == TD_ALGO_RING, 0);
     case TD_COLL_ALL_GATHER:
-        return a == TD_ALGO_BRUCK ? coll_all_gather_bruck(R) : coll_all_gather_ring(R);
+        return a == TD_ALGO_BRUCK ? coll_all_gather_bruck(run) : coll_all_gather_ring(run);
     case TD_COLL_GATHER:
-        return a == TD_ALGO_TREE ? coll_gather_tree(R) : coll_gather_direct(R);
+        return a == TD_ALGO_TREE ? coll_gather_tree(run) : coll_gather_direct(run);
     case TD_COLL_SCATTER:
-        return a == TD_ALGO_TREE ? coll_scatter_tree(R) : coll_scatter_direct(R);
+        return a == TD_ALGO_TREE ? coll_scatter_tree(run) : coll_scatter_direct(run);
     case TD_COLL_REDUCE_SCATTER:
-        return a == TD_ALGO_DIRECT ? coll_reduce_scatter_direct(R) : coll_reduce_scatter_ring(R);
+        return a == TD_ALGO_DIRECT ? coll_reduce_scatter_direct(run) : coll_reduce_scatter_ring(run);
     case TD_COLL_ALL_TO_ALL:
-        return a == TD_ALGO_DIRECT ? coll_all_to_all_direct(R) : coll_all_to_all_pairwise(R);
+        return a == TD_ALGO_DIRECT ? coll_all_to_all_direct(run) : coll_all_to_all_pairwise(run);
     case TD_COLL_BARRIER:
-        return coll_barrier_dissemination(R);
+        return coll_barrier_dissemination(run);
     default:
         return error_fmt(TD_ERR_INTERNAL, "coll_execute: %d is not a collective", (int)op->kind);
     }
@@ -250,7 +250,7 @@ td_status coll_execute(td_coll_ctx *c, const td_coll *op, td_algo algo)
         algo = coll_choose(c, op); /* the shm algorithms need shared memory: backends/shm/direct.h */
     if (!coll_algo_supports(algo, op->kind))
         return error_fmt(TD_ERR_INVALID, "%s has no algorithm '%s'", kind_name(op->kind), coll_algo_name(algo));
-    coll_run R = {
+    coll_run run = {
         .c = c,
         .t = c->t,
         .op = op,
@@ -260,11 +260,11 @@ td_status coll_execute(td_coll_ctx *c, const td_coll *op, td_algo algo)
         .dl = op->deadline_ns,
     };
     if (td_coll_kind_reduces(op->kind)) {
-        R.fn = td_reduce_kernel(op->op.kind, op->dtype);
-        if (!R.fn)
+        run.fn = td_reduce_kernel(op->op.kind, op->dtype);
+        if (!run.fn)
             return TD_ERR_INVALID; /* message set by td_reduce_kernel */
     }
-    td_status s = dispatch(&R, algo);
+    td_status s = dispatch(&run, algo);
     if (s != TD_OK) {
         /* Whatever is still posted must complete before the caller reuses its memory, and the
          * other ranks must not wait for this one until their timeout. */

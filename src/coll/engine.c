@@ -49,9 +49,9 @@ static size_t grow_to(size_t need)
     return cap;
 }
 
-td_status coll_scratch(coll_run *R, size_t bytes, char **out)
+td_status coll_scratch(coll_run *run, size_t bytes, char **out)
 {
-    td_coll_ctx *c = R->c;
+    td_coll_ctx *c = run->c;
     if (bytes > c->scratch_cap || !c->scratch) {
         size_t cap = grow_to(bytes);
         void *p = NULL;
@@ -64,9 +64,9 @@ td_status coll_scratch(coll_run *R, size_t bytes, char **out)
     return TD_OK;
 }
 
-td_status coll_xfers(coll_run *R, size_t n, td_xfer **out)
+td_status coll_xfers(coll_run *run, size_t n, td_xfer **out)
 {
-    td_coll_ctx *c = R->c;
+    td_coll_ctx *c = run->c;
     if (n > c->xfers_cap) {
         size_t cap = 16;
         while (cap < n)
@@ -81,9 +81,9 @@ td_status coll_xfers(coll_run *R, size_t n, td_xfer **out)
     return TD_OK;
 }
 
-ring_step *coll_steps(coll_run *R, size_t n)
+ring_step *coll_steps(coll_run *run, size_t n)
 {
-    td_coll_ctx *c = R->c;
+    td_coll_ctx *c = run->c;
     if (n > c->steps_cap) {
         free(c->steps);
         c->steps_cap = n < 16 ? 16 : n;
@@ -93,35 +93,35 @@ ring_step *coll_steps(coll_run *R, size_t n)
     return c->steps;
 }
 
-td_status coll_isend(coll_run *R, int peer, uint32_t step, const void *buf, size_t bytes, td_xfer *x)
+td_status coll_isend(coll_run *run, int peer, uint32_t step, const void *buf, size_t bytes, td_xfer *x)
 {
-    return transport_isend1_posted(R->t, peer, coll_tag(R, step), buf, bytes, R->dl, x);
+    return transport_isend1_posted(run->t, peer, coll_tag(run, step), buf, bytes, run->dl, x);
 }
 
-td_status coll_irecv(coll_run *R, int peer, uint32_t step, void *buf, size_t bytes, td_xfer *x)
+td_status coll_irecv(coll_run *run, int peer, uint32_t step, void *buf, size_t bytes, td_xfer *x)
 {
-    return transport_irecv1(R->t, peer, coll_tag(R, step), buf, bytes, R->dl, x);
+    return transport_irecv1(run->t, peer, coll_tag(run, step), buf, bytes, run->dl, x);
 }
 
-td_status coll_wait(coll_run *R, td_xfer *x) { return transport_wait(R->t, x, R->dl); }
+td_status coll_wait(coll_run *run, td_xfer *x) { return transport_wait(run->t, x, run->dl); }
 
-td_status coll_send(coll_run *R, int peer, uint32_t step, const void *buf, size_t bytes)
+td_status coll_send(coll_run *run, int peer, uint32_t step, const void *buf, size_t bytes)
 {
     td_xfer x = {.on_done = NULL};
-    TD_TRY(coll_isend(R, peer, step, buf, bytes, &x));
-    return coll_wait(R, &x);
+    TD_TRY(coll_isend(run, peer, step, buf, bytes, &x));
+    return coll_wait(run, &x);
 }
 
-td_status coll_sendrecv(coll_run *R, int to, const void *sbuf, size_t sbytes, int from, void *rbuf, size_t rbytes,
+td_status coll_sendrecv(coll_run *run, int to, const void *sbuf, size_t sbytes, int from, void *rbuf, size_t rbytes,
                         uint32_t step)
 {
-    return transport_sendrecv(R->t, to, sbuf, sbytes, from, rbuf, rbytes, coll_tag(R, step), R->dl, true);
+    return transport_sendrecv(run->t, to, sbuf, sbytes, from, rbuf, rbytes, coll_tag(run, step), run->dl, true);
 }
 
-size_t coll_nchunks(const coll_run *R, size_t count)
+size_t coll_nchunks(const coll_run *run, size_t count)
 {
-    size_t bytes = count * R->esize;
-    size_t chunk = R->c->cfg.chunk_bytes;
+    size_t bytes = count * run->esize;
+    size_t chunk = run->c->cfg.chunk_bytes;
     size_t k = (bytes + chunk - 1) / chunk;
     return k ? k : 1;
 }
@@ -132,62 +132,62 @@ size_t coll_nchunks(const coll_run *R, size_t count)
 #define SEND_WINDOW 8
 #define PACE_WINDOW 8 /* sends ahead of own receives; receivers post RECV_WINDOW ahead */
 
-static size_t slot_bytes(const coll_run *R, size_t max_count, size_t K)
+static size_t slot_bytes(const coll_run *run, size_t max_count, size_t K)
 {
-    size_t b = (max_count + K - 1) / K * R->esize;
+    size_t b = (max_count + K - 1) / K * run->esize;
     return (b + 63) & ~(size_t)63;
 }
 
-size_t coll_ring_scratch(const coll_run *R, size_t max_count)
+size_t coll_ring_scratch(const coll_run *run, size_t max_count)
 {
-    return RECV_WINDOW * slot_bytes(R, max_count, coll_nchunks(R, max_count));
+    return RECV_WINDOW * slot_bytes(run, max_count, coll_nchunks(run, max_count));
 }
 
 typedef struct engine {
-    coll_run *R;
+    coll_run *run;
     const ring_step *st;
     int to, from;
     char *slots;
     size_t K, M, slot;
     uint32_t phase;
     td_xfer *rx, *sx;
-    size_t pr, dr, ps, ds; /* receives posted / done, sends posted / done */
+    size_t recvs_posted, recvs_done, sends_posted, sends_done;
 } engine;
 
 
 static td_status post_recv(engine *e)
 {
-    size_t m = e->pr, s = m / e->K, j = m % e->K, lo, hi;
+    size_t m = e->recvs_posted, s = m / e->K, j = m % e->K, lo, hi;
     const ring_step *st = &e->st[s];
     if (st->no_recv) {
         xfer_set_empty(&e->rx[m % RECV_WINDOW]);
-        e->pr++;
+        e->recvs_posted++;
         return TD_OK;
     }
     coll_chunk(st->recv_count, j, e->K, &lo, &hi);
-    char *dst = st->recv_direct ? COLL_AT(st->recv, lo * e->R->esize) : e->slots + (m % RECV_WINDOW) * e->slot;
-    TD_TRY(coll_irecv(e->R, e->from, e->phase + (uint32_t)m, dst, (hi - lo) * e->R->esize, &e->rx[m % RECV_WINDOW]));
-    e->pr++;
+    char *dst = st->recv_direct ? COLL_AT(st->recv, lo * e->run->esize) : e->slots + (m % RECV_WINDOW) * e->slot;
+    TD_TRY(coll_irecv(e->run, e->from, e->phase + (uint32_t)m, dst, (hi - lo) * e->run->esize, &e->rx[m % RECV_WINDOW]));
+    e->recvs_posted++;
     return TD_OK;
 }
 
 static td_status post_send(engine *e)
 {
-    size_t m = e->ps, s = m / e->K, j = m % e->K, lo, hi;
+    size_t m = e->sends_posted, s = m / e->K, j = m % e->K, lo, hi;
     const ring_step *st = &e->st[s];
     coll_chunk(st->send_count, j, e->K, &lo, &hi);
-    if (e->ps - e->ds == SEND_WINDOW) {
-        TD_TRY(coll_wait(e->R, &e->sx[e->ds % SEND_WINDOW]));
-        e->ds++;
+    if (e->sends_posted - e->sends_done == SEND_WINDOW) {
+        TD_TRY(coll_wait(e->run, &e->sx[e->sends_done % SEND_WINDOW]));
+        e->sends_done++;
     }
     if (st->no_send) {
         xfer_set_empty(&e->sx[m % SEND_WINDOW]);
-        e->ps++;
+        e->sends_posted++;
         return TD_OK;
     }
-    TD_TRY(coll_isend(e->R, e->to, e->phase + (uint32_t)m, COLL_AT(st->send, lo * e->R->esize), (hi - lo) * e->R->esize,
+    TD_TRY(coll_isend(e->run, e->to, e->phase + (uint32_t)m, COLL_AT(st->send, lo * e->run->esize), (hi - lo) * e->run->esize,
                       &e->sx[m % SEND_WINDOW]));
-    e->ps++;
+    e->sends_posted++;
     return TD_OK;
 }
 
@@ -197,12 +197,12 @@ static td_status post_send(engine *e)
  * ahead would land in an unexpected-message buffer and cost a copy. */
 static td_status pump_sends(engine *e)
 {
-    while (e->ps < e->M && e->ps < e->dr + e->K && e->ps < e->dr + PACE_WINDOW)
+    while (e->sends_posted < e->M && e->sends_posted < e->recvs_done + e->K && e->sends_posted < e->recvs_done + PACE_WINDOW)
         TD_TRY(post_send(e));
     return TD_OK;
 }
 
-td_status coll_ring_run(coll_run *R, const ring_step *steps, int nsteps, int to, int from, char *slots,
+td_status coll_ring_run(coll_run *run, const ring_step *steps, int nsteps, int to, int from, char *slots,
                         uint32_t phase)
 {
     if (nsteps <= 0)
@@ -214,50 +214,50 @@ td_status coll_ring_run(coll_run *R, const ring_step *steps, int nsteps, int to,
         if (steps[s].recv_count > maxc)
             maxc = steps[s].recv_count;
     }
-    engine e = {.R = R, .st = steps, .to = to, .from = from, .slots = slots, .phase = phase};
-    e.K = coll_nchunks(R, maxc);
+    engine e = {.run = run, .st = steps, .to = to, .from = from, .slots = slots, .phase = phase};
+    e.K = coll_nchunks(run, maxc);
     e.M = (size_t)nsteps * e.K;
-    e.slot = slot_bytes(R, maxc, e.K);
+    e.slot = slot_bytes(run, maxc, e.K);
     td_xfer *xf;
-    TD_TRY(coll_xfers(R, RECV_WINDOW + SEND_WINDOW, &xf));
+    TD_TRY(coll_xfers(run, RECV_WINDOW + SEND_WINDOW, &xf));
     e.rx = xf;
     e.sx = xf + RECV_WINDOW;
 
-    while (e.pr < e.M && e.pr < RECV_WINDOW)
+    while (e.recvs_posted < e.M && e.recvs_posted < RECV_WINDOW)
         TD_TRY(post_recv(&e));
     TD_TRY(pump_sends(&e));
-    while (e.dr < e.M) {
-        size_t m = e.dr, s = m / e.K, j = m % e.K;
+    while (e.recvs_done < e.M) {
+        size_t m = e.recvs_done, s = m / e.K, j = m % e.K;
         const ring_step *st = &steps[s];
-        TD_TRY(coll_wait(R, &e.rx[m % RECV_WINDOW]));
+        TD_TRY(coll_wait(run, &e.rx[m % RECV_WINDOW]));
         if (!st->recv_direct && !st->no_recv) {
             if (st->send_is_dst) {
                 /* The chunk about to be overwritten must have left first. */
-                while (e.ps <= m)
+                while (e.sends_posted <= m)
                     TD_TRY(post_send(&e));
-                while (e.ds <= m) {
-                    TD_TRY(coll_wait(R, &e.sx[e.ds % SEND_WINDOW]));
-                    e.ds++;
+                while (e.sends_done <= m) {
+                    TD_TRY(coll_wait(run, &e.sx[e.sends_done % SEND_WINDOW]));
+                    e.sends_done++;
                 }
             }
             size_t lo, hi;
             coll_chunk(st->recv_count, j, e.K, &lo, &hi);
             const char *slot = slots + (m % RECV_WINDOW) * e.slot;
-            char *dst = COLL_AT(st->red_dst, lo * R->esize);
-            const char *own = COLL_AT(st->red_in, lo * R->esize);
+            char *dst = COLL_AT(st->red_dst, lo * run->esize);
+            const char *own = COLL_AT(st->red_in, lo * run->esize);
             if (st->own_first)
-                R->fn(dst, own, slot, hi - lo);
+                run->fn(dst, own, slot, hi - lo);
             else
-                R->fn(dst, slot, own, hi - lo);
+                run->fn(dst, slot, own, hi - lo);
         }
-        e.dr++;
+        e.recvs_done++;
         TD_TRY(pump_sends(&e));
-        while (e.pr < e.M && e.pr < e.dr + RECV_WINDOW)
+        while (e.recvs_posted < e.M && e.recvs_posted < e.recvs_done + RECV_WINDOW)
             TD_TRY(post_recv(&e));
     }
-    while (e.ds < e.ps) {
-        TD_TRY(coll_wait(R, &e.sx[e.ds % SEND_WINDOW]));
-        e.ds++;
+    while (e.sends_done < e.sends_posted) {
+        TD_TRY(coll_wait(run, &e.sx[e.sends_done % SEND_WINDOW]));
+        e.sends_done++;
     }
     return TD_OK;
 }

@@ -62,193 +62,193 @@ static int subtree_size(int vr, int n)
     return low < n - vr ? low : n - vr;
 }
 
-td_status coll_broadcast(coll_run *R, void *vbuf, size_t count, int root, bool chain, uint32_t phase)
+td_status coll_broadcast(coll_run *run, void *vbuf, size_t count, int root, bool chain, uint32_t phase)
 {
-    int n = R->size;
+    int n = run->size;
     if (n == 1)
         return TD_OK;
     char *buf = vbuf;
     tree t;
-    tree_plan(&t, R->rank, root, n, chain);
-    size_t K = coll_nchunks(R, count), es = R->esize;
+    tree_plan(&t, run->rank, root, n, chain);
+    size_t K = coll_nchunks(run, count), es = run->esize;
     int nc = t.nchildren;
     td_xfer *xf;
-    TD_TRY(coll_xfers(R, WINDOW * (size_t)(1 + nc), &xf));
+    TD_TRY(coll_xfers(run, WINDOW * (size_t)(1 + nc), &xf));
     td_xfer *rx = xf, *sx = xf + WINDOW;
-    size_t pr = 0;
+    size_t posted = 0;
     if (t.parent >= 0) {
-        for (; pr < K && pr < WINDOW; pr++) {
+        for (; posted < K && posted < WINDOW; posted++) {
             size_t lo, hi;
-            coll_chunk(count, pr, K, &lo, &hi);
-            TD_TRY(coll_irecv(R, t.parent, phase + (uint32_t)pr, COLL_AT(buf, lo * es), (hi - lo) * es, &rx[pr % WINDOW]));
+            coll_chunk(count, posted, K, &lo, &hi);
+            TD_TRY(coll_irecv(run, t.parent, phase + (uint32_t)posted, COLL_AT(buf, lo * es), (hi - lo) * es, &rx[posted % WINDOW]));
         }
     }
     for (size_t j = 0; j < K; j++) {
         size_t lo, hi;
         coll_chunk(count, j, K, &lo, &hi);
         if (t.parent >= 0) {
-            TD_TRY(coll_wait(R, &rx[j % WINDOW]));
-            if (pr < K) {
+            TD_TRY(coll_wait(run, &rx[j % WINDOW]));
+            if (posted < K) {
                 size_t plo, phi;
-                coll_chunk(count, pr, K, &plo, &phi);
-                TD_TRY(coll_irecv(R, t.parent, phase + (uint32_t)pr, COLL_AT(buf, plo * es), (phi - plo) * es,
-                                  &rx[pr % WINDOW]));
-                pr++;
+                coll_chunk(count, posted, K, &plo, &phi);
+                TD_TRY(coll_irecv(run, t.parent, phase + (uint32_t)posted, COLL_AT(buf, plo * es), (phi - plo) * es,
+                                  &rx[posted % WINDOW]));
+                posted++;
             }
         }
         for (int c = 0; c < nc; c++) {
             td_xfer *x = &sx[(j % WINDOW) * (size_t)nc + (size_t)c];
             if (j >= WINDOW)
-                TD_TRY(coll_wait(R, x));
-            TD_TRY(coll_isend(R, t.children[c], phase + (uint32_t)j, COLL_AT(buf, lo * es), (hi - lo) * es, x));
+                TD_TRY(coll_wait(run, x));
+            TD_TRY(coll_isend(run, t.children[c], phase + (uint32_t)j, COLL_AT(buf, lo * es), (hi - lo) * es, x));
         }
     }
     for (size_t j = K > WINDOW ? K - WINDOW : 0; j < K; j++)
         for (int c = 0; c < nc; c++)
-            TD_TRY(coll_wait(R, &sx[(j % WINDOW) * (size_t)nc + (size_t)c]));
+            TD_TRY(coll_wait(run, &sx[(j % WINDOW) * (size_t)nc + (size_t)c]));
     return TD_OK;
 }
 
-td_status coll_reduce(coll_run *R, void *vbuf, size_t count, int root, bool chain, uint32_t phase)
+td_status coll_reduce(coll_run *run, void *vbuf, size_t count, int root, bool chain, uint32_t phase)
 {
-    int n = R->size;
+    int n = run->size;
     if (n == 1)
         return TD_OK;
     char *buf = vbuf;
     tree t;
-    tree_plan(&t, R->rank, root, n, chain);
-    size_t K = coll_nchunks(R, count), es = R->esize;
+    tree_plan(&t, run->rank, root, n, chain);
+    size_t K = coll_nchunks(run, count), es = run->esize;
     size_t slot = ((count + K - 1) / K * es + 63) & ~(size_t)63;
     int nc = t.nchildren;
     char *slots = NULL;
-    TD_TRY(coll_scratch(R, slot * WINDOW * (size_t)(nc ? nc : 1), &slots));
+    TD_TRY(coll_scratch(run, slot * WINDOW * (size_t)(nc ? nc : 1), &slots));
     td_xfer *xf;
-    TD_TRY(coll_xfers(R, WINDOW * (size_t)(1 + nc), &xf));
+    TD_TRY(coll_xfers(run, WINDOW * (size_t)(1 + nc), &xf));
     td_xfer *sx = xf, *rx = xf + WINDOW;
 #define RSLOT(j, c) ((((j) % WINDOW) * (size_t)nc + (size_t)(c)))
-    size_t pr = 0;
-    for (; pr < K && pr < WINDOW && nc; pr++) {
+    size_t posted = 0;
+    for (; posted < K && posted < WINDOW && nc; posted++) {
         size_t lo, hi;
-        coll_chunk(count, pr, K, &lo, &hi);
+        coll_chunk(count, posted, K, &lo, &hi);
         for (int c = 0; c < nc; c++)
-            TD_TRY(coll_irecv(R, t.children[c], phase + (uint32_t)pr, slots + RSLOT(pr, c) * slot, (hi - lo) * es,
-                              &rx[RSLOT(pr, c)]));
+            TD_TRY(coll_irecv(run, t.children[c], phase + (uint32_t)posted, slots + RSLOT(posted, c) * slot, (hi - lo) * es,
+                              &rx[RSLOT(posted, c)]));
     }
     for (size_t j = 0; j < K; j++) {
         size_t lo, hi;
         coll_chunk(count, j, K, &lo, &hi);
         for (int c = 0; c < nc; c++) {
-            TD_TRY(coll_wait(R, &rx[RSLOT(j, c)]));
-            R->fn(COLL_AT(buf, lo * es), COLL_AT(buf, lo * es), slots + RSLOT(j, c) * slot, hi - lo);
+            TD_TRY(coll_wait(run, &rx[RSLOT(j, c)]));
+            run->fn(COLL_AT(buf, lo * es), COLL_AT(buf, lo * es), slots + RSLOT(j, c) * slot, hi - lo);
         }
-        if (nc && pr < K) {
+        if (nc && posted < K) {
             size_t plo, phi;
-            coll_chunk(count, pr, K, &plo, &phi);
+            coll_chunk(count, posted, K, &plo, &phi);
             for (int c = 0; c < nc; c++)
-                TD_TRY(coll_irecv(R, t.children[c], phase + (uint32_t)pr, slots + RSLOT(pr, c) * slot,
-                                  (phi - plo) * es, &rx[RSLOT(pr, c)]));
-            pr++;
+                TD_TRY(coll_irecv(run, t.children[c], phase + (uint32_t)posted, slots + RSLOT(posted, c) * slot,
+                                  (phi - plo) * es, &rx[RSLOT(posted, c)]));
+            posted++;
         }
         if (t.parent >= 0) {
             if (j >= WINDOW)
-                TD_TRY(coll_wait(R, &sx[j % WINDOW]));
-            TD_TRY(coll_isend(R, t.parent, phase + (uint32_t)j, COLL_AT(buf, lo * es), (hi - lo) * es, &sx[j % WINDOW]));
+                TD_TRY(coll_wait(run, &sx[j % WINDOW]));
+            TD_TRY(coll_isend(run, t.parent, phase + (uint32_t)j, COLL_AT(buf, lo * es), (hi - lo) * es, &sx[j % WINDOW]));
         }
     }
 #undef RSLOT
     if (t.parent >= 0)
         for (size_t j = K > WINDOW ? K - WINDOW : 0; j < K; j++)
-            TD_TRY(coll_wait(R, &sx[j % WINDOW]));
+            TD_TRY(coll_wait(run, &sx[j % WINDOW]));
     return TD_OK;
 }
 
 /* ---- gather and scatter ----------------------------------------------------------------------- */
 
-td_status coll_gather_direct(coll_run *R)
+td_status coll_gather_direct(coll_run *run)
 {
-    const td_coll *op = R->op;
-    int n = R->size, r = R->rank;
-    size_t bytes = op->count * R->esize;
+    const td_coll *op = run->op;
+    int n = run->size, r = run->rank;
+    size_t bytes = op->count * run->esize;
     if (r != op->root)
-        return coll_send(R, op->root, 0, op->in, bytes);
+        return coll_send(run, op->root, 0, op->in, bytes);
     coll_copy(op->out_blocks[r], op->in, bytes);
     td_xfer *xf;
-    TD_TRY(coll_xfers(R, (size_t)n, &xf));
+    TD_TRY(coll_xfers(run, (size_t)n, &xf));
     int k = 0;
     for (int p = 0; p < n; p++)
         if (p != r)
-            TD_TRY(coll_irecv(R, p, 0, op->out_blocks[p], bytes, &xf[k++]));
-    return transport_wait_all(R->t, xf, k, R->dl);
+            TD_TRY(coll_irecv(run, p, 0, op->out_blocks[p], bytes, &xf[k++]));
+    return transport_wait_all(run->t, xf, k, run->dl);
 }
 
-td_status coll_gather_tree(coll_run *R)
+td_status coll_gather_tree(coll_run *run)
 {
-    const td_coll *op = R->op;
-    int n = R->size;
-    size_t bytes = op->count * R->esize;
+    const td_coll *op = run->op;
+    int n = run->size;
+    size_t bytes = op->count * run->esize;
     tree t;
-    tree_plan(&t, R->rank, op->root, n, false);
+    tree_plan(&t, run->rank, op->root, n, false);
     int sz = subtree_size(t.vr, n);
     char *tmp;
-    TD_TRY(coll_scratch(R, (size_t)sz * bytes, &tmp));
+    TD_TRY(coll_scratch(run, (size_t)sz * bytes, &tmp));
     coll_copy(tmp, op->in, bytes);
     td_xfer *xf;
-    TD_TRY(coll_xfers(R, (size_t)t.nchildren + 1, &xf));
+    TD_TRY(coll_xfers(run, (size_t)t.nchildren + 1, &xf));
     for (int c = 0; c < t.nchildren; c++) {
         int m = t.child_mask[c];
         size_t blocks = (size_t)subtree_size(t.vr + m, n);
-        TD_TRY(coll_irecv(R, t.children[c], 0, tmp + (size_t)m * bytes, blocks * bytes, &xf[c]));
+        TD_TRY(coll_irecv(run, t.children[c], 0, tmp + (size_t)m * bytes, blocks * bytes, &xf[c]));
     }
-    TD_TRY(transport_wait_all(R->t, xf, t.nchildren, R->dl));
+    TD_TRY(transport_wait_all(run->t, xf, t.nchildren, run->dl));
     if (t.parent >= 0)
-        return coll_send(R, t.parent, 0, tmp, (size_t)sz * bytes);
+        return coll_send(run, t.parent, 0, tmp, (size_t)sz * bytes);
     for (int i = 0; i < n; i++)
         coll_copy(op->out_blocks[real_of(i, op->root, n)], tmp + (size_t)i * bytes, bytes);
     return TD_OK;
 }
 
-td_status coll_scatter_direct(coll_run *R)
+td_status coll_scatter_direct(coll_run *run)
 {
-    const td_coll *op = R->op;
-    int n = R->size, r = R->rank;
-    size_t bytes = op->count * R->esize;
+    const td_coll *op = run->op;
+    int n = run->size, r = run->rank;
+    size_t bytes = op->count * run->esize;
     if (r != op->root)
-        return transport_recv(R->t, op->root, coll_tag(R, 0), op->out, bytes, R->dl);
+        return transport_recv(run->t, op->root, coll_tag(run, 0), op->out, bytes, run->dl);
     td_xfer *xf;
-    TD_TRY(coll_xfers(R, (size_t)n, &xf));
+    TD_TRY(coll_xfers(run, (size_t)n, &xf));
     int k = 0;
     for (int p = 0; p < n; p++)
         if (p != r)
-            TD_TRY(coll_isend(R, p, 0, op->in_blocks[p], bytes, &xf[k++]));
+            TD_TRY(coll_isend(run, p, 0, op->in_blocks[p], bytes, &xf[k++]));
     /* out may overlap another rank's block: copy only once everything has left. */
-    TD_TRY(transport_wait_all(R->t, xf, k, R->dl));
+    TD_TRY(transport_wait_all(run->t, xf, k, run->dl));
     coll_copy(op->out, op->in_blocks[r], bytes);
     return TD_OK;
 }
 
-td_status coll_scatter_tree(coll_run *R)
+td_status coll_scatter_tree(coll_run *run)
 {
-    const td_coll *op = R->op;
-    int n = R->size;
-    size_t bytes = op->count * R->esize;
+    const td_coll *op = run->op;
+    int n = run->size;
+    size_t bytes = op->count * run->esize;
     tree t;
-    tree_plan(&t, R->rank, op->root, n, false);
+    tree_plan(&t, run->rank, op->root, n, false);
     int sz = subtree_size(t.vr, n);
     char *tmp;
-    TD_TRY(coll_scratch(R, (size_t)sz * bytes, &tmp));
+    TD_TRY(coll_scratch(run, (size_t)sz * bytes, &tmp));
     if (t.parent < 0) {
         for (int i = 0; i < n; i++)
             coll_copy(tmp + (size_t)i * bytes, op->in_blocks[real_of(i, op->root, n)], bytes);
     } else {
-        TD_TRY(transport_recv(R->t, t.parent, coll_tag(R, 0), tmp, (size_t)sz * bytes, R->dl));
+        TD_TRY(transport_recv(run->t, t.parent, coll_tag(run, 0), tmp, (size_t)sz * bytes, run->dl));
     }
     td_xfer *xf;
-    TD_TRY(coll_xfers(R, (size_t)t.nchildren + 1, &xf));
+    TD_TRY(coll_xfers(run, (size_t)t.nchildren + 1, &xf));
     for (int c = 0; c < t.nchildren; c++) {
         int m = t.child_mask[c];
         size_t blocks = (size_t)subtree_size(t.vr + m, n);
-        TD_TRY(coll_isend(R, t.children[c], 0, tmp + (size_t)m * bytes, blocks * bytes, &xf[c]));
+        TD_TRY(coll_isend(run, t.children[c], 0, tmp + (size_t)m * bytes, blocks * bytes, &xf[c]));
     }
     coll_copy(op->out, tmp, bytes);
-    return transport_wait_all(R->t, xf, t.nchildren, R->dl);
+    return transport_wait_all(run->t, xf, t.nchildren, run->dl);
 }

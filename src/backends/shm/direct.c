@@ -79,72 +79,72 @@ td_algo shm_coll_choose(const td_coll_ctx *c, const td_coll *op)
 
 /* Starts epoch *e: when this rank writes slots, waits until everyone is done with what was
  * written two epochs ago (they arrived at the last one). */
-static td_status begin(srun *S, uint64_t *e, bool writes)
+static td_status begin(srun *run, uint64_t *e, bool writes)
 {
-    *e = shm_epoch(S->t);
+    *e = shm_epoch(run->t);
     if (!writes)
         return TD_OK;
-    return shm_wait_arrival(S->t, -1, *e - 1, NULL, S->dl);
+    return shm_wait_arrival(run->t, -1, *e - 1, NULL, run->dl);
 }
 
-static td_status wait_peer(srun *S, int r, uint64_t e) { return shm_wait_arrival(S->t, r, e, &S->d, S->dl); }
-static td_status wait_all(srun *S, uint64_t e) { return shm_wait_arrival(S->t, -1, e, &S->d, S->dl); }
-static void arrive(srun *S, uint64_t e) { shm_publish_arrival(S->t, e, &S->d); }
+static td_status wait_peer(srun *run, int r, uint64_t e) { return shm_wait_arrival(run->t, r, e, &run->d, run->dl); }
+static td_status wait_all(srun *run, uint64_t e) { return shm_wait_arrival(run->t, -1, e, &run->d, run->dl); }
+static void arrive(srun *run, uint64_t e) { shm_publish_arrival(run->t, e, &run->d); }
 
 /* This rank's contribution into a slot. */
-static td_status put_input(srun *S, char *dst, const void *src, size_t count)
+static td_status put_input(srun *run, char *dst, const void *src, size_t count)
 {
     if (count)
-        memcpy(dst, src, count * S->es);
+        memcpy(dst, src, count * run->es);
     return TD_OK;
 }
 
 /* dst = slot_0 op slot_1 op ... op slot_{n-1}, each at byte offset off, in rank order. */
-static void reduce_all(srun *S, char *dst, uint64_t e, bool small, size_t off, size_t count)
+static void reduce_all(srun *run, char *dst, uint64_t e, bool small, size_t off, size_t count)
 {
     if (!count)
         return;
     char *(*slot)(td_transport *, int, uint64_t) = small ? shm_small : shm_slot;
-    S->fn(dst, slot(S->t, 0, e) + off, slot(S->t, 1, e) + off, count);
-    for (int q = 2; q < S->n; q++)
-        S->fn(dst, dst, slot(S->t, q, e) + off, count);
+    run->fn(dst, slot(run->t, 0, e) + off, slot(run->t, 1, e) + off, count);
+    for (int q = 2; q < run->n; q++)
+        run->fn(dst, dst, slot(run->t, q, e) + off, count);
 }
 
 
 /* Slice q of a chunk of cn elements: [lo, hi), on cache-line boundaries where elements allow. */
-static void slice_of(const srun *S, size_t cn, int q, size_t *lo, size_t *hi)
+static void slice_of(const srun *run, size_t cn, int q, size_t *lo, size_t *hi)
 {
-    size_t unit = S->es < 64 ? 64 / S->es : 1;
+    size_t unit = run->es < 64 ? 64 / run->es : 1;
     size_t units = (cn + unit - 1) / unit;
-    *lo = (size_t)((unsigned __int128)units * (size_t)q / (size_t)S->n) * unit;
-    *hi = (size_t)((unsigned __int128)units * (size_t)(q + 1) / (size_t)S->n) * unit;
+    *lo = (size_t)((unsigned __int128)units * (size_t)q / (size_t)run->n) * unit;
+    *hi = (size_t)((unsigned __int128)units * (size_t)(q + 1) / (size_t)run->n) * unit;
     if (*lo > cn)
         *lo = cn;
     if (*hi > cn)
         *hi = cn;
 }
 
-static size_t chunk_elems(const srun *S, size_t per)
+static size_t chunk_elems(const srun *run, size_t per)
 {
-    size_t c = shm_slot_bytes(S->t) / (S->es * per);
+    size_t c = shm_slot_bytes(run->t) / (run->es * per);
     return c ? c : 1;
 }
 
 /* ---- all_reduce and reduce --------------------------------------------------------------------- */
 
 /* root < 0: all_reduce (everyone ends with the result); else reduce to root. */
-static td_status reduce_flat(srun *S, int root)
+static td_status reduce_flat(srun *run, int root)
 {
-    char *buf = S->op->out;
-    size_t count = S->op->count;
+    char *buf = run->op->out;
+    size_t count = run->op->count;
     uint64_t e;
-    TD_TRY(begin(S, &e, true));
-    TD_TRY(put_input(S, shm_small(S->t, S->me, e), buf, count));
-    arrive(S, e);
-    if (root >= 0 && S->me != root)
+    TD_TRY(begin(run, &e, true));
+    TD_TRY(put_input(run, shm_small(run->t, run->me, e), buf, count));
+    arrive(run, e);
+    if (root >= 0 && run->me != root)
         return TD_OK;
-    TD_TRY(wait_all(S, e));
-    reduce_all(S, buf, e, true, 0, count);
+    TD_TRY(wait_all(run, e));
+    reduce_all(run, buf, e, true, 0, count);
     return TD_OK;
 }
 
@@ -191,47 +191,47 @@ static void copy_out_done(bool stream)
 /* The slices of an all_reduce (root < 0) or reduce. Each rank puts in its slot the parts of its
  * input that the others reduce (its own slice it reads from its buffer), reduces its slice of
  * everyone's input in rank order into its other slot, and copies the reduced slices out. */
-static td_status reduce_slices(srun *S, int root)
+static td_status reduce_slices(srun *run, int root)
 {
-    char *buf = S->op->out;
-    size_t count = S->op->count, es = S->es;
-    size_t chunk = chunk_elems(S, 1);
+    char *buf = run->op->out;
+    size_t count = run->op->count, es = run->es;
+    size_t chunk = chunk_elems(run, 1);
     bool stream = count * es >= STREAM_MIN;
-    bool gathers = root < 0 || S->me == root;
+    bool gathers = root < 0 || run->me == root;
     size_t off = 0;
     do {
         size_t cn = count - off < chunk ? count - off : chunk;
         char *in = COLL_AT(buf, off * es);
         uint64_t e;
-        TD_TRY(begin(S, &e, true));
+        TD_TRY(begin(run, &e, true));
         size_t lo, hi;
-        slice_of(S, cn, S->me, &lo, &hi);
-        char *slot = shm_slot(S->t, S->me, e);
-        TD_TRY(put_input(S, slot, in, lo));
-        TD_TRY(put_input(S, slot + hi * es, in + hi * es, cn - hi));
-        arrive(S, e);
-        TD_TRY(wait_all(S, e));
+        slice_of(run, cn, run->me, &lo, &hi);
+        char *slot = shm_slot(run->t, run->me, e);
+        TD_TRY(put_input(run, slot, in, lo));
+        TD_TRY(put_input(run, slot + hi * es, in + hi * es, cn - hi));
+        arrive(run, e);
+        TD_TRY(wait_all(run, e));
         /* The reduced slice goes into the other slot (everyone is past the epoch that used it). */
-        char *dst = shm_slot(S->t, S->me, e + 1) + lo * es;
+        char *dst = shm_slot(run->t, run->me, e + 1) + lo * es;
         if (hi > lo) {
             const char *src[2];
             for (int q = 0; q < 2; q++)
-                src[q] = q == S->me ? in + lo * es : shm_slot(S->t, q, e) + lo * es;
-            S->fn(dst, src[0], src[1], hi - lo);
-            for (int q = 2; q < S->n; q++)
-                S->fn(dst, dst, q == S->me ? in + lo * es : shm_slot(S->t, q, e) + lo * es, hi - lo);
+                src[q] = q == run->me ? in + lo * es : shm_slot(run->t, q, e) + lo * es;
+            run->fn(dst, src[0], src[1], hi - lo);
+            for (int q = 2; q < run->n; q++)
+                run->fn(dst, dst, q == run->me ? in + lo * es : shm_slot(run->t, q, e) + lo * es, hi - lo);
         }
         uint64_t e2;
-        TD_TRY(begin(S, &e2, false));
-        arrive(S, e2);
+        TD_TRY(begin(run, &e2, false));
+        arrive(run, e2);
         if (gathers) {
-            for (int k = 0; k < S->n; k++) {
-                int q = (S->me + k) % S->n;
-                slice_of(S, cn, q, &lo, &hi);
-                if (q != S->me)
-                    TD_TRY(wait_peer(S, q, e2));
+            for (int k = 0; k < run->n; k++) {
+                int q = (run->me + k) % run->n;
+                slice_of(run, cn, q, &lo, &hi);
+                if (q != run->me)
+                    TD_TRY(wait_peer(run, q, e2));
                 if (hi > lo)
-                    copy_out(in + lo * es, shm_slot(S->t, q, e2) + lo * es, (hi - lo) * es, stream);
+                    copy_out(in + lo * es, shm_slot(run->t, q, e2) + lo * es, (hi - lo) * es, stream);
             }
         }
         off += cn;
@@ -242,24 +242,24 @@ static td_status reduce_slices(srun *S, int root)
 
 /* ---- copies ------------------------------------------------------------------------------------ */
 
-static td_status broadcast(srun *S)
+static td_status broadcast(srun *run)
 {
-    char *buf = S->op->out;
-    int root = S->op->root;
-    size_t count = S->op->count, es = S->es, chunk = chunk_elems(S, 1), off = 0;
+    char *buf = run->op->out;
+    int root = run->op->root;
+    size_t count = run->op->count, es = run->es, chunk = chunk_elems(run, 1), off = 0;
     do {
         size_t cn = count - off < chunk ? count - off : chunk;
         uint64_t e;
-        TD_TRY(begin(S, &e, S->me == root));
-        if (S->me == root) {
+        TD_TRY(begin(run, &e, run->me == root));
+        if (run->me == root) {
             if (cn)
-                memcpy(shm_slot(S->t, root, e), buf + off * es, cn * es);
-            arrive(S, e);
+                memcpy(shm_slot(run->t, root, e), buf + off * es, cn * es);
+            arrive(run, e);
         } else {
-            arrive(S, e); /* done with the last chunk */
-            TD_TRY(wait_peer(S, root, e));
+            arrive(run, e); /* done with the last chunk */
+            TD_TRY(wait_peer(run, root, e));
             if (cn)
-                memcpy(buf + off * es, shm_slot(S->t, root, e), cn * es);
+                memcpy(buf + off * es, shm_slot(run->t, root, e), cn * es);
         }
         off += cn;
     } while (off < count);
@@ -267,27 +267,27 @@ static td_status broadcast(srun *S)
 }
 
 /* all_gather (root < 0) and gather (to root). */
-static td_status gather(srun *S, int root)
+static td_status gather(srun *run, int root)
 {
-    const char *in = S->op->in;
-    void *const *out = S->op->out_blocks;
-    size_t count = S->op->count, es = S->es, chunk = chunk_elems(S, 1), off = 0;
-    bool reader = root < 0 || S->me == root;
+    const char *in = run->op->in;
+    void *const *out = run->op->out_blocks;
+    size_t count = run->op->count, es = run->es, chunk = chunk_elems(run, 1), off = 0;
+    bool reader = root < 0 || run->me == root;
     if (reader)
-        coll_copy(COLL_AT(out[S->me], 0), in, count * es);
+        coll_copy(COLL_AT(out[run->me], 0), in, count * es);
     do {
         size_t cn = count - off < chunk ? count - off : chunk;
         uint64_t e;
-        TD_TRY(begin(S, &e, true));
+        TD_TRY(begin(run, &e, true));
         if (cn)
-            memcpy(shm_slot(S->t, S->me, e), in + off * es, cn * es);
-        arrive(S, e);
+            memcpy(shm_slot(run->t, run->me, e), in + off * es, cn * es);
+        arrive(run, e);
         if (reader) {
-            for (int k = 1; k < S->n; k++) {
-                int q = (S->me + k) % S->n;
-                TD_TRY(wait_peer(S, q, e));
+            for (int k = 1; k < run->n; k++) {
+                int q = (run->me + k) % run->n;
+                TD_TRY(wait_peer(run, q, e));
                 if (cn)
-                    memcpy((char *)out[q] + off * es, shm_slot(S->t, q, e), cn * es);
+                    memcpy((char *)out[q] + off * es, shm_slot(run->t, q, e), cn * es);
             }
         }
         off += cn;
@@ -295,63 +295,63 @@ static td_status gather(srun *S, int root)
     return TD_OK;
 }
 
-static td_status scatter(srun *S)
+static td_status scatter(srun *run)
 {
-    int root = S->op->root, n = S->n;
-    const void *const *in = S->op->in_blocks;
-    char *out = S->op->out;
-    size_t count = S->op->count, es = S->es, chunk = chunk_elems(S, (size_t)n), off = 0;
-    if (S->me == root)
+    int root = run->op->root, n = run->n;
+    const void *const *in = run->op->in_blocks;
+    char *out = run->op->out;
+    size_t count = run->op->count, es = run->es, chunk = chunk_elems(run, (size_t)n), off = 0;
+    if (run->me == root)
         coll_copy(out, in[root], count * es);
     do {
         size_t cn = count - off < chunk ? count - off : chunk;
         uint64_t e;
-        TD_TRY(begin(S, &e, S->me == root));
-        if (S->me == root) {
-            char *slot = shm_slot(S->t, root, e);
+        TD_TRY(begin(run, &e, run->me == root));
+        if (run->me == root) {
+            char *slot = shm_slot(run->t, root, e);
             for (int q = 0; q < n && cn; q++)
                 if (q != root)
                     memcpy(slot + (size_t)q * cn * es, (const char *)in[q] + off * es, cn * es);
-            arrive(S, e);
+            arrive(run, e);
         } else {
-            arrive(S, e);
-            TD_TRY(wait_peer(S, root, e));
+            arrive(run, e);
+            TD_TRY(wait_peer(run, root, e));
             if (cn)
-                memcpy(out + off * es, shm_slot(S->t, root, e) + (size_t)S->me * cn * es, cn * es);
+                memcpy(out + off * es, shm_slot(run->t, root, e) + (size_t)run->me * cn * es, cn * es);
         }
         off += cn;
     } while (off < count);
     return TD_OK;
 }
 
-static td_status reduce_scatter(srun *S)
+static td_status reduce_scatter(srun *run)
 {
-    int n = S->n;
-    const void *const *in = S->op->in_blocks;
-    char *out = S->op->out;
-    size_t count = S->op->count, es = S->es, chunk = chunk_elems(S, (size_t)n), off = 0;
+    int n = run->n;
+    const void *const *in = run->op->in_blocks;
+    char *out = run->op->out;
+    size_t count = run->op->count, es = run->es, chunk = chunk_elems(run, (size_t)n), off = 0;
     do {
         size_t cn = count - off < chunk ? count - off : chunk;
         uint64_t e;
-        TD_TRY(begin(S, &e, true));
-        char *slot = shm_slot(S->t, S->me, e);
+        TD_TRY(begin(run, &e, true));
+        char *slot = shm_slot(run->t, run->me, e);
         for (int q = 0; q < n; q++)
-            TD_TRY(put_input(S, slot + (size_t)q * cn * es, COLL_AT(in[q], off * es), cn));
-        arrive(S, e);
-        TD_TRY(wait_all(S, e));
+            TD_TRY(put_input(run, slot + (size_t)q * cn * es, COLL_AT(in[q], off * es), cn));
+        arrive(run, e);
+        TD_TRY(wait_all(run, e));
         char *dst = COLL_AT(out, off * es);
-        reduce_all(S, dst, e, false, (size_t)S->me * cn * es, cn);
+        reduce_all(run, dst, e, false, (size_t)run->me * cn * es, cn);
         off += cn;
     } while (off < count);
     return TD_OK;
 }
 
-static td_status barrier(srun *S)
+static td_status barrier(srun *run)
 {
     uint64_t e;
-    TD_TRY(begin(S, &e, false));
-    arrive(S, e);
-    return wait_all(S, e);
+    TD_TRY(begin(run, &e, false));
+    arrive(run, e);
+    return wait_all(run, e);
 }
 
 /* ---- dispatch ---------------------------------------------------------------------------------- */
@@ -363,7 +363,7 @@ td_status shm_coll_run(td_coll_ctx *c, const td_coll *op)
         return coll_execute(c, op, a);
     if (!coll_algo_supports(a, op->kind))
         return coll_execute(c, op, TD_ALGO_AUTO);
-    srun S = {
+    srun run = {
         .t = c->t,
         .op = op,
         .me = c->rank,
@@ -372,15 +372,15 @@ td_status shm_coll_run(td_coll_ctx *c, const td_coll *op)
         .dl = op->deadline_ns,
     };
     if (td_coll_kind_reduces(op->kind)) {
-        S.fn = td_reduce_kernel(op->op.kind, op->dtype);
-        if (!S.fn)
+        run.fn = td_reduce_kernel(op->op.kind, op->dtype);
+        if (!run.fn)
             return TD_ERR_INVALID; /* message set by td_reduce_kernel */
     }
     int root = op->kind == TD_COLL_BROADCAST || op->kind == TD_COLL_REDUCE || op->kind == TD_COLL_GATHER ||
                        op->kind == TD_COLL_SCATTER
                    ? op->root
                    : -1;
-    S.d = (td_shm_desc){
+    run.d = (td_shm_desc){
         .what = desc_what((int)op->kind, (int)op->dtype, td_coll_kind_reduces(op->kind) ? (int)op->op.kind : 0, root),
         .count = op->count,
         .describe = desc_describe,
@@ -388,28 +388,28 @@ td_status shm_coll_run(td_coll_ctx *c, const td_coll *op)
     td_status s;
     switch (op->kind) {
     case TD_COLL_ALL_REDUCE:
-        s = a == TD_ALGO_SHM_FLAT ? reduce_flat(&S, -1) : reduce_slices(&S, -1);
+        s = a == TD_ALGO_SHM_FLAT ? reduce_flat(&run, -1) : reduce_slices(&run, -1);
         break;
     case TD_COLL_REDUCE:
-        s = a == TD_ALGO_SHM_FLAT ? reduce_flat(&S, op->root) : reduce_slices(&S, op->root);
+        s = a == TD_ALGO_SHM_FLAT ? reduce_flat(&run, op->root) : reduce_slices(&run, op->root);
         break;
     case TD_COLL_BROADCAST:
-        s = broadcast(&S);
+        s = broadcast(&run);
         break;
     case TD_COLL_ALL_GATHER:
-        s = gather(&S, -1);
+        s = gather(&run, -1);
         break;
     case TD_COLL_GATHER:
-        s = gather(&S, op->root);
+        s = gather(&run, op->root);
         break;
     case TD_COLL_SCATTER:
-        s = scatter(&S);
+        s = scatter(&run);
         break;
     case TD_COLL_REDUCE_SCATTER:
-        s = reduce_scatter(&S);
+        s = reduce_scatter(&run);
         break;
     case TD_COLL_BARRIER:
-        s = barrier(&S);
+        s = barrier(&run);
         break;
     default:
         return coll_execute(c, op, TD_ALGO_AUTO);

@@ -199,12 +199,18 @@ static void detail_body(td_test_ctx *ctx)
     /* The group still works, p2p included. */
     TD_CHECK_OK(td_pg_all_reduce(pg, f4, TD_OP_SUM, NULL));
     TD_CHECK_EQ(pg_test_get(f4, 0), ws * ws);
+    /* Sent from i4 while the neighbour's message lands in r4: a buffer being sent may not be
+     * received into at the same time (the threaded ranks would race on it). */
+    td_tensor *r4 = NULL;
+    TD_CHECK_OK(td_tensor_zeros(TD_INT32, TD_SHAPE(4), &r4));
     td_future *w[2];
     TD_CHECK_OK(td_pg_send(pg, i4, (me + 1) % ws, 0, &w[0]));
-    TD_CHECK_OK(td_pg_recv(pg, i4, (me + ws - 1) % ws, 0, NULL, &w[1]));
+    TD_CHECK_OK(td_pg_recv(pg, r4, (me + ws - 1) % ws, 0, NULL, &w[1]));
     TD_CHECK_OK(td_future_wait_all(w, 2, 0));
+    TD_CHECK_EQ(pg_test_get(r4, 3), 1);
     td_future_release(w[0]);
     td_future_release(w[1]);
+    td_tensor_release(r4);
     td_tensor_release(f4);
     td_tensor_release(f3);
     td_tensor_release(i4);

@@ -415,12 +415,15 @@ TD_PG_TEST(argument_errors, 2, .timeout_s = 60)
     /* None of that sent anything or failed the group: the next collectives match up. */
     TD_CHECK_OK(td_pg_all_reduce(pg, f4, TD_OP_SUM, NULL));
     TD_CHECK_NEAR(sum_of(f4), 8, 0);
+    td_tensor *r3 = NULL; /* not f3, which is being sent meanwhile */
+    TD_CHECK_OK(td_tensor_zeros(TD_FLOAT32, TD_SHAPE(3), &r3));
     TD_CHECK_OK(td_pg_send(pg, f3, 1 - me, 0, &works[0]));
-    TD_CHECK_OK(td_pg_recv(pg, f3, 1 - me, 0, NULL, &works[1]));
+    TD_CHECK_OK(td_pg_recv(pg, r3, 1 - me, 0, NULL, &works[1]));
     TD_CHECK_OK(td_future_wait_all(works, 2, 0));
+    TD_CHECK_NEAR(sum_of(r3), 3, 0);
     td_future_release(works[0]);
     td_future_release(works[1]);
-    td_tensor *all[] = {f4, f3, i4, f8, c4, f5, odd, scalar};
+    td_tensor *all[] = {f4, f3, i4, f8, c4, f5, odd, scalar, r3};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         td_tensor_release(all[i]);
     pg_test_done(ctx, pg);
@@ -485,8 +488,11 @@ TD_PG_TEST(trace_events, 2, .timeout_s = 60)
     TD_CHECK_OK(td_pg_all_reduce(pg, t, TD_OP_SUM, &w[1]));
     TD_CHECK_OK(td_future_wait_all(w, 2, 0));
     TD_CHECK_OK(td_pg_broadcast(pg, t, 1, NULL));
+    td_tensor *r = NULL; /* not t, which is being sent meanwhile */
+    TD_CHECK_OK(td_tensor_zeros(TD_FLOAT32, TD_SHAPE(10, 10, 10), &r));
     TD_CHECK_OK(td_pg_send(pg, t, 1 - me, 0, &w[2]));
-    TD_CHECK_OK(td_pg_recv(pg, t, TD_ANY_SOURCE, 0, NULL, NULL));
+    TD_CHECK_OK(td_pg_recv(pg, r, TD_ANY_SOURCE, 0, NULL, NULL));
+    td_tensor_release(r);
     TD_CHECK_OK(td_future_wait(w[2], 0));
     TD_CHECK_OK(td_pg_barrier(pg, NULL));
     for (int i = 0; i < 3; i++)

@@ -5,7 +5,7 @@ BUILD ?= build
 CMAKE_FLAGS ?=
 FUZZ_SECONDS ?= 30
 
-.PHONY: all deps build asan demo test bench fuzz clean
+.PHONY: all deps build asan tsan demo test bench fuzz clean
 
 all: build
 
@@ -32,6 +32,14 @@ demo: build
 # Plain and ASan+UBSan builds, CTest in both, one summary.
 test: deps
 	@bash scripts/test.sh $(BUILD)
+
+# The suite under ThreadSanitizer (not part of `make test`: it takes as long again).
+tsan: deps
+	cmake -S . -B $(BUILD)/tsan -DCMAKE_BUILD_TYPE=Debug -DTDIST_WERROR=ON -DTDIST_SANITIZE=thread \
+	  -DTDIST_BUILD_BENCH=OFF $(CMAKE_FLAGS)
+	cmake --build $(BUILD)/tsan -j $(JOBS)
+	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/mpi/tsan.supp" \
+	  ctest --test-dir $(BUILD)/tsan -j $(JOBS) --output-on-failure --timeout 900
 
 bench: build
 	@bash bench/run.sh $(BUILD)/plain

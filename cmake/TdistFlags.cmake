@@ -15,6 +15,9 @@ if(TDIST_SANITIZE)
   add_compile_options(-fsanitize=${_san} -fno-omit-frame-pointer -fno-sanitize-recover=all)
   add_link_options(-fsanitize=${_san})
   add_compile_definitions(TDIST_SANITIZED=1)
+  if(_san MATCHES "address|leak")
+    add_compile_definitions(TDIST_LEAK_CHECKED=1) # LeakSanitizer runs at exit
+  endif()
 endif()
 
 # Test binaries and tools print backtraces of hung ranks; -rdynamic gives them symbol names.

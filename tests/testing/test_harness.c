@@ -684,7 +684,7 @@ TD_TEST(timeout_from_env, .timeout_s = 60)
     td_test_result_free(&r);
 }
 
-#ifdef TDIST_SANITIZED
+#ifdef TDIST_LEAK_CHECKED
 static void *volatile g_leaked;
 
 TD_TEST(inner_heap_leak, .world_size = 2, .timeout_s = 30, .hidden = true)

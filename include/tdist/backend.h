@@ -57,6 +57,12 @@ static inline bool td_coll_kind_reduces(td_coll_kind kind)
     return kind == TD_COLL_ALL_REDUCE || kind == TD_COLL_REDUCE || kind == TD_COLL_REDUCE_SCATTER;
 }
 
+/* The kinds that read td_coll.root. */
+static inline bool td_coll_kind_rooted(td_coll_kind kind)
+{
+    return kind == TD_COLL_BROADCAST || kind == TD_COLL_REDUCE || kind == TD_COLL_GATHER || kind == TD_COLL_SCATTER;
+}
+
 typedef struct td_coll {
     td_coll_kind kind;
     td_dtype dtype;

@@ -323,16 +323,11 @@ static void threaded_abort(void *state, td_status status, const char *message)
 
 /* ---- collectives ----------------------------------------------------------------------------- */
 
-static bool has_root(td_coll_kind k)
-{
-    return k == TD_COLL_BROADCAST || k == TD_COLL_REDUCE || k == TD_COLL_GATHER || k == TD_COLL_SCATTER;
-}
-
 static void describe(td_buf *b, int r, const td_coll *c)
 {
     buf_printf(b, "rank %d runs %s #%llu of %zu %s elements", r, td_coll_kind_name(c->kind),
                   (unsigned long long)c->seq, c->count, td_dtype_name(c->dtype));
-    if (has_root(c->kind))
+    if (td_coll_kind_rooted(c->kind))
         buf_printf(b, " with root %d", c->root);
     if (td_coll_kind_reduces(c->kind))
         buf_printf(b, " with op %s", td_reduce_op_name(c->op.kind));
@@ -347,7 +342,7 @@ static char *check_agree(world *w)
         bool same = c->kind == a->kind && c->seq == a->seq && c->dtype == a->dtype;
         if (same && c->kind != TD_COLL_ALL_TO_ALL && c->kind != TD_COLL_BARRIER)
             same = c->count == a->count;
-        if (same && has_root(c->kind))
+        if (same && td_coll_kind_rooted(c->kind))
             same = c->root == a->root;
         if (same && td_coll_kind_reduces(c->kind))
             same = c->op.kind == a->op.kind && c->op.factor == a->op.factor;

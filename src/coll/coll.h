@@ -96,6 +96,9 @@ void coll_ctx_free(td_coll_ctx *c);
 /* Runs op (not SEND / RECV) with algo (AUTO: the forced one, else chosen by size). op->seq tags
  * the messages; op->deadline_ns bounds the whole operation. */
 td_status coll_execute(td_coll_ctx *c, const td_coll *op, td_algo algo);
+/* The reduce kernel op needs in *fn (NULL for the kinds that do not reduce); TD_ERR_INVALID with
+ * td_reduce_kernel's message when the (op, dtype) pair has none. */
+td_status coll_reduce_fn(const td_coll *op, td_reduce_fn *fn);
 /* The algorithm coll_execute picks for op with algo AUTO. */
 td_algo coll_choose(const td_coll_ctx *c, const td_coll *op);
 

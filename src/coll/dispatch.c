@@ -244,6 +244,15 @@ static td_status dispatch(coll_run *run, td_algo a)
     }
 }
 
+td_status coll_reduce_fn(const td_coll *op, td_reduce_fn *fn)
+{
+    *fn = NULL;
+    if (!td_coll_kind_reduces(op->kind))
+        return TD_OK;
+    *fn = td_reduce_kernel(op->op.kind, op->dtype);
+    return *fn ? TD_OK : TD_ERR_INVALID; /* message set by td_reduce_kernel */
+}
+
 td_status coll_execute(td_coll_ctx *c, const td_coll *op, td_algo algo)
 {
     if (algo == TD_ALGO_AUTO || algo == TD_ALGO_SHM || algo == TD_ALGO_SHM_FLAT)
@@ -259,11 +268,7 @@ td_status coll_execute(td_coll_ctx *c, const td_coll *op, td_algo algo)
         .esize = td_dtype_size(op->dtype),
         .dl = op->deadline_ns,
     };
-    if (td_coll_kind_reduces(op->kind)) {
-        run.fn = td_reduce_kernel(op->op.kind, op->dtype);
-        if (!run.fn)
-            return TD_ERR_INVALID; /* message set by td_reduce_kernel */
-    }
+    TD_TRY(coll_reduce_fn(op, &run.fn));
     td_status s = dispatch(&run, algo);
     if (s != TD_OK) {
         /* Whatever is still posted must complete before the caller reuses its memory, and the

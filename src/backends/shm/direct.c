@@ -371,15 +371,8 @@ td_status shm_coll_run(td_coll_ctx *c, const td_coll *op)
         .es = td_dtype_size(op->dtype),
         .dl = op->deadline_ns,
     };
-    if (td_coll_kind_reduces(op->kind)) {
-        run.fn = td_reduce_kernel(op->op.kind, op->dtype);
-        if (!run.fn)
-            return TD_ERR_INVALID; /* message set by td_reduce_kernel */
-    }
-    int root = op->kind == TD_COLL_BROADCAST || op->kind == TD_COLL_REDUCE || op->kind == TD_COLL_GATHER ||
-                       op->kind == TD_COLL_SCATTER
-                   ? op->root
-                   : -1;
+    TD_TRY(coll_reduce_fn(op, &run.fn));
+    int root = td_coll_kind_rooted(op->kind) ? op->root : -1;
     run.d = (td_shm_desc){
         .what = desc_what((int)op->kind, (int)op->dtype, td_coll_kind_reduces(op->kind) ? (int)op->op.kind : 0, root),
         .count = op->count,

@@ -1,6 +1,6 @@
 /* The shm transport's engine (shm.h): tagged messages through single-producer rings in shared
- * memory, doorbells on futexes, peer-death detection, and the direct-access primitives of the
- * shared-memory collectives.
+ * memory, doorbells on futexes (samehost.h), and peer-death detection. It owns the segments of
+ * its ranks and hands them to the shared-memory collectives as a samehost_set (td_transport.samehost).
  *
  * Messages: the sender writes a 16-byte header (tag, length) and the payload, padded to 16 bytes,
  * into its ring in the receiver's segment, straight from the caller's memory and as far as the
@@ -25,15 +25,13 @@
  * milliseconds; an abort frame carries another rank's failure with its cause. An abort (any status
  * but TD_ERR_CLOSED) is relayed to every peer the same way, so a failure on one rank fails the
  * others at once, and it wakes every thread asleep on this rank's doorbell, direct collectives
- * included. */
+ * included (the set's waits end when the transport has failed). */
 #include "transport/shm_impl.h"
 #include "transport/match.h"
 
 #include <errno.h>
 #include <limits.h>
-#include <linux/futex.h>
 #include <poll.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,8 +52,6 @@
 #define HDR TD_SHM_MSG_HDR
 #define POOL_MIN_CLASS 12 /* unexpected-message buffers of 4 KiB and up */
 #define IO_SLICE_NS (100 * 1000000LL) /* the io thread re-checks deadlines this often */
-#define SPIN_MIN_NS 2000
-#define PAUSE_NS 2000 /* spin without yielding this long (unless ranks outnumber cores) */
 
 enum { R_IDLE = 0, R_ACTIVE = 1 };
 
@@ -66,9 +62,7 @@ typedef struct peer {
     pid_t pid;
     td_segment seg;
     /* in the peer's segment */
-    shm_bell *bell;
-    shm_arrive *arrive;
-    char *small, *large;
+    samehost_bell *bell;
     shm_ring_ctl *out_ctl; /* my ring to it */
     char *out_data;
     /* in my segment */
@@ -95,14 +89,10 @@ typedef struct shm_transport {
     td_segment seg;
     td_shm_layout layout;
     shm_offsets off;
-    shm_bell *bell;
-    shm_arrive *arrive;
-    char *small, *large;
-    _Atomic int aborted_flag; /* read without the lock by direct waits */
-    int64_t spin_ns;
-    _Atomic int spin_skip, spin_skip_next; /* touched by whichever thread waits */
-    bool oversubscribed;
-    uint64_t epoch;
+    samehost_bell *bell;
+    _Atomic int aborted_flag; /* read without the lock by the set's waits */
+    samehost_spin spin;
+    samehost_set set; /* the segments, for the direct collectives */
     pthread_t io_thread, watch_thread;
     bool io_started, watch_started;
     int watch_efd;
@@ -156,40 +146,6 @@ td_status shm_layout_from_env(int world, td_shm_layout *l)
         l->slot_bytes = align_up(v, 4096);
     }
     return TD_OK;
-}
-
-/* ---- doorbells --------------------------------------------------------------------------------- */
-
-static long futex_wait(_Atomic uint32_t *w, uint32_t val, int64_t deadline_ns, uint32_t bits)
-{
-    struct timespec ts, *tsp = NULL;
-    if (deadline_ns != TD_DEADLINE_NONE) {
-        ts.tv_sec = deadline_ns / 1000000000;
-        ts.tv_nsec = deadline_ns % 1000000000;
-        tsp = &ts;
-    }
-    /* Not FUTEX_PRIVATE: the word is in memory shared with other processes. The timeout of
-     * FUTEX_WAIT_BITSET is absolute, on CLOCK_MONOTONIC. */
-    return syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT_BITSET, val, tsp, NULL, bits);
-}
-
-static void bell_ring(shm_bell *b, uint32_t bits)
-{
-    atomic_fetch_add(&b->seq, 1);
-    syscall(SYS_futex, (uint32_t *)&b->seq, FUTEX_WAKE_BITSET, INT_MAX, NULL, NULL, bits);
-}
-
-/* After publishing something b's owner may wait for: ring whoever is registered. */
-static void bell_notify(shm_bell *b, uint32_t mask)
-{
-    atomic_thread_fence(memory_order_seq_cst);
-    uint32_t bits = 0;
-    if ((mask & SHM_BIT_WAIT) && atomic_load_explicit(&b->sleepers, memory_order_relaxed))
-        bits |= SHM_BIT_WAIT;
-    if ((mask & SHM_BIT_IO) && atomic_load_explicit(&b->io_registered, memory_order_relaxed))
-        bits |= SHM_BIT_IO;
-    if (bits)
-        bell_ring(b, bits);
 }
 
 /* ---- helpers ----------------------------------------------------------------------------------- */
@@ -251,7 +207,7 @@ static void abort_locked(td_match *m, td_status status, const char *msg, td_done
     for (int r = 0; r < m->size && status != TD_ERR_CLOSED; r++)
         if (r != m->rank)
             send_control(&t->peers[r], TD_SHM_CTRL_ABORT, status, msg);
-    bell_ring(t->bell, SHM_BIT_ALL);
+    samehost_bell_ring(t->bell, SAMEHOST_BELL_ALL);
 }
 
 /* ---- sending ----------------------------------------------------------------------------------- */
@@ -303,10 +259,10 @@ static bool flush_sends(shm_transport *t, peer *p, td_done *done)
     if (moved) {
         p->whead = head;
         atomic_store_explicit(&p->out_ctl->head, head, memory_order_release);
-        bell_notify(p->bell, SHM_BIT_ALL);
+        samehost_bell_notify(p->bell, SAMEHOST_BELL_ALL);
     }
     if (q->sq_head && atomic_exchange(&p->out_ctl->sender_blocked, 1) == 0)
-        bell_ring(p->bell, SHM_BIT_IO); /* its thread drains the ring even when idle */
+        samehost_bell_ring(p->bell, SAMEHOST_BELL_IO); /* its thread drains the ring even when idle */
     return moved;
 }
 
@@ -389,7 +345,7 @@ static bool drain(shm_transport *t, peer *p, bool drain_all, td_done *done)
         p->rtail = tail;
         atomic_store_explicit(&p->in_ctl->tail, tail, memory_order_release);
         atomic_store_explicit(&p->in_ctl->sender_blocked, 0, memory_order_relaxed);
-        bell_notify(p->bell, SHM_BIT_ALL); /* its sender may wait for room */
+        samehost_bell_notify(p->bell, SAMEHOST_BELL_ALL); /* its sender may wait for room */
     }
     return moved;
 }
@@ -418,7 +374,7 @@ static void peer_bye_locked(shm_transport *t, peer *p, td_done *done)
     drain(t, p, true, done);
     atomic_store(&p->gone, true);
     match_peer_closed(&t->m, p->q, done);
-    bell_ring(t->bell, SHM_BIT_ALL); /* direct collectives waiting for it fail */
+    samehost_bell_ring(t->bell, SAMEHOST_BELL_ALL); /* direct collectives waiting for it fail */
 }
 
 /* Reads what p's socket holds. Returns false once the socket is done (EOF or error). */
@@ -585,7 +541,7 @@ static void *io_main(void *arg)
         pthread_mutex_unlock(&m->mu);
         match_run_callbacks(&done);
         if (!moved) /* data flowing: look again at once (the lock was let go in between) */
-            futex_wait(&t->bell->seq, seq, dl, SHM_BIT_IO);
+            samehost_futex_wait(&t->bell->seq, seq, dl, SAMEHOST_BELL_IO);
         pthread_mutex_lock(&m->mu);
     }
     atomic_store(&t->bell->io_registered, 0);
@@ -599,7 +555,7 @@ static void need_io_locked(shm_transport *t, td_xfer *x)
 {
     if (!xfer_done(x) && (x->on_done || x->kind == TD_XFER_SEND) && !t->m.poller_busy &&
         !atomic_load(&t->bell->io_registered))
-        bell_ring(t->bell, SHM_BIT_IO);
+        samehost_bell_ring(t->bell, SAMEHOST_BELL_IO);
 }
 
 /* ---- ops --------------------------------------------------------------------------------------- */
@@ -646,62 +602,6 @@ static td_status shm_irecv(td_transport *base, int peer_rank, td_xfer *x)
     return s;
 }
 
-/* Spin budget for the next wait: the full budget while spinning pays off; after a spin that
- * ended in a long sleep, short spins for exponentially more waits (the peer is away computing,
- * or shares the core). */
-static int64_t spin_budget(shm_transport *t)
-{
-    int skip = atomic_load_explicit(&t->spin_skip, memory_order_relaxed);
-    if (skip > 0) {
-        atomic_store_explicit(&t->spin_skip, skip - 1, memory_order_relaxed);
-        return t->spin_ns < SPIN_MIN_NS ? t->spin_ns : SPIN_MIN_NS;
-    }
-    return t->spin_ns;
-}
-
-/* How a wait that began at start ended. A sleep that ended soon after the spin gave up (within
- * NEAR_MISS spin budgets, wake-up included) was a near miss: the peer was only briefly held up (an
- * interrupt, the host preempting its CPU), and spinning a little longer would have saved the
- * sleep and the peer's doorbell. When the ranks have a core each, spinning takes nothing from
- * them, so a near miss keeps the full budget; otherwise a sleep of any length cuts it short
- * for exponentially more waits. Without this, one preemption put both ranks of a ping-pong into
- * a cycle of sleeps and doorbells (each wake-up late enough for the other to miss its short
- * spin): 8 B all_reduce at 2 ranks went from 0.45 to 1.5-3 us on a host with other tenants. */
-#define NEAR_MISS 10
-static void spin_result(shm_transport *t, bool slept, int64_t start)
-{
-    if (slept && !t->oversubscribed && clock_now_ns() - start < NEAR_MISS * t->spin_ns)
-        slept = false;
-    if (!slept) {
-        atomic_store_explicit(&t->spin_skip_next, 0, memory_order_relaxed);
-        return;
-    }
-    int next = atomic_load_explicit(&t->spin_skip_next, memory_order_relaxed);
-    next = next ? next * 2 : 1;
-    if (next > 64)
-        next = 64;
-    atomic_store_explicit(&t->spin_skip_next, next, memory_order_relaxed);
-    atomic_store_explicit(&t->spin_skip, next, memory_order_relaxed);
-}
-
-/* One step of a spin: a pause while the peer is likely just about to answer, then the core is
- * given up between polls (another thread, maybe the peer, may need it). With more ranks than
- * cores, yield from the start. */
-static void spin_pause(const shm_transport *t, int64_t spun_ns)
-{
-    if (t->oversubscribed || spun_ns > PAUSE_NS) {
-        sched_yield();
-        return;
-    }
-    for (int i = 0; i < 16; i++) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#elif defined(__aarch64__)
-        __asm__ __volatile__("yield");
-#endif
-    }
-}
-
 static td_status shm_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
 {
     shm_transport *t = (shm_transport *)base;
@@ -712,7 +612,7 @@ static td_status shm_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
         return result;
     td_done done = TD_DONE_INIT;
     int64_t spin_start = clock_now_ns(), wait_start = spin_start;
-    int64_t spin_end = spin_start + spin_budget(t);
+    int64_t spin_end = spin_start + samehost_spin_budget(&t->spin);
     bool slept = false;
     for (;;) {
         bool moved = progress_locked(t, &done);
@@ -726,10 +626,10 @@ static td_status shm_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
         pthread_mutex_unlock(&m->mu);
         match_run_callbacks(&done);
         if (moved) {
-            spin_end = now + t->spin_ns; /* data is flowing: keep polling */
+            spin_end = now + t->spin.spin_ns; /* data is flowing: keep polling */
             spin_start = now;
         } else if (now < spin_end) {
-            spin_pause(t, now - spin_start);
+            samehost_spin_pause(&t->spin, now - spin_start);
         } else {
             /* Register, look once more, then sleep until a peer rings. */
             atomic_fetch_add(&t->bell->sleepers, 1);
@@ -740,7 +640,7 @@ static td_status shm_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
             pthread_mutex_unlock(&m->mu);
             match_run_callbacks(&done);
             if (!finished && !moved) {
-                futex_wait(&t->bell->seq, seq, dl, SHM_BIT_WAIT);
+                samehost_futex_wait(&t->bell->seq, seq, dl, SAMEHOST_BELL_WAITER);
                 slept = true;
             }
             atomic_fetch_sub(&t->bell->sleepers, 1);
@@ -748,10 +648,10 @@ static td_status shm_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
         pthread_mutex_lock(&m->mu);
     }
     m->poller_busy = false;
-    spin_result(t, slept, wait_start);
+    samehost_spin_result(&t->spin, slept, wait_start);
     /* Pending operations that someone else waits for (or with callbacks) go to the io thread. */
     if (m->pending && io_wanted(t) && !atomic_load(&t->bell->io_registered))
-        bell_ring(t->bell, SHM_BIT_IO);
+        samehost_bell_ring(t->bell, SAMEHOST_BELL_IO);
     pthread_mutex_unlock(&m->mu);
     match_run_callbacks(&done);
     return xfer_result(x);
@@ -776,6 +676,7 @@ static void free_transport(shm_transport *t)
     if (t->watch_efd >= 0)
         close(t->watch_efd);
     match_free(&t->m);
+    free(t->set.members);
     free(t->peers);
     free(t);
 }
@@ -790,7 +691,7 @@ static void shm_destroy(td_transport *base)
     pthread_mutex_lock(&t->m.mu);
     t->m.stop = true;
     pthread_mutex_unlock(&t->m.mu);
-    bell_ring(t->bell, SHM_BIT_ALL);
+    samehost_bell_ring(t->bell, SAMEHOST_BELL_ALL);
     if (t->io_started)
         thread_join(t->io_thread);
     if (t->watch_started) {
@@ -817,92 +718,25 @@ static const td_transport_ops shm_ops = {
 
 bool transport_is_shm(const td_transport *t) { return t && t->ops == &shm_ops; }
 
-/* ---- direct access ----------------------------------------------------------------------------- */
+/* ---- the owner of the segment set ------------------------------------------------------------ */
 
-size_t shm_small_bytes(const td_transport *t) { return (size_t)((const shm_transport *)t)->layout.small_bytes; }
-size_t shm_slot_bytes(const td_transport *t) { return (size_t)((const shm_transport *)t)->layout.slot_bytes; }
-
-char *shm_small(td_transport *base, int r, uint64_t e)
+static td_status set_failure(void *arg)
 {
-    shm_transport *t = (shm_transport *)base;
-    char *b = r == t->base.rank ? t->small : t->peers[r].small;
-    return b + (e & 1) * t->layout.small_bytes;
+    shm_transport *t = arg;
+    pthread_mutex_lock(&t->m.mu);
+    td_status s = error_set(t->m.abort_status, t->m.abort_msg);
+    pthread_mutex_unlock(&t->m.mu);
+    return s;
 }
 
-char *shm_slot(td_transport *base, int r, uint64_t e)
+static void set_abort(void *arg, td_status status, const char *message)
 {
-    shm_transport *t = (shm_transport *)base;
-    char *b = r == t->base.rank ? t->large : t->peers[r].large;
-    return b + (e & 1) * t->layout.slot_bytes;
+    shm_abort(&((shm_transport *)arg)->base, status, message);
 }
 
-uint64_t shm_epoch(td_transport *base) { return ++((shm_transport *)base)->epoch; }
-
-void shm_publish_arrival(td_transport *base, uint64_t e, const td_shm_desc *d)
+static td_status set_wait_failed(void *arg, int missing, uint64_t e, int64_t deadline_ns, int64_t start_ns)
 {
-    shm_transport *t = (shm_transport *)base;
-    shm_arrive *a = t->arrive;
-    int k = (int)(e & 1);
-    a->desc_epoch[k] = e;
-    a->what[k] = d ? d->what : 0;
-    a->count[k] = d ? d->count : 0;
-    atomic_store_explicit(&a->epoch, e, memory_order_release);
-    atomic_thread_fence(memory_order_seq_cst);
-    for (int r = 0; r < t->base.size; r++)
-        if (r != t->base.rank && atomic_load_explicit(&t->peers[r].bell->sleepers, memory_order_relaxed))
-            bell_ring(t->peers[r].bell, SHM_BIT_WAIT);
-}
-
-/* 1: arrived (and described as d), 0: not yet, -1: failed (error set, transport aborted). */
-static int check_peer(shm_transport *t, int r, uint64_t e, const td_shm_desc *d)
-{
-    peer *p = &t->peers[r];
-    uint64_t got = atomic_load_explicit(&p->arrive->epoch, memory_order_acquire);
-    if (got < e)
-        return 0;
-    if (d) {
-        int k = (int)(e & 1);
-        uint64_t de = p->arrive->desc_epoch[k], w = p->arrive->what[k], c = p->arrive->count[k];
-        if (de == e && (w != d->what || c != d->count)) {
-            char mine[96], theirs[96], msg[TD_XFER_ERROR_MAX + 64];
-            d->describe(d->what, d->count, mine, sizeof mine);
-            d->describe(w, c, theirs, sizeof theirs);
-            snprintf(msg, sizeof msg,
-                     "Ranks disagree about a collective: rank %d runs %s, rank %d runs %s; every rank must run the "
-                     "same collectives with the same sizes",
-                     grank(t, t->base.rank), mine, grank(t, r), theirs);
-            shm_abort(&t->base, TD_ERR_INVALID, msg);
-            error_set(TD_ERR_INVALID, msg);
-            return -1;
-        }
-    }
-    return 1;
-}
-
-/* 1 when every awaited peer arrived, 0 not yet, -1 failed. *missing: one that has not. */
-static int check_all(shm_transport *t, int r, uint64_t e, const td_shm_desc *d, int *missing)
-{
-    if (r >= 0)
-        return (*missing = r), check_peer(t, r, e, d);
-    int result = 1;
-    for (int q = 0; q < t->base.size; q++) {
-        if (q == t->base.rank)
-            continue;
-        int c = check_peer(t, q, e, d);
-        if (c < 0)
-            return -1;
-        if (c == 0) {
-            *missing = q;
-            result = 0;
-            if (!d)
-                return 0;
-        }
-    }
-    return result;
-}
-
-static td_status wait_failed(shm_transport *t, int missing, uint64_t e, int64_t deadline_ns, int64_t start_ns)
-{
+    shm_transport *t = arg;
     td_match *m = &t->m;
     pthread_mutex_lock(&m->mu);
     if (!m->aborted) {
@@ -927,61 +761,17 @@ static td_status wait_failed(shm_transport *t, int missing, uint64_t e, int64_t 
     return s;
 }
 
-td_status shm_wait_arrival(td_transport *base, int r, uint64_t e, const td_shm_desc *d, int64_t deadline_ns)
-{
-    shm_transport *t = (shm_transport *)base;
-    int missing = r;
-    if (atomic_load_explicit(&t->aborted_flag, memory_order_acquire)) {
-        pthread_mutex_lock(&t->m.mu);
-        td_status s = error_set(t->m.abort_status, t->m.abort_msg);
-        pthread_mutex_unlock(&t->m.mu);
-        return s;
-    }
-    int c = check_all(t, r, e, d, &missing);
-    if (c != 0)
-        return c > 0 ? TD_OK : TD_ERR_INVALID;
-    int64_t start = clock_now_ns();
-    int64_t spin_end = start + spin_budget(t);
-    bool slept = false;
-    for (;;) {
-        if (atomic_load_explicit(&t->aborted_flag, memory_order_acquire) || atomic_load(&t->peers[missing].gone) ||
-            deadline_passed(deadline_ns))
-            break;
-        int64_t now = clock_now_ns();
-        if (now < spin_end) {
-            spin_pause(t, now - start);
-        } else {
-            atomic_fetch_add(&t->bell->sleepers, 1);
-            uint32_t seq = atomic_load(&t->bell->seq);
-            c = check_all(t, r, e, d, &missing);
-            if (c == 0 && !atomic_load(&t->aborted_flag) && !atomic_load(&t->peers[missing].gone)) {
-                futex_wait(&t->bell->seq, seq, deadline_ns, SHM_BIT_WAIT);
-                slept = true;
-            }
-            atomic_fetch_sub(&t->bell->sleepers, 1);
-            if (c < 0)
-                return TD_ERR_INVALID;
-        }
-        c = check_all(t, r, e, d, &missing);
-        if (c != 0) {
-            spin_result(t, slept, start);
-            return c > 0 ? TD_OK : TD_ERR_INVALID;
-        }
-    }
-    /* A peer that arrived before it left (or before the abort) still counts. */
-    c = check_all(t, r, e, d, &missing);
-    if (c != 0)
-        return c > 0 ? TD_OK : TD_ERR_INVALID;
-    return wait_failed(t, missing, e, deadline_ns, start);
-}
 /* ---- creation ---------------------------------------------------------------------------------- */
 
-static int cpus_available(void)
+/* The set's view of rank r's segment, mapped at base. */
+static samehost_member member_at(const shm_transport *t, char *base)
 {
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) != 0)
-        return (int)sysconf(_SC_NPROCESSORS_ONLN);
-    return CPU_COUNT(&set);
+    return (samehost_member){
+        .bell = (samehost_bell *)(base + t->off.bell),
+        .arrival = (samehost_arrival *)(base + t->off.arrive),
+        .small = base + t->off.small,
+        .large = base + t->off.large,
+    };
 }
 
 td_status shm_transport_start(int rank, int size, const int *global_ranks, td_segment *own,
@@ -1000,11 +790,21 @@ td_status shm_transport_start(int rank, int size, const int *global_ranks, td_se
     t->layout = *layout;
     shm_layout_offsets(size, layout, &t->off);
     char *mine = t->seg.base;
-    t->bell = (shm_bell *)(mine + t->off.bell);
-    t->arrive = (shm_arrive *)(mine + t->off.arrive);
-    t->small = mine + t->off.small;
-    t->large = mine + t->off.large;
+    t->bell = (samehost_bell *)(mine + t->off.bell);
     t->peers = TD_NEW_ARRAY(peer, (size_t)size);
+    t->set = (samehost_set){
+        .rank = rank,
+        .size = size,
+        .global_ranks = t->m.global_ranks,
+        .small_bytes = (size_t)layout->small_bytes,
+        .slot_bytes = (size_t)layout->slot_bytes,
+        .members = TD_NEW_ARRAY(samehost_member, (size_t)size),
+        .spin = &t->spin,
+        .owner = {.arg = t, .failed = &t->aborted_flag, .failure = set_failure, .abort = set_abort,
+                  .wait_failed = set_wait_failed},
+    };
+    t->set.members[rank] = member_at(t, mine);
+    t->base.samehost = &t->set;
     for (int r = 0; r < size; r++) {
         peer *p = &t->peers[r];
         p->q = &t->m.peers[r];
@@ -1018,10 +818,9 @@ td_status shm_transport_start(int rank, int size, const int *global_ranks, td_se
         setup[r].sock = -1;
         setup[r].seg = (td_segment)TD_SEGMENT_INIT;
         char *theirs = p->seg.base;
-        p->bell = (shm_bell *)(theirs + t->off.bell);
-        p->arrive = (shm_arrive *)(theirs + t->off.arrive);
-        p->small = theirs + t->off.small;
-        p->large = theirs + t->off.large;
+        t->set.members[r] = member_at(t, theirs);
+        t->set.members[r].gone = &p->gone;
+        p->bell = t->set.members[r].bell;
         int out_idx = rank < r ? rank : rank - 1; /* my ring in its segment */
         int in_idx = r < rank ? r : r - 1;        /* its ring in mine */
         p->out_ctl = (shm_ring_ctl *)(theirs + t->off.rings + (size_t)out_idx * t->off.ring_stride);
@@ -1038,12 +837,9 @@ td_status shm_transport_start(int rank, int size, const int *global_ranks, td_se
                              (int)p->pid, strerror(errno), global_ranks ? global_ranks[r] : r);
         }
     }
-    int64_t spin_us = 20;
-    td_status s = env_get_int("TDIST_SHM_SPIN_US", 20, 0, 1000000, &spin_us);
+    td_status s = samehost_spin_init(&t->spin, size);
     if (s != TD_OK)
         goto fail;
-    t->spin_ns = spin_us * 1000;
-    t->oversubscribed = size > cpus_available();
     t->watch_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (t->watch_efd < 0) {
         s = error_errno(TD_ERR_IO, "creating the shm transport's eventfd");
@@ -1064,7 +860,7 @@ fail:
         pthread_mutex_lock(&t->m.mu);
         t->m.stop = true;
         pthread_mutex_unlock(&t->m.mu);
-        bell_ring(t->bell, SHM_BIT_ALL);
+        samehost_bell_ring(t->bell, SAMEHOST_BELL_ALL);
         thread_join(t->io_thread);
     }
     free_transport(t);

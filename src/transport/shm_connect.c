@@ -24,6 +24,7 @@
 #include "base/host.h"
 #include "base/log.h"
 #include "transport/peer_rendezvous.h"
+#include "transport/samehost.h"
 
 #define NAME_MAX_LEN 96
 
@@ -304,7 +305,7 @@ static td_status rendezvous(setup *s, int *lfd)
     TD_TRY(rdv_generation(v));
     char name[NAME_MAX_LEN], val[512];
     snprintf(name, sizeof name, "tdist-shm-%d-%016llx", (int)getpid(), (unsigned long long)v->nonce);
-    *lfd = rdv_unix_listen(name, v->size + 16);
+    *lfd = samehost_unix_listen(name, v->size + 16);
     if (*lfd < 0)
         return error_errno(TD_ERR_IO, "shm transport of rank %d: listening on a UNIX-domain socket",
                               grank_of(s, v->rank));
@@ -316,7 +317,7 @@ static td_status rendezvous(setup *s, int *lfd)
         if (r != v->rank)
             st = read_entry(s, r, names + (size_t)r * NAME_MAX_LEN, NAME_MAX_LEN);
     for (int r = v->rank + 1; r < v->size && st == TD_OK; r++) {
-        int fd = rdv_unix_connect(names + (size_t)r * NAME_MAX_LEN);
+        int fd = samehost_unix_connect(names + (size_t)r * NAME_MAX_LEN);
         if (fd < 0) {
             st = error_errno(TD_ERR_PEER_LOST, "connecting to rank %d's shm transport socket", grank_of(s, r));
             break;

@@ -25,6 +25,7 @@
  * deadline) for everything else. */
 #include "transport/tcp.h"
 #include "transport/match.h"
+#include "transport/samehost.h"
 #include "transport/tcp_proto.h"
 
 #include <errno.h>
@@ -408,46 +409,12 @@ static bool keep_owed(tcp_transport *t, peer *p)
 
 /* ---- single-copy transfers between processes of one host ---------------------------------------
  * A large collective message to a same-host peer goes as an RTS that names its pieces in the
- * sender's memory; the receiver copies them straight into its posted buffer with process_vm_readv
- * (one copy, no socket buffers) and answers with a FIN, which completes the send. Both sides agreed
- * in the handshake after checking that the copy works (tcp_connect.c). */
+ * sender's memory; the receiver copies them straight into its posted buffer with the same-host
+ * layer's single-copy read (samehost.h: one copy, no socket buffers) and answers with a FIN, which
+ * completes the send. Both sides agreed in the handshake after checking that the copy works
+ * (tcp_connect.c). */
 
-/* Copies the message described by (addr, len) in process pid into x's buffers. */
-static int cma_copy(pid_t pid, td_xfer *x, const uint64_t *addr, const uint64_t *len, int n)
-{
-    size_t total = x->total, done_bytes = 0;
-    while (done_bytes < total) {
-        struct iovec l[TD_XFER_MAX_IOV], r[TD_TCP_RTS_MAX_IOV];
-        int lc = xfer_iov_from(x, done_bytes, total - done_bytes, l, TD_XFER_MAX_IOV);
-        int rc = 0;
-        size_t skip = done_bytes;
-        for (int i = 0; i < n; i++) {
-            if (skip >= len[i]) {
-                skip -= len[i];
-                continue;
-            }
-            r[rc].iov_base = (void *)(uintptr_t)(addr[i] + skip);
-            r[rc].iov_len = len[i] - skip;
-            rc++;
-            skip = 0;
-        }
-        ssize_t got = process_vm_readv(pid, l, (unsigned long)lc, r, (unsigned long)rc, 0);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0)
-            return got < 0 ? errno : EFAULT;
-        done_bytes += (size_t)got;
-    }
-    return 0;
-}
-
-/* Whether the sender's guard word still holds its value (it had not aborted when we finished). */
-static bool guard_holds(pid_t pid, uint64_t addr, uint64_t value)
-{
-    uint64_t got = 0;
-    struct iovec l = {&got, sizeof got}, r = {(void *)(uintptr_t)addr, sizeof got};
-    return process_vm_readv(pid, &l, 1, &r, 1, 0) == (ssize_t)sizeof got && got == value;
-}
+_Static_assert(TD_TCP_RTS_MAX_IOV <= SAMEHOST_READ_MAX_PIECES, "an RTS names more pieces than a read takes");
 
 /* A matched RTS: copy, complete the receive, and tell the sender it may reuse its buffer. */
 static void rts_deliver(tcp_transport *t, peer *p, td_xfer *x, const td_tcp_control *c, td_done *done)
@@ -456,8 +423,8 @@ static void rts_deliver(tcp_transport *t, peer *p, td_xfer *x, const td_tcp_cont
     if (x->total != c->total) {
         match_mismatch(&t->m, x, p->q, c->tag, (size_t)c->total, done);
     } else {
-        int err = cma_copy(p->pid, x, c->addr, c->len, c->iovcnt);
-        if (!err && !guard_holds(p->pid, c->guard_addr, c->guard_value)) {
+        int err = samehost_read_into(p->pid, x, c->addr, c->len, c->iovcnt);
+        if (!err && !samehost_word_is(p->pid, c->guard_addr, c->guard_value)) {
             /* The sender aborted meanwhile: what was read may not be the message. Its abort frame
              * is on the way; the receive fails now. */
             match_completef(&t->m, x, TD_ERR_PEER_LOST, done,

@@ -1,5 +1,5 @@
-/* The same-host layer (samehost.h): abstract UNIX-domain sockets, doorbells on shared futex words,
- * the spinning policy of waiters, the arrivals of the segment set that the direct collectives run
+/* The same-host layer (samehost.h): abstract UNIX-domain sockets and fds passed over them,
+ * doorbells on shared futex words, the spinning policy of waiters, the arrivals of the segment set that the direct collectives run
  * on, and single-copy reads from a peer's memory. Its users are the shm transport, the shm
  * backend's direct collectives and the tcp transport's local path; it knows none of them. */
 #include "transport/samehost.h"
@@ -66,6 +66,58 @@ int samehost_unix_connect(const char *name)
         return -1;
     }
     return fd;
+}
+
+ssize_t samehost_send_fd(int sock, const void *buf, size_t len, int fd)
+{
+    struct iovec iov = {(void *)buf, len};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } cm;
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (fd >= 0) {
+        memset(&cm, 0, sizeof cm);
+        mh.msg_control = cm.buf;
+        mh.msg_controllen = sizeof cm.buf;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    }
+    return sendmsg(sock, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+ssize_t samehost_recv_fd(int sock, void *buf, size_t len, int *fd, bool *extra)
+{
+    struct iovec iov = {buf, len};
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * 4)];
+        struct cmsghdr align;
+    } cm;
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf, .msg_controllen = sizeof cm.buf};
+    ssize_t n = recvmsg(sock, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n <= 0)
+        return n;
+    for (struct cmsghdr *h = CMSG_FIRSTHDR(&mh); h; h = CMSG_NXTHDR(&mh, h)) {
+        if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t nfd = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < nfd; i++) {
+            int got;
+            memcpy(&got, CMSG_DATA(h) + i * sizeof(int), sizeof got);
+            if (*fd < 0 && !*extra) {
+                *fd = got;
+            } else {
+                close(got);
+                *extra = true;
+            }
+        }
+    }
+    if (mh.msg_flags & MSG_CTRUNC)
+        *extra = true;
+    return n;
 }
 
 /* ---- doorbells ---------------------------------------------------------------------------------- */

@@ -4,7 +4,7 @@
  * path (tcp.c), and next RPC.
  *
  *   abstract UNIX-domain sockets   how processes of one host find each other (nothing in the file
- *                                  system, gone with their owner)
+ *                                  system, gone with their owner) and pass segments as fds
  *   doorbells                      a futex word in shared memory that a process sleeps on and its
  *                                  peers ring, only when someone sleeps there
  *   spinning                       how long a waiter polls before it sleeps, adapted to what
@@ -43,6 +43,15 @@ int samehost_unix_listen(const char *name, int backlog);
 /* A blocking connection to name, or -1 with errno: a listening UNIX socket accepts at once or
  * refuses, so the connect never waits on a network. */
 int samehost_unix_connect(const char *name);
+
+/* A segment travels between processes as its fd on such a socket (SCM_RIGHTS). */
+/* Sends len bytes in one message, with fd attached when fd >= 0, without blocking. Returns what
+ * sendmsg returns (errno set when negative). */
+ssize_t samehost_send_fd(int sock, const void *buf, size_t len, int fd);
+/* Receives up to len bytes without blocking. The first fd that comes goes into *fd when that is
+ * -1; any other is closed and sets *extra, as does a cut control message. Returns what recvmsg
+ * returns (errno set when negative; fds are looked at only when it is positive). */
+ssize_t samehost_recv_fd(int sock, void *buf, size_t len, int *fd, bool *extra);
 
 /* ---- doorbells ---------------------------------------------------------------------------------
  * A process's doorbell: the futex word its sleeping threads wait on, and who sleeps. Waiting

@@ -1,7 +1,8 @@
 /* The same-host layer (samehost.h): abstract UNIX-domain sockets and fds passed over them,
- * doorbells on shared futex words, the spinning policy of waiters, the arrivals of the segment set that the direct collectives run
- * on, and single-copy reads from a peer's memory. Its users are the shm transport, the shm
- * backend's direct collectives and the tcp transport's local path; it knows none of them. */
+ * doorbells on shared futex words, the spinning policy of waiters, the arrivals of the segment set
+ * that the direct collectives run on, and single-copy reads from a peer's memory. Its users are
+ * the shm transport, the shm backend's direct collectives and the tcp transport's local path; it
+ * knows none of them. */
 #include "transport/samehost.h"
 
 #include <errno.h>

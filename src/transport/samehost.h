@@ -174,8 +174,9 @@ td_status samehost_wait_arrival(samehost_set *set, int r, uint64_t e, const same
 /* ---- single-copy reads ------------------------------------------------------------------------- */
 
 #define SAMEHOST_READ_MAX_PIECES 4
-/* Copies the n (at most SAMEHOST_READ_MAX_PIECES) pieces (addr, len) of process pid's memory, x->total bytes in all, into x's buffers.
- * Returns 0, or the errno of the failed read (EFAULT for a short one). */
+/* Copies the n (at most SAMEHOST_READ_MAX_PIECES) pieces (addr, len) of process pid's memory,
+ * x->total bytes in all, into x's buffers. Returns 0, or the errno of the failed read (EFAULT for
+ * a short one). */
 int samehost_read_into(pid_t pid, td_xfer *x, const uint64_t *addr, const uint64_t *len, int n);
 /* Whether the 8-byte word at addr in process pid reads as value (false, errno set, when it cannot
  * be read). */

@@ -53,10 +53,10 @@
 #define POOL_MIN_CLASS 12 /* unexpected-message buffers of 4 KiB and up */
 #define IO_SLICE_NS (100 * 1000000LL) /* the io thread re-checks deadlines this often */
 
-enum { R_IDLE = 0, R_ACTIVE = 1 };
+enum { RX_IDLE = 0, RX_IN_MESSAGE = 1 };
 
 typedef struct peer {
-    td_match_peer *q; /* queues, and where the arriving payload goes */
+    td_match_peer *queues; /* its queues, and where the arriving payload goes */
     int sock;
     int pidfd;
     pid_t pid;
@@ -71,20 +71,20 @@ typedef struct peer {
     _Atomic bool gone;     /* said goodbye: nothing more comes from it */
     bool sock_closed;
     /* sending */
-    uint64_t whead;        /* my copy of out_ctl->head (only I write it) */
+    uint64_t tx_head;        /* my copy of out_ctl->head (only I write it) */
     /* receiving */
-    uint64_t rtail;        /* my copy of in_ctl->tail (only I write it) */
-    int rstate;
-    uint64_t rtag;
-    size_t rlen, rgot, rwire; /* payload length, wire bytes consumed, wire bytes in all */
+    uint64_t rx_tail;        /* my copy of in_ctl->tail (only I write it) */
+    int rx_state;
+    uint64_t rx_tag;
+    size_t rx_len, rx_consumed, rx_wire_len; /* payload length, wire bytes consumed, wire bytes in all */
     /* the watcher's input */
-    uint8_t cbuf[TD_SHM_CTRL_MAX];
-    size_t cgot;
+    uint8_t ctrl_buf[TD_SHM_CTRL_MAX];
+    size_t ctrl_got;
 } peer;
 
 typedef struct shm_transport {
     td_transport base;
-    td_match m; /* its mutex guards everything */
+    td_match match; /* its mutex guards everything */
     peer *peers;
     td_segment seg;
     td_shm_layout layout;
@@ -150,9 +150,12 @@ td_status shm_layout_from_env(int world, td_shm_layout *l)
 
 /* ---- helpers ----------------------------------------------------------------------------------- */
 
-static shm_transport *of_match(td_match *m) { return (shm_transport *)((char *)m - offsetof(shm_transport, m)); }
+static shm_transport *of_match(td_match *m)
+{
+    return (shm_transport *)((char *)m - offsetof(shm_transport, match));
+}
 
-static int grank(const shm_transport *t, int r) { return match_grank(&t->m, r); }
+static int grank(const shm_transport *t, int r) { return match_grank(&t->match, r); }
 
 /* Ring copies at byte position pos (mod size, a power of two), wrapping. */
 static void ring_read(const char *data, uint64_t size, uint64_t pos, char *dst, size_t n,
@@ -216,12 +219,12 @@ static void abort_locked(td_match *m, td_status status, const char *msg, td_done
  * moved. */
 static bool flush_sends(shm_transport *t, peer *p, td_done *done)
 {
-    td_match_peer *q = p->q;
+    td_match_peer *q = p->queues;
     if (!q->sq_head)
         return false;
     uint64_t size = t->layout.ring_bytes;
     uint64_t tail = atomic_load_explicit(&p->out_ctl->tail, memory_order_acquire);
-    uint64_t head = p->whead;
+    uint64_t head = p->tx_head;
     bool moved = false;
     while (q->sq_head) {
         td_xfer *x = q->sq_head;
@@ -254,10 +257,10 @@ static bool flush_sends(shm_transport *t, peer *p, td_done *done)
         q->sq_head = x->next;
         if (!q->sq_head)
             q->sq_tail = NULL;
-        match_finish(&t->m, x, done);
+        match_finish(&t->match, x, done);
     }
     if (moved) {
-        p->whead = head;
+        p->tx_head = head;
         atomic_store_explicit(&p->out_ctl->head, head, memory_order_release);
         samehost_bell_notify(p->bell, SAMEHOST_BELL_ALL);
     }
@@ -273,11 +276,11 @@ static bool flush_sends(shm_transport *t, peer *p, td_done *done)
  * unmatched ones into unexpected buffers. Returns whether anything moved. */
 static bool drain(shm_transport *t, peer *p, bool drain_all, td_done *done)
 {
-    td_match *m = &t->m;
-    td_match_peer *q = p->q;
+    td_match *m = &t->match;
+    td_match_peer *q = p->queues;
     uint64_t size = t->layout.ring_bytes;
     uint64_t head = atomic_load_explicit(&p->in_ctl->head, memory_order_acquire);
-    uint64_t tail = p->rtail;
+    uint64_t tail = p->rx_tail;
     if (head == tail)
         return false;
     if (head - tail > size) {
@@ -287,9 +290,9 @@ static bool drain(shm_transport *t, peer *p, bool drain_all, td_done *done)
     bool moved = false;
     while (!m->aborted) {
         uint64_t avail = head - tail;
-        if (avail == 0 && !(p->rstate == R_ACTIVE && p->rgot == p->rwire))
+        if (avail == 0 && !(p->rx_state == RX_IN_MESSAGE && p->rx_consumed == p->rx_wire_len))
             break;
-        if (p->rstate == R_IDLE) {
+        if (p->rx_state == RX_IDLE) {
             if (avail < HDR)
                 break;
             uint8_t h[HDR];
@@ -308,20 +311,20 @@ static bool drain(shm_transport *t, peer *p, bool drain_all, td_done *done)
                 match_unexp_queue(m, q, q->ru);
             }
             tail += HDR;
-            p->rstate = R_ACTIVE;
-            p->rtag = tag;
-            p->rlen = (size_t)len;
-            p->rgot = 0;
-            p->rwire = wire_len((size_t)len) - HDR;
+            p->rx_state = RX_IN_MESSAGE;
+            p->rx_tag = tag;
+            p->rx_len = (size_t)len;
+            p->rx_consumed = 0;
+            p->rx_wire_len = wire_len((size_t)len) - HDR;
             moved = true;
             continue;
         }
-        size_t want = p->rwire - p->rgot;
+        size_t want = p->rx_wire_len - p->rx_consumed;
         size_t n = avail < want ? (size_t)avail : want;
-        size_t pay = p->rgot < p->rlen ? (p->rlen - p->rgot < n ? p->rlen - p->rgot : n) : 0;
+        size_t pay = p->rx_consumed < p->rx_len ? (p->rx_len - p->rx_consumed < n ? p->rx_len - p->rx_consumed : n) : 0;
         if (pay) {
             if (q->rx) {
-                ring_read(p->in_data, size, tail, NULL, pay, q->rx, p->rgot);
+                ring_read(p->in_data, size, tail, NULL, pay, q->rx, p->rx_consumed);
                 t->n_direct += pay;
             } else if (q->ru) {
                 if (!match_unexp_room(m, q->ru, pay)) {
@@ -334,15 +337,15 @@ static bool drain(shm_transport *t, peer *p, bool drain_all, td_done *done)
             }
         }
         tail += n;
-        p->rgot += n;
+        p->rx_consumed += n;
         moved = true;
-        if (p->rgot < p->rwire)
+        if (p->rx_consumed < p->rx_wire_len)
             break;
-        p->rstate = R_IDLE;
+        p->rx_state = RX_IDLE;
         match_message_done(m, q, done);
     }
-    if (tail != p->rtail) {
-        p->rtail = tail;
+    if (tail != p->rx_tail) {
+        p->rx_tail = tail;
         atomic_store_explicit(&p->in_ctl->tail, tail, memory_order_release);
         atomic_store_explicit(&p->in_ctl->sender_blocked, 0, memory_order_relaxed);
         samehost_bell_notify(p->bell, SAMEHOST_BELL_ALL); /* its sender may wait for room */
@@ -354,7 +357,7 @@ static bool drain(shm_transport *t, peer *p, bool drain_all, td_done *done)
 static bool progress_locked(shm_transport *t, td_done *done)
 {
     bool moved = false;
-    for (int r = 0; r < t->base.size && !t->m.aborted; r++) {
+    for (int r = 0; r < t->base.size && !t->match.aborted; r++) {
         if (r == t->base.rank)
             continue;
         peer *p = &t->peers[r];
@@ -373,7 +376,7 @@ static void peer_bye_locked(shm_transport *t, peer *p, td_done *done)
     /* Everything it sent before the goodbye is in its ring: take it all first. */
     drain(t, p, true, done);
     atomic_store(&p->gone, true);
-    match_peer_closed(&t->m, p->q, done);
+    match_peer_closed(&t->match, p->queues, done);
     samehost_bell_ring(t->bell, SAMEHOST_BELL_ALL); /* direct collectives waiting for it fail */
 }
 
@@ -381,27 +384,27 @@ static void peer_bye_locked(shm_transport *t, peer *p, td_done *done)
 static bool read_control(shm_transport *t, peer *p, td_done *done)
 {
     for (;;) {
-        ssize_t n = recv(p->sock, p->cbuf + p->cgot, sizeof p->cbuf - p->cgot, MSG_DONTWAIT);
+        ssize_t n = recv(p->sock, p->ctrl_buf + p->ctrl_got, sizeof p->ctrl_buf - p->ctrl_got, MSG_DONTWAIT);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             return true;
         if (n <= 0) {
             if (!atomic_load(&p->gone))
-                match_lost(&t->m, p->q, done,
+                match_lost(&t->match, p->queues, done,
                               n == 0 ? "its connection closed without a goodbye (the process exited or was killed)"
                                      : "its connection failed (the process exited or was killed)");
             return false;
         }
-        p->cgot += (size_t)n;
+        p->ctrl_got += (size_t)n;
         for (;;) {
             td_shm_control c;
             size_t used = 0;
-            td_shm_parse pr = shm_control_parse(p->cbuf, p->cgot, &c, &used);
+            td_shm_parse pr = shm_control_parse(p->ctrl_buf, p->ctrl_got, &c, &used);
             if (pr == TD_SHM_PARSE_MORE)
                 break;
             if (pr == TD_SHM_PARSE_BAD) {
-                match_lost(&t->m, p->q, done, "protocol error: a malformed control frame");
+                match_lost(&t->match, p->queues, done, "protocol error: a malformed control frame");
                 return false;
             }
             if (c.type == TD_SHM_CTRL_BYE) {
@@ -410,10 +413,10 @@ static bool read_control(shm_transport *t, peer *p, td_done *done)
                 char msg[TD_SHM_CTRL_MSG_MAX + 1];
                 memcpy(msg, c.msg ? c.msg : "", c.msg_len);
                 msg[c.msg_len] = '\0';
-                abort_locked(&t->m, c.status, msg, done);
+                abort_locked(&t->match, c.status, msg, done);
             }
-            memmove(p->cbuf, p->cbuf + used, p->cgot - used);
-            p->cgot -= used;
+            memmove(p->ctrl_buf, p->ctrl_buf + used, p->ctrl_got - used);
+            p->ctrl_got -= used;
         }
     }
 }
@@ -450,7 +453,7 @@ static void *watch_main(void *arg)
         if (pf[0].revents)
             break; /* destroy */
         td_done done = TD_DONE_INIT;
-        pthread_mutex_lock(&t->m.mu);
+        pthread_mutex_lock(&t->match.mu);
         /* Sockets first: a goodbye written before the process exited must be seen before its
          * pidfd says it is gone. */
         for (int i = 1; i < k; i++) {
@@ -471,10 +474,10 @@ static void *watch_main(void *arg)
             if (!atomic_load(&p->gone)) {
                 char why[96];
                 snprintf(why, sizeof why, "its process (pid %d) exited or was killed", (int)p->pid);
-                match_lost(&t->m, p->q, &done, why);
+                match_lost(&t->match, p->queues, &done, why);
             }
         }
-        pthread_mutex_unlock(&t->m.mu);
+        pthread_mutex_unlock(&t->match.mu);
         match_run_callbacks(&done);
     }
     free(pf);
@@ -496,7 +499,7 @@ static bool drain_wanted(shm_transport *t)
 static bool sends_blocked(shm_transport *t)
 {
     for (int r = 0; r < t->base.size; r++)
-        if (t->m.peers[r].sq_head)
+        if (t->match.peers[r].sq_head)
             return true;
     return false;
 }
@@ -507,13 +510,13 @@ static bool sends_blocked(shm_transport *t)
  * their sender fills the ring (it kicks this thread) or when someone waits on them. */
 static bool io_wanted(shm_transport *t)
 {
-    return t->m.pending_cb || t->m.xfer_sleepers || sends_blocked(t);
+    return t->match.pending_cb || t->match.xfer_sleepers || sends_blocked(t);
 }
 
 static void *io_main(void *arg)
 {
     shm_transport *t = arg;
-    td_match *m = &t->m;
+    td_match *m = &t->match;
     pthread_mutex_lock(&m->mu);
     while (!m->stop) {
         td_done done = TD_DONE_INIT;
@@ -553,7 +556,7 @@ static void *io_main(void *arg)
  * must know. */
 static void need_io_locked(shm_transport *t, td_xfer *x)
 {
-    if (!xfer_done(x) && (x->on_done || x->kind == TD_XFER_SEND) && !t->m.poller_busy &&
+    if (!xfer_done(x) && (x->on_done || x->kind == TD_XFER_SEND) && !t->match.poller_busy &&
         !atomic_load(&t->bell->io_registered))
         samehost_bell_ring(t->bell, SAMEHOST_BELL_IO);
 }
@@ -564,17 +567,17 @@ static td_status shm_isend(td_transport *base, int peer_rank, td_xfer *x)
 {
     shm_transport *t = (shm_transport *)base;
     td_done done = TD_DONE_INIT;
-    pthread_mutex_lock(&t->m.mu);
+    pthread_mutex_lock(&t->match.mu);
     peer *p = &t->peers[peer_rank];
-    if (t->m.aborted || atomic_load(&p->gone)) {
-        td_status s = match_refused(&t->m, p->q);
-        pthread_mutex_unlock(&t->m.mu);
+    if (t->match.aborted || atomic_load(&p->gone)) {
+        td_status s = match_refused(&t->match, p->queues);
+        pthread_mutex_unlock(&t->match.mu);
         return s;
     }
-    if (match_post_send(&t->m, p->q, x))
+    if (match_post_send(&t->match, p->queues, x))
         flush_sends(t, p, &done);
     need_io_locked(t, x);
-    pthread_mutex_unlock(&t->m.mu);
+    pthread_mutex_unlock(&t->match.mu);
     match_run_callbacks(&done);
     return TD_OK;
 }
@@ -583,10 +586,10 @@ static td_status shm_irecv(td_transport *base, int peer_rank, td_xfer *x)
 {
     shm_transport *t = (shm_transport *)base;
     td_done done = TD_DONE_INIT;
-    pthread_mutex_lock(&t->m.mu);
+    pthread_mutex_lock(&t->match.mu);
     bool gone = peer_rank != TD_TRANSPORT_ANY && atomic_load(&t->peers[peer_rank].gone);
     bool queued;
-    td_status s = match_post_recv(&t->m, peer_rank, x, gone, &done, &queued);
+    td_status s = match_post_recv(&t->match, peer_rank, x, gone, &done, &queued);
     /* Waiting in its queue: the message may be at the front of a ring already. */
     if (queued && peer_rank != TD_TRANSPORT_ANY) {
         drain(t, &t->peers[peer_rank], false, &done);
@@ -597,7 +600,7 @@ static td_status shm_irecv(td_transport *base, int peer_rank, td_xfer *x)
     }
     if (s == TD_OK)
         need_io_locked(t, x);
-    pthread_mutex_unlock(&t->m.mu);
+    pthread_mutex_unlock(&t->match.mu);
     match_run_callbacks(&done);
     return s;
 }
@@ -605,7 +608,7 @@ static td_status shm_irecv(td_transport *base, int peer_rank, td_xfer *x)
 static td_status shm_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
 {
     shm_transport *t = (shm_transport *)base;
-    td_match *m = &t->m;
+    td_match *m = &t->match;
     int64_t dl;
     td_status result;
     if (!match_wait_begin(m, x, deadline_ns, &dl, &result))
@@ -659,7 +662,7 @@ static td_status shm_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
 
 static void shm_abort(td_transport *base, td_status status, const char *message)
 {
-    match_abort(&((shm_transport *)base)->m, status, message);
+    match_abort(&((shm_transport *)base)->match, status, message);
 }
 
 static void free_transport(shm_transport *t)
@@ -675,7 +678,7 @@ static void free_transport(shm_transport *t)
     segment_unmap(&t->seg);
     if (t->watch_efd >= 0)
         close(t->watch_efd);
-    match_free(&t->m);
+    match_free(&t->match);
     free(t->set.members);
     free(t->peers);
     free(t);
@@ -687,10 +690,11 @@ static void shm_destroy(td_transport *base)
     shm_abort(base, TD_ERR_CLOSED, "The process group was destroyed");
     TD_LOG_DEBUG("shm transport of rank %d: %llu bytes received straight into posted buffers, %llu messages "
                  "through unexpected-message buffers",
-                 grank(t, t->base.rank), (unsigned long long)t->n_direct, (unsigned long long)t->m.n_unexpected_msgs);
-    pthread_mutex_lock(&t->m.mu);
-    t->m.stop = true;
-    pthread_mutex_unlock(&t->m.mu);
+                 grank(t, t->base.rank), (unsigned long long)t->n_direct,
+                 (unsigned long long)t->match.n_unexpected_msgs);
+    pthread_mutex_lock(&t->match.mu);
+    t->match.stop = true;
+    pthread_mutex_unlock(&t->match.mu);
     samehost_bell_ring(t->bell, SAMEHOST_BELL_ALL);
     if (t->io_started)
         thread_join(t->io_thread);
@@ -700,7 +704,7 @@ static void shm_destroy(td_transport *base)
         (void)n;
         thread_join(t->watch_thread);
     }
-    if (t->m.abort_status == TD_ERR_CLOSED)
+    if (t->match.abort_status == TD_ERR_CLOSED)
         for (int r = 0; r < t->base.size; r++)
             if (r != t->base.rank && !atomic_load(&t->peers[r].gone))
                 send_control(&t->peers[r], TD_SHM_CTRL_BYE, TD_OK, NULL);
@@ -723,9 +727,9 @@ bool transport_is_shm(const td_transport *t) { return t && t->ops == &shm_ops; }
 static td_status set_failure(void *arg)
 {
     shm_transport *t = arg;
-    pthread_mutex_lock(&t->m.mu);
-    td_status s = error_set(t->m.abort_status, t->m.abort_msg);
-    pthread_mutex_unlock(&t->m.mu);
+    pthread_mutex_lock(&t->match.mu);
+    td_status s = error_set(t->match.abort_status, t->match.abort_msg);
+    pthread_mutex_unlock(&t->match.mu);
     return s;
 }
 
@@ -737,7 +741,7 @@ static void set_abort(void *arg, td_status status, const char *message)
 static td_status set_wait_failed(void *arg, int missing, uint64_t e, int64_t deadline_ns, int64_t start_ns)
 {
     shm_transport *t = arg;
-    td_match *m = &t->m;
+    td_match *m = &t->match;
     pthread_mutex_lock(&m->mu);
     if (!m->aborted) {
         td_done done = TD_DONE_INIT;
@@ -748,7 +752,8 @@ static td_status set_wait_failed(void *arg, int missing, uint64_t e, int64_t dea
         } else if (deadline_passed(deadline_ns)) {
             match_abortf(m, TD_ERR_TIMEOUT, &done,
                             "Timed out after %lld ms waiting for rank %d in a shared-memory collective (step %llu)",
-                            (long long)((clock_now_ns() - start_ns) / 1000000), grank(t, missing), (unsigned long long)e);
+                            (long long)((clock_now_ns() - start_ns) / 1000000), grank(t, missing),
+                            (unsigned long long)e);
         }
         pthread_mutex_unlock(&m->mu);
         match_run_callbacks(&done);
@@ -782,8 +787,8 @@ td_status shm_transport_start(int rank, int size, const int *global_ranks, td_se
     t->base.ops = &shm_ops;
     t->base.rank = rank;
     t->base.size = size;
-    match_init(&t->m, "shm", rank, size, global_ranks, POOL_MIN_CLASS, 0);
-    t->m.abort_locked = abort_locked;
+    match_init(&t->match, "shm", rank, size, global_ranks, POOL_MIN_CLASS, 0);
+    t->match.abort_locked = abort_locked;
     t->watch_efd = -1;
     t->seg = *own;
     *own = (td_segment)TD_SEGMENT_INIT;
@@ -795,7 +800,7 @@ td_status shm_transport_start(int rank, int size, const int *global_ranks, td_se
     t->set = (samehost_set){
         .rank = rank,
         .size = size,
-        .global_ranks = t->m.global_ranks,
+        .global_ranks = t->match.global_ranks,
         .small_bytes = (size_t)layout->small_bytes,
         .slot_bytes = (size_t)layout->slot_bytes,
         .members = TD_NEW_ARRAY(samehost_member, (size_t)size),
@@ -807,7 +812,7 @@ td_status shm_transport_start(int rank, int size, const int *global_ranks, td_se
     t->base.samehost = &t->set;
     for (int r = 0; r < size; r++) {
         peer *p = &t->peers[r];
-        p->q = &t->m.peers[r];
+        p->queues = &t->match.peers[r];
         p->sock = p->pidfd = -1;
         p->seg = (td_segment)TD_SEGMENT_INIT;
         if (r == rank)
@@ -827,8 +832,8 @@ td_status shm_transport_start(int rank, int size, const int *global_ranks, td_se
         p->out_data = (char *)p->out_ctl + SHM_RING_CTL_SIZE;
         p->in_ctl = (shm_ring_ctl *)(mine + t->off.rings + (size_t)in_idx * t->off.ring_stride);
         p->in_data = (char *)p->in_ctl + SHM_RING_CTL_SIZE;
-        p->whead = atomic_load(&p->out_ctl->head);
-        p->rtail = atomic_load(&p->in_ctl->tail);
+        p->tx_head = atomic_load(&p->out_ctl->head);
+        p->rx_tail = atomic_load(&p->in_ctl->tail);
         if (p->pid > 0) {
             p->pidfd = (int)syscall(SYS_pidfd_open, p->pid, 0);
             if (p->pidfd < 0)
@@ -857,9 +862,9 @@ td_status shm_transport_start(int rank, int size, const int *global_ranks, td_se
     return TD_OK;
 fail:
     if (t->io_started) {
-        pthread_mutex_lock(&t->m.mu);
-        t->m.stop = true;
-        pthread_mutex_unlock(&t->m.mu);
+        pthread_mutex_lock(&t->match.mu);
+        t->match.stop = true;
+        pthread_mutex_unlock(&t->match.mu);
         samehost_bell_ring(t->bell, SAMEHOST_BELL_ALL);
         thread_join(t->io_thread);
     }

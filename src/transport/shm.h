@@ -12,9 +12,9 @@
  * A rank's segment holds a ring per peer for the messages that peer sends it (single producer,
  * single consumer, a 16-byte header per message), its doorbell (a futex word the others ring),
  * its arrival counter for the direct collectives, and two small and two large slots that its
- * peers read from directly (the last three are the same-host layer's, samehost.h). Waiting spins briefly (yielding the core), then sleeps on the
- * doorbell; a writer rings a doorbell only when someone sleeps on it, so the fast path makes no
- * system call. The engine (shm.c) follows the tcp transport's model: the waiting thread drives
+ * peers read from directly (the doorbell, the counter and the slots are the same-host layer's,
+ * samehost.h). Waiting spins briefly (yielding the core), then sleeps on the doorbell; a writer
+ * rings a doorbell only when someone sleeps on it, so the fast path makes no system call. The engine (shm.c) follows the tcp transport's model: the waiting thread drives
  * progress, and the transport's own thread does when nobody waits.
  *
  * Tuning (environment; every rank must use the same values, which the hello checks):

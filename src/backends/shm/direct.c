@@ -88,8 +88,14 @@ static td_status begin(shm_run *run, uint64_t *e, bool writes)
     return samehost_wait_arrival(run->set, -1, *e - 1, NULL, run->deadline_ns);
 }
 
-static td_status wait_peer(shm_run *run, int r, uint64_t e) { return samehost_wait_arrival(run->set, r, e, &run->desc, run->deadline_ns); }
-static td_status wait_all(shm_run *run, uint64_t e) { return samehost_wait_arrival(run->set, -1, e, &run->desc, run->deadline_ns); }
+static td_status wait_peer(shm_run *run, int r, uint64_t e)
+{
+    return samehost_wait_arrival(run->set, r, e, &run->desc, run->deadline_ns);
+}
+static td_status wait_all(shm_run *run, uint64_t e)
+{
+    return samehost_wait_arrival(run->set, -1, e, &run->desc, run->deadline_ns);
+}
 static void arrive(shm_run *run, uint64_t e) { samehost_arrive(run->set, e, &run->desc); }
 
 /* This rank's contribution into a slot. */

@@ -1,7 +1,8 @@
 /* The transports' common set-up steps through a store (peer_rendezvous.h): generation counting,
- * publishing and reading the ranks' entries, abstract UNIX-domain sockets, and the handshake's
- * poll loop with its bookkeeping of connections awaiting an answer and accepted ones not yet
- * identified. The tcp and shm set-ups (tcp_connect.c, shm_connect.c) plug their hellos in. */
+ * publishing and reading the ranks' entries, and the handshake's poll loop with its bookkeeping of
+ * connections awaiting an answer and accepted ones not yet identified. The tcp and shm set-ups
+ * (tcp_connect.c, shm_connect.c) plug their hellos in; they listen and connect on the same-host
+ * layer's abstract UNIX-domain sockets (samehost.h). */
 #include "transport/peer_rendezvous.h"
 
 #include <errno.h>
@@ -131,51 +132,6 @@ td_status rdv_read(td_rdv *v, int r, const char *addr_name, char *text, size_t s
     if (!ok)
         return error_fmt(TD_ERR_INVALID, "rank %d's %s in the store is malformed", rdv_grank(v, r), addr_name);
     return TD_OK;
-}
-
-/* ---- UNIX-domain sockets ------------------------------------------------------------------------ */
-
-socklen_t rdv_unix_addr(const char *name, struct sockaddr_un *a)
-{
-    memset(a, 0, sizeof *a);
-    a->sun_family = AF_UNIX;
-    size_t len = strlen(name);
-    if (len > sizeof a->sun_path - 2)
-        len = sizeof a->sun_path - 2;
-    memcpy(a->sun_path + 1, name, len); /* abstract: leading NUL, nothing in the file system */
-    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len);
-}
-
-int rdv_unix_listen(const char *name, int backlog)
-{
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    struct sockaddr_un a;
-    socklen_t len = rdv_unix_addr(name, &a);
-    if (bind(fd, (struct sockaddr *)&a, len) != 0 || listen(fd, backlog) != 0) {
-        int e = errno;
-        close(fd);
-        errno = e;
-        return -1;
-    }
-    return fd;
-}
-
-int rdv_unix_connect(const char *name)
-{
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    struct sockaddr_un a;
-    socklen_t len = rdv_unix_addr(name, &a);
-    if (connect(fd, (struct sockaddr *)&a, len) != 0) {
-        int e = errno;
-        close(fd);
-        errno = e;
-        return -1;
-    }
-    return fd;
 }
 
 /* ---- connections in the handshake --------------------------------------------------------------- */

@@ -14,7 +14,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 
 #include "transport/transport.h"
 
@@ -68,14 +67,6 @@ td_status rdv_publish(td_rdv *v, const char *value, const char *addr_name);
 /* Waits (until the deadline) for rank r's entry and reads it into text (NUL-terminated; an entry
  * of size bytes or more is malformed). */
 td_status rdv_read(td_rdv *v, int r, const char *addr_name, char *text, size_t size);
-
-/* An abstract UNIX-domain address (a leading NUL: nothing in the file system). */
-socklen_t rdv_unix_addr(const char *name, struct sockaddr_un *a);
-/* A non-blocking listening socket on an abstract UNIX-domain address, or -1 (errno set). */
-int rdv_unix_listen(const char *name, int backlog);
-/* A blocking connection to one, or -1 (errno set): a listening UNIX socket accepts at once or
- * refuses, so the connect never waits on a network. */
-int rdv_unix_connect(const char *name);
 
 /* Connection fd to higher rank r now awaits its answer. */
 void rdv_await(td_rdv *v, int r, int fd);

@@ -1,6 +1,6 @@
 /* The shm transport's engine (shm.h): tagged messages through single-producer rings in shared
- * memory, doorbells on futexes, peer-death detection, and the direct-access primitives of the
- * shared-memory collectives.
+ * memory, doorbells on futexes (samehost.h), and peer-death detection. It owns the segments of
+ * its ranks and hands them to the shared-memory collectives as a samehost_set (td_transport.samehost).
  *
  * Messages: the sender writes a 16-byte header (tag, length) and the payload, padded to 16 bytes,
  * into its ring in the receiver's segment, straight from the caller's memory and as far as the
@@ -25,15 +25,13 @@
  * milliseconds; an abort frame carries another rank's failure with its cause. An abort (any status
  * but TD_ERR_CLOSED) is relayed to every peer the same way, so a failure on one rank fails the
  * others at once, and it wakes every thread asleep on this rank's doorbell, direct collectives
- * included. */
+ * included (the set's waits end when the transport has failed). */
 #include "transport/shm_impl.h"
 #include "transport/match.h"
 
 #include <errno.h>
 #include <limits.h>
-#include <linux/futex.h>
 #include <poll.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,21 +52,17 @@
 #define HDR TD_SHM_MSG_HDR
 #define POOL_MIN_CLASS 12 /* unexpected-message buffers of 4 KiB and up */
 #define IO_SLICE_NS (100 * 1000000LL) /* the io thread re-checks deadlines this often */
-#define SPIN_MIN_NS 2000
-#define PAUSE_NS 2000 /* spin without yielding this long (unless ranks outnumber cores) */
 
-enum { R_IDLE = 0, R_ACTIVE = 1 };
+enum { RX_IDLE = 0, RX_IN_MESSAGE = 1 };
 
 typedef struct peer {
-    td_match_peer *q; /* queues, and where the arriving payload goes */
+    td_match_peer *queues; /* its queues, and where the arriving payload goes */
     int sock;
     int pidfd;
     pid_t pid;
     td_segment seg;
     /* in the peer's segment */
-    shm_bell *bell;
-    shm_arrive *arrive;
-    char *small, *large;
+    samehost_bell *bell;
     shm_ring_ctl *out_ctl; /* my ring to it */
     char *out_data;
     /* in my segment */
@@ -77,32 +71,28 @@ typedef struct peer {
     _Atomic bool gone;     /* said goodbye: nothing more comes from it */
     bool sock_closed;
     /* sending */
-    uint64_t whead;        /* my copy of out_ctl->head (only I write it) */
+    uint64_t tx_head;        /* my copy of out_ctl->head (only I write it) */
     /* receiving */
-    uint64_t rtail;        /* my copy of in_ctl->tail (only I write it) */
-    int rstate;
-    uint64_t rtag;
-    size_t rlen, rgot, rwire; /* payload length, wire bytes consumed, wire bytes in all */
+    uint64_t rx_tail;        /* my copy of in_ctl->tail (only I write it) */
+    int rx_state;
+    uint64_t rx_tag;
+    size_t rx_len, rx_consumed, rx_wire_len; /* payload length, wire bytes consumed, wire bytes in all */
     /* the watcher's input */
-    uint8_t cbuf[TD_SHM_CTRL_MAX];
-    size_t cgot;
+    uint8_t ctrl_buf[TD_SHM_CTRL_MAX];
+    size_t ctrl_got;
 } peer;
 
 typedef struct shm_transport {
     td_transport base;
-    td_match m; /* its mutex guards everything */
+    td_match match; /* its mutex guards everything */
     peer *peers;
     td_segment seg;
     td_shm_layout layout;
     shm_offsets off;
-    shm_bell *bell;
-    shm_arrive *arrive;
-    char *small, *large;
-    _Atomic int aborted_flag; /* read without the lock by direct waits */
-    int64_t spin_ns;
-    _Atomic int spin_skip, spin_skip_next; /* touched by whichever thread waits */
-    bool oversubscribed;
-    uint64_t epoch;
+    samehost_bell *bell;
+    _Atomic int aborted_flag; /* read without the lock by the set's waits */
+    samehost_spin spin;
+    samehost_set set; /* the segments, for the direct collectives */
     pthread_t io_thread, watch_thread;
     bool io_started, watch_started;
     int watch_efd;
@@ -158,45 +148,14 @@ td_status shm_layout_from_env(int world, td_shm_layout *l)
     return TD_OK;
 }
 
-/* ---- doorbells --------------------------------------------------------------------------------- */
-
-static long futex_wait(_Atomic uint32_t *w, uint32_t val, int64_t deadline_ns, uint32_t bits)
-{
-    struct timespec ts, *tsp = NULL;
-    if (deadline_ns != TD_DEADLINE_NONE) {
-        ts.tv_sec = deadline_ns / 1000000000;
-        ts.tv_nsec = deadline_ns % 1000000000;
-        tsp = &ts;
-    }
-    /* Not FUTEX_PRIVATE: the word is in memory shared with other processes. The timeout of
-     * FUTEX_WAIT_BITSET is absolute, on CLOCK_MONOTONIC. */
-    return syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT_BITSET, val, tsp, NULL, bits);
-}
-
-static void bell_ring(shm_bell *b, uint32_t bits)
-{
-    atomic_fetch_add(&b->seq, 1);
-    syscall(SYS_futex, (uint32_t *)&b->seq, FUTEX_WAKE_BITSET, INT_MAX, NULL, NULL, bits);
-}
-
-/* After publishing something b's owner may wait for: ring whoever is registered. */
-static void bell_notify(shm_bell *b, uint32_t mask)
-{
-    atomic_thread_fence(memory_order_seq_cst);
-    uint32_t bits = 0;
-    if ((mask & SHM_BIT_WAIT) && atomic_load_explicit(&b->sleepers, memory_order_relaxed))
-        bits |= SHM_BIT_WAIT;
-    if ((mask & SHM_BIT_IO) && atomic_load_explicit(&b->io_registered, memory_order_relaxed))
-        bits |= SHM_BIT_IO;
-    if (bits)
-        bell_ring(b, bits);
-}
-
 /* ---- helpers ----------------------------------------------------------------------------------- */
 
-static shm_transport *of_match(td_match *m) { return (shm_transport *)((char *)m - offsetof(shm_transport, m)); }
+static shm_transport *of_match(td_match *m)
+{
+    return (shm_transport *)((char *)m - offsetof(shm_transport, match));
+}
 
-static int grank(const shm_transport *t, int r) { return match_grank(&t->m, r); }
+static int grank(const shm_transport *t, int r) { return match_grank(&t->match, r); }
 
 /* Ring copies at byte position pos (mod size, a power of two), wrapping. */
 static void ring_read(const char *data, uint64_t size, uint64_t pos, char *dst, size_t n,
@@ -251,7 +210,7 @@ static void abort_locked(td_match *m, td_status status, const char *msg, td_done
     for (int r = 0; r < m->size && status != TD_ERR_CLOSED; r++)
         if (r != m->rank)
             send_control(&t->peers[r], TD_SHM_CTRL_ABORT, status, msg);
-    bell_ring(t->bell, SHM_BIT_ALL);
+    samehost_bell_ring(t->bell, SAMEHOST_BELL_ALL);
 }
 
 /* ---- sending ----------------------------------------------------------------------------------- */
@@ -260,12 +219,12 @@ static void abort_locked(td_match *m, td_status status, const char *msg, td_done
  * moved. */
 static bool flush_sends(shm_transport *t, peer *p, td_done *done)
 {
-    td_match_peer *q = p->q;
+    td_match_peer *q = p->queues;
     if (!q->sq_head)
         return false;
     uint64_t size = t->layout.ring_bytes;
     uint64_t tail = atomic_load_explicit(&p->out_ctl->tail, memory_order_acquire);
-    uint64_t head = p->whead;
+    uint64_t head = p->tx_head;
     bool moved = false;
     while (q->sq_head) {
         td_xfer *x = q->sq_head;
@@ -298,15 +257,15 @@ static bool flush_sends(shm_transport *t, peer *p, td_done *done)
         q->sq_head = x->next;
         if (!q->sq_head)
             q->sq_tail = NULL;
-        match_finish(&t->m, x, done);
+        match_finish(&t->match, x, done);
     }
     if (moved) {
-        p->whead = head;
+        p->tx_head = head;
         atomic_store_explicit(&p->out_ctl->head, head, memory_order_release);
-        bell_notify(p->bell, SHM_BIT_ALL);
+        samehost_bell_notify(p->bell, SAMEHOST_BELL_ALL);
     }
     if (q->sq_head && atomic_exchange(&p->out_ctl->sender_blocked, 1) == 0)
-        bell_ring(p->bell, SHM_BIT_IO); /* its thread drains the ring even when idle */
+        samehost_bell_ring(p->bell, SAMEHOST_BELL_IO); /* its thread drains the ring even when idle */
     return moved;
 }
 
@@ -317,11 +276,11 @@ static bool flush_sends(shm_transport *t, peer *p, td_done *done)
  * unmatched ones into unexpected buffers. Returns whether anything moved. */
 static bool drain(shm_transport *t, peer *p, bool drain_all, td_done *done)
 {
-    td_match *m = &t->m;
-    td_match_peer *q = p->q;
+    td_match *m = &t->match;
+    td_match_peer *q = p->queues;
     uint64_t size = t->layout.ring_bytes;
     uint64_t head = atomic_load_explicit(&p->in_ctl->head, memory_order_acquire);
-    uint64_t tail = p->rtail;
+    uint64_t tail = p->rx_tail;
     if (head == tail)
         return false;
     if (head - tail > size) {
@@ -331,9 +290,9 @@ static bool drain(shm_transport *t, peer *p, bool drain_all, td_done *done)
     bool moved = false;
     while (!m->aborted) {
         uint64_t avail = head - tail;
-        if (avail == 0 && !(p->rstate == R_ACTIVE && p->rgot == p->rwire))
+        if (avail == 0 && !(p->rx_state == RX_IN_MESSAGE && p->rx_consumed == p->rx_wire_len))
             break;
-        if (p->rstate == R_IDLE) {
+        if (p->rx_state == RX_IDLE) {
             if (avail < HDR)
                 break;
             uint8_t h[HDR];
@@ -352,20 +311,20 @@ static bool drain(shm_transport *t, peer *p, bool drain_all, td_done *done)
                 match_unexp_queue(m, q, q->ru);
             }
             tail += HDR;
-            p->rstate = R_ACTIVE;
-            p->rtag = tag;
-            p->rlen = (size_t)len;
-            p->rgot = 0;
-            p->rwire = wire_len((size_t)len) - HDR;
+            p->rx_state = RX_IN_MESSAGE;
+            p->rx_tag = tag;
+            p->rx_len = (size_t)len;
+            p->rx_consumed = 0;
+            p->rx_wire_len = wire_len((size_t)len) - HDR;
             moved = true;
             continue;
         }
-        size_t want = p->rwire - p->rgot;
+        size_t want = p->rx_wire_len - p->rx_consumed;
         size_t n = avail < want ? (size_t)avail : want;
-        size_t pay = p->rgot < p->rlen ? (p->rlen - p->rgot < n ? p->rlen - p->rgot : n) : 0;
+        size_t pay = p->rx_consumed < p->rx_len ? (p->rx_len - p->rx_consumed < n ? p->rx_len - p->rx_consumed : n) : 0;
         if (pay) {
             if (q->rx) {
-                ring_read(p->in_data, size, tail, NULL, pay, q->rx, p->rgot);
+                ring_read(p->in_data, size, tail, NULL, pay, q->rx, p->rx_consumed);
                 t->n_direct += pay;
             } else if (q->ru) {
                 if (!match_unexp_room(m, q->ru, pay)) {
@@ -378,18 +337,18 @@ static bool drain(shm_transport *t, peer *p, bool drain_all, td_done *done)
             }
         }
         tail += n;
-        p->rgot += n;
+        p->rx_consumed += n;
         moved = true;
-        if (p->rgot < p->rwire)
+        if (p->rx_consumed < p->rx_wire_len)
             break;
-        p->rstate = R_IDLE;
+        p->rx_state = RX_IDLE;
         match_message_done(m, q, done);
     }
-    if (tail != p->rtail) {
-        p->rtail = tail;
+    if (tail != p->rx_tail) {
+        p->rx_tail = tail;
         atomic_store_explicit(&p->in_ctl->tail, tail, memory_order_release);
         atomic_store_explicit(&p->in_ctl->sender_blocked, 0, memory_order_relaxed);
-        bell_notify(p->bell, SHM_BIT_ALL); /* its sender may wait for room */
+        samehost_bell_notify(p->bell, SAMEHOST_BELL_ALL); /* its sender may wait for room */
     }
     return moved;
 }
@@ -398,7 +357,7 @@ static bool drain(shm_transport *t, peer *p, bool drain_all, td_done *done)
 static bool progress_locked(shm_transport *t, td_done *done)
 {
     bool moved = false;
-    for (int r = 0; r < t->base.size && !t->m.aborted; r++) {
+    for (int r = 0; r < t->base.size && !t->match.aborted; r++) {
         if (r == t->base.rank)
             continue;
         peer *p = &t->peers[r];
@@ -417,35 +376,35 @@ static void peer_bye_locked(shm_transport *t, peer *p, td_done *done)
     /* Everything it sent before the goodbye is in its ring: take it all first. */
     drain(t, p, true, done);
     atomic_store(&p->gone, true);
-    match_peer_closed(&t->m, p->q, done);
-    bell_ring(t->bell, SHM_BIT_ALL); /* direct collectives waiting for it fail */
+    match_peer_closed(&t->match, p->queues, done);
+    samehost_bell_ring(t->bell, SAMEHOST_BELL_ALL); /* direct collectives waiting for it fail */
 }
 
 /* Reads what p's socket holds. Returns false once the socket is done (EOF or error). */
 static bool read_control(shm_transport *t, peer *p, td_done *done)
 {
     for (;;) {
-        ssize_t n = recv(p->sock, p->cbuf + p->cgot, sizeof p->cbuf - p->cgot, MSG_DONTWAIT);
+        ssize_t n = recv(p->sock, p->ctrl_buf + p->ctrl_got, sizeof p->ctrl_buf - p->ctrl_got, MSG_DONTWAIT);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             return true;
         if (n <= 0) {
             if (!atomic_load(&p->gone))
-                match_lost(&t->m, p->q, done,
+                match_lost(&t->match, p->queues, done,
                               n == 0 ? "its connection closed without a goodbye (the process exited or was killed)"
                                      : "its connection failed (the process exited or was killed)");
             return false;
         }
-        p->cgot += (size_t)n;
+        p->ctrl_got += (size_t)n;
         for (;;) {
             td_shm_control c;
             size_t used = 0;
-            td_shm_parse pr = shm_control_parse(p->cbuf, p->cgot, &c, &used);
+            td_shm_parse pr = shm_control_parse(p->ctrl_buf, p->ctrl_got, &c, &used);
             if (pr == TD_SHM_PARSE_MORE)
                 break;
             if (pr == TD_SHM_PARSE_BAD) {
-                match_lost(&t->m, p->q, done, "protocol error: a malformed control frame");
+                match_lost(&t->match, p->queues, done, "protocol error: a malformed control frame");
                 return false;
             }
             if (c.type == TD_SHM_CTRL_BYE) {
@@ -454,10 +413,10 @@ static bool read_control(shm_transport *t, peer *p, td_done *done)
                 char msg[TD_SHM_CTRL_MSG_MAX + 1];
                 memcpy(msg, c.msg ? c.msg : "", c.msg_len);
                 msg[c.msg_len] = '\0';
-                abort_locked(&t->m, c.status, msg, done);
+                abort_locked(&t->match, c.status, msg, done);
             }
-            memmove(p->cbuf, p->cbuf + used, p->cgot - used);
-            p->cgot -= used;
+            memmove(p->ctrl_buf, p->ctrl_buf + used, p->ctrl_got - used);
+            p->ctrl_got -= used;
         }
     }
 }
@@ -494,7 +453,7 @@ static void *watch_main(void *arg)
         if (pf[0].revents)
             break; /* destroy */
         td_done done = TD_DONE_INIT;
-        pthread_mutex_lock(&t->m.mu);
+        pthread_mutex_lock(&t->match.mu);
         /* Sockets first: a goodbye written before the process exited must be seen before its
          * pidfd says it is gone. */
         for (int i = 1; i < k; i++) {
@@ -515,10 +474,10 @@ static void *watch_main(void *arg)
             if (!atomic_load(&p->gone)) {
                 char why[96];
                 snprintf(why, sizeof why, "its process (pid %d) exited or was killed", (int)p->pid);
-                match_lost(&t->m, p->q, &done, why);
+                match_lost(&t->match, p->queues, &done, why);
             }
         }
-        pthread_mutex_unlock(&t->m.mu);
+        pthread_mutex_unlock(&t->match.mu);
         match_run_callbacks(&done);
     }
     free(pf);
@@ -540,7 +499,7 @@ static bool drain_wanted(shm_transport *t)
 static bool sends_blocked(shm_transport *t)
 {
     for (int r = 0; r < t->base.size; r++)
-        if (t->m.peers[r].sq_head)
+        if (t->match.peers[r].sq_head)
             return true;
     return false;
 }
@@ -551,13 +510,13 @@ static bool sends_blocked(shm_transport *t)
  * their sender fills the ring (it kicks this thread) or when someone waits on them. */
 static bool io_wanted(shm_transport *t)
 {
-    return t->m.pending_cb || t->m.xfer_sleepers || sends_blocked(t);
+    return t->match.pending_cb || t->match.xfer_sleepers || sends_blocked(t);
 }
 
 static void *io_main(void *arg)
 {
     shm_transport *t = arg;
-    td_match *m = &t->m;
+    td_match *m = &t->match;
     pthread_mutex_lock(&m->mu);
     while (!m->stop) {
         td_done done = TD_DONE_INIT;
@@ -585,7 +544,7 @@ static void *io_main(void *arg)
         pthread_mutex_unlock(&m->mu);
         match_run_callbacks(&done);
         if (!moved) /* data flowing: look again at once (the lock was let go in between) */
-            futex_wait(&t->bell->seq, seq, dl, SHM_BIT_IO);
+            samehost_futex_wait(&t->bell->seq, seq, dl, SAMEHOST_BELL_IO);
         pthread_mutex_lock(&m->mu);
     }
     atomic_store(&t->bell->io_registered, 0);
@@ -597,9 +556,9 @@ static void *io_main(void *arg)
  * must know. */
 static void need_io_locked(shm_transport *t, td_xfer *x)
 {
-    if (!xfer_done(x) && (x->on_done || x->kind == TD_XFER_SEND) && !t->m.poller_busy &&
+    if (!xfer_done(x) && (x->on_done || x->kind == TD_XFER_SEND) && !t->match.poller_busy &&
         !atomic_load(&t->bell->io_registered))
-        bell_ring(t->bell, SHM_BIT_IO);
+        samehost_bell_ring(t->bell, SAMEHOST_BELL_IO);
 }
 
 /* ---- ops --------------------------------------------------------------------------------------- */
@@ -608,17 +567,17 @@ static td_status shm_isend(td_transport *base, int peer_rank, td_xfer *x)
 {
     shm_transport *t = (shm_transport *)base;
     td_done done = TD_DONE_INIT;
-    pthread_mutex_lock(&t->m.mu);
+    pthread_mutex_lock(&t->match.mu);
     peer *p = &t->peers[peer_rank];
-    if (t->m.aborted || atomic_load(&p->gone)) {
-        td_status s = match_refused(&t->m, p->q);
-        pthread_mutex_unlock(&t->m.mu);
+    if (t->match.aborted || atomic_load(&p->gone)) {
+        td_status s = match_refused(&t->match, p->queues);
+        pthread_mutex_unlock(&t->match.mu);
         return s;
     }
-    if (match_post_send(&t->m, p->q, x))
+    if (match_post_send(&t->match, p->queues, x))
         flush_sends(t, p, &done);
     need_io_locked(t, x);
-    pthread_mutex_unlock(&t->m.mu);
+    pthread_mutex_unlock(&t->match.mu);
     match_run_callbacks(&done);
     return TD_OK;
 }
@@ -627,10 +586,10 @@ static td_status shm_irecv(td_transport *base, int peer_rank, td_xfer *x)
 {
     shm_transport *t = (shm_transport *)base;
     td_done done = TD_DONE_INIT;
-    pthread_mutex_lock(&t->m.mu);
+    pthread_mutex_lock(&t->match.mu);
     bool gone = peer_rank != TD_TRANSPORT_ANY && atomic_load(&t->peers[peer_rank].gone);
     bool queued;
-    td_status s = match_post_recv(&t->m, peer_rank, x, gone, &done, &queued);
+    td_status s = match_post_recv(&t->match, peer_rank, x, gone, &done, &queued);
     /* Waiting in its queue: the message may be at the front of a ring already. */
     if (queued && peer_rank != TD_TRANSPORT_ANY) {
         drain(t, &t->peers[peer_rank], false, &done);
@@ -641,78 +600,22 @@ static td_status shm_irecv(td_transport *base, int peer_rank, td_xfer *x)
     }
     if (s == TD_OK)
         need_io_locked(t, x);
-    pthread_mutex_unlock(&t->m.mu);
+    pthread_mutex_unlock(&t->match.mu);
     match_run_callbacks(&done);
     return s;
-}
-
-/* Spin budget for the next wait: the full budget while spinning pays off; after a spin that
- * ended in a long sleep, short spins for exponentially more waits (the peer is away computing,
- * or shares the core). */
-static int64_t spin_budget(shm_transport *t)
-{
-    int skip = atomic_load_explicit(&t->spin_skip, memory_order_relaxed);
-    if (skip > 0) {
-        atomic_store_explicit(&t->spin_skip, skip - 1, memory_order_relaxed);
-        return t->spin_ns < SPIN_MIN_NS ? t->spin_ns : SPIN_MIN_NS;
-    }
-    return t->spin_ns;
-}
-
-/* How a wait that began at start ended. A sleep that ended soon after the spin gave up (within
- * NEAR_MISS spin budgets, wake-up included) was a near miss: the peer was only briefly held up (an
- * interrupt, the host preempting its CPU), and spinning a little longer would have saved the
- * sleep and the peer's doorbell. When the ranks have a core each, spinning takes nothing from
- * them, so a near miss keeps the full budget; otherwise a sleep of any length cuts it short
- * for exponentially more waits. Without this, one preemption puts both ranks of a ping-pong into
- * a cycle of sleeps and doorbells, each wake-up late enough for the other to miss its short spin
- * (docs/performance.md, "Collectives on one host", has the measurements). */
-#define NEAR_MISS 10
-static void spin_result(shm_transport *t, bool slept, int64_t start)
-{
-    if (slept && !t->oversubscribed && clock_now_ns() - start < NEAR_MISS * t->spin_ns)
-        slept = false;
-    if (!slept) {
-        atomic_store_explicit(&t->spin_skip_next, 0, memory_order_relaxed);
-        return;
-    }
-    int next = atomic_load_explicit(&t->spin_skip_next, memory_order_relaxed);
-    next = next ? next * 2 : 1;
-    if (next > 64)
-        next = 64;
-    atomic_store_explicit(&t->spin_skip_next, next, memory_order_relaxed);
-    atomic_store_explicit(&t->spin_skip, next, memory_order_relaxed);
-}
-
-/* One step of a spin: a pause while the peer is likely just about to answer, then the core is
- * given up between polls (another thread, maybe the peer, may need it). With more ranks than
- * cores, yield from the start. */
-static void spin_pause(const shm_transport *t, int64_t spun_ns)
-{
-    if (t->oversubscribed || spun_ns > PAUSE_NS) {
-        sched_yield();
-        return;
-    }
-    for (int i = 0; i < 16; i++) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#elif defined(__aarch64__)
-        __asm__ __volatile__("yield");
-#endif
-    }
 }
 
 static td_status shm_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
 {
     shm_transport *t = (shm_transport *)base;
-    td_match *m = &t->m;
+    td_match *m = &t->match;
     int64_t dl;
     td_status result;
     if (!match_wait_begin(m, x, deadline_ns, &dl, &result))
         return result;
     td_done done = TD_DONE_INIT;
     int64_t spin_start = clock_now_ns(), wait_start = spin_start;
-    int64_t spin_end = spin_start + spin_budget(t);
+    int64_t spin_end = spin_start + samehost_spin_budget(&t->spin);
     bool slept = false;
     for (;;) {
         bool moved = progress_locked(t, &done);
@@ -726,10 +629,10 @@ static td_status shm_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
         pthread_mutex_unlock(&m->mu);
         match_run_callbacks(&done);
         if (moved) {
-            spin_end = now + t->spin_ns; /* data is flowing: keep polling */
+            spin_end = now + t->spin.spin_ns; /* data is flowing: keep polling */
             spin_start = now;
         } else if (now < spin_end) {
-            spin_pause(t, now - spin_start);
+            samehost_spin_pause(&t->spin, now - spin_start);
         } else {
             /* Register, look once more, then sleep until a peer rings. */
             atomic_fetch_add(&t->bell->sleepers, 1);
@@ -740,7 +643,7 @@ static td_status shm_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
             pthread_mutex_unlock(&m->mu);
             match_run_callbacks(&done);
             if (!finished && !moved) {
-                futex_wait(&t->bell->seq, seq, dl, SHM_BIT_WAIT);
+                samehost_futex_wait(&t->bell->seq, seq, dl, SAMEHOST_BELL_WAITER);
                 slept = true;
             }
             atomic_fetch_sub(&t->bell->sleepers, 1);
@@ -748,10 +651,10 @@ static td_status shm_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
         pthread_mutex_lock(&m->mu);
     }
     m->poller_busy = false;
-    spin_result(t, slept, wait_start);
+    samehost_spin_result(&t->spin, slept, wait_start);
     /* Pending operations that someone else waits for (or with callbacks) go to the io thread. */
     if (m->pending && io_wanted(t) && !atomic_load(&t->bell->io_registered))
-        bell_ring(t->bell, SHM_BIT_IO);
+        samehost_bell_ring(t->bell, SAMEHOST_BELL_IO);
     pthread_mutex_unlock(&m->mu);
     match_run_callbacks(&done);
     return xfer_result(x);
@@ -759,7 +662,7 @@ static td_status shm_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
 
 static void shm_abort(td_transport *base, td_status status, const char *message)
 {
-    match_abort(&((shm_transport *)base)->m, status, message);
+    match_abort(&((shm_transport *)base)->match, status, message);
 }
 
 static void free_transport(shm_transport *t)
@@ -775,7 +678,8 @@ static void free_transport(shm_transport *t)
     segment_unmap(&t->seg);
     if (t->watch_efd >= 0)
         close(t->watch_efd);
-    match_free(&t->m);
+    match_free(&t->match);
+    free(t->set.members);
     free(t->peers);
     free(t);
 }
@@ -786,11 +690,12 @@ static void shm_destroy(td_transport *base)
     shm_abort(base, TD_ERR_CLOSED, "The process group was destroyed");
     TD_LOG_DEBUG("shm transport of rank %d: %llu bytes received straight into posted buffers, %llu messages "
                  "through unexpected-message buffers",
-                 grank(t, t->base.rank), (unsigned long long)t->n_direct, (unsigned long long)t->m.n_unexpected_msgs);
-    pthread_mutex_lock(&t->m.mu);
-    t->m.stop = true;
-    pthread_mutex_unlock(&t->m.mu);
-    bell_ring(t->bell, SHM_BIT_ALL);
+                 grank(t, t->base.rank), (unsigned long long)t->n_direct,
+                 (unsigned long long)t->match.n_unexpected_msgs);
+    pthread_mutex_lock(&t->match.mu);
+    t->match.stop = true;
+    pthread_mutex_unlock(&t->match.mu);
+    samehost_bell_ring(t->bell, SAMEHOST_BELL_ALL);
     if (t->io_started)
         thread_join(t->io_thread);
     if (t->watch_started) {
@@ -799,7 +704,7 @@ static void shm_destroy(td_transport *base)
         (void)n;
         thread_join(t->watch_thread);
     }
-    if (t->m.abort_status == TD_ERR_CLOSED)
+    if (t->match.abort_status == TD_ERR_CLOSED)
         for (int r = 0; r < t->base.size; r++)
             if (r != t->base.rank && !atomic_load(&t->peers[r].gone))
                 send_control(&t->peers[r], TD_SHM_CTRL_BYE, TD_OK, NULL);
@@ -817,93 +722,26 @@ static const td_transport_ops shm_ops = {
 
 bool transport_is_shm(const td_transport *t) { return t && t->ops == &shm_ops; }
 
-/* ---- direct access ----------------------------------------------------------------------------- */
+/* ---- the owner of the segment set ------------------------------------------------------------ */
 
-size_t shm_small_bytes(const td_transport *t) { return (size_t)((const shm_transport *)t)->layout.small_bytes; }
-size_t shm_slot_bytes(const td_transport *t) { return (size_t)((const shm_transport *)t)->layout.slot_bytes; }
-
-char *shm_small(td_transport *base, int r, uint64_t e)
+static td_status set_failure(void *arg)
 {
-    shm_transport *t = (shm_transport *)base;
-    char *b = r == t->base.rank ? t->small : t->peers[r].small;
-    return b + (e & 1) * t->layout.small_bytes;
+    shm_transport *t = arg;
+    pthread_mutex_lock(&t->match.mu);
+    td_status s = error_set(t->match.abort_status, t->match.abort_msg);
+    pthread_mutex_unlock(&t->match.mu);
+    return s;
 }
 
-char *shm_slot(td_transport *base, int r, uint64_t e)
+static void set_abort(void *arg, td_status status, const char *message)
 {
-    shm_transport *t = (shm_transport *)base;
-    char *b = r == t->base.rank ? t->large : t->peers[r].large;
-    return b + (e & 1) * t->layout.slot_bytes;
+    shm_abort(&((shm_transport *)arg)->base, status, message);
 }
 
-uint64_t shm_epoch(td_transport *base) { return ++((shm_transport *)base)->epoch; }
-
-void shm_publish_arrival(td_transport *base, uint64_t e, const td_shm_desc *d)
+static td_status set_wait_failed(void *arg, int missing, uint64_t e, int64_t deadline_ns, int64_t start_ns)
 {
-    shm_transport *t = (shm_transport *)base;
-    shm_arrive *a = t->arrive;
-    int k = (int)(e & 1);
-    a->desc_epoch[k] = e;
-    a->what[k] = d ? d->what : 0;
-    a->count[k] = d ? d->count : 0;
-    atomic_store_explicit(&a->epoch, e, memory_order_release);
-    atomic_thread_fence(memory_order_seq_cst);
-    for (int r = 0; r < t->base.size; r++)
-        if (r != t->base.rank && atomic_load_explicit(&t->peers[r].bell->sleepers, memory_order_relaxed))
-            bell_ring(t->peers[r].bell, SHM_BIT_WAIT);
-}
-
-/* 1: arrived (and described as d), 0: not yet, -1: failed (error set, transport aborted). */
-static int check_peer(shm_transport *t, int r, uint64_t e, const td_shm_desc *d)
-{
-    peer *p = &t->peers[r];
-    uint64_t got = atomic_load_explicit(&p->arrive->epoch, memory_order_acquire);
-    if (got < e)
-        return 0;
-    if (d) {
-        int k = (int)(e & 1);
-        uint64_t de = p->arrive->desc_epoch[k], w = p->arrive->what[k], c = p->arrive->count[k];
-        if (de == e && (w != d->what || c != d->count)) {
-            char mine[96], theirs[96], msg[TD_XFER_ERROR_MAX + 64];
-            d->describe(d->what, d->count, mine, sizeof mine);
-            d->describe(w, c, theirs, sizeof theirs);
-            snprintf(msg, sizeof msg,
-                     "Ranks disagree about a collective: rank %d runs %s, rank %d runs %s; every rank must run the "
-                     "same collectives with the same sizes",
-                     grank(t, t->base.rank), mine, grank(t, r), theirs);
-            shm_abort(&t->base, TD_ERR_INVALID, msg);
-            error_set(TD_ERR_INVALID, msg);
-            return -1;
-        }
-    }
-    return 1;
-}
-
-/* 1 when every awaited peer arrived, 0 not yet, -1 failed. *missing: one that has not. */
-static int check_all(shm_transport *t, int r, uint64_t e, const td_shm_desc *d, int *missing)
-{
-    if (r >= 0)
-        return (*missing = r), check_peer(t, r, e, d);
-    int result = 1;
-    for (int q = 0; q < t->base.size; q++) {
-        if (q == t->base.rank)
-            continue;
-        int c = check_peer(t, q, e, d);
-        if (c < 0)
-            return -1;
-        if (c == 0) {
-            *missing = q;
-            result = 0;
-            if (!d)
-                return 0;
-        }
-    }
-    return result;
-}
-
-static td_status wait_failed(shm_transport *t, int missing, uint64_t e, int64_t deadline_ns, int64_t start_ns)
-{
-    td_match *m = &t->m;
+    shm_transport *t = arg;
+    td_match *m = &t->match;
     pthread_mutex_lock(&m->mu);
     if (!m->aborted) {
         td_done done = TD_DONE_INIT;
@@ -914,7 +752,8 @@ static td_status wait_failed(shm_transport *t, int missing, uint64_t e, int64_t 
         } else if (deadline_passed(deadline_ns)) {
             match_abortf(m, TD_ERR_TIMEOUT, &done,
                             "Timed out after %lld ms waiting for rank %d in a shared-memory collective (step %llu)",
-                            (long long)((clock_now_ns() - start_ns) / 1000000), grank(t, missing), (unsigned long long)e);
+                            (long long)((clock_now_ns() - start_ns) / 1000000), grank(t, missing),
+                            (unsigned long long)e);
         }
         pthread_mutex_unlock(&m->mu);
         match_run_callbacks(&done);
@@ -927,61 +766,17 @@ static td_status wait_failed(shm_transport *t, int missing, uint64_t e, int64_t 
     return s;
 }
 
-td_status shm_wait_arrival(td_transport *base, int r, uint64_t e, const td_shm_desc *d, int64_t deadline_ns)
-{
-    shm_transport *t = (shm_transport *)base;
-    int missing = r;
-    if (atomic_load_explicit(&t->aborted_flag, memory_order_acquire)) {
-        pthread_mutex_lock(&t->m.mu);
-        td_status s = error_set(t->m.abort_status, t->m.abort_msg);
-        pthread_mutex_unlock(&t->m.mu);
-        return s;
-    }
-    int c = check_all(t, r, e, d, &missing);
-    if (c != 0)
-        return c > 0 ? TD_OK : TD_ERR_INVALID;
-    int64_t start = clock_now_ns();
-    int64_t spin_end = start + spin_budget(t);
-    bool slept = false;
-    for (;;) {
-        if (atomic_load_explicit(&t->aborted_flag, memory_order_acquire) || atomic_load(&t->peers[missing].gone) ||
-            deadline_passed(deadline_ns))
-            break;
-        int64_t now = clock_now_ns();
-        if (now < spin_end) {
-            spin_pause(t, now - start);
-        } else {
-            atomic_fetch_add(&t->bell->sleepers, 1);
-            uint32_t seq = atomic_load(&t->bell->seq);
-            c = check_all(t, r, e, d, &missing);
-            if (c == 0 && !atomic_load(&t->aborted_flag) && !atomic_load(&t->peers[missing].gone)) {
-                futex_wait(&t->bell->seq, seq, deadline_ns, SHM_BIT_WAIT);
-                slept = true;
-            }
-            atomic_fetch_sub(&t->bell->sleepers, 1);
-            if (c < 0)
-                return TD_ERR_INVALID;
-        }
-        c = check_all(t, r, e, d, &missing);
-        if (c != 0) {
-            spin_result(t, slept, start);
-            return c > 0 ? TD_OK : TD_ERR_INVALID;
-        }
-    }
-    /* A peer that arrived before it left (or before the abort) still counts. */
-    c = check_all(t, r, e, d, &missing);
-    if (c != 0)
-        return c > 0 ? TD_OK : TD_ERR_INVALID;
-    return wait_failed(t, missing, e, deadline_ns, start);
-}
 /* ---- creation ---------------------------------------------------------------------------------- */
 
-static int cpus_available(void)
+/* The set's view of rank r's segment, mapped at base. */
+static samehost_member member_at(const shm_transport *t, char *base)
 {
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) != 0)
-        return (int)sysconf(_SC_NPROCESSORS_ONLN);
-    return CPU_COUNT(&set);
+    return (samehost_member){
+        .bell = (samehost_bell *)(base + t->off.bell),
+        .arrival = (samehost_arrival *)(base + t->off.arrive),
+        .small = base + t->off.small,
+        .large = base + t->off.large,
+    };
 }
 
 td_status shm_transport_start(int rank, int size, const int *global_ranks, td_segment *own,
@@ -992,22 +787,32 @@ td_status shm_transport_start(int rank, int size, const int *global_ranks, td_se
     t->base.ops = &shm_ops;
     t->base.rank = rank;
     t->base.size = size;
-    match_init(&t->m, "shm", rank, size, global_ranks, POOL_MIN_CLASS, 0);
-    t->m.abort_locked = abort_locked;
+    match_init(&t->match, "shm", rank, size, global_ranks, POOL_MIN_CLASS, 0);
+    t->match.abort_locked = abort_locked;
     t->watch_efd = -1;
     t->seg = *own;
     *own = (td_segment)TD_SEGMENT_INIT;
     t->layout = *layout;
     shm_layout_offsets(size, layout, &t->off);
     char *mine = t->seg.base;
-    t->bell = (shm_bell *)(mine + t->off.bell);
-    t->arrive = (shm_arrive *)(mine + t->off.arrive);
-    t->small = mine + t->off.small;
-    t->large = mine + t->off.large;
+    t->bell = (samehost_bell *)(mine + t->off.bell);
     t->peers = TD_NEW_ARRAY(peer, (size_t)size);
+    t->set = (samehost_set){
+        .rank = rank,
+        .size = size,
+        .global_ranks = t->match.global_ranks,
+        .small_bytes = (size_t)layout->small_bytes,
+        .slot_bytes = (size_t)layout->slot_bytes,
+        .members = TD_NEW_ARRAY(samehost_member, (size_t)size),
+        .spin = &t->spin,
+        .owner = {.arg = t, .failed = &t->aborted_flag, .failure = set_failure, .abort = set_abort,
+                  .wait_failed = set_wait_failed},
+    };
+    t->set.members[rank] = member_at(t, mine);
+    t->base.samehost = &t->set;
     for (int r = 0; r < size; r++) {
         peer *p = &t->peers[r];
-        p->q = &t->m.peers[r];
+        p->queues = &t->match.peers[r];
         p->sock = p->pidfd = -1;
         p->seg = (td_segment)TD_SEGMENT_INIT;
         if (r == rank)
@@ -1018,18 +823,17 @@ td_status shm_transport_start(int rank, int size, const int *global_ranks, td_se
         setup[r].sock = -1;
         setup[r].seg = (td_segment)TD_SEGMENT_INIT;
         char *theirs = p->seg.base;
-        p->bell = (shm_bell *)(theirs + t->off.bell);
-        p->arrive = (shm_arrive *)(theirs + t->off.arrive);
-        p->small = theirs + t->off.small;
-        p->large = theirs + t->off.large;
+        t->set.members[r] = member_at(t, theirs);
+        t->set.members[r].gone = &p->gone;
+        p->bell = t->set.members[r].bell;
         int out_idx = rank < r ? rank : rank - 1; /* my ring in its segment */
         int in_idx = r < rank ? r : r - 1;        /* its ring in mine */
         p->out_ctl = (shm_ring_ctl *)(theirs + t->off.rings + (size_t)out_idx * t->off.ring_stride);
         p->out_data = (char *)p->out_ctl + SHM_RING_CTL_SIZE;
         p->in_ctl = (shm_ring_ctl *)(mine + t->off.rings + (size_t)in_idx * t->off.ring_stride);
         p->in_data = (char *)p->in_ctl + SHM_RING_CTL_SIZE;
-        p->whead = atomic_load(&p->out_ctl->head);
-        p->rtail = atomic_load(&p->in_ctl->tail);
+        p->tx_head = atomic_load(&p->out_ctl->head);
+        p->rx_tail = atomic_load(&p->in_ctl->tail);
         if (p->pid > 0) {
             p->pidfd = (int)syscall(SYS_pidfd_open, p->pid, 0);
             if (p->pidfd < 0)
@@ -1038,12 +842,9 @@ td_status shm_transport_start(int rank, int size, const int *global_ranks, td_se
                              (int)p->pid, strerror(errno), global_ranks ? global_ranks[r] : r);
         }
     }
-    int64_t spin_us = 20;
-    td_status s = env_get_int("TDIST_SHM_SPIN_US", 20, 0, 1000000, &spin_us);
+    td_status s = samehost_spin_init(&t->spin, size);
     if (s != TD_OK)
         goto fail;
-    t->spin_ns = spin_us * 1000;
-    t->oversubscribed = size > cpus_available();
     t->watch_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (t->watch_efd < 0) {
         s = error_errno(TD_ERR_IO, "creating the shm transport's eventfd");
@@ -1061,10 +862,10 @@ td_status shm_transport_start(int rank, int size, const int *global_ranks, td_se
     return TD_OK;
 fail:
     if (t->io_started) {
-        pthread_mutex_lock(&t->m.mu);
-        t->m.stop = true;
-        pthread_mutex_unlock(&t->m.mu);
-        bell_ring(t->bell, SHM_BIT_ALL);
+        pthread_mutex_lock(&t->match.mu);
+        t->match.stop = true;
+        pthread_mutex_unlock(&t->match.mu);
+        samehost_bell_ring(t->bell, SAMEHOST_BELL_ALL);
         thread_join(t->io_thread);
     }
     free_transport(t);

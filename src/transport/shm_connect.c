@@ -24,6 +24,7 @@
 #include "base/host.h"
 #include "base/log.h"
 #include "transport/peer_rendezvous.h"
+#include "transport/samehost.h"
 
 #define NAME_MAX_LEN 96
 
@@ -48,24 +49,8 @@ static td_status send_hello(int sock, const td_shm_hello *h, int fd)
 {
     uint8_t b[TD_SHM_HELLO_SIZE];
     shm_hello_encode(b, h);
-    struct iovec iov = {b, sizeof b};
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } cm;
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (fd >= 0) {
-        memset(&cm, 0, sizeof cm);
-        mh.msg_control = cm.buf;
-        mh.msg_controllen = sizeof cm.buf;
-        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &fd, sizeof fd);
-    }
     for (;;) {
-        ssize_t n = sendmsg(sock, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t n = samehost_send_fd(sock, b, sizeof b, fd);
         if (n == (ssize_t)sizeof b)
             return TD_OK;
         if (n < 0 && errno == EINTR)
@@ -82,36 +67,13 @@ static td_status send_hello(int sock, const td_shm_hello *h, int fd)
 static int read_hello(td_rdv_conn *c)
 {
     while (c->got < TD_SHM_HELLO_SIZE) {
-        struct iovec iov = {c->buf + c->got, TD_SHM_HELLO_SIZE - c->got};
-        union {
-            char buf[CMSG_SPACE(sizeof(int) * 4)];
-            struct cmsghdr align;
-        } cm;
-        struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf, .msg_controllen = sizeof cm.buf};
-        ssize_t n = recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        bool extra = false;
+        ssize_t n = samehost_recv_fd(c->fd, c->buf + c->got, TD_SHM_HELLO_SIZE - c->got, &c->passed_fd, &extra);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             return 0;
-        if (n <= 0)
-            return -1;
-        bool extra = false;
-        for (struct cmsghdr *h = CMSG_FIRSTHDR(&mh); h; h = CMSG_NXTHDR(&mh, h)) {
-            if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS)
-                continue;
-            size_t nfd = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-            for (size_t i = 0; i < nfd; i++) {
-                int fd;
-                memcpy(&fd, CMSG_DATA(h) + i * sizeof(int), sizeof fd);
-                if (c->passed_fd < 0 && !extra)
-                    c->passed_fd = fd;
-                else {
-                    close(fd);
-                    extra = true;
-                }
-            }
-        }
-        if (extra || (mh.msg_flags & MSG_CTRUNC))
+        if (n <= 0 || extra)
             return -1;
         c->got += (size_t)n;
     }
@@ -304,7 +266,7 @@ static td_status rendezvous(setup *s, int *lfd)
     TD_TRY(rdv_generation(v));
     char name[NAME_MAX_LEN], val[512];
     snprintf(name, sizeof name, "tdist-shm-%d-%016llx", (int)getpid(), (unsigned long long)v->nonce);
-    *lfd = rdv_unix_listen(name, v->size + 16);
+    *lfd = samehost_unix_listen(name, v->size + 16);
     if (*lfd < 0)
         return error_errno(TD_ERR_IO, "shm transport of rank %d: listening on a UNIX-domain socket",
                               grank_of(s, v->rank));
@@ -316,7 +278,7 @@ static td_status rendezvous(setup *s, int *lfd)
         if (r != v->rank)
             st = read_entry(s, r, names + (size_t)r * NAME_MAX_LEN, NAME_MAX_LEN);
     for (int r = v->rank + 1; r < v->size && st == TD_OK; r++) {
-        int fd = rdv_unix_connect(names + (size_t)r * NAME_MAX_LEN);
+        int fd = samehost_unix_connect(names + (size_t)r * NAME_MAX_LEN);
         if (fd < 0) {
             st = error_errno(TD_ERR_PEER_LOST, "connecting to rank %d's shm transport socket", grank_of(s, r));
             break;

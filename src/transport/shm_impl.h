@@ -10,30 +10,10 @@
 #include <sys/types.h>
 
 #include "tensor/segment.h"
+#include "transport/samehost.h"
 #include "transport/shm.h"
 
-#define SHM_LINE 64
-
-/* A rank's doorbell: the futex word its sleeping threads wait on, and who sleeps. Waiting threads
- * (a poller, a direct collective) wait for bit SHM_BIT_WAIT; the transport's own thread for
- * SHM_BIT_IO. Writers ring only the bits of someone registered, so a rank that nobody waits on
- * costs its peers no system call. */
-typedef struct shm_bell {
-    _Alignas(SHM_LINE) _Atomic uint32_t seq;
-    _Atomic uint32_t sleepers;      /* waiting threads asleep (or about to be) */
-    _Atomic uint32_t io_registered; /* the transport's thread wants wake-ups for ring traffic */
-} shm_bell;
-
-enum { SHM_BIT_WAIT = 1, SHM_BIT_IO = 2, SHM_BIT_ALL = 3 };
-
-/* The direct collectives' arrival counter, with a description of the operation per epoch parity
- * (slot e % 2 holds epoch e's), all in one cache line that the peers poll. */
-typedef struct shm_arrive {
-    _Alignas(SHM_LINE) _Atomic uint64_t epoch;
-    uint64_t desc_epoch[2];
-    uint64_t what[2];
-    uint64_t count[2];
-} shm_arrive;
+#define SHM_LINE SAMEHOST_LINE
 
 /* The control of one ring (single producer: the peer; single consumer: the segment's owner).
  * head and tail count bytes since creation; the data area follows. */

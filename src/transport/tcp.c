@@ -25,6 +25,7 @@
  * deadline) for everything else. */
 #include "transport/tcp.h"
 #include "transport/match.h"
+#include "transport/samehost.h"
 #include "transport/tcp_proto.h"
 
 #include <errno.h>
@@ -64,9 +65,9 @@
 
 /* A send xfer's kind flag: the message goes as an RTS (the peer reads it from this process's
  * memory). The transport's own control frames (a FIN) are TD_XFER_OWN. */
-enum { XK_RTS = 0x10 };
+enum { XFER_KIND_RTS = 0x10 };
 
-enum { R_HDR = 0, R_PAYLOAD = 1 };
+enum { RX_HEADER = 0, RX_PAYLOAD = 1 };
 
 /* A control frame of the transport's own (a FIN), queued on a send stream like a message. */
 typedef struct ctrl_msg {
@@ -77,7 +78,7 @@ typedef struct ctrl_msg {
 } ctrl_msg;
 
 typedef struct peer {
-    td_match_peer *q; /* queues, and where the arriving payload goes */
+    td_match_peer *queues; /* its queues, and where the arriving payload goes */
     int fd;
     bool bye;        /* the peer sent its goodbye: no more messages from it */
     bool closed;     /* no more I/O on this socket (removed from the poll set) */
@@ -90,10 +91,10 @@ typedef struct peer {
     /* sending */
     td_xfer *await_head, *await_tail; /* RTS sent, waiting for the peer's FIN */
     /* receiving (q->rx or q->ru is the payload's target; neither: discard, or a control frame) */
-    int rstate;
+    int rx_state;
     size_t remaining;
-    uint64_t rtag;
-    size_t rlen;
+    uint64_t rx_tag;
+    size_t rx_len;
     bool in_control; /* the payload being read is a control frame's, into ctrl */
     size_t ctrl_got;
     uint8_t ctrl[CTRL_MAX];
@@ -106,7 +107,7 @@ typedef struct peer {
 
 typedef struct tcp_transport {
     td_transport base;
-    td_match m; /* its mutex guards everything */
+    td_match match; /* its mutex guards everything */
     peer *peers;
     int inner_ep, outer_ep, efd_io, efd_poll;
     bool armed;       /* the inner set is armed in the outer one */
@@ -128,9 +129,9 @@ static const td_transport_ops tcp_ops;
 
 /* ---- small helpers ---------------------------------------------------------------------------- */
 
-static tcp_transport *of_match(td_match *m) { return (tcp_transport *)((char *)m - offsetof(tcp_transport, m)); }
+static tcp_transport *of_match(td_match *m) { return (tcp_transport *)((char *)m - offsetof(tcp_transport, match)); }
 
-static int grank(const tcp_transport *t, const peer *p) { return match_grank(&t->m, p->q->rank); }
+static int grank(const tcp_transport *t, const peer *p) { return match_grank(&t->match, p->queues->rank); }
 
 static void wake_fd(int fd)
 {
@@ -149,7 +150,7 @@ static void drain_fd(int fd)
 /* With the lock held, after completing xfers: the poller may be asleep on one of them. */
 static void wake_poller(tcp_transport *t, const td_done *done)
 {
-    if (t->m.poller_busy && done->completed)
+    if (t->match.poller_busy && done->completed)
         wake_fd(t->efd_poll);
 }
 
@@ -187,7 +188,7 @@ static void set_armed(tcp_transport *t, bool arm)
  * out. */
 static void send_control(peer *p, int type, td_status status, const char *msg)
 {
-    if (p->closed || p->broken || p->bye || p->q->sq_head)
+    if (p->closed || p->broken || p->bye || p->queues->sq_head)
         return;
     uint8_t f[TD_TCP_CTRL_FRAME_MAX];
     size_t len = tcp_control_encode(f, type, status, msg);
@@ -209,7 +210,7 @@ static void abort_locked(td_match *m, td_status status, const char *msg, td_done
         if (r == m->rank)
             continue;
         bool kept = status == TD_ERR_CLOSED && !p->closed && !p->bye && keep_owed(t, p);
-        if (p->q->sq_head && p->q->sq_head->progress > 0 && !kept)
+        if (p->queues->sq_head && p->queues->sq_head->progress > 0 && !kept)
             p->broken = true;
         match_fail_list(m, &p->await_head, &p->await_tail, status, msg, done);
     }
@@ -233,10 +234,10 @@ static void abort_locked(td_match *m, td_status status, const char *msg, td_done
 static void peer_said_bye(tcp_transport *t, peer *p, td_done *done)
 {
     char msg[TD_XFER_ERROR_MAX];
-    match_closed_msg(&t->m, p->q, msg, sizeof msg);
+    match_closed_msg(&t->match, p->queues, msg, sizeof msg);
     p->bye = true;
-    match_fail_list(&t->m, &p->await_head, &p->await_tail, TD_ERR_PEER_LOST, msg, done);
-    match_peer_closed(&t->m, p->q, done);
+    match_fail_list(&t->match, &p->await_head, &p->await_tail, TD_ERR_PEER_LOST, msg, done);
+    match_peer_closed(&t->match, p->queues, done);
 }
 
 static void peer_close(tcp_transport *t, peer *p)
@@ -258,7 +259,7 @@ static void peer_lost(tcp_transport *t, peer *p, td_done *done, const char *fmt,
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
     peer_close(t, p);
-    match_lost(&t->m, p->q, done, why);
+    match_lost(&t->match, p->queues, done, why);
 }
 
 /* ---- sending ---------------------------------------------------------------------------------- */
@@ -267,12 +268,13 @@ static void set_out(tcp_transport *t, peer *p, bool on)
 {
     if (p->out_armed == on || p->closed)
         return;
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | (on ? EPOLLOUT : 0), .data.u32 = (uint32_t)p->q->rank};
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | (on ? EPOLLOUT : 0),
+                             .data.u32 = (uint32_t)p->queues->rank};
     epoll_ctl(t->inner_ep, EPOLL_CTL_MOD, p->fd, &ev);
     p->out_armed = on;
 }
 
-static bool is_rts(const td_xfer *x) { return (x->kind & XK_RTS) != 0; }
+static bool is_rts(const td_xfer *x) { return (x->kind & XFER_KIND_RTS) != 0; }
 
 /* Bytes x occupies on the wire: header and payload, or header and RTS descriptor. */
 static size_t wire_len(const td_xfer *x)
@@ -302,9 +304,9 @@ static size_t frame_prefix(const tcp_transport *t, const td_xfer *x, uint8_t *f)
  * went out whole completes, except an RTS, which waits for the peer's FIN. */
 static void flush_sends(tcp_transport *t, peer *p, td_done *done)
 {
-    td_match_peer *q = p->q;
+    td_match_peer *q = p->queues;
     uint8_t frames[FRAME_BUFS][HDR_SIZE + TD_TCP_RTS_MAX];
-    while (q->sq_head && !t->m.aborted) {
+    while (q->sq_head && !t->match.aborted) {
         struct iovec iov[SEND_IOV_MAX];
         int cnt = 0, nf = 0;
         size_t want = 0;
@@ -355,7 +357,7 @@ static void flush_sends(tcp_transport *t, peer *p, td_done *done)
             else if (is_rts(x))
                 match_push(&p->await_head, &p->await_tail, x);
             else
-                match_finish(&t->m, x, done);
+                match_finish(&t->match, x, done);
         }
         if ((size_t)n < want) {
             set_out(t, p, true);
@@ -380,8 +382,8 @@ static void queue_control(tcp_transport *t, peer *p, const uint8_t *payload, siz
     c->x.iov[0].iov_len = len;
     c->x.iovcnt = 1;
     c->x.total = len;
-    bool idle = p->q->sq_head == NULL;
-    match_push(&p->q->sq_head, &p->q->sq_tail, &c->x);
+    bool idle = p->queues->sq_head == NULL;
+    match_push(&p->queues->sq_head, &p->queues->sq_tail, &c->x);
     if (idle)
         flush_sends(t, p, done);
 }
@@ -391,7 +393,7 @@ static void queue_control(tcp_transport *t, peer *p, const uint8_t *payload, siz
  * keeping nothing, when a message is half-written: the stream can carry no more frames. */
 static bool keep_owed(tcp_transport *t, peer *p)
 {
-    td_xfer *x = p->q->sq_head;
+    td_xfer *x = p->queues->sq_head;
     if (x && x->progress > 0 && !(x->kind & TD_XFER_OWN))
         return false;
     for (; x; x = x->next) {
@@ -408,75 +410,43 @@ static bool keep_owed(tcp_transport *t, peer *p)
 
 /* ---- single-copy transfers between processes of one host ---------------------------------------
  * A large collective message to a same-host peer goes as an RTS that names its pieces in the
- * sender's memory; the receiver copies them straight into its posted buffer with process_vm_readv
- * (one copy, no socket buffers) and answers with a FIN, which completes the send. Both sides agreed
- * in the handshake after checking that the copy works (tcp_connect.c). */
+ * sender's memory; the receiver copies them straight into its posted buffer with the same-host
+ * layer's single-copy read (samehost.h: one copy, no socket buffers) and answers with a FIN, which
+ * completes the send. Both sides agreed in the handshake after checking that the copy works
+ * (tcp_connect.c). */
 
-/* Copies the message described by (addr, len) in process pid into x's buffers. */
-static int cma_copy(pid_t pid, td_xfer *x, const uint64_t *addr, const uint64_t *len, int n)
-{
-    size_t total = x->total, done_bytes = 0;
-    while (done_bytes < total) {
-        struct iovec l[TD_XFER_MAX_IOV], r[TD_TCP_RTS_MAX_IOV];
-        int lc = xfer_iov_from(x, done_bytes, total - done_bytes, l, TD_XFER_MAX_IOV);
-        int rc = 0;
-        size_t skip = done_bytes;
-        for (int i = 0; i < n; i++) {
-            if (skip >= len[i]) {
-                skip -= len[i];
-                continue;
-            }
-            r[rc].iov_base = (void *)(uintptr_t)(addr[i] + skip);
-            r[rc].iov_len = len[i] - skip;
-            rc++;
-            skip = 0;
-        }
-        ssize_t got = process_vm_readv(pid, l, (unsigned long)lc, r, (unsigned long)rc, 0);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0)
-            return got < 0 ? errno : EFAULT;
-        done_bytes += (size_t)got;
-    }
-    return 0;
-}
-
-/* Whether the sender's guard word still holds its value (it had not aborted when we finished). */
-static bool guard_holds(pid_t pid, uint64_t addr, uint64_t value)
-{
-    uint64_t got = 0;
-    struct iovec l = {&got, sizeof got}, r = {(void *)(uintptr_t)addr, sizeof got};
-    return process_vm_readv(pid, &l, 1, &r, 1, 0) == (ssize_t)sizeof got && got == value;
-}
+_Static_assert(TD_TCP_RTS_MAX_IOV <= SAMEHOST_READ_MAX_PIECES, "an RTS names more pieces than a read takes");
 
 /* A matched RTS: copy, complete the receive, and tell the sender it may reuse its buffer. */
 static void rts_deliver(tcp_transport *t, peer *p, td_xfer *x, const td_tcp_control *c, td_done *done)
 {
     td_status fin = TD_OK;
     if (x->total != c->total) {
-        match_mismatch(&t->m, x, p->q, c->tag, (size_t)c->total, done);
+        match_mismatch(&t->match, x, p->queues, c->tag, (size_t)c->total, done);
     } else {
-        int err = cma_copy(p->pid, x, c->addr, c->len, c->iovcnt);
-        if (!err && !guard_holds(p->pid, c->guard_addr, c->guard_value)) {
+        int err = samehost_read_into(p->pid, x, c->addr, c->len, c->iovcnt);
+        if (!err && !samehost_word_is(p->pid, c->guard_addr, c->guard_value)) {
             /* The sender aborted meanwhile: what was read may not be the message. Its abort frame
              * is on the way; the receive fails now. */
-            match_completef(&t->m, x, TD_ERR_PEER_LOST, done,
+            match_completef(&t->match, x, TD_ERR_PEER_LOST, done,
                                "Connection to rank %d lost: it failed while its message was read", grank(t, p));
             return;
         }
         if (err == ESRCH) {
             /* The sender is gone: the same loss its socket will show, reported at once. */
             peer_lost(t, p, done, "the process exited (reading its message failed: %s)", strerror(err));
-            match_complete(&t->m, x, t->m.abort_status, t->m.abort_msg, done); /* x left the posted list already */
+            /* x left the posted list already */
+            match_complete(&t->match, x, t->match.abort_status, t->match.abort_msg, done);
             return;
         }
         if (err) {
-            match_completef(&t->m, x, TD_ERR_IO, done, "Reading a message of %zu bytes from rank %d's memory failed: %s",
-                               x->total, grank(t, p), strerror(err));
+            match_completef(&t->match, x, TD_ERR_IO, done,
+                            "Reading a message of %zu bytes from rank %d's memory failed: %s", x->total, grank(t, p),
+                            strerror(err));
             fin = TD_ERR_IO;
         } else {
             t->n_cma += x->total;
-            match_finish(&t->m, x, done);
+            match_finish(&t->match, x, done);
         }
     }
     uint8_t f[TD_TCP_RTS_MAX];
@@ -498,15 +468,15 @@ static void handle_rts(tcp_transport *t, peer *p, const td_tcp_control *c, td_do
         peer_lost(t, p, done, "protocol error: an RTS on a connection that did not agree to them");
         return;
     }
-    td_xfer *x = match_posted(&t->m, p->q, c->tag);
+    td_xfer *x = match_posted(&t->match, p->queues, c->tag);
     if (x) {
         rts_deliver(t, p, x, c, done);
         return;
     }
-    td_unexp *u = match_unexp_new(&t->m, c->tag, (size_t)c->total);
+    td_unexp *u = match_unexp_new(&t->match, c->tag, (size_t)c->total);
     u->own = true;
     memcpy(u->extra, c, sizeof *c);
-    match_unexp_queue(&t->m, p->q, u);
+    match_unexp_queue(&t->match, p->queues, u);
 }
 
 static void handle_fin(tcp_transport *t, peer *p, const td_tcp_control *c, td_done *done)
@@ -522,9 +492,9 @@ static void handle_fin(tcp_transport *t, peer *p, const td_tcp_control *c, td_do
     }
     match_unlink(&p->await_head, &p->await_tail, prev, x);
     if (c->status == TD_OK)
-        match_finish(&t->m, x, done);
+        match_finish(&t->match, x, done);
     else
-        match_completef(&t->m, x, c->status, done,
+        match_completef(&t->match, x, c->status, done,
                            "Rank %d could not read a message of %zu bytes from this rank's memory", grank(t, p),
                            x->total);
 }
@@ -547,22 +517,22 @@ static void handle_control(tcp_transport *t, peer *p, td_done *done)
     } else {
         p->bye = true; /* nothing more comes from it */
         if (c.status == TD_ERR_PEER_LOST)
-            match_abortf(&t->m, TD_ERR_PEER_LOST, done, "%.*s (reported by rank %d)", (int)c.msg_len, c.msg, g);
+            match_abortf(&t->match, TD_ERR_PEER_LOST, done, "%.*s (reported by rank %d)", (int)c.msg_len, c.msg, g);
         else
-            match_abortf(&t->m, TD_ERR_PEER_LOST, done, "Connection to rank %d lost: rank %d failed: %.*s", g, g,
+            match_abortf(&t->match, TD_ERR_PEER_LOST, done, "Connection to rank %d lost: rank %d failed: %.*s", g, g,
                             (int)c.msg_len, c.msg);
     }
 }
 
 static void finish_message(tcp_transport *t, peer *p, td_done *done)
 {
-    p->rstate = R_HDR;
+    p->rx_state = RX_HEADER;
     if (p->in_control) {
         p->in_control = false;
         handle_control(t, p, done);
         return;
     }
-    match_message_done(&t->m, p->q, done);
+    match_message_done(&t->match, p->queues, done);
 }
 
 /* A header arrived: pick where its payload goes. False when the stream must be dropped. */
@@ -575,10 +545,10 @@ static bool start_message(tcp_transport *t, peer *p, uint64_t tag, uint64_t len,
         }
         p->in_control = true;
         p->ctrl_got = 0;
-        p->q->rx = NULL;
-        p->q->ru = NULL;
+        p->queues->rx = NULL;
+        p->queues->ru = NULL;
         p->remaining = (size_t)len;
-        p->rstate = R_PAYLOAD;
+        p->rx_state = RX_PAYLOAD;
         return true;
     }
     if (p->bye) {
@@ -590,44 +560,44 @@ static bool start_message(tcp_transport *t, peer *p, uint64_t tag, uint64_t len,
                   (unsigned long long)len, (unsigned long long)TD_TCP_MAX_MESSAGE);
         return false;
     }
-    p->rtag = tag;
-    p->rlen = (size_t)len;
+    p->rx_tag = tag;
+    p->rx_len = (size_t)len;
     p->remaining = (size_t)len;
-    if (!match_arrived(&t->m, p->q, tag, len, done)) {
-        td_unexp *u = match_unexp_new(&t->m, tag, (size_t)len);
-        if (len && !match_unexp_room(&t->m, u, 1)) {
-            match_unexp_free(&t->m, u);
+    if (!match_arrived(&t->match, p->queues, tag, len, done)) {
+        td_unexp *u = match_unexp_new(&t->match, tag, (size_t)len);
+        if (len && !match_unexp_room(&t->match, u, 1)) {
+            match_unexp_free(&t->match, u);
             peer_lost(t, p, done, "cannot buffer an unexpected message of %llu bytes: %s", (unsigned long long)len,
                       td_last_error());
             return false;
         }
-        match_unexp_queue(&t->m, p->q, u);
-        p->q->ru = u;
+        match_unexp_queue(&t->match, p->queues, u);
+        p->queues->ru = u;
     }
     if (len == 0)
         finish_message(t, p, done);
     else
-        p->rstate = R_PAYLOAD;
+        p->rx_state = RX_PAYLOAD;
     return true;
 }
 
-/* Room in p->q->ru for the payload's next bytes; false (the stream dropped) when out of memory. */
+/* Room in p->queues->ru for the payload's next bytes; false (the stream dropped) when out of memory. */
 static bool unexp_room(tcp_transport *t, peer *p, td_done *done)
 {
-    if (match_unexp_room(&t->m, p->q->ru, 1))
+    if (match_unexp_room(&t->match, p->queues->ru, 1))
         return true;
-    peer_lost(t, p, done, "cannot buffer an unexpected message of %zu bytes: %s", p->q->ru->len, td_last_error());
+    peer_lost(t, p, done, "cannot buffer an unexpected message of %zu bytes: %s", p->queues->ru->len, td_last_error());
     return false;
 }
 
 /* Feeds the staged bytes through the framing. False when the stream was dropped. */
 static bool consume_stage(tcp_transport *t, peer *p, td_done *done)
 {
-    td_match_peer *q = p->q;
+    td_match_peer *q = p->queues;
     while (p->stage_off < p->stage_len) {
         size_t avail = p->stage_len - p->stage_off;
         const char *s = p->stage + p->stage_off;
-        if (p->rstate == R_HDR) {
+        if (p->rx_state == RX_HEADER) {
             if (avail < HDR_SIZE)
                 break;
             uint64_t tag, len;
@@ -659,7 +629,7 @@ static bool consume_stage(tcp_transport *t, peer *p, td_done *done)
         p->remaining -= take;
         if (p->remaining == 0) {
             finish_message(t, p, done);
-            if (t->m.aborted || p->closed)
+            if (t->match.aborted || p->closed)
                 return false;
         }
     }
@@ -675,14 +645,14 @@ static bool consume_stage(tcp_transport *t, peer *p, td_done *done)
 
 static void read_peer(tcp_transport *t, peer *p, td_done *done)
 {
-    td_match_peer *q = p->q;
-    for (int round = 0; round < READ_ROUNDS && !p->closed && !t->m.aborted; round++) {
+    td_match_peer *q = p->queues;
+    for (int round = 0; round < READ_ROUNDS && !p->closed && !t->match.aborted; round++) {
         if (!consume_stage(t, p, done))
             return;
         struct iovec iov[TD_XFER_MAX_IOV + 1];
         int cnt = 0;
         size_t direct = 0;
-        if (p->rstate == R_PAYLOAD) {
+        if (p->rx_state == RX_PAYLOAD) {
             if (q->rx) {
                 cnt = xfer_iov_from(q->rx, q->rx->progress, p->remaining, iov, TD_XFER_MAX_IOV);
                 direct = p->remaining;
@@ -714,7 +684,7 @@ static void read_peer(tcp_transport *t, peer *p, td_done *done)
                 peer_close(t, p);
                 return;
             }
-            if (p->rstate == R_PAYLOAD)
+            if (p->rx_state == RX_PAYLOAD)
                 peer_lost(t, p, done, "end of stream in the middle of a message (did the process exit or crash?)");
             else
                 peer_lost(t, p, done, "end of stream (did the process exit or crash?)");
@@ -745,7 +715,7 @@ static void read_peer(tcp_transport *t, peer *p, td_done *done)
 
 static void handle_events(tcp_transport *t, struct epoll_event *evs, int n, td_done *done)
 {
-    for (int i = 0; i < n && !t->m.aborted; i++) {
+    for (int i = 0; i < n && !t->match.aborted; i++) {
         uint32_t idx = evs[i].data.u32;
         if (idx == (uint32_t)t->base.size) {
             drain_fd(t->efd_poll);
@@ -757,7 +727,7 @@ static void handle_events(tcp_transport *t, struct epoll_event *evs, int n, td_d
         uint32_t e = evs[i].events;
         if (e & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
             read_peer(t, p, done);
-        if (!t->m.aborted && !p->closed && (e & (EPOLLOUT | EPOLLERR | EPOLLHUP)) && p->q->sq_head)
+        if (!t->match.aborted && !p->closed && (e & (EPOLLOUT | EPOLLERR | EPOLLHUP)) && p->queues->sq_head)
             flush_sends(t, p, done);
     }
 }
@@ -765,7 +735,7 @@ static void handle_events(tcp_transport *t, struct epoll_event *evs, int n, td_d
 /* The earliest deadline of the pending xfers, RTS sends awaiting their FIN included. */
 static int64_t earliest_deadline(tcp_transport *t, td_xfer **which)
 {
-    int64_t best = match_earliest(&t->m, which);
+    int64_t best = match_earliest(&t->match, which);
     for (int r = 0; r < t->base.size; r++) {
         for (td_xfer *x = t->peers[r].await_head; x; x = x->next) {
             if (x->deadline_ns < best) {
@@ -780,7 +750,7 @@ static int64_t earliest_deadline(tcp_transport *t, td_xfer **which)
 static void *io_main(void *arg)
 {
     tcp_transport *t = arg;
-    td_match *m = &t->m;
+    td_match *m = &t->match;
     struct epoll_event evs[MAX_EVENTS];
     for (;;) {
         pthread_mutex_lock(&m->mu);
@@ -829,23 +799,23 @@ static td_status tcp_isend(td_transport *base, int peer_rank, td_xfer *x)
 {
     tcp_transport *t = (tcp_transport *)base;
     td_done done = TD_DONE_INIT;
-    pthread_mutex_lock(&t->m.mu);
+    pthread_mutex_lock(&t->match.mu);
     peer *p = &t->peers[peer_rank];
-    if (t->m.aborted || p->bye || p->closed || p->broken) {
-        td_status s = match_refused(&t->m, p->q);
-        pthread_mutex_unlock(&t->m.mu);
+    if (t->match.aborted || p->bye || p->closed || p->broken) {
+        td_status s = match_refused(&t->match, p->queues);
+        pthread_mutex_unlock(&t->match.mu);
         return s;
     }
     /* Only sends whose receives are surely posted (transport_isend1_posted): a user's send must
      * complete even if the receive comes much later. */
     if (p->cma_send && x->recv_posted && x->total >= CMA_MIN) {
-        x->kind |= XK_RTS;
+        x->kind |= XFER_KIND_RTS;
         x->order = ++t->next_cookie;
     }
-    if (match_post_send(&t->m, p->q, x))
+    if (match_post_send(&t->match, p->queues, x))
         flush_sends(t, p, &done);
     wake_poller(t, &done);
-    pthread_mutex_unlock(&t->m.mu);
+    pthread_mutex_unlock(&t->match.mu);
     match_run_callbacks(&done);
     return TD_OK;
 }
@@ -854,12 +824,12 @@ static td_status tcp_irecv(td_transport *base, int peer_rank, td_xfer *x)
 {
     tcp_transport *t = (tcp_transport *)base;
     td_done done = TD_DONE_INIT;
-    pthread_mutex_lock(&t->m.mu);
+    pthread_mutex_lock(&t->match.mu);
     bool gone = peer_rank != TD_TRANSPORT_ANY && (t->peers[peer_rank].bye || t->peers[peer_rank].closed);
     bool queued;
-    td_status s = match_post_recv(&t->m, peer_rank, x, gone, &done, &queued);
+    td_status s = match_post_recv(&t->match, peer_rank, x, gone, &done, &queued);
     wake_poller(t, &done);
-    pthread_mutex_unlock(&t->m.mu);
+    pthread_mutex_unlock(&t->match.mu);
     match_run_callbacks(&done);
     return s;
 }
@@ -867,7 +837,7 @@ static td_status tcp_irecv(td_transport *base, int peer_rank, td_xfer *x)
 static td_status tcp_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
 {
     tcp_transport *t = (tcp_transport *)base;
-    td_match *m = &t->m;
+    td_match *m = &t->match;
     int64_t dl;
     td_status result;
     if (!match_wait_begin(m, x, deadline_ns, &dl, &result))
@@ -914,7 +884,7 @@ static td_status tcp_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
 
 static void tcp_abort(td_transport *base, td_status status, const char *message)
 {
-    match_abort(&((tcp_transport *)base)->m, status, message);
+    match_abort(&((tcp_transport *)base)->match, status, message);
 }
 
 /* ---- an orderly close --------------------------------------------------------------------------
@@ -986,8 +956,8 @@ static void say_goodbye(tcp_transport *t)
             for (int i = 0; i < k; i++)
                 TD_LOG_WARN("tcp transport of rank %d: rank %d read nothing for %d s, so this rank closes "
                             "without its goodbye (rank %d will report the connection lost)",
-                            match_grank(&t->m, me), match_grank(&t->m, who[i]), BYE_WAIT_S,
-                            match_grank(&t->m, who[i]));
+                            match_grank(&t->match, me), match_grank(&t->match, who[i]), BYE_WAIT_S,
+                            match_grank(&t->match, who[i]));
             break;
         }
         if (poll(pf, (nfds_t)k, deadline_poll_ms(deadline)) < 0 && errno != EINTR)
@@ -1031,7 +1001,7 @@ static void free_transport(tcp_transport *t)
         close(t->efd_io);
     if (t->efd_poll >= 0)
         close(t->efd_poll);
-    match_free(&t->m);
+    match_free(&t->match);
     free(t->peers);
     free(t);
 }
@@ -1043,12 +1013,12 @@ static void tcp_destroy(td_transport *base)
     TD_LOG_DEBUG("tcp transport of rank %d: received %llu bytes straight into posted buffers, %llu by "
                  "single copy from the sender's memory, %llu through the staging buffer, %llu into %llu "
                  "unexpected-message buffers (%llu copied out)",
-                 match_grank(&t->m, t->base.rank), (unsigned long long)t->n_direct, (unsigned long long)t->n_cma,
+                 match_grank(&t->match, t->base.rank), (unsigned long long)t->n_direct, (unsigned long long)t->n_cma,
                  (unsigned long long)t->n_staged, (unsigned long long)t->n_unexpected,
-                 (unsigned long long)t->m.n_unexpected_msgs, (unsigned long long)t->m.n_copied_out);
+                 (unsigned long long)t->match.n_unexpected_msgs, (unsigned long long)t->match.n_copied_out);
     if (t->io_started)
         thread_join(t->io_thread);
-    if (t->m.abort_status == TD_ERR_CLOSED)
+    if (t->match.abort_status == TD_ERR_CLOSED)
         say_goodbye(t);
     free_transport(t);
 }
@@ -1094,13 +1064,13 @@ td_status tcp_transport_from_fds_ex(int rank, int size, const int *fds, const in
     t->base.ops = &tcp_ops;
     t->base.rank = rank;
     t->base.size = size;
-    match_init(&t->m, "tcp", rank, size, global_ranks, POOL_MIN_CLASS, sizeof(td_tcp_control));
-    t->m.abort_locked = abort_locked;
-    t->m.take_own = take_rts;
+    match_init(&t->match, "tcp", rank, size, global_ranks, POOL_MIN_CLASS, sizeof(td_tcp_control));
+    t->match.abort_locked = abort_locked;
+    t->match.take_own = take_rts;
     t->inner_ep = t->outer_ep = t->efd_io = t->efd_poll = -1;
     t->peers = TD_NEW_ARRAY(peer, (size_t)size);
     for (int r = 0; r < size; r++) {
-        t->peers[r].q = &t->m.peers[r];
+        t->peers[r].queues = &t->match.peers[r];
         t->peers[r].fd = r == rank ? -1 : fds[r];
         if (info && r != rank) {
             t->peers[r].pid = info[r].pid;
@@ -1165,7 +1135,7 @@ td_status tcp_transport_from_fds_ex(int rank, int size, const int *fds, const in
 fail_ctl:
     s = error_errno(TD_ERR_IO, "setting up the tcp transport's poll set");
 fail:
-    t->m.aborted = true;
+    t->match.aborted = true;
     free_transport(t);
     return s;
 }

@@ -36,6 +36,7 @@
 #include "net/io.h"
 #include "net/socket.h"
 #include "transport/peer_rendezvous.h"
+#include "transport/samehost.h"
 #include "transport/tcp_proto.h"
 #include "transport/wire.h"
 
@@ -209,7 +210,7 @@ static td_status read_address(setup *s, int r, char **host, int *port, uint64_t 
 /* A connection to a peer's UNIX socket, non-blocking, or -1. */
 static int unix_connect(const char *name)
 {
-    int fd = rdv_unix_connect(name);
+    int fd = samehost_unix_connect(name);
     if (fd >= 0 && net_set_nonblocking(fd, true) != TD_OK) {
         close(fd);
         return -1;
@@ -412,10 +413,7 @@ static td_status cma_probe(setup *s)
         if (st != TD_OK)
             return error_prefix(st, "reading rank %d's single-copy probe", rdv_grank(&s->v, r));
         uint64_t v[3] = {wire_get64(m), wire_get64(m + 8), wire_get64(m + 16)};
-        uint64_t got = 0;
-        struct iovec l = {&got, sizeof got}, rem = {(void *)(uintptr_t)v[1], sizeof got};
-        bool ok = v[0] == TD_TCP_CMA_PROBE_MAGIC && s->info[r].pid > 0 &&
-                  process_vm_readv(s->info[r].pid, &l, 1, &rem, 1, 0) == (ssize_t)sizeof got && got == v[2];
+        bool ok = v[0] == TD_TCP_CMA_PROBE_MAGIC && s->info[r].pid > 0 && samehost_word_is(s->info[r].pid, v[1], v[2]);
         if (!ok)
             TD_LOG_DEBUG("tcp transport of rank %d cannot read rank %d's memory (%s): messages go by the socket",
                          rdv_grank(&s->v, s->v.rank), rdv_grank(&s->v, r), strerror(errno));
@@ -464,7 +462,7 @@ static td_status listen_and_publish(setup *s, int *lfd, int *ufd)
         host_identity(s->host_id, sizeof s->host_id);
         char name[64];
         snprintf(name, sizeof name, "tdist-tcp-%d-%llx", (int)getpid(), (unsigned long long)s->v.nonce);
-        if (s->host_id[0] && (*ufd = rdv_unix_listen(name, o->setup.size + 16)) >= 0)
+        if (s->host_id[0] && (*ufd = samehost_unix_listen(name, o->setup.size + 16)) >= 0)
             snprintf(s->unix_name, sizeof s->unix_name, "%s", name);
     }
     if (!s->host_id[0])

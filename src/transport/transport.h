@@ -55,6 +55,7 @@
 typedef struct td_transport td_transport;
 typedef struct td_xfer td_xfer;
 typedef struct td_store td_store;
+typedef struct samehost_set samehost_set;
 
 #define TD_XFER_MAX_IOV 4
 #define TD_TRANSPORT_ANY (-1)          /* any-source receives */
@@ -129,6 +130,9 @@ struct td_transport {
     const td_transport_ops *ops;
     int rank;
     int size;
+    /* The memory its ranks share on one host (samehost.h), for algorithms that use it directly
+     * instead of sending messages (the shm backend's); NULL when the transport has none. */
+    samehost_set *samehost;
 };
 
 /* What a transport's set-up through a store takes: the first member (setup) of each transport's

@@ -1,6 +1,6 @@
-/* The shared-memory collectives (backends/shm/direct.h) over the shm transport's direct access
- * (transport/shm.h): each is a sequence of epochs in which ranks write their slots, raise their
- * arrival, and read the slots of the peers that arrived. Choice by size and world size here;
+/* The shared-memory collectives (backends/shm/direct.h) over the same-host segment set of the
+ * group's transport (transport/samehost.h): each is a sequence of epochs in which ranks write their
+ * slots, raise their arrival, and read the slots of the peers that arrived. Choice by size and world size here;
  * everything that has no direct algorithm goes to coll_execute. */
 #include "backends/shm/direct.h"
 
@@ -13,7 +13,7 @@
 
 #include "base/error.h"
 #include "coll/coll_impl.h"
-#include "transport/shm.h"
+#include "transport/samehost.h"
 
 /* all_reduce and reduce up to this many bytes reduce every input on every rank (one step); above,
  * the slices (two steps per chunk) move and reduce less. The crossover falls with the world size
@@ -22,15 +22,16 @@ static size_t flat_max(int n) { return n <= 2 ? (size_t)8 << 10 : n == 3 ? (size
 /* From this size on, results are written around the caches (see copy_out). */
 #define STREAM_MIN ((size_t)16 << 20)
 
-typedef struct srun {
-    td_transport *t;
+/* One direct collective as it runs. */
+typedef struct shm_run {
+    samehost_set *set;
     const td_coll *op;
-    int me, n;
-    size_t es;
-    td_reduce_fn fn;
-    int64_t dl;
-    td_shm_desc d;
-} srun;
+    int rank, size;
+    size_t elem_size;
+    td_reduce_fn reduce;
+    int64_t deadline_ns;
+    samehost_desc desc;
+} shm_run;
 
 /* An arrival's description of a collective: kind, dtype, reduce op and root (+1) in one word. */
 static uint64_t desc_what(int kind, int dtype, int op, int root)
@@ -53,7 +54,7 @@ td_algo shm_coll_choose(const td_coll_ctx *c, const td_coll *op)
 {
     td_algo forced = c->cfg.forced[op->kind];
     size_t bytes = op->count * td_dtype_size(op->dtype);
-    bool flat_ok = bytes <= shm_small_bytes(c->t);
+    bool flat_ok = bytes <= c->t->samehost->small_bytes;
     if (forced != TD_ALGO_AUTO) {
         if (forced == TD_ALGO_SHM_FLAT && !flat_ok)
             return TD_ALGO_SHM; /* does not fit in the small slots */
@@ -79,69 +80,75 @@ td_algo shm_coll_choose(const td_coll_ctx *c, const td_coll *op)
 
 /* Starts epoch *e: when this rank writes slots, waits until everyone is done with what was
  * written two epochs ago (they arrived at the last one). */
-static td_status begin(srun *run, uint64_t *e, bool writes)
+static td_status begin(shm_run *run, uint64_t *e, bool writes)
 {
-    *e = shm_epoch(run->t);
+    *e = samehost_next_epoch(run->set);
     if (!writes)
         return TD_OK;
-    return shm_wait_arrival(run->t, -1, *e - 1, NULL, run->dl);
+    return samehost_wait_arrival(run->set, -1, *e - 1, NULL, run->deadline_ns);
 }
 
-static td_status wait_peer(srun *run, int r, uint64_t e) { return shm_wait_arrival(run->t, r, e, &run->d, run->dl); }
-static td_status wait_all(srun *run, uint64_t e) { return shm_wait_arrival(run->t, -1, e, &run->d, run->dl); }
-static void arrive(srun *run, uint64_t e) { shm_publish_arrival(run->t, e, &run->d); }
+static td_status wait_peer(shm_run *run, int r, uint64_t e)
+{
+    return samehost_wait_arrival(run->set, r, e, &run->desc, run->deadline_ns);
+}
+static td_status wait_all(shm_run *run, uint64_t e)
+{
+    return samehost_wait_arrival(run->set, -1, e, &run->desc, run->deadline_ns);
+}
+static void arrive(shm_run *run, uint64_t e) { samehost_arrive(run->set, e, &run->desc); }
 
 /* This rank's contribution into a slot. */
-static td_status put_input(srun *run, char *dst, const void *src, size_t count)
+static td_status put_input(shm_run *run, char *dst, const void *src, size_t count)
 {
     if (count)
-        memcpy(dst, src, count * run->es);
+        memcpy(dst, src, count * run->elem_size);
     return TD_OK;
 }
 
 /* dst = slot_0 op slot_1 op ... op slot_{n-1}, each at byte offset off, in rank order. */
-static void reduce_all(srun *run, char *dst, uint64_t e, bool small, size_t off, size_t count)
+static void reduce_all(shm_run *run, char *dst, uint64_t e, bool small, size_t off, size_t count)
 {
     if (!count)
         return;
-    char *(*slot)(td_transport *, int, uint64_t) = small ? shm_small : shm_slot;
-    run->fn(dst, slot(run->t, 0, e) + off, slot(run->t, 1, e) + off, count);
-    for (int q = 2; q < run->n; q++)
-        run->fn(dst, dst, slot(run->t, q, e) + off, count);
+    char *(*slot)(const samehost_set *, int, uint64_t) = small ? samehost_small : samehost_slot;
+    run->reduce(dst, slot(run->set, 0, e) + off, slot(run->set, 1, e) + off, count);
+    for (int q = 2; q < run->size; q++)
+        run->reduce(dst, dst, slot(run->set, q, e) + off, count);
 }
 
 
 /* Slice q of a chunk of cn elements: [lo, hi), on cache-line boundaries where elements allow. */
-static void slice_of(const srun *run, size_t cn, int q, size_t *lo, size_t *hi)
+static void slice_of(const shm_run *run, size_t cn, int q, size_t *lo, size_t *hi)
 {
-    size_t unit = run->es < 64 ? 64 / run->es : 1;
+    size_t unit = run->elem_size < 64 ? 64 / run->elem_size : 1;
     size_t units = (cn + unit - 1) / unit;
-    *lo = (size_t)((unsigned __int128)units * (size_t)q / (size_t)run->n) * unit;
-    *hi = (size_t)((unsigned __int128)units * (size_t)(q + 1) / (size_t)run->n) * unit;
+    *lo = (size_t)((unsigned __int128)units * (size_t)q / (size_t)run->size) * unit;
+    *hi = (size_t)((unsigned __int128)units * (size_t)(q + 1) / (size_t)run->size) * unit;
     if (*lo > cn)
         *lo = cn;
     if (*hi > cn)
         *hi = cn;
 }
 
-static size_t chunk_elems(const srun *run, size_t per)
+static size_t chunk_elems(const shm_run *run, size_t per)
 {
-    size_t c = shm_slot_bytes(run->t) / (run->es * per);
+    size_t c = run->set->slot_bytes / (run->elem_size * per);
     return c ? c : 1;
 }
 
 /* ---- all_reduce and reduce --------------------------------------------------------------------- */
 
 /* root < 0: all_reduce (everyone ends with the result); else reduce to root. */
-static td_status reduce_flat(srun *run, int root)
+static td_status reduce_flat(shm_run *run, int root)
 {
     char *buf = run->op->out;
     size_t count = run->op->count;
     uint64_t e;
     TD_TRY(begin(run, &e, true));
-    TD_TRY(put_input(run, shm_small(run->t, run->me, e), buf, count));
+    TD_TRY(put_input(run, samehost_small(run->set, run->rank, e), buf, count));
     arrive(run, e);
-    if (root >= 0 && run->me != root)
+    if (root >= 0 && run->rank != root)
         return TD_OK;
     TD_TRY(wait_all(run, e));
     reduce_all(run, buf, e, true, 0, count);
@@ -191,13 +198,13 @@ static void copy_out_done(bool stream)
 /* The slices of an all_reduce (root < 0) or reduce. Each rank puts in its slot the parts of its
  * input that the others reduce (its own slice it reads from its buffer), reduces its slice of
  * everyone's input in rank order into its other slot, and copies the reduced slices out. */
-static td_status reduce_slices(srun *run, int root)
+static td_status reduce_slices(shm_run *run, int root)
 {
     char *buf = run->op->out;
-    size_t count = run->op->count, es = run->es;
+    size_t count = run->op->count, es = run->elem_size;
     size_t chunk = chunk_elems(run, 1);
     bool stream = count * es >= STREAM_MIN;
-    bool gathers = root < 0 || run->me == root;
+    bool gathers = root < 0 || run->rank == root;
     size_t off = 0;
     do {
         size_t cn = count - off < chunk ? count - off : chunk;
@@ -205,33 +212,33 @@ static td_status reduce_slices(srun *run, int root)
         uint64_t e;
         TD_TRY(begin(run, &e, true));
         size_t lo, hi;
-        slice_of(run, cn, run->me, &lo, &hi);
-        char *slot = shm_slot(run->t, run->me, e);
+        slice_of(run, cn, run->rank, &lo, &hi);
+        char *slot = samehost_slot(run->set, run->rank, e);
         TD_TRY(put_input(run, slot, in, lo));
         TD_TRY(put_input(run, slot + hi * es, in + hi * es, cn - hi));
         arrive(run, e);
         TD_TRY(wait_all(run, e));
         /* The reduced slice goes into the other slot (everyone is past the epoch that used it). */
-        char *dst = shm_slot(run->t, run->me, e + 1) + lo * es;
+        char *dst = samehost_slot(run->set, run->rank, e + 1) + lo * es;
         if (hi > lo) {
             const char *src[2];
             for (int q = 0; q < 2; q++)
-                src[q] = q == run->me ? in + lo * es : shm_slot(run->t, q, e) + lo * es;
-            run->fn(dst, src[0], src[1], hi - lo);
-            for (int q = 2; q < run->n; q++)
-                run->fn(dst, dst, q == run->me ? in + lo * es : shm_slot(run->t, q, e) + lo * es, hi - lo);
+                src[q] = q == run->rank ? in + lo * es : samehost_slot(run->set, q, e) + lo * es;
+            run->reduce(dst, src[0], src[1], hi - lo);
+            for (int q = 2; q < run->size; q++)
+                run->reduce(dst, dst, q == run->rank ? in + lo * es : samehost_slot(run->set, q, e) + lo * es, hi - lo);
         }
         uint64_t e2;
         TD_TRY(begin(run, &e2, false));
         arrive(run, e2);
         if (gathers) {
-            for (int k = 0; k < run->n; k++) {
-                int q = (run->me + k) % run->n;
+            for (int k = 0; k < run->size; k++) {
+                int q = (run->rank + k) % run->size;
                 slice_of(run, cn, q, &lo, &hi);
-                if (q != run->me)
+                if (q != run->rank)
                     TD_TRY(wait_peer(run, q, e2));
                 if (hi > lo)
-                    copy_out(in + lo * es, shm_slot(run->t, q, e2) + lo * es, (hi - lo) * es, stream);
+                    copy_out(in + lo * es, samehost_slot(run->set, q, e2) + lo * es, (hi - lo) * es, stream);
             }
         }
         off += cn;
@@ -242,24 +249,24 @@ static td_status reduce_slices(srun *run, int root)
 
 /* ---- copies ------------------------------------------------------------------------------------ */
 
-static td_status broadcast(srun *run)
+static td_status broadcast(shm_run *run)
 {
     char *buf = run->op->out;
     int root = run->op->root;
-    size_t count = run->op->count, es = run->es, chunk = chunk_elems(run, 1), off = 0;
+    size_t count = run->op->count, es = run->elem_size, chunk = chunk_elems(run, 1), off = 0;
     do {
         size_t cn = count - off < chunk ? count - off : chunk;
         uint64_t e;
-        TD_TRY(begin(run, &e, run->me == root));
-        if (run->me == root) {
+        TD_TRY(begin(run, &e, run->rank == root));
+        if (run->rank == root) {
             if (cn)
-                memcpy(shm_slot(run->t, root, e), buf + off * es, cn * es);
+                memcpy(samehost_slot(run->set, root, e), buf + off * es, cn * es);
             arrive(run, e);
         } else {
             arrive(run, e); /* done with the last chunk */
             TD_TRY(wait_peer(run, root, e));
             if (cn)
-                memcpy(buf + off * es, shm_slot(run->t, root, e), cn * es);
+                memcpy(buf + off * es, samehost_slot(run->set, root, e), cn * es);
         }
         off += cn;
     } while (off < count);
@@ -267,27 +274,27 @@ static td_status broadcast(srun *run)
 }
 
 /* all_gather (root < 0) and gather (to root). */
-static td_status gather(srun *run, int root)
+static td_status gather(shm_run *run, int root)
 {
     const char *in = run->op->in;
     void *const *out = run->op->out_blocks;
-    size_t count = run->op->count, es = run->es, chunk = chunk_elems(run, 1), off = 0;
-    bool reader = root < 0 || run->me == root;
+    size_t count = run->op->count, es = run->elem_size, chunk = chunk_elems(run, 1), off = 0;
+    bool reader = root < 0 || run->rank == root;
     if (reader)
-        coll_copy(COLL_AT(out[run->me], 0), in, count * es);
+        coll_copy(COLL_AT(out[run->rank], 0), in, count * es);
     do {
         size_t cn = count - off < chunk ? count - off : chunk;
         uint64_t e;
         TD_TRY(begin(run, &e, true));
         if (cn)
-            memcpy(shm_slot(run->t, run->me, e), in + off * es, cn * es);
+            memcpy(samehost_slot(run->set, run->rank, e), in + off * es, cn * es);
         arrive(run, e);
         if (reader) {
-            for (int k = 1; k < run->n; k++) {
-                int q = (run->me + k) % run->n;
+            for (int k = 1; k < run->size; k++) {
+                int q = (run->rank + k) % run->size;
                 TD_TRY(wait_peer(run, q, e));
                 if (cn)
-                    memcpy((char *)out[q] + off * es, shm_slot(run->t, q, e), cn * es);
+                    memcpy((char *)out[q] + off * es, samehost_slot(run->set, q, e), cn * es);
             }
         }
         off += cn;
@@ -295,20 +302,20 @@ static td_status gather(srun *run, int root)
     return TD_OK;
 }
 
-static td_status scatter(srun *run)
+static td_status scatter(shm_run *run)
 {
-    int root = run->op->root, n = run->n;
+    int root = run->op->root, n = run->size;
     const void *const *in = run->op->in_blocks;
     char *out = run->op->out;
-    size_t count = run->op->count, es = run->es, chunk = chunk_elems(run, (size_t)n), off = 0;
-    if (run->me == root)
+    size_t count = run->op->count, es = run->elem_size, chunk = chunk_elems(run, (size_t)n), off = 0;
+    if (run->rank == root)
         coll_copy(out, in[root], count * es);
     do {
         size_t cn = count - off < chunk ? count - off : chunk;
         uint64_t e;
-        TD_TRY(begin(run, &e, run->me == root));
-        if (run->me == root) {
-            char *slot = shm_slot(run->t, root, e);
+        TD_TRY(begin(run, &e, run->rank == root));
+        if (run->rank == root) {
+            char *slot = samehost_slot(run->set, root, e);
             for (int q = 0; q < n && cn; q++)
                 if (q != root)
                     memcpy(slot + (size_t)q * cn * es, (const char *)in[q] + off * es, cn * es);
@@ -317,36 +324,36 @@ static td_status scatter(srun *run)
             arrive(run, e);
             TD_TRY(wait_peer(run, root, e));
             if (cn)
-                memcpy(out + off * es, shm_slot(run->t, root, e) + (size_t)run->me * cn * es, cn * es);
+                memcpy(out + off * es, samehost_slot(run->set, root, e) + (size_t)run->rank * cn * es, cn * es);
         }
         off += cn;
     } while (off < count);
     return TD_OK;
 }
 
-static td_status reduce_scatter(srun *run)
+static td_status reduce_scatter(shm_run *run)
 {
-    int n = run->n;
+    int n = run->size;
     const void *const *in = run->op->in_blocks;
     char *out = run->op->out;
-    size_t count = run->op->count, es = run->es, chunk = chunk_elems(run, (size_t)n), off = 0;
+    size_t count = run->op->count, es = run->elem_size, chunk = chunk_elems(run, (size_t)n), off = 0;
     do {
         size_t cn = count - off < chunk ? count - off : chunk;
         uint64_t e;
         TD_TRY(begin(run, &e, true));
-        char *slot = shm_slot(run->t, run->me, e);
+        char *slot = samehost_slot(run->set, run->rank, e);
         for (int q = 0; q < n; q++)
             TD_TRY(put_input(run, slot + (size_t)q * cn * es, COLL_AT(in[q], off * es), cn));
         arrive(run, e);
         TD_TRY(wait_all(run, e));
         char *dst = COLL_AT(out, off * es);
-        reduce_all(run, dst, e, false, (size_t)run->me * cn * es, cn);
+        reduce_all(run, dst, e, false, (size_t)run->rank * cn * es, cn);
         off += cn;
     } while (off < count);
     return TD_OK;
 }
 
-static td_status barrier(srun *run)
+static td_status barrier(shm_run *run)
 {
     uint64_t e;
     TD_TRY(begin(run, &e, false));
@@ -358,22 +365,22 @@ static td_status barrier(srun *run)
 
 td_status shm_coll_run(td_coll_ctx *c, const td_coll *op)
 {
-    td_algo a = c->size > 1 && transport_is_shm(c->t) ? shm_coll_choose(c, op) : TD_ALGO_AUTO;
+    td_algo a = c->size > 1 && c->t->samehost ? shm_coll_choose(c, op) : TD_ALGO_AUTO;
     if (a != TD_ALGO_SHM && a != TD_ALGO_SHM_FLAT)
         return coll_execute(c, op, a);
     if (!coll_algo_supports(a, op->kind))
         return coll_execute(c, op, TD_ALGO_AUTO);
-    srun run = {
-        .t = c->t,
+    shm_run run = {
+        .set = c->t->samehost,
         .op = op,
-        .me = c->rank,
-        .n = c->size,
-        .es = td_dtype_size(op->dtype),
-        .dl = op->deadline_ns,
+        .rank = c->rank,
+        .size = c->size,
+        .elem_size = td_dtype_size(op->dtype),
+        .deadline_ns = op->deadline_ns,
     };
-    TD_TRY(coll_reduce_fn(op, &run.fn));
+    TD_TRY(coll_reduce_fn(op, &run.reduce));
     int root = td_coll_kind_rooted(op->kind) ? op->root : -1;
-    run.d = (td_shm_desc){
+    run.desc = (samehost_desc){
         .what = desc_what((int)op->kind, (int)op->dtype, td_coll_kind_reduces(op->kind) ? (int)op->op.kind : 0, root),
         .count = op->count,
         .describe = desc_describe,

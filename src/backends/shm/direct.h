@@ -1,5 +1,6 @@
-/* The shared-memory collectives: algorithms that use the shm transport's memory directly
- * (transport/shm.h) instead of sending messages, for the ranks of one host.
+/* The shared-memory collectives: algorithms that use the memory the ranks of one host share (the
+ * same-host segment set of the group's transport, transport/samehost.h) directly instead of
+ * sending messages.
  *
  *   all_reduce  shm_flat (small): every rank puts its input in its small slot, raises its arrival,
  *               and reduces all the slots itself, in rank order. One step, no message.
@@ -24,9 +25,11 @@
 #include "coll/coll.h"
 
 /* The algorithm shm_coll_run uses for op: TD_ALGO_SHM, TD_ALGO_SHM_FLAT, or a transport
- * algorithm (forced through TDIST_ALGO, or for collectives that have no direct one). */
+ * algorithm (forced through TDIST_ALGO, or for collectives that have no direct one). c's transport
+ * must have a same-host segment set. */
 td_algo shm_coll_choose(const td_coll_ctx *c, const td_coll *op);
-/* Runs op (not SEND / RECV) on c, whose transport must be an shm transport. */
+/* Runs op (not SEND / RECV) on c: directly when c's transport has a same-host segment set
+ * (td_transport.samehost), through coll_execute otherwise. */
 td_status shm_coll_run(td_coll_ctx *c, const td_coll *op);
 
 #endif

@@ -1,0 +1,387 @@
+/* The same-host layer (samehost.h): abstract UNIX-domain sockets and fds passed over them,
+ * doorbells on shared futex words, the spinning policy of waiters, the arrivals of the segment set
+ * that the direct collectives run on, and single-copy reads from a peer's memory. Its users are
+ * the shm transport, the shm backend's direct collectives and the tcp transport's local path; it
+ * knows none of them. */
+#include "transport/samehost.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "base/env.h"
+#include "base/error.h"
+#include "transport/match.h"
+
+#define SPIN_MIN_NS 2000
+#define PAUSE_NS 2000 /* spin without yielding this long (unless ranks outnumber cores) */
+
+/* ---- abstract UNIX-domain sockets --------------------------------------------------------------- */
+
+socklen_t samehost_unix_addr(const char *name, struct sockaddr_un *a)
+{
+    memset(a, 0, sizeof *a);
+    a->sun_family = AF_UNIX;
+    size_t len = strlen(name);
+    if (len > sizeof a->sun_path - 2)
+        len = sizeof a->sun_path - 2;
+    memcpy(a->sun_path + 1, name, len); /* abstract: leading NUL, nothing in the file system */
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len);
+}
+
+int samehost_unix_listen(const char *name, int backlog)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_un a;
+    socklen_t len = samehost_unix_addr(name, &a);
+    if (bind(fd, (struct sockaddr *)&a, len) != 0 || listen(fd, backlog) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
+int samehost_unix_connect(const char *name)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_un a;
+    socklen_t len = samehost_unix_addr(name, &a);
+    if (connect(fd, (struct sockaddr *)&a, len) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
+ssize_t samehost_send_fd(int sock, const void *buf, size_t len, int fd)
+{
+    struct iovec iov = {(void *)buf, len};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } cm;
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (fd >= 0) {
+        memset(&cm, 0, sizeof cm);
+        mh.msg_control = cm.buf;
+        mh.msg_controllen = sizeof cm.buf;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    }
+    return sendmsg(sock, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+ssize_t samehost_recv_fd(int sock, void *buf, size_t len, int *fd, bool *extra)
+{
+    struct iovec iov = {buf, len};
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * 4)];
+        struct cmsghdr align;
+    } cm;
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf, .msg_controllen = sizeof cm.buf};
+    ssize_t n = recvmsg(sock, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n <= 0)
+        return n;
+    for (struct cmsghdr *h = CMSG_FIRSTHDR(&mh); h; h = CMSG_NXTHDR(&mh, h)) {
+        if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t nfd = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < nfd; i++) {
+            int got;
+            memcpy(&got, CMSG_DATA(h) + i * sizeof(int), sizeof got);
+            if (*fd < 0 && !*extra) {
+                *fd = got;
+            } else {
+                close(got);
+                *extra = true;
+            }
+        }
+    }
+    if (mh.msg_flags & MSG_CTRUNC)
+        *extra = true;
+    return n;
+}
+
+/* ---- doorbells ---------------------------------------------------------------------------------- */
+
+void samehost_futex_wait(_Atomic uint32_t *word, uint32_t val, int64_t deadline_ns, uint32_t bits)
+{
+    struct timespec ts, *tsp = NULL;
+    if (deadline_ns != TD_DEADLINE_NONE) {
+        ts.tv_sec = deadline_ns / 1000000000;
+        ts.tv_nsec = deadline_ns % 1000000000;
+        tsp = &ts;
+    }
+    /* Not FUTEX_PRIVATE: the word is in memory shared with other processes. The timeout of
+     * FUTEX_WAIT_BITSET is absolute, on CLOCK_MONOTONIC. */
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_BITSET, val, tsp, NULL, bits);
+}
+
+void samehost_bell_ring(samehost_bell *b, uint32_t bits)
+{
+    atomic_fetch_add(&b->seq, 1);
+    syscall(SYS_futex, (uint32_t *)&b->seq, FUTEX_WAKE_BITSET, INT_MAX, NULL, NULL, bits);
+}
+
+void samehost_bell_notify(samehost_bell *b, uint32_t mask)
+{
+    atomic_thread_fence(memory_order_seq_cst);
+    uint32_t bits = 0;
+    if ((mask & SAMEHOST_BELL_WAITER) && atomic_load_explicit(&b->sleepers, memory_order_relaxed))
+        bits |= SAMEHOST_BELL_WAITER;
+    if ((mask & SAMEHOST_BELL_IO) && atomic_load_explicit(&b->io_registered, memory_order_relaxed))
+        bits |= SAMEHOST_BELL_IO;
+    if (bits)
+        samehost_bell_ring(b, bits);
+}
+
+/* ---- spinning ----------------------------------------------------------------------------------- */
+
+static int cpus_available(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0)
+        return (int)sysconf(_SC_NPROCESSORS_ONLN);
+    return CPU_COUNT(&set);
+}
+
+td_status samehost_spin_init(samehost_spin *s, int ranks)
+{
+    int64_t spin_us = 20;
+    TD_TRY(env_get_int("TDIST_SHM_SPIN_US", 20, 0, 1000000, &spin_us));
+    s->spin_ns = spin_us * 1000;
+    atomic_store(&s->skip, 0);
+    atomic_store(&s->skip_next, 0);
+    s->oversubscribed = ranks > cpus_available();
+    return TD_OK;
+}
+
+int64_t samehost_spin_budget(samehost_spin *s)
+{
+    int skip = atomic_load_explicit(&s->skip, memory_order_relaxed);
+    if (skip > 0) {
+        atomic_store_explicit(&s->skip, skip - 1, memory_order_relaxed);
+        return s->spin_ns < SPIN_MIN_NS ? s->spin_ns : SPIN_MIN_NS;
+    }
+    return s->spin_ns;
+}
+
+/* A sleep that ended soon after the spin gave up (within NEAR_MISS spin budgets, wake-up included)
+ * was a near miss: the peer was only briefly held up (an interrupt, the host preempting its CPU),
+ * and spinning a little longer would have saved the sleep and the peer's doorbell. When the ranks
+ * have a core each, spinning takes nothing from them, so a near miss keeps the full budget;
+ * otherwise a sleep of any length cuts it short for exponentially more waits. Without this, one
+ * preemption can put both ranks of a ping-pong into a cycle of sleeps and doorbells, each wake-up
+ * late enough for the other to miss its short spin (docs/performance.md). */
+#define NEAR_MISS 10
+void samehost_spin_result(samehost_spin *s, bool slept, int64_t start_ns)
+{
+    if (slept && !s->oversubscribed && clock_now_ns() - start_ns < NEAR_MISS * s->spin_ns)
+        slept = false;
+    if (!slept) {
+        atomic_store_explicit(&s->skip_next, 0, memory_order_relaxed);
+        return;
+    }
+    int next = atomic_load_explicit(&s->skip_next, memory_order_relaxed);
+    next = next ? next * 2 : 1;
+    if (next > 64)
+        next = 64;
+    atomic_store_explicit(&s->skip_next, next, memory_order_relaxed);
+    atomic_store_explicit(&s->skip, next, memory_order_relaxed);
+}
+
+/* A pause while the peer is likely just about to answer, then the core is given up between polls
+ * (another thread, maybe the peer, may need it). With more ranks than cores, yield from the
+ * start. */
+void samehost_spin_pause(const samehost_spin *s, int64_t spun_ns)
+{
+    if (s->oversubscribed || spun_ns > PAUSE_NS) {
+        sched_yield();
+        return;
+    }
+    for (int i = 0; i < 16; i++) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        __asm__ __volatile__("yield");
+#endif
+    }
+}
+
+/* ---- the segment set ---------------------------------------------------------------------------- */
+
+static int set_grank(const samehost_set *set, int r) { return set->global_ranks ? set->global_ranks[r] : r; }
+
+static bool member_gone(const samehost_set *set, int r)
+{
+    const _Atomic bool *gone = set->members[r].gone;
+    return gone && atomic_load(gone);
+}
+
+static bool owner_failed(const samehost_set *set)
+{
+    return atomic_load_explicit(set->owner.failed, memory_order_acquire) != 0;
+}
+
+void samehost_arrive(samehost_set *set, uint64_t e, const samehost_desc *d)
+{
+    samehost_arrival *a = set->members[set->rank].arrival;
+    int k = (int)(e & 1);
+    a->desc_epoch[k] = e;
+    a->what[k] = d ? d->what : 0;
+    a->count[k] = d ? d->count : 0;
+    atomic_store_explicit(&a->epoch, e, memory_order_release);
+    atomic_thread_fence(memory_order_seq_cst);
+    for (int r = 0; r < set->size; r++) {
+        samehost_bell *b = set->members[r].bell;
+        if (r != set->rank && atomic_load_explicit(&b->sleepers, memory_order_relaxed))
+            samehost_bell_ring(b, SAMEHOST_BELL_WAITER);
+    }
+}
+
+/* 1: arrived (and described as d), 0: not yet, -1: failed (error set, owner failed). */
+static int check_member(samehost_set *set, int r, uint64_t e, const samehost_desc *d)
+{
+    const samehost_arrival *a = set->members[r].arrival;
+    uint64_t got = atomic_load_explicit(&a->epoch, memory_order_acquire);
+    if (got < e)
+        return 0;
+    if (d) {
+        int k = (int)(e & 1);
+        uint64_t de = a->desc_epoch[k], what = a->what[k], count = a->count[k];
+        if (de == e && (what != d->what || count != d->count)) {
+            char mine[96], theirs[96], msg[TD_XFER_ERROR_MAX + 64];
+            d->describe(d->what, d->count, mine, sizeof mine);
+            d->describe(what, count, theirs, sizeof theirs);
+            snprintf(msg, sizeof msg,
+                     "Ranks disagree about a collective: rank %d runs %s, rank %d runs %s; every rank must run the "
+                     "same collectives with the same sizes",
+                     set_grank(set, set->rank), mine, set_grank(set, r), theirs);
+            set->owner.abort(set->owner.arg, TD_ERR_INVALID, msg);
+            error_set(TD_ERR_INVALID, msg);
+            return -1;
+        }
+    }
+    return 1;
+}
+
+/* 1 when every awaited member arrived, 0 not yet, -1 failed. *missing: one that has not. */
+static int check_arrivals(samehost_set *set, int r, uint64_t e, const samehost_desc *d, int *missing)
+{
+    if (r >= 0)
+        return (*missing = r), check_member(set, r, e, d);
+    int result = 1;
+    for (int q = 0; q < set->size; q++) {
+        if (q == set->rank)
+            continue;
+        int c = check_member(set, q, e, d);
+        if (c < 0)
+            return -1;
+        if (c == 0) {
+            *missing = q;
+            result = 0;
+            if (!d)
+                return 0;
+        }
+    }
+    return result;
+}
+
+td_status samehost_wait_arrival(samehost_set *set, int r, uint64_t e, const samehost_desc *d, int64_t deadline_ns)
+{
+    int missing = r;
+    if (owner_failed(set))
+        return set->owner.failure(set->owner.arg);
+    int c = check_arrivals(set, r, e, d, &missing);
+    if (c != 0)
+        return c > 0 ? TD_OK : TD_ERR_INVALID;
+    samehost_bell *bell = set->members[set->rank].bell;
+    int64_t start = clock_now_ns();
+    int64_t spin_end = start + samehost_spin_budget(set->spin);
+    bool slept = false;
+    for (;;) {
+        if (owner_failed(set) || member_gone(set, missing) || deadline_passed(deadline_ns))
+            break;
+        int64_t now = clock_now_ns();
+        if (now < spin_end) {
+            samehost_spin_pause(set->spin, now - start);
+        } else {
+            atomic_fetch_add(&bell->sleepers, 1);
+            uint32_t seq = atomic_load(&bell->seq);
+            c = check_arrivals(set, r, e, d, &missing);
+            if (c == 0 && !owner_failed(set) && !member_gone(set, missing)) {
+                samehost_futex_wait(&bell->seq, seq, deadline_ns, SAMEHOST_BELL_WAITER);
+                slept = true;
+            }
+            atomic_fetch_sub(&bell->sleepers, 1);
+            if (c < 0)
+                return TD_ERR_INVALID;
+        }
+        c = check_arrivals(set, r, e, d, &missing);
+        if (c != 0) {
+            samehost_spin_result(set->spin, slept, start);
+            return c > 0 ? TD_OK : TD_ERR_INVALID;
+        }
+    }
+    /* A peer that arrived before it left (or before the owner failed) still counts. */
+    c = check_arrivals(set, r, e, d, &missing);
+    if (c != 0)
+        return c > 0 ? TD_OK : TD_ERR_INVALID;
+    return set->owner.wait_failed(set->owner.arg, missing, e, deadline_ns, start);
+}
+
+/* ---- single-copy reads -------------------------------------------------------------------------- */
+
+int samehost_read_into(pid_t pid, td_xfer *x, const uint64_t *addr, const uint64_t *len, int n)
+{
+    size_t total = x->total, done_bytes = 0;
+    while (done_bytes < total) {
+        struct iovec local[TD_XFER_MAX_IOV], remote[SAMEHOST_READ_MAX_PIECES];
+        int local_count = xfer_iov_from(x, done_bytes, total - done_bytes, local, TD_XFER_MAX_IOV);
+        int remote_count = 0;
+        size_t skip = done_bytes;
+        for (int i = 0; i < n; i++) {
+            if (skip >= len[i]) {
+                skip -= len[i];
+                continue;
+            }
+            remote[remote_count].iov_base = (void *)(uintptr_t)(addr[i] + skip);
+            remote[remote_count].iov_len = len[i] - skip;
+            remote_count++;
+            skip = 0;
+        }
+        ssize_t got = process_vm_readv(pid, local, (unsigned long)local_count, remote, (unsigned long)remote_count, 0);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            return got < 0 ? errno : EFAULT;
+        done_bytes += (size_t)got;
+    }
+    return 0;
+}
+
+bool samehost_word_is(pid_t pid, uint64_t addr, uint64_t value)
+{
+    uint64_t got = 0;
+    struct iovec local = {&got, sizeof got}, remote = {(void *)(uintptr_t)addr, sizeof got};
+    return process_vm_readv(pid, &local, 1, &remote, 1, 0) == (ssize_t)sizeof got && got == value;
+}

@@ -1,0 +1,185 @@
+/* The same-host layer: what the ranks of one host share and the primitives over it, written once
+ * for everything that moves data between processes of one host: the shm transport's rings
+ * (shm.c), the shm backend's direct collectives (backends/shm), the tcp transport's single-copy
+ * path (tcp.c), and next RPC.
+ *
+ *   abstract UNIX-domain sockets   how processes of one host find each other (nothing in the file
+ *                                  system, gone with their owner) and pass segments as fds
+ *   doorbells                      a futex word in shared memory that a process sleeps on and its
+ *                                  peers ring, only when someone sleeps there
+ *   spinning                       how long a waiter polls before it sleeps, adapted to what
+ *                                  spinning has been worth
+ *   the segment set                the shared segments (tensor/segment.h) of the ranks of a host,
+ *                                  with two pairs of slots and an arrival counter per rank: the
+ *                                  memory that the direct collectives read and write
+ *   single-copy reads              process_vm_readv straight from a peer's memory
+ *
+ * Whoever owns the segments (today the shm transport, which creates, exchanges and watches them)
+ * fills a samehost_set and hands it out through td_transport.samehost; the users of the set need
+ * nothing else of the owner. */
+#ifndef TDIST_TRANSPORT_SAMEHOST_H
+#define TDIST_TRANSPORT_SAMEHOST_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/un.h>
+
+#include <tdist/status.h>
+
+#include "transport/transport.h"
+
+#define SAMEHOST_LINE 64
+
+/* ---- abstract UNIX-domain sockets --------------------------------------------------------------- */
+
+/* The abstract address of name (cut to fit). */
+socklen_t samehost_unix_addr(const char *name, struct sockaddr_un *a);
+/* A non-blocking listening socket on name, or -1 with errno. */
+int samehost_unix_listen(const char *name, int backlog);
+/* A blocking connection to name, or -1 with errno: a listening UNIX socket accepts at once or
+ * refuses, so the connect never waits on a network. */
+int samehost_unix_connect(const char *name);
+
+/* A segment travels between processes as its fd on such a socket (SCM_RIGHTS). */
+/* Sends len bytes in one message, with fd attached when fd >= 0, without blocking. Returns what
+ * sendmsg returns (errno set when negative). */
+ssize_t samehost_send_fd(int sock, const void *buf, size_t len, int fd);
+/* Receives up to len bytes without blocking. The first fd that comes goes into *fd when that is
+ * -1; any other is closed and sets *extra, as does a cut control message. Returns what recvmsg
+ * returns (errno set when negative; fds are looked at only when it is positive). */
+ssize_t samehost_recv_fd(int sock, void *buf, size_t len, int *fd, bool *extra);
+
+/* ---- doorbells ---------------------------------------------------------------------------------
+ * A process's doorbell: the futex word its sleeping threads wait on, and who sleeps. Waiting
+ * threads (a poller, a direct collective) wait for bit SAMEHOST_BELL_WAITER; the owner's own
+ * progress thread for SAMEHOST_BELL_IO. Writers ring only the bits of someone registered, so a
+ * process that nobody waits on costs its peers no system call. */
+typedef struct samehost_bell {
+    _Alignas(SAMEHOST_LINE) _Atomic uint32_t seq;
+    _Atomic uint32_t sleepers;      /* waiting threads asleep (or about to be) */
+    _Atomic uint32_t io_registered; /* the progress thread wants wake-ups */
+} samehost_bell;
+
+enum { SAMEHOST_BELL_WAITER = 1, SAMEHOST_BELL_IO = 2, SAMEHOST_BELL_ALL = 3 };
+
+/* Sleeps while *word == val, until the deadline (CLOCK_MONOTONIC ns, TD_DEADLINE_NONE: none) or a
+ * wake of one of bits. The word may be shared with other processes. */
+void samehost_futex_wait(_Atomic uint32_t *word, uint32_t val, int64_t deadline_ns, uint32_t bits);
+/* Rings b for bits, whether or not anyone sleeps. */
+void samehost_bell_ring(samehost_bell *b, uint32_t bits);
+/* After publishing something b's owner may wait for: rings the bits of mask whose waiters are
+ * registered. */
+void samehost_bell_notify(samehost_bell *b, uint32_t mask);
+
+/* ---- spinning ----------------------------------------------------------------------------------
+ * A waiter polls for up to spin_ns (TDIST_SHM_SPIN_US), yielding the core when the ranks outnumber
+ * the cores, then sleeps on its doorbell. The budget shrinks for exponentially more waits after
+ * spins that ended in long sleeps (the peer is away computing, or shares the core). Its counters
+ * are touched by whichever thread waits. */
+typedef struct samehost_spin {
+    int64_t spin_ns;
+    _Atomic int skip, skip_next;
+    bool oversubscribed; /* more ranks on this host than cores for them */
+} samehost_spin;
+
+/* From TDIST_SHM_SPIN_US and the cores this process may run on, for ranks processes of one host. */
+td_status samehost_spin_init(samehost_spin *s, int ranks);
+/* The spin budget of the next wait, in ns. */
+int64_t samehost_spin_budget(samehost_spin *s);
+/* How the wait that began at start_ns ended: slept or not. */
+void samehost_spin_result(samehost_spin *s, bool slept, int64_t start_ns);
+/* One step of a spin that has lasted spun_ns. */
+void samehost_spin_pause(const samehost_spin *s, int64_t spun_ns);
+
+/* ---- the segment set ---------------------------------------------------------------------------
+ * A direct collective is a sequence of epochs, numbered the same on every rank
+ * (samehost_next_epoch). In epoch e a rank (1) waits until every peer arrived at e-1, which means
+ * that they are done reading what anyone wrote at e-2; (2) writes its contribution into its slots
+ * of parity e % 2; (3) arrives at e; (4) waits for the peers it reads from to arrive at e and reads
+ * their slots of parity e % 2. Each arrival carries a description of the operation, which the
+ * waiter compares with its own, so ranks that disagree about a collective fail instead of mixing
+ * their data. */
+
+/* A rank's arrival counter, with a description of the operation per epoch parity (entry e % 2
+ * holds epoch e's), all in one cache line that the peers poll. Lives in the rank's segment. */
+typedef struct samehost_arrival {
+    _Alignas(SAMEHOST_LINE) _Atomic uint64_t epoch;
+    uint64_t desc_epoch[2];
+    uint64_t what[2];
+    uint64_t count[2];
+} samehost_arrival;
+
+typedef struct samehost_desc {
+    uint64_t what;  /* the caller's encoding of what runs (kind, dtype, reduce op, root) */
+    uint64_t count; /* elements */
+    /* Names an operation given by (what, count) for the mismatch message: "all_reduce of 8
+     * float32 elements". Not compared, not shared. */
+    void (*describe)(uint64_t what, uint64_t count, char *out, size_t size);
+} samehost_desc;
+
+/* What of rank r's segment this process sees (mapped here). */
+typedef struct samehost_member {
+    samehost_bell *bell;
+    samehost_arrival *arrival;
+    char *small, *large;       /* two small and two large slots, 64-byte aligned */
+    const _Atomic bool *gone;  /* it left in order (NULL: never, this rank) */
+} samehost_member;
+
+/* The owner's side of failure: the set's waits end when the owner has failed, and a wait that
+ * fails makes the owner fail (so that every rank learns of it). */
+typedef struct samehost_owner {
+    void *arg;
+    const _Atomic int *failed; /* nonzero once the owner has failed (read without its lock) */
+    /* The failure's status, with td_last_error() set to its message. */
+    td_status (*failure)(void *arg);
+    /* Fails the owner with (status, message). */
+    void (*abort)(void *arg, td_status status, const char *message);
+    /* A wait for rank missing at epoch e, started at start_ns, ended without it: the owner fails
+     * (the peer left, or the deadline passed) and returns its failure. */
+    td_status (*wait_failed)(void *arg, int missing, uint64_t e, int64_t deadline_ns, int64_t start_ns);
+} samehost_owner;
+
+typedef struct samehost_set {
+    int rank, size;
+    const int *global_ranks;   /* size entries, for messages; NULL: the group ranks */
+    size_t small_bytes, slot_bytes;
+    samehost_member *members;  /* size entries; members[rank] is this process */
+    uint64_t epoch;            /* the last epoch begun; every direct collective shares it */
+    samehost_spin *spin;
+    samehost_owner owner;
+} samehost_set;
+
+/* Rank r's (r may be this rank) small or large slot of parity e % 2. */
+static inline char *samehost_small(const samehost_set *set, int r, uint64_t e)
+{
+    return set->members[r].small + (e & 1) * set->small_bytes;
+}
+static inline char *samehost_slot(const samehost_set *set, int r, uint64_t e)
+{
+    return set->members[r].large + (e & 1) * set->slot_bytes;
+}
+static inline uint64_t samehost_next_epoch(samehost_set *set) { return ++set->epoch; }
+/* Publishes this rank's arrival at epoch e (after its writes), waking peers that sleep. */
+void samehost_arrive(samehost_set *set, uint64_t e, const samehost_desc *d);
+/* Waits until peer r (or every peer, r = -1) arrived at e or later. d (may be NULL) is checked
+ * against the peer's description of e. Fails, failing the owner, on a mismatch (TD_ERR_INVALID),
+ * at the deadline (TD_ERR_TIMEOUT), when the owner fails (a peer died: TD_ERR_PEER_LOST), or when
+ * r has left. */
+td_status samehost_wait_arrival(samehost_set *set, int r, uint64_t e, const samehost_desc *d, int64_t deadline_ns);
+
+/* ---- single-copy reads ------------------------------------------------------------------------- */
+
+#define SAMEHOST_READ_MAX_PIECES 4
+/* Copies the n (at most SAMEHOST_READ_MAX_PIECES) pieces (addr, len) of process pid's memory,
+ * x->total bytes in all, into x's buffers. Returns 0, or the errno of the failed read (EFAULT for
+ * a short one). */
+int samehost_read_into(pid_t pid, td_xfer *x, const uint64_t *addr, const uint64_t *len, int n);
+/* Whether the 8-byte word at addr in process pid reads as value (false, errno set, when it cannot
+ * be read). */
+bool samehost_word_is(pid_t pid, uint64_t addr, uint64_t value);
+
+#endif

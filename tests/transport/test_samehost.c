@@ -1,0 +1,212 @@
+/* The same-host layer (transport/samehost.h) on its own, in one process: abstract UNIX-domain
+ * sockets and fd passing, single-copy reads, and the arrivals of a segment set whose two members
+ * live in this process's memory, with an owner that records how it was told to fail. The shm
+ * transport and collective tests run the same code between processes. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <tdist/testing.h>
+
+#include "base/clock.h"
+#include "base/error.h"
+#include "transport/samehost.h"
+
+/* ---- sockets ------------------------------------------------------------------------------------ */
+
+TD_TEST(unix_socket_passes_an_fd)
+{
+    char name[64];
+    snprintf(name, sizeof name, "tdist-test-samehost-%d", (int)getpid());
+    int lfd = samehost_unix_listen(name, 4);
+    TD_CHECK(lfd >= 0);
+    int cfd = samehost_unix_connect(name);
+    TD_CHECK(cfd >= 0);
+    int afd = -1;
+    for (int i = 0; i < 1000 && afd < 0; i++) {
+        afd = accept(lfd, NULL, NULL);
+        if (afd < 0)
+            usleep(1000);
+    }
+    TD_CHECK(afd >= 0);
+    int pipe_fds[2];
+    TD_CHECK_EQ(pipe(pipe_fds), 0);
+    TD_CHECK_EQ(samehost_send_fd(cfd, "hello", 5, pipe_fds[1]), 5);
+    char buf[8] = {0};
+    int got_fd = -1;
+    bool extra = false;
+    TD_CHECK_EQ(samehost_recv_fd(afd, buf, sizeof buf, &got_fd, &extra), 5);
+    TD_CHECK(!extra);
+    TD_CHECK_STR_EQ(buf, "hello");
+    TD_CHECK(got_fd >= 0);
+    /* The fd that came is the pipe's write end. */
+    TD_CHECK_EQ(write(got_fd, "x", 1), 1);
+    char c = 0;
+    TD_CHECK_EQ(read(pipe_fds[0], &c, 1), 1);
+    TD_CHECK_EQ(c, 'x');
+    /* A second fd for a receiver that holds one already is closed and reported. */
+    TD_CHECK_EQ(samehost_send_fd(cfd, "again", 5, pipe_fds[1]), 5);
+    TD_CHECK_EQ(samehost_recv_fd(afd, buf, sizeof buf, &got_fd, &extra), 5);
+    TD_CHECK(extra);
+    /* Nothing there: EAGAIN, not a block. */
+    errno = 0;
+    TD_CHECK_EQ(samehost_recv_fd(afd, buf, sizeof buf, &got_fd, &extra), -1);
+    TD_CHECK(errno == EAGAIN || errno == EWOULDBLOCK);
+    close(got_fd);
+    close(pipe_fds[0]);
+    close(pipe_fds[1]);
+    close(afd);
+    close(cfd);
+    close(lfd);
+}
+
+/* ---- single-copy reads -------------------------------------------------------------------------- */
+
+TD_TEST(single_copy_reads)
+{
+    uint64_t word = UINT64_C(0x1234567890abcdef);
+    if (!samehost_word_is(getpid(), (uint64_t)(uintptr_t)&word, word))
+        TD_SKIP(TD_SKIP_GENERIC, "process_vm_readv is not permitted here");
+    TD_CHECK(!samehost_word_is(getpid(), (uint64_t)(uintptr_t)&word, word + 1));
+    char src_a[100], src_b[50], dst_a[70], dst_b[80];
+    for (int i = 0; i < 100; i++)
+        src_a[i] = (char)i;
+    for (int i = 0; i < 50; i++)
+        src_b[i] = (char)(100 + i);
+    /* Two pieces there, two buffers here, split at different places. */
+    td_transport t = {.rank = 0, .size = 2};
+    td_xfer x;
+    x.on_done = NULL;
+    struct iovec iov[2] = {{dst_a, sizeof dst_a}, {dst_b, sizeof dst_b}};
+    TD_CHECK_OK(transport_prepare(&t, 1, 1, iov, 2, TD_DEADLINE_NONE, &x, TD_XFER_RECV, false));
+    uint64_t addr[2] = {(uint64_t)(uintptr_t)src_a, (uint64_t)(uintptr_t)src_b};
+    uint64_t len[2] = {sizeof src_a, sizeof src_b};
+    TD_CHECK_EQ(samehost_read_into(getpid(), &x, addr, len, 2), 0);
+    for (int i = 0; i < 150; i++) {
+        char want = (char)i, got = i < 70 ? dst_a[i] : dst_b[i - 70];
+        TD_CHECK_EQ(got, want);
+    }
+}
+
+/* ---- the segment set ---------------------------------------------------------------------------- */
+
+typedef struct fake_owner {
+    _Atomic int failed;
+    td_status status;
+    char message[512];
+    int missing;
+} fake_owner;
+
+static td_status owner_failure(void *arg)
+{
+    fake_owner *o = arg;
+    return error_set(o->status, o->message);
+}
+
+static void owner_abort(void *arg, td_status status, const char *message)
+{
+    fake_owner *o = arg;
+    o->status = status;
+    snprintf(o->message, sizeof o->message, "%s", message);
+    atomic_store(&o->failed, 1);
+}
+
+static td_status owner_wait_failed(void *arg, int missing, uint64_t e, int64_t deadline_ns, int64_t start_ns)
+{
+    (void)e;
+    (void)deadline_ns;
+    (void)start_ns;
+    fake_owner *o = arg;
+    o->missing = missing;
+    owner_abort(o, TD_ERR_TIMEOUT, "timed out");
+    return error_set(TD_ERR_TIMEOUT, "timed out");
+}
+
+static void describe(uint64_t what, uint64_t count, char *out, size_t size)
+{
+    snprintf(out, size, "op %llu of %llu", (unsigned long long)what, (unsigned long long)count);
+}
+
+/* Two ranks' views of one pair of members (as two processes would map them). */
+typedef struct two_ranks {
+    samehost_bell bell[2];
+    samehost_arrival arrival[2];
+    _Alignas(64) char small[2][2 * 256];
+    _Alignas(64) char large[2][2 * 4096];
+    _Atomic bool gone[2];
+    samehost_member members[2];
+    samehost_spin spin;
+    fake_owner owner[2];
+    samehost_set set[2];
+} two_ranks;
+
+static two_ranks *two_ranks_new(void)
+{
+    two_ranks *w = aligned_alloc(64, sizeof(two_ranks));
+    memset(w, 0, sizeof *w);
+    for (int r = 0; r < 2; r++)
+        w->members[r] = (samehost_member){&w->bell[r], &w->arrival[r], w->small[r], w->large[r], &w->gone[r]};
+    TD_CHECK_OK(samehost_spin_init(&w->spin, 2));
+    w->spin.spin_ns = 1000;
+    for (int r = 0; r < 2; r++) {
+        w->set[r] = (samehost_set){
+            .rank = r,
+            .size = 2,
+            .small_bytes = 256,
+            .slot_bytes = 4096,
+            .members = w->members,
+            .spin = &w->spin,
+            .owner = {.arg = &w->owner[r], .failed = &w->owner[r].failed, .failure = owner_failure,
+                      .abort = owner_abort, .wait_failed = owner_wait_failed},
+        };
+    }
+    return w;
+}
+
+TD_TEST(arrivals_and_slots)
+{
+    two_ranks *w = two_ranks_new();
+    samehost_desc d = {.what = 7, .count = 3, .describe = describe};
+    TD_CHECK(samehost_slot(&w->set[0], 1, 1) == w->large[1] + 4096);
+    TD_CHECK(samehost_small(&w->set[1], 0, 2) == w->small[0]);
+    uint64_t e0 = samehost_next_epoch(&w->set[0]), e1 = samehost_next_epoch(&w->set[1]);
+    TD_CHECK_EQ(e0, 1);
+    TD_CHECK_EQ(e1, 1);
+    memcpy(samehost_slot(&w->set[0], 0, e0), "rank 0", 7);
+    samehost_arrive(&w->set[0], e0, &d);
+    TD_CHECK_OK(samehost_wait_arrival(&w->set[1], 0, e1, &d, clock_now_ns() + 1000000000LL));
+    TD_CHECK_STR_EQ(samehost_slot(&w->set[1], 0, e1), "rank 0");
+    /* A later epoch that rank 0 has not reached: the owner is told at the deadline. */
+    TD_CHECK_ERR(samehost_wait_arrival(&w->set[1], 0, 2, &d, clock_now_ns() + 20000000LL), TD_ERR_TIMEOUT, "timed out");
+    TD_CHECK_EQ(w->owner[1].missing, 0);
+    /* Once failed, the owner's failure is every wait's answer. */
+    TD_CHECK_ERR(samehost_wait_arrival(&w->set[1], -1, 1, &d, TD_DEADLINE_NONE), TD_ERR_TIMEOUT, "timed out");
+    free(w);
+}
+
+TD_TEST(arrivals_that_disagree_fail_the_owner)
+{
+    two_ranks *w = two_ranks_new();
+    samehost_desc mine = {.what = 1, .count = 8, .describe = describe};
+    samehost_desc theirs = {.what = 2, .count = 8, .describe = describe};
+    samehost_arrive(&w->set[0], samehost_next_epoch(&w->set[0]), &theirs);
+    TD_CHECK_ERR(samehost_wait_arrival(&w->set[1], -1, samehost_next_epoch(&w->set[1]), &mine, TD_DEADLINE_NONE),
+                 TD_ERR_INVALID, "Ranks disagree about a collective: rank 1 runs op 1 of 8, rank 0 runs op 2 of 8");
+    TD_CHECK_EQ(w->owner[1].status, TD_ERR_INVALID);
+    TD_CHECK(atomic_load(&w->owner[1].failed));
+    free(w);
+}
+
+TD_TEST(a_member_that_left_ends_the_wait)
+{
+    two_ranks *w = two_ranks_new();
+    atomic_store(&w->gone[0], true);
+    TD_CHECK_ERR(samehost_wait_arrival(&w->set[1], 0, 1, NULL, TD_DEADLINE_NONE), TD_ERR_TIMEOUT, "timed out");
+    TD_CHECK_EQ(w->owner[1].missing, 0);
+    free(w);
+}
+
+TD_TEST_MAIN()

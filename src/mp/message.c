@@ -14,6 +14,7 @@
 #include "base/alloc.h"
 #include "base/clock.h"
 #include "base/error.h"
+#include "base/le.h"
 #include "base/map.h"
 #include "mp/share.h"
 #include "tensor/storage.h"
@@ -258,19 +259,6 @@ static td_status enc_value(enc *e, const td_value *v, int depth, td_value **out)
     }
 }
 
-static void put_le(uint8_t *p, uint64_t v, int n)
-{
-    for (int i = 0; i < n; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_le(const uint8_t *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < n; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
 
 td_status mp_msg_encode(const td_value *v, td_mp_msg *m)
 {
@@ -311,12 +299,12 @@ td_status mp_msg_encode(const td_value *v, td_mp_msg *m)
         flags |= TD_MP_MSG_FLAG_SPILLED;
     }
     uint8_t *h = buf_extend(&m->data, TD_MP_MSG_HEADER);
-    put_le(h, TD_MP_MSG_MAGIC, 4);
-    put_le(h + 4, TD_MP_MSG_VERSION, 2);
-    put_le(h + 6, flags, 2);
-    put_le(h + 8, (uint64_t)m->fds.len, 4);
-    put_le(h + 12, 0, 4);
-    put_le(h + 16, (uint64_t)len, 8);
+    le_put(h, TD_MP_MSG_MAGIC, 4);
+    le_put(h + 4, TD_MP_MSG_VERSION, 2);
+    le_put(h + 6, flags, 2);
+    le_put(h + 8, (uint64_t)m->fds.len, 4);
+    le_put(h + 12, 0, 4);
+    le_put(h + 16, (uint64_t)len, 8);
     if (!(flags & TD_MP_MSG_FLAG_SPILLED))
         buf_append(&m->data, bytes, len);
     free(bytes);
@@ -750,15 +738,15 @@ td_status mp_msg_decode_bytes(const void *data, size_t len, int *fds, int nfds, 
     *out = NULL;
     td_status st;
     const uint8_t *h = data;
-    if (len < TD_MP_MSG_HEADER || get_le(h, 4) != TD_MP_MSG_MAGIC) {
+    if (len < TD_MP_MSG_HEADER || le_get(h, 4) != TD_MP_MSG_MAGIC) {
         st = bad("no mp message header");
-    } else if (get_le(h + 4, 2) != TD_MP_MSG_VERSION) {
+    } else if (le_get(h + 4, 2) != TD_MP_MSG_VERSION) {
         st = error_fmt(TD_ERR_INVALID, "unsupported mp message version %u (this build reads version %d)",
-                      (unsigned)get_le(h + 4, 2), TD_MP_MSG_VERSION);
+                      (unsigned)le_get(h + 4, 2), TD_MP_MSG_VERSION);
     } else {
-        uint32_t flags = (uint32_t)get_le(h + 6, 2);
-        uint64_t nf = get_le(h + 8, 4), body_len = get_le(h + 16, 8);
-        if ((flags & ~TD_MP_MSG_FLAG_SPILLED) || get_le(h + 12, 4) != 0)
+        uint32_t flags = (uint32_t)le_get(h + 6, 2);
+        uint64_t nf = le_get(h + 8, 4), body_len = le_get(h + 16, 8);
+        if ((flags & ~TD_MP_MSG_FLAG_SPILLED) || le_get(h + 12, 4) != 0)
             st = bad("unknown header flags");
         else if (nf != (uint64_t)nfds)
             st = bad("the number of attached file descriptors differs from the header's");

@@ -23,25 +23,10 @@
 #include "base/alloc.h"
 #include "base/buf.h"
 #include "base/error.h"
+#include "base/le.h"
 #include "base/map.h"
 #include "base/vec.h"
 #include "tensor/value_impl.h"
-
-/* ---- little-endian helpers ---------------------------------------------------------------- */
-
-static void put_le(uint8_t *p, uint64_t v, int n)
-{
-    for (int i = 0; i < n; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_le(const uint8_t *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < n; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
 
 static void put_varint(td_buf *b, uint64_t v)
 {
@@ -85,7 +70,7 @@ static void put_f64(td_buf *b, double d)
 {
     uint64_t bits;
     memcpy(&bits, &d, sizeof bits);
-    put_le(buf_extend(b, 8), bits, 8);
+    le_put(buf_extend(b, 8), bits, 8);
 }
 
 static td_status encode_tensor(encoder *e, td_tensor *t)
@@ -221,13 +206,13 @@ static td_status finish_encoding(td_encoded *out)
         if (nbytes)
             out->iov[out->niov++] = (struct iovec){(void *)src, nbytes};
         uint8_t *entry = (uint8_t *)out->head.data + table_at + i * TD_VALUE_CODEC_TABLE_ENTRY;
-        put_le(entry, off, 8);
-        put_le(entry + 8, nbytes, 8);
+        le_put(entry, off, 8);
+        le_put(entry + 8, nbytes, 8);
         pos = off + nbytes;
     }
     out->total = pos;
     out->iov[0] = (struct iovec){out->head.data, out->head.len};
-    put_le((uint8_t *)out->head.data + 24, out->total, 8);
+    le_put((uint8_t *)out->head.data + 24, out->total, 8);
     return TD_OK;
 }
 
@@ -248,10 +233,10 @@ td_status td_value_encode(const td_value *v, td_encoded **out)
     if (st == TD_OK) {
         uint8_t *h = (uint8_t *)enc->head.data;
         memset(h, 0, TD_VALUE_CODEC_HEADER_SIZE);
-        put_le(h, TD_VALUE_CODEC_MAGIC, 4);
-        put_le(h + 4, TD_VALUE_CODEC_VERSION, 2);
-        put_le(h + 8, enc->head.len - TD_VALUE_CODEC_HEADER_SIZE, 8);
-        put_le(h + 16, enc->ntensors, 4);
+        le_put(h, TD_VALUE_CODEC_MAGIC, 4);
+        le_put(h + 4, TD_VALUE_CODEC_VERSION, 2);
+        le_put(h + 8, enc->head.len - TD_VALUE_CODEC_HEADER_SIZE, 8);
+        le_put(h + 16, enc->ntensors, 4);
         st = finish_encoding(enc);
     }
     if (st != TD_OK) {
@@ -352,7 +337,7 @@ static td_status read_f64(decoder *d, double *v, const char *what)
 {
     if (d->end - d->pos < 8)
         return fail_at(d->pos, "truncated %s (the structure section ends at byte %zu)", what, d->end);
-    uint64_t bits = get_le(d->msg + d->pos, 8);
+    uint64_t bits = le_get(d->msg + d->pos, 8);
     memcpy(v, &bits, sizeof *v);
     d->pos += 8;
     return TD_OK;
@@ -400,7 +385,7 @@ static td_status decode_tensor(decoder *d, size_t at, td_value **out)
         return fail_at(dev_at, "invalid tensor device index %lld", (long long)di);
 
     const uint8_t *entry = d->msg + d->table + bufidx * TD_VALUE_CODEC_TABLE_ENTRY;
-    size_t off = (size_t)get_le(entry, 8), blen = (size_t)get_le(entry + 8, 8);
+    size_t off = (size_t)le_get(entry, 8), blen = (size_t)le_get(entry + 8, 8);
     size_t esize = td_dtype_size((td_dtype)dtype);
     uint64_t nbytes;
     if (__builtin_mul_overflow(numel, (uint64_t)esize, &nbytes) || nbytes != blen)
@@ -566,10 +551,10 @@ static td_status check_magic_version(const uint8_t *h, size_t len)
 {
     if (len < TD_VALUE_CODEC_HEADER_SIZE)
         return fail_at(0, "the message has %zu bytes, fewer than the %d-byte header", len, TD_VALUE_CODEC_HEADER_SIZE);
-    uint32_t magic = (uint32_t)get_le(h, 4);
+    uint32_t magic = (uint32_t)le_get(h, 4);
     if (magic != TD_VALUE_CODEC_MAGIC)
         return fail_at(0, "bad magic 0x%08x (not a td_value message)", magic);
-    unsigned version = (unsigned)get_le(h + 4, 2);
+    unsigned version = (unsigned)le_get(h + 4, 2);
     if (version != TD_VALUE_CODEC_VERSION)
         return error_fmt(TD_ERR_INVALID, "unsupported td_value codec version %u (this build reads version %d)", version,
                         TD_VALUE_CODEC_VERSION);
@@ -581,19 +566,19 @@ static td_status parse_header(decoder *d)
 {
     const uint8_t *h = d->msg;
     TD_TRY(check_magic_version(h, d->len));
-    unsigned flags = (unsigned)get_le(h + 6, 2);
+    unsigned flags = (unsigned)le_get(h + 6, 2);
     if (flags)
         return fail_at(6, "unknown flags 0x%04x", flags);
-    uint64_t total = get_le(h + 24, 8);
+    uint64_t total = le_get(h + 24, 8);
     if (total != d->len)
         return fail_at(24, "the header declares %llu bytes but the message has %zu", (unsigned long long)total, d->len);
-    uint64_t slen = get_le(h + 8, 8);
+    uint64_t slen = le_get(h + 8, 8);
     size_t room = d->len - TD_VALUE_CODEC_HEADER_SIZE;
     if (slen > room)
         return fail_at(8, "structure section of %llu bytes exceeds the %zu bytes after the header",
                        (unsigned long long)slen, room);
-    uint32_t nbuf = (uint32_t)get_le(h + 16, 4);
-    if (get_le(h + 20, 4))
+    uint32_t nbuf = (uint32_t)le_get(h + 16, 4);
+    if (le_get(h + 20, 4))
         return fail_at(20, "reserved header field is not zero");
     room -= (size_t)slen;
     if (nbuf > room / TD_VALUE_CODEC_TABLE_ENTRY)
@@ -606,7 +591,7 @@ static td_status parse_header(decoder *d)
     size_t prev_end = d->table + (size_t)nbuf * TD_VALUE_CODEC_TABLE_ENTRY;
     for (size_t i = 0; i < nbuf; i++) {
         size_t at = d->table + i * TD_VALUE_CODEC_TABLE_ENTRY;
-        uint64_t off = get_le(d->msg + at, 8), blen = get_le(d->msg + at + 8, 8);
+        uint64_t off = le_get(d->msg + at, 8), blen = le_get(d->msg + at + 8, 8);
         if (off % TD_VALUE_CODEC_ALIGN)
             return fail_at(at, "buffer %zu offset %llu is not a multiple of %d", i, (unsigned long long)off,
                            TD_VALUE_CODEC_ALIGN);
@@ -667,7 +652,7 @@ td_status value_codec_message_size(const void *data, size_t len, size_t *total)
 {
     const uint8_t *h = data;
     TD_TRY(check_magic_version(h, len));
-    uint64_t t = get_le(h + 24, 8);
+    uint64_t t = le_get(h + 24, 8);
     if (t < TD_VALUE_CODEC_HEADER_SIZE || t > SIZE_MAX)
         return fail_at(24, "declared message length %llu is invalid", (unsigned long long)t);
     *total = (size_t)t;

@@ -4,7 +4,14 @@
  * waiters and a list of callbacks. Completion happens once; it wakes the waiters and hands the
  * callbacks to the executor (executor.h), which runs them on its own thread when a group or agent
  * holds it, so they never run on the I/O thread that completed the future. then() is a callback
- * that completes a child future with the function's result.
+ * that completes a child future with the function's result. A failure carries a type name (the
+ * Python exception class, which RPC keeps across workers); none stored means "RuntimeError".
+ *
+ * td_future_wait_all and td_future_collect_all watch many futures at once. collect_all is callbacks
+ * and a countdown. wait_all cannot use callbacks (they may run on the executor thread, which may be
+ * the one waiting), so a future also keeps a list of multi-waiters: each completion (or a new
+ * driver) bumps every listed waiter's counter and wakes it, right in the completing thread, which is
+ * cheap enough for an I/O thread and runs no user code.
  *
  * A future may have a driver (pg_future_set_driver, from td_work_set_driver): the progress function
  * of a backend that at times has no thread of its own to advance its operations. A waiter then
@@ -34,6 +41,21 @@ typedef struct fut_cb {
     struct fut_cb *next;
 } fut_cb;
 
+/* One td_future_wait_all call: woken by any of its futures' completions. */
+typedef struct multi_wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t events; /* completions and new drivers so far, under mu */
+} multi_wait;
+
+/* A multi_wait's entry in one future's list (owned by the wait_all call, linked under f->mu). */
+typedef struct fut_waiter {
+    multi_wait *wait;
+    struct fut_waiter *next;
+    bool linked;
+    bool drive_done; /* its driver said it is not needed (as in wait_locked) */
+} fut_waiter;
+
 struct td_future {
     td_ref ref;
     pthread_mutex_t mu;
@@ -41,8 +63,10 @@ struct td_future {
     _Atomic int state;
     td_status status;
     char *error;
+    char *error_type; /* NULL: "RuntimeError" */
     td_value *value;
     fut_cb *cbs, *cbs_tail;
+    fut_waiter *waiters; /* wait_all calls watching f, while pending */
     bool (*_Atomic drive)(void); /* see pg_future_set_driver; NULL for none */
     struct td_future *pool_next; /* in the pool of released futures */
 };
@@ -137,11 +161,28 @@ td_future *td_future_new(void)
     return f;
 }
 
+/* With f->mu held: wakes every wait_all call watching f; unlinks them when f completed, since
+ * they must not be touched after f->mu is released (their entries may be gone then). */
+static void notify_waiters_locked(td_future *f, bool unlink)
+{
+    for (fut_waiter *w = f->waiters; w; w = w->next) {
+        pthread_mutex_lock(&w->wait->mu);
+        w->wait->events++;
+        pthread_cond_broadcast(&w->wait->cv);
+        pthread_mutex_unlock(&w->wait->mu);
+        if (unlink)
+            w->linked = false;
+    }
+    if (unlink)
+        f->waiters = NULL;
+}
+
 void pg_future_set_driver(td_future *f, bool (*drive)(void))
 {
     pthread_mutex_lock(&f->mu);
     f->drive = drive;
     pthread_cond_broadcast(&f->cv); /* a waiter already blocked starts driving */
+    notify_waiters_locked(f, false);
     pthread_mutex_unlock(&f->mu);
 }
 
@@ -178,9 +219,11 @@ void td_future_release(td_future *f)
     }
     td_value_release(f->value);
     free(f->error);
+    free(f->error_type);
     f->cbs = f->cbs_tail = NULL;
     f->value = NULL;
     f->error = NULL;
+    f->error_type = NULL;
     if (t_cache_len < FUTURE_CACHE_MAX) {
         if (!t_cache_registered) { /* so that cache_flush runs when this thread ends */
             pthread_once(&g_cache_once, cache_key_init);
@@ -215,23 +258,27 @@ static executor_item *make_item(td_future *f, void (*cb)(td_future *, void *), v
     return it;
 }
 
-/* Completes f; takes value and message. */
-static td_status complete(td_future *f, int state, td_status status, char *message, td_value *value)
+/* Completes f; takes value, message and type. */
+static td_status complete(td_future *f, int state, td_status status, char *message, char *type, td_value *value)
 {
     pthread_mutex_lock(&f->mu);
     if (atomic_load(&f->state) != FUT_PENDING) {
         pthread_mutex_unlock(&f->mu);
         td_value_release(value);
         free(message);
+        free(type);
         return error_fmt(TD_ERR_ALREADY, "The future was already completed (a future completes exactly once)");
     }
     f->status = status;
     f->error = message;
+    f->error_type = type;
     f->value = value;
     fut_cb *cbs = f->cbs;
     f->cbs = f->cbs_tail = NULL;
     atomic_store(&f->state, state);
     pthread_cond_broadcast(&f->cv);
+    if (f->waiters)
+        notify_waiters_locked(f, true);
     /* The waiters may release f as soon as it is unlocked. Without callbacks this function does
      * not touch it again; with them, a reference keeps it alive while their executor items (each
      * holding its own) are built. */
@@ -259,26 +306,43 @@ td_status td_future_set_result(td_future *f, td_value *value)
         td_value_release(value);
         return error_fmt(TD_ERR_INVALID, "td_future_set_result: future is NULL");
     }
-    return complete(f, FUT_DONE, TD_OK, NULL, value);
+    return complete(f, FUT_DONE, TD_OK, NULL, NULL, value);
+}
+
+__attribute__((format(printf, 4, 0))) static td_status fail_v(td_future *f, td_status status, const char *type_name,
+                                                             const char *fmt, va_list ap)
+{
+    if (status == TD_OK)
+        status = TD_ERR_INTERNAL;
+    char *msg = NULL;
+    if (!fmt)
+        msg = alloc_strdup("");
+    else if (vasprintf(&msg, fmt, ap) < 0)
+        msg = alloc_strdup("(error message lost: out of memory)");
+    char *type = type_name && *type_name ? alloc_strdup(type_name) : NULL;
+    return complete(f, FUT_FAILED, status, msg, type, NULL);
 }
 
 td_status td_future_set_error(td_future *f, td_status status, const char *fmt, ...)
 {
     if (!f)
         return error_fmt(TD_ERR_INVALID, "td_future_set_error: future is NULL");
-    if (status == TD_OK)
-        status = TD_ERR_INTERNAL;
-    char *msg = NULL;
-    if (!fmt) {
-        msg = alloc_strdup("");
-    } else {
-        va_list ap;
-        va_start(ap, fmt);
-        if (vasprintf(&msg, fmt, ap) < 0)
-            msg = alloc_strdup("(error message lost: out of memory)");
-        va_end(ap);
-    }
-    return complete(f, FUT_FAILED, status, msg, NULL);
+    va_list ap;
+    va_start(ap, fmt);
+    td_status st = fail_v(f, status, NULL, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+td_status td_future_set_typed_error(td_future *f, td_status status, const char *type_name, const char *fmt, ...)
+{
+    if (!f)
+        return error_fmt(TD_ERR_INVALID, "td_future_set_typed_error: future is NULL");
+    va_list ap;
+    va_start(ap, fmt);
+    td_status st = fail_v(f, status, type_name, fmt, ap);
+    va_end(ap);
+    return st;
 }
 
 static bool future_done(const void *f);
@@ -352,27 +416,176 @@ td_status td_future_wait(td_future *f, int64_t timeout_ms)
     return wait_until(f, deadline_after_ms(timeout_ms), timeout_ms);
 }
 
+/* The index of the first failed future in fs, or -1 with *pending set to how many are pending. */
+static int scan_all(td_future *const *fs, int n, int *pending)
+{
+    int left = 0;
+    for (int i = 0; i < n; i++) {
+        int state = atomic_load(&fs[i]->state);
+        if (state == FUT_FAILED)
+            return i;
+        left += state == FUT_PENDING;
+    }
+    *pending = left;
+    return -1;
+}
+
+/* td_future_wait_all once some future is pending: watches them all through one multi_wait. */
+static td_status wait_all_slow(td_future *const *fs, int n, int64_t deadline_ns, int64_t timeout_ms)
+{
+    multi_wait mw = {.events = 0};
+    thread_mutex_init(&mw.mu);
+    thread_cond_init(&mw.cv);
+    fut_waiter local[8];
+    fut_waiter *ws = n <= 8 ? local : TD_NEW_ARRAY(fut_waiter, n);
+    for (int i = 0; i < n; i++) {
+        td_future *f = fs[i];
+        ws[i] = (fut_waiter){.wait = &mw};
+        pthread_mutex_lock(&f->mu);
+        if (atomic_load(&f->state) == FUT_PENDING) {
+            ws[i].next = f->waiters;
+            f->waiters = &ws[i];
+            ws[i].linked = true;
+        }
+        pthread_mutex_unlock(&f->mu);
+    }
+
+    int failed = -1, pending = n;
+    int64_t start = clock_now_ns(), sleep_ns = 0;
+    for (;;) {
+        /* Read before the scan: whatever completes after it bumps events and ends the wait below. */
+        pthread_mutex_lock(&mw.mu);
+        uint64_t seen = mw.events;
+        pthread_mutex_unlock(&mw.mu);
+        failed = scan_all(fs, n, &pending);
+        if (failed >= 0 || pending == 0 || deadline_passed(deadline_ns))
+            break;
+        /* As wait_locked: a pending future's driver is called until it says it is not needed; many
+         * futures share one driver (a backend's progress), called once per round. */
+        bool driving = false, last_result = false;
+        bool (*last)(void) = NULL;
+        for (int i = 0; i < n; i++) {
+            bool (*drive)(void) = fs[i]->drive;
+            if (!drive || ws[i].drive_done || atomic_load(&fs[i]->state) != FUT_PENDING)
+                continue;
+            if (drive != last) {
+                last = drive;
+                last_result = drive();
+            }
+            if (last_result)
+                driving = true;
+            else
+                ws[i].drive_done = true;
+        }
+        int64_t until = deadline_ns;
+        if (driving) {
+            int64_t now = clock_now_ns();
+            if (now - start < PG_DRIVE_SPIN_NS) {
+                sched_yield();
+                continue;
+            }
+            sleep_ns = sleep_ns ? sleep_ns * 2 : 2000;
+            if (sleep_ns > PG_DRIVE_SLEEP_MAX_NS)
+                sleep_ns = PG_DRIVE_SLEEP_MAX_NS;
+            if (now + sleep_ns < until)
+                until = now + sleep_ns;
+        }
+        pthread_mutex_lock(&mw.mu);
+        while (mw.events == seen && thread_cond_wait_until(&mw.cv, &mw.mu, until)) {
+        }
+        pthread_mutex_unlock(&mw.mu);
+    }
+
+    /* Under each f->mu, even for a completed f: its completion may still be notifying mw. */
+    for (int i = 0; i < n; i++) {
+        td_future *f = fs[i];
+        pthread_mutex_lock(&f->mu);
+        if (ws[i].linked) {
+            fut_waiter **p = &f->waiters;
+            while (*p != &ws[i])
+                p = &(*p)->next;
+            *p = ws[i].next;
+        }
+        pthread_mutex_unlock(&f->mu);
+    }
+    if (ws != local)
+        free(ws);
+    pthread_mutex_destroy(&mw.mu);
+    pthread_cond_destroy(&mw.cv);
+
+    if (failed >= 0)
+        return error_set(fs[failed]->status, fs[failed]->error ? fs[failed]->error : "");
+    if (pending > 0)
+        return error_fmt(TD_ERR_TIMEOUT,
+                         "Timed out after %lld ms waiting for the futures to complete (%d of %d still pending)",
+                         (long long)timeout_ms, pending, n);
+    return TD_OK;
+}
+
 td_status td_future_wait_all(td_future *const *fs, int n, int64_t timeout_ms)
 {
     int64_t deadline = deadline_after_ms(timeout_ms);
-    td_status first = TD_OK;
-    char *first_msg = NULL;
+    if (n < 0 || (n > 0 && !fs))
+        return error_fmt(TD_ERR_INVALID, "td_future_wait_all: %s", n < 0 ? "n is negative" : "futures is NULL");
+    for (int i = 0; i < n; i++)
+        if (!fs[i])
+            return error_fmt(TD_ERR_INVALID, "td_future_wait_all: future %d is NULL", i);
+    int pending = 0;
+    int failed = scan_all(fs, n, &pending);
+    if (failed >= 0)
+        return error_set(fs[failed]->status, fs[failed]->error ? fs[failed]->error : "");
+    if (pending == 0)
+        return TD_OK;
+    return wait_all_slow(fs, n, deadline, timeout_ms);
+}
+
+/* td_future_collect_all: the inputs, held until the last completes; left counts them plus one for
+ * the setup, so that nothing completes before every callback is in place. */
+typedef struct collect_ctx {
+    td_future *all;
+    td_future **inputs;
+    int n;
+    _Atomic int left;
+} collect_ctx;
+
+static void collect_one(td_future *input, void *p)
+{
+    (void)input;
+    collect_ctx *c = p;
+    if (atomic_fetch_sub(&c->left, 1) != 1)
+        return;
+    for (int i = 0; i < c->n; i++)
+        td_future_release(c->inputs[i]);
+    td_future_set_result(c->all, NULL);
+    td_future_release(c->all);
+    free(c->inputs);
+    free(c);
+}
+
+td_future *td_future_collect_all(td_future *const *fs, int n)
+{
+    if (n < 0 || (n > 0 && !fs))
+        return td_future_failed(TD_ERR_INVALID, n < 0 ? "td_future_collect_all: n is negative"
+                                                      : "td_future_collect_all: futures is NULL");
     for (int i = 0; i < n; i++) {
-        td_status st = wait_until(fs[i], deadline, timeout_ms);
-        if (st == TD_ERR_TIMEOUT && fs[i] && !td_future_is_completed(fs[i])) {
-            free(first_msg);
-            return st;
-        }
-        if (st != TD_OK && first == TD_OK) {
-            first = st;
-            first_msg = alloc_strdup(td_last_error());
+        if (!fs[i]) {
+            td_future *bad = td_future_new();
+            td_future_set_error(bad, TD_ERR_INVALID, "td_future_collect_all: future %d is NULL", i);
+            return bad;
         }
     }
-    if (first != TD_OK) {
-        error_set(first, first_msg);
-        free(first_msg);
-    }
-    return first;
+    td_future *all = td_future_new();
+    collect_ctx *c = TD_NEW(collect_ctx);
+    c->all = td_future_retain(all);
+    c->inputs = TD_NEW_ARRAY(td_future *, n > 0 ? n : 1);
+    c->n = n;
+    atomic_init(&c->left, n + 1);
+    for (int i = 0; i < n; i++)
+        c->inputs[i] = td_future_retain(fs[i]);
+    for (int i = 0; i < n; i++)
+        td_future_add_callback(c->inputs[i], collect_one, c);
+    collect_one(NULL, c);
+    return all;
 }
 
 bool td_future_is_completed(const td_future *f)
@@ -393,6 +606,13 @@ td_status td_future_status(const td_future *f)
 const char *td_future_error(const td_future *f)
 {
     return f && atomic_load(&f->state) == FUT_FAILED ? f->error : NULL;
+}
+
+const char *td_future_error_type(const td_future *f)
+{
+    if (!f || atomic_load(&f->state) != FUT_FAILED)
+        return NULL;
+    return f->error_type ? f->error_type : "RuntimeError";
 }
 
 td_value *td_future_value(const td_future *f)
@@ -427,17 +647,43 @@ typedef struct then_ctx {
     void *arg;
 } then_ctx;
 
+/* What td_future_propagate_error noted in this thread, for the then_cb running it. A fixed buffer,
+ * so that a note never consumed (propagate called outside a then function) holds no memory. */
+typedef struct propagated {
+    bool set;
+    td_status status;
+    char type[128]; /* "" for RuntimeError */
+} propagated;
+static __thread propagated t_propagated;
+
+td_status td_future_propagate_error(const td_future *failed)
+{
+    if (!failed)
+        return error_fmt(TD_ERR_INVALID, "td_future_propagate_error: future is NULL");
+    if (atomic_load(&failed->state) != FUT_FAILED)
+        return TD_OK;
+    t_propagated.set = true;
+    t_propagated.status = failed->status;
+    snprintf(t_propagated.type, sizeof t_propagated.type, "%s", failed->error_type ? failed->error_type : "");
+    return error_set(failed->status, failed->error ? failed->error : "");
+}
+
 static void then_cb(td_future *parent, void *p)
 {
     then_ctx *c = p;
     td_value *result = NULL;
+    /* fn may itself complete futures whose then functions run here, nested: each sees its own note. */
+    propagated outer = t_propagated;
+    t_propagated.set = false;
     td_status st = c->fn(parent, c->arg, &result);
     if (st == TD_OK) {
         td_future_set_result(c->child, result);
     } else {
         td_value_release(result);
-        td_future_set_error(c->child, st, "%s", td_last_error());
+        bool keep = t_propagated.set && t_propagated.status == st;
+        td_future_set_typed_error(c->child, st, keep ? t_propagated.type : NULL, "%s", td_last_error());
     }
+    t_propagated = outer;
     td_future_release(c->child);
     free(c);
 }

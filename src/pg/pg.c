@@ -862,7 +862,14 @@ __attribute__((noinline)) static td_status issue_queued(td_pg *pg, td_work **ws,
     if (futs)
         return TD_OK;
     spin_until(waiter_spin(), future_ready, fs[n - 1]);
-    td_status st = td_future_wait_all(fs, n, 0);
+    /* Every operation must be done before the caller's tensors are its own again, so each is
+     * waited for (td_future_wait_all would return at the first failure); the first failure in
+     * issue order is the call's, with its message. */
+    int failed = -1;
+    for (i = 0; i < n; i++)
+        if (td_future_wait(fs[i], 0) != TD_OK && failed < 0)
+            failed = i;
+    td_status st = failed < 0 ? TD_OK : error_set(td_future_status(fs[failed]), td_future_error(fs[failed]));
     for (i = 0; i < n; i++)
         td_future_release(fs[i]);
     if (fs != local)

@@ -230,6 +230,90 @@ TD_API td_status td_reduce_premul(td_dtype dtype, void *dst, const void *src, si
  * nothing. */
 TD_API td_status td_reduce_finish(td_reduce_op op, td_dtype dtype, void *buf, size_t count, int world_size);
 
+/* ---- arithmetic ops (src/tensor/ops.c) ------------------------------------------------------ *
+ * Elementwise arithmetic, sum, matmul and nonzero with PyTorch's semantics. Inputs are borrowed and
+ * may be any strided view; each op returns a new contiguous tensor (a new reference) in *out.
+ *
+ * Binary ops broadcast as torch does and fail with its message ("The size of tensor a (3) must
+ * match the size of tensor b (4) at non-singleton dimension 1"). The result dtype is
+ * torch.result_type's: tensors with dims outrank 0-dim tensors, which outrank scalars, except that
+ * an operand of a higher category (bool < integer < floating < complex) lifts the result to its
+ * category: float32 tensor + float64 0-dim tensor is float32, int32 tensor + float64 0-dim tensor
+ * is float64, int tensor + 2.5 is float32 (the default float dtype), float16 tensor + 2.5 stays
+ * float16, int8 tensor + 3 stays int8, bool tensor + 3 is int64, float64 tensor + 1j is
+ * complex128 (float16/bfloat16 + complex gives complex64: there is no complex32). div is true
+ * division: integer and bool inputs give float32, as torch.div. Operands are converted to the
+ * result dtype before the op (as torch's TensorIterator casts them), so an int scalar out of an
+ * int8 tensor's range wraps. Integer results wrap; floating ones are computed in double and
+ * rounded once to the dtype, which gives torch's float32 / float16 / bfloat16 results exactly;
+ * complex64 ones are computed in complex128 (torch: in complex64), which can differ in the last
+ * bit. sub with a bool operand and neg of a bool tensor fail with torch's messages. */
+typedef enum td_scalar_kind { TD_SCALAR_BOOL = 0, TD_SCALAR_INT, TD_SCALAR_FLOAT, TD_SCALAR_COMPLEX } td_scalar_kind;
+/* A Python number as an operand: its kind decides promotion as bool, int, float and complex do. */
+typedef struct td_scalar {
+    td_scalar_kind kind;
+    int64_t i;     /* BOOL (0 or 1) and INT */
+    double re, im; /* FLOAT (re) and COMPLEX */
+} td_scalar;
+
+static inline td_scalar td_scalar_bool(bool v)
+{
+    td_scalar s = {TD_SCALAR_BOOL, v ? 1 : 0, 0, 0};
+    return s;
+}
+static inline td_scalar td_scalar_int(int64_t v)
+{
+    td_scalar s = {TD_SCALAR_INT, v, 0, 0};
+    return s;
+}
+static inline td_scalar td_scalar_float(double v)
+{
+    td_scalar s = {TD_SCALAR_FLOAT, 0, v, 0};
+    return s;
+}
+static inline td_scalar td_scalar_complex(double re, double im)
+{
+    td_scalar s = {TD_SCALAR_COMPLEX, 0, re, im};
+    return s;
+}
+
+/* out = a op b, elementwise with broadcasting. eq gives a bool tensor (compared in the promoted
+ * dtype). */
+TD_API td_status td_tensor_add(const td_tensor *a, const td_tensor *b, td_tensor **out);
+TD_API td_status td_tensor_sub(const td_tensor *a, const td_tensor *b, td_tensor **out);
+TD_API td_status td_tensor_mul(const td_tensor *a, const td_tensor *b, td_tensor **out);
+TD_API td_status td_tensor_div(const td_tensor *a, const td_tensor *b, td_tensor **out);
+TD_API td_status td_tensor_eq(const td_tensor *a, const td_tensor *b, td_tensor **out);
+/* out = a op scalar (torch.add(t, 3)). */
+TD_API td_status td_tensor_add_scalar(const td_tensor *a, td_scalar b, td_tensor **out);
+TD_API td_status td_tensor_sub_scalar(const td_tensor *a, td_scalar b, td_tensor **out);
+TD_API td_status td_tensor_mul_scalar(const td_tensor *a, td_scalar b, td_tensor **out);
+TD_API td_status td_tensor_div_scalar(const td_tensor *a, td_scalar b, td_tensor **out);
+TD_API td_status td_tensor_eq_scalar(const td_tensor *a, td_scalar b, td_tensor **out);
+/* The dtype td_tensor_add(a, b) gives (torch.result_type); a and b must not be NULL. */
+TD_API td_dtype td_tensor_result_type(const td_tensor *a, const td_tensor *b);
+
+/* -a, same dtype (unsigned integers wrap). */
+TD_API td_status td_tensor_neg(const td_tensor *a, td_tensor **out);
+/* The sum of every element as a 0-dim tensor: bool and integer inputs sum to int64 (wrapping),
+ * the others keep their dtype. Floating sums accumulate in double (complex in complex128) and round
+ * once at the end, so they can be more exact than torch's float32 sums, never less. */
+TD_API td_status td_tensor_sum(const td_tensor *a, td_tensor **out);
+
+/* torch.matmul for 1-D and 2-D operands of one dtype (no promotion, as torch): 1-D . 1-D is dot
+ * (a 0-dim result), 2-D @ 1-D is mv, 1-D @ 2-D a vector-matrix product, 2-D @ 2-D is mm. Batched
+ * (3-D and more) operands give TD_ERR_UNSUPPORTED. Accumulation is in int64 (wrapping), double or
+ * complex128 by dtype, rounded once to the dtype. Shape errors carry torch's messages ("mat1 and
+ * mat2 shapes cannot be multiplied (2x3 and 4x5)"). mm, mv and dot take exactly their ranks. */
+TD_API td_status td_tensor_matmul(const td_tensor *a, const td_tensor *b, td_tensor **out);
+TD_API td_status td_tensor_mm(const td_tensor *a, const td_tensor *b, td_tensor **out);
+TD_API td_status td_tensor_mv(const td_tensor *a, const td_tensor *b, td_tensor **out);
+TD_API td_status td_tensor_dot(const td_tensor *a, const td_tensor *b, td_tensor **out);
+
+/* torch.nonzero: an int64 tensor [n, ndim] with the index of each non-zero element (NaN and
+ * complex numbers with a non-zero part count), in row-major order. */
+TD_API td_status td_tensor_nonzero(const td_tensor *a, td_tensor **out);
+
 #ifdef __cplusplus
 }
 #endif

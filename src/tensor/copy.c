@@ -388,21 +388,12 @@ static td_status check_no_internal_overlap(const td_strided *t)
 static td_status broadcast_src(const td_strided *dst, const td_strided *src, int64_t *strides)
 {
     char b1[TD_MAX_DIMS * 22 + 4], b2[TD_MAX_DIMS * 22 + 4];
-    int nd = dst->ndim > src->ndim ? dst->ndim : src->ndim;
+    int nd;
     int64_t bshape[TD_MAX_DIMS];
-    bool mismatch = dst->ndim < src->ndim;
-    for (int i = nd - 1; i >= 0; i--) {
-        int di = i - (nd - dst->ndim), si = i - (nd - src->ndim);
-        int64_t ds = di >= 0 ? dst->sizes[di] : 1, ss = si >= 0 ? src->sizes[si] : 1;
-        if (ds != ss && ds != 1 && ss != 1)
-            return error_fmt(TD_ERR_INVALID,
-                            "The size of tensor a (%lld) must match the size of tensor b (%lld) at non-singleton "
-                            "dimension %d",
-                            (long long)ds, (long long)ss, i);
-        bshape[i] = ds == 1 ? ss : ds;
-        if (di >= 0 && bshape[i] != ds)
-            mismatch = true;
-    }
+    TD_TRY(strided_broadcast_shape(dst->ndim, dst->sizes, src->ndim, src->sizes, &nd, bshape));
+    bool mismatch = nd > dst->ndim; /* else nd == dst->ndim */
+    for (int i = 0; i < dst->ndim && !mismatch; i++)
+        mismatch = bshape[i] != dst->sizes[i];
     if (mismatch)
         return error_fmt(TD_ERR_INVALID, "output with shape %s doesn't match the broadcast shape %s",
                         tensor_format_sizes(b1, sizeof b1, dst->ndim, dst->sizes), tensor_format_sizes(b2, sizeof b2, nd, bshape));

@@ -179,24 +179,6 @@ static void iter_run(const op_iter *it, iter_body body, void *ctx)
     }
 }
 
-/* The broadcast shape of a and b (at::infer_size), with its message when they do not fit. */
-static td_status broadcast_shape(const op_operand *a, const op_operand *b, int *ndim, int64_t *sizes)
-{
-    int nd = a->ndim > b->ndim ? a->ndim : b->ndim;
-    for (int i = nd - 1; i >= 0; i--) {
-        int ai = i - (nd - a->ndim), bi = i - (nd - b->ndim);
-        int64_t as = ai >= 0 ? a->sizes[ai] : 1, bs = bi >= 0 ? b->sizes[bi] : 1;
-        if (as != bs && as != 1 && bs != 1)
-            return error_fmt(TD_ERR_INVALID,
-                             "The size of tensor a (%lld) must match the size of tensor b (%lld) at non-singleton "
-                             "dimension %d",
-                             (long long)as, (long long)bs, i);
-        sizes[i] = as == 1 ? bs : as;
-    }
-    *ndim = nd;
-    return TD_OK;
-}
-
 /* ---- promotion (torch.result_type) ------------------------------------------------------------ */
 
 /* c10's promoteTypes with "undefined" (-1) as the identity. */
@@ -356,7 +338,7 @@ static td_status binary(binary_op op, const op_operand *a, const op_operand *b, 
     }
     int ndim = 0;
     int64_t sizes[TD_MAX_DIMS];
-    TD_TRY(broadcast_shape(a, b, &ndim, sizes));
+    TD_TRY(strided_broadcast_shape(a->ndim, a->sizes, b->ndim, b->sizes, &ndim, sizes));
     op_operand both[2] = {*a, *b};
     td_dtype common = result_type(both, 2);
     binary_ctx c = {.op = op, .compute = common, .out = common, .in = {a->dtype, b->dtype}};

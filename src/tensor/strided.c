@@ -69,3 +69,20 @@ td_strided strided_contiguous(void *data, td_dtype dtype, int ndim, const int64_
     strided_contiguous_strides(ndim, sizes, s.strides);
     return s;
 }
+
+td_status strided_broadcast_shape(int na, const int64_t *a, int nb, const int64_t *b, int *ndim, int64_t *out)
+{
+    int nd = na > nb ? na : nb;
+    for (int i = nd - 1; i >= 0; i--) {
+        int ai = i - (nd - na), bi = i - (nd - nb);
+        int64_t as = ai >= 0 ? a[ai] : 1, bs = bi >= 0 ? b[bi] : 1;
+        if (as != bs && as != 1 && bs != 1)
+            return error_fmt(TD_ERR_INVALID,
+                             "The size of tensor a (%lld) must match the size of tensor b (%lld) at non-singleton "
+                             "dimension %d",
+                             (long long)as, (long long)bs, i);
+        out[i] = as == 1 ? bs : as;
+    }
+    *ndim = nd;
+    return TD_OK;
+}

@@ -90,6 +90,11 @@ td_strided strided_contiguous(void *data, td_dtype dtype, int ndim, const int64_
  * overlapping operands by staging src through a temporary copy. */
 td_status strided_copy(const td_strided *dst, const td_strided *src);
 
+/* The shape that sizes a (na dims) and b (nb dims) broadcast to (at::infer_size): *ndim dims into
+ * out. Fails with PyTorch's "The size of tensor a (3) must match the size of tensor b (4) at
+ * non-singleton dimension 1" when they do not fit. */
+td_status strided_broadcast_shape(int na, const int64_t *a, int nb, const int64_t *b, int *ndim, int64_t *out);
+
 /* A view: a new tensor on t's storage (retained) with the given geometry. */
 td_tensor *tensor_new_view(const td_tensor *t, int64_t offset, int ndim, const int64_t *sizes,
                               const int64_t *strides);

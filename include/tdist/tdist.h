@@ -10,6 +10,7 @@
 #include <tdist/future.h>
 #include <tdist/mp.h>
 #include <tdist/pg.h>
+#include <tdist/rpc.h>
 #include <tdist/status.h>
 #include <tdist/store.h>
 #include <tdist/tensor.h>

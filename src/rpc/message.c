@@ -1,0 +1,319 @@
+/* The RPC message envelope (message.h; docs/protocols.md, "RPC messages"): the fixed header's wire
+ * form and its checks, outgoing messages as iovecs (the header, then the td_value codec's pieces,
+ * which point into the payload's tensors), payload decoding as views of the received storage, and
+ * the shapes of call and error payloads. The agent frames every message it sends or receives with
+ * these functions; nothing here does I/O or keeps state. */
+#include "rpc/message.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/le.h"
+
+/* Header field offsets (docs/protocols.md). */
+enum {
+    OFF_MAGIC = 0,
+    OFF_VERSION = 4,
+    OFF_TYPE = 6,
+    OFF_FLAGS = 8,
+    OFF_RESERVED = 10,
+    OFF_SENDER = 12,
+    OFF_ID = 16,
+    OFF_TIMEOUT = 24,
+    OFF_RREF_OWNER = 32,
+    OFF_RREF_LOCAL = 40,
+    OFF_FORK_OWNER = 48,
+    OFF_FORK_LOCAL = 56,
+    OFF_AUTOGRAD_CONTEXT = 64,
+    OFF_AUTOGRAD_MESSAGE = 72,
+    OFF_PAYLOAD_LEN = 80,
+    HEADER_END = 88,
+};
+_Static_assert(HEADER_END == RPC_HEADER_BYTES, "RPC_HEADER_BYTES must match the header layout");
+
+static const char *msg_type_name(unsigned type)
+{
+    switch (type) {
+    case RPC_MSG_CALL: return "call";
+    case RPC_MSG_REPLY: return "reply";
+    case RPC_MSG_ERROR: return "error";
+    case RPC_MSG_CONTROL: return "control";
+    default: return NULL;
+    }
+}
+
+void rpc_header_write(const rpc_header *h, void *out)
+{
+    uint8_t *p = out;
+    memset(p, 0, RPC_HEADER_BYTES);
+    le_put(p + OFF_MAGIC, RPC_MAGIC, 4);
+    le_put(p + OFF_VERSION, RPC_VERSION, 2);
+    le_put(p + OFF_TYPE, h->type, 2);
+    le_put(p + OFF_FLAGS, h->flags, 2);
+    le_put(p + OFF_SENDER, h->sender, 4);
+    le_put(p + OFF_ID, h->id, 8);
+    le_put(p + OFF_TIMEOUT, (uint64_t)h->timeout_ms, 8);
+    le_put(p + OFF_RREF_OWNER, (uint64_t)h->rref_owner, 8);
+    le_put(p + OFF_RREF_LOCAL, (uint64_t)h->rref_local, 8);
+    le_put(p + OFF_FORK_OWNER, (uint64_t)h->fork_owner, 8);
+    le_put(p + OFF_FORK_LOCAL, (uint64_t)h->fork_local, 8);
+    le_put(p + OFF_AUTOGRAD_CONTEXT, (uint64_t)h->autograd_context, 8);
+    le_put(p + OFF_AUTOGRAD_MESSAGE, (uint64_t)h->autograd_message, 8);
+    le_put(p + OFF_PAYLOAD_LEN, h->payload_len, 8);
+}
+
+td_status rpc_header_read(const void *in, uint64_t max_payload, rpc_header *h)
+{
+    if (!in || !h)
+        return error_fmt(TD_ERR_INVALID, "rpc_header_read: NULL argument");
+    const uint8_t *p = in;
+    uint32_t magic = (uint32_t)le_get(p + OFF_MAGIC, 4);
+    if (magic != RPC_MAGIC)
+        return error_fmt(TD_ERR_INVALID,
+                         "RPC message has bad magic 0x%08x (expected 0x%08x, \"TRPC\"): the peer is not a tdist RPC "
+                         "agent, or the stream lost its framing",
+                         (unsigned)magic, (unsigned)RPC_MAGIC);
+    unsigned version = (unsigned)le_get(p + OFF_VERSION, 2);
+    if (version != RPC_VERSION)
+        return error_fmt(TD_ERR_INVALID, "RPC message of version %u; this tdist speaks version %d", version,
+                         RPC_VERSION);
+    unsigned type = (unsigned)le_get(p + OFF_TYPE, 2);
+    const char *tname = msg_type_name(type);
+    if (type < 1 || type > RPC_MSG_TYPE_MAX || !tname)
+        return error_fmt(TD_ERR_INVALID, "RPC message of unknown type %u (this tdist knows types 1..%d)", type,
+                         RPC_MSG_CONTROL);
+    unsigned flags = (unsigned)le_get(p + OFF_FLAGS, 2);
+    if (flags & ~(unsigned)RPC_FLAGS_KNOWN)
+        return error_fmt(TD_ERR_INVALID, "RPC %s message has unknown flags 0x%x (known flags: 0x%x)", tname, flags,
+                         (unsigned)RPC_FLAGS_KNOWN);
+    unsigned reserved = (unsigned)le_get(p + OFF_RESERVED, 2);
+    if (reserved != 0)
+        return error_fmt(TD_ERR_INVALID, "RPC %s message has reserved header field 0x%x at byte %d; it must be 0",
+                         tname, reserved, OFF_RESERVED);
+    uint64_t payload_len = le_get(p + OFF_PAYLOAD_LEN, 8);
+    if (payload_len > max_payload)
+        return error_fmt(TD_ERR_INVALID,
+                         "RPC %s message declares a payload of %llu bytes, more than the limit of %llu bytes", tname,
+                         (unsigned long long)payload_len, (unsigned long long)max_payload);
+    h->type = (uint16_t)type;
+    h->flags = (uint16_t)flags;
+    h->sender = (uint32_t)le_get(p + OFF_SENDER, 4);
+    h->id = le_get(p + OFF_ID, 8);
+    h->timeout_ms = (int64_t)le_get(p + OFF_TIMEOUT, 8);
+    h->rref_owner = (int64_t)le_get(p + OFF_RREF_OWNER, 8);
+    h->rref_local = (int64_t)le_get(p + OFF_RREF_LOCAL, 8);
+    h->fork_owner = (int64_t)le_get(p + OFF_FORK_OWNER, 8);
+    h->fork_local = (int64_t)le_get(p + OFF_FORK_LOCAL, 8);
+    h->autograd_context = (int64_t)le_get(p + OFF_AUTOGRAD_CONTEXT, 8);
+    h->autograd_message = (int64_t)le_get(p + OFF_AUTOGRAD_MESSAGE, 8);
+    h->payload_len = payload_len;
+    return TD_OK;
+}
+
+/* ---- outgoing messages --------------------------------------------------------------------- */
+
+struct rpc_outgoing {
+    uint8_t header[RPC_HEADER_BYTES];
+    td_encoded *encoded; /* NULL: no payload */
+    struct iovec *iov;   /* the header, then the encoded payload's pieces */
+    size_t iov_count;
+    size_t size;
+};
+
+td_status rpc_outgoing_make(const rpc_header *h, const td_value *payload, rpc_outgoing **out)
+{
+    if (!h || !out)
+        return error_fmt(TD_ERR_INVALID, "rpc_outgoing_make: NULL argument");
+    td_encoded *encoded = NULL;
+    size_t payload_len = 0, piece_count = 0;
+    const struct iovec *pieces = NULL;
+    if (payload) {
+        td_status st = td_value_encode(payload, &encoded);
+        if (st != TD_OK)
+            return error_prefix(st, "encoding the payload of an RPC %s message",
+                                msg_type_name(h->type) ? msg_type_name(h->type) : "unknown");
+        payload_len = td_encoded_size(encoded);
+        pieces = td_encoded_iov(encoded, &piece_count);
+    }
+    rpc_outgoing *m = TD_NEW(rpc_outgoing);
+    rpc_header filled = *h;
+    filled.payload_len = payload_len;
+    rpc_header_write(&filled, m->header);
+    m->encoded = encoded;
+    m->iov_count = 1 + piece_count;
+    m->iov = TD_NEW_ARRAY(struct iovec, m->iov_count);
+    m->iov[0].iov_base = m->header;
+    m->iov[0].iov_len = RPC_HEADER_BYTES;
+    if (piece_count)
+        memcpy(m->iov + 1, pieces, piece_count * sizeof *pieces);
+    m->size = RPC_HEADER_BYTES + payload_len;
+    *out = m;
+    return TD_OK;
+}
+
+size_t rpc_outgoing_size(const rpc_outgoing *m) { return m ? m->size : 0; }
+
+const struct iovec *rpc_outgoing_iov(const rpc_outgoing *m, size_t *count)
+{
+    if (count)
+        *count = m ? m->iov_count : 0;
+    return m ? m->iov : NULL;
+}
+
+void rpc_outgoing_free(rpc_outgoing *m)
+{
+    if (!m)
+        return;
+    td_encoded_free(m->encoded);
+    free(m->iov);
+    free(m);
+}
+
+/* ---- incoming payloads --------------------------------------------------------------------- */
+
+static void release_parent_storage(void *ctx) { td_storage_release(ctx); }
+
+td_status rpc_payload_decode(const rpc_header *h, td_storage *payload, td_value **out)
+{
+    if (!h || !out)
+        return error_fmt(TD_ERR_INVALID, "rpc_payload_decode: NULL argument");
+    *out = NULL;
+    const char *tname = msg_type_name(h->type) ? msg_type_name(h->type) : "unknown";
+    if (h->payload_len == 0)
+        return TD_OK; /* no payload: None */
+    size_t have = payload ? td_storage_nbytes(payload) : 0;
+    if (have < h->payload_len)
+        return error_fmt(TD_ERR_INVALID, "RPC %s message %llu: payload of %llu bytes but only %zu bytes were given",
+                         tname, (unsigned long long)h->id, (unsigned long long)h->payload_len, have);
+    /* The codec wants exactly the message's bytes; a larger receive buffer is viewed through a
+     * storage over its first payload_len bytes that keeps the buffer alive. */
+    td_storage *message = payload;
+    if (have > h->payload_len) {
+        td_storage_retain(payload);
+        td_status st = td_storage_wrap(td_storage_data(payload), (size_t)h->payload_len, release_parent_storage,
+                                       payload, &message);
+        if (st != TD_OK) {
+            td_storage_release(payload);
+            return st;
+        }
+    } else {
+        td_storage_retain(message);
+    }
+    td_status st = td_value_decode_storage(message, out);
+    td_storage_release(message);
+    if (st != TD_OK)
+        return error_prefix(st, "RPC %s message %llu from worker %u", tname, (unsigned long long)h->id,
+                            (unsigned)h->sender);
+    return TD_OK;
+}
+
+/* ---- payload shapes ------------------------------------------------------------------------ */
+
+/* A non-string key fails with the position of the first one. */
+static td_status check_string_keys(const td_value *dict, const char *what)
+{
+    size_t n = td_value_len(dict);
+    for (size_t i = 0; i < n; i++) {
+        const td_value *key = td_value_dict_key_at(dict, i);
+        if (td_value_kind_of(key) != TD_VAL_STRING)
+            return error_fmt(TD_ERR_INVALID, "%s: keyword argument names must be strings, not %s (key %zu)", what,
+                             td_value_kind_name(td_value_kind_of(key)), i);
+    }
+    return TD_OK;
+}
+
+td_status rpc_call_payload(const char *fn, const td_value *args, const td_value *kwargs, td_value **out)
+{
+    static const char what[] = "RPC call";
+    if (!out)
+        return error_fmt(TD_ERR_INVALID, "rpc_call_payload: NULL out");
+    if (!fn || !*fn)
+        return error_fmt(TD_ERR_INVALID, "%s: the function name is %s", what, fn ? "empty" : "NULL");
+    td_value_kind ak = args ? td_value_kind_of(args) : TD_VAL_TUPLE;
+    if (ak != TD_VAL_TUPLE && ak != TD_VAL_LIST)
+        return error_fmt(TD_ERR_INVALID, "%s of '%s': args must be a tuple or a list (or NULL), not %s", what, fn,
+                         td_value_kind_name(ak));
+    if (kwargs) {
+        if (td_value_kind_of(kwargs) != TD_VAL_DICT)
+            return error_fmt(TD_ERR_INVALID, "%s of '%s': kwargs must be a dict (or NULL), not %s", what, fn,
+                             td_value_kind_name(td_value_kind_of(kwargs)));
+        TD_TRY(check_string_keys(kwargs, what));
+    }
+    td_value *arg_tuple;
+    if (args && ak == TD_VAL_TUPLE) {
+        arg_tuple = td_value_retain((td_value *)args);
+    } else {
+        size_t n = td_value_len(args);
+        arg_tuple = td_value_tuple_new(n);
+        for (size_t i = 0; i < n; i++)
+            td_value_set(arg_tuple, i, td_value_retain(td_value_at(args, i)));
+    }
+    td_value *kw = kwargs ? td_value_retain((td_value *)kwargs) : td_value_dict_new();
+    *out = td_value_tuple_of(3, td_value_string(fn), arg_tuple, kw);
+    return TD_OK;
+}
+
+td_status rpc_call_parts(const td_value *payload, const char **fn, const td_value **args, const td_value **kwargs)
+{
+    static const char what[] = "malformed RPC call payload";
+    if (td_value_kind_of(payload) != TD_VAL_TUPLE || td_value_len(payload) != 3)
+        return error_fmt(TD_ERR_INVALID, "%s: expected a tuple (function name, args, kwargs), got %s of length %zu", what,
+                         td_value_kind_name(td_value_kind_of(payload)), td_value_len(payload));
+    const td_value *name = td_value_at(payload, 0), *a = td_value_at(payload, 1), *kw = td_value_at(payload, 2);
+    if (td_value_kind_of(name) != TD_VAL_STRING)
+        return error_fmt(TD_ERR_INVALID, "%s: the function name is %s, not a string", what,
+                         td_value_kind_name(td_value_kind_of(name)));
+    size_t name_len;
+    const char *name_str = td_value_get_string(name, &name_len);
+    if (name_len == 0 || strlen(name_str) != name_len)
+        return error_fmt(TD_ERR_INVALID, "%s: the function name is %s", what,
+                         name_len ? "not a C string (it holds a NUL byte)" : "empty");
+    if (td_value_kind_of(a) != TD_VAL_TUPLE)
+        return error_fmt(TD_ERR_INVALID, "%s for '%s': args is %s, not a tuple", what, name_str,
+                         td_value_kind_name(td_value_kind_of(a)));
+    if (td_value_kind_of(kw) != TD_VAL_DICT)
+        return error_fmt(TD_ERR_INVALID, "%s for '%s': kwargs is %s, not a dict", what, name_str,
+                         td_value_kind_name(td_value_kind_of(kw)));
+    TD_TRY(check_string_keys(kw, what));
+    if (fn)
+        *fn = name_str;
+    if (args)
+        *args = a;
+    if (kwargs)
+        *kwargs = kw;
+    return TD_OK;
+}
+
+td_value *rpc_error_payload(const char *type_name, const char *message)
+{
+    return td_value_error(type_name && *type_name ? type_name : "RuntimeError", message ? message : "");
+}
+
+td_status rpc_error_parts(const td_value *payload, const char **type_name, const char **message)
+{
+    static const char what[] = "malformed RPC error payload";
+    if (td_value_kind_of(payload) != TD_VAL_RECORD || td_value_record_tag(payload) != TD_REC_ERROR)
+        return error_fmt(TD_ERR_INVALID, "%s: expected an error record (tag %d), got %s", what, TD_REC_ERROR,
+                         td_value_kind_of(payload) == TD_VAL_RECORD ? "a record of another tag"
+                                                                    : td_value_kind_name(td_value_kind_of(payload)));
+    /* Later fields (the origin worker, a trace) are allowed, so a newer peer may add them. */
+    if (td_value_len(payload) < 2)
+        return error_fmt(TD_ERR_INVALID, "%s: the record has %zu fields, expected (type name, message)", what,
+                         td_value_len(payload));
+    const td_value *t = td_value_at(payload, 0), *m = td_value_at(payload, 1);
+    if (td_value_kind_of(t) != TD_VAL_STRING || td_value_kind_of(m) != TD_VAL_STRING)
+        return error_fmt(TD_ERR_INVALID, "%s: type name and message must be strings, got %s and %s", what,
+                         td_value_kind_name(td_value_kind_of(t)), td_value_kind_name(td_value_kind_of(m)));
+    size_t tlen;
+    const char *tstr = td_value_get_string(t, &tlen);
+    if (tlen == 0 || strlen(tstr) != tlen)
+        return error_fmt(TD_ERR_INVALID, "%s: the type name is %s", what,
+                         tlen ? "not a C string (it holds a NUL byte)" : "empty");
+    if (type_name)
+        *type_name = tstr;
+    if (message)
+        *message = td_value_get_string(m, NULL);
+    return TD_OK;
+}

@@ -379,6 +379,17 @@ TD_TEST(example_allreduce_through_tdrun, .timeout_s = 60)
     proc_free(&p);
 }
 
+/* The RPC example: worker0 farms slices out to the other workers and adds up their answers. */
+TD_TEST(example_rpc_work_queue_through_tdrun, .timeout_s = 60)
+{
+    proc p;
+    char *argv[] = {TDRUN_BIN, "--standalone", "--quiet", "--nproc-per-node", "3", RPC_WORK_QUEUE_BIN, NULL};
+    run_tdrun(&p, argv, 30000);
+    TD_CHECK_MSG(p.code == 0, "tdrun exited %d:\n%s", p.code, p.out.data);
+    TD_CHECK_CONTAINS(p.out.data, "[rank0]: sum of squares of 0..9999 = 333283335000\n");
+    proc_free(&p);
+}
+
 /* The demo job, smaller: it must converge and keep the ranks' parameters bit-identical. */
 TD_TEST(example_ddp_train_through_tdrun, .timeout_s = 120)
 {

@@ -1,0 +1,1312 @@
+/* The RPC agent (tdist/rpc.h): lifecycle and membership, calls, replies, timeouts, failures,
+ * graceful shutdown, the default agent, and the helpers among workers.
+ *
+ * Creation: the agent opens its listeners and I/O thread (channel.c) and its pool (pool.c), then
+ * meets the other workers in the store, under a namespace of its own ("rpc_prefix_<n>", n counting
+ * this worker's agents over that store, so a re-init never reads a previous world's keys). Each
+ * worker publishes its name, addresses, host identity and hello nonce under "worker/<id>", reads
+ * everyone's, and fails on a name taken twice (every worker sees the whole table, so every worker
+ * fails). Each connects to the workers with a higher id; create returns once every channel is up.
+ *
+ * A call (td_rpc_async) is encoded at once, so argument errors return at the call site; it is
+ * registered as pending (id -> future, peer, deadline) before it is sent, then written on the
+ * peer's channel from the calling thread (or delivered through the loopback for a self-call).
+ * Replies complete the future on the I/O thread; the future's callbacks run on the executor
+ * (pg/executor.h), which the agent holds for its lifetime. Graceful shutdown flushes the executor
+ * before each count it takes, so termination detection never sees a call as done before the
+ * callbacks it triggered have issued their own calls. Calls run on the pool, once the agent is
+ * created (a call from a worker that finished joining waits for this one to finish too): the
+ * function is looked up in the registry; a failure comes back as an error message with its Python
+ * type name, is logged on the callee, and fails the caller's future with TD_ERR_REMOTE. Async
+ * functions reply from a callback on their future. The I/O thread's tick fails expired calls; a
+ * channel that fails fails its peer's calls with TD_ERR_PEER_LOST, and later calls to that peer
+ * fail at once.
+ *
+ * Graceful shutdown: rounds through the store in which every live worker publishes how many calls
+ * it started and finished (after waiting for its own to end); the first round is the barrier, and
+ * the workers stop once two consecutive rounds show the same totals with nothing in flight (a dead
+ * worker is left out). Worker 0 leaves last, as it often hosts the store. Then the local teardown,
+ * which always runs: stop the I/O thread, fail what is pending, stop the pool, close the sockets,
+ * release the executor and the store.
+ *
+ * _all_gather and _barrier go through the store too: each worker of the set writes its value under
+ * "gather/<sorted names>/<n>/<name>" (n counts this worker's gathers over that set) and reads the
+ * others'. */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <tdist/rpc.h>
+
+#include "base/alloc.h"
+#include "base/clock.h"
+#include "base/env.h"
+#include "base/error.h"
+#include "base/host.h"
+#include "base/log.h"
+#include "base/thread.h"
+#include "pg/executor.h"
+#include "rpc/agent_impl.h"
+#include "rpc/registry.h"
+
+static const char not_initialized[] = "RPC has not been initialized. Call torch.distributed.rpc.init_rpc first.";
+
+struct td_rpc_call {
+    td_rpc_agent *agent;
+    td_worker_info caller;
+    void *arg;
+};
+
+static _Atomic int agent_generation;
+
+/* ---- references and the default agent ------------------------------------------------------- */
+
+void rpc_agent_retain(td_rpc_agent *a) { ref_inc(&a->ref); }
+
+void rpc_agent_release(td_rpc_agent *a)
+{
+    if (!a || !ref_dec(&a->ref))
+        return;
+    for (size_t i = 0; i < a->channels.len; i++)
+        rpc_channel_free(a->channels.items[i]);
+    free(a->channels.items);
+    map_free(&a->pending, free);
+    map_free(&a->gather_seqs, NULL);
+    rpc_pool_destroy(&a->pool);
+    free(a->peers);
+    pthread_mutex_destroy(&a->mu);
+    pthread_cond_destroy(&a->cv);
+    free(a);
+}
+
+static pthread_mutex_t default_mu = PTHREAD_MUTEX_INITIALIZER;
+static td_rpc_agent *default_agent;
+static bool default_starting;
+
+/* The agent to use (a reference the caller drops with rpc_agent_release). */
+static td_status agent_get(td_rpc_agent *agent, td_rpc_agent **out)
+{
+    if (agent) {
+        rpc_agent_retain(agent);
+        *out = agent;
+        return TD_OK;
+    }
+    pthread_mutex_lock(&default_mu);
+    td_rpc_agent *a = default_agent;
+    if (a)
+        rpc_agent_retain(a);
+    pthread_mutex_unlock(&default_mu);
+    if (!a)
+        return error_set(TD_ERR_NOT_INIT, not_initialized);
+    *out = a;
+    return TD_OK;
+}
+
+/* ---- options -------------------------------------------------------------------------------- */
+
+void td_rpc_options_init(td_rpc_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->rpc_timeout_ms = 60000;
+    o->num_worker_threads = 16;
+}
+
+/* ---- completing calls ----------------------------------------------------------------------- */
+
+/* After a pending call's future was completed (any thread, no lock held): counts it as done. Its
+ * callbacks may still wait on the executor, and may make calls of their own; graceful shutdown
+ * flushes the executor before it reads the counts (executor_flush), so it never takes a call
+ * whose callbacks have yet to run for the end of the work. */
+static void pending_finish(td_rpc_agent *a, rpc_pending *p)
+{
+    td_future_release(p->future);
+    free(p);
+    pthread_mutex_lock(&a->mu);
+    a->client_active--;
+    a->calls_done++;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+}
+
+static void flush_mark(void *arg) { td_future_set_result(arg, NULL); }
+
+/* Returns once the callbacks queued on the executor before the call have run. */
+static void executor_flush(void)
+{
+    if (executor_is_current())
+        return; /* the callbacks before this one already ran */
+    td_future *f = td_future_new();
+    executor_item *it = TD_NEW(executor_item);
+    it->fn = flush_mark;
+    it->arg = f;
+    executor_dispatch(it);
+    td_future_wait(f, 0);
+    td_future_release(f);
+}
+
+/* The type a caller sees: ValueError and TypeError kept, every other one a RuntimeError. */
+static const char *caller_type(const char *type)
+{
+    if (type && (strcmp(type, "ValueError") == 0 || strcmp(type, "TypeError") == 0))
+        return type;
+    return "RuntimeError";
+}
+
+static void complete_reply(td_rpc_agent *a, int peer, const rpc_header *h, td_storage *payload)
+{
+    uint64_t id = h->id;
+    pthread_mutex_lock(&a->mu);
+    rpc_pending *p = map_get(&a->pending, &id, sizeof id);
+    if (p && p->peer == peer)
+        map_remove(&a->pending, &id, sizeof id);
+    else
+        p = NULL;
+    pthread_mutex_unlock(&a->mu);
+    if (!p) {
+        /* Timed out (or failed) already: the late reply is dropped. */
+        TD_LOG_DEBUG("RPC agent %s: dropped a late reply to call %" PRIu64, a->self.name, id);
+        td_storage_release(payload);
+        return;
+    }
+    td_value *v = NULL;
+    td_status st = payload ? rpc_payload_decode(h, payload, &v) : TD_OK;
+    td_storage_release(payload);
+    const td_worker_info *callee = &a->peers[peer].info;
+    if (st != TD_OK) {
+        td_future_set_error(p->future, st, "the reply of %s could not be decoded: %s", callee->name, td_last_error());
+    } else if (h->type == RPC_MSG_REPLY) {
+        if (v && td_value_kind_of(v) == TD_VAL_NONE) {
+            td_value_release(v);
+            v = NULL;
+        }
+        td_future_set_result(p->future, v);
+    } else {
+        const char *type = NULL, *msg = NULL;
+        if (!v || rpc_error_parts(v, &type, &msg) != TD_OK) {
+            td_future_set_error(p->future, TD_ERR_REMOTE, "On WorkerInfo(id=%lld, name=%s):\nmalformed error reply",
+                                (long long)callee->id, callee->name);
+        } else {
+            td_future_set_typed_error(p->future, TD_ERR_REMOTE, caller_type(type),
+                                      "On WorkerInfo(id=%lld, name=%s):\n%s('%s')", (long long)callee->id, callee->name,
+                                      type, msg);
+        }
+        td_value_release(v);
+    }
+    pending_finish(a, p);
+}
+
+void rpc_agent_expire(td_rpc_agent *a)
+{
+    TD_VEC(rpc_pending *) expired = {0};
+    int64_t now = clock_now_ns();
+    pthread_mutex_lock(&a->mu);
+    if (a->next_deadline_ns <= now) {
+        int64_t next = TD_DEADLINE_NONE;
+        td_map_entry *e;
+        for (size_t it = 0; (e = map_next(&a->pending, &it));) {
+            rpc_pending *p = e->value;
+            if (p->deadline_ns <= now)
+                TD_VEC_PUSH(&expired, p);
+            else if (p->deadline_ns < next)
+                next = p->deadline_ns;
+        }
+        for (size_t i = 0; i < expired.len; i++)
+            map_remove(&a->pending, &expired.items[i]->id, sizeof expired.items[i]->id);
+        a->next_deadline_ns = next;
+    }
+    pthread_mutex_unlock(&a->mu);
+    for (size_t i = 0; i < expired.len; i++) {
+        rpc_pending *p = expired.items[i];
+        td_future_set_error(p->future, TD_ERR_TIMEOUT,
+                            "RPC ran for more than set timeout (%lld ms) and will now be marked with an error",
+                            (long long)p->timeout_ms);
+        pending_finish(a, p);
+    }
+    free(expired.items);
+}
+
+/* Fails the pending calls whose peer is `peer` (-1: all) with (status, message). */
+static void fail_pending(td_rpc_agent *a, int peer, td_status status, const char *message)
+{
+    TD_VEC(rpc_pending *) failed = {0};
+    pthread_mutex_lock(&a->mu);
+    td_map_entry *e;
+    for (size_t it = 0; (e = map_next(&a->pending, &it));) {
+        rpc_pending *p = e->value;
+        if (peer < 0 || p->peer == peer)
+            TD_VEC_PUSH(&failed, p);
+    }
+    for (size_t i = 0; i < failed.len; i++)
+        map_remove(&a->pending, &failed.items[i]->id, sizeof failed.items[i]->id);
+    pthread_mutex_unlock(&a->mu);
+    for (size_t i = 0; i < failed.len; i++) {
+        td_future_set_error(failed.items[i]->future, status, "%s", message);
+        pending_finish(a, failed.items[i]);
+    }
+    free(failed.items);
+}
+
+void rpc_agent_channel_failed(td_rpc_agent *a, rpc_channel *ch, const char *reason)
+{
+    if (atomic_exchange(&ch->dead, true) && ch->peer < 0)
+        return;
+    pthread_mutex_lock(&a->mu);
+    if (ch->fd >= 0)
+        shutdown(ch->fd, SHUT_RDWR);
+    int peer = ch->peer;
+    bool newly = false;
+    td_worker_info w;
+    if (peer >= 0 && !a->peers[peer].lost && a->peers[peer].chan == ch) {
+        a->peers[peer].lost = true;
+        snprintf(a->peers[peer].lost_reason, sizeof a->peers[peer].lost_reason, "%s", reason);
+        w = a->peers[peer].info;
+        newly = true;
+    }
+    pthread_mutex_unlock(&a->mu);
+    if (!newly)
+        return;
+    if (!atomic_load(&a->closing))
+        TD_LOG_INFO("RPC agent %s: lost worker %s (id %d): %s", a->self.name, w.name, peer, reason);
+    char msg[512];
+    snprintf(msg, sizeof msg, "RPC to worker %s (id %d) failed: the connection to it was lost (%s)", w.name, peer,
+             reason);
+    fail_pending(a, peer, TD_ERR_PEER_LOST, msg);
+}
+
+/* ---- serving calls -------------------------------------------------------------------------- */
+
+typedef struct incoming {
+    td_rpc_agent *agent; /* a reference */
+    int peer;
+    rpc_header header;
+    td_storage *payload;
+    struct incoming *next; /* in a->early */
+} incoming;
+
+/* Sends a message to peer (any thread, no lock held); drops it when the peer is gone. */
+static void send_to(td_rpc_agent *a, int peer, const rpc_outgoing *m, int64_t deadline_ns)
+{
+    if (peer == (int)a->self.id) {
+        if (rpc_loopback_send(a, m) != TD_OK)
+            TD_LOG_WARN("RPC agent %s: a message to itself was lost: %s", a->self.name, td_last_error());
+        return;
+    }
+    pthread_mutex_lock(&a->mu);
+    rpc_channel *ch = a->peers[peer].lost ? NULL : a->peers[peer].chan;
+    pthread_mutex_unlock(&a->mu);
+    if (ch)
+        rpc_channel_send(a, ch, m, deadline_ns);
+}
+
+static void reply_error(td_rpc_agent *a, int peer, const rpc_header *call, const char *type, const char *message)
+{
+    if (!(call->flags & RPC_FLAG_REPLY_WANTED))
+        return;
+    td_value *payload = rpc_error_payload(type, message);
+    rpc_header h = {.type = RPC_MSG_ERROR, .sender = (uint32_t)a->self.id, .id = call->id};
+    rpc_outgoing *m = NULL;
+    if (rpc_outgoing_make(&h, payload, &m) == TD_OK) {
+        send_to(a, peer, m, deadline_after_ms(call->timeout_ms));
+        rpc_outgoing_free(m);
+    } else {
+        TD_LOG_ERROR("RPC agent %s: cannot encode an error reply: %s", a->self.name, td_last_error());
+    }
+    td_value_release(payload);
+}
+
+/* A function failed: log it on this worker, as PyTorch does, and tell the caller. */
+static void call_failed(td_rpc_agent *a, int peer, const rpc_header *call, const char *type, const char *message)
+{
+    TD_LOG_ERROR("On WorkerInfo(id=%lld, name=%s):\n%s('%s')", (long long)a->self.id, a->self.name, type, message);
+    reply_error(a, peer, call, type, message);
+}
+
+static void reply_value(td_rpc_agent *a, int peer, const rpc_header *call, const td_value *value)
+{
+    if (!(call->flags & RPC_FLAG_REPLY_WANTED))
+        return;
+    rpc_header h = {.type = RPC_MSG_REPLY, .sender = (uint32_t)a->self.id, .id = call->id};
+    rpc_outgoing *m = NULL;
+    if (rpc_outgoing_make(&h, value, &m) != TD_OK) {
+        char msg[TD_ERROR_MAX];
+        snprintf(msg, sizeof msg, "cannot encode the result: %s", td_last_error());
+        call_failed(a, peer, call, "RuntimeError", msg);
+        return;
+    }
+    send_to(a, peer, m, deadline_after_ms(call->timeout_ms));
+    rpc_outgoing_free(m);
+}
+
+typedef struct async_reply {
+    td_rpc_agent *agent;
+    int peer;
+    rpc_header call;
+} async_reply;
+
+/* An async function's future completed: its value or error is the reply. */
+static void async_done(td_future *f, void *arg)
+{
+    async_reply *r = arg;
+    td_rpc_agent *a = r->agent;
+    if (td_future_status(f) == TD_OK) {
+        reply_value(a, r->peer, &r->call, td_future_value(f));
+    } else {
+        const char *type = td_future_error_type(f);
+        call_failed(a, r->peer, &r->call, type ? type : "RuntimeError", td_future_error(f));
+    }
+    atomic_fetch_sub(&a->server_active_async, 1);
+    td_future_release(f);
+    rpc_agent_release(a);
+    free(r);
+}
+
+static const char *failure_type(void)
+{
+    const char *t = rpc_raised_type();
+    return t ? t : "RuntimeError";
+}
+
+/* A call that will not run (shutdown). */
+static void drop_call(void *arg, void *ctx)
+{
+    (void)ctx;
+    incoming *in = arg;
+    td_storage_release(in->payload);
+    rpc_agent_release(in->agent);
+    free(in);
+}
+
+static void run_call(void *arg)
+{
+    incoming *in = arg;
+    td_rpc_agent *a = in->agent;
+    atomic_fetch_add(&a->server_active, 1);
+    td_value *payload = NULL;
+    const char *fn_name = NULL;
+    const td_value *args = NULL, *kwargs = NULL;
+    td_status st = in->payload ? rpc_payload_decode(&in->header, in->payload, &payload)
+                               : error_fmt(TD_ERR_INVALID, "a call without a payload");
+    td_storage_release(in->payload);
+    in->payload = NULL;
+    if (st == TD_OK)
+        st = rpc_call_parts(payload, &fn_name, &args, &kwargs);
+    if (st != TD_OK) {
+        char msg[TD_ERROR_MAX];
+        snprintf(msg, sizeof msg, "malformed call: %s", td_last_error());
+        call_failed(a, in->peer, &in->header, "RuntimeError", msg);
+        goto out;
+    }
+    rpc_function rf;
+    if (!rpc_registry_lookup(fn_name, &rf)) {
+        char msg[TD_ERROR_MAX];
+        snprintf(msg, sizeof msg,
+                 "function '%s' is not registered on worker %s. Default RPC pickler does not serialize function "
+                 "code. Ensure that UDFs are defined on both caller and callee modules.",
+                 fn_name, a->self.name);
+        call_failed(a, in->peer, &in->header, "AttributeError", msg);
+        goto out;
+    }
+    td_rpc_call call = {.agent = a, .caller = a->peers[in->peer].info, .arg = rf.arg};
+    rpc_raised_reset();
+    if (rf.async_fn) {
+        td_future *f = rf.async_fn(&call, args, kwargs);
+        if (!f) {
+            call_failed(a, in->peer, &in->header, failure_type(), td_last_error());
+            goto out;
+        }
+        async_reply *r = TD_NEW(async_reply);
+        rpc_agent_retain(a);
+        r->agent = a;
+        r->peer = in->peer;
+        r->call = in->header;
+        atomic_fetch_add(&a->server_active_async, 1);
+        td_future_add_callback(f, async_done, r); /* r keeps the function's reference to f */
+    } else {
+        td_value *result = NULL;
+        st = rf.fn(&call, args, kwargs, &result);
+        if (st == TD_OK)
+            reply_value(a, in->peer, &in->header, result);
+        else
+            call_failed(a, in->peer, &in->header, failure_type(), td_last_error());
+        td_value_release(result);
+    }
+out:
+    td_value_release(payload);
+    atomic_fetch_sub(&a->server_active, 1);
+    rpc_agent_release(a);
+    free(in);
+}
+
+void rpc_agent_deliver(td_rpc_agent *a, int peer, const rpc_header *h, td_storage *payload)
+{
+    switch (h->type) {
+    case RPC_MSG_CALL: {
+        incoming *in = TD_NEW(incoming);
+        rpc_agent_retain(a);
+        in->agent = a;
+        in->peer = peer;
+        in->header = *h;
+        in->payload = payload;
+        /* A worker that finished joining may call one still joining, whose table of workers
+         * (names, channels) is not complete yet: such calls wait, without a thread, until it is. */
+        pthread_mutex_lock(&a->mu);
+        bool park = !a->ready;
+        if (park) {
+            in->next = a->early;
+            a->early = in;
+        }
+        pthread_mutex_unlock(&a->mu);
+        if (!park && rpc_pool_submit(&a->pool, run_call, in) != TD_OK)
+            drop_call(in, NULL);
+        return;
+    }
+    case RPC_MSG_REPLY:
+    case RPC_MSG_ERROR:
+        complete_reply(a, peer, h, payload);
+        return;
+    default:
+        td_storage_release(payload); /* control messages: none is expected after the hello */
+        return;
+    }
+}
+
+/* ---- membership ----------------------------------------------------------------------------- */
+
+static void agent_teardown(td_rpc_agent *a)
+{
+    if (a->torn_down)
+        return;
+    a->torn_down = true;
+    pthread_mutex_lock(&a->mu);
+    atomic_store(&a->closing, true);
+    incoming *early = a->early; /* calls that came while a failed create was joining */
+    a->early = NULL;
+    pthread_mutex_unlock(&a->mu);
+    while (early) {
+        incoming *next = early->next;
+        drop_call(early, NULL);
+        early = next;
+    }
+    rpc_io_stop(a);
+    char msg[256];
+    snprintf(msg, sizeof msg, "RPC agent %s shut down before the call completed", a->self.name);
+    fail_pending(a, -1, TD_ERR_CLOSED, msg);
+    rpc_pool_stop(&a->pool, drop_call, a);
+    rpc_io_close(a);
+    if (a->executor_held) {
+        a->executor_held = false;
+        executor_release();
+    }
+    td_store_release(a->store);
+    a->store = NULL;
+}
+
+static uint64_t random_u64(void)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v)
+        v = (uint64_t)clock_now_ns() ^ ((uint64_t)getpid() << 32);
+    return v ? v : 1;
+}
+
+static td_status open_store(const char *name, int rank, int world_size, const td_rpc_options *o,
+                            int64_t join_timeout_ms, td_store **out)
+{
+    td_store *base = NULL;
+    if (o->store) {
+        base = td_store_retain(o->store);
+    } else {
+        int r = rank, ws = world_size;
+        TD_TRY(td_rendezvous(o->init_method ? o->init_method : "env://", rank, world_size, join_timeout_ms, &base, &r,
+                             &ws));
+        if (r != rank || ws != world_size) {
+            td_store_release(base);
+            return error_fmt(TD_ERR_INVALID, "RPC worker %s: the rendezvous gave rank %d of %d, not %d of %d", name, r,
+                             ws, rank, world_size);
+        }
+    }
+    /* The world's namespace: this worker's n-th agent over this store. Every worker of a world has
+     * made as many before over the same store, so they agree without talking, also when the workers
+     * are threads of one process sharing a store. */
+    char key[64], prefix[64];
+    snprintf(key, sizeof key, "rpc_generation/%d", rank);
+    int64_t n = 0;
+    td_status st = td_store_add(base, key, 1, &n);
+    if (st != TD_OK) {
+        td_store_release(base);
+        return error_prefix(st, "RPC worker %s", name);
+    }
+    snprintf(prefix, sizeof prefix, "rpc_prefix_%lld", (long long)n);
+    st = td_prefix_store_create(prefix, base, out);
+    td_store_release(base);
+    return st;
+}
+
+/* Publishes this worker and reads everyone's entry; fills peers and connects to the higher ids. */
+static td_status meet(td_rpc_agent *a, const char *addr, const char *unix_name, int64_t join_timeout_ms)
+{
+    int n = a->world_size;
+    char key[64], entry[1024];
+    snprintf(key, sizeof key, "worker/%lld", (long long)a->self.id);
+    snprintf(entry, sizeof entry, "%s %s %s %s %016" PRIx64, a->self.name, addr, a->host_id[0] ? a->host_id : "-",
+             unix_name, a->nonce);
+    TD_TRY(td_store_set_str(a->store, key, entry));
+
+    char **keys = TD_NEW_ARRAY(char *, n);
+    void **values = TD_NEW_ARRAY(void *, n);
+    size_t *lens = TD_NEW_ARRAY(size_t, n);
+    typedef struct peer_entry {
+        char addr[300], host[192], uname[96];
+        uint64_t nonce;
+        td_worker_info info;
+    } peer_entry;
+    peer_entry *ents = TD_NEW_ARRAY(peer_entry, n);
+    for (int i = 0; i < n; i++)
+        keys[i] = alloc_printf("worker/%d", i);
+    td_status st = td_store_wait(a->store, (const char *const *)keys, (size_t)n,
+                                 join_timeout_ms == 0 ? TD_STORE_NO_TIMEOUT : join_timeout_ms);
+    if (st != TD_OK)
+        st = error_prefix(st, "RPC worker %s waiting for the other workers to join", a->self.name);
+    if (st == TD_OK)
+        st = td_store_multi_get(a->store, (const char *const *)keys, (size_t)n, values, lens);
+    for (int i = 0; st == TD_OK && i < n; i++) {
+        char name[TD_RPC_MAX_NAME + 1];
+        unsigned long long nonce = 0;
+        if (sscanf(values[i], "%128s %299s %191s %95s %llx", name, ents[i].addr, ents[i].host, ents[i].uname, &nonce) !=
+            5) {
+            st = error_fmt(TD_ERR_INVALID, "RPC worker id %d's entry in the store is malformed", i);
+            break;
+        }
+        ents[i].nonce = nonce;
+        st = td_worker_info_make(name, i, &ents[i].info);
+    }
+    /* The I/O thread reads the table (naming peers that fail) from now on. */
+    pthread_mutex_lock(&a->mu);
+    for (int i = 0; st == TD_OK && i < n; i++)
+        a->peers[i].info = ents[i].info;
+    pthread_mutex_unlock(&a->mu);
+    for (int i = 0; st == TD_OK && i < n; i++)
+        for (int j = i + 1; st == TD_OK && j < n; j++)
+            if (strcmp(a->peers[i].info.name, a->peers[j].info.name) == 0)
+                st = error_fmt(TD_ERR_INVALID,
+                               "RPC worker name %s is not unique. Workers %d and %d share the same name.",
+                               a->peers[i].info.name, i, j);
+    int64_t deadline = deadline_after_ms(join_timeout_ms);
+    for (int j = (int)a->self.id + 1; st == TD_OK && j < n; j++)
+        st = rpc_io_connect(a, j, ents[j].addr, ents[j].host, ents[j].uname, ents[j].nonce, deadline);
+    if (st == TD_OK) {
+        pthread_mutex_lock(&a->mu);
+        while (a->connected < n - 1) {
+            bool lost = false;
+            for (int i = 0; i < n; i++)
+                lost |= a->peers[i].lost;
+            if (lost || !thread_cond_wait_until(&a->cv, &a->mu, deadline))
+                break;
+        }
+        int connected = a->connected;
+        pthread_mutex_unlock(&a->mu);
+        if (connected < n - 1)
+            st = error_fmt(TD_ERR_TIMEOUT, "RPC worker %s: only %d of the %d other workers connected within %lld ms",
+                           a->self.name, connected, n - 1, (long long)join_timeout_ms);
+    }
+    for (int i = 0; i < n; i++) {
+        free(keys[i]);
+        if (st == TD_OK || values[i])
+            free(values[i]);
+    }
+    free(keys);
+    free(values);
+    free(lens);
+    free(ents);
+    return st;
+}
+
+td_status td_rpc_agent_create(const char *name, int rank, int world_size, const td_rpc_options *options,
+                              td_rpc_agent **agent)
+{
+    if (!agent)
+        return error_fmt(TD_ERR_INVALID, "td_rpc_agent_create: agent is NULL");
+    *agent = NULL;
+    td_rpc_options o;
+    if (options)
+        o = *options;
+    else
+        td_rpc_options_init(&o);
+    td_worker_info self;
+    TD_TRY(td_worker_info_make(name, rank, &self));
+    if (world_size < 0)
+        return error_fmt(TD_ERR_UNSUPPORTED, "RPC with dynamic membership (no world size) is not supported yet");
+    if (world_size == 0)
+        return error_fmt(TD_ERR_INVALID, "world_size must be positive, got 0");
+    if (rank > INT16_MAX)
+        return error_fmt(TD_ERR_INVALID, "RPC worker id %d out of bound of int16_t.", rank);
+    if (rank < 0 || rank >= world_size)
+        return error_fmt(TD_ERR_INVALID, "RPC worker %s: rank %d is out of range for a world of %d workers", name, rank,
+                         world_size);
+    if (o.rpc_timeout_ms < 0)
+        return error_fmt(TD_ERR_INVALID, "rpc_timeout_ms must be >= 0 (0: no timeout), got %lld",
+                         (long long)o.rpc_timeout_ms);
+    if (o.num_worker_threads < 1)
+        return error_fmt(TD_ERR_INVALID, "num_worker_threads must be >= 1, got %d", o.num_worker_threads);
+    if (o.store && o.init_method)
+        return error_fmt(TD_ERR_INVALID, "Cannot specify both init_method and store.");
+    uint64_t max_payload = RPC_MAX_PAYLOAD_DEFAULT;
+    const char *max_env = env_get_str("TDIST_RPC_MAX_PAYLOAD", NULL);
+    if (max_env) {
+        TD_TRY(env_parse_size("TDIST_RPC_MAX_PAYLOAD", max_env, &max_payload));
+        if (max_payload < 1024)
+            return error_fmt(TD_ERR_INVALID, "TDIST_RPC_MAX_PAYLOAD must be at least 1K, got %s", max_env);
+    }
+
+    td_rpc_agent *a = TD_NEW(td_rpc_agent);
+    ref_init(&a->ref);
+    thread_mutex_init(&a->mu);
+    thread_cond_init(&a->cv);
+    a->self = self;
+    a->world_size = world_size;
+    a->peers = TD_NEW_ARRAY(rpc_peer, world_size);
+    atomic_init(&a->default_timeout_ms, o.rpc_timeout_ms);
+    a->tcp_only = o.tcp_only;
+    a->max_payload = max_payload;
+    a->nonce = random_u64();
+    host_identity(a->host_id, sizeof a->host_id);
+    a->tcp_listen_fd = a->unix_listen_fd = a->epoll_fd = a->wake_fd = -1;
+    a->pending = (td_map)TD_MAP_INIT;
+    a->gather_seqs = (td_map)TD_MAP_INIT;
+    a->next_deadline_ns = TD_DEADLINE_NONE;
+    atomic_init(&a->next_call_id, 1);
+    rpc_pool_init(&a->pool, o.num_worker_threads);
+    a->generation = atomic_fetch_add(&agent_generation, 1);
+    a->peers[rank].info = self;
+
+    /* Joining waits for the slowest worker to start: never less than a minute unless unbounded. */
+    int64_t join_timeout_ms = o.rpc_timeout_ms == 0 ? 0 : (o.rpc_timeout_ms > 60000 ? o.rpc_timeout_ms : 60000);
+    rpc_builtins_register();
+    char addr[300], unix_name[96];
+    td_status st = executor_hold();
+    a->executor_held = st == TD_OK;
+    if (st == TD_OK)
+        st = open_store(name, rank, world_size, &o, join_timeout_ms, &a->store);
+    if (st == TD_OK)
+        st = rpc_io_open(a, o.listen_host, addr, sizeof addr, unix_name, sizeof unix_name);
+    if (st == TD_OK)
+        st = rpc_io_start(a);
+    if (st == TD_OK)
+        st = meet(a, addr, unix_name, join_timeout_ms);
+    if (st != TD_OK) {
+        char msg[TD_ERROR_MAX];
+        snprintf(msg, sizeof msg, "%s", td_last_error());
+        agent_teardown(a);
+        rpc_agent_release(a);
+        return error_set(st, msg);
+    }
+    pthread_mutex_lock(&a->mu);
+    a->ready = true;
+    incoming *early = a->early;
+    a->early = NULL;
+    pthread_mutex_unlock(&a->mu);
+    /* The calls that came while joining, in their order. */
+    incoming *ordered = NULL;
+    while (early) {
+        incoming *next = early->next;
+        early->next = ordered;
+        ordered = early;
+        early = next;
+    }
+    while (ordered) {
+        incoming *next = ordered->next;
+        if (rpc_pool_submit(&a->pool, run_call, ordered) != TD_OK)
+            drop_call(ordered, NULL);
+        ordered = next;
+    }
+    TD_LOG_INFO("RPC agent %s (id %d of %d) is up", name, rank, world_size);
+    *agent = a;
+    return TD_OK;
+}
+
+/* ---- graceful shutdown ---------------------------------------------------------------------- */
+
+/* Waits until this worker has no call in flight (a->mu held). */
+static bool wait_local_idle(td_rpc_agent *a, int64_t deadline)
+{
+    while (a->client_active > 0)
+        if (!thread_cond_wait_until(&a->cv, &a->mu, deadline))
+            return a->client_active == 0;
+    return true;
+}
+
+/* Waits until key (worker i's) exists; *ready stays false when worker i was lost meanwhile. */
+static td_status await_key(td_rpc_agent *a, int i, const char *key, int64_t deadline, int64_t timeout_ms, bool *ready)
+{
+    for (;;) {
+        TD_TRY(td_store_check(a->store, &key, 1, ready));
+        if (*ready)
+            return TD_OK;
+        pthread_mutex_lock(&a->mu);
+        bool lost = a->peers[i].lost;
+        pthread_mutex_unlock(&a->mu);
+        if (lost)
+            return TD_OK; /* a dead worker has nothing in flight */
+        if (deadline_passed(deadline))
+            return error_fmt(TD_ERR_TIMEOUT,
+                             "Failed to respond to 'Shutdown Proceed' in time, got error: worker %s timed out after "
+                             "%lld ms waiting for worker %s to shut down",
+                             a->self.name, (long long)timeout_ms, a->peers[i].info.name);
+        clock_sleep_ms(2);
+    }
+}
+
+static td_status graceful_join(td_rpc_agent *a, int64_t timeout_ms)
+{
+    int n = a->world_size;
+    int64_t deadline = deadline_after_ms(timeout_ms);
+    int64_t prev_started = -1, prev_done = -1;
+    char key[64], val[64];
+    for (int round = 0;; round++) {
+        if (round > 0 && deadline_passed(deadline))
+            return error_fmt(TD_ERR_TIMEOUT,
+                             "Failed to respond to 'Shutdown Proceed' in time, got error: worker %s timed out after "
+                             "%lld ms waiting for the calls in flight to end",
+                             a->self.name, (long long)timeout_ms);
+        pthread_mutex_lock(&a->mu);
+        wait_local_idle(a, deadline);
+        pthread_mutex_unlock(&a->mu);
+        executor_flush();
+        pthread_mutex_lock(&a->mu);
+        wait_local_idle(a, deadline);
+        int64_t started = a->calls_started, done = a->calls_done;
+        pthread_mutex_unlock(&a->mu);
+        snprintf(key, sizeof key, "join/%d/%lld", round, (long long)a->self.id);
+        snprintf(val, sizeof val, "%lld %lld", (long long)started, (long long)done);
+        TD_TRY(td_store_set_str(a->store, key, val));
+        int64_t sum_started = 0, sum_done = 0;
+        for (int i = 0; i < n; i++) {
+            snprintf(key, sizeof key, "join/%d/%d", round, i);
+            const char *k = key;
+            bool ready = false;
+            TD_TRY(await_key(a, i, k, deadline, timeout_ms, &ready));
+            if (!ready)
+                continue;
+            void *v = NULL;
+            size_t len = 0;
+            TD_TRY(td_store_get(a->store, k, &v, &len));
+            long long s = 0, d = 0;
+            if (sscanf(v, "%lld %lld", &s, &d) == 2) {
+                sum_started += s;
+                sum_done += d;
+            }
+            free(v);
+        }
+        if (sum_started == sum_done && sum_started == prev_started && sum_done == prev_done)
+            break;
+        prev_started = sum_started;
+        prev_done = sum_done;
+    }
+    /* Worker 0 often hosts the store (tcp://, env://): it leaves last, so that no worker still
+     * reading the last round finds the store gone. */
+    snprintf(key, sizeof key, "left/%lld", (long long)a->self.id);
+    TD_TRY(td_store_set_str(a->store, key, "1"));
+    for (int i = 1; a->self.id == 0 && i < n; i++) {
+        snprintf(key, sizeof key, "left/%d", i);
+        bool ready = false;
+        TD_TRY(await_key(a, i, key, deadline, timeout_ms, &ready));
+    }
+    return TD_OK;
+}
+
+/* Shutdown waits for the pool's threads and the executor's callbacks to finish, so it cannot run
+ * on one of them. */
+static td_status check_shutdown_thread(const td_rpc_agent *agent)
+{
+    if (rpc_pool_is_current(&agent->pool) || executor_is_current())
+        return error_fmt(TD_ERR_INVALID, "RPC shutdown called from %s; shut the agent down from a thread of the "
+                                         "application",
+                         executor_is_current() ? "a future callback" : "a function the agent is running");
+    return TD_OK;
+}
+
+td_status td_rpc_agent_shutdown(td_rpc_agent *agent, bool graceful, int64_t timeout_ms)
+{
+    if (!agent)
+        return error_set(TD_ERR_NOT_INIT, not_initialized);
+    TD_TRY(check_shutdown_thread(agent));
+    td_status st = TD_OK;
+    char msg[TD_ERROR_MAX] = "";
+    if (graceful) {
+        st = graceful_join(agent, timeout_ms < 0 ? 0 : timeout_ms);
+        if (st != TD_OK)
+            snprintf(msg, sizeof msg, "%s", td_last_error());
+    }
+    agent_teardown(agent);
+    rpc_agent_release(agent);
+    return st == TD_OK ? TD_OK : error_set(st, msg);
+}
+
+/* ---- the default agent ---------------------------------------------------------------------- */
+
+td_status td_rpc_init(const char *name, int rank, int world_size, const td_rpc_options *o)
+{
+    pthread_mutex_lock(&default_mu);
+    if (default_agent || default_starting) {
+        pthread_mutex_unlock(&default_mu);
+        return error_fmt(TD_ERR_ALREADY, "RPC is already initialized");
+    }
+    default_starting = true;
+    pthread_mutex_unlock(&default_mu);
+    td_rpc_agent *a = NULL;
+    td_status st = td_rpc_agent_create(name, rank, world_size, o, &a);
+    pthread_mutex_lock(&default_mu);
+    default_starting = false;
+    default_agent = a;
+    pthread_mutex_unlock(&default_mu);
+    return st;
+}
+
+td_status td_rpc_shutdown(bool graceful, int64_t timeout_ms)
+{
+    pthread_mutex_lock(&default_mu);
+    td_rpc_agent *a = default_agent;
+    td_status refused = a ? check_shutdown_thread(a) : TD_OK;
+    if (refused == TD_OK)
+        default_agent = NULL;
+    pthread_mutex_unlock(&default_mu);
+    if (!a)
+        return error_set(TD_ERR_NOT_INIT, not_initialized);
+    if (refused != TD_OK)
+        return refused;
+    return td_rpc_agent_shutdown(a, graceful, timeout_ms);
+}
+
+td_status td_rpc_set_timeout(td_rpc_agent *agent, int64_t timeout_ms)
+{
+    if (timeout_ms < 0)
+        return error_fmt(TD_ERR_INVALID, "the RPC timeout must be >= 0 ms (0: none), got %lld", (long long)timeout_ms);
+    td_rpc_agent *a;
+    TD_TRY(agent_get(agent, &a));
+    atomic_store(&a->default_timeout_ms, timeout_ms);
+    rpc_agent_release(a);
+    return TD_OK;
+}
+
+int64_t td_rpc_get_timeout(td_rpc_agent *agent)
+{
+    td_rpc_agent *a;
+    if (agent_get(agent, &a) != TD_OK)
+        return -1;
+    int64_t t = atomic_load(&a->default_timeout_ms);
+    rpc_agent_release(a);
+    return t;
+}
+
+/* ---- workers -------------------------------------------------------------------------------- */
+
+static int find_name(const td_rpc_agent *a, const char *name)
+{
+    for (int i = 0; i < a->world_size; i++)
+        if (strcmp(a->peers[i].info.name, name) == 0)
+            return i;
+    return -1;
+}
+
+td_status td_rpc_worker_info(td_rpc_agent *agent, const char *name, td_worker_info *info)
+{
+    td_rpc_agent *a;
+    TD_TRY(agent_get(agent, &a));
+    td_status st = TD_OK;
+    int i = name ? find_name(a, name) : (int)a->self.id;
+    if (i < 0)
+        st = error_fmt(TD_ERR_NOT_FOUND, "name:%s,rank:%lld could not find destination name %s", a->self.name,
+                       (long long)a->self.id, name);
+    else
+        *info = a->peers[i].info;
+    rpc_agent_release(a);
+    return st;
+}
+
+td_status td_rpc_worker_info_by_id(td_rpc_agent *agent, int64_t id, td_worker_info *info)
+{
+    td_rpc_agent *a;
+    TD_TRY(agent_get(agent, &a));
+    td_status st = TD_OK;
+    if (id < 0 || id >= a->world_size)
+        st = error_fmt(TD_ERR_NOT_FOUND, "name:%s,rank:%lld could not find destination id %lld", a->self.name,
+                       (long long)a->self.id, (long long)id);
+    else
+        *info = a->peers[id].info;
+    rpc_agent_release(a);
+    return st;
+}
+
+td_status td_rpc_worker_infos(td_rpc_agent *agent, td_worker_info *infos, size_t cap, size_t *n)
+{
+    td_rpc_agent *a;
+    TD_TRY(agent_get(agent, &a));
+    for (int i = 0; i < a->world_size && (size_t)i < cap; i++)
+        infos[i] = a->peers[i].info;
+    if (n)
+        *n = (size_t)a->world_size;
+    rpc_agent_release(a);
+    return TD_OK;
+}
+
+/* The peer a destination names. */
+static td_status resolve_dest(td_rpc_agent *a, const td_rpc_dest *to, int *peer)
+{
+    int i = -1;
+    switch (to->kind) {
+    case TD_RPC_DEST_NAME:
+        i = to->name ? find_name(a, to->name) : -1;
+        if (i < 0)
+            return error_fmt(TD_ERR_NOT_FOUND, "name:%s,rank:%lld could not find destination name %s", a->self.name,
+                             (long long)a->self.id, to->name ? to->name : "(null)");
+        break;
+    case TD_RPC_DEST_ID:
+        if (to->id < 0 || to->id >= a->world_size)
+            return error_fmt(TD_ERR_NOT_FOUND, "name:%s,rank:%lld could not find destination id %lld", a->self.name,
+                             (long long)a->self.id, (long long)to->id);
+        i = (int)to->id;
+        break;
+    case TD_RPC_DEST_INFO:
+        i = find_name(a, to->info.name);
+        if (i < 0 || i != to->info.id)
+            return error_fmt(TD_ERR_NOT_FOUND, "name:%s,rank:%lld could not find destination name %s", a->self.name,
+                             (long long)a->self.id, to->info.name);
+        break;
+    case TD_RPC_DEST_VALUE: {
+        const td_value *v = to->value;
+        td_value_kind k = v ? td_value_kind_of(v) : TD_VAL_NONE;
+        td_rpc_dest d = {0};
+        if (k == TD_VAL_STRING) {
+            d.kind = TD_RPC_DEST_NAME;
+            d.name = td_value_get_string(v, NULL);
+        } else if (k == TD_VAL_INT) {
+            d.kind = TD_RPC_DEST_ID;
+            d.id = td_value_get_int(v);
+        } else if (k == TD_VAL_RECORD && td_value_record_tag(v) == TD_REC_WORKER_INFO &&
+                   td_worker_info_from_value(v, &d.info) == TD_OK) {
+            d.kind = TD_RPC_DEST_INFO;
+        } else {
+            char *text = v ? td_value_format(v) : NULL;
+            td_status st = error_fmt(TD_ERR_INVALID, "Cannot get WorkerInfo from name %s", text ? text : "None");
+            free(text);
+            return st;
+        }
+        return resolve_dest(a, &d, peer);
+    }
+    default:
+        return error_fmt(TD_ERR_INVALID, "unknown destination kind %d", (int)to->kind);
+    }
+    *peer = i;
+    return TD_OK;
+}
+
+/* ---- calls ---------------------------------------------------------------------------------- */
+
+td_status td_rpc_async(td_rpc_agent *agent, td_rpc_dest to, const char *fn, const td_value *args,
+                       const td_value *kwargs, int64_t timeout_ms, td_future **future)
+{
+    if (!future)
+        return error_fmt(TD_ERR_INVALID, "td_rpc_async: future is NULL");
+    *future = NULL;
+    if (!fn)
+        return error_fmt(TD_ERR_INVALID, "td_rpc_async: fn is NULL");
+    if (timeout_ms < TD_RPC_DEFAULT_TIMEOUT)
+        return error_fmt(TD_ERR_INVALID, "timeout_ms must be -1 (the default), 0 (none) or positive, got %lld",
+                         (long long)timeout_ms);
+    td_rpc_agent *a;
+    TD_TRY(agent_get(agent, &a));
+    td_status st = TD_OK;
+    td_value *tuple = NULL, *payload = NULL;
+    rpc_outgoing *m = NULL;
+    if (atomic_load(&a->closing)) {
+        st = error_set(TD_ERR_NOT_INIT, not_initialized);
+        goto out;
+    }
+    int peer = -1;
+    st = resolve_dest(a, &to, &peer);
+    if (st != TD_OK)
+        goto out;
+    if (args && td_value_kind_of(args) == TD_VAL_LIST) {
+        size_t n = td_value_len(args);
+        tuple = td_value_tuple_new(n);
+        for (size_t i = 0; i < n; i++)
+            td_value_set(tuple, i, td_value_retain(td_value_at(args, i)));
+        args = tuple;
+    } else if (args && td_value_kind_of(args) != TD_VAL_TUPLE) {
+        st = error_fmt(TD_ERR_INVALID, "RPC args must be a tuple or a list, got %s",
+                       td_value_kind_name(td_value_kind_of(args)));
+        goto out;
+    }
+    if (kwargs && td_value_kind_of(kwargs) != TD_VAL_DICT) {
+        st = error_fmt(TD_ERR_INVALID, "RPC kwargs must be a dict, got %s",
+                       td_value_kind_name(td_value_kind_of(kwargs)));
+        goto out;
+    }
+    st = rpc_call_payload(fn, args, kwargs, &payload);
+    if (st != TD_OK)
+        goto out;
+    int64_t timeout = timeout_ms == TD_RPC_DEFAULT_TIMEOUT ? atomic_load(&a->default_timeout_ms) : timeout_ms;
+    uint64_t id = atomic_fetch_add(&a->next_call_id, 1);
+    rpc_header h = {.type = RPC_MSG_CALL,
+                    .flags = RPC_FLAG_REPLY_WANTED,
+                    .sender = (uint32_t)a->self.id,
+                    .id = id,
+                    .timeout_ms = timeout};
+    st = rpc_outgoing_make(&h, payload, &m);
+    if (st != TD_OK)
+        goto out;
+
+    td_future *f = td_future_new();
+    pthread_mutex_lock(&a->mu);
+    if (atomic_load(&a->closing)) {
+        /* Shutdown began after the check above: nothing would complete this call any more. */
+        pthread_mutex_unlock(&a->mu);
+        td_future_release(f);
+        st = error_set(TD_ERR_NOT_INIT, not_initialized);
+        goto out;
+    }
+    if (a->peers[peer].lost) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "RPC to worker %s (id %d) failed: the connection to it was lost (%s)",
+                 a->peers[peer].info.name, peer, a->peers[peer].lost_reason);
+        pthread_mutex_unlock(&a->mu);
+        td_future_set_error(f, TD_ERR_PEER_LOST, "%s", msg);
+        *future = f;
+        goto out;
+    }
+    rpc_pending *p = TD_NEW(rpc_pending);
+    p->id = id;
+    p->peer = peer;
+    p->future = td_future_retain(f);
+    p->timeout_ms = timeout;
+    p->deadline_ns = timeout == 0 ? TD_DEADLINE_NONE : deadline_after_ms(timeout);
+    map_put(&a->pending, &p->id, sizeof p->id, p);
+    bool earlier = p->deadline_ns < a->next_deadline_ns;
+    if (earlier)
+        a->next_deadline_ns = p->deadline_ns;
+    a->client_active++;
+    a->calls_started++;
+    rpc_channel *ch = a->peers[peer].chan;
+    int64_t send_deadline = p->deadline_ns; /* p is the I/O thread's once the lock is dropped */
+    pthread_mutex_unlock(&a->mu);
+    if (earlier)
+        rpc_io_wake(a);
+    if (peer == (int)a->self.id) {
+        if (rpc_loopback_send(a, m) != TD_OK) {
+            char msg[TD_ERROR_MAX];
+            snprintf(msg, sizeof msg, "%s", td_last_error());
+            pthread_mutex_lock(&a->mu);
+            rpc_pending *q = map_remove(&a->pending, &id, sizeof id);
+            pthread_mutex_unlock(&a->mu);
+            if (q) {
+                td_future_set_error(q->future, TD_ERR_INTERNAL, "%s", msg);
+                pending_finish(a, q);
+            }
+        }
+    } else if (ch) {
+        rpc_channel_send(a, ch, m, send_deadline); /* a failure fails the channel and so this call */
+    } else {
+        pthread_mutex_lock(&a->mu);
+        rpc_pending *q = map_remove(&a->pending, &id, sizeof id);
+        pthread_mutex_unlock(&a->mu);
+        if (q) {
+            td_future_set_error(q->future, TD_ERR_PEER_LOST, "RPC to worker %s (id %d) failed: not connected to it",
+                                a->peers[peer].info.name, peer);
+            pending_finish(a, q);
+        }
+    }
+    *future = f;
+out:
+    rpc_outgoing_free(m);
+    td_value_release(payload);
+    td_value_release(tuple);
+    rpc_agent_release(a);
+    return st;
+}
+
+td_status td_rpc_sync(td_rpc_agent *agent, td_rpc_dest to, const char *fn, const td_value *args,
+                      const td_value *kwargs, int64_t timeout_ms, td_value **result)
+{
+    if (result)
+        *result = NULL;
+    td_future *f = NULL;
+    TD_TRY(td_rpc_async(agent, to, fn, args, kwargs, timeout_ms, &f));
+    td_status st = td_future_wait(f, 0);
+    if (st == TD_OK && result) {
+        td_value *v = td_future_value(f);
+        *result = v ? td_value_retain(v) : NULL;
+    }
+    td_future_release(f);
+    return st;
+}
+
+td_rpc_agent *td_rpc_call_agent(const td_rpc_call *call) { return call ? call->agent : NULL; }
+const td_worker_info *td_rpc_call_caller(const td_rpc_call *call) { return call ? &call->caller : NULL; }
+void *td_rpc_call_arg(const td_rpc_call *call) { return call ? call->arg : NULL; }
+
+/* ---- among workers -------------------------------------------------------------------------- */
+
+static int cmp_str(const void *x, const void *y) { return strcmp(*(const char *const *)x, *(const char *const *)y); }
+
+td_status td_rpc_all_gather(td_rpc_agent *agent, const td_value *value, const char *const *names, size_t n,
+                            int64_t timeout_ms, td_value **gathered)
+{
+    if (gathered)
+        *gathered = NULL;
+    td_rpc_agent *a;
+    TD_TRY(agent_get(agent, &a));
+    td_status st = TD_OK;
+    size_t count = names ? n : (size_t)a->world_size;
+    const char **sorted = TD_NEW_ARRAY(const char *, count ? count : 1);
+    char **keys = TD_NEW_ARRAY(char *, count ? count : 1);
+    void **values = TD_NEW_ARRAY(void *, count ? count : 1);
+    size_t *lens = TD_NEW_ARRAY(size_t, count ? count : 1);
+    void *mine = NULL;
+    size_t mine_len = 0;
+    char *set = NULL;
+    td_value *out = NULL;
+    bool got = false;
+    bool member = false;
+    for (size_t i = 0; i < count; i++) {
+        sorted[i] = names ? names[i] : a->peers[i].info.name;
+        if (!sorted[i] || find_name(a, sorted[i]) < 0) {
+            st = error_fmt(TD_ERR_NOT_FOUND, "name:%s,rank:%lld could not find destination name %s", a->self.name,
+                           (long long)a->self.id, sorted[i] ? sorted[i] : "(null)");
+            goto out;
+        }
+        member |= strcmp(sorted[i], a->self.name) == 0;
+    }
+    if (!member) {
+        st = error_fmt(TD_ERR_INVALID, "worker %s is not among the workers of this _all_gather", a->self.name);
+        goto out;
+    }
+    qsort(sorted, count, sizeof *sorted, cmp_str);
+    size_t set_len = 1;
+    for (size_t i = 0; i < count; i++)
+        set_len += strlen(sorted[i]) + 1;
+    set = alloc_zeroed(1, set_len);
+    for (size_t i = 0; i < count; i++) {
+        strcat(set, sorted[i]);
+        if (i + 1 < count)
+            strcat(set, ",");
+    }
+    /* Calls over one set pair up in order: the n-th call of each worker meets the n-th of the others. */
+    pthread_mutex_lock(&a->mu);
+    uintptr_t seq = (uintptr_t)map_get(&a->gather_seqs, set, strlen(set));
+    map_put(&a->gather_seqs, set, strlen(set), (void *)(seq + 1));
+    pthread_mutex_unlock(&a->mu);
+    st = value ? td_value_encode_bytes(value, &mine, &mine_len) : TD_OK;
+    if (st != TD_OK)
+        goto out;
+    if (!value) {
+        td_value *none = td_value_none();
+        st = td_value_encode_bytes(none, &mine, &mine_len);
+        td_value_release(none);
+        if (st != TD_OK)
+            goto out;
+    }
+    for (size_t i = 0; i < count; i++)
+        keys[i] = alloc_printf("gather/%s/%zu/%s", set, (size_t)seq, sorted[i]);
+    {
+        char *my_key = alloc_printf("gather/%s/%zu/%s", set, (size_t)seq, a->self.name);
+        st = td_store_set(a->store, my_key, mine, mine_len);
+        free(my_key);
+    }
+    if (st != TD_OK)
+        goto out;
+    int64_t t = timeout_ms == TD_RPC_DEFAULT_TIMEOUT ? atomic_load(&a->default_timeout_ms) : timeout_ms;
+    st = td_store_wait(a->store, (const char *const *)keys, count, t == 0 ? TD_STORE_NO_TIMEOUT : t);
+    if (st == TD_ERR_TIMEOUT) {
+        st = error_fmt(TD_ERR_TIMEOUT, "Workers of {%s} timed out in _all_gather after %.2f seconds", set,
+                       (double)t / 1000.0);
+        goto out;
+    }
+    if (st == TD_OK)
+        st = td_store_multi_get(a->store, (const char *const *)keys, count, values, lens);
+    if (st != TD_OK)
+        goto out;
+    got = true;
+    out = td_value_dict_new();
+    for (size_t i = 0; i < count && st == TD_OK; i++) {
+        td_value *v = NULL;
+        st = td_value_decode(values[i], lens[i], &v);
+        if (st == TD_OK)
+            st = td_value_dict_set_str(out, sorted[i], v);
+    }
+out:
+    if (st == TD_OK && gathered)
+        *gathered = out;
+    else
+        td_value_release(out);
+    for (size_t i = 0; i < count; i++) {
+        free(keys[i]);
+        if (got)
+            free(values[i]);
+    }
+    free(keys);
+    free(values);
+    free(lens);
+    free(sorted);
+    free(mine);
+    free(set);
+    rpc_agent_release(a);
+    return st;
+}
+
+td_status td_rpc_barrier(td_rpc_agent *agent, const char *const *names, size_t n, int64_t timeout_ms)
+{
+    td_value *g = NULL;
+    td_status st = td_rpc_all_gather(agent, NULL, names, n, timeout_ms, &g);
+    td_value_release(g);
+    return st;
+}
+
+/* ---- debug info ----------------------------------------------------------------------------- */
+
+static void put_int(td_value *d, const char *key, long long v)
+{
+    char text[32];
+    snprintf(text, sizeof text, "%lld", v);
+    td_value_dict_set_str(d, key, td_value_string(text));
+}
+
+td_status td_rpc_debug_info(td_rpc_agent *agent, td_value **info)
+{
+    if (!info)
+        return error_fmt(TD_ERR_INVALID, "td_rpc_debug_info: info is NULL");
+    td_rpc_agent *a;
+    TD_TRY(agent_get(agent, &a));
+    int nthreads = 0, idle = 0;
+    size_t queued = 0;
+    rpc_pool_counts(&a->pool, &nthreads, &idle, &queued);
+    pthread_mutex_lock(&a->mu);
+    long long pending = (long long)a->pending.len, client = a->client_active;
+    long long unix_channels = 0, tcp_channels = 0;
+    for (int i = 0; i < a->world_size; i++) {
+        const rpc_channel *ch = a->peers[i].chan;
+        if (ch && !a->peers[i].lost) {
+            unix_channels += ch->is_unix;
+            tcp_channels += !ch->is_unix;
+        }
+    }
+    pthread_mutex_unlock(&a->mu);
+    td_value *d = td_value_dict_new();
+    put_int(d, "agent.num_pending_requests", pending);
+    put_int(d, "agent.thread_pool_size", a->pool.base > nthreads ? a->pool.base : nthreads);
+    put_int(d, "agent.num_idle_threads", idle + (a->pool.base > nthreads ? a->pool.base - nthreads : 0));
+    put_int(d, "agent.num_queued_calls", (long long)queued);
+    put_int(d, "agent.client_active_calls", client);
+    put_int(d, "agent.server_active_calls", (long long)atomic_load(&a->server_active));
+    put_int(d, "agent.server_active_async_calls", (long long)atomic_load(&a->server_active_async));
+    put_int(d, "agent.world_size", a->world_size);
+    put_int(d, "agent.num_unix_channels", unix_channels); /* peers reached over the same-host layer */
+    put_int(d, "agent.num_tcp_channels", tcp_channels);
+    rpc_agent_release(a);
+    *info = d;
+    return TD_OK;
+}

@@ -1,0 +1,192 @@
+/* Internal: the RPC agent's parts and how they share state (agent.c, channel.c, pool.c).
+ *
+ * An agent is one worker of an RPC world. It owns:
+ *   - peers[world_size]: each peer's worker info and its channel (one connection per pair of
+ *     workers; none for itself: self-calls take the loopback path through the same encode and
+ *     decode as remote ones);
+ *   - one I/O thread (channel.c) that accepts connections on its TCP and UNIX-domain listeners,
+ *     reads every channel with epoll, hands calls to the pool, completes replies, and on each tick
+ *     (at most RPC_TICK_MS apart) fails expired calls and lets the pool grow when it is stuck;
+ *   - the pool (pool.c): threads running the called functions, growing beyond its base size when
+ *     every thread is blocked and work waits;
+ *   - the pending calls: call id -> future, peer and deadline, under the agent's lock.
+ *
+ * Locks: agent->mu guards the peers' state, the pending map and the counters it names; a channel's
+ * send_mu serializes writes to its socket; the pool has its own. No lock is held while a future is
+ * completed, while a function runs, or across blocking I/O except a channel's own send under its
+ * send_mu. Nesting: only teardown takes a send_mu under agent->mu (to close the sockets); nothing
+ * takes agent->mu under a send_mu, and pool->mu nests with neither. */
+#ifndef TDIST_RPC_AGENT_IMPL_H
+#define TDIST_RPC_AGENT_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <tdist/future.h>
+#include <tdist/rpc.h>
+#include <tdist/store.h>
+
+#include "base/map.h"
+#include "base/ref.h"
+#include "base/vec.h"
+#include "rpc/message.h"
+
+#define RPC_TICK_MS 50                        /* the I/O thread's longest sleep */
+#define RPC_MAX_PAYLOAD_DEFAULT (1ull << 30)  /* payloads above this are refused (TDIST_RPC_MAX_PAYLOAD) */
+#define RPC_POOL_CAP 512                      /* the pool never grows beyond this many threads */
+#define RPC_POOL_IDLE_EXIT_MS 2000            /* threads beyond the base size exit after this idle */
+#define RPC_HELLO_MS 10000                    /* an accepted connection's time to say hello */
+
+/* ---- channels (channel.c) -------------------------------------------------------------------- */
+
+typedef struct rpc_channel {
+    int fd;
+    int peer;                 /* the peer's id; -1 until its hello arrived (accepted connections) */
+    bool is_unix;
+    int64_t opened_ns;        /* an accepted connection must send its hello within RPC_HELLO_MS */
+    /* Written by the I/O thread only. */
+    uint8_t hdr[RPC_HEADER_BYTES];
+    size_t hdr_have;
+    rpc_header header;
+    td_storage *payload;      /* the message being read, once its header was read */
+    uint64_t payload_have;
+    bool in_epoll;
+    /* Sends, from any thread. */
+    pthread_mutex_t send_mu;
+    _Atomic bool dead;        /* failed or closed: no more sends, no more reads */
+} rpc_channel;
+
+/* ---- the pool (pool.c) ----------------------------------------------------------------------- */
+
+typedef struct rpc_work {
+    void (*fn)(void *arg);
+    void *arg;
+    struct rpc_work *next;
+} rpc_work;
+
+typedef struct rpc_pool_thread {
+    pthread_t thread;
+    bool exited;
+    struct rpc_pool *pool;
+} rpc_pool_thread;
+
+typedef struct rpc_pool {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    rpc_work *head, *tail;
+    size_t queued;
+    int base, cap;
+    int nthreads, idle, busy;
+    uint64_t taken, taken_seen; /* dequeues, and their number at the last tick */
+    bool stop;
+    TD_VEC(rpc_pool_thread *) threads;
+    const char *name;
+} rpc_pool;
+
+void rpc_pool_init(rpc_pool *p, int base);
+/* Queues fn(arg) to run on a pool thread (starting one while fewer than the base size exist and
+ * none is free). Fails only when the pool stopped (then fn is not run). */
+td_status rpc_pool_submit(rpc_pool *p, void (*fn)(void *), void *arg);
+/* From the I/O thread's tick: starts one more thread when work waits and no thread took any since
+ * the last tick (every thread is blocked, e.g. in nested calls). */
+void rpc_pool_tick(rpc_pool *p);
+/* True on one of p's threads. */
+bool rpc_pool_is_current(const rpc_pool *p);
+/* Stops the pool: running work finishes, queued work is handed to drop (may be NULL) instead of
+ * run; every thread is joined. */
+void rpc_pool_stop(rpc_pool *p, void (*drop)(void *arg, void *ctx), void *ctx);
+void rpc_pool_destroy(rpc_pool *p);
+void rpc_pool_counts(rpc_pool *p, int *nthreads, int *idle, size_t *queued);
+
+/* ---- the agent (agent.c) --------------------------------------------------------------------- */
+
+typedef struct rpc_peer {
+    td_worker_info info;
+    rpc_channel *chan;  /* NULL for this worker and until connected */
+    bool lost;          /* its channel failed or closed: calls to it fail at once */
+    char lost_reason[256];
+} rpc_peer;
+
+typedef struct rpc_pending {
+    uint64_t id;
+    int peer;
+    td_future *future;  /* the pending's own reference */
+    int64_t deadline_ns;
+    int64_t timeout_ms;
+} rpc_pending;
+
+struct td_rpc_agent {
+    td_ref ref;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;       /* channels joining; shutdown waiting for calls to end */
+    td_worker_info self;
+    int world_size;
+    rpc_peer *peers;
+    td_store *store;         /* this world's namespace (a PrefixStore) */
+    _Atomic int64_t default_timeout_ms;
+    bool tcp_only;
+    uint64_t max_payload;
+    uint64_t nonce;          /* what connecting peers must send in their hello */
+    char host_id[192];       /* base/host.h: equal ids mean the same host */
+    int connected;           /* channels bound to a peer */
+
+    int tcp_listen_fd, unix_listen_fd, epoll_fd, wake_fd;
+    pthread_t io_thread;
+    bool io_started;
+    _Atomic bool io_stop;
+    TD_VEC(rpc_channel *) channels; /* all of them, bound or not (freed with the agent) */
+
+    td_map pending;          /* call id (8 bytes) -> rpc_pending */
+    int64_t next_deadline_ns;
+    td_map gather_seqs;      /* _all_gather: sorted name set -> calls made over it */
+    _Atomic uint64_t next_call_id;
+
+    /* Counters (agent->mu for client_*, atomics for the rest). */
+    int64_t client_active;   /* calls made and not yet completed with their callbacks run */
+    int64_t calls_started, calls_done;
+    _Atomic int64_t server_active, server_active_async;
+
+    rpc_pool pool;
+    bool executor_held;
+    bool ready;              /* created: every worker known and connected (a->mu) */
+    struct incoming *early;  /* calls that came before (a->mu; agent.c's) */
+    _Atomic bool closing;    /* shutdown began: new calls fail */
+    bool torn_down;
+    int generation;          /* this process's agent number (names its UNIX socket) */
+};
+
+/* ---- agent.c entry points the I/O thread calls ------------------------------------------------ */
+
+/* A whole message arrived from peer (its id; the agent's own for loopback). Takes payload (may be
+ * NULL for an empty one). */
+void rpc_agent_deliver(td_rpc_agent *a, int peer, const rpc_header *h, td_storage *payload);
+/* A channel failed or closed: fails every call pending on its peer. reason is the cause. */
+void rpc_agent_channel_failed(td_rpc_agent *a, rpc_channel *ch, const char *reason);
+/* The tick: fails expired calls. */
+void rpc_agent_expire(td_rpc_agent *a);
+void rpc_agent_retain(td_rpc_agent *a);
+void rpc_agent_release(td_rpc_agent *a);
+
+/* ---- channel.c ----------------------------------------------------------------------------- */
+
+/* Opens the listeners and the epoll set; publishes nothing (the caller formats the address). */
+td_status rpc_io_open(td_rpc_agent *a, const char *listen_host, char *addr_out, size_t addr_size,
+                      char *unix_name_out, size_t unix_size);
+td_status rpc_io_start(td_rpc_agent *a);
+/* Connects to peer id and sends the hello with the peer's nonce; registers the channel. */
+td_status rpc_io_connect(td_rpc_agent *a, int peer, const char *addr, const char *host_id, const char *unix_name,
+                         uint64_t nonce, int64_t deadline_ns);
+/* Stops and joins the I/O thread, then shuts every channel down (fds closed later, by
+ * rpc_io_close, once no thread can send). */
+void rpc_io_stop(td_rpc_agent *a);
+void rpc_io_close(td_rpc_agent *a);
+void rpc_io_wake(td_rpc_agent *a);
+/* Sends a message on ch under its send lock; on failure fails the channel. */
+td_status rpc_channel_send(td_rpc_agent *a, rpc_channel *ch, const rpc_outgoing *m, int64_t deadline_ns);
+/* Delivers a message to this agent itself through its wire form (copies the payload). */
+td_status rpc_loopback_send(td_rpc_agent *a, const rpc_outgoing *m);
+void rpc_channel_free(rpc_channel *ch);
+
+#endif

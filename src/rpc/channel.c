@@ -1,0 +1,511 @@
+/* The RPC agent's channels and its I/O thread (agent_impl.h).
+ *
+ * A channel is one byte stream between two workers carrying RPC messages (rpc/message.h: a fixed
+ * header, then the payload). Workers on one host connect over the same-host layer's abstract
+ * UNIX-domain sockets (transport/samehost.h), others over TCP with TCP_NODELAY (net/); tcp_only
+ * forces TCP. Each agent listens on both, and the lower id of each pair connects to the higher and
+ * sends a hello first: a CONTROL header carrying its id and the nonce the listener published in
+ * the store, so a connection that did not come through this world's store is refused.
+ *
+ * The I/O thread waits in epoll on the listeners, a wake-up eventfd and every channel. It reads
+ * what is there without blocking into the channel's header buffer, checks the header (its payload
+ * length bounded by the agent's limit before anything is allocated), reads the payload straight
+ * into a fresh storage and hands the whole message to rpc_agent_deliver. A channel that reaches
+ * EOF or fails is shut down and its peer's calls failed. Sends come from the calling threads, one
+ * writev at a time per channel under its send lock; the I/O thread never sends, so it never
+ * blocks on a slow peer. Self-calls skip the socket but not the wire form (rpc_loopback_send). */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+#include "base/clock.h"
+#include "base/env.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "base/thread.h"
+#include "net/addr.h"
+#include "net/io.h"
+#include "net/socket.h"
+#include "rpc/agent_impl.h"
+#include "tensor/storage.h"
+#include "transport/samehost.h"
+
+/* epoll tags of what is not a channel. */
+static char tag_tcp_listen, tag_unix_listen, tag_wake;
+
+static rpc_channel *channel_new(int fd, int peer, bool is_unix)
+{
+    rpc_channel *ch = TD_NEW(rpc_channel);
+    ch->fd = fd;
+    ch->peer = peer;
+    ch->is_unix = is_unix;
+    ch->opened_ns = clock_now_ns();
+    thread_mutex_init(&ch->send_mu);
+    atomic_init(&ch->dead, false);
+    return ch;
+}
+
+void rpc_channel_free(rpc_channel *ch)
+{
+    if (!ch)
+        return;
+    if (ch->fd >= 0)
+        close(ch->fd);
+    td_storage_release(ch->payload);
+    pthread_mutex_destroy(&ch->send_mu);
+    free(ch);
+}
+
+void rpc_io_wake(td_rpc_agent *a)
+{
+    if (a->wake_fd >= 0) {
+        uint64_t one = 1;
+        ssize_t r = write(a->wake_fd, &one, sizeof one);
+        (void)r; /* a full counter already wakes the thread */
+    }
+}
+
+static bool epoll_add(td_rpc_agent *a, int fd, void *tag)
+{
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = tag};
+    return epoll_ctl(a->epoll_fd, EPOLL_CTL_ADD, fd, &ev) == 0;
+}
+
+/* ---- listening -------------------------------------------------------------------------------- */
+
+/* Where to listen and what to publish: the option, else this host's name when the job spans hosts
+ * (MASTER_ADDR not a loopback address, or an interface named), else loopback. */
+static void pick_host(const char *listen_host, char *bind, size_t bsize, char *publish, size_t psize)
+{
+    if (listen_host && *listen_host) {
+        snprintf(bind, bsize, "%s", listen_host);
+        snprintf(publish, psize, "%s", listen_host);
+        return;
+    }
+    const char *master = env_get_str("MASTER_ADDR", NULL);
+    bool multi_host = env_get_str("TDIST_SOCKET_IFNAME", NULL) != NULL ||
+                      (master && strcmp(master, "127.0.0.1") != 0 && strcmp(master, "localhost") != 0 &&
+                       strcmp(master, "::1") != 0);
+    char name[256];
+    if (multi_host && gethostname(name, sizeof name) == 0) {
+        name[sizeof name - 1] = 0;
+        snprintf(bind, bsize, "%s", "");
+        snprintf(publish, psize, "%s", name);
+        return;
+    }
+    snprintf(bind, bsize, "127.0.0.1");
+    snprintf(publish, psize, "127.0.0.1");
+}
+
+td_status rpc_io_open(td_rpc_agent *a, const char *listen_host, char *addr_out, size_t addr_size,
+                      char *unix_name_out, size_t unix_size)
+{
+    char bind[256], publish[256];
+    pick_host(listen_host, bind, sizeof bind, publish, sizeof publish);
+    int port = 0;
+    td_status st = net_listen(bind, 0, 0, &a->tcp_listen_fd, &port);
+    if (st != TD_OK)
+        return error_prefix(st, "RPC agent %s", a->self.name);
+    net_format_hostport(publish, port, addr_out, addr_size);
+
+    snprintf(unix_name_out, unix_size, "tdist-rpc/%d/%d/%016" PRIx64, (int)getpid(), a->generation, a->nonce);
+    a->unix_listen_fd = samehost_unix_listen(unix_name_out, 128);
+    if (a->unix_listen_fd < 0) {
+        TD_LOG_INFO("RPC agent %s: no same-host socket (%s): peers on this host use TCP", a->self.name,
+                    strerror(errno));
+        snprintf(unix_name_out, unix_size, "-");
+    }
+
+    a->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+    if (a->epoll_fd < 0)
+        return error_errno(TD_ERR_IO, "epoll_create1");
+    a->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (a->wake_fd < 0)
+        return error_errno(TD_ERR_IO, "eventfd");
+    if (!epoll_add(a, a->wake_fd, &tag_wake) || !epoll_add(a, a->tcp_listen_fd, &tag_tcp_listen) ||
+        (a->unix_listen_fd >= 0 && !epoll_add(a, a->unix_listen_fd, &tag_unix_listen)))
+        return error_errno(TD_ERR_IO, "epoll_ctl");
+    return TD_OK;
+}
+
+/* ---- connecting ------------------------------------------------------------------------------- */
+
+/* Registers a channel in the agent's list and in epoll (a->mu not held). */
+static void channel_register(td_rpc_agent *a, rpc_channel *ch)
+{
+    pthread_mutex_lock(&a->mu);
+    TD_VEC_PUSH(&a->channels, ch);
+    pthread_mutex_unlock(&a->mu);
+    /* Set first: once in epoll, the channel is the I/O thread's. */
+    ch->in_epoll = true;
+    if (!epoll_add(a, ch->fd, ch)) {
+        ch->in_epoll = false;
+        rpc_agent_channel_failed(a, ch, "epoll_ctl failed");
+    }
+}
+
+td_status rpc_io_connect(td_rpc_agent *a, int peer, const char *addr, const char *host_id, const char *unix_name,
+                         uint64_t nonce, int64_t deadline_ns)
+{
+    int fd = -1;
+    bool is_unix = false;
+    if (!a->tcp_only && a->host_id[0] && strcmp(host_id, a->host_id) == 0 && strcmp(unix_name, "-") != 0) {
+        fd = samehost_unix_connect(unix_name);
+        if (fd >= 0 && net_set_nonblocking(fd, true) != TD_OK) {
+            close(fd);
+            fd = -1;
+        }
+        is_unix = fd >= 0;
+        if (fd < 0)
+            TD_LOG_INFO("RPC agent %s: %s's same-host socket refused (%s): using TCP", a->self.name,
+                        a->peers[peer].info.name, strerror(errno));
+    }
+    if (fd < 0) {
+        char *host = NULL;
+        int port = -1;
+        td_status st = net_split_hostport(addr, &host, &port);
+        if (st == TD_OK && port < 0)
+            st = error_fmt(TD_ERR_INVALID, "no port in address '%s'", addr);
+        if (st == TD_OK)
+            st = net_connect(host, port, deadline_ns, &fd);
+        free(host);
+        if (st != TD_OK)
+            return error_prefix(st, "RPC agent %s connecting to %s (id %d) at %s", a->self.name,
+                                a->peers[peer].info.name, peer, addr);
+    }
+    rpc_header h = {.type = RPC_MSG_CONTROL, .sender = (uint32_t)a->self.id, .id = nonce};
+    uint8_t buf[RPC_HEADER_BYTES];
+    rpc_header_write(&h, buf);
+    td_status st = net_send_all(fd, buf, sizeof buf, deadline_ns);
+    if (st != TD_OK) {
+        close(fd);
+        return error_prefix(st, "RPC agent %s greeting %s (id %d)", a->self.name, a->peers[peer].info.name, peer);
+    }
+    rpc_channel *ch = channel_new(fd, peer, is_unix);
+    pthread_mutex_lock(&a->mu);
+    a->peers[peer].chan = ch;
+    a->connected++;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+    channel_register(a, ch);
+    return TD_OK;
+}
+
+/* ---- reading ---------------------------------------------------------------------------------- */
+
+static void channel_fail(td_rpc_agent *a, rpc_channel *ch, const char *reason)
+{
+    if (ch->in_epoll) {
+        epoll_ctl(a->epoll_fd, EPOLL_CTL_DEL, ch->fd, NULL);
+        ch->in_epoll = false;
+    }
+    rpc_agent_channel_failed(a, ch, reason);
+}
+
+/* The first message on an accepted connection: binds it to its peer or refuses it. */
+static bool channel_hello(td_rpc_agent *a, rpc_channel *ch)
+{
+    const rpc_header *h = &ch->header;
+    int from = (int)h->sender;
+    if (h->type != RPC_MSG_CONTROL || h->id != a->nonce || h->payload_len != 0 ||
+        h->sender >= (uint32_t)a->world_size || from >= a->self.id) {
+        TD_LOG_WARN("RPC agent %s: refused a connection whose hello does not come from this world", a->self.name);
+        return false;
+    }
+    pthread_mutex_lock(&a->mu);
+    bool ok = a->peers[from].chan == NULL && !a->peers[from].lost;
+    if (ok) {
+        a->peers[from].chan = ch;
+        ch->peer = from;
+        a->connected++;
+        pthread_cond_broadcast(&a->cv);
+    }
+    pthread_mutex_unlock(&a->mu);
+    if (!ok)
+        TD_LOG_WARN("RPC agent %s: refused a second connection from worker id %d", a->self.name, from);
+    return ok;
+}
+
+/* Reads what the socket has (up to a bound, for fairness between channels). */
+static void channel_read(td_rpc_agent *a, rpc_channel *ch)
+{
+    char why[TD_ERROR_MAX];
+    for (int messages = 0; messages < 64;) {
+        if (atomic_load(&ch->dead)) {
+            /* Failed by a sender or by shutdown: stop watching it (it reports hang-ups forever). */
+            if (ch->in_epoll) {
+                epoll_ctl(a->epoll_fd, EPOLL_CTL_DEL, ch->fd, NULL);
+                ch->in_epoll = false;
+            }
+            return;
+        }
+        void *dst;
+        size_t want;
+        bool reading_header = ch->hdr_have < RPC_HEADER_BYTES;
+        if (reading_header) {
+            dst = ch->hdr + ch->hdr_have;
+            want = RPC_HEADER_BYTES - ch->hdr_have;
+        } else {
+            dst = (char *)td_storage_data(ch->payload) + ch->payload_have;
+            uint64_t left = ch->header.payload_len - ch->payload_have;
+            want = left > (1u << 30) ? (1u << 30) : (size_t)left;
+        }
+        ssize_t n = recv(ch->fd, dst, want, 0);
+        if (n == 0) {
+            channel_fail(a, ch, "connection closed by peer");
+            return;
+        }
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return;
+            snprintf(why, sizeof why, "reading from the connection failed: %s", strerror(errno));
+            channel_fail(a, ch, why);
+            return;
+        }
+        if (reading_header) {
+            ch->hdr_have += (size_t)n;
+            if (ch->hdr_have < RPC_HEADER_BYTES)
+                continue;
+            if (rpc_header_read(ch->hdr, a->max_payload, &ch->header) != TD_OK) {
+                snprintf(why, sizeof why, "malformed message: %s", td_last_error());
+                TD_LOG_WARN("RPC agent %s: closing a connection (worker id %d): %s", a->self.name, ch->peer, why);
+                channel_fail(a, ch, why);
+                return;
+            }
+            if (ch->peer < 0) {
+                ch->hdr_have = 0;
+                if (!channel_hello(a, ch)) {
+                    channel_fail(a, ch, "refused");
+                    return;
+                }
+                continue;
+            }
+            if (ch->header.sender != (uint32_t)ch->peer) {
+                snprintf(why, sizeof why, "a message claims to come from worker id %u", (unsigned)ch->header.sender);
+                channel_fail(a, ch, why);
+                return;
+            }
+            ch->payload_have = 0;
+            if (ch->header.payload_len > 0 &&
+                storage_new_uninit((size_t)ch->header.payload_len, &ch->payload) != TD_OK) {
+                snprintf(why, sizeof why, "cannot hold a message: %s", td_last_error());
+                channel_fail(a, ch, why);
+                return;
+            }
+        } else {
+            ch->payload_have += (uint64_t)n;
+        }
+        if (ch->hdr_have == RPC_HEADER_BYTES && ch->payload_have == ch->header.payload_len) {
+            rpc_header h = ch->header;
+            td_storage *payload = ch->payload;
+            ch->payload = NULL;
+            ch->hdr_have = 0;
+            ch->payload_have = 0;
+            rpc_agent_deliver(a, ch->peer, &h, payload);
+            messages++;
+        }
+    }
+}
+
+static void accept_all(td_rpc_agent *a, int lfd, bool is_unix)
+{
+    for (;;) {
+        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                TD_LOG_WARN("RPC agent %s: accept: %s", a->self.name, strerror(errno));
+            return;
+        }
+        if (!is_unix)
+            net_set_nodelay(fd);
+        channel_register(a, channel_new(fd, -1, is_unix));
+    }
+}
+
+/* Closes the accepted connections that did not say hello in time (a stranger holds nothing long). */
+static void close_silent(td_rpc_agent *a, int64_t now)
+{
+    TD_VEC(rpc_channel *) silent = {0};
+    pthread_mutex_lock(&a->mu);
+    for (size_t i = 0; i < a->channels.len; i++) {
+        rpc_channel *ch = a->channels.items[i];
+        if (ch->peer < 0 && !atomic_load(&ch->dead) && now - ch->opened_ns > (int64_t)RPC_HELLO_MS * 1000000)
+            TD_VEC_PUSH(&silent, ch);
+    }
+    pthread_mutex_unlock(&a->mu);
+    for (size_t i = 0; i < silent.len; i++) {
+        TD_LOG_WARN("RPC agent %s: closing a connection that sent no hello within %d ms", a->self.name, RPC_HELLO_MS);
+        channel_fail(a, silent.items[i], "no hello");
+    }
+    free(silent.items);
+}
+
+static void *io_main(void *arg)
+{
+    td_rpc_agent *a = arg;
+    struct epoll_event evs[64];
+    int64_t last_tick = clock_now_ns();
+    while (!atomic_load(&a->io_stop)) {
+        pthread_mutex_lock(&a->mu);
+        int64_t next = a->next_deadline_ns;
+        pthread_mutex_unlock(&a->mu);
+        int wait_ms = RPC_TICK_MS;
+        if (next != TD_DEADLINE_NONE) {
+            int left = deadline_poll_ms(next);
+            if (left < wait_ms)
+                wait_ms = left;
+        }
+        int n = epoll_wait(a->epoll_fd, evs, 64, wait_ms);
+        if (n < 0 && errno != EINTR) {
+            TD_LOG_ERROR("RPC agent %s: epoll_wait: %s", a->self.name, strerror(errno));
+            clock_sleep_ms(10);
+        }
+        for (int i = 0; i < n; i++) {
+            void *tag = evs[i].data.ptr;
+            if (tag == &tag_wake) {
+                uint64_t v;
+                ssize_t r = read(a->wake_fd, &v, sizeof v);
+                (void)r;
+            } else if (tag == &tag_tcp_listen) {
+                accept_all(a, a->tcp_listen_fd, false);
+            } else if (tag == &tag_unix_listen) {
+                accept_all(a, a->unix_listen_fd, true);
+            } else {
+                channel_read(a, tag);
+            }
+        }
+        int64_t now = clock_now_ns();
+        if (now - last_tick >= (int64_t)RPC_TICK_MS * 1000000 || (next != TD_DEADLINE_NONE && now >= next)) {
+            rpc_agent_expire(a);
+            rpc_pool_tick(&a->pool);
+            close_silent(a, now);
+            last_tick = now;
+        }
+    }
+    return NULL;
+}
+
+td_status rpc_io_start(td_rpc_agent *a)
+{
+    TD_TRY(thread_start(&a->io_thread, "tdist-rpc-io", io_main, a));
+    a->io_started = true;
+    return TD_OK;
+}
+
+void rpc_io_stop(td_rpc_agent *a)
+{
+    if (a->io_started) {
+        atomic_store(&a->io_stop, true);
+        rpc_io_wake(a);
+        thread_join(a->io_thread);
+        a->io_started = false;
+    }
+    pthread_mutex_lock(&a->mu);
+    for (size_t i = 0; i < a->channels.len; i++) {
+        rpc_channel *ch = a->channels.items[i];
+        atomic_store(&ch->dead, true);
+        if (ch->fd >= 0)
+            shutdown(ch->fd, SHUT_RDWR);
+    }
+    pthread_mutex_unlock(&a->mu);
+}
+
+void rpc_io_close(td_rpc_agent *a)
+{
+    pthread_mutex_lock(&a->mu);
+    for (size_t i = 0; i < a->channels.len; i++) {
+        rpc_channel *ch = a->channels.items[i];
+        pthread_mutex_lock(&ch->send_mu);
+        if (ch->fd >= 0)
+            close(ch->fd);
+        ch->fd = -1;
+        pthread_mutex_unlock(&ch->send_mu);
+    }
+    pthread_mutex_unlock(&a->mu);
+    int *fds[] = {&a->tcp_listen_fd, &a->unix_listen_fd, &a->epoll_fd, &a->wake_fd};
+    for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++) {
+        if (*fds[i] >= 0)
+            close(*fds[i]);
+        *fds[i] = -1;
+    }
+}
+
+/* ---- sending ---------------------------------------------------------------------------------- */
+
+td_status rpc_channel_send(td_rpc_agent *a, rpc_channel *ch, const rpc_outgoing *m, int64_t deadline_ns)
+{
+    size_t count = 0;
+    const struct iovec *iov = rpc_outgoing_iov(m, &count);
+    struct iovec local[16];
+    struct iovec *v = count <= 16 ? local : alloc_or_die(count * sizeof *v);
+    memcpy(v, iov, count * sizeof *v);
+    td_status st;
+    pthread_mutex_lock(&ch->send_mu);
+    if (atomic_load(&ch->dead) || ch->fd < 0)
+        st = error_fmt(TD_ERR_PEER_LOST, "the connection is closed");
+    else
+        st = net_sendv_all(ch->fd, v, (int)count, deadline_ns);
+    pthread_mutex_unlock(&ch->send_mu);
+    if (v != local)
+        free(v);
+    if (st != TD_OK && !atomic_load(&ch->dead)) {
+        char why[TD_ERROR_MAX];
+        snprintf(why, sizeof why, "sending failed: %s", td_last_error());
+        rpc_agent_channel_failed(a, ch, why);
+        error_fmt(st, "%s", why);
+    }
+    return st;
+}
+
+td_status rpc_loopback_send(td_rpc_agent *a, const rpc_outgoing *m)
+{
+    size_t count = 0;
+    const struct iovec *iov = rpc_outgoing_iov(m, &count);
+    size_t total = 0;
+    for (size_t i = 0; i < count; i++)
+        total += iov[i].iov_len;
+    if (total < RPC_HEADER_BYTES)
+        return error_fmt(TD_ERR_INTERNAL, "an RPC message of %zu bytes has no header", total);
+    uint8_t hdr[RPC_HEADER_BYTES];
+    td_storage *payload = NULL;
+    if (total > RPC_HEADER_BYTES)
+        TD_TRY(storage_new_uninit(total - RPC_HEADER_BYTES, &payload));
+    char *body = payload ? td_storage_data(payload) : NULL;
+    size_t at = 0;
+    for (size_t i = 0; i < count; i++) {
+        const char *src = iov[i].iov_base;
+        size_t len = iov[i].iov_len;
+        while (len > 0) {
+            size_t n;
+            if (at < RPC_HEADER_BYTES) {
+                n = RPC_HEADER_BYTES - at < len ? RPC_HEADER_BYTES - at : len;
+                memcpy(hdr + at, src, n);
+            } else {
+                n = len;
+                memcpy(body + (at - RPC_HEADER_BYTES), src, n);
+            }
+            at += n;
+            src += n;
+            len -= n;
+        }
+    }
+    rpc_header h;
+    td_status st = rpc_header_read(hdr, UINT64_MAX, &h);
+    if (st != TD_OK) {
+        td_storage_release(payload);
+        return st;
+    }
+    rpc_agent_deliver(a, (int)a->self.id, &h, payload);
+    return TD_OK;
+}

@@ -63,15 +63,17 @@ typedef struct td_rpc_options {
     int64_t rpc_timeout_ms;    /* the default timeout of calls: 60000; 0: none */
     int num_worker_threads;    /* threads serving calls: 16 (more are started for handlers that block) */
     bool tcp_only;             /* reach same-host workers over TCP too (benchmarks and tests) */
-    const char *listen_host;   /* address to listen on: NULL for TDIST_SOCKET_IFNAME or the host name */
+    const char *listen_host;   /* address to listen on and publish; NULL: 127.0.0.1, or every
+                                * interface (publishing the host name) when TDIST_SOCKET_IFNAME is
+                                * set or MASTER_ADDR is not a loopback address */
 } td_rpc_options;
 
 /* Fills o with the defaults above. */
 TD_API void td_rpc_options_init(td_rpc_options *o);
 
 /* Starts an agent named name with id rank among world_size workers, and returns once every
- * worker of the world has joined (world_size < 0: dynamic membership, where the agent joins the
- * workers already there and others may join and leave later). o may be NULL (defaults). Fails
+ * worker of the world has joined. (world_size < 0, dynamic membership, is not supported yet: it
+ * fails with TD_ERR_UNSUPPORTED.) o may be NULL (defaults). Fails
  * with PyTorch's messages on a bad name ("Worker name must match ..."), a name already taken
  * ("RPC worker name X is not unique. ..."), or when the world does not meet within the timeout. */
 TD_API td_status td_rpc_agent_create(const char *name, int rank, int world_size, const td_rpc_options *o,
@@ -89,7 +91,7 @@ TD_API td_status td_rpc_agent_shutdown(td_rpc_agent *agent, bool graceful, int64
 TD_API td_status td_rpc_init(const char *name, int rank, int world_size, const td_rpc_options *o);
 TD_API td_status td_rpc_shutdown(bool graceful, int64_t timeout_ms);
 
-/* The default timeout of calls (ms; 0: none). */
+/* The default timeout of calls (ms; 0: none). get returns -1 when there is no such agent. */
 TD_API td_status td_rpc_set_timeout(td_rpc_agent *agent, int64_t timeout_ms);
 TD_API int64_t td_rpc_get_timeout(td_rpc_agent *agent);
 
@@ -199,7 +201,9 @@ TD_API td_status td_rpc_async(td_rpc_agent *agent, td_rpc_dest to, const char *f
 
 /* Every named worker (names NULL: all) contributes value (borrowed); *gathered (a new reference)
  * is a dict of name to value, the same on each. Concurrent calls over the same set pair up in
- * order; the worker with the smallest name leads. */
+ * order (a sequence number per sorted set of names). The values meet in the agents' store, not
+ * at a leader worker as in PyTorch; a timeout fails with "Workers of {...} timed out in
+ * _all_gather after N seconds". */
 TD_API td_status td_rpc_all_gather(td_rpc_agent *agent, const td_value *value, const char *const *names, size_t n,
                                    int64_t timeout_ms, td_value **gathered);
 /* Returns once every named worker (names NULL: all) has called it. */

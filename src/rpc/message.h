@@ -6,7 +6,8 @@
  *   call      payload (function name: string, args: tuple, kwargs: dict)
  *   reply     payload the function's result (none for None)
  *   error     payload a TD_REC_ERROR record (type name, message)
- *   control   payload the agent's own (a tuple whose first item is a string naming the request)
+ *   control   the agent's own; today only the hello that opens a connection: no payload, the
+ *             listener's nonce in id (docs/protocols.md)
  *
  * The header is little-endian and fixed-size (RPC_HEADER_BYTES). A reader trusts nothing in it: the
  * magic, version, type and flags are checked, and the payload length is bounded by the caller's
@@ -50,7 +51,7 @@ typedef struct rpc_header {
     uint16_t flags;      /* RPC_FLAG_* */
     uint32_t sender;     /* the sender's worker id */
     uint64_t id;         /* a call's id, chosen by its sender; a reply or error carries its call's */
-    int64_t timeout_ms;  /* a call's time left on the sender when it was sent (0: none) */
+    int64_t timeout_ms;  /* a call's timeout (0: none); the callee bounds sending its reply by it */
     int64_t rref_owner, rref_local;   /* reserved: the RRef id (owner worker, local id) */
     int64_t fork_owner, fork_local;   /* reserved: the fork id */
     int64_t autograd_context, autograd_message; /* reserved: distributed autograd ids */

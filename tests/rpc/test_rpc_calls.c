@@ -217,6 +217,21 @@ TD_TEST(then_callback_makes_rpc, .world_size = 3, .timeout_s = 60)
     TD_CHECK_OK(td_rpc_shutdown(true, 0));
 }
 
+/* test_callback_none: then() without a function fails its child at once, with the reason. */
+TD_TEST(callback_none, .world_size = 2, .timeout_s = 60)
+{
+    rpc_up(ctx);
+    td_future *f = NULL;
+    TD_CHECK_OK(td_rpc_async(NULL, next_worker(ctx), "raise_value_error", NULL, NULL, TD_RPC_DEFAULT_TIMEOUT, &f));
+    td_future *child = td_future_then(f, NULL, NULL);
+    TD_CHECK(td_future_is_completed(child));
+    TD_CHECK_ERR(td_future_wait(child, 0), TD_ERR_INVALID, "td_future_then: fn is NULL");
+    td_future_release(child);
+    TD_CHECK_ERR(td_future_wait(f, 0), TD_ERR_REMOTE, "Expected error");
+    td_future_release(f);
+    TD_CHECK_OK(td_rpc_shutdown(true, 0));
+}
+
 /* ---- values ------------------------------------------------------------------------------------ */
 
 /* test_py_tensors_in_container: a list holding one tensor twice arrives holding one tensor twice

@@ -626,6 +626,18 @@ static td_status meet(td_rpc_agent *a, const char *addr, const char *unix_name, 
     return st;
 }
 
+/* A spin of the same-host layer's policy (agent_impl.h, "Waiting") with RPC's budget: ranks are
+ * counted as that layer counts them, one per worker process (every worker may be on this host),
+ * since the spinning threads of one worker mostly take turns along a round trip. */
+static td_status spin_init(samehost_spin *s, int ranks)
+{
+    TD_TRY(samehost_spin_init(s, ranks));
+    int64_t us = RPC_SPIN_US_DEFAULT;
+    TD_TRY(env_get_int("TDIST_RPC_SPIN_US", RPC_SPIN_US_DEFAULT, 0, 1000000, &us));
+    s->spin_ns = us * 1000;
+    return TD_OK;
+}
+
 td_status td_rpc_agent_create(const char *name, int rank, int world_size, const td_rpc_options *options,
                               td_rpc_agent **agent)
 {
@@ -681,6 +693,11 @@ td_status td_rpc_agent_create(const char *name, int rank, int world_size, const 
     a->next_deadline_ns = TD_DEADLINE_NONE;
     atomic_init(&a->next_call_id, 1);
     rpc_pool_init(&a->pool, o.num_worker_threads);
+    td_status spin_st = spin_init(&a->pool.spin, world_size);
+    if (spin_st == TD_OK)
+        spin_st = spin_init(&a->spin_io, world_size);
+    if (spin_st == TD_OK)
+        spin_st = spin_init(&a->spin_call, world_size);
     a->generation = atomic_fetch_add(&agent_generation, 1);
     a->peers[rank].info = self;
 
@@ -688,7 +705,9 @@ td_status td_rpc_agent_create(const char *name, int rank, int world_size, const 
     int64_t join_timeout_ms = o.rpc_timeout_ms == 0 ? 0 : (o.rpc_timeout_ms > 60000 ? o.rpc_timeout_ms : 60000);
     rpc_builtins_register();
     char addr[300], unix_name[96];
-    td_status st = executor_hold();
+    td_status st = spin_st;
+    if (st == TD_OK)
+        st = executor_hold();
     a->executor_held = st == TD_OK;
     if (st == TD_OK)
         st = open_store(name, rank, world_size, &o, join_timeout_ms, &a->store);
@@ -833,7 +852,7 @@ static td_status check_shutdown_thread(const td_rpc_agent *agent)
 td_status td_rpc_agent_shutdown(td_rpc_agent *agent, bool graceful, int64_t timeout_ms)
 {
     if (!agent)
-        return error_set(TD_ERR_NOT_INIT, not_initialized);
+        return td_rpc_shutdown(graceful, timeout_ms); /* NULL: the default agent, as everywhere */
     TD_TRY(check_shutdown_thread(agent));
     td_status st = TD_OK;
     char msg[TD_ERROR_MAX] = "";
@@ -1129,19 +1148,45 @@ out:
     return st;
 }
 
+/* Polls f for the caller's spin budget (agent_impl.h, "Waiting") before td_future_wait sleeps:
+ * a reply that comes within it costs no wake-up. */
+static td_status wait_reply(td_rpc_agent *a, td_future *f)
+{
+    int64_t start = clock_now_ns();
+    int64_t end = start + samehost_spin_budget(&a->spin_call);
+    bool slept = false;
+    for (;;) {
+        if (td_future_is_completed(f))
+            break;
+        int64_t now = clock_now_ns();
+        if (now >= end) {
+            slept = true;
+            break;
+        }
+        samehost_spin_pause(&a->spin_call, now - start);
+    }
+    td_status st = td_future_wait(f, 0);
+    samehost_spin_result(&a->spin_call, slept, start);
+    return st;
+}
+
 td_status td_rpc_sync(td_rpc_agent *agent, td_rpc_dest to, const char *fn, const td_value *args,
                       const td_value *kwargs, int64_t timeout_ms, td_value **result)
 {
     if (result)
         *result = NULL;
+    td_rpc_agent *a;
+    TD_TRY(agent_get(agent, &a));
     td_future *f = NULL;
-    TD_TRY(td_rpc_async(agent, to, fn, args, kwargs, timeout_ms, &f));
-    td_status st = td_future_wait(f, 0);
+    td_status st = td_rpc_async(a, to, fn, args, kwargs, timeout_ms, &f);
+    if (st == TD_OK)
+        st = wait_reply(a, f);
     if (st == TD_OK && result) {
         td_value *v = td_future_value(f);
         *result = v ? td_value_retain(v) : NULL;
     }
     td_future_release(f);
+    rpc_agent_release(a);
     return st;
 }
 

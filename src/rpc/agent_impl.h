@@ -11,6 +11,16 @@
  *     every thread is blocked and work waits;
  *   - the pending calls: call id -> future, peer and deadline, under the agent's lock.
  *
+ * Waiting (DESIGN.md: spin briefly, then sleep): an empty round trip passes four threads (the
+ * callee's I/O thread, its pool thread, the caller's I/O thread, the caller), and a sleep at each
+ * costs a wake-up of several microseconds. So the I/O thread polls its epoll set, an idle pool
+ * thread (one at a time) polls the queue, and td_rpc_sync's caller polls its future, each for the
+ * budget of its own samehost_spin before sleeping: the same-host layer's policy
+ * (transport/samehost.h: cut short after spins that ended in long sleeps, yielding the core when
+ * the workers outnumber the cores), with RPC's budget, TDIST_RPC_SPIN_US (50 us by default, 0: no
+ * spinning): long enough to cover the other half of a round trip on one host, which the same-host
+ * layer's 20 us is not.
+ *
  * Locks: agent->mu guards the peers' state, the pending map and the counters it names; a channel's
  * send_mu serializes writes to its socket; the pool has its own. No lock is held while a future is
  * completed, while a function runs, or across blocking I/O except a channel's own send under its
@@ -32,12 +42,15 @@
 #include "base/ref.h"
 #include "base/vec.h"
 #include "rpc/message.h"
+#include "transport/samehost.h"
 
 #define RPC_TICK_MS 50                        /* the I/O thread's longest sleep */
 #define RPC_MAX_PAYLOAD_DEFAULT (1ull << 30)  /* payloads above this are refused (TDIST_RPC_MAX_PAYLOAD) */
 #define RPC_POOL_CAP 512                      /* the pool never grows beyond this many threads */
 #define RPC_POOL_IDLE_EXIT_MS 2000            /* threads beyond the base size exit after this idle */
 #define RPC_HELLO_MS 10000                    /* an accepted connection's time to say hello */
+#define RPC_STAGE_BYTES 4096                  /* a channel's read-ahead buffer */
+#define RPC_SPIN_US_DEFAULT 50                 /* the spin budget (TDIST_RPC_SPIN_US) */
 
 /* ---- channels (channel.c) -------------------------------------------------------------------- */
 
@@ -52,6 +65,11 @@ typedef struct rpc_channel {
     rpc_header header;
     td_storage *payload;      /* the message being read, once its header was read */
     uint64_t payload_have;
+    /* Bytes read ahead of the message being read: small messages arrive with one recv each, and
+     * a recv that leaves the stage part empty means the socket is drained (no recv for EAGAIN). */
+    size_t stage_len, stage_off;
+    bool drained;
+    uint8_t stage[RPC_STAGE_BYTES];
     bool in_epoll;
     /* Sends, from any thread. */
     pthread_mutex_t send_mu;
@@ -81,10 +99,15 @@ typedef struct rpc_pool {
     int nthreads, idle, busy;
     uint64_t taken, taken_seen; /* dequeues, and their number at the last tick */
     bool stop;
+    int spinners;             /* idle threads polling for work instead of sleeping (at most one) */
+    _Atomic size_t avail;     /* queued, for the spinner to poll without the lock */
+    _Atomic bool stopping;    /* stop, likewise */
+    samehost_spin spin;
     TD_VEC(rpc_pool_thread *) threads;
     const char *name;
 } rpc_pool;
 
+/* p->spin is left to the caller to set up (samehost_spin_init) before the first submit. */
 void rpc_pool_init(rpc_pool *p, int base);
 /* Queues fn(arg) to run on a pool thread (starting one while fewer than the base size exist and
  * none is free). Fails only when the pool stopped (then fn is not run). */
@@ -149,6 +172,8 @@ struct td_rpc_agent {
     _Atomic int64_t server_active, server_active_async;
 
     rpc_pool pool;
+    samehost_spin spin_io;   /* the I/O thread's, polling epoll before it sleeps */
+    samehost_spin spin_call; /* td_rpc_sync's callers', polling the reply's future */
     bool executor_held;
     bool ready;              /* created: every worker known and connected (a->mu) */
     struct incoming *early;  /* calls that came before (a->mu; agent.c's) */

@@ -8,12 +8,15 @@
  * the store, so a connection that did not come through this world's store is refused.
  *
  * The I/O thread waits in epoll on the listeners, a wake-up eventfd and every channel. It reads
- * what is there without blocking into the channel's header buffer, checks the header (its payload
- * length bounded by the agent's limit before anything is allocated), reads the payload straight
- * into a fresh storage and hands the whole message to rpc_agent_deliver. A channel that reaches
+ * what is there without blocking, through the channel's read-ahead stage (so that a header and a
+ * small payload take one recv, and a short read tells the socket is empty without another),
+ * checks the header (its payload length bounded by the agent's limit before anything is
+ * allocated), moves the payload into a fresh storage (the rest of a large one read straight into
+ * it) and hands the whole message to rpc_agent_deliver. A channel that reaches
  * EOF or fails is shut down and its peer's calls failed. Sends come from the calling threads, one
  * writev at a time per channel under its send lock; the I/O thread never sends, so it never
- * blocks on a slow peer. Self-calls skip the socket but not the wire form (rpc_loopback_send). */
+ * blocks on a slow peer. Self-calls skip the socket but not the wire form (rpc_loopback_send).
+ * Before it sleeps in epoll, the I/O thread polls for its spin budget (io_wait). */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -233,11 +236,60 @@ static bool channel_hello(td_rpc_agent *a, rpc_channel *ch)
     return ok;
 }
 
-/* Reads what the socket has (up to a bound, for fairness between channels). */
+/* The header of the message being read is complete: checks it (a hello binds the channel) and
+ * allocates its payload. False when the channel failed. */
+static bool header_done(td_rpc_agent *a, rpc_channel *ch)
+{
+    char why[TD_ERROR_MAX];
+    if (rpc_header_read(ch->hdr, a->max_payload, &ch->header) != TD_OK) {
+        snprintf(why, sizeof why, "malformed message: %s", td_last_error());
+        TD_LOG_WARN("RPC agent %s: closing a connection (worker id %d): %s", a->self.name, ch->peer, why);
+        channel_fail(a, ch, why);
+        return false;
+    }
+    if (ch->peer < 0) {
+        ch->hdr_have = 0;
+        if (!channel_hello(a, ch)) {
+            channel_fail(a, ch, "refused");
+            return false;
+        }
+        return true;
+    }
+    if (ch->header.sender != (uint32_t)ch->peer) {
+        snprintf(why, sizeof why, "a message claims to come from worker id %u", (unsigned)ch->header.sender);
+        channel_fail(a, ch, why);
+        return false;
+    }
+    ch->payload_have = 0;
+    if (ch->header.payload_len > 0 && storage_new_uninit((size_t)ch->header.payload_len, &ch->payload) != TD_OK) {
+        snprintf(why, sizeof why, "cannot hold a message: %s", td_last_error());
+        channel_fail(a, ch, why);
+        return false;
+    }
+    return true;
+}
+
+/* Hands the message being read over once it is whole. */
+static bool message_done(td_rpc_agent *a, rpc_channel *ch)
+{
+    if (ch->hdr_have < RPC_HEADER_BYTES || ch->peer < 0 || ch->payload_have < ch->header.payload_len)
+        return false;
+    rpc_header h = ch->header;
+    td_storage *payload = ch->payload;
+    ch->payload = NULL;
+    ch->hdr_have = 0;
+    ch->payload_have = 0;
+    rpc_agent_deliver(a, ch->peer, &h, payload);
+    return true;
+}
+
+/* Reads what the socket has (up to a bound of recv calls, for fairness between channels; bytes
+ * already staged are always consumed, as epoll would not report them again). Headers and small
+ * payloads go through the stage; the rest of a large payload is read straight into its storage. */
 static void channel_read(td_rpc_agent *a, rpc_channel *ch)
 {
     char why[TD_ERROR_MAX];
-    for (int messages = 0; messages < 64;) {
+    for (int reads = 0;;) {
         if (atomic_load(&ch->dead)) {
             /* Failed by a sender or by shutdown: stop watching it (it reports hang-ups forever). */
             if (ch->in_epoll) {
@@ -246,18 +298,42 @@ static void channel_read(td_rpc_agent *a, rpc_channel *ch)
             }
             return;
         }
-        void *dst;
-        size_t want;
         bool reading_header = ch->hdr_have < RPC_HEADER_BYTES;
-        if (reading_header) {
-            dst = ch->hdr + ch->hdr_have;
-            want = RPC_HEADER_BYTES - ch->hdr_have;
-        } else {
-            dst = (char *)td_storage_data(ch->payload) + ch->payload_have;
+        if (ch->stage_off < ch->stage_len) {
+            const uint8_t *src = ch->stage + ch->stage_off;
+            size_t avail = ch->stage_len - ch->stage_off, used;
+            if (reading_header) {
+                used = RPC_HEADER_BYTES - ch->hdr_have < avail ? RPC_HEADER_BYTES - ch->hdr_have : avail;
+                memcpy(ch->hdr + ch->hdr_have, src, used);
+                ch->hdr_have += used;
+                ch->stage_off += used;
+                if (ch->hdr_have == RPC_HEADER_BYTES && !header_done(a, ch))
+                    return;
+            } else {
+                uint64_t left = ch->header.payload_len - ch->payload_have;
+                used = left < avail ? (size_t)left : avail;
+                memcpy((char *)td_storage_data(ch->payload) + ch->payload_have, src, used);
+                ch->payload_have += used;
+                ch->stage_off += used;
+            }
+            message_done(a, ch);
+            continue;
+        }
+        if (ch->drained || reads >= 64) {
+            ch->drained = false;
+            return;
+        }
+        /* A large payload's rest goes straight to its storage; anything else through the stage. */
+        bool direct = !reading_header && ch->header.payload_len - ch->payload_have >= RPC_STAGE_BYTES;
+        void *dst = ch->stage;
+        size_t want = RPC_STAGE_BYTES;
+        if (direct) {
             uint64_t left = ch->header.payload_len - ch->payload_have;
+            dst = (char *)td_storage_data(ch->payload) + ch->payload_have;
             want = left > (1u << 30) ? (1u << 30) : (size_t)left;
         }
         ssize_t n = recv(ch->fd, dst, want, 0);
+        reads++;
         if (n == 0) {
             channel_fail(a, ch, "connection closed by peer");
             return;
@@ -271,47 +347,13 @@ static void channel_read(td_rpc_agent *a, rpc_channel *ch)
             channel_fail(a, ch, why);
             return;
         }
-        if (reading_header) {
-            ch->hdr_have += (size_t)n;
-            if (ch->hdr_have < RPC_HEADER_BYTES)
-                continue;
-            if (rpc_header_read(ch->hdr, a->max_payload, &ch->header) != TD_OK) {
-                snprintf(why, sizeof why, "malformed message: %s", td_last_error());
-                TD_LOG_WARN("RPC agent %s: closing a connection (worker id %d): %s", a->self.name, ch->peer, why);
-                channel_fail(a, ch, why);
-                return;
-            }
-            if (ch->peer < 0) {
-                ch->hdr_have = 0;
-                if (!channel_hello(a, ch)) {
-                    channel_fail(a, ch, "refused");
-                    return;
-                }
-                continue;
-            }
-            if (ch->header.sender != (uint32_t)ch->peer) {
-                snprintf(why, sizeof why, "a message claims to come from worker id %u", (unsigned)ch->header.sender);
-                channel_fail(a, ch, why);
-                return;
-            }
-            ch->payload_have = 0;
-            if (ch->header.payload_len > 0 &&
-                storage_new_uninit((size_t)ch->header.payload_len, &ch->payload) != TD_OK) {
-                snprintf(why, sizeof why, "cannot hold a message: %s", td_last_error());
-                channel_fail(a, ch, why);
-                return;
-            }
-        } else {
+        if (direct) {
             ch->payload_have += (uint64_t)n;
-        }
-        if (ch->hdr_have == RPC_HEADER_BYTES && ch->payload_have == ch->header.payload_len) {
-            rpc_header h = ch->header;
-            td_storage *payload = ch->payload;
-            ch->payload = NULL;
-            ch->hdr_have = 0;
-            ch->payload_have = 0;
-            rpc_agent_deliver(a, ch->peer, &h, payload);
-            messages++;
+            message_done(a, ch);
+        } else {
+            ch->stage_off = 0;
+            ch->stage_len = (size_t)n;
+            ch->drained = (size_t)n < want;
         }
     }
 }
@@ -351,6 +393,33 @@ static void close_silent(td_rpc_agent *a, int64_t now)
     free(silent.items);
 }
 
+/* epoll_wait that polls for the I/O thread's spin budget (agent_impl.h, "Waiting") before it
+ * sleeps up to wait_ms: a message arriving within it costs no wake-up. */
+static int io_wait(td_rpc_agent *a, struct epoll_event *evs, int max, int wait_ms)
+{
+    int n = epoll_wait(a->epoll_fd, evs, max, 0);
+    if (n != 0 || wait_ms <= 0)
+        return n;
+    int64_t start = clock_now_ns();
+    int64_t end = start + samehost_spin_budget(&a->spin_io);
+    bool slept = false;
+    for (;;) {
+        int64_t now = clock_now_ns();
+        if (now >= end) {
+            n = epoll_wait(a->epoll_fd, evs, max, wait_ms);
+            slept = true;
+            break;
+        }
+        samehost_spin_pause(&a->spin_io, now - start);
+        n = epoll_wait(a->epoll_fd, evs, max, 0);
+        if (n != 0)
+            break;
+    }
+    if (n > 0)
+        samehost_spin_result(&a->spin_io, slept, start);
+    return n;
+}
+
 static void *io_main(void *arg)
 {
     td_rpc_agent *a = arg;
@@ -366,7 +435,7 @@ static void *io_main(void *arg)
             if (left < wait_ms)
                 wait_ms = left;
         }
-        int n = epoll_wait(a->epoll_fd, evs, 64, wait_ms);
+        int n = io_wait(a, evs, 64, wait_ms);
         if (n < 0 && errno != EINTR) {
             TD_LOG_ERROR("RPC agent %s: epoll_wait: %s", a->self.name, strerror(errno));
             clock_sleep_ms(10);

@@ -6,7 +6,11 @@
  * agent's I/O thread calls rpc_pool_tick at least every RPC_TICK_MS, and when work waited through
  * a whole tick with no thread taking any, one more thread starts (up to RPC_POOL_CAP). Threads
  * beyond the base size exit after RPC_POOL_IDLE_EXIT_MS idle; exited threads are joined by the
- * next start or by rpc_pool_stop, so none is left behind. */
+ * next start or by rpc_pool_stop, so none is left behind.
+ *
+ * An idle thread first polls for work for its spin budget (agent_impl.h, "Waiting"), so that a
+ * call arriving soon after the last one needs no wake-up; only one thread spins at a time, and a
+ * submit wakes a sleeper only when the spinner cannot take all the work queued. */
 #include <stdlib.h>
 
 #include "base/alloc.h"
@@ -27,13 +31,32 @@ void rpc_pool_init(rpc_pool *p, int base)
     p->nthreads = p->idle = p->busy = 0;
     p->taken = p->taken_seen = 0;
     p->stop = false;
+    p->spinners = 0;
+    atomic_init(&p->avail, 0);
+    atomic_init(&p->stopping, false);
     p->threads.items = NULL;
     p->threads.len = p->threads.cap = 0;
+    p->spin.spin_ns = 0; /* no spinning until the agent sets p->spin up */
 }
 
 static __thread const rpc_pool *tl_pool; /* the pool whose thread this is */
 
 bool rpc_pool_is_current(const rpc_pool *p) { return tl_pool == p; }
+
+/* Polls, without the lock, until work is queued or the pool stops (true) or the budget of a wait
+ * that began at start is spent (false). */
+static bool pool_spin(rpc_pool *p, int64_t start)
+{
+    int64_t end = start + samehost_spin_budget(&p->spin);
+    for (;;) {
+        if (atomic_load_explicit(&p->avail, memory_order_acquire) > 0 || atomic_load(&p->stopping))
+            return true;
+        int64_t now = clock_now_ns();
+        if (now >= end)
+            return false;
+        samehost_spin_pause(&p->spin, now - start);
+    }
+}
 
 static void *pool_main(void *arg)
 {
@@ -42,13 +65,28 @@ static void *pool_main(void *arg)
     tl_pool = p;
     pthread_mutex_lock(&p->mu);
     for (;;) {
+        bool spun = false, slept = false;
+        int64_t wait_start = 0;
         while (!p->head && !p->stop) {
+            if (!spun && p->spinners == 0) {
+                spun = true;
+                wait_start = clock_now_ns();
+                p->spinners++;
+                pthread_mutex_unlock(&p->mu);
+                pool_spin(p, wait_start);
+                pthread_mutex_lock(&p->mu);
+                p->spinners--;
+                continue;
+            }
+            slept = true;
             p->idle++;
             bool woke = thread_cond_wait_until(&p->cv, &p->mu, deadline_after_ms(RPC_POOL_IDLE_EXIT_MS));
             p->idle--;
             if (!woke && !p->head && !p->stop && p->nthreads > p->base)
                 goto out;
         }
+        if (spun)
+            samehost_spin_result(&p->spin, slept, wait_start);
         if (!p->head)
             break; /* stopping, and nothing left that may run */
         rpc_work *w = p->head;
@@ -56,6 +94,7 @@ static void *pool_main(void *arg)
         if (!p->head)
             p->tail = NULL;
         p->queued--;
+        atomic_store_explicit(&p->avail, p->queued, memory_order_relaxed);
         p->taken++;
         p->busy++;
         pthread_mutex_unlock(&p->mu);
@@ -120,9 +159,13 @@ td_status rpc_pool_submit(rpc_pool *p, void (*fn)(void *), void *arg)
         p->head = w;
     p->tail = w;
     p->queued++;
-    if ((size_t)p->idle < p->queued && p->nthreads < p->base)
+    atomic_store_explicit(&p->avail, p->queued, memory_order_release);
+    if ((size_t)(p->idle + p->spinners) < p->queued && p->nthreads < p->base)
         pool_spawn(p);
-    pthread_cond_signal(&p->cv);
+    /* The spinner takes the work without a wake-up; it cannot miss it, as it checks the queue
+     * under the lock before it sleeps. */
+    if ((size_t)p->spinners < p->queued)
+        pthread_cond_signal(&p->cv);
     pthread_mutex_unlock(&p->mu);
     return TD_OK;
 }
@@ -130,7 +173,7 @@ td_status rpc_pool_submit(rpc_pool *p, void (*fn)(void *), void *arg)
 void rpc_pool_tick(rpc_pool *p)
 {
     pthread_mutex_lock(&p->mu);
-    if (!p->stop && p->head && p->idle == 0 && p->taken == p->taken_seen && p->nthreads < p->cap) {
+    if (!p->stop && p->head && p->idle + p->spinners == 0 && p->taken == p->taken_seen && p->nthreads < p->cap) {
         TD_LOG_DEBUG("RPC pool: all %d threads are blocked with %zu calls waiting: starting another",
                      p->nthreads, p->queued);
         pool_spawn(p);
@@ -143,9 +186,11 @@ void rpc_pool_stop(rpc_pool *p, void (*drop)(void *arg, void *ctx), void *ctx)
 {
     pthread_mutex_lock(&p->mu);
     p->stop = true;
+    atomic_store(&p->stopping, true);
     rpc_work *w = p->head;
     p->head = p->tail = NULL;
     p->queued = 0;
+    atomic_store(&p->avail, 0);
     pthread_cond_broadcast(&p->cv);
     while (p->nthreads > 0)
         pthread_cond_wait(&p->cv, &p->mu);

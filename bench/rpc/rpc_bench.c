@@ -1,0 +1,336 @@
+/* rpc_bench: RPC round trips and throughput between two worker processes, for docs/performance.md
+ * ("RPC against TorchRPC").
+ *
+ *   rpc_bench [--tcp] [--seconds S] [--sizes B,B,...] [--pingpong-only | --no-pingpong]
+ *
+ * Forks itself into worker0 (the caller, which measures) and worker1 (which only serves), meeting
+ * through a FileStore in a temporary directory; --tcp sets td_rpc_options.tcp_only, otherwise the
+ * workers use tdist's default same-host path. Measured, each for about S seconds:
+ *   empty   rpc_sync of a function with no arguments returning None: the median round trip (us)
+ *   async   rpc_async of the same function with 64 calls in flight: calls per second
+ *   tensor  rpc_sync of a function returning its argument, a float32 tensor of B bytes: the
+ *           median round trip (us)
+ * and, as the floor any RPC over a socket stands on, a raw ping-pong of one 88-byte message (the
+ * size of an RPC header) between two processes over a TCP loopback connection with TCP_NODELAY
+ * (and over a UNIX-domain socket pair, the same-host floor): the median round trip (us).
+ * Prints one line per measurement: "<metric> <path> [<bytes>] <value>", path being samehost or tcp;
+ * bench/rpc/run.sh runs torch_rpc_bench.py for the same lines and makes the table. */
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+
+#include <tdist/future.h>
+#include <tdist/rpc.h>
+#include <tdist/tensor.h>
+#include <tdist/value.h>
+
+#define IN_FLIGHT 64
+#define PING_BYTES 88
+
+/* The FileStore's file and folder, removed at exit whatever the outcome. */
+static char g_dir[64], g_store_path[96];
+
+static void remove_store(void)
+{
+    if (g_store_path[0])
+        unlink(g_store_path);
+    if (g_dir[0])
+        rmdir(g_dir);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void die(const char *what)
+{
+    fprintf(stderr, "rpc_bench: %s: %s\n", what, td_last_error());
+    exit(1);
+}
+
+static int cmp_double(const void *x, const void *y)
+{
+    double a = *(const double *)x, b = *(const double *)y;
+    return a < b ? -1 : a > b;
+}
+
+static double median(double *v, size_t n)
+{
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* ---- the functions ----------------------------------------------------------------------------- */
+
+static td_status fn_noop(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
+{
+    (void)call;
+    (void)args;
+    (void)kwargs;
+    *result = NULL;
+    return TD_OK;
+}
+
+static td_status fn_echo(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
+{
+    (void)call;
+    (void)kwargs;
+    *result = td_value_retain((td_value *)td_value_at(args, 0));
+    return TD_OK;
+}
+
+/* ---- measurements (worker0) -------------------------------------------------------------------- */
+
+typedef struct samples {
+    double *v;
+    size_t n, cap;
+} samples;
+
+static void add_sample(samples *s, double x)
+{
+    if (s->n == s->cap) {
+        s->cap = s->cap ? s->cap * 2 : 1024;
+        s->v = realloc(s->v, s->cap * sizeof *s->v);
+        if (!s->v)
+            abort();
+    }
+    s->v[s->n++] = x;
+}
+
+/* Round trips of fn(args) for about secs seconds (at least min_calls), after a few to warm up. */
+static double sync_median_us(td_rpc_agent *a, const char *fn, const td_value *args, double secs, size_t min_calls)
+{
+    for (int i = 0; i < 20; i++) {
+        td_value *r = NULL;
+        if (td_rpc_sync(a, td_rpc_to_name("worker1"), fn, args, NULL, 0, &r) != TD_OK)
+            die(fn);
+        td_value_release(r);
+    }
+    samples s = {0};
+    double end = now_s() + secs;
+    while (s.n < min_calls || now_s() < end) {
+        double t0 = now_s();
+        td_value *r = NULL;
+        if (td_rpc_sync(a, td_rpc_to_name("worker1"), fn, args, NULL, 0, &r) != TD_OK)
+            die(fn);
+        add_sample(&s, (now_s() - t0) * 1e6);
+        td_value_release(r);
+    }
+    double m = median(s.v, s.n);
+    free(s.v);
+    return m;
+}
+
+/* Calls per second with IN_FLIGHT calls outstanding: each completed call is replaced at once. */
+static double async_rate(td_rpc_agent *a, double secs)
+{
+    td_future *ring[IN_FLIGHT];
+    for (int i = 0; i < IN_FLIGHT; i++)
+        if (td_rpc_async(a, td_rpc_to_name("worker1"), "noop", NULL, NULL, 0, &ring[i]) != TD_OK)
+            die("async");
+    uint64_t done = 0;
+    double t0 = now_s(), end = t0 + secs;
+    for (int i = 0;; i = (i + 1) % IN_FLIGHT) {
+        if (td_future_wait(ring[i], 0) != TD_OK)
+            die("async wait");
+        td_future_release(ring[i]);
+        ring[i] = NULL;
+        done++;
+        if (now_s() >= end)
+            break;
+        if (td_rpc_async(a, td_rpc_to_name("worker1"), "noop", NULL, NULL, 0, &ring[i]) != TD_OK)
+            die("async");
+    }
+    double rate = (double)done / (now_s() - t0);
+    for (int i = 0; i < IN_FLIGHT; i++) {
+        if (ring[i]) {
+            td_future_wait(ring[i], 0);
+            td_future_release(ring[i]);
+        }
+    }
+    return rate;
+}
+
+static void run_worker(int rank, const char *url, bool tcp, double secs, const long *sizes, int nsizes)
+{
+    td_rpc_options o;
+    td_rpc_options_init(&o);
+    o.init_method = url;
+    o.tcp_only = tcp;
+    o.listen_host = "127.0.0.1";
+    td_rpc_agent *a;
+    char name[16];
+    snprintf(name, sizeof name, "worker%d", rank);
+    if (td_rpc_agent_create(name, rank, 2, &o, &a) != TD_OK)
+        die("agent");
+    const char *path = tcp ? "tcp" : "samehost";
+    if (rank == 0) {
+        printf("empty_us %s %.2f\n", path, sync_median_us(a, "noop", NULL, secs, 100));
+        fflush(stdout);
+        printf("async_calls_per_s %s %.0f\n", path, async_rate(a, secs));
+        fflush(stdout);
+        for (int i = 0; i < nsizes; i++) {
+            td_tensor *t;
+            if (td_tensor_zeros(TD_FLOAT32, TD_SHAPE(sizes[i] / 4), &t) != TD_OK)
+                die("tensor");
+            td_value *args = td_value_tuple_new(1);
+            td_value_set(args, 0, td_value_tensor(t));
+            td_tensor_release(t);
+            printf("tensor_us %s %ld %.2f\n", path, sizes[i], sync_median_us(a, "echo", args, secs, 10));
+            fflush(stdout);
+            td_value_release(args);
+        }
+    }
+    if (td_rpc_agent_shutdown(a, true, 0) != TD_OK)
+        die("shutdown");
+}
+
+/* ---- the raw ping-pong ------------------------------------------------------------------------- */
+
+static void xfer(int fd, char *buf, bool send_it)
+{
+    size_t at = 0;
+    while (at < PING_BYTES) {
+        ssize_t n = send_it ? send(fd, buf + at, PING_BYTES - at, MSG_NOSIGNAL) : recv(fd, buf + at, PING_BYTES - at, 0);
+        if (n <= 0) {
+            if (n < 0 && errno == EINTR)
+                continue;
+            fprintf(stderr, "rpc_bench: ping-pong: %s\n", n == 0 ? "closed" : strerror(errno));
+            exit(1);
+        }
+        at += (size_t)n;
+    }
+}
+
+/* The median round trip between this process (the pinger) and a forked echoing child. */
+static double pingpong_us(bool tcp, double secs)
+{
+    int fds[2];
+    if (tcp) {
+        int lfd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t len = sizeof sa;
+        if (lfd < 0 || bind(lfd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(lfd, 1) != 0 ||
+            getsockname(lfd, (struct sockaddr *)&sa, &len) != 0) {
+            perror("rpc_bench: listen");
+            exit(1);
+        }
+        fds[0] = socket(AF_INET, SOCK_STREAM, 0);
+        if (fds[0] < 0 || connect(fds[0], (struct sockaddr *)&sa, sizeof sa) != 0) {
+            perror("rpc_bench: connect");
+            exit(1);
+        }
+        fds[1] = accept(lfd, NULL, NULL);
+        close(lfd);
+        int one = 1;
+        setsockopt(fds[0], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        setsockopt(fds[1], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    } else if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) {
+        perror("rpc_bench: socketpair");
+        exit(1);
+    }
+    char buf[PING_BYTES] = {0};
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fds[0]);
+        for (;;) {
+            ssize_t n = recv(fds[1], buf, 1, MSG_PEEK);
+            if (n <= 0)
+                _exit(0);
+            xfer(fds[1], buf, false);
+            xfer(fds[1], buf, true);
+        }
+    }
+    close(fds[1]);
+    samples s = {0};
+    for (int i = 0; i < 1000; i++) {
+        xfer(fds[0], buf, true);
+        xfer(fds[0], buf, false);
+    }
+    double end = now_s() + secs;
+    while (now_s() < end) {
+        double t0 = now_s();
+        xfer(fds[0], buf, true);
+        xfer(fds[0], buf, false);
+        add_sample(&s, (now_s() - t0) * 1e6);
+    }
+    close(fds[0]);
+    waitpid(pid, NULL, 0);
+    double m = median(s.v, s.n);
+    free(s.v);
+    return m;
+}
+
+/* ---- main -------------------------------------------------------------------------------------- */
+
+int main(int argc, char **argv)
+{
+    bool tcp = false, pingpong = true, rpc = true;
+    double secs = 1.0;
+    long sizes[16] = {1024, 65536, 1048576, 16777216, 67108864};
+    int nsizes = 5;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--tcp") == 0) {
+            tcp = true;
+        } else if (strcmp(argv[i], "--seconds") == 0 && i + 1 < argc) {
+            secs = atof(argv[++i]);
+        } else if (strcmp(argv[i], "--sizes") == 0 && i + 1 < argc) {
+            nsizes = 0;
+            for (char *p = argv[++i]; *p && nsizes < 16;) {
+                char *end;
+                sizes[nsizes++] = strtol(p, &end, 10);
+                p = *end ? end + 1 : end;
+            }
+        } else if (strcmp(argv[i], "--pingpong-only") == 0) {
+            rpc = false;
+        } else if (strcmp(argv[i], "--no-pingpong") == 0) {
+            pingpong = false;
+        } else {
+            fprintf(stderr, "usage: rpc_bench [--tcp] [--seconds S] [--sizes B,B,...] [--pingpong-only | --no-pingpong]\n");
+            return 2;
+        }
+    }
+    if (pingpong) {
+        printf("pingpong_us %s %.2f\n", tcp ? "tcp" : "samehost", pingpong_us(tcp, secs));
+        fflush(stdout);
+    }
+    if (!rpc)
+        return 0;
+    if (td_rpc_register("noop", fn_noop, NULL) != TD_OK || td_rpc_register("echo", fn_echo, NULL) != TD_OK)
+        die("register");
+    snprintf(g_dir, sizeof g_dir, "/tmp/rpc_bench.XXXXXX");
+    if (!mkdtemp(g_dir)) {
+        perror("rpc_bench: mkdtemp");
+        return 1;
+    }
+    atexit(remove_store);
+    char url[128];
+    snprintf(g_store_path, sizeof g_store_path, "%s/store", g_dir);
+    snprintf(url, sizeof url, "file://%s", g_store_path);
+    /* Forked before either process starts a thread. */
+    pid_t pid = fork();
+    if (pid < 0) {
+        perror("rpc_bench: fork");
+        return 1;
+    }
+    if (pid == 0) {
+        run_worker(1, url, tcp, secs, sizes, nsizes);
+        _exit(0);
+    }
+    run_worker(0, url, tcp, secs, sizes, nsizes);
+    int wst = 0;
+    waitpid(pid, &wst, 0);
+    return WIFEXITED(wst) && WEXITSTATUS(wst) == 0 ? 0 : 1;
+}

@@ -137,9 +137,11 @@ TD_API void td_value_print(FILE *f, const td_value *v);
 /* ---- codec -------------------------------------------------------------------------------- *
  * The wire form of a value (docs/protocols.md) is a header and structure section followed by a
  * table of tensor buffers. Encoding copies no tensor data: td_encoded lists the pieces as iovecs
- * that point into the tensors' storages, ready for writev/sendmsg; a view sends only the bytes it
- * views (non-contiguous views are packed once, into a buffer the td_encoded owns). Decoding
- * validates every length and count against the input before allocating anything. */
+ * that point into the tensors' storages, ready for writev/sendmsg. A contiguous view sends only
+ * its elements; a non-contiguous one sends the span of its storage that it covers, with its
+ * strides, and arrives as a view with those strides (a view mostly made of skipped or repeated
+ * bytes is packed once instead, into a buffer the td_encoded owns, and arrives contiguous).
+ * Decoding validates every length and count against the input before allocating anything. */
 
 typedef struct td_encoded td_encoded;
 

@@ -4,13 +4,18 @@
  * as tagged nodes, a table of tensor buffers, and the buffers themselves at 64-byte aligned
  * offsets, so a receiver can view tensors straight in the message (td_value_decode_storage).
  *
- * Encoding copies no tensor data that is already contiguous: the result is a list of iovecs for
- * writev that point into the tensors' storages; only non-contiguous views are packed, once. A
- * td_tensor reached twice is sent once and decodes as one tensor (a memo of tensor identities).
+ * Encoding copies no tensor data in the common cases: the result is a list of iovecs for writev
+ * that point into the tensors' storages. A contiguous tensor sends its elements; a non-contiguous
+ * view keeps its layout (PyTorch's RPC returns a narrowed view still non-contiguous) by sending the
+ * span of storage from its first to its last element along with its strides, unless that span is
+ * mostly bytes the view skips or the view repeats it too often, in which case the view is packed
+ * once, as PyTorch's RPC clones sparse views. A td_tensor reached twice is sent once and decodes
+ * as one tensor (a memo of tensor identities).
  *
  * Decoding reads bytes from a peer: every read is bounds-checked, every count and length is
  * checked against the bytes left before anything is allocated for it, each buffer may back only
- * one tensor (so a small message cannot claim many copies of a large buffer), nesting is bounded
+ * one tensor (so a small message cannot claim many copies of a large buffer), a strided view must
+ * end exactly at its buffer's end and repeat it at most CODEC_MAX_REPEAT times, nesting is bounded
  * by TD_VALUE_MAX_DEPTH, and every failure is TD_ERR_INVALID naming the problem and its byte
  * offset, with everything built so far released. */
 #include "tensor/codec.h"
@@ -73,6 +78,41 @@ static void put_f64(td_buf *b, double d)
     le_put(buf_extend(b, 8), bits, 8);
 }
 
+/* A view whose covering span is at least this many bytes and at least twice its elements' bytes
+ * is packed rather than sent with its strides: PyTorch's RPC clones such views before sending
+ * (cloneSparseTensors in torch/csrc/distributed/rpc/utils.cpp, with the same two bounds), so that
+ * a column of a large matrix does not cost the whole matrix. */
+#define CODEC_SPAN_MIN_PACK_BYTES ((size_t)8 * 1024)
+#define CODEC_SPAN_MIN_PACK_MULTIPLE 2
+/* A strided view may describe at most this many times the bytes of its span (an expanded view
+ * repeats its elements). The reader refuses more, so that a few bytes from a peer cannot stand
+ * for a tensor whose every later use (comparing, copying, adding) costs terabytes; the writer
+ * packs such views instead, which costs what sending them always cost. */
+#define CODEC_MAX_REPEAT 1024
+
+/* Whether t travels with its strides, and the bytes its buffer then holds: the span from element
+ * 0 (strides are never negative, so element 0 is the lowest) to the highest element. Otherwise
+ * the buffer holds the elements in row-major order. */
+static bool send_strided(const td_tensor *t, size_t *span_bytes)
+{
+    size_t nbytes = td_tensor_nbytes(t);
+    *span_bytes = nbytes;
+    if (nbytes == 0 || td_tensor_is_contiguous(t))
+        return false;
+    const int64_t *sizes = td_tensor_sizes(t), *strides = td_tensor_strides(t);
+    /* A valid tensor lies inside its storage, so this sum fits in int64 and the byte count in size_t. */
+    int64_t last = 0;
+    for (int i = 0; i < td_tensor_ndim(t); i++)
+        last += (sizes[i] - 1) * strides[i];
+    size_t span = ((size_t)last + 1) * td_dtype_size(td_tensor_dtype(t));
+    if (span >= CODEC_SPAN_MIN_PACK_BYTES && span / CODEC_SPAN_MIN_PACK_MULTIPLE >= nbytes)
+        return false;
+    if (nbytes / CODEC_MAX_REPEAT > span || (nbytes / CODEC_MAX_REPEAT == span && nbytes % CODEC_MAX_REPEAT))
+        return false;
+    *span_bytes = span;
+    return true;
+}
+
 static td_status encode_tensor(encoder *e, td_tensor *t)
 {
     uintptr_t idx = (uintptr_t)map_get(&e->memo, &t, sizeof t);
@@ -87,12 +127,19 @@ static td_status encode_tensor(encoder *e, td_tensor *t)
                         "td_value_encode: a tensor on cuda:%d cannot be encoded; copy it to the CPU first",
                         dev.index);
     int nd = td_tensor_ndim(t);
-    const int64_t *sizes = td_tensor_sizes(t);
-    buf_put_u8(&e->s, TD_VTAG_TENSOR);
+    const int64_t *sizes = td_tensor_sizes(t), *strides = td_tensor_strides(t);
+    size_t span;
+    bool strided = send_strided(t, &span);
+    buf_put_u8(&e->s, strided ? TD_VTAG_TENSOR_STRIDED : TD_VTAG_TENSOR);
     buf_put_u8(&e->s, (uint8_t)td_tensor_dtype(t));
     buf_put_u8(&e->s, (uint8_t)nd);
     for (int i = 0; i < nd; i++)
         put_varint(&e->s, (uint64_t)sizes[i]);
+    if (strided) {
+        for (int i = 0; i < nd; i++)
+            put_varint(&e->s, (uint64_t)strides[i]);
+        put_varint(&e->s, 0); /* offset of element 0 in the span: it starts the span */
+    }
     put_varint(&e->s, e->tensors.len); /* buffer index */
     buf_put_u8(&e->s, (uint8_t)dev.type);
     put_varint(&e->s, zigzag(dev.index));
@@ -175,7 +222,8 @@ void td_encoded_free(td_encoded *e)
     free(e);
 }
 
-/* Lays out the buffers after the table and builds the iovecs; packs non-contiguous views. */
+/* Lays out the buffers after the table and builds the iovecs; packs the views send_strided
+ * declines. */
 static td_status finish_encoding(td_encoded *out)
 {
     size_t n = out->ntensors;
@@ -187,12 +235,13 @@ static td_status finish_encoding(td_encoded *out)
     size_t pos = out->head.len;
     for (size_t i = 0; i < n; i++) {
         td_tensor *t = out->tensors[i];
-        size_t nbytes = td_tensor_nbytes(t);
+        size_t nbytes;
+        bool strided = send_strided(t, &nbytes);
         size_t off = align_up(pos);
         if (off < pos || nbytes > SIZE_MAX - off)
             return error_fmt(TD_ERR_INVALID, "td_value_encode: message size overflows");
         const void *src = NULL;
-        if (nbytes && td_tensor_is_contiguous(t)) {
+        if (nbytes && (strided || td_tensor_is_contiguous(t))) {
             src = td_tensor_data(t);
         } else if (nbytes) {
             void *p;
@@ -343,11 +392,42 @@ static td_status read_f64(decoder *d, double *v, const char *what)
     return TD_OK;
 }
 
-static td_status decode_tensor(decoder *d, size_t at, td_value **out)
+/* Reads a strided node's strides and span offset, between its sizes and its buffer index. */
+static td_status read_layout(decoder *d, int ndim, int64_t *strides, int64_t *offset)
+{
+    uint64_t u;
+    for (int i = 0; i < ndim; i++) {
+        size_t stride_at = d->pos;
+        TD_TRY(read_varint(d, &u, "tensor stride"));
+        if (u > INT64_MAX)
+            return fail_at(stride_at, "tensor stride %llu is too large", (unsigned long long)u);
+        strides[i] = (int64_t)u;
+    }
+    size_t offset_at = d->pos;
+    TD_TRY(read_varint(d, &u, "tensor offset"));
+    if (u > INT64_MAX)
+        return fail_at(offset_at, "tensor offset %llu is too large", (unsigned long long)u);
+    *offset = (int64_t)u;
+    return TD_OK;
+}
+
+/* The bytes a strided view needs, from the span start to its last element, or false when that
+ * overflows. sizes are all at least 1 here. */
+static bool strided_need(int ndim, const int64_t *sizes, const int64_t *strides, int64_t offset, size_t esize,
+                         uint64_t *need)
+{
+    int64_t last = offset, term;
+    for (int i = 0; i < ndim; i++)
+        if (__builtin_mul_overflow(sizes[i] - 1, strides[i], &term) || __builtin_add_overflow(last, term, &last))
+            return false;
+    return !__builtin_mul_overflow((uint64_t)last + 1, (uint64_t)esize, need);
+}
+
+static td_status decode_tensor(decoder *d, size_t at, bool strided, td_value **out)
 {
     uint8_t dtype = 0, ndim = 0, devtype = 0;
     uint64_t u, bufidx, devidx;
-    int64_t sizes[TD_MAX_DIMS];
+    int64_t sizes[TD_MAX_DIMS], strides[TD_MAX_DIMS], offset = 0;
     TD_TRY(read_u8(d, &dtype, "tensor dtype"));
     if (!td_dtype_is_valid(dtype))
         return fail_at(d->pos - 1, "invalid tensor dtype %u", dtype);
@@ -368,6 +448,13 @@ static td_status decode_tensor(decoder *d, size_t at, td_value **out)
     for (int i = 0; i < ndim; i++)
         if (sizes[i] == 0)
             numel = 0;
+    if (strided) {
+        TD_TRY(read_layout(d, ndim, strides, &offset));
+        /* The writer sends empty tensors as plain nodes; refusing them here keeps every strided
+         * view's sizes at least 1 for the bounds check below. */
+        if (numel == 0)
+            return fail_at(at, "strided tensor node with no elements");
+    }
     size_t idx_at = d->pos;
     TD_TRY(read_varint(d, &bufidx, "tensor buffer index"));
     if (bufidx >= d->nbuf)
@@ -388,21 +475,49 @@ static td_status decode_tensor(decoder *d, size_t at, td_value **out)
     size_t off = (size_t)le_get(entry, 8), blen = (size_t)le_get(entry + 8, 8);
     size_t esize = td_dtype_size((td_dtype)dtype);
     uint64_t nbytes;
-    if (__builtin_mul_overflow(numel, (uint64_t)esize, &nbytes) || nbytes != blen)
+    if (strided) {
+        /* The view must end exactly at its buffer's end: it stays inside what was received, and
+         * the buffer holds no bytes the view cannot reach past its last element. */
+        if (!strided_need(ndim, sizes, strides, offset, esize, &nbytes))
+            return fail_at(at, "strided %s tensor's last element overflows (offset %lld)",
+                           td_dtype_name((td_dtype)dtype), (long long)offset);
+        if (nbytes != blen)
+            return fail_at(at, "strided %s tensor at offset %lld needs %llu bytes of span but buffer %llu holds %zu",
+                           td_dtype_name((td_dtype)dtype), (long long)offset, (unsigned long long)nbytes,
+                           (unsigned long long)bufidx, blen);
+        uint64_t elems, limit;
+        if (__builtin_mul_overflow((uint64_t)blen, (uint64_t)CODEC_MAX_REPEAT, &limit))
+            limit = UINT64_MAX;
+        if (__builtin_mul_overflow(numel, (uint64_t)esize, &elems) || elems > limit)
+            return fail_at(at, "strided tensor of %llu %s elements repeats its %zu-byte span more than %d times",
+                           (unsigned long long)numel, td_dtype_name((td_dtype)dtype), blen, CODEC_MAX_REPEAT);
+    } else if (__builtin_mul_overflow(numel, (uint64_t)esize, &nbytes) || nbytes != blen) {
         return fail_at(at, "tensor of %llu %s elements needs %llu bytes but buffer %llu holds %zu",
                        (unsigned long long)numel, td_dtype_name((td_dtype)dtype),
                        (unsigned long long)numel * esize, (unsigned long long)bufidx, blen);
+    }
     d->used[bufidx] = 1;
 
     td_shape shape = td_shape_of(ndim, sizes);
     td_tensor *t = NULL;
     td_status st;
-    if (d->storage && numel)
+    if (strided && d->storage) {
+        st = td_tensor_from_storage(d->storage, (int64_t)(off / esize) + offset, (td_dtype)dtype, shape, strides, &t);
+    } else if (strided) {
+        td_storage *span = NULL;
+        st = td_storage_new(blen, &span);
+        if (st == TD_OK) {
+            memcpy(td_storage_data(span), d->msg + off, blen);
+            st = td_tensor_from_storage(span, offset, (td_dtype)dtype, shape, strides, &t);
+            td_storage_release(span);
+        }
+    } else if (d->storage && numel) {
         st = td_tensor_from_storage(d->storage, (int64_t)(off / esize), (td_dtype)dtype, shape, NULL, &t);
-    else if (numel)
+    } else if (numel) {
         st = td_tensor_from_buffer((td_dtype)dtype, shape, d->msg + off, &t);
-    else
+    } else {
         st = td_tensor_empty((td_dtype)dtype, shape, &t);
+    }
     if (st != TD_OK)
         return error_prefix(st, "decoding the tensor at byte %zu", at);
     TD_VEC_PUSH(&d->memo, t);
@@ -521,7 +636,8 @@ static td_status decode_value(decoder *d, int depth, td_value **out)
         return TD_OK;
     }
     case TD_VTAG_TENSOR:
-        return decode_tensor(d, at, out);
+    case TD_VTAG_TENSOR_STRIDED:
+        return decode_tensor(d, at, tag == TD_VTAG_TENSOR_STRIDED, out);
     case TD_VTAG_TENSOR_REF: {
         uint64_t i;
         TD_TRY(read_varint(d, &i, "tensor reference"));

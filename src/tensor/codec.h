@@ -30,6 +30,7 @@ enum {
     TD_VTAG_TUPLE = 0x0b,
     TD_VTAG_DICT = 0x0c,
     TD_VTAG_RECORD = 0x0d,
+    TD_VTAG_TENSOR_STRIDED = 0x0e, /* a non-contiguous view: its strides and the storage span it covers */
 };
 
 /* Reads the total message length from the first len bytes of a message (at least the header),

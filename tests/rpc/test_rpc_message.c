@@ -216,9 +216,10 @@ TD_TEST(call_payload_with_tensors)
     h.payload_len = 12345; /* filled in by rpc_outgoing_make */
     rpc_outgoing *m;
     TD_CHECK_OK(rpc_outgoing_make(&h, payload, &m));
-    /* Contiguous tensors go out straight from their memory. */
+    /* Every tensor goes out straight from its memory, the transposed view as its storage span. */
     TD_CHECK(iov_points_at(m, td_tensor_data(mat23)));
     TD_CHECK(iov_points_at(m, td_tensor_data(narrowed)));
+    TD_CHECK(iov_points_at(m, td_tensor_data(transposed)));
 
     for (size_t spare = 0; spare <= 100; spare += 100) {
         rpc_header got;
@@ -250,12 +251,14 @@ TD_TEST(call_payload_with_tensors)
         TD_CHECK_EQ(td_tensor_size(t0, 0), 2);
         TD_CHECK_EQ(td_tensor_size(t0, 1), 3);
         TD_CHECK(td_tensor_equal(t0, mat23));
-        /* The view arrives as its own elements in row-major order: shape 4x3, contiguous. */
+        /* The view keeps its layout (the codec sends the storage span it covers, here all 12
+         * elements, with its strides): shape 4x3, strides (1, 4), not contiguous. */
         TD_CHECK_EQ(td_tensor_dtype(t1), TD_INT64);
         TD_CHECK_EQ(td_tensor_size(t1, 0), 4);
         TD_CHECK_EQ(td_tensor_size(t1, 1), 3);
-        TD_CHECK_EQ(td_tensor_stride(t1, 0), 3);
-        TD_CHECK_EQ(td_tensor_stride(t1, 1), 1);
+        TD_CHECK_EQ(td_tensor_stride(t1, 0), 1);
+        TD_CHECK_EQ(td_tensor_stride(t1, 1), 4);
+        TD_CHECK(!td_tensor_is_contiguous(t1));
         TD_CHECK(td_tensor_equal(t1, transposed));
         int64_t idx[2] = {3, 1}, val;
         TD_CHECK_OK(td_tensor_get_i64(t1, idx, &val));

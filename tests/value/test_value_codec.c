@@ -1,8 +1,10 @@
 /* The td_value wire format: round trips of every kind and of random nested values through both
  * encode paths (iovecs, flat bytes) and both decode paths (copying, zero-copy views of the
- * message), the size of encoded views, the same-tensor memo, and malformed input: every
- * truncation, single-byte corruptions, huge declared counts and lengths, bad versions and magic,
- * and depth bombs, each of which must fail cleanly with TD_ERR_INVALID. */
+ * message), the size of encoded views, the layout of views (narrowed, transposed, expanded,
+ * offset views keep their strides; sparse views of large spans are packed), the same-tensor memo,
+ * and malformed input: every truncation, single-byte corruptions, huge declared counts and
+ * lengths, bad versions and magic, strided views reaching outside their buffer, and depth bombs,
+ * each of which must fail cleanly with TD_ERR_INVALID. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,17 +50,59 @@ static void each_tensor(const td_value *v, void (*fn)(td_tensor *t, void *arg), 
     }
 }
 
-static void check_contiguous(td_tensor *t, void *arg)
+typedef struct tensor_list {
+    td_tensor *t[4096];
+    size_t n;
+} tensor_list;
+
+static void collect_tensor(td_tensor *t, void *arg)
 {
-    (void)arg;
-    TD_CHECK(td_tensor_is_contiguous(t));
+    tensor_list *l = arg;
+    if (l->n < sizeof l->t / sizeof l->t[0])
+        l->t[l->n++] = t;
 }
 
-/* Zero-copy tensors are views of the message storage, 64-byte aligned. */
+/* Whether the codec sends t with its strides: a non-contiguous view whose span (element 0 to its
+ * last element) is under 8 KiB or under twice its elements' bytes, and at least 1/1024 of them;
+ * other views are packed. */
+static bool sent_strided(const td_tensor *t)
+{
+    if (td_tensor_numel(t) == 0 || td_tensor_is_contiguous(t))
+        return false;
+    int64_t last = 0;
+    for (int i = 0; i < td_tensor_ndim(t); i++)
+        last += (td_tensor_sizes(t)[i] - 1) * td_tensor_strides(t)[i];
+    size_t span = (size_t)(last + 1) * td_dtype_size(td_tensor_dtype(t));
+    size_t nbytes = td_tensor_nbytes(t);
+    return !(span >= 8192 && span >= 2 * nbytes) && nbytes <= span * 1024;
+}
+
+/* Every decoded tensor has the layout its original was sent with: the original's strides for a
+ * strided view, contiguous otherwise. */
+static void check_layouts(const td_value *orig, const td_value *dec, const char *what)
+{
+    tensor_list *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+    each_tensor(orig, collect_tensor, a);
+    each_tensor(dec, collect_tensor, b);
+    TD_CHECK_EQ(a->n, b->n);
+    for (size_t i = 0; i < a->n && i < b->n; i++) {
+        const td_tensor *o = a->t[i], *d = b->t[i];
+        int nd = td_tensor_ndim(o);
+        if (sent_strided(o))
+            TD_CHECK_MSG(memcmp(td_tensor_strides(o), td_tensor_strides(d), sizeof(int64_t) * (size_t)nd) == 0,
+                         "%s: tensor %zu lost its strides", what, i);
+        else
+            TD_CHECK_MSG(td_tensor_is_contiguous(d), "%s: tensor %zu is not contiguous", what, i);
+    }
+    free(a);
+    free(b);
+}
+
+/* Zero-copy tensors are views of the message storage, their first element 64-byte aligned (it
+ * starts the buffer, whatever the strides). */
 static void check_in_message(td_tensor *t, void *arg)
 {
     td_storage *msg = arg;
-    TD_CHECK(td_tensor_is_contiguous(t));
     if (td_tensor_numel(t)) {
         TD_CHECK(td_tensor_storage(t) == msg);
         TD_CHECK_EQ((uintptr_t)td_tensor_data(t) % TD_VALUE_CODEC_ALIGN, 0);
@@ -88,8 +132,8 @@ static void *encode(const td_value *v, size_t *len)
     return flat;
 }
 
-/* Both decode paths give a value equal to v with contiguous tensors, and re-encoding the result
- * gives the same bytes. */
+/* Both decode paths give a value equal to v with the layouts it was sent with, and re-encoding
+ * the result gives the same bytes. */
 static void check_round_trip(const td_value *v, const char *what)
 {
     size_t len;
@@ -98,7 +142,7 @@ static void check_round_trip(const td_value *v, const char *what)
     td_value *d1;
     TD_CHECK_OK(td_value_decode(msg, len, &d1));
     TD_CHECK_MSG(td_value_equal(v, d1), "%s: decoded value differs", what);
-    each_tensor(d1, check_contiguous, NULL);
+    check_layouts(v, d1, what);
     size_t len2;
     void *again = encode(d1, &len2);
     TD_CHECK_MSG(len2 == len && memcmp(again, msg, len) == 0, "%s: re-encoding changed the bytes", what);
@@ -111,6 +155,7 @@ static void check_round_trip(const td_value *v, const char *what)
     each_tensor(d2, check_in_message, s);
     td_storage_release(s); /* the tensors keep it alive */
     TD_CHECK_MSG(td_value_equal(v, d2), "%s: zero-copy decoded value differs", what);
+    check_layouts(v, d2, what);
     td_value_release(d2);
     free(msg);
 }
@@ -399,6 +444,254 @@ TD_TEST(zero_copy_tensors_share_the_message)
     free(msg);
 }
 
+/* ---- views keep their layout ------------------------------------------------------------- */
+
+/* Encodes t alone, checking that its buffer is sent straight from its storage (span_bytes from
+ * element 0) and that it round-trips; returns the flat message. */
+static void *encode_view(td_tensor *t, size_t span_bytes, size_t *len)
+{
+    td_value *v = td_value_tensor(t);
+    td_encoded *e;
+    TD_CHECK_OK(td_value_encode(v, &e));
+    size_t n;
+    const struct iovec *iov = td_encoded_iov(e, &n);
+    bool from_storage = false;
+    for (size_t i = 0; i < n; i++)
+        if (iov[i].iov_base == td_tensor_data(t) && iov[i].iov_len == span_bytes)
+            from_storage = true;
+    TD_CHECK_MSG(from_storage, "the view's span was copied instead of sent from its storage");
+    td_encoded_free(e);
+    void *msg = encode(v, len);
+    TD_CHECK_EQ(((unsigned char *)msg)[32], TD_VTAG_TENSOR_STRIDED);
+    check_round_trip(v, "view");
+    td_value_release(v);
+    return msg;
+}
+
+/* Both decode paths give a tensor equal to t with the given strides, its first element at the
+ * start of the received span: offset 0 in its own storage of span_bytes when copied. */
+static void check_decoded_view(const void *msg, size_t len, const td_tensor *t, const int64_t *strides,
+                               size_t span_bytes)
+{
+    size_t sbytes = sizeof(int64_t) * (size_t)td_tensor_ndim(t);
+    td_value *out;
+    TD_CHECK_OK(td_value_decode(msg, len, &out));
+    td_tensor *d = td_value_get_tensor(out);
+    TD_CHECK(!td_tensor_is_contiguous(d));
+    TD_CHECK(td_tensor_equal(d, t));
+    TD_CHECK(memcmp(td_tensor_strides(d), strides, sbytes) == 0);
+    TD_CHECK_EQ(td_tensor_offset(d), 0);
+    TD_CHECK_EQ(td_storage_nbytes(td_tensor_storage(d)), span_bytes);
+    td_value_release(out);
+
+    td_storage *s = storage_of(msg, len);
+    TD_CHECK_OK(td_value_decode_storage(s, &out));
+    d = td_value_get_tensor(out);
+    TD_CHECK(td_tensor_storage(d) == s);
+    TD_CHECK(!td_tensor_is_contiguous(d));
+    TD_CHECK(td_tensor_equal(d, t));
+    TD_CHECK(memcmp(td_tensor_strides(d), strides, sbytes) == 0);
+    TD_CHECK_EQ((size_t)td_tensor_offset(d) * td_dtype_size(td_tensor_dtype(t)) % TD_VALUE_CODEC_ALIGN, 0);
+    td_value_release(out);
+    td_storage_release(s);
+}
+
+TD_TEST(a_narrowed_view_keeps_its_strides)
+{
+    /* test_non_cont_tensors: rand(5, 5).narrow(1, 2, 2) and its contiguous copy. */
+    td_tensor *base, *m, *view, *cont;
+    TD_CHECK_OK(td_tensor_arange(TD_FLOAT32, 0, 25, 1, &base));
+    TD_CHECK_OK(td_tensor_view(base, TD_SHAPE(5, 5), &m));
+    TD_CHECK_OK(td_tensor_narrow(m, 1, 2, 2, &view));
+    TD_CHECK(!td_tensor_is_contiguous(view));
+    TD_CHECK_OK(td_tensor_contiguous(view, &cont));
+    size_t len;
+    void *msg = encode_view(view, (4 * 5 + 1 + 1) * 4, &len); /* elements 2 to 23 of the storage */
+    /* The node as docs/protocols.md gives it: sizes, strides, offset in the span, buffer 0, cpu:-1. */
+    static const unsigned char node[] = {TD_VTAG_TENSOR_STRIDED, TD_FLOAT32, 2, 5, 2, 5, 1, 0, 0, TD_DEVICE_CPU, 1};
+    TD_CHECK(memcmp((unsigned char *)msg + 32, node, sizeof node) == 0);
+    check_decoded_view(msg, len, view, (const int64_t[]){5, 1}, 88);
+    free(msg);
+
+    /* Together in one message: the view stays a view, the copy stays contiguous. */
+    td_value *v = td_value_tuple_of(2, td_value_tensor(view), td_value_tensor(cont)), *out;
+    msg = encode(v, &len);
+    TD_CHECK_OK(td_value_decode(msg, len, &out));
+    td_tensor *a = td_value_get_tensor(td_value_at(out, 0)), *b = td_value_get_tensor(td_value_at(out, 1));
+    TD_CHECK(!td_tensor_is_contiguous(a));
+    TD_CHECK(td_tensor_is_contiguous(b));
+    TD_CHECK(td_tensor_equal(a, b));
+    td_value_release(out);
+    check_round_trip(v, "view and its contiguous copy");
+    free(msg);
+    td_value_release(v);
+    td_tensor_release(cont);
+    td_tensor_release(view);
+    td_tensor_release(m);
+    td_tensor_release(base);
+}
+
+TD_TEST(a_transposed_view_keeps_its_strides)
+{
+    td_tensor *base, *m, *tr;
+    TD_CHECK_OK(td_tensor_arange(TD_INT64, 0, 12, 1, &base));
+    TD_CHECK_OK(td_tensor_view(base, TD_SHAPE(3, 4), &m));
+    TD_CHECK_OK(td_tensor_transpose(m, 0, 1, &tr));
+    size_t len;
+    void *msg = encode_view(tr, 12 * 8, &len); /* dense: the span is exactly its elements */
+    check_decoded_view(msg, len, tr, (const int64_t[]){1, 4}, 96);
+    td_value *out;
+    TD_CHECK_OK(td_value_decode(msg, len, &out));
+    int64_t x;
+    TD_CHECK_OK(td_tensor_get_i64(td_value_get_tensor(out), (const int64_t[]){3, 1}, &x));
+    TD_CHECK_EQ(x, 7); /* tr[3][1] = m[1][3] */
+    td_value_release(out);
+    free(msg);
+    td_tensor_release(tr);
+    td_tensor_release(m);
+    td_tensor_release(base);
+}
+
+TD_TEST(an_expanded_view_sends_its_storage_once)
+{
+    td_tensor *row, *r2, *wide, *one, *all;
+    TD_CHECK_OK(td_tensor_arange(TD_FLOAT64, 0, 3, 1, &row));
+    TD_CHECK_OK(td_tensor_view(row, TD_SHAPE(1, 3), &r2));
+    TD_CHECK_OK(td_tensor_expand(r2, TD_SHAPE(1000, 3), &wide)); /* 24000 bytes of elements */
+    size_t len;
+    void *msg = encode_view(wide, 3 * 8, &len);
+    TD_CHECK(len <= 256);
+    check_decoded_view(msg, len, wide, (const int64_t[]){0, 1}, 24);
+    free(msg);
+
+    /* One element repeated 1024 times, the most a strided view may repeat its span, ... */
+    TD_CHECK_OK(td_tensor_full(TD_INT32, TD_SHAPE(1), 9, &one));
+    TD_CHECK_OK(td_tensor_expand(one, TD_SHAPE(32, 32), &all));
+    msg = encode_view(all, 4, &len);
+    check_decoded_view(msg, len, all, (const int64_t[]){0, 0}, 4);
+    free(msg);
+    td_tensor_release(all);
+    /* ... and once more is packed: 1056 elements travel and arrive contiguous. */
+    TD_CHECK_OK(td_tensor_expand(one, TD_SHAPE(32, 33), &all));
+    td_value *v = td_value_tensor(all);
+    msg = encode(v, &len);
+    TD_CHECK_EQ(((unsigned char *)msg)[32], TD_VTAG_TENSOR);
+    TD_CHECK(len >= 32 * 33 * 4);
+    check_round_trip(v, "expanded past the repeat bound");
+    free(msg);
+    td_value_release(v);
+    td_tensor_release(all);
+    td_tensor_release(one);
+    td_tensor_release(wide);
+    td_tensor_release(r2);
+    td_tensor_release(row);
+}
+
+TD_TEST(a_view_with_a_storage_offset_sends_only_its_span)
+{
+    td_tensor *base, *m, *rows, *block, *crows;
+    TD_CHECK_OK(td_tensor_arange(TD_FLOAT32, 0, 40, 1, &base));
+    TD_CHECK_OK(td_tensor_view(base, TD_SHAPE(5, 8), &m));
+    TD_CHECK_OK(td_tensor_narrow(m, 0, 1, 3, &rows));
+    TD_CHECK_OK(td_tensor_narrow(rows, 1, 2, 4, &block)); /* offset 10, elements 10 to 29 */
+    TD_CHECK_EQ(td_tensor_offset(block), 10);
+    size_t len;
+    void *msg = encode_view(block, 20 * 4, &len);
+    check_decoded_view(msg, len, block, (const int64_t[]){8, 1}, 80);
+    free(msg);
+
+    /* A contiguous view with an offset is a plain tensor node of just its elements. */
+    TD_CHECK_OK(td_tensor_narrow(m, 0, 2, 2, &crows));
+    td_value *v = td_value_tensor(crows), *out;
+    msg = encode(v, &len);
+    TD_CHECK_EQ(((unsigned char *)msg)[32], TD_VTAG_TENSOR);
+    TD_CHECK_OK(td_value_decode(msg, len, &out));
+    TD_CHECK(td_tensor_is_contiguous(td_value_get_tensor(out)));
+    TD_CHECK_EQ(td_tensor_offset(td_value_get_tensor(out)), 0);
+    TD_CHECK(td_tensor_equal(td_value_get_tensor(out), crows));
+    td_value_release(out);
+    free(msg);
+    td_value_release(v);
+    td_tensor_release(crows);
+    td_tensor_release(block);
+    td_tensor_release(rows);
+    td_tensor_release(m);
+    td_tensor_release(base);
+}
+
+TD_TEST(sparse_views_of_large_spans_are_packed)
+{
+    td_tensor *narrow_m, *wide_m, *col_small, *col_large;
+    TD_CHECK_OK(td_tensor_zeros(TD_FLOAT32, TD_SHAPE(64, 16), &narrow_m));
+    TD_CHECK_OK(td_tensor_zeros(TD_FLOAT32, TD_SHAPE(64, 64), &wide_m));
+    TD_CHECK_OK(td_tensor_select(narrow_m, 1, 3, &col_small)); /* span 4036 bytes: under 8 KiB */
+    TD_CHECK_OK(td_tensor_select(wide_m, 1, 3, &col_large));   /* span 16132 bytes for 256 */
+    size_t len;
+    void *msg = encode_view(col_small, (63 * 16 + 1) * 4, &len);
+    free(msg);
+    td_value *v = td_value_tensor(col_large);
+    msg = encode(v, &len);
+    TD_CHECK_EQ(((unsigned char *)msg)[32], TD_VTAG_TENSOR);
+    TD_CHECK(len <= 64 * 4 + 256);
+    check_round_trip(v, "packed column");
+    free(msg);
+    td_value_release(v);
+    td_tensor_release(col_large);
+    td_tensor_release(col_small);
+    td_tensor_release(wide_m);
+    td_tensor_release(narrow_m);
+}
+
+TD_TEST(contiguous_tensors_keep_their_version_1_bytes)
+{
+    /* arange(6, int32).view(2, 3) as the version-1 format gave it, built by hand. */
+    td_tensor *base, *m;
+    TD_CHECK_OK(td_tensor_arange(TD_INT32, 0, 6, 1, &base));
+    TD_CHECK_OK(td_tensor_view(base, TD_SHAPE(2, 3), &m));
+    unsigned char st[] = {TD_VTAG_TENSOR, TD_INT32, 2, 2, 3, 0, TD_DEVICE_CPU, 1};
+    size_t blen[1] = {24};
+    crafted want = make_msg(st, sizeof st, 1, blen);
+    memcpy(want.data + want.len - 24, td_tensor_data(m), 24);
+    td_value *v = td_value_tensor(m);
+    size_t len;
+    void *msg = encode(v, &len);
+    TD_CHECK_EQ(len, want.len);
+    TD_CHECK(len == want.len && memcmp(msg, want.data, len) == 0);
+    free(msg);
+    free(want.data);
+    td_value_release(v);
+    td_tensor_release(m);
+    td_tensor_release(base);
+}
+
+TD_TEST(views_keep_identity_but_not_a_shared_storage)
+{
+    /* Two references to one view decode as one tensor; two views of one storage decode as two
+     * tensors on two storages, as before strides were kept. */
+    td_tensor *base, *m, *a, *b;
+    TD_CHECK_OK(td_tensor_arange(TD_FLOAT32, 0, 16, 1, &base));
+    TD_CHECK_OK(td_tensor_view(base, TD_SHAPE(4, 4), &m));
+    TD_CHECK_OK(td_tensor_narrow(m, 1, 0, 2, &a));
+    TD_CHECK_OK(td_tensor_transpose(m, 0, 1, &b));
+    td_value *v = td_value_tuple_of(3, td_value_tensor(a), td_value_tensor(a), td_value_tensor(b)), *out;
+    size_t len;
+    void *msg = encode(v, &len);
+    TD_CHECK_OK(td_value_decode(msg, len, &out));
+    td_tensor *x = td_value_get_tensor(td_value_at(out, 0)), *y = td_value_get_tensor(td_value_at(out, 1));
+    td_tensor *z = td_value_get_tensor(td_value_at(out, 2));
+    TD_CHECK(x == y && x != z);
+    TD_CHECK(td_tensor_storage(x) != td_tensor_storage(z));
+    TD_CHECK(!td_tensor_is_contiguous(x) && !td_tensor_is_contiguous(z));
+    TD_CHECK(td_value_equal(v, out));
+    td_value_release(out);
+    free(msg);
+    td_value_release(v);
+    td_tensor_release(b);
+    td_tensor_release(a);
+    td_tensor_release(m);
+    td_tensor_release(base);
+}
+
 TD_TEST(encoding_refuses_values_too_deep)
 {
     td_value *v = td_value_int(0);
@@ -624,11 +917,115 @@ TD_TEST(bad_tensor_nodes_are_refused)
     free(m.data);
 }
 
+/* A structure holding one strided tensor node (float32 unless dtype says otherwise). */
+static size_t strided_node(unsigned char *st, int ndim, const uint64_t *sizes, const uint64_t *strides,
+                           uint64_t offset)
+{
+    size_t n = 0;
+    st[n++] = TD_VTAG_TENSOR_STRIDED;
+    st[n++] = TD_FLOAT32;
+    st[n++] = (unsigned char)ndim;
+    for (int i = 0; i < ndim; i++)
+        n += put_varint(st + n, sizes[i]);
+    for (int i = 0; i < ndim; i++)
+        n += put_varint(st + n, strides[i]);
+    n += put_varint(st + n, offset);
+    st[n++] = 0; /* buffer 0 */
+    st[n++] = TD_DEVICE_CPU;
+    st[n++] = 1;
+    return n;
+}
+
+TD_TEST(bad_strided_nodes_are_refused)
+{
+    unsigned char st[128];
+    uint64_t sizes[2] = {2, 2}, strides[2] = {3, 1};
+    /* The baseline: a 2x2 view with row stride 3 reaches element 4, so its span is 20 bytes. */
+    size_t n = strided_node(st, 2, sizes, strides, 0);
+    crafted ok = make_msg(st, n, 1, (size_t[]){20});
+    for (int i = 0; i < 5; i++)
+        put_le(ok.data + ok.len - 20 + 4 * i, 0x3f800000u * (i == 4), 4); /* element 4 is 1.0f */
+    td_value *v;
+    TD_CHECK_OK(td_value_decode(ok.data, ok.len, &v));
+    td_tensor *t = td_value_get_tensor(v);
+    TD_CHECK_EQ(td_tensor_strides(t)[0], 3);
+    double x;
+    TD_CHECK_OK(td_tensor_get_f64(t, (const int64_t[]){1, 1}, &x));
+    TD_CHECK(x == 1.0);
+    td_value_release(v);
+    free(ok.data);
+    /* An offset inside the span is accepted when the view still ends at the buffer's end. */
+    n = strided_node(st, 2, sizes, strides, 1);
+    ok = make_msg(st, n, 1, (size_t[]){24});
+    TD_CHECK_OK(td_value_decode(ok.data, ok.len, &v));
+    TD_CHECK_EQ(td_tensor_offset(td_value_get_tensor(v)), 1);
+    td_value_release(v);
+    free(ok.data);
+
+    /* Reaching past the buffer, or a buffer longer than the view reaches. */
+    n = strided_node(st, 2, sizes, strides, 0);
+    expect_invalid_struct(st, n, 1, (size_t[]){16}, "strided float32 tensor at offset 0 needs 20 bytes of span but "
+                                                    "buffer 0 holds 16");
+    expect_invalid_struct(st, n, 1, (size_t[]){24}, "needs 20 bytes of span but buffer 0 holds 24");
+    n = strided_node(st, 2, sizes, strides, 1);
+    expect_invalid_struct(st, n, 1, (size_t[]){20}, "at offset 1 needs 24 bytes of span but buffer 0 holds 20");
+    strides[0] = 30;
+    n = strided_node(st, 2, sizes, strides, 0);
+    expect_invalid_struct(st, n, 1, (size_t[]){20}, "needs 128 bytes of span but buffer 0 holds 20");
+    /* Overflows: stride x size, the sum with the offset, and the byte count. */
+    strides[0] = (uint64_t)1 << 62;
+    sizes[0] = 4;
+    n = strided_node(st, 2, sizes, strides, 0);
+    expect_invalid_struct(st, n, 1, (size_t[]){20}, "strided float32 tensor's last element overflows");
+    strides[0] = 3;
+    sizes[0] = 2;
+    n = strided_node(st, 2, sizes, strides, INT64_MAX);
+    expect_invalid_struct(st, n, 1, (size_t[]){20}, "last element overflows (offset 9223372036854775807)");
+    n = strided_node(st, 2, sizes, strides, (uint64_t)1 << 61); /* fits, but not in this buffer */
+    expect_invalid_struct(st, n, 1, (size_t[]){20}, "needs 9223372036854775828 bytes of span");
+    /* Fields out of int64's range. */
+    n = strided_node(st, 2, sizes, strides, (uint64_t)1 << 63);
+    expect_invalid_struct(st, n, 1, (size_t[]){20}, "tensor offset 9223372036854775808 is too large");
+    strides[1] = (uint64_t)1 << 63;
+    n = strided_node(st, 2, sizes, strides, 0);
+    expect_invalid_struct(st, n, 1, (size_t[]){20}, "tensor stride 9223372036854775808 is too large");
+    strides[1] = 1;
+    /* No elements: the writer never sends an empty view strided. */
+    sizes[0] = 0;
+    n = strided_node(st, 2, sizes, strides, 0);
+    expect_invalid_struct(st, n, 1, (size_t[]){0}, "strided tensor node with no elements");
+    sizes[0] = 2;
+    /* Truncated in the strides. */
+    n = strided_node(st, 2, sizes, strides, 0);
+    expect_invalid_struct(st, 6, 0, NULL, "truncated tensor stride");
+    /* A broadcast view may repeat its span at most 1024 times: 4 bytes stand for 1024 floats at
+     * most, never for 2^40 (or a shape whose byte count overflows). */
+    uint64_t big[2] = {1024, 1}, zero[2] = {0, 0};
+    n = strided_node(st, 2, big, zero, 0);
+    ok = make_msg(st, n, 1, (size_t[]){4});
+    TD_CHECK_OK(td_value_decode(ok.data, ok.len, &v));
+    TD_CHECK_EQ(td_tensor_numel(td_value_get_tensor(v)), 1024);
+    TD_CHECK_EQ(td_storage_nbytes(td_tensor_storage(td_value_get_tensor(v))), 4);
+    td_value_release(v);
+    free(ok.data);
+    big[0] = 1025;
+    n = strided_node(st, 2, big, zero, 0);
+    expect_invalid_struct(st, n, 1, (size_t[]){4},
+                          "strided tensor of 1025 float32 elements repeats its 4-byte span more than 1024 times");
+    big[0] = (uint64_t)1 << 40;
+    n = strided_node(st, 2, big, zero, 0);
+    expect_invalid_struct(st, n, 1, (size_t[]){4}, "repeats its 4-byte span more than 1024 times");
+    big[0] = (uint64_t)1 << 62;
+    big[1] = 1;
+    n = strided_node(st, 2, big, zero, 0);
+    expect_invalid_struct(st, n, 1, (size_t[]){4}, "repeats its 4-byte span more than 1024 times");
+}
+
 TD_TEST(bad_structure_is_refused)
 {
     unsigned char st[64];
-    st[0] = 0x0e;
-    expect_invalid_struct(st, 1, 0, NULL, "at byte 32: unknown value tag 0x0e");
+    st[0] = 0x0f;
+    expect_invalid_struct(st, 1, 0, NULL, "at byte 32: unknown value tag 0x0f");
     st[0] = TD_VTAG_NONE;
     st[1] = TD_VTAG_NONE;
     expect_invalid_struct(st, 2, 0, NULL, "at byte 33: 1 bytes left over in the structure section");
@@ -672,7 +1069,7 @@ TD_TEST(write_fuzz_seeds, .hidden = true)
 {
     const char *dir = getenv("TDIST_VALUE_SEED_DIR");
     TD_CHECK_MSG(dir != NULL, "set TDIST_VALUE_SEED_DIR");
-    td_value *seeds[8];
+    td_value *seeds[9];
     int n = 0;
     seeds[n++] = td_value_int(42);
     seeds[n++] = td_value_tuple_of(3, td_value_string("a"), td_value_double(2.5), td_value_bytes("\x00\x01", 2));
@@ -680,6 +1077,22 @@ TD_TEST(write_fuzz_seeds, .hidden = true)
     seeds[n++] = sample_value();
     for (uint64_t seed = 11; n < 8; seed++)
         seeds[n++] = random_value_sized(&seed, 200, 4096);
+    /* Strided nodes of every sort: narrowed, transposed, expanded. */
+    td_tensor *base, *m, *nar, *tr, *ex;
+    TD_CHECK_OK(td_tensor_arange(TD_INT16, 0, 20, 1, &base));
+    TD_CHECK_OK(td_tensor_view(base, TD_SHAPE(4, 5), &m));
+    TD_CHECK_OK(td_tensor_narrow(m, 1, 1, 3, &nar));
+    TD_CHECK_OK(td_tensor_transpose(m, 0, 1, &tr));
+    TD_CHECK_OK(td_tensor_narrow(m, 0, 2, 1, &ex));
+    td_tensor *ex2;
+    TD_CHECK_OK(td_tensor_expand(ex, TD_SHAPE(3, 5), &ex2));
+    seeds[n++] = td_value_tuple_of(3, td_value_tensor(nar), td_value_tensor(tr), td_value_tensor(ex2));
+    td_tensor_release(ex2);
+    td_tensor_release(ex);
+    td_tensor_release(tr);
+    td_tensor_release(nar);
+    td_tensor_release(m);
+    td_tensor_release(base);
     for (int i = 0; i < n; i++) {
         size_t len;
         void *b = encode(seeds[i], &len);

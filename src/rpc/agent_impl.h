@@ -37,6 +37,7 @@
 #define RPC_MAX_PAYLOAD_DEFAULT (1ull << 30)  /* payloads above this are refused (TDIST_RPC_MAX_PAYLOAD) */
 #define RPC_POOL_CAP 512                      /* the pool never grows beyond this many threads */
 #define RPC_POOL_IDLE_EXIT_MS 2000            /* threads beyond the base size exit after this idle */
+#define RPC_DYNAMIC_MAX_ID 1024              /* ids of a dynamic group's members are below this */
 #define RPC_HELLO_MS 10000                    /* an accepted connection's time to say hello */
 
 /* ---- channels (channel.c) -------------------------------------------------------------------- */
@@ -106,6 +107,7 @@ typedef struct rpc_peer {
     td_worker_info info;
     rpc_channel *chan;  /* NULL for this worker and until connected */
     bool lost;          /* its channel failed or closed: calls to it fail at once */
+    bool member;        /* in the group now (static: always; dynamic: joined and not left) */
     char lost_reason[256];
 } rpc_peer;
 
@@ -122,8 +124,9 @@ struct td_rpc_agent {
     pthread_mutex_t mu;
     pthread_cond_t cv;       /* channels joining; shutdown waiting for calls to end */
     td_worker_info self;
-    int world_size;
-    rpc_peer *peers;
+    int world_size;          /* static: the world's size; dynamic: the table's capacity (ids below it) */
+    bool dynamic;            /* created with world_size < 0: members join and leave */
+    rpc_peer *peers;         /* indexed by id; only `member` slots are in the group */
     td_store *store;         /* this world's namespace (a PrefixStore) */
     _Atomic int64_t default_timeout_ms;
     bool tcp_only;

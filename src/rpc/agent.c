@@ -29,6 +29,13 @@
  * which always runs: stop the I/O thread, fail what is pending, stop the pool, close the sockets,
  * release the executor and the store.
  *
+ * Dynamic groups (world_size < 0): the peer table has room for ids below RPC_DYNAMIC_MAX_ID and
+ * only its `member` slots count. A newcomer joins under the store's token: it reads the members,
+ * publishes itself, connects to each (the member binds the channel on its hello) and calls each
+ * with tdist::rpc_join, whose handler makes it a member there; a graceful shutdown is a leave
+ * (tdist::rpc_leave to each, then out of the store). "rpcIsStaticGroup" in the base store keeps
+ * static and dynamic workers apart.
+ *
  * _all_gather and _barrier go through the store too: each worker of the set writes its value under
  * "gather/<sorted names>/<n>/<name>" (n counts this worker's gathers over that set) and reads the
  * others'. */
@@ -853,7 +860,11 @@ static td_status dynamic_join(td_rpc_agent *a, const char *addr, const char *uni
         pthread_mutex_lock(&a->mu);
         a->peers[a->self.id].member = true;
         pthread_mutex_unlock(&a->mu);
-        int64_t deadline = deadline_after_ms(timeout_ms);
+        /* Members listen before they publish: a connection that does not come at once is to one
+         * that died without leaving, and must not hold the token long. */
+        int64_t deadline = deadline_after_ms(timeout_ms == 0 || timeout_ms > RPC_DYNAMIC_CONNECT_MS
+                                                 ? RPC_DYNAMIC_CONNECT_MS
+                                                 : timeout_ms);
         td_value *args = td_value_tuple_of(2, td_value_string(a->self.name), td_value_int(a->self.id));
         for (int k = 0; k < n; k++) {
             int id = ids[k];

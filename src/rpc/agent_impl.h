@@ -1,7 +1,8 @@
 /* Internal: the RPC agent's parts and how they share state (agent.c, channel.c, pool.c).
  *
  * An agent is one worker of an RPC world. It owns:
- *   - peers[world_size]: each peer's worker info and its channel (one connection per pair of
+ *   - peers[world_size] (a dynamic group: RPC_DYNAMIC_MAX_ID slots, the members among them):
+ *     each peer's worker info and its channel (one connection per pair of
  *     workers; none for itself: self-calls take the loopback path through the same encode and
  *     decode as remote ones);
  *   - one I/O thread (channel.c) that accepts connections on its TCP and UNIX-domain listeners,
@@ -38,6 +39,7 @@
 #define RPC_POOL_CAP 512                      /* the pool never grows beyond this many threads */
 #define RPC_POOL_IDLE_EXIT_MS 2000            /* threads beyond the base size exit after this idle */
 #define RPC_DYNAMIC_MAX_ID 1024              /* ids of a dynamic group's members are below this */
+#define RPC_DYNAMIC_CONNECT_MS 1000           /* a newcomer's longest wait to reach one member */
 #define RPC_HELLO_MS 10000                    /* an accepted connection's time to say hello */
 
 /* ---- channels (channel.c) -------------------------------------------------------------------- */

@@ -269,6 +269,51 @@ TD_TEST(dynamic_rpc_graceful_leave, .world_size = 3, .timeout_s = 60)
     td_store_release(s);
 }
 
+/* A non-graceful shutdown just tears down: the members see the connection close, and a later
+ * newcomer, finding the dead worker still in the store, joins anyway and sees it as lost. */
+TD_TEST(dynamic_rpc_non_graceful_shutdown, .world_size = 3, .timeout_s = 60)
+{
+    td_store *s = open_store(ctx);
+    register_functions();
+    td_rpc_options o;
+    td_rpc_options_init(&o);
+    o.store = s;
+    td_value *args = td_value_tuple_of(2, td_value_int(1), td_value_int(2)), *r = NULL;
+    if (ctx->rank == 0) {
+        TD_CHECK_OK(td_rpc_init("worker0", 0, -1, &o));
+        TD_CHECK_OK(td_store_set_str(s, "rank0_up", "1"));
+        wait_key(s, "gone");
+        td_status st = TD_OK;
+        for (int i = 0; i < 500; i++) {
+            st = td_rpc_sync(NULL, td_rpc_to_name("worker1"), "add_ints", args, NULL, TD_RPC_DEFAULT_TIMEOUT, &r);
+            td_value_release(r);
+            r = NULL;
+            if (st != TD_OK)
+                break;
+            sleep_ms(10);
+        }
+        TD_CHECK_EQ(st, TD_ERR_PEER_LOST);
+        TD_CHECK_OK(td_store_set_str(s, "seen", "1"));
+    } else if (ctx->rank == 1) {
+        wait_key(s, "rank0_up");
+        TD_CHECK_OK(td_rpc_init("worker1", 1, -1, &o));
+        TD_CHECK_OK(td_rpc_shutdown(false, 0));
+        TD_CHECK_OK(td_store_set_str(s, "gone", "1"));
+    } else {
+        wait_key(s, "seen");
+        TD_CHECK_OK(td_rpc_init("worker2", 2, -1, &o));
+        TD_CHECK_EQ(call_add(td_rpc_to_name("worker0"), 2, 2), 4);
+        TD_CHECK_ERR(td_rpc_sync(NULL, td_rpc_to_name("worker1"), "add_ints", args, NULL, TD_RPC_DEFAULT_TIMEOUT, &r),
+                     TD_ERR_PEER_LOST, "worker1");
+    }
+    td_value_release(args);
+    if (ctx->rank != 1) {
+        store_barrier(s, "done", 2);
+        TD_CHECK_OK(td_rpc_shutdown(true, 0));
+    }
+    td_store_release(s);
+}
+
 /* A name already in the group is refused, and the refused worker leaves the group as it was. */
 TD_TEST(dynamic_rpc_name_taken, .world_size = 2, .timeout_s = 60)
 {

@@ -73,7 +73,7 @@ TD_API void td_rpc_options_init(td_rpc_options *o);
 
 /* Starts an agent named name with id rank among world_size workers, and returns once every
  * worker of the world has joined. world_size < 0 joins a dynamic group instead, as worker rank
- * (required, below 1024; the group meets through o->store or a file:// init_method): it returns
+ * (required, below 1024; the group meets through o->store or an init_method without world size): it returns
  * once every current member knows it, and its graceful shutdown is a leave (the others drop it);
  * a group is either static or dynamic, and a worker of the other kind fails with "RPC group mixes
  * statically and dynamically initialized members which is not supported. ..." (docs/rpc.md). o

@@ -9,6 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <tdist/rpc.h>
 #include <tdist/store.h>
@@ -266,6 +270,60 @@ TD_TEST(dynamic_rpc_graceful_leave, .world_size = 3, .timeout_s = 60)
     }
     store_barrier(s, "done", 3);
     TD_CHECK_OK(td_rpc_shutdown(true, 0));
+    td_store_release(s);
+}
+
+/* A dynamic group over tcp://: rank 0 hosts the TCPStore (so it leaves last); the port is picked
+ * by rank 0 and passed on through the harness's FileStore. */
+TD_TEST(dynamic_rpc_tcp_init_method, .world_size = 3, .timeout_s = 60)
+{
+    td_store *s = open_store(ctx);
+    register_functions();
+    if (ctx->rank == 0) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        TD_CHECK(fd >= 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t len = sizeof sa;
+        TD_CHECK(bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+        TD_CHECK(getsockname(fd, (struct sockaddr *)&sa, &len) == 0);
+        close(fd);
+        char port[16];
+        snprintf(port, sizeof port, "%d", ntohs(sa.sin_port));
+        TD_CHECK_OK(td_store_set_str(s, "port", port));
+    }
+    wait_key(s, "port");
+    void *port = NULL;
+    size_t port_len = 0;
+    TD_CHECK_OK(td_store_get(s, "port", &port, &port_len));
+    char url[64], name[32];
+    snprintf(url, sizeof url, "tcp://127.0.0.1:%s", (const char *)port);
+    free(port);
+    snprintf(name, sizeof name, "worker%d", ctx->rank);
+    td_rpc_options o;
+    td_rpc_options_init(&o);
+    o.init_method = url;
+    if (ctx->rank != 0)
+        wait_key(s, "rank0_up");
+    TD_CHECK_OK(td_rpc_init(name, ctx->rank, -1, &o));
+    if (ctx->rank == 0)
+        TD_CHECK_OK(td_store_set_str(s, "rank0_up", "1"));
+    store_barrier(s, "all_up", 3);
+    TD_CHECK_EQ(call_add(td_rpc_to_id((ctx->rank + 1) % 3), ctx->rank, 1), ctx->rank + 1);
+    store_barrier(s, "called", 3);
+    if (ctx->rank == 0) {
+        wait_key(s, "left/1");
+        wait_key(s, "left/2");
+        td_worker_info infos[4];
+        size_t n = 0;
+        TD_CHECK_OK(td_rpc_worker_infos(NULL, infos, 4, &n));
+        TD_CHECK_EQ(n, 1);
+        TD_CHECK_OK(td_rpc_shutdown(true, 0));
+    } else {
+        TD_CHECK_OK(td_rpc_shutdown(true, 0));
+        char key[32];
+        snprintf(key, sizeof key, "left/%d", ctx->rank);
+        TD_CHECK_OK(td_store_set_str(s, key, "1"));
+    }
     td_store_release(s);
 }
 

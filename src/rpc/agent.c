@@ -29,6 +29,13 @@
  * which always runs: stop the I/O thread, fail what is pending, stop the pool, close the sockets,
  * release the executor and the store.
  *
+ * Dynamic groups (world_size < 0): the peer table has room for ids below RPC_DYNAMIC_MAX_ID and
+ * only its `member` slots count. A newcomer joins under the store's token: it reads the members,
+ * publishes itself, connects to each (the member binds the channel on its hello) and calls each
+ * with tdist::rpc_join, whose handler makes it a member there; a graceful shutdown is a leave
+ * (tdist::rpc_leave to each, then out of the store). "rpcIsStaticGroup" in the base store keeps
+ * static and dynamic workers apart.
+ *
  * _all_gather and _barrier go through the store too: each worker of the set writes its value under
  * "gather/<sorted names>/<n>/<name>" (n counts this worker's gathers over that set) and reads the
  * others'. */
@@ -44,12 +51,14 @@
 #include <tdist/rpc.h>
 
 #include "base/alloc.h"
+#include "base/buf.h"
 #include "base/clock.h"
 #include "base/env.h"
 #include "base/error.h"
 #include "base/host.h"
 #include "base/log.h"
 #include "base/thread.h"
+#include "net/addr.h"
 #include "pg/executor.h"
 #include "rpc/agent_impl.h"
 #include "rpc/registry.h"
@@ -259,10 +268,11 @@ void rpc_agent_channel_failed(td_rpc_agent *a, rpc_channel *ch, const char *reas
     if (ch->fd >= 0)
         shutdown(ch->fd, SHUT_RDWR);
     int peer = ch->peer;
-    bool newly = false;
+    bool newly = false, member = false;
     td_worker_info w;
     if (peer >= 0 && !a->peers[peer].lost && a->peers[peer].chan == ch) {
         a->peers[peer].lost = true;
+        member = a->peers[peer].member; /* a member that left closes its connections as it goes */
         snprintf(a->peers[peer].lost_reason, sizeof a->peers[peer].lost_reason, "%s", reason);
         w = a->peers[peer].info;
         newly = true;
@@ -270,7 +280,7 @@ void rpc_agent_channel_failed(td_rpc_agent *a, rpc_channel *ch, const char *reas
     pthread_mutex_unlock(&a->mu);
     if (!newly)
         return;
-    if (!atomic_load(&a->closing))
+    if (!atomic_load(&a->closing) && member)
         TD_LOG_INFO("RPC agent %s: lost worker %s (id %d): %s", a->self.name, w.name, peer, reason);
     char msg[512];
     snprintf(msg, sizeof msg, "RPC to worker %s (id %d) failed: the connection to it was lost (%s)", w.name, peer,
@@ -514,12 +524,67 @@ static uint64_t random_u64(void)
     return v ? v : 1;
 }
 
+static td_status check_static_flag(td_store *base, bool is_static);
+
+/* A dynamic group has no size to give the rendezvous, so it opens the store itself: file:// a
+ * FileStore that no count of workers removes; tcp:// and env:// a TCPStore that rank 0 hosts and
+ * nobody waits on (members come and go). */
+static td_status dynamic_base_store(const char *name, const char *url, int rank, int64_t timeout_ms,
+                                    td_store **base)
+{
+    if (strncmp(url, "file://", 7) == 0) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s", url + 7);
+        path[strcspn(path, "?#")] = '\0';
+        if (!path[0])
+            return error_fmt(TD_ERR_INVALID, "Error initializing torch.distributed using file:// rendezvous: path "
+                                             "missing");
+        return td_file_store_create(path, -1, base);
+    }
+    char *host = NULL;
+    int port = -1;
+    if (strncmp(url, "tcp://", 6) == 0) {
+        char netloc[512];
+        snprintf(netloc, sizeof netloc, "%s", url + 6);
+        netloc[strcspn(netloc, "/?#")] = '\0';
+        if (net_split_hostport(netloc, &host, &port) != TD_OK || port <= 0 || !host || !*host) {
+            free(host);
+            return error_fmt(TD_ERR_INVALID,
+                             "Error initializing torch.distributed using tcp:// rendezvous: port number missing");
+        }
+    } else if (strncmp(url, "env://", 6) == 0) {
+        const char *addr = env_get_str("MASTER_ADDR", NULL), *port_s = env_get_str("MASTER_PORT", NULL);
+        if (!addr || !port_s)
+            return error_fmt(TD_ERR_INVALID,
+                             "Error initializing torch.distributed using env:// rendezvous: environment variable %s "
+                             "expected, but not set",
+                             addr ? "MASTER_PORT" : "MASTER_ADDR");
+        host = alloc_printf("%s", addr);
+        port = atoi(port_s);
+    } else {
+        return error_fmt(TD_ERR_UNSUPPORTED, "RPC worker %s: a dynamic group cannot meet through %s", name, url);
+    }
+    td_tcp_store_options so = TD_TCP_STORE_OPTIONS_INIT;
+    so.host = host;
+    so.port = port;
+    so.is_master = rank == 0;
+    so.multi_tenant = true;
+    so.wait_for_workers = false;
+    so.timeout_ms = timeout_ms;
+    td_status st = td_tcp_store_create(&so, base);
+    free(host);
+    return st;
+}
+
 static td_status open_store(const char *name, int rank, int world_size, const td_rpc_options *o,
                             int64_t join_timeout_ms, td_store **out)
 {
     td_store *base = NULL;
+    td_status st = TD_OK;
     if (o->store) {
         base = td_store_retain(o->store);
+    } else if (world_size < 0) {
+        TD_TRY(dynamic_base_store(name, o->init_method ? o->init_method : "env://", rank, join_timeout_ms, &base));
     } else {
         int r = rank, ws = world_size;
         TD_TRY(td_rendezvous(o->init_method ? o->init_method : "env://", rank, world_size, join_timeout_ms, &base, &r,
@@ -533,10 +598,22 @@ static td_status open_store(const char *name, int rank, int world_size, const td
     /* The world's namespace: this worker's n-th agent over this store. Every worker of a world has
      * made as many before over the same store, so they agree without talking, also when the workers
      * are threads of one process sharing a store. */
+    st = check_static_flag(base, world_size >= 0);
+    if (st == TD_OK && world_size < 0) {
+        /* One namespace for the group's life: members come and go, and leave their keys behind
+         * only when they die. */
+        st = td_prefix_store_create("rpc_dynamic", base, out);
+        td_store_release(base);
+        return st;
+    }
+    if (st != TD_OK) {
+        td_store_release(base);
+        return st;
+    }
     char key[64], prefix[64];
     snprintf(key, sizeof key, "rpc_generation/%d", rank);
     int64_t n = 0;
-    td_status st = td_store_add(base, key, 1, &n);
+    st = td_store_add(base, key, 1, &n);
     if (st != TD_OK) {
         td_store_release(base);
         return error_prefix(st, "RPC worker %s", name);
@@ -587,8 +664,10 @@ static td_status meet(td_rpc_agent *a, const char *addr, const char *unix_name, 
     }
     /* The I/O thread reads the table (naming peers that fail) from now on. */
     pthread_mutex_lock(&a->mu);
-    for (int i = 0; st == TD_OK && i < n; i++)
+    for (int i = 0; st == TD_OK && i < n; i++) {
         a->peers[i].info = ents[i].info;
+        a->peers[i].member = true;
+    }
     pthread_mutex_unlock(&a->mu);
     for (int i = 0; st == TD_OK && i < n; i++)
         for (int j = i + 1; st == TD_OK && j < n; j++)
@@ -638,6 +717,281 @@ static td_status spin_init(samehost_spin *s, int ranks)
     return TD_OK;
 }
 
+static bool wait_local_idle(td_rpc_agent *a, int64_t deadline);
+
+/* ---- dynamic groups ------------------------------------------------------------------------- */
+
+#define RPC_TOKEN_KEY "RpcGroupManagementToken"
+#define RPC_JOIN_FN "tdist::rpc_join"
+#define RPC_LEAVE_FN "tdist::rpc_leave"
+
+/* A group is static or dynamic for good: the first worker sets "rpcIsStaticGroup" by
+ * compare-and-set, so that a worker of the other kind fails however the two race. */
+static td_status check_static_flag(td_store *base, bool is_static)
+{
+    const char *want = is_static ? "true" : "false";
+    void *v = NULL;
+    size_t len = 0;
+    TD_TRY(td_store_compare_set(base, "rpcIsStaticGroup", "", 0, want, strlen(want), &v, &len));
+    bool same = len == strlen(want) && memcmp(v, want, len) == 0;
+    char got[16];
+    snprintf(got, sizeof got, "%.*s", (int)(len < 15 ? len : 15), (const char *)v);
+    free(v);
+    if (same)
+        return TD_OK;
+    /* Upstream's argument order: this worker's property first, then the group's. */
+    return error_fmt(TD_ERR_INVALID,
+                     "RPC group mixes statically and dynamically initialized members which is not supported. Static "
+                     "group property is initialized as %s and is trying to be set as %s ",
+                     want, got);
+}
+
+/* Takes the group's token ("Token_for_<name>_<what>"), waiting while another worker holds it. */
+static td_status token_take(td_rpc_agent *a, const char *what, int64_t timeout_ms)
+{
+    char mine[TD_RPC_MAX_NAME + 32];
+    snprintf(mine, sizeof mine, "Token_for_%s_%s", a->self.name, what);
+    int64_t deadline = deadline_after_ms(timeout_ms);
+    for (;;) {
+        void *v = NULL;
+        size_t len = 0;
+        TD_TRY(td_store_compare_set(a->store, RPC_TOKEN_KEY, "", 0, mine, strlen(mine), &v, &len));
+        bool got = len == strlen(mine) && memcmp(v, mine, len) == 0;
+        free(v);
+        if (got)
+            return TD_OK;
+        if (deadline_passed(deadline))
+            return error_fmt(TD_ERR_TIMEOUT, "RPC worker %s timed out after %lld ms waiting for the group's token to %s",
+                             a->self.name, (long long)timeout_ms, what);
+        clock_sleep_ms(5);
+    }
+}
+
+static void token_release(td_rpc_agent *a)
+{
+    if (td_store_delete_key(a->store, RPC_TOKEN_KEY, NULL) != TD_OK)
+        TD_LOG_ERROR("RPC agent %s: cannot release the group's token: %s", a->self.name, td_last_error());
+}
+
+/* The ids in the store's member list (under the token). */
+static td_status members_read(td_rpc_agent *a, int *ids, int *n)
+{
+    *n = 0;
+    const char *key = "members";
+    bool ready = false;
+    TD_TRY(td_store_check(a->store, &key, 1, &ready));
+    if (!ready)
+        return TD_OK;
+    void *v = NULL;
+    size_t len = 0;
+    TD_TRY(td_store_get(a->store, key, &v, &len));
+    const char *p = v;
+    char *end;
+    for (;;) {
+        long id = strtol(p, &end, 10);
+        if (end == p)
+            break;
+        if (id >= 0 && id < RPC_DYNAMIC_MAX_ID && *n < RPC_DYNAMIC_MAX_ID)
+            ids[(*n)++] = (int)id;
+        p = end;
+    }
+    free(v);
+    return TD_OK;
+}
+
+static td_status members_write(td_rpc_agent *a, const int *ids, int n)
+{
+    td_buf b = TD_BUF_INIT;
+    for (int i = 0; i < n; i++)
+        buf_printf(&b, "%s%d", i ? " " : "", ids[i]);
+    td_status st = td_store_set(a->store, "members", b.data ? b.data : "", b.len);
+    buf_free(&b);
+    return st;
+}
+
+/* A member's join call: the newcomer (whose hello bound its channel) enters this worker's table. */
+static td_status fn_member_join(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
+{
+    (void)kwargs;
+    (void)result;
+    td_rpc_agent *a = call->agent;
+    const td_value *p[2];
+    TD_TRY(td_rpc_bind(RPC_JOIN_FN, "name,id", args, kwargs, p));
+    int64_t id = td_value_get_int(p[1]);
+    td_worker_info info;
+    TD_TRY(td_worker_info_make(td_value_get_string(p[0], NULL), id, &info));
+    if (!a->dynamic || id < 0 || id >= a->world_size || id == a->self.id)
+        return error_fmt(TD_ERR_INVALID, "worker %s cannot join with id %lld", info.name, (long long)id);
+    pthread_mutex_lock(&a->mu);
+    a->peers[id].info = info;
+    a->peers[id].member = true;
+    pthread_mutex_unlock(&a->mu);
+    TD_LOG_INFO("RPC agent %s: worker %s (id %lld) joined", a->self.name, info.name, (long long)id);
+    return TD_OK;
+}
+
+/* A member's leave call: it has no call in flight; later calls to it fail as to an unknown worker. */
+static td_status fn_member_leave(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
+{
+    (void)args;
+    (void)kwargs;
+    (void)result;
+    td_rpc_agent *a = call->agent;
+    int64_t id = call->caller.id;
+    if (!a->dynamic || id < 0 || id >= a->world_size || id == a->self.id)
+        return error_fmt(TD_ERR_INVALID, "worker %s cannot leave a static group", call->caller.name);
+    pthread_mutex_lock(&a->mu);
+    a->peers[id].member = false;
+    pthread_mutex_unlock(&a->mu);
+    TD_LOG_INFO("RPC agent %s: worker %s (id %lld) left", a->self.name, call->caller.name, (long long)id);
+    return TD_OK;
+}
+
+static void register_group_functions(void)
+{
+    td_rpc_register(RPC_JOIN_FN, fn_member_join, NULL);
+    td_rpc_register(RPC_LEAVE_FN, fn_member_leave, NULL);
+}
+
+/* Joins a dynamic group under its token: reads the members, checks this worker's name and id
+ * against theirs, publishes itself, connects to every member and tells each (a call that returns
+ * once the member knows this worker), then releases the token. A member that cannot be reached
+ * (it died without leaving) stays in the table as lost. */
+static td_status dynamic_join(td_rpc_agent *a, const char *addr, const char *unix_name, int64_t timeout_ms)
+{
+    TD_TRY(token_take(a, "join", timeout_ms));
+    int *ids = TD_NEW_ARRAY(int, RPC_DYNAMIC_MAX_ID + 1);
+    int n = 0;
+    char key[64], entry[1024];
+    typedef struct member_entry {
+        char addr[300], host[192], uname[96];
+        uint64_t nonce;
+    } member_entry;
+    member_entry *ents = TD_NEW_ARRAY(member_entry, RPC_DYNAMIC_MAX_ID);
+    td_status st = members_read(a, ids, &n);
+    for (int k = 0; st == TD_OK && k < n; k++) {
+        int id = ids[k];
+        snprintf(key, sizeof key, "worker/%d", id);
+        void *v = NULL;
+        size_t len = 0;
+        st = td_store_get(a->store, key, &v, &len);
+        if (st != TD_OK)
+            break;
+        char name[TD_RPC_MAX_NAME + 1];
+        unsigned long long nonce = 0;
+        if (sscanf(v, "%128s %299s %191s %95s %llx", name, ents[id].addr, ents[id].host, ents[id].uname, &nonce) != 5)
+            st = error_fmt(TD_ERR_INVALID, "RPC worker id %d's entry in the store is malformed", id);
+        free(v);
+        ents[id].nonce = nonce;
+        td_worker_info info;
+        if (st == TD_OK)
+            st = td_worker_info_make(name, id, &info);
+        if (st == TD_OK && id == a->self.id)
+            st = error_fmt(TD_ERR_INVALID, "RPC worker id %d is already taken by worker %s", id, name);
+        if (st == TD_OK && strcmp(name, a->self.name) == 0)
+            st = error_fmt(TD_ERR_INVALID, "RPC worker name %s is not unique. Workers %d and %lld share the same name.",
+                           name, id, (long long)a->self.id);
+        if (st == TD_OK) {
+            pthread_mutex_lock(&a->mu);
+            a->peers[id].info = info;
+            a->peers[id].member = true;
+            pthread_mutex_unlock(&a->mu);
+        }
+    }
+    if (st == TD_OK) {
+        snprintf(key, sizeof key, "worker/%lld", (long long)a->self.id);
+        snprintf(entry, sizeof entry, "%s %s %s %s %016" PRIx64, a->self.name, addr, a->host_id[0] ? a->host_id : "-",
+                 unix_name, a->nonce);
+        st = td_store_set_str(a->store, key, entry);
+    }
+    if (st == TD_OK) {
+        ids[n] = (int)a->self.id;
+        st = members_write(a, ids, n + 1);
+    }
+    if (st == TD_OK) {
+        pthread_mutex_lock(&a->mu);
+        a->peers[a->self.id].member = true;
+        pthread_mutex_unlock(&a->mu);
+        /* Members listen before they publish: a connection that does not come at once is to one
+         * that died without leaving, and must not hold the token long. */
+        int64_t deadline = deadline_after_ms(timeout_ms == 0 || timeout_ms > RPC_DYNAMIC_CONNECT_MS
+                                                 ? RPC_DYNAMIC_CONNECT_MS
+                                                 : timeout_ms);
+        td_value *args = td_value_tuple_of(2, td_value_string(a->self.name), td_value_int(a->self.id));
+        for (int k = 0; k < n; k++) {
+            int id = ids[k];
+            td_status cs = rpc_io_connect(a, id, ents[id].addr, ents[id].host, ents[id].uname, ents[id].nonce, deadline);
+            if (cs == TD_OK)
+                cs = td_rpc_sync(a, td_rpc_to_id(id), RPC_JOIN_FN, args, NULL, timeout_ms, NULL);
+            if (cs != TD_OK) {
+                TD_LOG_WARN("RPC agent %s: member %s (id %d) is unreachable: %s", a->self.name,
+                            a->peers[id].info.name, id, td_last_error());
+                pthread_mutex_lock(&a->mu);
+                if (!a->peers[id].lost) {
+                    a->peers[id].lost = true;
+                    snprintf(a->peers[id].lost_reason, sizeof a->peers[id].lost_reason, "unreachable when %s joined",
+                             a->self.name);
+                }
+                pthread_mutex_unlock(&a->mu);
+            }
+        }
+        td_value_release(args);
+    }
+    token_release(a);
+    free(ids);
+    free(ents);
+    return st;
+}
+
+/* A dynamic member's graceful leave: under the token, once this worker has no call in flight, tells
+ * every member (each drops it from its table before replying), removes itself from the store. */
+static td_status dynamic_leave(td_rpc_agent *a, int64_t timeout_ms)
+{
+    int64_t deadline = deadline_after_ms(timeout_ms);
+    TD_TRY(token_take(a, "leave", timeout_ms));
+    pthread_mutex_lock(&a->mu);
+    wait_local_idle(a, deadline);
+    pthread_mutex_unlock(&a->mu);
+    executor_flush();
+    pthread_mutex_lock(&a->mu);
+    bool idle = wait_local_idle(a, deadline);
+    int *others = TD_NEW_ARRAY(int, a->world_size);
+    int nothers = 0;
+    for (int i = 0; i < a->world_size; i++)
+        if (i != a->self.id && a->peers[i].member && !a->peers[i].lost)
+            others[nothers++] = i;
+    pthread_mutex_unlock(&a->mu);
+    td_status st = TD_OK;
+    if (!idle)
+        st = error_fmt(TD_ERR_TIMEOUT,
+                       "RPC worker %s timed out after %lld ms waiting for its calls in flight to end before leaving",
+                       a->self.name, (long long)timeout_ms);
+    for (int k = 0; st == TD_OK && k < nothers; k++)
+        if (td_rpc_sync(a, td_rpc_to_id(others[k]), RPC_LEAVE_FN, NULL, NULL, timeout_ms, NULL) != TD_OK)
+            TD_LOG_WARN("RPC agent %s: telling worker id %d that it leaves failed: %s", a->self.name, others[k],
+                        td_last_error());
+    free(others);
+    if (st == TD_OK) {
+        int *ids = TD_NEW_ARRAY(int, RPC_DYNAMIC_MAX_ID);
+        int n = 0, kept = 0;
+        st = members_read(a, ids, &n);
+        for (int k = 0; k < n; k++)
+            if (ids[k] != a->self.id)
+                ids[kept++] = ids[k];
+        if (st == TD_OK)
+            st = members_write(a, ids, kept);
+        free(ids);
+        char key[64];
+        snprintf(key, sizeof key, "worker/%lld", (long long)a->self.id);
+        if (st == TD_OK)
+            st = td_store_delete_key(a->store, key, NULL);
+    }
+    char msg[TD_ERROR_MAX];
+    snprintf(msg, sizeof msg, "%s", st == TD_OK ? "" : td_last_error());
+    token_release(a);
+    return st == TD_OK ? TD_OK : error_set(st, msg);
+}
+
 td_status td_rpc_agent_create(const char *name, int rank, int world_size, const td_rpc_options *options,
                               td_rpc_agent **agent)
 {
@@ -651,8 +1005,22 @@ td_status td_rpc_agent_create(const char *name, int rank, int world_size, const 
         td_rpc_options_init(&o);
     td_worker_info self;
     TD_TRY(td_worker_info_make(name, rank, &self));
-    if (world_size < 0)
-        return error_fmt(TD_ERR_UNSUPPORTED, "RPC with dynamic membership (no world size) is not supported yet");
+    bool dynamic = world_size < 0;
+    if (dynamic && rank < 0) {
+        /* As PyTorch: the rendezvous reports the missing rank ("... rank parameter missing"). */
+        if (o.store)
+            return error_fmt(TD_ERR_INVALID, "RPC worker %s: a dynamic group needs the worker's rank", name);
+        td_store *s = NULL;
+        td_status rs = td_rendezvous(o.init_method ? o.init_method : "env://", -1, -1, 1000, &s, NULL, NULL);
+        td_store_release(s);
+        return rs != TD_OK ? rs : error_fmt(TD_ERR_INVALID, "RPC worker %s: a dynamic group needs the worker's rank",
+                                            name);
+    }
+    if (dynamic && rank >= RPC_DYNAMIC_MAX_ID)
+        return error_fmt(TD_ERR_INVALID, "RPC worker %s: the id of a dynamic group's member must be below %d, got %d",
+                         name, RPC_DYNAMIC_MAX_ID, rank);
+    if (dynamic)
+        world_size = RPC_DYNAMIC_MAX_ID;
     if (world_size == 0)
         return error_fmt(TD_ERR_INVALID, "world_size must be positive, got 0");
     if (rank > INT16_MAX)
@@ -681,6 +1049,7 @@ td_status td_rpc_agent_create(const char *name, int rank, int world_size, const 
     thread_cond_init(&a->cv);
     a->self = self;
     a->world_size = world_size;
+    a->dynamic = dynamic;
     a->peers = TD_NEW_ARRAY(rpc_peer, world_size);
     atomic_init(&a->default_timeout_ms, o.rpc_timeout_ms);
     a->tcp_only = o.tcp_only;
@@ -693,6 +1062,8 @@ td_status td_rpc_agent_create(const char *name, int rank, int world_size, const 
     a->next_deadline_ns = TD_DEADLINE_NONE;
     atomic_init(&a->next_call_id, 1);
     rpc_pool_init(&a->pool, o.num_worker_threads);
+    /* A dynamic group's size is unknown: its table's size counts, so its waiters yield while they
+     * spin, as when the workers outnumber the cores. */
     td_status spin_st = spin_init(&a->pool.spin, world_size);
     if (spin_st == TD_OK)
         spin_st = spin_init(&a->spin_io, world_size);
@@ -710,13 +1081,17 @@ td_status td_rpc_agent_create(const char *name, int rank, int world_size, const 
         st = executor_hold();
     a->executor_held = st == TD_OK;
     if (st == TD_OK)
-        st = open_store(name, rank, world_size, &o, join_timeout_ms, &a->store);
+        st = open_store(name, rank, dynamic ? -1 : world_size, &o, join_timeout_ms, &a->store);
     if (st == TD_OK)
         st = rpc_io_open(a, o.listen_host, addr, sizeof addr, unix_name, sizeof unix_name);
     if (st == TD_OK)
         st = rpc_io_start(a);
-    if (st == TD_OK)
+    if (st == TD_OK && dynamic) {
+        register_group_functions();
+        st = dynamic_join(a, addr, unix_name, join_timeout_ms);
+    } else if (st == TD_OK) {
         st = meet(a, addr, unix_name, join_timeout_ms);
+    }
     if (st != TD_OK) {
         char msg[TD_ERROR_MAX];
         snprintf(msg, sizeof msg, "%s", td_last_error());
@@ -743,7 +1118,10 @@ td_status td_rpc_agent_create(const char *name, int rank, int world_size, const 
             drop_call(ordered, NULL);
         ordered = next;
     }
-    TD_LOG_INFO("RPC agent %s (id %d of %d) is up", name, rank, world_size);
+    if (dynamic)
+        TD_LOG_INFO("RPC agent %s (id %d, dynamic group) is up", name, rank);
+    else
+        TD_LOG_INFO("RPC agent %s (id %d of %d) is up", name, rank, world_size);
     *agent = a;
     return TD_OK;
 }
@@ -857,7 +1235,8 @@ td_status td_rpc_agent_shutdown(td_rpc_agent *agent, bool graceful, int64_t time
     td_status st = TD_OK;
     char msg[TD_ERROR_MAX] = "";
     if (graceful) {
-        st = graceful_join(agent, timeout_ms < 0 ? 0 : timeout_ms);
+        st = agent->dynamic ? dynamic_leave(agent, timeout_ms < 0 ? 0 : timeout_ms)
+                            : graceful_join(agent, timeout_ms < 0 ? 0 : timeout_ms);
         if (st != TD_OK)
             snprintf(msg, sizeof msg, "%s", td_last_error());
     }
@@ -927,7 +1306,7 @@ int64_t td_rpc_get_timeout(td_rpc_agent *agent)
 static int find_name(const td_rpc_agent *a, const char *name)
 {
     for (int i = 0; i < a->world_size; i++)
-        if (strcmp(a->peers[i].info.name, name) == 0)
+        if (a->peers[i].member && strcmp(a->peers[i].info.name, name) == 0)
             return i;
     return -1;
 }
@@ -937,12 +1316,14 @@ td_status td_rpc_worker_info(td_rpc_agent *agent, const char *name, td_worker_in
     td_rpc_agent *a;
     TD_TRY(agent_get(agent, &a));
     td_status st = TD_OK;
+    pthread_mutex_lock(&a->mu);
     int i = name ? find_name(a, name) : (int)a->self.id;
+    if (i >= 0)
+        *info = a->peers[i].info;
+    pthread_mutex_unlock(&a->mu);
     if (i < 0)
         st = error_fmt(TD_ERR_NOT_FOUND, "name:%s,rank:%lld could not find destination name %s", a->self.name,
                        (long long)a->self.id, name);
-    else
-        *info = a->peers[i].info;
     rpc_agent_release(a);
     return st;
 }
@@ -952,11 +1333,14 @@ td_status td_rpc_worker_info_by_id(td_rpc_agent *agent, int64_t id, td_worker_in
     td_rpc_agent *a;
     TD_TRY(agent_get(agent, &a));
     td_status st = TD_OK;
-    if (id < 0 || id >= a->world_size)
+    pthread_mutex_lock(&a->mu);
+    bool found = id >= 0 && id < a->world_size && a->peers[id].member;
+    if (found)
+        *info = a->peers[id].info;
+    pthread_mutex_unlock(&a->mu);
+    if (!found)
         st = error_fmt(TD_ERR_NOT_FOUND, "name:%s,rank:%lld could not find destination id %lld", a->self.name,
                        (long long)a->self.id, (long long)id);
-    else
-        *info = a->peers[id].info;
     rpc_agent_release(a);
     return st;
 }
@@ -965,10 +1349,18 @@ td_status td_rpc_worker_infos(td_rpc_agent *agent, td_worker_info *infos, size_t
 {
     td_rpc_agent *a;
     TD_TRY(agent_get(agent, &a));
-    for (int i = 0; i < a->world_size && (size_t)i < cap; i++)
-        infos[i] = a->peers[i].info;
+    size_t count = 0;
+    pthread_mutex_lock(&a->mu);
+    for (int i = 0; i < a->world_size; i++) {
+        if (!a->peers[i].member)
+            continue;
+        if (count < cap)
+            infos[count] = a->peers[i].info;
+        count++;
+    }
+    pthread_mutex_unlock(&a->mu);
     if (n)
-        *n = (size_t)a->world_size;
+        *n = count;
     rpc_agent_release(a);
     return TD_OK;
 }
@@ -979,19 +1371,25 @@ static td_status resolve_dest(td_rpc_agent *a, const td_rpc_dest *to, int *peer)
     int i = -1;
     switch (to->kind) {
     case TD_RPC_DEST_NAME:
+        pthread_mutex_lock(&a->mu);
         i = to->name ? find_name(a, to->name) : -1;
+        pthread_mutex_unlock(&a->mu);
         if (i < 0)
             return error_fmt(TD_ERR_NOT_FOUND, "name:%s,rank:%lld could not find destination name %s", a->self.name,
                              (long long)a->self.id, to->name ? to->name : "(null)");
         break;
     case TD_RPC_DEST_ID:
-        if (to->id < 0 || to->id >= a->world_size)
+        pthread_mutex_lock(&a->mu);
+        i = to->id >= 0 && to->id < a->world_size && a->peers[to->id].member ? (int)to->id : -1;
+        pthread_mutex_unlock(&a->mu);
+        if (i < 0)
             return error_fmt(TD_ERR_NOT_FOUND, "name:%s,rank:%lld could not find destination id %lld", a->self.name,
                              (long long)a->self.id, (long long)to->id);
-        i = (int)to->id;
         break;
     case TD_RPC_DEST_INFO:
+        pthread_mutex_lock(&a->mu);
         i = find_name(a, to->info.name);
+        pthread_mutex_unlock(&a->mu);
         if (i < 0 || i != to->info.id)
             return error_fmt(TD_ERR_NOT_FOUND, "name:%s,rank:%lld could not find destination name %s", a->self.name,
                              (long long)a->self.id, to->info.name);
@@ -1206,7 +1604,15 @@ td_status td_rpc_all_gather(td_rpc_agent *agent, const td_value *value, const ch
     td_rpc_agent *a;
     TD_TRY(agent_get(agent, &a));
     td_status st = TD_OK;
-    size_t count = names ? n : (size_t)a->world_size;
+    /* names NULL: the members now (a dynamic group's change as workers join and leave). */
+    int *members = TD_NEW_ARRAY(int, a->world_size);
+    size_t nmembers = 0;
+    pthread_mutex_lock(&a->mu);
+    for (int i = 0; i < a->world_size; i++)
+        if (a->peers[i].member)
+            members[nmembers++] = i;
+    pthread_mutex_unlock(&a->mu);
+    size_t count = names ? n : nmembers;
     const char **sorted = TD_NEW_ARRAY(const char *, count ? count : 1);
     char **keys = TD_NEW_ARRAY(char *, count ? count : 1);
     void **values = TD_NEW_ARRAY(void *, count ? count : 1);
@@ -1218,8 +1624,11 @@ td_status td_rpc_all_gather(td_rpc_agent *agent, const td_value *value, const ch
     bool got = false;
     bool member = false;
     for (size_t i = 0; i < count; i++) {
-        sorted[i] = names ? names[i] : a->peers[i].info.name;
-        if (!sorted[i] || find_name(a, sorted[i]) < 0) {
+        sorted[i] = names ? names[i] : a->peers[members[i]].info.name;
+        pthread_mutex_lock(&a->mu);
+        int found = sorted[i] ? find_name(a, sorted[i]) : -1;
+        pthread_mutex_unlock(&a->mu);
+        if (found < 0) {
             st = error_fmt(TD_ERR_NOT_FOUND, "name:%s,rank:%lld could not find destination name %s", a->self.name,
                            (long long)a->self.id, sorted[i] ? sorted[i] : "(null)");
             goto out;
@@ -1297,6 +1706,7 @@ out:
     free(values);
     free(lens);
     free(sorted);
+    free(members);
     free(mine);
     free(set);
     rpc_agent_release(a);
@@ -1331,8 +1741,9 @@ td_status td_rpc_debug_info(td_rpc_agent *agent, td_value **info)
     rpc_pool_counts(&a->pool, &nthreads, &idle, &queued);
     pthread_mutex_lock(&a->mu);
     long long pending = (long long)a->pending.len, client = a->client_active;
-    long long unix_channels = 0, tcp_channels = 0;
+    long long unix_channels = 0, tcp_channels = 0, nmembers = 0;
     for (int i = 0; i < a->world_size; i++) {
+        nmembers += a->peers[i].member;
         const rpc_channel *ch = a->peers[i].chan;
         if (ch && !a->peers[i].lost) {
             unix_channels += ch->is_unix;
@@ -1348,7 +1759,7 @@ td_status td_rpc_debug_info(td_rpc_agent *agent, td_value **info)
     put_int(d, "agent.client_active_calls", client);
     put_int(d, "agent.server_active_calls", (long long)atomic_load(&a->server_active));
     put_int(d, "agent.server_active_async_calls", (long long)atomic_load(&a->server_active_async));
-    put_int(d, "agent.world_size", a->world_size);
+    put_int(d, "agent.world_size", nmembers);
     put_int(d, "agent.num_unix_channels", unix_channels); /* peers reached over the same-host layer */
     put_int(d, "agent.num_tcp_channels", tcp_channels);
     rpc_agent_release(a);

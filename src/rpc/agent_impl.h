@@ -1,7 +1,8 @@
 /* Internal: the RPC agent's parts and how they share state (agent.c, channel.c, pool.c).
  *
  * An agent is one worker of an RPC world. It owns:
- *   - peers[world_size]: each peer's worker info and its channel (one connection per pair of
+ *   - peers[world_size] (a dynamic group: RPC_DYNAMIC_MAX_ID slots, the members among them):
+ *     each peer's worker info and its channel (one connection per pair of
  *     workers; none for itself: self-calls take the loopback path through the same encode and
  *     decode as remote ones);
  *   - one I/O thread (channel.c) that accepts connections on its TCP and UNIX-domain listeners,
@@ -48,6 +49,8 @@
 #define RPC_MAX_PAYLOAD_DEFAULT (1ull << 30)  /* payloads above this are refused (TDIST_RPC_MAX_PAYLOAD) */
 #define RPC_POOL_CAP 512                      /* the pool never grows beyond this many threads */
 #define RPC_POOL_IDLE_EXIT_MS 2000            /* threads beyond the base size exit after this idle */
+#define RPC_DYNAMIC_MAX_ID 1024              /* ids of a dynamic group's members are below this */
+#define RPC_DYNAMIC_CONNECT_MS 1000           /* a newcomer's longest wait to reach one member */
 #define RPC_HELLO_MS 10000                    /* an accepted connection's time to say hello */
 #define RPC_STAGE_BYTES 4096                  /* a channel's read-ahead buffer */
 #define RPC_SPIN_US_DEFAULT 50                 /* the spin budget (TDIST_RPC_SPIN_US) */
@@ -129,6 +132,7 @@ typedef struct rpc_peer {
     td_worker_info info;
     rpc_channel *chan;  /* NULL for this worker and until connected */
     bool lost;          /* its channel failed or closed: calls to it fail at once */
+    bool member;        /* in the group now (static: always; dynamic: joined and not left) */
     char lost_reason[256];
 } rpc_peer;
 
@@ -145,8 +149,9 @@ struct td_rpc_agent {
     pthread_mutex_t mu;
     pthread_cond_t cv;       /* channels joining; shutdown waiting for calls to end */
     td_worker_info self;
-    int world_size;
-    rpc_peer *peers;
+    int world_size;          /* static: the world's size; dynamic: the table's capacity (ids below it) */
+    bool dynamic;            /* created with world_size < 0: members join and leave */
+    rpc_peer *peers;         /* indexed by id; only `member` slots are in the group */
     td_store *store;         /* this world's namespace (a PrefixStore) */
     _Atomic int64_t default_timeout_ms;
     bool tcp_only;

@@ -217,13 +217,22 @@ static bool channel_hello(td_rpc_agent *a, rpc_channel *ch)
 {
     const rpc_header *h = &ch->header;
     int from = (int)h->sender;
+    /* In a static world the lower id connects; in a dynamic group the newcomer connects to every
+     * member, whatever the ids. */
     if (h->type != RPC_MSG_CONTROL || h->id != a->nonce || h->payload_len != 0 ||
-        h->sender >= (uint32_t)a->world_size || from >= a->self.id) {
+        h->sender >= (uint32_t)a->world_size || (a->dynamic ? from == a->self.id : from >= a->self.id)) {
         TD_LOG_WARN("RPC agent %s: refused a connection whose hello does not come from this world", a->self.name);
         return false;
     }
     pthread_mutex_lock(&a->mu);
     bool ok = a->peers[from].chan == NULL && !a->peers[from].lost;
+    /* A newcomer takes a slot that no member holds, also one a member left (its old channel, if
+     * still open, no longer counts: its failure is ignored once it is not the slot's). Its name
+     * comes with its join call. */
+    if (a->dynamic && !a->peers[from].member) {
+        ok = true;
+        a->peers[from].lost = false;
+    }
     if (ok) {
         a->peers[from].chan = ch;
         ch->peer = from;

@@ -73,20 +73,21 @@ TD_API void td_rpc_options_init(td_rpc_options *o);
 
 /* Starts an agent named name with id rank among world_size workers, and returns once every
  * worker of the world has joined. world_size < 0 joins a dynamic group instead, as worker rank
- * (required, below 1024; the group meets through o->store or an init_method without world size): it returns
- * once every current member knows it, and its graceful shutdown is a leave (the others drop it);
- * a group is either static or dynamic, and a worker of the other kind fails with "RPC group mixes
- * statically and dynamically initialized members which is not supported. ..." (docs/rpc.md). o
- * may be NULL (defaults). Fails
- * with PyTorch's messages on a bad name ("Worker name must match ..."), a name already taken
- * ("RPC worker name X is not unique. ..."), or when the world does not meet within the timeout. */
+ * (required, below 1024; the group meets through o->store or an init_method without a world
+ * size): it returns once every current member knows it, and its graceful shutdown is a leave (the
+ * others drop it). A group is either static or dynamic; a worker of the other kind fails with "RPC
+ * group mixes statically and dynamically initialized members which is not supported. ..."
+ * (docs/rpc.md). o may be NULL (defaults). Fails with PyTorch's messages on a bad name ("Worker
+ * name must match ..."), a name already taken ("RPC worker name X is not unique. ..."), or when
+ * the world does not meet within the timeout. */
 TD_API td_status td_rpc_agent_create(const char *name, int rank, int world_size, const td_rpc_options *o,
                                      td_rpc_agent **agent);
 /* Stops the agent and frees it, whatever the outcome. graceful: first waits, with every worker,
  * until no worker has calls in flight (timeout_ms, 0: no limit; in a dynamic group: until this
- * worker has none, then leaves the group), and returns that phase's error if it fails; then, graceful or not, fails the calls still pending, stops serving and closes its
- * connections. Not from a function the agent runs nor from a future callback (shutdown waits for
- * them): that fails with TD_ERR_INVALID and the agent keeps running. */
+ * worker has none, then it leaves the group), and returns that phase's error if it fails; then,
+ * graceful or not, fails the calls still pending, stops serving and closes its connections. Not
+ * from a function the agent runs nor from a future callback (shutdown waits for them): that fails
+ * with TD_ERR_INVALID and the agent keeps running. */
 TD_API td_status td_rpc_agent_shutdown(td_rpc_agent *agent, bool graceful, int64_t timeout_ms);
 
 /* The default agent. init fails with "RPC is already initialized" while one runs (which keeps

@@ -18,6 +18,7 @@
 #include <tdist/testing.h>
 
 #include "rpc/message.h"
+#include "rpc_util.h"
 
 #define TRY(expr)                      \
     do {                               \
@@ -185,30 +186,22 @@ static td_status fn_shutdown_inside(td_rpc_call *call, const td_value *args, con
 
 static void register_functions(void)
 {
-    struct {
-        const char *name;
-        td_rpc_fn fn;
-    } fns[] = {{"add_ints", fn_add_ints}, {"inc_tensor", fn_inc_tensor}, {"callee_id", fn_callee_id},
-               {"caller_name", fn_caller_name}, {"raise_func", fn_raise}, {"light_rpc", fn_zero},
-               {"sleep_ms", fn_sleep}, {"nested_rpc", fn_nested}, {"chain", fn_chain},
-               {"shutdown_inside", fn_shutdown_inside}};
-    for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
-        td_status st = td_rpc_register(fns[i].name, fns[i].fn, NULL);
-        TD_CHECK(st == TD_OK || st == TD_ERR_ALREADY);
-    }
-    td_status st = td_rpc_register_async("async_add", fn_async_add, NULL);
-    TD_CHECK(st == TD_OK || st == TD_ERR_ALREADY);
-    st = td_rpc_register_async("async_raise", fn_async_raise, NULL);
-    TD_CHECK(st == TD_OK || st == TD_ERR_ALREADY);
+    const rpc_test_function fns[] = {
+        {"add_ints", fn_add_ints, NULL, NULL},         {"inc_tensor", fn_inc_tensor, NULL, NULL},
+        {"callee_id", fn_callee_id, NULL, NULL},       {"caller_name", fn_caller_name, NULL, NULL},
+        {"raise_func", fn_raise, NULL, NULL},          {"light_rpc", fn_zero, NULL, NULL},
+        {"sleep_ms", fn_sleep, NULL, NULL},            {"nested_rpc", fn_nested, NULL, NULL},
+        {"chain", fn_chain, NULL, NULL},               {"shutdown_inside", fn_shutdown_inside, NULL, NULL},
+        {"async_add", NULL, fn_async_add, NULL},       {"async_raise", NULL, fn_async_raise, NULL},
+    };
+    rpc_test_register(fns, sizeof fns / sizeof fns[0]);
 }
 
 /* ---- set-up ----------------------------------------------------------------------------------- */
 
 static td_rpc_options options(td_test_ctx *ctx)
 {
-    td_rpc_options o;
-    td_rpc_options_init(&o);
-    o.init_method = ctx->init_url;
+    td_rpc_options o = rpc_test_options(ctx);
     o.tcp_only = strcmp(ctx->param, "tcp") == 0;
     return o;
 }
@@ -216,9 +209,7 @@ static td_rpc_options options(td_test_ctx *ctx)
 static void rpc_up_with(td_test_ctx *ctx, const td_rpc_options *o)
 {
     register_functions();
-    char name[32];
-    snprintf(name, sizeof name, "worker%d", ctx->rank);
-    TD_CHECK_OK(td_rpc_init(name, ctx->rank, ctx->world_size, o));
+    rpc_test_init(ctx, o);
 }
 
 static void rpc_up(td_test_ctx *ctx)

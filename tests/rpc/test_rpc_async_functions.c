@@ -19,6 +19,8 @@
 #include <tdist/rpc.h>
 #include <tdist/testing.h>
 
+#include "rpc_util.h"
+
 #define NUM 20
 #define STEP 3
 
@@ -228,42 +230,27 @@ static void register_all(void)
 {
     if (!g_value_future)
         g_value_future = td_future_new();
-    struct {
-        const char *name;
-        td_rpc_async_fn fn;
-    } afns[] = {{"async_add_with_future_ctor", fn_async_add_with_future_ctor},
-                {"async_add_chained", fn_async_add_chained},
-                {"async_add_chained_multi", fn_async_add_chained_multi},
-                {"async_add_nested", fn_async_add_nested},
-                {"async_add_multi_fanout", fn_async_add_multi_fanout},
-                {"async_raise", fn_async_raise}};
-    for (size_t i = 0; i < sizeof afns / sizeof afns[0]; i++)
-        TD_CHECK_OK(td_rpc_register_async(afns[i].name, afns[i].fn, NULL));
-    struct {
-        const char *name;
-        td_rpc_fn fn;
-        void *arg;
-    } fns[] = {{"add", fn_add, NULL},
-               {"set_value", fn_set_value, g_value_future},
-               {"no_result", fn_no_result, NULL},
-               {"heavy_rpc", fn_heavy_rpc, NULL},
-               {"slow_add", fn_slow_add, NULL}};
-    for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
-        TD_CHECK_OK(td_rpc_register(fns[i].name, fns[i].fn, fns[i].arg));
+    const rpc_test_function fns[] = {
+        {"async_add_with_future_ctor", NULL, fn_async_add_with_future_ctor, NULL},
+        {"async_add_chained", NULL, fn_async_add_chained, NULL},
+        {"async_add_chained_multi", NULL, fn_async_add_chained_multi, NULL},
+        {"async_add_nested", NULL, fn_async_add_nested, NULL},
+        {"async_add_multi_fanout", NULL, fn_async_add_multi_fanout, NULL},
+        {"async_raise", NULL, fn_async_raise, NULL},
+        {"add", fn_add, NULL, NULL},
+        {"set_value", fn_set_value, NULL, g_value_future},
+        {"no_result", fn_no_result, NULL, NULL},
+        {"heavy_rpc", fn_heavy_rpc, NULL, NULL},
+        {"slow_add", fn_slow_add, NULL, NULL},
+    };
+    rpc_test_register(fns, sizeof fns / sizeof fns[0]);
 }
 
-static void rpc_up_url(td_test_ctx *ctx, const char *url)
+static void rpc_up(td_test_ctx *ctx)
 {
     register_all();
-    td_rpc_options o;
-    td_rpc_options_init(&o);
-    o.init_method = url;
-    char name[32];
-    snprintf(name, sizeof name, "worker%d", ctx->rank);
-    TD_CHECK_OK(td_rpc_init(name, ctx->rank, ctx->world_size, &o));
+    rpc_test_init(ctx, NULL);
 }
-
-static void rpc_up(td_test_ctx *ctx) { rpc_up_url(ctx, ctx->init_url); }
 
 static int64_t call_int(td_test_ctx *ctx, const char *fn, int64_t a, int64_t b)
 {
@@ -295,13 +282,9 @@ TD_TEST(async_function_forms, .world_size = 3, .timeout_s = 60)
 TD_TEST(async_functions_hold_no_thread, .world_size = 3, .timeout_s = 60)
 {
     register_all();
-    td_rpc_options o;
-    td_rpc_options_init(&o);
-    o.init_method = ctx->init_url;
+    td_rpc_options o = rpc_test_options(ctx);
     o.num_worker_threads = 1;
-    char name[32];
-    snprintf(name, sizeof name, "worker%d", ctx->rank);
-    TD_CHECK_OK(td_rpc_init(name, ctx->rank, ctx->world_size, &o));
+    rpc_test_init(ctx, &o);
     td_future *fs[NUM];
     td_value *args = int_args(1, 0);
     for (int i = 0; i < NUM; i++)

@@ -13,6 +13,8 @@
 #include <tdist/rpc.h>
 #include <tdist/testing.h>
 
+#include "rpc_util.h"
+
 static _Atomic int64_t g_count; /* the leader's counter */
 
 static td_status fn_reset_count(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
@@ -37,14 +39,10 @@ static td_status fn_increment_count(td_rpc_call *call, const td_value *args, con
 
 static void rpc_up(td_test_ctx *ctx)
 {
-    TD_CHECK_OK(td_rpc_register("reset_count", fn_reset_count, NULL));
-    TD_CHECK_OK(td_rpc_register("increment_count", fn_increment_count, NULL));
-    td_rpc_options o;
-    td_rpc_options_init(&o);
-    o.init_method = ctx->init_url;
-    char name[32];
-    snprintf(name, sizeof name, "worker%d", ctx->rank);
-    TD_CHECK_OK(td_rpc_init(name, ctx->rank, ctx->world_size, &o));
+    const rpc_test_function fns[] = {{"reset_count", fn_reset_count, NULL, NULL},
+                                     {"increment_count", fn_increment_count, NULL, NULL}};
+    rpc_test_register(fns, sizeof fns / sizeof fns[0]);
+    rpc_test_init(ctx, NULL);
 }
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }

@@ -10,6 +10,8 @@
 #include <tdist/rpc.h>
 #include <tdist/testing.h>
 
+#include "rpc_util.h"
+
 /* ---- the functions workers call -------------------------------------------------------------- */
 
 static td_status fn_raise_value_error(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
@@ -34,16 +36,10 @@ static td_status fn_same_tensor(td_rpc_call *call, const td_value *args, const t
 
 static void rpc_up(td_test_ctx *ctx)
 {
-    td_status st = td_rpc_register("raise_value_error", fn_raise_value_error, NULL);
-    TD_CHECK(st == TD_OK || st == TD_ERR_ALREADY);
-    st = td_rpc_register("same_tensor", fn_same_tensor, NULL);
-    TD_CHECK(st == TD_OK || st == TD_ERR_ALREADY);
-    td_rpc_options o;
-    td_rpc_options_init(&o);
-    o.init_method = ctx->init_url;
-    char name[32];
-    snprintf(name, sizeof name, "worker%d", ctx->rank);
-    TD_CHECK_OK(td_rpc_init(name, ctx->rank, ctx->world_size, &o));
+    const rpc_test_function fns[] = {{"raise_value_error", fn_raise_value_error, NULL, NULL},
+                                     {"same_tensor", fn_same_tensor, NULL, NULL}};
+    rpc_test_register(fns, sizeof fns / sizeof fns[0]);
+    rpc_test_init(ctx, NULL);
 }
 
 static td_rpc_dest next_worker(td_test_ctx *ctx) { return td_rpc_to_id((ctx->rank + 1) % ctx->world_size); }

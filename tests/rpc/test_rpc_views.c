@@ -9,6 +9,8 @@
 #include <tdist/rpc.h>
 #include <tdist/testing.h>
 
+#include "rpc_util.h"
+
 /* non_cont_test(t_view, t_cont) from the seed: raises as it does when a layout or the values did
  * not survive the trip, else returns t_view. */
 static td_status fn_non_cont_test(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
@@ -45,14 +47,9 @@ static td_tensor *rand_5x5(uint64_t seed)
 
 TD_TEST(non_cont_tensors, .world_size = 2, .timeout_s = 60)
 {
-    td_status st = td_rpc_register("non_cont_test", fn_non_cont_test, NULL);
-    TD_CHECK(st == TD_OK || st == TD_ERR_ALREADY);
-    td_rpc_options o;
-    td_rpc_options_init(&o);
-    o.init_method = ctx->init_url;
-    char name[32];
-    snprintf(name, sizeof name, "worker%d", ctx->rank);
-    TD_CHECK_OK(td_rpc_init(name, ctx->rank, ctx->world_size, &o));
+    const rpc_test_function fns[] = {{"non_cont_test", fn_non_cont_test, NULL, NULL}};
+    rpc_test_register(fns, 1);
+    rpc_test_init(ctx, NULL);
 
     if (ctx->rank == 0) {
         td_tensor *t = rand_5x5(12345), *view = NULL, *cont = NULL;
@@ -63,8 +60,8 @@ TD_TEST(non_cont_tensors, .world_size = 2, .timeout_s = 60)
         TD_CHECK(td_tensor_equal(view, cont));
 
         td_value *args = td_value_tuple_of(2, td_value_tensor(view), td_value_tensor(cont)), *r = NULL;
-        snprintf(name, sizeof name, "worker%d", (ctx->rank + 1) % ctx->world_size);
-        st = td_rpc_sync(NULL, td_rpc_to_name(name), "non_cont_test", args, NULL, TD_RPC_DEFAULT_TIMEOUT, &r);
+        td_status st = td_rpc_sync(NULL, td_rpc_to_name("worker1"), "non_cont_test", args, NULL,
+                                   TD_RPC_DEFAULT_TIMEOUT, &r);
         TD_CHECK_MSG(st == TD_OK, "non_cont_test failed: %s", td_last_error());
         td_tensor *ret = r ? td_value_get_tensor(r) : NULL;
         TD_CHECK(ret != NULL);

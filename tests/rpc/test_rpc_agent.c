@@ -42,15 +42,6 @@ static void sleep_ms(int64_t ms)
 
 /* ---- the functions workers call -------------------------------------------------------------- */
 
-static td_status fn_add_ints(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
-{
-    const td_value *p[2];
-    TRY(td_rpc_bind("add_ints", "a,b", args, kwargs, p));
-    (void)call;
-    *result = td_value_int(td_value_get_int(p[0]) + td_value_get_int(p[1]));
-    return TD_OK;
-}
-
 /* Adds one to every element of a float32 tensor in place and returns it: the caller's copy must
  * not change, also on a self-call. */
 static td_status fn_inc_tensor(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
@@ -65,32 +56,12 @@ static td_status fn_inc_tensor(td_rpc_call *call, const td_value *args, const td
     return TD_OK;
 }
 
-static td_status fn_callee_id(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
-{
-    (void)args;
-    (void)kwargs;
-    td_worker_info me;
-    TRY(td_rpc_worker_info(td_rpc_call_agent(call), NULL, &me));
-    *result = td_value_int(me.id);
-    return TD_OK;
-}
-
 static td_status fn_caller_name(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
 {
     (void)args;
     (void)kwargs;
     *result = td_value_string(td_rpc_call_caller(call)->name);
     return TD_OK;
-}
-
-static td_status fn_raise(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
-{
-    (void)call;
-    (void)kwargs;
-    (void)result;
-    const char *type = td_value_len(args) > 0 ? td_value_get_string(td_value_at(args, 0), NULL) : "ValueError";
-    const char *msg = td_value_len(args) > 1 ? td_value_get_string(td_value_at(args, 1), NULL) : "Expected error";
-    return td_rpc_raise(type, "%s", msg);
 }
 
 static td_status fn_zero(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
@@ -164,15 +135,6 @@ static td_future *fn_async_add(td_rpc_call *call, const td_value *args, const td
     return st == TD_OK ? f : NULL;
 }
 
-static td_future *fn_async_raise(td_rpc_call *call, const td_value *args, const td_value *kwargs)
-{
-    (void)call;
-    (void)args;
-    (void)kwargs;
-    td_rpc_raise("RuntimeError", "Expected error");
-    return NULL;
-}
-
 /* Tries to shut the default agent down from inside a function it runs; returns the status. */
 static td_status fn_shutdown_inside(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
 {
@@ -187,12 +149,12 @@ static td_status fn_shutdown_inside(td_rpc_call *call, const td_value *args, con
 static void register_functions(void)
 {
     const rpc_test_function fns[] = {
-        {"add_ints", fn_add_ints, NULL, NULL},         {"inc_tensor", fn_inc_tensor, NULL, NULL},
-        {"callee_id", fn_callee_id, NULL, NULL},       {"caller_name", fn_caller_name, NULL, NULL},
-        {"raise_func", fn_raise, NULL, NULL},          {"light_rpc", fn_zero, NULL, NULL},
+        {"add_ints", rpc_test_add_ints, NULL, NULL},         {"inc_tensor", fn_inc_tensor, NULL, NULL},
+        {"callee_id", rpc_test_callee_id, NULL, NULL},       {"caller_name", fn_caller_name, NULL, NULL},
+        {"raise_func", rpc_test_raise, NULL, NULL},          {"light_rpc", fn_zero, NULL, NULL},
         {"sleep_ms", fn_sleep, NULL, NULL},            {"nested_rpc", fn_nested, NULL, NULL},
         {"chain", fn_chain, NULL, NULL},               {"shutdown_inside", fn_shutdown_inside, NULL, NULL},
-        {"async_add", NULL, fn_async_add, NULL},       {"async_raise", NULL, fn_async_raise, NULL},
+        {"async_add", NULL, fn_async_add, NULL},       {"async_raise", NULL, rpc_test_async_raise, NULL},
     };
     rpc_test_register(fns, sizeof fns / sizeof fns[0]);
 }

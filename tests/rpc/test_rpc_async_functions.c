@@ -26,16 +26,6 @@
 
 static td_value *int_args(int64_t a, int64_t b) { return td_value_tuple_of(2, td_value_int(a), td_value_int(b)); }
 
-static td_status fn_add(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
-{
-    (void)call;
-    const td_value *p[2];
-    if (td_rpc_bind("add", "a,b", args, kwargs, p) != TD_OK)
-        return TD_ERR_REMOTE;
-    *result = td_value_int(td_value_get_int(p[0]) + td_value_get_int(p[1]));
-    return TD_OK;
-}
-
 /* The worker after this one, in a world of n. */
 static td_rpc_dest next_of(td_rpc_call *call, int hops)
 {
@@ -168,15 +158,6 @@ static td_future *fn_async_add_multi_fanout(td_rpc_call *call, const td_value *a
 
 /* ---- failures ---------------------------------------------------------------------------------- */
 
-static td_future *fn_async_raise(td_rpc_call *call, const td_value *args, const td_value *kwargs)
-{
-    (void)call;
-    (void)args;
-    (void)kwargs;
-    td_rpc_raise("RuntimeError", "Expected error");
-    return NULL;
-}
-
 /* ---- test_expected_src: state kept between calls, through the registration's arg -------------- */
 
 static td_status fn_set_value(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
@@ -221,7 +202,7 @@ static void slow_ms(int ms)
 static td_status fn_slow_add(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
 {
     slow_ms(1000);
-    return fn_add(call, args, kwargs, result);
+    return rpc_test_add_ints(call, args, kwargs, result);
 }
 
 static td_future *g_value_future; /* test_expected_src's VALUE_FUTURE, one per worker process */
@@ -236,8 +217,8 @@ static void register_all(void)
         {"async_add_chained_multi", NULL, fn_async_add_chained_multi, NULL},
         {"async_add_nested", NULL, fn_async_add_nested, NULL},
         {"async_add_multi_fanout", NULL, fn_async_add_multi_fanout, NULL},
-        {"async_raise", NULL, fn_async_raise, NULL},
-        {"add", fn_add, NULL, NULL},
+        {"async_raise", NULL, rpc_test_async_raise, NULL},
+        {"add", rpc_test_add_ints, NULL, NULL},
         {"set_value", fn_set_value, NULL, g_value_future},
         {"no_result", fn_no_result, NULL, NULL},
         {"heavy_rpc", fn_heavy_rpc, NULL, NULL},

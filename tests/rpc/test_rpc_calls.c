@@ -14,15 +14,6 @@
 
 /* ---- the functions workers call -------------------------------------------------------------- */
 
-static td_status fn_raise_value_error(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
-{
-    (void)call;
-    (void)args;
-    (void)kwargs;
-    (void)result;
-    return td_rpc_raise("ValueError", "Expected error");
-}
-
 /* same_tensor(list): whether items 0 and 1 of the list are one tensor object on the callee. */
 static td_status fn_same_tensor(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
 {
@@ -36,7 +27,7 @@ static td_status fn_same_tensor(td_rpc_call *call, const td_value *args, const t
 
 static void rpc_up(td_test_ctx *ctx)
 {
-    const rpc_test_function fns[] = {{"raise_value_error", fn_raise_value_error, NULL, NULL},
+    const rpc_test_function fns[] = {{"raise_value_error", rpc_test_raise, NULL, NULL},
                                      {"same_tensor", fn_same_tensor, NULL, NULL}};
     rpc_test_register(fns, sizeof fns / sizeof fns[0]);
     rpc_test_init(ctx, NULL);
@@ -133,7 +124,8 @@ TD_TEST(collect_all_rpc_futures, .world_size = 2, .timeout_s = 60)
     td_value *args = td_value_tuple_of(2, td_value_tensor(t), td_value_tensor(t));
     td_tensor_release(t);
     for (int j = 0; j < N; j++)
-        TD_CHECK_OK(td_rpc_async(NULL, next_worker(ctx), j % 3 == 2 ? "raise_value_error" : "aten::add", args, NULL,
+        TD_CHECK_OK(td_rpc_async(NULL, next_worker(ctx), j % 3 == 2 ? "raise_value_error" : "aten::add",
+                                 j % 3 == 2 ? NULL : args, NULL,
                                  TD_RPC_DEFAULT_TIMEOUT, &fs[j]));
     td_value_release(args);
     td_future *all = td_future_collect_all(fs, N);

@@ -18,40 +18,19 @@
 #include <tdist/store.h>
 #include <tdist/testing.h>
 
+#include "rpc_util.h"
+
 static void sleep_ms(int64_t ms)
 {
     struct timespec d = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&d, NULL);
 }
 
-static td_status fn_add_ints(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
-{
-    const td_value *p[2];
-    (void)call;
-    td_status st = td_rpc_bind("add_ints", "a,b", args, kwargs, p);
-    if (st != TD_OK)
-        return st;
-    *result = td_value_int(td_value_get_int(p[0]) + td_value_get_int(p[1]));
-    return TD_OK;
-}
-
-static td_status fn_callee_id(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
-{
-    (void)args;
-    (void)kwargs;
-    td_worker_info me;
-    td_status st = td_rpc_worker_info(td_rpc_call_agent(call), NULL, &me);
-    if (st == TD_OK)
-        *result = td_value_int(me.id);
-    return st;
-}
-
 static void register_functions(void)
 {
-    td_status st = td_rpc_register("add_ints", fn_add_ints, NULL);
-    TD_CHECK(st == TD_OK || st == TD_ERR_ALREADY);
-    st = td_rpc_register("callee_id", fn_callee_id, NULL);
-    TD_CHECK(st == TD_OK || st == TD_ERR_ALREADY);
+    const rpc_test_function fns[] = {{"add_ints", rpc_test_add_ints, NULL, NULL},
+                                     {"callee_id", rpc_test_callee_id, NULL, NULL}};
+    rpc_test_register(fns, sizeof fns / sizeof fns[0]);
 }
 
 static td_store *open_store(td_test_ctx *ctx)

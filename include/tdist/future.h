@@ -85,16 +85,16 @@ TD_API void td_future_add_callback(td_future *f, void (*cb)(td_future *f, void *
 /* A future for fn's result once f completes. fn is always called, exactly once, with the completed
  * parent (which may have failed: check td_future_status) so it can also free arg; it sets *result (a
  * new reference, or NULL for none) and returns TD_OK, or returns an error code, with the message in
- * td_last_error(), which fails the child: a "RuntimeError", unless fn passes on a failure with
- * td_future_propagate_error, which keeps its type. */
+ * td_last_error(), which fails the child: a "RuntimeError", unless fn fails with a type
+ * (td_future_propagate_error, or td_rpc_raise in tdist/rpc.h). */
 TD_API td_future *td_future_then(td_future *f, td_status (*fn)(td_future *parent, void *arg, td_value **result),
                                  void *arg);
 /* Passes on failed's failure, for a then() function to return:
  *     if (td_future_status(parent) != TD_OK) return td_future_propagate_error(parent);
- * returns failed's code with td_last_error() set to its message, and notes its type name (up to
- * 127 bytes) in the calling thread, so that the then() child fails with the same code, message and
- * type. (fn may prefix context to the message, as long as it returns that code.) Returns TD_OK, and
- * notes nothing, when failed has not failed. */
+ * returns failed's code with td_last_error() set to its message and its type name (up to 127
+ * bytes) kept beside it, so that the then() child, or an RPC function's caller, fails with the same
+ * code, message and type. (fn may prefix context to the message.) Returns TD_OK when failed has
+ * not failed. */
 TD_API td_status td_future_propagate_error(const td_future *failed);
 
 #ifdef __cplusplus

@@ -13,6 +13,7 @@
 #include "tdist_config.h"
 
 static __thread char tl_message[TD_ERROR_MAX];
+static __thread char tl_type[128]; /* "" for an untyped failure */
 
 static void mark_truncated(int written)
 {
@@ -26,6 +27,7 @@ td_status error_fmt(td_status code, const char *fmt, ...)
     va_start(ap, fmt);
     mark_truncated(vsnprintf(tl_message, sizeof tl_message, fmt, ap));
     va_end(ap);
+    tl_type[0] = '\0';
     return code;
 }
 
@@ -40,6 +42,7 @@ td_status error_errno(td_status code, const char *fmt, ...)
     char reason[128];
     const char *r = strerror_r(err, reason, sizeof reason);
     mark_truncated(snprintf(tl_message, sizeof tl_message, "%s: %s", what, r));
+    tl_type[0] = '\0';
     return code;
 }
 
@@ -63,13 +66,24 @@ td_status error_prefix(td_status code, const char *fmt, ...)
     return code;
 }
 
-td_status error_set(td_status code, const char *message)
+td_status error_set(td_status code, const char *message) { return error_set_typed(code, NULL, message); }
+
+td_status error_set_typed(td_status code, const char *type_name, const char *message)
 {
-    mark_truncated(snprintf(tl_message, sizeof tl_message, "%s", message ? message : ""));
+    if (message != tl_message) /* error_set(code, td_last_error()) keeps the message */
+        mark_truncated(snprintf(tl_message, sizeof tl_message, "%s", message ? message : ""));
+    if (type_name != tl_type)
+        snprintf(tl_type, sizeof tl_type, "%s", type_name ? type_name : "");
     return code;
 }
 
-void error_clear(void) { tl_message[0] = '\0'; }
+const char *error_type(void) { return tl_type[0] ? tl_type : NULL; }
+
+void error_clear(void)
+{
+    tl_message[0] = '\0';
+    tl_type[0] = '\0';
+}
 
 const char *td_last_error(void) { return tl_message; }
 

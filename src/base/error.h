@@ -20,6 +20,13 @@ td_status error_prefix(td_status code, const char *fmt, ...) __attribute__((form
 /* Sets the message verbatim (e.g. one carried by a future or received from a peer). */
 td_status error_set(td_status code, const char *message);
 void error_clear(void);
+/* The thread's failure may carry a Python error type name ("ValueError"), for RPC, which sends it
+ * to the caller (td_rpc_raise, typed futures). error_set_typed sets message and type; error_fmt,
+ * error_errno, error_set and error_clear drop the type (a new failure is untyped), error_prefix
+ * keeps it. error_type is NULL when the current failure has no type; a type name is cut to 127
+ * bytes. */
+td_status error_set_typed(td_status code, const char *type_name, const char *message);
+const char *error_type(void);
 
 /* Propagate a failure: TD_TRY(call) returns its status from the enclosing function when non-zero. */
 #define TD_TRY(expr)                 \

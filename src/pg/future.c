@@ -647,43 +647,27 @@ typedef struct then_ctx {
     void *arg;
 } then_ctx;
 
-/* What td_future_propagate_error noted in this thread, for the then_cb running it. A fixed buffer,
- * so that a note never consumed (propagate called outside a then function) holds no memory. */
-typedef struct propagated {
-    bool set;
-    td_status status;
-    char type[128]; /* "" for RuntimeError */
-} propagated;
-static __thread propagated t_propagated;
-
 td_status td_future_propagate_error(const td_future *failed)
 {
     if (!failed)
         return error_fmt(TD_ERR_INVALID, "td_future_propagate_error: future is NULL");
     if (atomic_load(&failed->state) != FUT_FAILED)
         return TD_OK;
-    t_propagated.set = true;
-    t_propagated.status = failed->status;
-    snprintf(t_propagated.type, sizeof t_propagated.type, "%s", failed->error_type ? failed->error_type : "");
-    return error_set(failed->status, failed->error ? failed->error : "");
+    return error_set_typed(failed->status, failed->error_type, failed->error ? failed->error : "");
 }
 
 static void then_cb(td_future *parent, void *p)
 {
     then_ctx *c = p;
     td_value *result = NULL;
-    /* fn may itself complete futures whose then functions run here, nested: each sees its own note. */
-    propagated outer = t_propagated;
-    t_propagated.set = false;
     td_status st = c->fn(parent, c->arg, &result);
     if (st == TD_OK) {
         td_future_set_result(c->child, result);
     } else {
         td_value_release(result);
-        bool keep = t_propagated.set && t_propagated.status == st;
-        td_future_set_typed_error(c->child, st, keep ? t_propagated.type : NULL, "%s", td_last_error());
+        /* The type of fn's failure, if it has one (td_future_propagate_error, td_rpc_raise). */
+        td_future_set_typed_error(c->child, st, error_type(), "%s", td_last_error());
     }
-    t_propagated = outer;
     td_future_release(c->child);
     free(c);
 }

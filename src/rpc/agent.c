@@ -375,10 +375,14 @@ static void async_done(td_future *f, void *arg)
     free(r);
 }
 
-static const char *failure_type(void)
+/* Replies with the failure a function just returned: its message and type (td_rpc_raise,
+ * td_future_propagate_error; else RuntimeError), copied first, as sending may fail and set others. */
+static void call_failed_now(td_rpc_agent *a, int peer, const rpc_header *call)
 {
-    const char *t = rpc_raised_type();
-    return t ? t : "RuntimeError";
+    char type[128], msg[TD_ERROR_MAX];
+    snprintf(type, sizeof type, "%s", error_type() ? error_type() : "RuntimeError");
+    snprintf(msg, sizeof msg, "%s", td_last_error());
+    call_failed(a, peer, call, type, msg);
 }
 
 /* A call that will not run (shutdown). */
@@ -422,11 +426,10 @@ static void run_call(void *arg)
         goto out;
     }
     td_rpc_call call = {.agent = a, .caller = a->peers[in->peer].info, .arg = rf.arg};
-    rpc_raised_reset();
     if (rf.async_fn) {
         td_future *f = rf.async_fn(&call, args, kwargs);
         if (!f) {
-            call_failed(a, in->peer, &in->header, failure_type(), td_last_error());
+            call_failed_now(a, in->peer, &in->header);
             goto out;
         }
         async_reply *r = TD_NEW(async_reply);
@@ -442,7 +445,7 @@ static void run_call(void *arg)
         if (st == TD_OK)
             reply_value(a, in->peer, &in->header, result);
         else
-            call_failed(a, in->peer, &in->header, failure_type(), td_last_error());
+            call_failed_now(a, in->peer, &in->header);
         td_value_release(result);
     }
 out:

@@ -4,8 +4,8 @@
  * function from under a call that already looked it up.
  *
  * Beside it, what a function uses to fail or read its arguments the way a Python function would:
- * td_rpc_raise (a typed error, whose type name the agent reads back through rpc_raised_type on the
- * same thread), td_rpc_bind (Python's argument binding and its TypeError messages), and worker
+ * td_rpc_raise (a typed error: base/error.h keeps the type beside the thread's message, where the
+ * agent reads it back), td_rpc_bind (Python's argument binding and its TypeError messages), and worker
  * infos with PyTorch's name rules. */
 #include "rpc/registry.h"
 
@@ -20,7 +20,6 @@
 #include "base/map.h"
 
 #define FUNCTION_NAME_MAX 255 /* longest registered name, in bytes */
-#define RAISED_TYPE_MAX 128   /* a longer type name given to td_rpc_raise is cut to 127 bytes */
 #define BIND_MAX_PARAMS 64
 
 static pthread_mutex_t g_registry_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -100,13 +99,6 @@ bool rpc_registry_lookup(const char *name, rpc_function *out)
 
 /* ---- raising typed errors ------------------------------------------------------------------ */
 
-static __thread char tl_raised_type[RAISED_TYPE_MAX];
-static __thread bool tl_raised;
-
-void rpc_raised_reset(void) { tl_raised = false; }
-
-const char *rpc_raised_type(void) { return tl_raised ? tl_raised_type : NULL; }
-
 td_status td_rpc_raise(const char *type_name, const char *fmt, ...)
 {
     char message[TD_ERROR_MAX];
@@ -117,9 +109,7 @@ td_status td_rpc_raise(const char *type_name, const char *fmt, ...)
         vsnprintf(message, sizeof message, fmt, ap);
         va_end(ap);
     }
-    snprintf(tl_raised_type, sizeof tl_raised_type, "%s", type_name && *type_name ? type_name : "RuntimeError");
-    tl_raised = true;
-    return error_set(TD_ERR_REMOTE, message);
+    return error_set_typed(TD_ERR_REMOTE, type_name && *type_name ? type_name : "RuntimeError", message);
 }
 
 /* ---- binding arguments --------------------------------------------------------------------- */

@@ -20,10 +20,4 @@ bool rpc_registry_lookup(const char *name, rpc_function *out);
 /* Registers the builtin tensor functions once per process (idempotent; thread-safe). */
 void rpc_builtins_register(void);
 
-/* What td_rpc_raise records on its thread: the agent resets it before it runs a function and reads
- * it after a failure. rpc_raised_type is the type name given to the last td_rpc_raise on this
- * thread since the reset, or NULL when the failure did not come from td_rpc_raise. */
-void rpc_raised_reset(void);
-const char *rpc_raised_type(void);
-
 #endif

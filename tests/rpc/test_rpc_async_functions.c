@@ -99,6 +99,27 @@ static td_future *fn_async_add_chained_multi(td_rpc_call *call, const td_value *
     return chained(call, args, NUM);
 }
 
+/* async_then_raise: a then() step of the reply's future raises a typed error, which must reach
+ * the caller with its type. */
+static td_status then_raise(td_future *parent, void *arg, td_value **result)
+{
+    (void)parent;
+    (void)arg;
+    (void)result;
+    return td_rpc_raise("ValueError", "Expected error in then");
+}
+
+static td_future *fn_async_then_raise(td_rpc_call *call, const td_value *args, const td_value *kwargs)
+{
+    (void)kwargs;
+    td_future *f = NULL;
+    if (td_rpc_async(td_rpc_call_agent(call), next_of(call, 1), "add", args, NULL, TD_RPC_DEFAULT_TIMEOUT, &f) != TD_OK)
+        return NULL;
+    td_future *child = td_future_then(f, then_raise, NULL);
+    td_future_release(f);
+    return child;
+}
+
 /* ---- async_add_nested: async calling async, on the worker after next */
 
 static td_future *fn_async_add_nested(td_rpc_call *call, const td_value *args, const td_value *kwargs)
@@ -218,6 +239,7 @@ static void register_all(void)
         {"async_add_nested", NULL, fn_async_add_nested, NULL},
         {"async_add_multi_fanout", NULL, fn_async_add_multi_fanout, NULL},
         {"async_raise", NULL, rpc_test_async_raise, NULL},
+        {"async_then_raise", NULL, fn_async_then_raise, NULL},
         {"add", rpc_test_add_ints, NULL, NULL},
         {"set_value", fn_set_value, NULL, g_value_future},
         {"no_result", fn_no_result, NULL, NULL},
@@ -295,6 +317,14 @@ TD_TEST(async_function_raise, .world_size = 2, .timeout_s = 60)
                              &f));
     TD_CHECK_ERR(td_future_wait(f, 0), TD_ERR_REMOTE, "Expected error");
     TD_CHECK_CONTAINS(td_future_error_type(f), "RuntimeError");
+    td_future_release(f);
+    /* Raised in a then() step of the future the function returned: the type still arrives. */
+    td_value *args = int_args(1, 2);
+    TD_CHECK_OK(td_rpc_async(NULL, td_rpc_to_id((ctx->rank + 1) % 2), "async_then_raise", args, NULL,
+                             TD_RPC_DEFAULT_TIMEOUT, &f));
+    td_value_release(args);
+    TD_CHECK_ERR(td_future_wait(f, 0), TD_ERR_REMOTE, "Expected error in then");
+    TD_CHECK_CONTAINS(td_future_error_type(f), "ValueError");
     td_future_release(f);
     TD_CHECK_OK(td_rpc_shutdown(true, 0));
 }

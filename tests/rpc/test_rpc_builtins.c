@@ -9,6 +9,7 @@
 #include <tdist/rpc.h>
 #include <tdist/testing.h>
 
+#include "base/error.h"
 #include "rpc/registry.h"
 
 /* ---- helpers --------------------------------------------------------------------------------- */
@@ -21,7 +22,7 @@ static td_status call(const char *name, td_value *args, td_value *kwargs, td_val
     TD_CHECK_MSG(rpc_registry_lookup(name, &f), "%s is not registered", name);
     TD_CHECK(f.fn != NULL);
     td_value *kw = kwargs ? kwargs : td_value_dict_new();
-    rpc_raised_reset();
+    error_clear();
     *result = NULL;
     td_status st = f.fn(NULL, args, kw, result);
     td_value_release(args);
@@ -71,7 +72,7 @@ static void check_tensor(td_value *result, td_dtype dt, td_shape shape, const do
 static void check_fails(td_status st, td_status want, const char *type, const char *substr)
 {
     TD_CHECK_ERR(st, want, substr);
-    const char *raised = rpc_raised_type();
+    const char *raised = error_type();
     if (type)
         TD_CHECK_STR_EQ(raised ? raised : "(none)", type);
     else

@@ -11,6 +11,7 @@
 #include <tdist/rpc.h>
 #include <tdist/testing.h>
 
+#include "base/error.h"
 #include "rpc/registry.h"
 
 static td_status fn_one(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
@@ -149,17 +150,17 @@ TD_TEST(registry_threads)
 
 static void *raised_elsewhere(void *p)
 {
-    *(const char **)p = rpc_raised_type();
+    *(const char **)p = error_type();
     return NULL;
 }
 
 TD_TEST(raise_records_type)
 {
-    rpc_raised_reset();
-    TD_CHECK(rpc_raised_type() == NULL);
+    error_clear();
+    TD_CHECK(error_type() == NULL);
     TD_CHECK_EQ(td_rpc_raise("ValueError", "Expected error %d", 7), TD_ERR_REMOTE);
     TD_CHECK_STR_EQ(td_last_error(), "Expected error 7");
-    TD_CHECK_STR_EQ(rpc_raised_type(), "ValueError");
+    TD_CHECK_STR_EQ(error_type(), "ValueError");
 
     /* The type is the calling thread's. */
     const char *other = "unset";
@@ -170,22 +171,22 @@ TD_TEST(raise_records_type)
 
     /* The last raise wins; a reset forgets it. */
     TD_CHECK_EQ(td_rpc_raise("AttributeError", "'Foo' object has no attribute 'bar'"), TD_ERR_REMOTE);
-    TD_CHECK_STR_EQ(rpc_raised_type(), "AttributeError");
-    rpc_raised_reset();
-    TD_CHECK(rpc_raised_type() == NULL);
+    TD_CHECK_STR_EQ(error_type(), "AttributeError");
+    error_clear();
+    TD_CHECK(error_type() == NULL);
 
     /* No type: RuntimeError; a very long type name is cut, not overrun. */
     TD_CHECK_EQ(td_rpc_raise(NULL, "plain"), TD_ERR_REMOTE);
-    TD_CHECK_STR_EQ(rpc_raised_type(), "RuntimeError");
+    TD_CHECK_STR_EQ(error_type(), "RuntimeError");
     TD_CHECK_EQ(td_rpc_raise("", "plain"), TD_ERR_REMOTE);
-    TD_CHECK_STR_EQ(rpc_raised_type(), "RuntimeError");
+    TD_CHECK_STR_EQ(error_type(), "RuntimeError");
     char long_type[400];
     memset(long_type, 'E', sizeof long_type - 1);
     long_type[sizeof long_type - 1] = '\0';
     TD_CHECK_EQ(td_rpc_raise(long_type, "x"), TD_ERR_REMOTE);
-    TD_CHECK_EQ(strlen(rpc_raised_type()), 127);
-    TD_CHECK(strncmp(rpc_raised_type(), long_type, 127) == 0);
-    rpc_raised_reset();
+    TD_CHECK_EQ(strlen(error_type()), 127);
+    TD_CHECK(strncmp(error_type(), long_type, 127) == 0);
+    error_clear();
 }
 
 /* ---- td_rpc_bind --------------------------------------------------------------------------- */
@@ -193,10 +194,10 @@ TD_TEST(raise_records_type)
 /* The call must fail with Python's TypeError, worded exactly so. */
 #define CHECK_TYPE_ERROR(expr, text)                         \
     do {                                                     \
-        rpc_raised_reset();                                  \
+        error_clear();                                  \
         TD_CHECK_ERR((expr), TD_ERR_REMOTE, NULL);           \
         TD_CHECK_STR_EQ(td_last_error(), (text));            \
-        TD_CHECK_STR_EQ(rpc_raised_type(), "TypeError");     \
+        TD_CHECK_STR_EQ(error_type(), "TypeError");     \
     } while (0)
 
 static td_value *ints(size_t n)
@@ -299,7 +300,7 @@ TD_TEST(bind_rules)
     CHECK_TYPE_ERROR(td_rpc_bind("my_function", "a,b,c", a3, kint, out), "my_function() keywords must be strings");
 
     /* A malformed parameter list is the program's error, not the caller's. */
-    rpc_raised_reset();
+    error_clear();
     TD_CHECK_ERR(td_rpc_bind("f", "a,,b", a2, NULL, out), TD_ERR_INVALID, "parameter 2 of f() in \"a,,b\" has no name");
     TD_CHECK_ERR(td_rpc_bind("f", "a=1,b", a2, NULL, out), TD_ERR_INVALID, "'b' without a default follows one with");
     TD_CHECK_ERR(td_rpc_bind("f", "a,a", a2, NULL, out), TD_ERR_INVALID, "duplicate parameter 'a'");
@@ -307,7 +308,7 @@ TD_TEST(bind_rules)
     TD_CHECK_ERR(td_rpc_bind("f", "=1", a1, NULL, out), TD_ERR_INVALID, "has no name");
     TD_CHECK_ERR(td_rpc_bind("f", "a", kd, NULL, out), TD_ERR_INVALID, "args of f() must be a tuple or a list, not dict");
     TD_CHECK_ERR(td_rpc_bind("f", "a", a1, a1, out), TD_ERR_INVALID, "kwargs of f() must be a dict, not tuple");
-    TD_CHECK(rpc_raised_type() == NULL);
+    TD_CHECK(error_type() == NULL);
 
     td_value *all[] = {a0, a1, a2, a3, a4, kcb, kab, kc, kabc, list, kd, ka, kint};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)

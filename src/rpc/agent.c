@@ -62,6 +62,7 @@
 #include "pg/executor.h"
 #include "rpc/agent_impl.h"
 #include "rpc/registry.h"
+#include "store/store_impl.h"
 
 static const char not_initialized[] = "RPC has not been initialized. Call torch.distributed.rpc.init_rpc first.";
 
@@ -84,6 +85,7 @@ void rpc_agent_release(td_rpc_agent *a)
     for (size_t i = 0; i < a->channels.len; i++)
         rpc_channel_free(a->channels.items[i]);
     free(a->channels.items);
+    rpc_io_free(a);
     map_free(&a->pending, free);
     map_free(&a->gather_seqs, NULL);
     rpc_pool_destroy(&a->pool);
@@ -1010,14 +1012,12 @@ td_status td_rpc_agent_create(const char *name, int rank, int world_size, const 
     TD_TRY(td_worker_info_make(name, rank, &self));
     bool dynamic = world_size < 0;
     if (dynamic && rank < 0) {
-        /* As PyTorch: the rendezvous reports the missing rank ("... rank parameter missing"). */
+        /* As PyTorch: the rank comes from the init URL or the environment, else the rendezvous's
+         * own message ("... rank parameter missing"); no store is opened to learn it. */
         if (o.store)
             return error_fmt(TD_ERR_INVALID, "RPC worker %s: a dynamic group needs the worker's rank", name);
-        td_store *s = NULL;
-        td_status rs = td_rendezvous(o.init_method ? o.init_method : "env://", -1, -1, 1000, &s, NULL, NULL);
-        td_store_release(s);
-        return rs != TD_OK ? rs : error_fmt(TD_ERR_INVALID, "RPC worker %s: a dynamic group needs the worker's rank",
-                                            name);
+        TD_TRY(store_rendezvous_rank(o.init_method ? o.init_method : "env://", &rank));
+        TD_TRY(td_worker_info_make(name, rank, &self));
     }
     if (dynamic && rank >= RPC_DYNAMIC_MAX_ID)
         return error_fmt(TD_ERR_INVALID, "RPC worker %s: the id of a dynamic group's member must be below %d, got %d",

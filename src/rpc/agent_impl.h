@@ -211,7 +211,10 @@ td_status rpc_io_connect(td_rpc_agent *a, int peer, const char *addr, const char
 /* Stops and joins the I/O thread, then shuts every channel down (fds closed later, by
  * rpc_io_close, once no thread can send). */
 void rpc_io_stop(td_rpc_agent *a);
+/* Closes the listeners and the channels' sockets (the epoll and wake fds: rpc_io_free, at the
+ * agent's last reference). */
 void rpc_io_close(td_rpc_agent *a);
+void rpc_io_free(td_rpc_agent *a);
 void rpc_io_wake(td_rpc_agent *a);
 /* Sends a message on ch under its send lock; on failure fails the channel. */
 td_status rpc_channel_send(td_rpc_agent *a, rpc_channel *ch, const rpc_outgoing *m, int64_t deadline_ns);

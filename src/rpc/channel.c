@@ -203,6 +203,11 @@ td_status rpc_io_connect(td_rpc_agent *a, int peer, const char *addr, const char
 
 /* ---- reading ---------------------------------------------------------------------------------- */
 
+/* On the I/O thread, the only reader: fails the channel, then gives back what it holds at once, so
+ * that a refused stranger or a lost peer keeps no fd and no buffer for the agent's lifetime. The
+ * shutdown in rpc_agent_channel_failed has woken any sender blocked on the socket; the close
+ * happens under the agent's lock and the channel's send lock, so no thread can still be using the
+ * fd's number. A channel never bound to a peer is reachable from nowhere else and is freed. */
 static void channel_fail(td_rpc_agent *a, rpc_channel *ch, const char *reason)
 {
     if (ch->in_epoll) {
@@ -210,6 +215,26 @@ static void channel_fail(td_rpc_agent *a, rpc_channel *ch, const char *reason)
         ch->in_epoll = false;
     }
     rpc_agent_channel_failed(a, ch, reason);
+    td_storage_release(ch->payload);
+    ch->payload = NULL;
+    bool unbound = false;
+    pthread_mutex_lock(&a->mu);
+    pthread_mutex_lock(&ch->send_mu);
+    if (ch->fd >= 0)
+        close(ch->fd);
+    ch->fd = -1;
+    pthread_mutex_unlock(&ch->send_mu);
+    if (ch->peer < 0) {
+        for (size_t i = 0; i < a->channels.len; i++)
+            if (a->channels.items[i] == ch) {
+                a->channels.items[i] = a->channels.items[--a->channels.len];
+                unbound = true;
+                break;
+            }
+    }
+    pthread_mutex_unlock(&a->mu);
+    if (unbound)
+        rpc_channel_free(ch);
 }
 
 /* The first message on an accepted connection: binds it to its peer or refuses it. */
@@ -300,11 +325,8 @@ static void channel_read(td_rpc_agent *a, rpc_channel *ch)
     char why[TD_ERROR_MAX];
     for (int reads = 0;;) {
         if (atomic_load(&ch->dead)) {
-            /* Failed by a sender or by shutdown: stop watching it (it reports hang-ups forever). */
-            if (ch->in_epoll) {
-                epoll_ctl(a->epoll_fd, EPOLL_CTL_DEL, ch->fd, NULL);
-                ch->in_epoll = false;
-            }
+            /* Failed by a sender or by shutdown: stop watching it and give its fd back. */
+            channel_fail(a, ch, "failed");
             return;
         }
         bool reading_header = ch->hdr_have < RPC_HEADER_BYTES;
@@ -511,7 +533,19 @@ void rpc_io_close(td_rpc_agent *a)
         pthread_mutex_unlock(&ch->send_mu);
     }
     pthread_mutex_unlock(&a->mu);
-    int *fds[] = {&a->tcp_listen_fd, &a->unix_listen_fd, &a->epoll_fd, &a->wake_fd};
+    /* The epoll and wake fds stay open until the last reference goes (rpc_io_free): a thread that
+     * still holds one may wake the I/O thread after this, and must not write to a reused number. */
+    int *fds[] = {&a->tcp_listen_fd, &a->unix_listen_fd};
+    for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++) {
+        if (*fds[i] >= 0)
+            close(*fds[i]);
+        *fds[i] = -1;
+    }
+}
+
+void rpc_io_free(td_rpc_agent *a)
+{
+    int *fds[] = {&a->epoll_fd, &a->wake_fd};
     for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++) {
         if (*fds[i] >= 0)
             close(*fds[i]);

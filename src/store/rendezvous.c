@@ -95,32 +95,47 @@ static td_status parse_int_param(const char *scheme, const char *what, const cha
     return TD_OK;
 }
 
-/* rank and world_size from the query; err_missing says c10d's words for a missing one. */
-static td_status rank_and_world(const char *scheme, const char *url, bool from_env, int *rank, int *world)
+/* Without RANK / WORLD_SIZE, env:// takes what an MPI launcher or Slurm set (OMPI_COMM_WORLD_*,
+ * PMI_*, SLURM_*: base/launcher.h), so that mpirun and srun start tdist jobs too. */
+static td_status launcher_of(bool from_env, td_launcher_env *launcher)
 {
-    char buf[64], lbuf[32];
-    const char *v;
-    /* Without RANK / WORLD_SIZE, env:// takes what an MPI launcher or Slurm set (OMPI_COMM_WORLD_*,
-     * PMI_*, SLURM_*: base/launcher.h), so that mpirun and srun start tdist jobs too. */
-    td_launcher_env launcher = {.rank = -1};
+    *launcher = (td_launcher_env){.rank = -1};
     if (from_env && (!env_get_str("RANK", NULL) || !env_get_str("WORLD_SIZE", NULL))) {
-        td_status st = launcher_env_read(false, &launcher);
+        td_status st = launcher_env_read(false, launcher);
         if (st == TD_ERR_INVALID)
             return error_prefix(st, RDZV_ERR "env:// rendezvous");
     }
+    return TD_OK;
+}
+
+static td_status rank_of(const char *scheme, const char *url, bool from_env, const td_launcher_env *launcher,
+                         int *rank)
+{
+    char buf[64], lbuf[32];
+    const char *v;
     if (td_rendezvous_url_param(url, "rank", buf, sizeof buf))
         v = buf;
     else if (from_env && (v = env_get_str("RANK", NULL)))
         ;
-    else if (launcher.rank >= 0) {
-        snprintf(lbuf, sizeof lbuf, "%d", launcher.rank);
+    else if (launcher->rank >= 0) {
+        snprintf(lbuf, sizeof lbuf, "%d", launcher->rank);
         v = lbuf;
     }
     else if (from_env)
         return error_fmt(TD_ERR_INVALID, RDZV_ERR "env:// rendezvous: environment variable RANK expected, but not set");
     else
         return error_fmt(TD_ERR_INVALID, RDZV_ERR "%s:// rendezvous: rank parameter missing", scheme);
-    TD_TRY(parse_int_param(scheme, "rank", v, 0, INT32_MAX, rank));
+    return parse_int_param(scheme, "rank", v, 0, INT32_MAX, rank);
+}
+
+/* rank and world_size from the query (or the environment), with c10d's words for a missing one. */
+static td_status rank_and_world(const char *scheme, const char *url, bool from_env, int *rank, int *world)
+{
+    char buf[64], lbuf[32];
+    const char *v;
+    td_launcher_env launcher;
+    TD_TRY(launcher_of(from_env, &launcher));
+    TD_TRY(rank_of(scheme, url, from_env, &launcher, rank));
     if (td_rendezvous_url_param(url, "world_size", buf, sizeof buf))
         v = buf;
     else if (from_env && (v = env_get_str("WORLD_SIZE", NULL)))
@@ -135,6 +150,18 @@ static td_status rank_and_world(const char *scheme, const char *url, bool from_e
     else
         return error_fmt(TD_ERR_INVALID, RDZV_ERR "%s:// rendezvous: world size parameter missing", scheme);
     return parse_int_param(scheme, "world_size", v, 1, INT32_MAX, world);
+}
+
+td_status store_rendezvous_rank(const char *url, int *rank)
+{
+    const char *sep = strstr(url, "://");
+    char scheme[32] = "";
+    if (sep && (size_t)(sep - url) < sizeof scheme)
+        memcpy(scheme, url, (size_t)(sep - url));
+    bool from_env = strcmp(scheme, "env") == 0;
+    td_launcher_env launcher;
+    TD_TRY(launcher_of(from_env, &launcher));
+    return rank_of(scheme, url, from_env, &launcher, rank);
 }
 
 /* c10d's _create_c10d_store. */

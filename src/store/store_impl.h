@@ -64,4 +64,8 @@ void store_compare_set_decide(bool present, const void *current, size_t current_
                                  const void *expected, size_t expected_len, const void *desired,
                                  size_t desired_len, bool *write, const void **result, size_t *result_len);
 
+/* The rank an init URL gives (its rank parameter; for env:// also RANK or a launcher's variables),
+ * without opening any store; fails with c10d's rendezvous messages ("... rank parameter missing"). */
+td_status store_rendezvous_rank(const char *url, int *rank);
+
 #endif

@@ -2,6 +2,7 @@
  * rpc_part2.md C1, C2, C5, C7, C10, C11, C13). Each case is named after the rpc_test.py test it
  * ports. Workers are "worker<rank>" and meet through the harness's FileStore URL; the functions
  * they call are registered in every rank before init, as Python finds them by module and name. */
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +39,19 @@ static void sleep_ms(int64_t ms)
 {
     struct timespec d = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&d, NULL);
+}
+
+/* How many fds this process has open. */
+static int open_fds(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return -1;
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
 }
 
 /* ---- the functions workers call -------------------------------------------------------------- */
@@ -685,6 +699,7 @@ TD_TEST(refuses_strangers, .world_size = 1, .timeout_s = 60)
     char *colon = strrchr(addr, ':');
     TD_CHECK(colon != NULL);
     int port = atoi(colon + 1);
+    int fds_before = open_fds();
     for (int attempt = 0; attempt < 2; attempt++) {
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         TD_CHECK(fd >= 0);
@@ -705,6 +720,13 @@ TD_TEST(refuses_strangers, .world_size = 1, .timeout_s = 60)
         TD_CHECK_MSG(recv(fd, &c, 1, 0) == 0, "the agent did not close a stranger's connection");
         close(fd);
     }
+    /* The agent gave the refused connections' fds back at once, not at its shutdown. */
+    int fds_now = open_fds();
+    for (int i = 0; i < 200 && fds_now > fds_before; i++) {
+        sleep_ms(10);
+        fds_now = open_fds();
+    }
+    TD_CHECK_EQ(fds_now, fds_before);
     td_value *args = ints(2, 40), *r = NULL;
     TD_CHECK_OK(td_rpc_sync(a, td_rpc_to_name("alpha"), "add_ints", args, NULL, -1, &r));
     TD_CHECK_EQ(td_value_get_int(r), 42);

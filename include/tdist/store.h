@@ -172,7 +172,9 @@ TD_API td_status td_prefix_store_create(const char *prefix, td_store *base, td_s
  *   tcp://HOST:PORT?rank=R&world_size=W   TCPStore; rank 0 runs the server
  *   file://PATH?rank=R&world_size=W       FileStore(PATH, W)
  * rank and world_size >= 0 are appended to the query (a URL that already has them is an error); -1
- * means "from the URL or environment". The store's timeout is timeout_ms (0: none). Errors use
+ * means "from the URL or environment". world_size 0 means no fixed size (PyTorch's world_size=None,
+ * for RPC's dynamic groups): the TCPStore master waits for nobody and the FileStore is never
+ * removed by a count of its users. The store's timeout is timeout_ms (0: none). Errors use
  * c10d's words: "Error initializing torch.distributed using env:// rendezvous: environment
  * variable MASTER_ADDR expected, but not set", "... tcp:// rendezvous: port number missing",
  * "... file:// rendezvous: world size parameter missing", "No rendezvous handler for foo://". */

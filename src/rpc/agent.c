@@ -531,56 +531,6 @@ static uint64_t random_u64(void)
 
 static td_status check_static_flag(td_store *base, bool is_static);
 
-/* A dynamic group has no size to give the rendezvous, so it opens the store itself: file:// a
- * FileStore that no count of workers removes; tcp:// and env:// a TCPStore that rank 0 hosts and
- * nobody waits on (members come and go). */
-static td_status dynamic_base_store(const char *name, const char *url, int rank, int64_t timeout_ms,
-                                    td_store **base)
-{
-    if (strncmp(url, "file://", 7) == 0) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s", url + 7);
-        path[strcspn(path, "?#")] = '\0';
-        if (!path[0])
-            return error_fmt(TD_ERR_INVALID, "Error initializing torch.distributed using file:// rendezvous: path "
-                                             "missing");
-        return td_file_store_create(path, -1, base);
-    }
-    char *host = NULL;
-    int port = -1;
-    if (strncmp(url, "tcp://", 6) == 0) {
-        char netloc[512];
-        snprintf(netloc, sizeof netloc, "%s", url + 6);
-        netloc[strcspn(netloc, "/?#")] = '\0';
-        if (net_split_hostport(netloc, &host, &port) != TD_OK || port <= 0 || !host || !*host) {
-            free(host);
-            return error_fmt(TD_ERR_INVALID,
-                             "Error initializing torch.distributed using tcp:// rendezvous: port number missing");
-        }
-    } else if (strncmp(url, "env://", 6) == 0) {
-        const char *addr = env_get_str("MASTER_ADDR", NULL), *port_s = env_get_str("MASTER_PORT", NULL);
-        if (!addr || !port_s)
-            return error_fmt(TD_ERR_INVALID,
-                             "Error initializing torch.distributed using env:// rendezvous: environment variable %s "
-                             "expected, but not set",
-                             addr ? "MASTER_PORT" : "MASTER_ADDR");
-        host = alloc_printf("%s", addr);
-        port = atoi(port_s);
-    } else {
-        return error_fmt(TD_ERR_UNSUPPORTED, "RPC worker %s: a dynamic group cannot meet through %s", name, url);
-    }
-    td_tcp_store_options so = TD_TCP_STORE_OPTIONS_INIT;
-    so.host = host;
-    so.port = port;
-    so.is_master = rank == 0;
-    so.multi_tenant = true;
-    so.wait_for_workers = false;
-    so.timeout_ms = timeout_ms;
-    td_status st = td_tcp_store_create(&so, base);
-    free(host);
-    return st;
-}
-
 static td_status open_store(const char *name, int rank, int world_size, const td_rpc_options *o,
                             int64_t join_timeout_ms, td_store **out)
 {
@@ -588,13 +538,11 @@ static td_status open_store(const char *name, int rank, int world_size, const td
     td_status st = TD_OK;
     if (o->store) {
         base = td_store_retain(o->store);
-    } else if (world_size < 0) {
-        TD_TRY(dynamic_base_store(name, o->init_method ? o->init_method : "env://", rank, join_timeout_ms, &base));
     } else {
-        int r = rank, ws = world_size;
-        TD_TRY(td_rendezvous(o->init_method ? o->init_method : "env://", rank, world_size, join_timeout_ms, &base, &r,
-                             &ws));
-        if (r != rank || ws != world_size) {
+        /* A dynamic group meets as PyTorch's world_size=None: a store with no fixed size. */
+        int want = world_size < 0 ? 0 : world_size, r = rank, ws = want;
+        TD_TRY(td_rendezvous(o->init_method ? o->init_method : "env://", rank, want, join_timeout_ms, &base, &r, &ws));
+        if (r != rank || ws != want) {
             td_store_release(base);
             return error_fmt(TD_ERR_INVALID, "RPC worker %s: the rendezvous gave rank %d of %d, not %d of %d", name, r,
                              ws, rank, world_size);

@@ -149,7 +149,7 @@ static td_status rank_and_world(const char *scheme, const char *url, bool from_e
                         RDZV_ERR "env:// rendezvous: environment variable WORLD_SIZE expected, but not set");
     else
         return error_fmt(TD_ERR_INVALID, RDZV_ERR "%s:// rendezvous: world size parameter missing", scheme);
-    return parse_int_param(scheme, "world_size", v, 1, INT32_MAX, world);
+    return parse_int_param(scheme, "world_size", v, 0, INT32_MAX, world);
 }
 
 td_status store_rendezvous_rank(const char *url, int *rank)
@@ -173,7 +173,8 @@ static td_status create_c10d_store(const char *host, int port, int rank, int wor
     td_tcp_store_options o = TD_TCP_STORE_OPTIONS_INIT;
     o.host = host;
     o.port = port;
-    o.world_size = world;
+    o.world_size = world > 0 ? world : -1; /* 0: no fixed size, nobody to wait for */
+    o.wait_for_workers = world > 0;
     o.timeout_ms = timeout_ms;
     /* Under a launcher's agent (tdrun sets TDIST_USE_AGENT_STORE=1, torchrun's elastic agent
      * TORCHELASTIC_USE_AGENT_STORE=True) the agent hosts the store: every rank is a client, and
@@ -248,7 +249,7 @@ static td_status file_handler(const char *url, int64_t timeout_ms, void *arg, td
     if (s == TD_OK)
         s = rank_and_world("file", url, false, rank, world);
     if (s == TD_OK)
-        s = td_file_store_create(path, *world, store);
+        s = td_file_store_create(path, *world > 0 ? *world : -1, store);
     free(path);
     return s;
 }

@@ -210,6 +210,31 @@ TD_TEST(env_url_four_ranks, .world_size = 4, .timeout_s = 60)
     finish_tcp(ctx, s, pre);
 }
 
+/* world_size 0, no fixed size (PyTorch's world_size=None, for RPC's dynamic groups): rank 0's
+ * TCPStore master returns without waiting for anyone, and a FileStore outlives its last user. */
+TD_TEST(no_fixed_world_size, .timeout_s = 60)
+{
+    td_store *s = NULL;
+    int r = -7, w = -7;
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", "0", 1); /* the master binds any free port (tcp:// would call 0 missing) */
+    TD_CHECK_OK(td_rendezvous("env://", 0, 0, 30000, &s, &r, &w));
+    TD_CHECK_EQ(r, 0);
+    TD_CHECK_EQ(w, 0);
+    TD_CHECK_OK(td_store_set_str(s, "k", "v"));
+    td_store_release(s);
+    char url[1100];
+    snprintf(url, sizeof url, "file://%s/nofixed", ctx->tmpdir);
+    TD_CHECK_OK(td_rendezvous(url, 3, 0, 30000, &s, &r, &w));
+    TD_CHECK_EQ(w, 0);
+    TD_CHECK_OK(td_store_set_str(s, "k", "v"));
+    td_store_release(s);
+    char path[1100];
+    snprintf(path, sizeof path, "%s/nofixed", ctx->tmpdir);
+    TD_CHECK_MSG(access(path, F_OK) == 0, "the FileStore of no fixed size was removed by its only user");
+    unlink(path);
+}
+
 TD_TEST(env_url_under_an_elastic_agent_store, .timeout_s = 60)
 {
     td_tcp_store_options o = TD_TCP_STORE_OPTIONS_INIT;

@@ -1389,7 +1389,7 @@ td_status td_rpc_async(td_rpc_agent *agent, td_rpc_dest to, const char *fn, cons
     td_rpc_agent *a;
     TD_TRY(agent_get(agent, &a));
     td_status st = TD_OK;
-    td_value *tuple = NULL, *payload = NULL;
+    td_value *payload = NULL;
     rpc_outgoing *m = NULL;
     if (atomic_load(&a->closing)) {
         st = error_set(TD_ERR_NOT_INIT, not_initialized);
@@ -1399,23 +1399,7 @@ td_status td_rpc_async(td_rpc_agent *agent, td_rpc_dest to, const char *fn, cons
     st = resolve_dest(a, &to, &peer);
     if (st != TD_OK)
         goto out;
-    if (args && td_value_kind_of(args) == TD_VAL_LIST) {
-        size_t n = td_value_len(args);
-        tuple = td_value_tuple_new(n);
-        for (size_t i = 0; i < n; i++)
-            td_value_set(tuple, i, td_value_retain(td_value_at(args, i)));
-        args = tuple;
-    } else if (args && td_value_kind_of(args) != TD_VAL_TUPLE) {
-        st = error_fmt(TD_ERR_INVALID, "RPC args must be a tuple or a list, got %s",
-                       td_value_kind_name(td_value_kind_of(args)));
-        goto out;
-    }
-    if (kwargs && td_value_kind_of(kwargs) != TD_VAL_DICT) {
-        st = error_fmt(TD_ERR_INVALID, "RPC kwargs must be a dict, got %s",
-                       td_value_kind_name(td_value_kind_of(kwargs)));
-        goto out;
-    }
-    st = rpc_call_payload(fn, args, kwargs, &payload);
+    st = rpc_call_payload(fn, args, kwargs, &payload); /* checks args and kwargs */
     if (st != TD_OK)
         goto out;
     int64_t timeout = timeout_ms == TD_RPC_DEFAULT_TIMEOUT ? atomic_load(&a->default_timeout_ms) : timeout_ms;
@@ -1492,7 +1476,6 @@ td_status td_rpc_async(td_rpc_agent *agent, td_rpc_dest to, const char *fn, cons
 out:
     rpc_outgoing_free(m);
     td_value_release(payload);
-    td_value_release(tuple);
     rpc_agent_release(a);
     return st;
 }

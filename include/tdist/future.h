@@ -63,8 +63,8 @@ TD_API td_status td_future_wait(td_future *f, int64_t timeout_ms);
 TD_API td_status td_future_wait_all(td_future *const *fs, int n, int64_t timeout_ms);
 /* A future that completes, with no value and never with an error, once all n futures have
  * completed (n == 0: at once); the caller then reads each of them, as torch.futures.collect_all's
- * list. It holds a reference to each input until then (so the caller may release its own), which
- * also means an input that never completes keeps them all alive. fs is borrowed. Invalid arguments
+ * list. It holds a reference to each input until that input completes (so the caller may release
+ * its own). fs is borrowed. Invalid arguments
  * (n < 0, a NULL future) give a future failed with TD_ERR_INVALID. */
 TD_API td_future *td_future_collect_all(td_future *const *fs, int n);
 

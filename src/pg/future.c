@@ -541,24 +541,21 @@ td_status td_future_wait_all(td_future *const *fs, int n, int64_t timeout_ms)
 
 /* td_future_collect_all: the inputs, held until the last completes; left counts them plus one for
  * the setup, so that nothing completes before every callback is in place. */
+/* Each input is held from the call until its own completion (the caller may drop its reference
+ * meanwhile), the count by the inputs left plus one for the set-up. */
 typedef struct collect_ctx {
     td_future *all;
-    td_future **inputs;
-    int n;
     _Atomic int left;
 } collect_ctx;
 
 static void collect_one(td_future *input, void *p)
 {
-    (void)input;
     collect_ctx *c = p;
+    td_future_release(input); /* the reference taken for it below (NULL: the set-up's turn) */
     if (atomic_fetch_sub(&c->left, 1) != 1)
         return;
-    for (int i = 0; i < c->n; i++)
-        td_future_release(c->inputs[i]);
     td_future_set_result(c->all, NULL);
     td_future_release(c->all);
-    free(c->inputs);
     free(c);
 }
 
@@ -569,21 +566,17 @@ td_future *td_future_collect_all(td_future *const *fs, int n)
                                                       : "td_future_collect_all: futures is NULL");
     for (int i = 0; i < n; i++) {
         if (!fs[i]) {
-            td_future *bad = td_future_new();
-            td_future_set_error(bad, TD_ERR_INVALID, "td_future_collect_all: future %d is NULL", i);
-            return bad;
+            char msg[64];
+            snprintf(msg, sizeof msg, "td_future_collect_all: future %d is NULL", i);
+            return td_future_failed(TD_ERR_INVALID, msg);
         }
     }
     td_future *all = td_future_new();
     collect_ctx *c = TD_NEW(collect_ctx);
     c->all = td_future_retain(all);
-    c->inputs = TD_NEW_ARRAY(td_future *, n > 0 ? n : 1);
-    c->n = n;
     atomic_init(&c->left, n + 1);
     for (int i = 0; i < n; i++)
-        c->inputs[i] = td_future_retain(fs[i]);
-    for (int i = 0; i < n; i++)
-        td_future_add_callback(c->inputs[i], collect_one, c);
+        td_future_add_callback(td_future_retain(fs[i]), collect_one, c);
     collect_one(NULL, c);
     return all;
 }

@@ -347,29 +347,43 @@ static td_status binary(binary_op op, const op_operand *a, const op_operand *b, 
     if (op == OP_EQ)
         c.out = TD_BOOL;
     c.cls = class_of(c.compute);
+    /* A 0-dim operand (a Python number, or a 0-dim tensor) is one value: converted to the compute
+     * dtype once here rather than at every element (wide_load converts to it first anyway), which
+     * also lets `x + 1` on float32 or float64 take the typed loops. */
+    _Alignas(16) char once[2][16];
+    for (int k = 0; k < 2; k++) {
+        if (both[k].ndim == 0 && both[k].dtype != c.compute) {
+            tensor_convert_element(once[k], c.compute, both[k].data, both[k].dtype);
+            both[k].data = once[k];
+            both[k].dtype = c.compute;
+            c.in[k] = c.compute;
+        }
+    }
     td_tensor *res;
     TD_TRY(td_tensor_empty(c.out, td_shape_of(ndim, sizes), &res));
     op_iter it;
     iter_init(&it, ndim, sizes);
     iter_add(&it, tensor_data_of(res), res->dtype, res->ndim, res->sizes, res->strides);
-    iter_add(&it, a->data, a->dtype, a->ndim, a->sizes, a->strides);
-    iter_add(&it, b->data, b->dtype, b->ndim, b->sizes, b->strides);
+    for (int k = 0; k < 2; k++)
+        iter_add(&it, both[k].data, both[k].dtype, both[k].ndim, both[k].sizes, both[k].strides);
     iter_run(&it, binary_body, &c);
     *out = res;
     return TD_OK;
 }
 
-static td_status check_in(const td_tensor *a, td_tensor **out, const char *fn)
+/* The arguments every op checks first; b is NULL for ops of one tensor (has_b false). */
+static td_status check_args(const char *fn, const td_tensor *a, bool has_b, const td_tensor *b, td_tensor **out)
 {
-    if (!a || !out)
-        return error_fmt(TD_ERR_INVALID, "td_tensor_%s: %s is NULL", fn, !a ? "a" : "out");
+    if (!a || (has_b && !b) || !out)
+        return error_fmt(TD_ERR_INVALID, "td_tensor_%s: %s is NULL", fn, !a ? "a" : has_b && !b ? "b" : "out");
     return TD_OK;
 }
 
+static td_status check_in(const td_tensor *a, td_tensor **out, const char *fn) { return check_args(fn, a, false, NULL, out); }
+
 static td_status binary_tensors(binary_op op, const td_tensor *a, const td_tensor *b, td_tensor **out)
 {
-    if (!a || !b || !out)
-        return error_fmt(TD_ERR_INVALID, "td_tensor_%s: %s is NULL", op_names[op], !a ? "a" : !b ? "b" : "out");
+    TD_TRY(check_args(op_names[op], a, true, b, out));
     op_operand oa = operand_of(a), ob = operand_of(b);
     return binary(op, &oa, &ob, out);
 }
@@ -626,12 +640,6 @@ static td_status check_same_dtype(const td_tensor *a, const td_tensor *b, const 
     return TD_OK;
 }
 
-static td_status matmul_args(const td_tensor *a, const td_tensor *b, td_tensor **out, const char *fn)
-{
-    if (!a || !b || !out)
-        return error_fmt(TD_ERR_INVALID, "td_tensor_%s: %s is NULL", fn, !a ? "a" : !b ? "b" : "out");
-    return TD_OK;
-}
 
 /* Runs a [n x k] @ b [k x m] into a new tensor of shape (ndim, sizes). */
 static td_status matmul_into(const td_tensor *a, const td_tensor *b, int64_t n, int64_t k, int64_t m, td_shape shape,
@@ -650,7 +658,7 @@ static td_status matmul_into(const td_tensor *a, const td_tensor *b, int64_t n, 
 
 td_status td_tensor_mm(const td_tensor *a, const td_tensor *b, td_tensor **out)
 {
-    TD_TRY(matmul_args(a, b, out, "mm"));
+    TD_TRY(check_args("mm", a, true, b, out));
     if (a->ndim != 2)
         return error_fmt(TD_ERR_INVALID, "self must be a matrix");
     if (b->ndim != 2)
@@ -665,7 +673,7 @@ td_status td_tensor_mm(const td_tensor *a, const td_tensor *b, td_tensor **out)
 
 td_status td_tensor_mv(const td_tensor *a, const td_tensor *b, td_tensor **out)
 {
-    TD_TRY(matmul_args(a, b, out, "mv"));
+    TD_TRY(check_args("mv", a, true, b, out));
     if (a->ndim != 2 || b->ndim != 1)
         return error_fmt(TD_ERR_INVALID, "vector + matrix @ vector expected, got 1, %d, %d", a->ndim, b->ndim);
     if (a->sizes[1] != b->sizes[0])
@@ -679,7 +687,7 @@ td_status td_tensor_mv(const td_tensor *a, const td_tensor *b, td_tensor **out)
 
 td_status td_tensor_dot(const td_tensor *a, const td_tensor *b, td_tensor **out)
 {
-    TD_TRY(matmul_args(a, b, out, "dot"));
+    TD_TRY(check_args("dot", a, true, b, out));
     if (a->ndim != 1 || b->ndim != 1)
         return error_fmt(TD_ERR_INVALID, "1D tensors expected, but got %dD and %dD tensors", a->ndim, b->ndim);
     if (a->sizes[0] != b->sizes[0])
@@ -694,7 +702,7 @@ td_status td_tensor_dot(const td_tensor *a, const td_tensor *b, td_tensor **out)
 
 td_status td_tensor_matmul(const td_tensor *a, const td_tensor *b, td_tensor **out)
 {
-    TD_TRY(matmul_args(a, b, out, "matmul"));
+    TD_TRY(check_args("matmul", a, true, b, out));
     if (a->ndim == 0 || b->ndim == 0)
         return error_fmt(TD_ERR_INVALID, "both arguments to matmul need to be at least 1D, but they are %dD and %dD",
                          a->ndim, b->ndim);

@@ -577,25 +577,43 @@ static td_status open_store(const char *name, int rank, int world_size, const td
     return st;
 }
 
-/* Publishes this worker and reads everyone's entry; fills peers and connects to the higher ids. */
-static td_status meet(td_rpc_agent *a, const char *addr, const char *unix_name, int64_t join_timeout_ms)
+/* A worker's entry in the store, "worker/<id>": "name addr host unix_name nonce" (docs/rpc.md). */
+typedef struct worker_entry {
+    td_worker_info info;
+    char addr[300], host[192], uname[96];
+    uint64_t nonce;
+} worker_entry;
+
+static td_status entry_publish(td_rpc_agent *a, const char *addr, const char *unix_name)
 {
-    int n = a->world_size;
     char key[64], entry[1024];
     snprintf(key, sizeof key, "worker/%lld", (long long)a->self.id);
     snprintf(entry, sizeof entry, "%s %s %s %s %016" PRIx64, a->self.name, addr, a->host_id[0] ? a->host_id : "-",
              unix_name, a->nonce);
-    TD_TRY(td_store_set_str(a->store, key, entry));
+    return td_store_set_str(a->store, key, entry);
+}
+
+/* Parses worker id's entry v (a NUL-terminated store value). */
+static td_status entry_parse(const char *v, int id, worker_entry *out)
+{
+    char name[TD_RPC_MAX_NAME + 1];
+    unsigned long long nonce = 0;
+    if (sscanf(v, "%128s %299s %191s %95s %llx", name, out->addr, out->host, out->uname, &nonce) != 5)
+        return error_fmt(TD_ERR_INVALID, "RPC worker id %d's entry in the store is malformed", id);
+    out->nonce = nonce;
+    return td_worker_info_make(name, id, &out->info);
+}
+
+/* Publishes this worker and reads everyone's entry; fills peers and connects to the higher ids. */
+static td_status meet(td_rpc_agent *a, const char *addr, const char *unix_name, int64_t join_timeout_ms)
+{
+    int n = a->world_size;
+    TD_TRY(entry_publish(a, addr, unix_name));
 
     char **keys = TD_NEW_ARRAY(char *, n);
     void **values = TD_NEW_ARRAY(void *, n);
     size_t *lens = TD_NEW_ARRAY(size_t, n);
-    typedef struct peer_entry {
-        char addr[300], host[192], uname[96];
-        uint64_t nonce;
-        td_worker_info info;
-    } peer_entry;
-    peer_entry *ents = TD_NEW_ARRAY(peer_entry, n);
+    worker_entry *ents = TD_NEW_ARRAY(worker_entry, n);
     for (int i = 0; i < n; i++)
         keys[i] = alloc_printf("worker/%d", i);
     td_status st = td_store_wait(a->store, (const char *const *)keys, (size_t)n,
@@ -604,17 +622,8 @@ static td_status meet(td_rpc_agent *a, const char *addr, const char *unix_name, 
         st = error_prefix(st, "RPC worker %s waiting for the other workers to join", a->self.name);
     if (st == TD_OK)
         st = td_store_multi_get(a->store, (const char *const *)keys, (size_t)n, values, lens);
-    for (int i = 0; st == TD_OK && i < n; i++) {
-        char name[TD_RPC_MAX_NAME + 1];
-        unsigned long long nonce = 0;
-        if (sscanf(values[i], "%128s %299s %191s %95s %llx", name, ents[i].addr, ents[i].host, ents[i].uname, &nonce) !=
-            5) {
-            st = error_fmt(TD_ERR_INVALID, "RPC worker id %d's entry in the store is malformed", i);
-            break;
-        }
-        ents[i].nonce = nonce;
-        st = td_worker_info_make(name, i, &ents[i].info);
-    }
+    for (int i = 0; st == TD_OK && i < n; i++)
+        st = entry_parse(values[i], i, &ents[i]);
     /* The I/O thread reads the table (naming peers that fail) from now on. */
     pthread_mutex_lock(&a->mu);
     for (int i = 0; st == TD_OK && i < n; i++) {
@@ -670,7 +679,7 @@ static td_status spin_init(samehost_spin *s, int ranks)
     return TD_OK;
 }
 
-static bool wait_local_idle(td_rpc_agent *a, int64_t deadline);
+static bool drain_local(td_rpc_agent *a, int64_t deadline);
 
 /* ---- dynamic groups ------------------------------------------------------------------------- */
 
@@ -815,12 +824,8 @@ static td_status dynamic_join(td_rpc_agent *a, const char *addr, const char *uni
     TD_TRY(token_take(a, "join", timeout_ms));
     int *ids = TD_NEW_ARRAY(int, RPC_DYNAMIC_MAX_ID + 1);
     int n = 0;
-    char key[64], entry[1024];
-    typedef struct member_entry {
-        char addr[300], host[192], uname[96];
-        uint64_t nonce;
-    } member_entry;
-    member_entry *ents = TD_NEW_ARRAY(member_entry, RPC_DYNAMIC_MAX_ID);
+    char key[64];
+    worker_entry *ents = TD_NEW_ARRAY(worker_entry, RPC_DYNAMIC_MAX_ID);
     td_status st = members_read(a, ids, &n);
     for (int k = 0; st == TD_OK && k < n; k++) {
         int id = ids[k];
@@ -830,15 +835,9 @@ static td_status dynamic_join(td_rpc_agent *a, const char *addr, const char *uni
         st = td_store_get(a->store, key, &v, &len);
         if (st != TD_OK)
             break;
-        char name[TD_RPC_MAX_NAME + 1];
-        unsigned long long nonce = 0;
-        if (sscanf(v, "%128s %299s %191s %95s %llx", name, ents[id].addr, ents[id].host, ents[id].uname, &nonce) != 5)
-            st = error_fmt(TD_ERR_INVALID, "RPC worker id %d's entry in the store is malformed", id);
+        st = entry_parse(v, id, &ents[id]);
         free(v);
-        ents[id].nonce = nonce;
-        td_worker_info info;
-        if (st == TD_OK)
-            st = td_worker_info_make(name, id, &info);
+        const char *name = ents[id].info.name;
         if (st == TD_OK && id == a->self.id)
             st = error_fmt(TD_ERR_INVALID, "RPC worker id %d is already taken by worker %s", id, name);
         if (st == TD_OK && strcmp(name, a->self.name) == 0)
@@ -846,17 +845,13 @@ static td_status dynamic_join(td_rpc_agent *a, const char *addr, const char *uni
                            name, id, (long long)a->self.id);
         if (st == TD_OK) {
             pthread_mutex_lock(&a->mu);
-            a->peers[id].info = info;
+            a->peers[id].info = ents[id].info;
             a->peers[id].member = true;
             pthread_mutex_unlock(&a->mu);
         }
     }
-    if (st == TD_OK) {
-        snprintf(key, sizeof key, "worker/%lld", (long long)a->self.id);
-        snprintf(entry, sizeof entry, "%s %s %s %s %016" PRIx64, a->self.name, addr, a->host_id[0] ? a->host_id : "-",
-                 unix_name, a->nonce);
-        st = td_store_set_str(a->store, key, entry);
-    }
+    if (st == TD_OK)
+        st = entry_publish(a, addr, unix_name);
     if (st == TD_OK) {
         ids[n] = (int)a->self.id;
         st = members_write(a, ids, n + 1);
@@ -903,11 +898,7 @@ static td_status dynamic_leave(td_rpc_agent *a, int64_t timeout_ms)
     int64_t deadline = deadline_after_ms(timeout_ms);
     TD_TRY(token_take(a, "leave", timeout_ms));
     pthread_mutex_lock(&a->mu);
-    wait_local_idle(a, deadline);
-    pthread_mutex_unlock(&a->mu);
-    executor_flush();
-    pthread_mutex_lock(&a->mu);
-    bool idle = wait_local_idle(a, deadline);
+    bool idle = drain_local(a, deadline);
     int *others = TD_NEW_ARRAY(int, a->world_size);
     int nothers = 0;
     for (int i = 0; i < a->world_size; i++)
@@ -1088,6 +1079,17 @@ static bool wait_local_idle(td_rpc_agent *a, int64_t deadline)
     return true;
 }
 
+/* As wait_local_idle, then flushes the executor (a callback queued there may still make a call;
+ * a->mu is released meanwhile) and waits again: whether this worker is idle. a->mu held. */
+static bool drain_local(td_rpc_agent *a, int64_t deadline)
+{
+    wait_local_idle(a, deadline);
+    pthread_mutex_unlock(&a->mu);
+    executor_flush();
+    pthread_mutex_lock(&a->mu);
+    return wait_local_idle(a, deadline);
+}
+
 /* Waits until key (worker i's) exists; *ready stays false when worker i was lost meanwhile. */
 static td_status await_key(td_rpc_agent *a, int i, const char *key, int64_t deadline, int64_t timeout_ms, bool *ready)
 {
@@ -1122,11 +1124,7 @@ static td_status graceful_join(td_rpc_agent *a, int64_t timeout_ms)
                              "%lld ms waiting for the calls in flight to end",
                              a->self.name, (long long)timeout_ms);
         pthread_mutex_lock(&a->mu);
-        wait_local_idle(a, deadline);
-        pthread_mutex_unlock(&a->mu);
-        executor_flush();
-        pthread_mutex_lock(&a->mu);
-        wait_local_idle(a, deadline);
+        drain_local(a, deadline);
         int64_t started = a->calls_started, done = a->calls_done;
         pthread_mutex_unlock(&a->mu);
         snprintf(key, sizeof key, "join/%d/%lld", round, (long long)a->self.id);

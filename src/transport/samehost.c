@@ -154,6 +154,17 @@ void samehost_bell_notify(samehost_bell *b, uint32_t mask)
         samehost_bell_ring(b, bits);
 }
 
+bool samehost_bell_sleep(samehost_bell *b, bool (*ready)(void *ctx), void *ctx, int64_t deadline_ns)
+{
+    atomic_fetch_add(&b->sleepers, 1);
+    uint32_t seq = atomic_load(&b->seq);
+    bool sleep = !ready(ctx);
+    if (sleep)
+        samehost_futex_wait(&b->seq, seq, deadline_ns, SAMEHOST_BELL_WAITER);
+    atomic_fetch_sub(&b->sleepers, 1);
+    return sleep;
+}
+
 /* ---- spinning ----------------------------------------------------------------------------------- */
 
 static int cpus_available(void)
@@ -306,6 +317,23 @@ static int check_arrivals(samehost_set *set, int r, uint64_t e, const samehost_d
     return result;
 }
 
+/* samehost_wait_arrival's last look before it sleeps. */
+typedef struct arrival_wait {
+    samehost_set *set;
+    int r;
+    uint64_t e;
+    const samehost_desc *d;
+    int *missing;
+    int result; /* check_arrivals' */
+} arrival_wait;
+
+static bool arrival_ready(void *p)
+{
+    arrival_wait *w = p;
+    w->result = check_arrivals(w->set, w->r, w->e, w->d, w->missing);
+    return w->result != 0 || owner_failed(w->set) || member_gone(w->set, *w->missing);
+}
+
 td_status samehost_wait_arrival(samehost_set *set, int r, uint64_t e, const samehost_desc *d, int64_t deadline_ns)
 {
     int missing = r;
@@ -325,15 +353,9 @@ td_status samehost_wait_arrival(samehost_set *set, int r, uint64_t e, const same
         if (now < spin_end) {
             samehost_spin_pause(set->spin, now - start);
         } else {
-            atomic_fetch_add(&bell->sleepers, 1);
-            uint32_t seq = atomic_load(&bell->seq);
-            c = check_arrivals(set, r, e, d, &missing);
-            if (c == 0 && !owner_failed(set) && !member_gone(set, missing)) {
-                samehost_futex_wait(&bell->seq, seq, deadline_ns, SAMEHOST_BELL_WAITER);
-                slept = true;
-            }
-            atomic_fetch_sub(&bell->sleepers, 1);
-            if (c < 0)
+            arrival_wait w = {set, r, e, d, &missing, 0};
+            slept |= samehost_bell_sleep(bell, arrival_ready, &w, deadline_ns);
+            if (w.result < 0)
                 return TD_ERR_INVALID;
         }
         c = check_arrivals(set, r, e, d, &missing);

@@ -74,6 +74,10 @@ void samehost_bell_ring(samehost_bell *b, uint32_t bits);
 /* After publishing something b's owner may wait for: rings the bits of mask whose waiters are
  * registered. */
 void samehost_bell_notify(samehost_bell *b, uint32_t mask);
+/* A waiter's sleep on its own doorbell b, without losing a wake-up: registers as a sleeper, reads
+ * the bell, looks once more (ready(ctx): whether what it waits for came meanwhile) and only if
+ * not sleeps until a ring or the deadline; then unregisters. Returns whether it slept. */
+bool samehost_bell_sleep(samehost_bell *b, bool (*ready)(void *ctx), void *ctx, int64_t deadline_ns);
 
 /* ---- spinning ----------------------------------------------------------------------------------
  * A waiter polls for up to spin_ns (TDIST_SHM_SPIN_US), yielding the core when the ranks outnumber

@@ -605,6 +605,24 @@ static td_status shm_irecv(td_transport *base, int peer_rank, td_xfer *x)
     return s;
 }
 
+/* shm_wait's last look before it sleeps: progress once more, under the lock. */
+typedef struct xfer_wait {
+    shm_transport *t;
+    td_xfer *x;
+} xfer_wait;
+
+static bool xfer_ready(void *p)
+{
+    xfer_wait *w = p;
+    td_done done = TD_DONE_INIT;
+    pthread_mutex_lock(&w->t->match.mu);
+    bool moved = progress_locked(w->t, &done);
+    bool finished = xfer_done(w->x);
+    pthread_mutex_unlock(&w->t->match.mu);
+    match_run_callbacks(&done);
+    return finished || moved;
+}
+
 static td_status shm_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
 {
     shm_transport *t = (shm_transport *)base;
@@ -634,19 +652,8 @@ static td_status shm_wait(td_transport *base, td_xfer *x, int64_t deadline_ns)
         } else if (now < spin_end) {
             samehost_spin_pause(&t->spin, now - spin_start);
         } else {
-            /* Register, look once more, then sleep until a peer rings. */
-            atomic_fetch_add(&t->bell->sleepers, 1);
-            uint32_t seq = atomic_load(&t->bell->seq);
-            pthread_mutex_lock(&m->mu);
-            moved = progress_locked(t, &done);
-            bool finished = xfer_done(x);
-            pthread_mutex_unlock(&m->mu);
-            match_run_callbacks(&done);
-            if (!finished && !moved) {
-                samehost_futex_wait(&t->bell->seq, seq, dl, SAMEHOST_BELL_WAITER);
-                slept = true;
-            }
-            atomic_fetch_sub(&t->bell->sleepers, 1);
+            xfer_wait w = {t, x};
+            slept |= samehost_bell_sleep(t->bell, xfer_ready, &w, dl);
         }
         pthread_mutex_lock(&m->mu);
     }

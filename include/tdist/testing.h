@@ -34,7 +34,8 @@
  * instance of a case ("case" for "case/a", "case/b"), or (visible cases only) every instance whose
  * name starts with it. It stops at the first failure unless --keep-going. Exit code: 0 all passed
  * or skipped, 1 a failure, 77 everything was skipped, 2 a bad command line or a name that matches
- * nothing. --ctest FILE writes one CTest entry per visible instance (tests/CMakeLists.txt); with
+ * nothing. --ctest FILE writes one CTest entry per visible instance (tests/CMakeLists.txt; instances
+ * of the parameter "cuda" get the label gpu); with
  * --ctest-launcher PARAM=COMMAND, the instances of parameter PARAM become entries that run
  * "COMMAND <binary> --td-external <instance>" ("{np}" in COMMAND: the world size).
  * External launchers: `<binary> --td-external NAME`, started N times by a launcher (mpirun -np N,

@@ -172,10 +172,11 @@ static int write_ctest(const char *file, const char *exe, const launcher *launch
             continue;
         }
         fprintf(f, "add_test([==[%s.%s]==] [==[%s]==] [==[%s]==])\n", bin, in->name, exe, in->name);
+        /* Instances of the parameter "cuda" run on real GPUs: CTest's label gpu selects them. */
         fprintf(f,
                 "set_tests_properties([==[%s.%s]==] PROPERTIES TIMEOUT %lld PROCESSORS %d SKIP_RETURN_CODE 77 "
-                "LABELS tdist)\n",
-                bin, in->name, timeout, procs);
+                "LABELS [==[%s]==])\n",
+                bin, in->name, timeout, procs, strcmp(in->param, "cuda") == 0 ? "tdist;gpu" : "tdist");
     }
     int rc = 0;
     if (fclose(f) != 0 || rename(tmp, file) != 0) {

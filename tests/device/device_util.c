@@ -1,0 +1,79 @@
+/* Shared set-up of the device tests (device_util.h): the instance parameter picks sim or cuda,
+ * too few devices skip with the harness's codes, and each body ends with a leak check. */
+#include "device_util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static td_device_type chosen = TD_DEVICE_SIM;
+
+td_device_type dev_setup(td_test_ctx *ctx, int need)
+{
+    const char *param = ctx->param ? ctx->param : "";
+    if (strncmp(param, "sim", 3) == 0) {
+        setenv("TDIST_DEVICE", "sim", 1);
+        setenv("TDIST_SIM_DEVICES", param[3] ? param + 3 : "2", 1);
+        chosen = TD_DEVICE_SIM;
+    } else if (strcmp(param, "cuda") == 0) {
+        setenv("TDIST_DEVICE", "cuda", 1);
+        chosen = TD_DEVICE_CUDA;
+    } else {
+        chosen = td_device_default_type();
+    }
+    int have = td_device_count(chosen);
+    if (have == 0 && chosen == TD_DEVICE_CUDA)
+        TD_SKIP(TD_SKIP_NO_CUDA, "CUDA is not available.");
+    if (have < need) {
+        int code = td_skip_multi_gpu(need);
+        TD_SKIP(code > 0 ? code : TD_SKIP_GENERIC, "not enough devices");
+    }
+    return chosen;
+}
+
+td_device dev(int i)
+{
+    td_device d = {chosen, i};
+    return d;
+}
+
+void dev_teardown(void)
+{
+    td_device_live live;
+    td_device_live_get(&live);
+    TD_CHECK_MSG(live.streams == 0 && live.events == 0 && live.allocated_bytes == 0 && live.host_blocks == 0,
+                 "device objects left after the test: %lld streams, %lld events, %lld bytes, %lld pinned blocks",
+                 (long long)live.streams, (long long)live.events, (long long)live.allocated_bytes,
+                 (long long)live.host_blocks);
+    TD_CHECK_OK(td_device_shutdown());
+    td_device_live_get(&live);
+    TD_CHECK_EQ(live.threads, 0);
+}
+
+td_tensor *dev_host_arange(td_dtype dtype, td_shape shape, double mul)
+{
+    td_tensor *t = NULL;
+    TD_CHECK_OK(td_tensor_empty(dtype, shape, &t));
+    int64_t n = td_tensor_numel(t);
+    td_tensor *flat = NULL;
+    TD_CHECK_OK(td_tensor_view(t, TD_SHAPE(n), &flat));
+    for (int64_t i = 0; i < n; i++)
+        TD_CHECK_OK(td_tensor_set_f64(flat, &i, (double)i * mul));
+    td_tensor_release(flat);
+    return t;
+}
+
+double dev_get(const td_tensor *t, int64_t flat_index)
+{
+    td_device cpu = {TD_DEVICE_CPU, -1};
+    td_tensor *host = NULL, *contig = NULL, *flat = NULL;
+    TD_CHECK_OK(td_tensor_to_device((td_tensor *)t, cpu, false, &host));
+    TD_CHECK_OK(td_tensor_contiguous(host, &contig));
+    TD_CHECK_OK(td_tensor_view(contig, TD_SHAPE(td_tensor_numel(contig)), &flat));
+    double v = 0;
+    TD_CHECK_OK(td_tensor_get_f64(flat, &flat_index, &v));
+    td_tensor_release(flat);
+    td_tensor_release(contig);
+    td_tensor_release(host);
+    return v;
+}

@@ -137,8 +137,10 @@ void device_count_event(int delta);
 /* allocator.c: the per-device caching allocator (td_device_malloc and the stats). */
 /* Frees every cached block on every device (shutdown); returns bytes still allocated. */
 int64_t device_allocator_release_all(void);
-/* host_alloc.c */
+/* host_alloc.c: frees every cached pinned block (shutdown), returns the blocks still in use;
+ * device_host_live_blocks: pinned blocks handed out and not yet freed. */
 int64_t device_host_release_all(void);
+int64_t device_host_live_blocks(void);
 /* sim.c: running stream threads, for td_device_live_get. */
 int64_t device_sim_thread_count(void);
 

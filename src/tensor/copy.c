@@ -13,6 +13,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "tensor/device_tensor.h"
 #include "tensor/dtype.h"
 #include "tensor/half.h"
 #include "tensor/storage.h"
@@ -461,17 +462,25 @@ td_status td_tensor_copy(td_tensor *dst, const td_tensor *src)
 {
     if (!dst || !src)
         return error_fmt(TD_ERR_INVALID, "td_tensor_copy: %s is NULL", dst ? "src" : "dst");
+    if (!tensor_is_host(dst) || !tensor_is_host(src))
+        return td_tensor_copy_ex(dst, src, false);
     td_strided d = strided_of(dst), s = strided_of(src);
-    return strided_copy(&d, &s);
+    TD_TRY(strided_copy(&d, &s));
+    storage_bump_version(dst->storage);
+    return TD_OK;
 }
 
 static td_status fill_with(td_tensor *t, const void *value, td_dtype vtype)
 {
     if (!t)
         return error_fmt(TD_ERR_INVALID, "fill: tensor is NULL");
+    if (!tensor_is_host(t))
+        return tensor_device_fill(t, value, vtype);
     td_strided d = strided_of(t);
     td_strided s = {.data = (char *)value, .dtype = vtype, .ndim = 0};
-    return copy_impl(&d, &s, true);
+    TD_TRY(copy_impl(&d, &s, true));
+    storage_bump_version(t->storage);
+    return TD_OK;
 }
 
 td_status td_tensor_fill(td_tensor *t, double value) { return fill_with(t, &value, TD_FLOAT64); }
@@ -498,6 +507,7 @@ static td_status check_buffer(const td_tensor *t, const void *buf, size_t nbytes
 td_status td_tensor_read(const td_tensor *t, void *dst, size_t nbytes)
 {
     TD_TRY(check_buffer(t, dst, nbytes, "td_tensor_read"));
+    TD_TRY(tensor_require_host(t, "td_tensor_read"));
     if (!nbytes)
         return TD_OK;
     td_strided s = strided_of(t);
@@ -508,19 +518,23 @@ td_status td_tensor_read(const td_tensor *t, void *dst, size_t nbytes)
 td_status td_tensor_write(td_tensor *t, const void *src, size_t nbytes)
 {
     TD_TRY(check_buffer(t, src, nbytes, "td_tensor_write"));
+    TD_TRY(tensor_require_host(t, "td_tensor_write"));
     if (!nbytes)
         return TD_OK;
     td_strided d = strided_of(t);
     td_strided s = strided_contiguous((void *)src, t->dtype, t->ndim, t->sizes);
-    return strided_copy(&d, &s);
+    TD_TRY(strided_copy(&d, &s));
+    storage_bump_version(t->storage);
+    return TD_OK;
 }
 
 /* ---- element access --------------------------------------------------------------------------- */
 
-static td_status element_ptr(const td_tensor *t, const int64_t *index, char **out)
+static td_status element_ptr(const td_tensor *t, const int64_t *index, char **out, const char *fn)
 {
     if (!t)
         return error_fmt(TD_ERR_INVALID, "element access: tensor is NULL");
+    TD_TRY(tensor_require_host(t, fn));
     if (t->ndim > 0 && !index)
         return error_fmt(TD_ERR_INVALID, "element access: index is NULL for a %d-dim tensor", t->ndim);
     int64_t off = 0;
@@ -538,7 +552,7 @@ static td_status element_ptr(const td_tensor *t, const int64_t *index, char **ou
 td_status td_tensor_get_f64(const td_tensor *t, const int64_t *index, double *out)
 {
     char *p;
-    TD_TRY(element_ptr(t, index, &p));
+    TD_TRY(element_ptr(t, index, &p, "td_tensor_get_f64"));
     tensor_convert_element(out, TD_FLOAT64, p, t->dtype);
     return TD_OK;
 }
@@ -546,7 +560,7 @@ td_status td_tensor_get_f64(const td_tensor *t, const int64_t *index, double *ou
 td_status td_tensor_get_i64(const td_tensor *t, const int64_t *index, int64_t *out)
 {
     char *p;
-    TD_TRY(element_ptr(t, index, &p));
+    TD_TRY(element_ptr(t, index, &p, "td_tensor_get_i64"));
     tensor_convert_element(out, TD_INT64, p, t->dtype);
     return TD_OK;
 }
@@ -554,7 +568,7 @@ td_status td_tensor_get_i64(const td_tensor *t, const int64_t *index, int64_t *o
 td_status td_tensor_get_complex(const td_tensor *t, const int64_t *index, double *re, double *im)
 {
     char *p;
-    TD_TRY(element_ptr(t, index, &p));
+    TD_TRY(element_ptr(t, index, &p, "td_tensor_get_complex"));
     td_c128 v;
     tensor_convert_element(&v, TD_COMPLEX128, p, t->dtype);
     if (re)
@@ -567,7 +581,8 @@ td_status td_tensor_get_complex(const td_tensor *t, const int64_t *index, double
 td_status td_tensor_set_f64(td_tensor *t, const int64_t *index, double value)
 {
     char *p;
-    TD_TRY(element_ptr(t, index, &p));
+    TD_TRY(element_ptr(t, index, &p, "td_tensor_set_f64"));
+    storage_bump_version(t->storage);
     tensor_convert_element(p, t->dtype, &value, TD_FLOAT64);
     return TD_OK;
 }
@@ -575,7 +590,8 @@ td_status td_tensor_set_f64(td_tensor *t, const int64_t *index, double value)
 td_status td_tensor_set_i64(td_tensor *t, const int64_t *index, int64_t value)
 {
     char *p;
-    TD_TRY(element_ptr(t, index, &p));
+    TD_TRY(element_ptr(t, index, &p, "td_tensor_set_i64"));
+    storage_bump_version(t->storage);
     tensor_convert_element(p, t->dtype, &value, TD_INT64);
     return TD_OK;
 }
@@ -583,7 +599,8 @@ td_status td_tensor_set_i64(td_tensor *t, const int64_t *index, int64_t value)
 td_status td_tensor_set_complex(td_tensor *t, const int64_t *index, double re, double im)
 {
     char *p;
-    TD_TRY(element_ptr(t, index, &p));
+    TD_TRY(element_ptr(t, index, &p, "td_tensor_set_complex"));
+    storage_bump_version(t->storage);
     td_c128 v = {re, im};
     tensor_convert_element(p, t->dtype, &v, TD_COMPLEX128);
     return TD_OK;
@@ -632,10 +649,33 @@ static bool equal_run(void *vctx, char *a, ptrdiff_t sa, char *b, ptrdiff_t sb, 
     return true;
 }
 
+/* torch.equal and allclose of device tensors compare on the host: both come over (blocking) first.
+ * A failed copy compares unequal, with its message set. */
+static bool on_host(const td_tensor *a, const td_tensor *b, td_tensor **ha, td_tensor **hb)
+{
+    const td_device cpu = {TD_DEVICE_CPU, -1};
+    *ha = *hb = NULL;
+    if (td_tensor_to_device((td_tensor *)a, cpu, false, ha) != TD_OK ||
+        td_tensor_to_device((td_tensor *)b, cpu, false, hb) != TD_OK) {
+        td_tensor_release(*ha);
+        return false;
+    }
+    return true;
+}
+
 bool td_tensor_equal(const td_tensor *a, const td_tensor *b)
 {
     if (!a || !b || a->dtype != b->dtype || !same_shape(a, b))
         return false;
+    if (!tensor_is_host(a) || !tensor_is_host(b)) {
+        td_tensor *ha, *hb;
+        if (!on_host(a, b, &ha, &hb))
+            return false;
+        bool eq = td_tensor_equal(ha, hb);
+        td_tensor_release(ha);
+        td_tensor_release(hb);
+        return eq;
+    }
     td_strided sa = strided_of(a), sb = strided_of(b);
     if (numel_strided(&sa) == 0)
         return true;
@@ -677,6 +717,15 @@ bool td_tensor_allclose(const td_tensor *a, const td_tensor *b, double rtol, dou
 {
     if (!a || !b || !same_shape(a, b))
         return false;
+    if (!tensor_is_host(a) || !tensor_is_host(b)) {
+        td_tensor *ha, *hb;
+        if (!on_host(a, b, &ha, &hb))
+            return false;
+        bool close = td_tensor_allclose(ha, hb, rtol, atol, equal_nan);
+        td_tensor_release(ha);
+        td_tensor_release(hb);
+        return close;
+    }
     td_strided sa = strided_of(a), sb = strided_of(b);
     if (numel_strided(&sa) == 0)
         return true;

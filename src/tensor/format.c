@@ -17,6 +17,7 @@
 
 #include "base/alloc.h"
 #include "base/buf.h"
+#include "tensor/device_tensor.h"
 #include "tensor/dtype.h"
 #include "tensor/strided.h"
 
@@ -295,10 +296,10 @@ static void add_suffix(td_buf *out, const char *suffix, int indent, long *last_l
     buf_append_str(out, suffix);
 }
 
-char *td_tensor_format(const td_tensor *t)
+/* device: "device='sim:1'" for a tensor copied from a device (printed before the dtype, as
+ * torch does), NULL for a host one. */
+static char *format_host(const td_tensor *t, const char *device)
 {
-    if (!t)
-        return alloc_strdup("NULL");
     const int indent = 7; /* strlen("tensor(") */
     printer p = {.t = t, .elsize = td_dtype_size(t->dtype), .is_complex = td_dtype_is_complex(t->dtype)};
     buf_append_str(&p.out, "tensor(");
@@ -307,6 +308,8 @@ char *td_tensor_format(const td_tensor *t)
     long line_len = -1;
     if (numel == 0) {
         buf_append_str(&p.out, "[]");
+        if (device)
+            add_suffix(&p.out, device, indent, &line_len);
         /* torch prints the shape of an empty tensor unless it is (0,), and always its dtype
          * unless it is the default float32: there are no elements to tell int64 apart. */
         if (t->ndim != 1) {
@@ -326,6 +329,8 @@ char *td_tensor_format(const td_tensor *t)
         if (p.is_complex)
             init_formatter(&p, &p.f[1], PART_IMAG);
         format_dims(&p, td_tensor_data(t), 0, indent, &p.out);
+        if (device)
+            add_suffix(&p.out, device, indent, &line_len);
         td_dtype dt = t->dtype;
         if (dt != TD_FLOAT32 && dt != TD_COMPLEX64 && dt != TD_INT64 && dt != TD_BOOL) {
             snprintf(suffix, sizeof suffix, "dtype=%s", td_dtype_name(dt));
@@ -334,6 +339,25 @@ char *td_tensor_format(const td_tensor *t)
     }
     buf_putc(&p.out, ')');
     return buf_steal(&p.out);
+}
+
+char *td_tensor_format(const td_tensor *t)
+{
+    if (!t)
+        return alloc_strdup("NULL");
+    if (tensor_is_host(t))
+        return format_host(t, NULL);
+    /* A device tensor prints from a host copy, with its device, as torch prints a cuda tensor. */
+    const td_device cpu = {TD_DEVICE_CPU, -1};
+    char name[32], device[48];
+    td_device_str(t->storage->device, name, sizeof name);
+    td_tensor *host = NULL;
+    if (td_tensor_to_device((td_tensor *)t, cpu, false, &host) != TD_OK)
+        return alloc_printf("tensor(<unreadable on %s: %s>)", name, td_last_error());
+    snprintf(device, sizeof device, "device='%s'", name);
+    char *s = format_host(host, device);
+    td_tensor_release(host);
+    return s;
 }
 
 void td_tensor_print(FILE *f, const td_tensor *t)

@@ -21,6 +21,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "tensor/device_tensor.h"
 #include "tensor/dtype.h"
 #include "tensor/strided.h"
 
@@ -376,6 +377,15 @@ static td_status check_args(const char *fn, const td_tensor *a, bool has_b, cons
 {
     if (!a || (has_b && !b) || !out)
         return error_fmt(TD_ERR_INVALID, "td_tensor_%s: %s is NULL", fn, !a ? "a" : has_b && !b ? "b" : "out");
+    /* Device tensors: only add has a kernel (binary_tensors sends it there before this check). */
+    const td_tensor *dev = !tensor_is_host(a) ? a : has_b && !tensor_is_host(b) ? b : NULL;
+    if (dev) {
+        char name[32];
+        return error_fmt(TD_ERR_UNSUPPORTED,
+                         "td_tensor_%s is not supported on device tensors (got a tensor on %s): copy the operands to "
+                         "the host first (td_tensor_to_device)",
+                         fn, td_device_str(dev->storage->device, name, sizeof name));
+    }
     return TD_OK;
 }
 
@@ -383,6 +393,8 @@ static td_status check_in(const td_tensor *a, td_tensor **out, const char *fn) {
 
 static td_status binary_tensors(binary_op op, const td_tensor *a, const td_tensor *b, td_tensor **out)
 {
+    if (op == OP_ADD && a && b && out && (!tensor_is_host(a) || !tensor_is_host(b)))
+        return tensor_device_add(a, b, out); /* follows its inputs' device */
     TD_TRY(check_args(op_names[op], a, true, b, out));
     op_operand oa = operand_of(a), ob = operand_of(b);
     return binary(op, &oa, &ob, out);

@@ -55,6 +55,7 @@ td_storage *storage_new_with(void *data, size_t nbytes, td_device device, const 
     s->allocator = allocator;
     s->allocator_ctx = allocator_ctx;
     s->resizable = resizable;
+    atomic_init(&s->version, 0);
     return s;
 }
 
@@ -160,7 +161,7 @@ bool td_storage_is_shared(const td_storage *s)
     switch (s->allocator->kind) {
     case TD_STORAGE_SHM_FD:
     case TD_STORAGE_SHM_NAMED:
-    case TD_STORAGE_CUDA:
+    case TD_STORAGE_DEVICE: /* as torch: a CUDA storage counts as shared */
     case TD_STORAGE_CUDA_IPC:
         return true;
     default:

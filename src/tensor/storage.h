@@ -13,8 +13,10 @@
 #ifndef TDIST_TENSOR_STORAGE_H
 #define TDIST_TENSOR_STORAGE_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include <tdist/tensor.h>
 
@@ -25,8 +27,11 @@ typedef enum td_storage_kind {
     TD_STORAGE_EXTERNAL,   /* td_storage_wrap: the user's memory and free callback */
     TD_STORAGE_SHM_FD,     /* mp: shared memory passed by file descriptor */
     TD_STORAGE_SHM_NAMED,  /* mp: named shared memory (file_system strategy) */
-    TD_STORAGE_CUDA,       /* device: CUDA memory */
+    /* device: memory of an accelerator (cuda or sim) from the caching allocator, td_device_malloc;
+     * storage->device says which (it was TD_STORAGE_CUDA before sim devices existed). */
+    TD_STORAGE_DEVICE,
     TD_STORAGE_CUDA_IPC,   /* device: CUDA memory opened from another process's IPC handle */
+    TD_STORAGE_PINNED,     /* device: page-locked host memory from td_host_alloc (a CPU storage) */
 } td_storage_kind;
 
 typedef struct td_storage_allocator {
@@ -47,7 +52,12 @@ struct td_storage {
     const td_storage_allocator *allocator;
     void *allocator_ctx;
     bool resizable;
+    /* The in-place version counter (td_tensor_version): every view of the storage shares it, as
+     * views share PyTorch's version counter; bumped once by each in-place write. */
+    atomic_uint_fast64_t version;
 };
+
+static inline void storage_bump_version(td_storage *s) { atomic_fetch_add(&s->version, 1); }
 
 extern const td_storage_allocator storage_heap_allocator;
 

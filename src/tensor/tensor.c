@@ -12,6 +12,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "tensor/device_tensor.h"
 #include "tensor/dtype.h"
 #include "tensor/storage.h"
 #include "tensor/strided.h"
@@ -556,6 +557,8 @@ td_status td_tensor_contiguous(td_tensor *t, td_tensor **out)
 td_status td_tensor_to(const td_tensor *t, td_dtype dtype, td_tensor **out)
 {
     TD_TRY(check_args(t, out, "to"));
+    if (!tensor_is_host(t))
+        return tensor_device_to(t, dtype, out); /* stays on its device */
     td_tensor *c;
     TD_TRY(create(dtype, td_tensor_shape(t), false, &c));
     td_strided d = strided_of(c), s = strided_of(t);

@@ -17,10 +17,25 @@ if(NOT TDIST_WITH_MPI STREQUAL "OFF")
   tdist_resolve_option(TDIST_WITH_MPI TDIST_HAVE_MPI)
 endif()
 
+# CUDA: the library never links the CUDA runtime or driver (src/device/cuda.c loads libcuda.so.1
+# at run time, in every build). The toolkit only provides nvcc, which compiles the device kernels
+# (src/device/kernels.cu) into a fatbin embedded in the library: TDIST_HAVE_CUDA. Without nvcc,
+# or with TDIST_WITH_CUDA=OFF, the library still drives GPUs but has no kernels (fill, strided
+# copy, add and sleep fail with TD_ERR_UNSUPPORTED). nvcc is not always on PATH: the toolkit's own
+# bin directory and /usr/local/cuda/bin are searched too.
 set(TDIST_HAVE_CUDA OFF)
+set(TDIST_NVCC "")
 if(NOT TDIST_WITH_CUDA STREQUAL "OFF")
   find_package(CUDAToolkit QUIET)
-  if(CUDAToolkit_FOUND)
+  if(CUDAToolkit_NVCC_EXECUTABLE AND EXISTS "${CUDAToolkit_NVCC_EXECUTABLE}")
+    set(TDIST_NVCC "${CUDAToolkit_NVCC_EXECUTABLE}")
+  else()
+    find_program(TDIST_NVCC_PROGRAM nvcc HINTS ${CUDAToolkit_BIN_DIR} /usr/local/cuda/bin)
+    if(TDIST_NVCC_PROGRAM)
+      set(TDIST_NVCC "${TDIST_NVCC_PROGRAM}")
+    endif()
+  endif()
+  if(TDIST_NVCC)
     set(TDIST_HAVE_CUDA ON)
   endif()
   tdist_resolve_option(TDIST_WITH_CUDA TDIST_HAVE_CUDA)

@@ -189,8 +189,8 @@ td_status device_check(td_device device, const device_impl **impl_out, int *inde
     const device_impl *impl = device_impl_of(device.type);
     int count = impl->count();
     if (index >= count || index >= DEVICE_MAX_DEVICES)
-        return error_fmt(TD_ERR_INVALID, "Invalid device ordinal %s:%d: there %s %d %s device%s",
-                         impl->name, index, count == 1 ? "is" : "are", count, impl->name, count == 1 ? "" : "s");
+        return error_fmt(TD_ERR_INVALID, "Invalid device ordinal %d: there %s %d %s device%s", index,
+                         count == 1 ? "is" : "are", count, impl->name, count == 1 ? "" : "s");
     if (impl_out)
         *impl_out = impl;
     if (index_out)
@@ -546,9 +546,9 @@ td_status td_event_record(td_event *e, td_stream *s)
             return st;
         e->device = s->device;
     } else if (!td_device_equal(e->device, s->device)) {
-        char a[32], b[32];
-        return error_fmt(TD_ERR_INVALID, "Event device %s does not match recording stream's device %s.",
-                         td_device_str(e->device, a, sizeof a), td_device_str(s->device, b, sizeof b));
+        /* PyTorch's words (CUDAEvent::record): the two device indices. */
+        return error_fmt(TD_ERR_INVALID, "Event device %d does not match recording stream's device %d.",
+                         e->device.index, s->device.index);
     }
     st = impl->event_record(s->device.index, e->native, s->native);
     if (st == TD_OK)
@@ -578,8 +578,8 @@ td_status td_event_elapsed_time(td_event *start, td_event *end, float *ms)
         return error_set(TD_ERR_INVALID, "Both events must be created with argument 'enable_timing=True'.");
     if (!td_device_equal(start->device, end->device)) {
         char a[32], b[32];
-        return error_fmt(TD_ERR_INVALID,
-                         "CUDA error: invalid resource handle (elapsed time between events on %s and %s)",
+        return error_fmt(TD_ERR_INVALID, "%s error: invalid resource handle (elapsed time between events on %s and %s)",
+                         start->device.type == TD_DEVICE_CUDA ? "CUDA" : td_device_type_name(start->device.type),
                          td_device_str(start->device, a, sizeof a), td_device_str(end->device, b, sizeof b));
     }
     return device_impl_of(start->device.type)->event_elapsed_ms(start->device.index, start->native, end->native, ms);

@@ -488,8 +488,6 @@ static td_status sim_mem_get_info(int dev, size_t *free_bytes, size_t *total_byt
     return TD_OK;
 }
 
-static td_status sim_stream_synchronize(int dev, void *native);
-
 static td_status sim_device_synchronize(int dev)
 {
     TD_TRY(sim_check_dev(dev));

@@ -175,6 +175,7 @@ typedef enum cuda_kernel {
     CUDA_K_COUNT
 } cuda_kernel;
 
+#ifdef TDIST_HAVE_CUDA_KERNELS
 static const char *const cuda_kernel_names[CUDA_K_COUNT] = {
     "cuda_fill_1", "cuda_fill_2", "cuda_fill_4", "cuda_fill_8", "cuda_fill_16",
     "cuda_strided_copy_1", "cuda_strided_copy_2", "cuda_strided_copy_4", "cuda_strided_copy_8",
@@ -184,6 +185,7 @@ static const char *const cuda_kernel_names[CUDA_K_COUNT] = {
     "cuda_add_complex128",
     "cuda_sleep",
 };
+#endif
 
 /* The add kernel of each td_dtype, in td_dtype order. */
 static const cuda_kernel cuda_add_kernels[TD_DTYPE_COUNT] = {
@@ -772,6 +774,16 @@ static int cuda_size_index(size_t elem_size)
     }
 }
 
+/* A misaligned access in a kernel is a sticky error that ruins the context: refuse it up front.
+ * Elements align to their size, 16-byte ones (complex128) to 8, as kernels.cu reads them. */
+static td_status cuda_check_aligned(const char *op, const void *ptr, size_t elem_size)
+{
+    size_t align = elem_size > 8 ? 8 : elem_size;
+    if ((uintptr_t)ptr % align != 0)
+        return error_fmt(TD_ERR_INVALID, "%s: address %p is not aligned to its %zu-byte elements", op, ptr, elem_size);
+    return TD_OK;
+}
+
 static bool cuda_is_contiguous(const device_strided *t)
 {
     int64_t expected = 1;
@@ -812,6 +824,8 @@ static td_status cuda_strided_copy(int dev, const device_strided *dst, const dev
                          (long long)src_numel);
     if (dst_numel == 0)
         return TD_OK;
+    TD_TRY(cuda_check_aligned("strided_copy", dst->base, elem_size));
+    TD_TRY(cuda_check_aligned("strided_copy", src->base, elem_size));
     if (cuda_is_contiguous(dst) && cuda_is_contiguous(src))
         return cuda_memcpy_async(dev, dst->base, src->base, (size_t)dst_numel * elem_size, DEVICE_COPY_D2D, stream);
     cuda_strided_args args;
@@ -833,7 +847,7 @@ static td_status cuda_strided_copy(int dev, const device_strided *dst, const dev
     return cuda_launch(dev, (cuda_kernel)(CUDA_K_COPY_1 + size_index), (uint64_t)dst_numel, params, stream);
 }
 
-/* 1-, 2- and 4-byte patterns at their alignment go to the driver's memset; the rest to a kernel. */
+/* 1-, 2- and 4-byte patterns go to the driver's memset, 8 and 16 to a kernel. */
 static td_status cuda_fill(int dev, void *dst, size_t count, const void *value, size_t elem_size, void *stream)
 {
     int size_index = cuda_size_index(elem_size);
@@ -841,8 +855,9 @@ static td_status cuda_fill(int dev, void *dst, size_t count, const void *value, 
         return error_fmt(TD_ERR_INVALID, "fill: element size %zu (1, 2, 4, 8 or 16 bytes)", elem_size);
     if (count == 0)
         return TD_OK;
+    TD_TRY(cuda_check_aligned("fill", dst, elem_size));
     CUdeviceptr ptr = (CUdeviceptr)(uintptr_t)dst;
-    if (elem_size <= 4 && ptr % elem_size == 0) {
+    if (elem_size <= 4) {
         TD_TRY(cuda_enter(dev));
         if (elem_size == 1) {
             unsigned char v;
@@ -876,6 +891,14 @@ static td_status cuda_add(int dev, void *dst, const void *a, const void *b, size
         return error_fmt(TD_ERR_UNSUPPORTED, "add: no CUDA kernel for dtype %d", (int)dtype);
     if (count == 0)
         return TD_OK;
+    static const size_t elem_sizes[TD_DTYPE_COUNT] = {
+        [TD_BOOL] = 1,    [TD_UINT8] = 1,    [TD_INT8] = 1,     [TD_INT16] = 2,      [TD_INT32] = 4,
+        [TD_INT64] = 8,   [TD_FLOAT16] = 2,  [TD_BFLOAT16] = 2, [TD_FLOAT32] = 4,    [TD_FLOAT64] = 8,
+        [TD_COMPLEX64] = 8, [TD_COMPLEX128] = 16,
+    };
+    TD_TRY(cuda_check_aligned("add", dst, elem_sizes[dtype]));
+    TD_TRY(cuda_check_aligned("add", a, elem_sizes[dtype]));
+    TD_TRY(cuda_check_aligned("add", b, elem_sizes[dtype]));
     unsigned long long n = count;
     void *params[] = {&dst, (void *)&a, (void *)&b, &n};
     return cuda_launch(dev, cuda_add_kernels[dtype], count, params, stream);

@@ -93,6 +93,22 @@ static float half_to_float(uint16_t h)
     return f;
 }
 
+/* bfloat16: the upper half of a float, rounded to nearest even (finite values). */
+static uint16_t float_to_bf16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+static float bf16_to_float(uint16_t h)
+{
+    uint32_t x = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
 /* ---- no driver, no GPU: zero devices, clean errors ------------------------------------------- */
 
 TD_TEST(cuda_count_never_fails, .setup = cuda_setup)
@@ -256,7 +272,8 @@ TD_TEST(cuda_fill, CUDA_CASE)
         TD_CHECK_MSG(hd[i] == want, "double fill: element %d is %g, want %g", i, hd[i], want);
     }
 
-    /* 16-byte (complex128) and 2-byte elements, and a 4-byte fill at an odd address (kernel). */
+    /* 16-byte (complex128) and 2-byte elements, a 4-byte fill at an offset of 4 bytes; an odd
+     * address for 4-byte elements is refused (a misaligned kernel access would ruin the context). */
     double *dc = dev_alloc(N * 2 * sizeof(double));
     double c[2] = {1.5, -3.0};
     TD_CHECK_OK(CUDA_IMPL.fill(0, dc, N, c, sizeof c, NULL));
@@ -265,20 +282,22 @@ TD_TEST(cuda_fill, CUDA_CASE)
     for (int i = 0; i < N; i++)
         TD_CHECK_MSG(hc[2 * i] == 1.5 && hc[2 * i + 1] == -3.0, "complex fill: element %d is (%g, %g)", i,
                      hc[2 * i], hc[2 * i + 1]);
-    unsigned char *db = dev_alloc(4 * N + 1);
+    unsigned char *db = dev_alloc(4 * N + 4);
     unsigned char byte = 0xee;
-    TD_CHECK_OK(CUDA_IMPL.fill(0, db, 4 * N + 1, &byte, 1, NULL));
+    TD_CHECK_OK(CUDA_IMPL.fill(0, db, 4 * N + 4, &byte, 1, NULL));
     uint32_t pattern = 0x11223344u;
-    TD_CHECK_OK(CUDA_IMPL.fill(0, db + 1, N, &pattern, 4, NULL));
+    TD_CHECK_OK(CUDA_IMPL.fill(0, db + 4, N, &pattern, 4, NULL));
+    TD_CHECK_ERR(CUDA_IMPL.fill(0, db + 1, N, &pattern, 4, NULL), TD_ERR_INVALID, "not aligned");
+    TD_CHECK_ERR(CUDA_IMPL.fill(0, db + 4, N, &v, 8, NULL), TD_ERR_INVALID, "not aligned");
     uint16_t h2 = 0xabcd;
     TD_CHECK_OK(CUDA_IMPL.fill(0, dd, 3, &h2, 2, NULL));
-    static unsigned char hb[4 * N + 1];
+    static unsigned char hb[4 * N + 4];
     to_host(hb, db, sizeof hb);
-    TD_CHECK_EQ(hb[0], 0xee);
+    TD_CHECK(hb[0] == 0xee && hb[3] == 0xee);
     for (int i = 0; i < N; i++) {
         uint32_t got;
-        memcpy(&got, hb + 1 + 4 * i, 4);
-        TD_CHECK_MSG(got == pattern, "unaligned fill: element %d is 0x%08x", i, got);
+        memcpy(&got, hb + 4 + 4 * i, 4);
+        TD_CHECK_MSG(got == pattern, "offset fill: element %d is 0x%08x", i, got);
     }
     uint16_t hs[4];
     to_host(hs, dd, sizeof hs);
@@ -432,6 +451,42 @@ TD_TEST(cuda_add, CUDA_CASE)
     CUDA_IMPL.device_free(0, xa);
     CUDA_IMPL.device_free(0, xb);
     CUDA_IMPL.device_free(0, xo);
+
+    /* bfloat16 (256 + 1 ties to 256) and complex128. */
+    {
+        const float av[4] = {1.0f, 3.140625f, -2.5f, 256.0f}, bv[4] = {0.5f, 0.0078125f, 2.5f, 1.0f};
+        uint16_t ga[4], gb[4], go[4];
+        for (int i = 0; i < 4; i++) {
+            ga[i] = float_to_bf16(av[i]);
+            gb[i] = float_to_bf16(bv[i]);
+        }
+        uint16_t *ya = dev_alloc(sizeof ga), *yb = dev_alloc(sizeof gb), *yo = dev_alloc(sizeof go);
+        to_device(ya, ga, sizeof ga);
+        to_device(yb, gb, sizeof gb);
+        TD_CHECK_OK(CUDA_IMPL.add(0, yo, ya, yb, 4, TD_BFLOAT16, NULL));
+        to_host(go, yo, sizeof go);
+        TD_CHECK_EQ(bf16_to_float(go[3]), 256.0f);
+        for (int i = 0; i < 4; i++) {
+            uint16_t want = float_to_bf16(bf16_to_float(ga[i]) + bf16_to_float(gb[i]));
+            TD_CHECK_MSG(go[i] == want, "bfloat16 add: element %d is %g, want %g", i, (double)bf16_to_float(go[i]),
+                         (double)bf16_to_float(want));
+        }
+        CUDA_IMPL.device_free(0, ya);
+        CUDA_IMPL.device_free(0, yb);
+        CUDA_IMPL.device_free(0, yo);
+
+        const double za[4] = {1.5, -2.0, 1e300, 0.0}, zb[4] = {0.25, 4.0, -1e300, -0.5};
+        double zo[4];
+        double *wa = dev_alloc(sizeof za), *wb = dev_alloc(sizeof zb), *wo = dev_alloc(sizeof zo);
+        to_device(wa, za, sizeof za);
+        to_device(wb, zb, sizeof zb);
+        TD_CHECK_OK(CUDA_IMPL.add(0, wo, wa, wb, 2, TD_COMPLEX128, NULL));
+        to_host(zo, wo, sizeof zo);
+        TD_CHECK(zo[0] == 1.75 && zo[1] == 2.0 && zo[2] == 0.0 && zo[3] == -0.5);
+        CUDA_IMPL.device_free(0, wa);
+        CUDA_IMPL.device_free(0, wb);
+        CUDA_IMPL.device_free(0, wo);
+    }
 
     /* bool is logical or; int8 wraps. */
     unsigned char ba[4] = {0, 0, 1, 2}, bb[4] = {0, 3, 0, 1}, bo[4];

@@ -458,6 +458,9 @@ static void device_release_cached(alloc_device *d, bool wait, bool count_sync)
 
 /* ---- malloc / free -------------------------------------------------------------------------- */
 
+/* PyTorch's OOM message: "CUDA out of memory. Tried to allocate <segment size>." then the
+ * implementation's own text (less its copy of that first sentence, cuda's names the GPU's capacity),
+ * the device's capacity where that text does not, and what the cache holds. */
 static td_status out_of_memory(alloc_device *d, const device_impl *impl, size_t alloc_size, const char *impl_text)
 {
     pthread_mutex_lock(&d->lock);
@@ -465,19 +468,32 @@ static td_status out_of_memory(alloc_device *d, const device_impl *impl, size_t 
     int64_t allocated = d->stats.stat[TD_STAT_ALLOCATED_BYTES][TD_POOL_ALL].current;
     int64_t reserved = d->stats.stat[TD_STAT_RESERVED_BYTES][TD_POOL_ALL].current;
     pthread_mutex_unlock(&d->lock);
-    size_t free_bytes = 0, total_bytes = 0;
-    (void)impl->mem_get_info(d->index, &free_bytes, &total_bytes);
-    char want[32], total[32], avail[32], alloc_s[32], unalloc_s[32];
+    static const char prefix[] = "CUDA out of memory. Tried to allocate ";
+    const char *rest = impl_text;
+    if (strncmp(rest, prefix, sizeof prefix - 1) == 0) {
+        const char *end = strstr(rest + sizeof prefix - 1, ". ");
+        rest = end ? end + 2 : "";
+    }
+    char want[32], alloc_s[32], unalloc_s[32], capacity[160] = "";
     format_size(alloc_size, want, sizeof want);
-    format_size(total_bytes, total, sizeof total);
-    format_size(free_bytes, avail, sizeof avail);
     format_size((uint64_t)allocated, alloc_s, sizeof alloc_s);
     format_size((uint64_t)(reserved - allocated), unalloc_s, sizeof unalloc_s);
+    bool impl_names_capacity = strstr(rest, "total capacity") != NULL;
+    if (!impl_names_capacity) {
+        size_t free_bytes = 0, total_bytes = 0;
+        char total[32], avail[32];
+        (void)impl->mem_get_info(d->index, &free_bytes, &total_bytes);
+        format_size(total_bytes, total, sizeof total);
+        format_size(free_bytes, avail, sizeof avail);
+        snprintf(capacity, sizeof capacity, "GPU %d has a total capacity of %s of which %s is free. ", d->index, total,
+                 avail);
+    }
     return error_fmt(TD_ERR_NOMEM,
-                     "CUDA out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of which %s is "
-                     "free. Of the allocated memory %s is allocated by tdist, and %s is reserved by tdist but "
-                     "unallocated. (%s: %s)",
-                     want, d->index, total, avail, alloc_s, unalloc_s, impl->name, impl_text);
+                     "CUDA out of memory. Tried to allocate %s. %s%s%sOf the allocated memory %s is allocated by "
+                     "tdist, and %s is reserved by tdist but unallocated.%s%s%s",
+                     want, capacity, impl_names_capacity ? rest : "", impl_names_capacity ? " " : "", alloc_s,
+                     unalloc_s, !impl_names_capacity && *rest ? " (" : "", impl_names_capacity ? "" : rest,
+                     !impl_names_capacity && *rest ? ")" : "");
 }
 
 /* A new segment of alloc_size bytes for stream; on TD_ERR_NOMEM releases the device's cached

@@ -884,6 +884,9 @@ TD_TEST(test_caching_allocator_oom, .params = DEV_PARAMS, .static_skip = oom_sta
     void *c = (void *)1;
     TD_CHECK_ERR(td_device_malloc(d, 40 * MIB, NULL, &c), TD_ERR_NOMEM,
                  "CUDA out of memory. Tried to allocate 40.00 MiB. GPU 0 has a total capacity of 64.00 MiB");
+    TD_CHECK_CONTAINS(td_last_error(),
+                      "Of the allocated memory 50.00 MiB is allocated by tdist, and 0 bytes is reserved");
+    TD_CHECK_CONTAINS(td_last_error(), "(Simulated device sim:0 out of memory.");
     TD_CHECK(c == NULL);
     TD_CHECK_EQ(stat_of(d, "num_ooms"), 1);
     TD_CHECK_EQ(stat_of(d, "num_alloc_retries"), 2);

@@ -594,6 +594,13 @@ static void sim_device_free(int dev, void *ptr)
         TD_LOG_ERROR("sim device_free(%d, %p): not a block of this device", dev, ptr);
         return;
     }
+    /* As cudaFree, which waits for the device: work still queued (a copy into this block from
+     * another device's stream, say) must not land in freed memory. The allocator frees segments
+     * only at empty_cache, an out-of-memory retry and shutdown, so waiting for every simulated
+     * device here costs nothing on the hot path. */
+    int total = sim_count();
+    for (int d = 0; d < total; d++)
+        (void)sim_device_synchronize(d);
     h->magic = 0;
     pthread_mutex_lock(&sim_lock);
     if (dev >= 0 && dev < DEVICE_MAX_DEVICES && sim_devices[dev].in_use >= h->accounted)

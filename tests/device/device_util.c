@@ -31,6 +31,26 @@ td_device_type dev_setup(td_test_ctx *ctx, int need)
     return chosen;
 }
 
+void dev_process_setup(td_test_ctx *ctx)
+{
+    if (!ctx->param || strcmp(ctx->param, "cuda") != 0)
+        return;
+    setenv("TDIST_DEVICE", "cuda", 1);
+    int n = td_device_count(TD_DEVICE_CUDA);
+    for (int i = 0; i < n; i++) {
+        td_device d = {TD_DEVICE_CUDA, i};
+        td_stream *s = NULL;
+        void *p = NULL;
+        /* A context, the kernels (a zero-cycle sleep) and one allocation on every device. */
+        if (td_stream_default(d, &s) != TD_OK || td_stream_sleep(s, 0) != TD_OK || td_device_synchronize(d) != TD_OK ||
+            td_device_malloc(d, 512, s, &p) != TD_OK)
+            fprintf(stderr, "dev_process_setup: warming cuda:%d: %s\n", i, td_last_error());
+        td_device_free(p);
+    }
+    if (td_device_empty_cache() != TD_OK || td_device_shutdown() != TD_OK)
+        fprintf(stderr, "dev_process_setup: %s\n", td_last_error());
+}
+
 td_device dev(int i)
 {
     td_device d = {chosen, i};

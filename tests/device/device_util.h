@@ -9,6 +9,15 @@
 /* The parameters every device case runs with: 2 and 4 simulated devices, and real GPUs. */
 #define DEV_PARAMS "sim2,sim4,cuda"
 
+/* The harness's per-process set-up of a device case (.setup runs before the fd and thread
+ * baseline): on cuda it opens the driver, makes every device's context and loads the kernels, then
+ * shuts the runtime down, so what the driver keeps for the life of the process (its fds and
+ * threads) is in the baseline and the check sees only what the body leaves. Nothing on sim. */
+void dev_process_setup(td_test_ctx *ctx);
+
+/* A device case's options: TD_TEST(name, DEV_CASE) { ... }. */
+#define DEV_CASE .params = DEV_PARAMS, .setup = dev_process_setup
+
 /* Call first in a body, before any device call. Selects the device type from the instance's
  * parameter ("sim2" / "sim4": TDIST_DEVICE=sim with TDIST_SIM_DEVICES=2 / 4; "cuda": real GPUs)
  * and skips with the harness's code ("Need at least N CUDA devices", or "CUDA is not available.")

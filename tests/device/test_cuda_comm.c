@@ -16,21 +16,6 @@
 
 static const td_device cpu = {TD_DEVICE_CPU, -1};
 
-/* The CUDA driver opens fds and threads at its first use and keeps some for the process: open
- * them in the harness's setup, before its leak baseline, so the check sees only the body's. */
-static void warm_cuda(td_test_ctx *ctx)
-{
-    if (!ctx->param || strcmp(ctx->param, "cuda") != 0)
-        return;
-    setenv("TDIST_DEVICE", "cuda", 1);
-    if (td_device_count(TD_DEVICE_CUDA) > 0) {
-        size_t free_bytes, total_bytes;
-        td_device first = {TD_DEVICE_CUDA, 0};
-        (void)td_device_mem_get_info(first, &free_bytes, &total_bytes);
-    }
-}
-
-#define DEV_CASE .params = DEV_PARAMS, .setup = warm_cuda
 
 
 static td_device current(void)

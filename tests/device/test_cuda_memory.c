@@ -318,7 +318,7 @@ static bool gen_next(stats_gen *g)
 
 /* ---- ported tests --------------------------------------------------------------------------- */
 
-TD_TEST(test_memory_stats, .params = DEV_PARAMS)
+TD_TEST(test_memory_stats, DEV_CASE)
 {
     td_device_type type = dev_setup(ctx, 1);
     TD_CHECK_OK(td_device_empty_cache());
@@ -338,7 +338,7 @@ TD_TEST(test_memory_stats, .params = DEV_PARAMS)
     dev_teardown();
 }
 
-TD_TEST(test_memory_stats_multigpu, .params = DEV_PARAMS)
+TD_TEST(test_memory_stats_multigpu, DEV_CASE)
 {
     dev_setup(ctx, 2);
     /* Strictly interleaved. */
@@ -373,7 +373,7 @@ TD_TEST(test_memory_stats_multigpu, .params = DEV_PARAMS)
     dev_teardown();
 }
 
-TD_TEST(test_cuda_device_memory_allocated, .params = DEV_PARAMS)
+TD_TEST(test_cuda_device_memory_allocated, DEV_CASE)
 {
     td_device_type type = dev_setup(ctx, 2);
     int count = td_device_count(type);
@@ -417,7 +417,7 @@ static void mem_get_info_on(td_device d)
     TD_CHECK_OK(td_device_empty_cache());
 }
 
-TD_TEST(test_mem_get_info, .params = DEV_PARAMS)
+TD_TEST(test_mem_get_info, DEV_CASE)
 {
     td_device_type type = dev_setup(ctx, 1);
     mem_get_info_on(dev(0));
@@ -504,7 +504,7 @@ static void no_leak(void)
     td_device_free(p);
 }
 
-TD_TEST(test_cuda_memory_leak_detection, .params = DEV_PARAMS)
+TD_TEST(test_cuda_memory_leak_detection, DEV_CASE)
 {
     td_device_type type = dev_setup(ctx, 1);
     leak_check lc;
@@ -554,7 +554,7 @@ static float read_device_float(td_device d, void *src)
     return v;
 }
 
-TD_TEST(test_caching_pinned_memory_multi_gpu, .params = DEV_PARAMS)
+TD_TEST(test_caching_pinned_memory_multi_gpu, DEV_CASE)
 {
     dev_setup(ctx, 2);
     float *t = NULL;
@@ -617,7 +617,7 @@ static void check_block(const td_memory_segment *seg, size_t i, uint64_t size, u
     TD_CHECK_EQ(seg->blocks[i].state, state);
 }
 
-TD_TEST(test_caching_allocator_rounding_and_split, .params = DEV_PARAMS)
+TD_TEST(test_caching_allocator_rounding_and_split, DEV_CASE)
 {
     td_device_type type = dev_setup(ctx, 1);
     td_device d = dev(0);
@@ -710,7 +710,7 @@ TD_TEST(test_caching_allocator_rounding_and_split, .params = DEV_PARAMS)
     dev_teardown();
 }
 
-TD_TEST(test_memory_stats_keys, .params = DEV_PARAMS)
+TD_TEST(test_memory_stats_keys, DEV_CASE)
 {
     dev_setup(ctx, 1);
     td_memory_stats stats;
@@ -752,7 +752,7 @@ TD_TEST(test_memory_stats_keys, .params = DEV_PARAMS)
     dev_teardown();
 }
 
-TD_TEST(test_caching_allocator_stream_ordered_reuse, .params = DEV_PARAMS)
+TD_TEST(test_caching_allocator_stream_ordered_reuse, DEV_CASE)
 {
     td_device_type type = dev_setup(ctx, 1);
     td_device d = dev(0);
@@ -795,7 +795,7 @@ TD_TEST(test_caching_allocator_stream_ordered_reuse, .params = DEV_PARAMS)
     dev_teardown();
 }
 
-TD_TEST(test_caching_allocator_record_stream, .params = DEV_PARAMS)
+TD_TEST(test_caching_allocator_record_stream, DEV_CASE)
 {
     td_device_type type = dev_setup(ctx, 1);
     td_device d = dev(0);
@@ -863,7 +863,7 @@ static const char *oom_static_skip(const char *param)
     return strncmp(param, "sim", 3) == 0 ? NULL : "the OOM case runs on simulated devices with a small budget";
 }
 
-TD_TEST(test_caching_allocator_oom, .params = DEV_PARAMS, .static_skip = oom_static_skip)
+TD_TEST(test_caching_allocator_oom, DEV_CASE, .static_skip = oom_static_skip)
 {
     setenv("TDIST_SIM_MEMORY", "64M", 1);
     td_device_type type = dev_setup(ctx, 1);
@@ -902,7 +902,7 @@ TD_TEST(test_caching_allocator_oom, .params = DEV_PARAMS, .static_skip = oom_sta
     dev_teardown();
 }
 
-TD_TEST(test_pinned_memory_cache, .params = DEV_PARAMS)
+TD_TEST(test_pinned_memory_cache, DEV_CASE)
 {
     dev_setup(ctx, 1);
     void *p = NULL, *q = NULL;
@@ -970,7 +970,7 @@ static void *churn(void *argp)
     return NULL;
 }
 
-TD_TEST(test_caching_allocator_threads, .params = DEV_PARAMS)
+TD_TEST(test_caching_allocator_threads, DEV_CASE)
 {
     td_device_type type = dev_setup(ctx, 1);
     int ndev = td_device_count(type) >= 2 ? 2 : 1;

@@ -87,7 +87,7 @@ static int64_t live_streams(void)
 
 /* ---- devices ------------------------------------------------------------------------------- */
 
-TD_TEST(test_cuda_synchronize, .params = DEV_PARAMS)
+TD_TEST(test_cuda_synchronize, DEV_CASE)
 {
     td_device_type type = dev_setup(ctx, 1);
     const char *name = td_device_type_name(type);
@@ -144,7 +144,7 @@ TD_TEST(test_cuda_synchronize, .params = DEV_PARAMS)
 }
 
 /* spec 1.1's table: a guard's exit restores the device it saw at entry, whatever was set inside. */
-TD_TEST(test_cuda_set_device, .params = DEV_PARAMS)
+TD_TEST(test_cuda_set_device, DEV_CASE)
 {
     td_device_type type = dev_setup(ctx, 2);
     TD_CHECK_EQ(td_device_current(type), 0);
@@ -240,7 +240,7 @@ static const char *map_get(const device_map *m, td_device key)
 }
 
 /* Device values: parse, str, equal, hash; test_grad_scaling_device_as_key's device-as-key rule. */
-TD_TEST(test_grad_scaling_device_as_key, .params = DEV_PARAMS)
+TD_TEST(test_grad_scaling_device_as_key, DEV_CASE)
 {
     td_device_type type = dev_setup(ctx, 2);
     const char *name = td_device_type_name(type);
@@ -318,7 +318,7 @@ TD_TEST(test_grad_scaling_device_as_key, .params = DEV_PARAMS)
 
 /* ---- streams ------------------------------------------------------------------------------- */
 
-TD_TEST(test_current_stream, .params = DEV_PARAMS)
+TD_TEST(test_current_stream, DEV_CASE)
 {
     td_device_type type = dev_setup(ctx, 2);
     td_device d0 = dev(0), d1 = dev(1);
@@ -347,7 +347,7 @@ TD_TEST(test_current_stream, .params = DEV_PARAMS)
     dev_teardown();
 }
 
-TD_TEST(test_default_stream, .params = DEV_PARAMS)
+TD_TEST(test_default_stream, DEV_CASE)
 {
     td_device_type type = dev_setup(ctx, 2);
     td_device d0 = dev(0), d1 = dev(1);
@@ -398,7 +398,7 @@ static void check_current(td_stream *want, int want_device, td_device_type type)
     TD_CHECK_EQ(td_device_current(type), want_device);
 }
 
-TD_TEST(test_stream_context, .params = DEV_PARAMS)
+TD_TEST(test_stream_context, DEV_CASE)
 {
     td_device_type type = dev_setup(ctx, 2);
     td_stream *s0 = current_stream(dev(-1));
@@ -476,7 +476,7 @@ TD_TEST(test_stream_context, .params = DEV_PARAMS)
     dev_teardown();
 }
 
-TD_TEST(test_streams_multi_gpu, .params = DEV_PARAMS)
+TD_TEST(test_streams_multi_gpu, DEV_CASE)
 {
     td_device_type type = dev_setup(ctx, 2);
     (void)type;
@@ -513,7 +513,7 @@ static void check_queries(td_stream *s0, bool want0, td_stream *s1, bool want1)
     }
 }
 
-TD_TEST(test_streams_multi_gpu_query, .params = DEV_PARAMS)
+TD_TEST(test_streams_multi_gpu_query, DEV_CASE)
 {
     dev_setup(ctx, 2);
     TD_CHECK_OK(td_device_synchronize(dev(0)));
@@ -543,7 +543,7 @@ TD_TEST(test_streams_multi_gpu_query, .params = DEV_PARAMS)
     dev_teardown();
 }
 
-TD_TEST(test_streams_multi_gpu_eq, .params = DEV_PARAMS)
+TD_TEST(test_streams_multi_gpu_eq, DEV_CASE)
 {
     dev_setup(ctx, 2);
     td_device_guard g;
@@ -592,7 +592,7 @@ TD_TEST(test_streams_multi_gpu_eq, .params = DEV_PARAMS)
     dev_teardown();
 }
 
-TD_TEST(test_streams_priority, .params = DEV_PARAMS)
+TD_TEST(test_streams_priority, DEV_CASE)
 {
     dev_setup(ctx, 2);
     int low = 1, high = 1;
@@ -624,7 +624,7 @@ TD_TEST(test_streams_priority, .params = DEV_PARAMS)
 
 /* ---- events -------------------------------------------------------------------------------- */
 
-TD_TEST(test_stream_event_device, .params = DEV_PARAMS)
+TD_TEST(test_stream_event_device, DEV_CASE)
 {
     td_device_type type = dev_setup(ctx, 2);
     td_event *e0 = new_event(TD_EVENT_DEFAULT);
@@ -681,7 +681,7 @@ TD_TEST(test_stream_event_device, .params = DEV_PARAMS)
     dev_teardown();
 }
 
-TD_TEST(test_events_wait, .params = DEV_PARAMS)
+TD_TEST(test_events_wait, DEV_CASE)
 {
     dev_setup(ctx, 2);
     TD_CHECK_OK(td_device_synchronize(dev(0)));
@@ -731,7 +731,7 @@ static void check_event_queries(td_event *e0, bool want0, td_event *e1, bool wan
     }
 }
 
-TD_TEST(test_events_multi_gpu_query, .params = DEV_PARAMS)
+TD_TEST(test_events_multi_gpu_query, DEV_CASE)
 {
     dev_setup(ctx, 2);
     td_device_guard g;
@@ -765,7 +765,7 @@ TD_TEST(test_events_multi_gpu_query, .params = DEV_PARAMS)
     dev_teardown();
 }
 
-TD_TEST(test_events_multi_gpu_elapsed_time, .params = DEV_PARAMS)
+TD_TEST(test_events_multi_gpu_elapsed_time, DEV_CASE)
 {
     dev_setup(ctx, 2);
     td_device_guard g;
@@ -835,7 +835,7 @@ TD_TEST(test_events_multi_gpu_elapsed_time, .params = DEV_PARAMS)
 }
 
 /* Interprocess events: no timing, a handle only once recorded, and only with the flag. */
-TD_TEST(test_event_interprocess_flags, .params = DEV_PARAMS)
+TD_TEST(test_event_interprocess_flags, DEV_CASE)
 {
     td_device_type type = dev_setup(ctx, 1);
     td_event *e = NULL;
@@ -920,7 +920,7 @@ static void external_stream_case(int on, td_device as)
     TD_CHECK_ERR(td_stream_from_external(NULL, as, &ext), TD_ERR_INVALID, "must not be NULL");
 }
 
-TD_TEST(test_external_streams, .params = DEV_PARAMS)
+TD_TEST(test_external_streams, DEV_CASE)
 {
     dev_setup(ctx, 1);
     td_device_guard g;
@@ -930,7 +930,7 @@ TD_TEST(test_external_streams, .params = DEV_PARAMS)
     dev_teardown();
 }
 
-TD_TEST(test_external_streams_multi_device, .params = DEV_PARAMS)
+TD_TEST(test_external_streams_multi_device, DEV_CASE)
 {
     dev_setup(ctx, 2);
     /* The device is named explicitly while another is current. */
@@ -1067,7 +1067,7 @@ static void *nogil_child_main(void *arg)
     return NULL;
 }
 
-TD_TEST(test_stream_event_nogil, .params = DEV_PARAMS, .timeout_s = 120)
+TD_TEST(test_stream_event_nogil, DEV_CASE, .timeout_s = 120)
 {
     td_device_type type = dev_setup(ctx, 2);
     static const struct {
@@ -1174,7 +1174,7 @@ static void *order_child_main(void *arg)
 
 static void post_go(void *arg) { sem_post(arg); }
 
-TD_TEST(test_blocking_waits_hold_no_lock, .params = DEV_PARAMS)
+TD_TEST(test_blocking_waits_hold_no_lock, DEV_CASE)
 {
     dev_setup(ctx, 2);
     static const char *const names[] = {"stream synchronize", "event synchronize", "device synchronize"};
@@ -1237,8 +1237,9 @@ static void *race_main(void *arg)
 }
 
 /* torch.tensor([1.]).cuda(rank) on two threads as the first device use of a fresh process (the
- * body runs in one); then again after each shutdown, which restarts the runtime lazily. */
-TD_TEST(test_cuda_init_race, .params = DEV_PARAMS)
+ * body runs in one; on cuda the set-up has opened the driver already, so that its fds and threads
+ * are in the leak baseline); then again after each shutdown, which restarts the runtime lazily. */
+TD_TEST(test_cuda_init_race, DEV_CASE)
 {
     dev_setup(ctx, 2);
     for (int round = 0; round < 8; round++) {
@@ -1312,7 +1313,7 @@ out:
 
 /* A thread's current device and streams are its own: a child's set_current and set_device do not
  * change the parent's, and the child starts from device 0's default stream. */
-TD_TEST(test_thread_current_streams_own, .params = DEV_PARAMS)
+TD_TEST(test_thread_current_streams_own, DEV_CASE)
 {
     td_device_type type = dev_setup(ctx, 1);
     int n = td_device_count(type);
@@ -1356,7 +1357,7 @@ static void *outlive_child_main(void *arg)
 
 /* A stream made current outlives its creator's reference; the thread's reference goes at its
  * exit, and a stream guard's references at its exit. */
-TD_TEST(test_current_stream_outlives_creator, .params = DEV_PARAMS)
+TD_TEST(test_current_stream_outlives_creator, DEV_CASE)
 {
     dev_setup(ctx, 1);
     td_stream *s = new_stream(dev(0), 0);
@@ -1399,7 +1400,7 @@ TD_TEST(test_current_stream_outlives_creator, .params = DEV_PARAMS)
 
 /* The leak check itself: shutdown refuses while anything is live, names it, and tears nothing
  * down; the runtime starts again after a shutdown. */
-TD_TEST(test_device_shutdown_leak_check, .params = DEV_PARAMS)
+TD_TEST(test_device_shutdown_leak_check, DEV_CASE)
 {
     dev_setup(ctx, 1);
     td_stream *s = new_stream(dev(0), 0);

@@ -285,7 +285,10 @@ static void cuda_load(void)
     if (r == CUDA_SUCCESS)
         r = drv.cuDeviceGetCount(&count);
     if (r != CUDA_SUCCESS) {
-        TD_LOG_DEBUG("cuda: cuInit failed (CUresult %d: %s): 0 cuda devices", r, cuda_error_text(r));
+        TD_LOG_DEBUG("cuda: cuInit failed (CUresult %d: %s): 0 cuda devices%s", r, cuda_error_text(r),
+                     r == CUDA_ERROR_OUT_OF_MEMORY
+                         ? " (under AddressSanitizer, run with ASAN_OPTIONS=protect_shadow_gap=0)"
+                         : "");
         memset(&drv, 0, sizeof drv);
         dlclose(lib);
         return;

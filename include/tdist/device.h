@@ -279,8 +279,8 @@ typedef struct td_device_live {
     int64_t threads;         /* sim stream threads running */
 } td_device_live;
 TD_API void td_device_live_get(td_device_live *out);
-/* Tears the runtime down: empties the caches, stops the sim stream threads and releases CUDA
- * contexts. Fails with TD_ERR_INVALID naming what is still live (streams, events, memory) and then
+/* Tears the runtime down: empties the caches and stops the sim stream threads (CUDA's primary
+ * contexts stay for the life of the process, as the CUDA runtime keeps them). Fails with TD_ERR_INVALID naming what is still live (streams, events, memory) and then
  * tears nothing down. The runtime starts again on its next use. */
 TD_API td_status td_device_shutdown(void);
 

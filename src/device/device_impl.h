@@ -51,8 +51,9 @@ typedef struct device_impl {
     td_status (*properties)(int dev, td_device_properties *out);
     td_status (*mem_get_info)(int dev, size_t *free_bytes, size_t *total_bytes);
     td_status (*device_synchronize)(int dev);
-    /* Drops everything the implementation created for its devices (default streams, contexts,
-     * threads); called by td_device_shutdown once nothing is live. */
+    /* Drops what the implementation made for its devices (sim: default streams and their
+     * threads; cuda keeps its primary contexts for the life of the process, as the CUDA runtime
+     * does); called by td_device_shutdown once nothing is live. */
     void (*shutdown)(void);
 
     /* Raw memory, uncached: the caching allocators sit on these. device_malloc fails with

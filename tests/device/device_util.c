@@ -6,6 +6,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef TDIST_SANITIZED
+/* The CUDA driver maps memory where AddressSanitizer protects its shadow gap, and cuInit then
+ * fails with "out of memory": every device test binary leaves the gap unprotected. */
+__attribute__((visibility("default"))) const char *__asan_default_options(void);
+__attribute__((visibility("default"))) const char *__asan_default_options(void)
+{
+    return "protect_shadow_gap=0";
+}
+#endif
+
 static td_device_type chosen = TD_DEVICE_SIM;
 
 td_device_type dev_setup(td_test_ctx *ctx, int need)

@@ -12,15 +12,6 @@
 
 #include "device/device_impl.h"
 
-#ifdef TDIST_SANITIZED
-/* The CUDA driver maps memory where AddressSanitizer protects its shadow gap, and cuInit then
- * fails with "out of memory": this binary leaves the gap unprotected. */
-__attribute__((visibility("default"))) const char *__asan_default_options(void);
-__attribute__((visibility("default"))) const char *__asan_default_options(void)
-{
-    return "protect_shadow_gap=0";
-}
-#endif
 
 #define CUDA_IMPL device_cuda_impl
 #define MIB ((size_t)1 << 20)

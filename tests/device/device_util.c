@@ -2,6 +2,8 @@
  * too few devices skip with the harness's codes, and each body ends with a leak check. */
 #include "device_util.h"
 
+#include "device/device_impl.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,22 +45,36 @@ td_device_type dev_setup(td_test_ctx *ctx, int need)
 
 void dev_process_setup(td_test_ctx *ctx)
 {
-    if (!ctx->param || strcmp(ctx->param, "cuda") != 0)
-        return;
-    setenv("TDIST_DEVICE", "cuda", 1);
-    int n = td_device_count(TD_DEVICE_CUDA);
+    if (ctx->param && ctx->param[0] && strcmp(ctx->param, "cuda") != 0)
+        return; /* sim instances */
+    if (ctx->param && ctx->param[0])
+        setenv("TDIST_DEVICE", "cuda", 1);
+    /* Through the implementation, not the runtime, so no allocator statistic moves. */
+    const device_impl *impl = device_impl_of(TD_DEVICE_CUDA);
+    int n = impl->count();
     for (int i = 0; i < n; i++) {
-        td_device d = {TD_DEVICE_CUDA, i};
-        td_stream *s = NULL;
-        void *p = NULL;
-        /* A context, the kernels (a zero-cycle sleep) and one allocation on every device. */
-        if (td_stream_default(d, &s) != TD_OK || td_stream_sleep(s, 0) != TD_OK || td_device_synchronize(d) != TD_OK ||
-            td_device_malloc(d, 512, s, &p) != TD_OK)
+        /* The context, a device allocation, the kernels (a zero-cycle sleep) and an interprocess
+         * event (the driver opens a /dev/shm file for those) on every device. */
+        size_t free_bytes = 0, total_bytes = 0;
+        void *p = NULL, *ev = NULL;
+        td_status st = impl->mem_get_info(i, &free_bytes, &total_bytes);
+        if (st == TD_OK)
+            st = impl->device_malloc(i, 512, &p);
+        if (st == TD_OK)
+            st = impl->sleep(i, 0, NULL);
+        if (st == TD_OK)
+            st = impl->event_create(i, TD_EVENT_INTERPROCESS, &ev);
+        if (st == TD_OK)
+            st = impl->event_record(i, ev, NULL);
+        if (st == TD_OK)
+            st = impl->stream_synchronize(i, NULL);
+        if (st != TD_OK)
             fprintf(stderr, "dev_process_setup: warming cuda:%d: %s\n", i, td_last_error());
-        td_device_free(p);
+        if (ev)
+            impl->event_destroy(i, ev);
+        if (p)
+            impl->device_free(i, p);
     }
-    if (td_device_empty_cache() != TD_OK || td_device_shutdown() != TD_OK)
-        fprintf(stderr, "dev_process_setup: %s\n", td_last_error());
 }
 
 td_device dev(int i)

@@ -12,7 +12,8 @@
 /* The harness's per-process set-up of a device case (.setup runs before the fd and thread
  * baseline): on cuda it opens the driver, makes every device's context and loads the kernels, then
  * shuts the runtime down, so what the driver keeps for the life of the process (its fds and
- * threads) is in the baseline and the check sees only what the body leaves. Nothing on sim. */
+ * threads) is in the baseline and the check sees only what the body leaves. Cases without a
+ * parameter are warmed as cuda ones; sim instances need nothing. */
 void dev_process_setup(td_test_ctx *ctx);
 
 /* A device case's options: TD_TEST(name, DEV_CASE) { ... }. */

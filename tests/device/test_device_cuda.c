@@ -11,6 +11,7 @@
 #include <tdist/testing.h>
 
 #include "device/device_impl.h"
+#include "device_util.h"
 
 
 #define CUDA_IMPL device_cuda_impl
@@ -39,18 +40,7 @@ static void need_kernels(void)
     TD_CHECK_OK(CUDA_IMPL.stream_synchronize(0, NULL));
 }
 
-/* Loads the driver and creates device 0's primary context before the harness takes its leak
- * baseline: the driver's own threads and device fds live for the process, not for a case. */
-static void cuda_setup(td_test_ctx *ctx)
-{
-    (void)ctx;
-    if (CUDA_IMPL.count() > 0) {
-        size_t free_b, total_b;
-        (void)CUDA_IMPL.mem_get_info(0, &free_b, &total_b);
-    }
-}
-
-#define CUDA_CASE .params = "cuda", .setup = cuda_setup, .timeout_s = 120
+#define CUDA_CASE .params = "cuda", .setup = dev_process_setup, .timeout_s = 120
 
 static void *dev_alloc(size_t nbytes)
 {
@@ -125,7 +115,7 @@ static float bf16_to_float(uint16_t h)
 
 /* ---- no driver, no GPU: zero devices, clean errors ------------------------------------------- */
 
-TD_TEST(cuda_count_never_fails, .setup = cuda_setup)
+TD_TEST(cuda_count_never_fails, .setup = dev_process_setup)
 {
     int n = CUDA_IMPL.count();
     TD_CHECK(n >= 0);

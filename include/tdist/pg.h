@@ -37,7 +37,10 @@
 extern "C" {
 #endif
 
+#ifndef TD_STORE_DECLARED /* declared by store.h, pg.h and rpc.h: C99 allows one typedef */
+#define TD_STORE_DECLARED
 typedef struct td_store td_store;
+#endif
 typedef struct td_pg td_pg;
 
 /* ---- reduce operations with their argument -------------------------------------------------- */
@@ -48,16 +51,26 @@ typedef struct td_op {
     double factor; /* PREMUL_SUM only: each rank's input is multiplied by it before the sum */
 } td_op;
 
-#define TD_OP_SUM ((td_op){TD_SUM, 1.0})
-#define TD_OP_PRODUCT ((td_op){TD_PRODUCT, 1.0})
-#define TD_OP_MIN ((td_op){TD_MIN, 1.0})
-#define TD_OP_MAX ((td_op){TD_MAX, 1.0})
-#define TD_OP_BAND ((td_op){TD_BAND, 1.0})
-#define TD_OP_BOR ((td_op){TD_BOR, 1.0})
-#define TD_OP_BXOR ((td_op){TD_BXOR, 1.0})
-#define TD_OP_AVG ((td_op){TD_AVG, 1.0})
-#define TD_OP_PREMUL_SUM(f) ((td_op){TD_PREMUL_SUM, (f)})
-static inline td_op td_op_of(td_reduce_op kind) { return (td_op){kind, 1.0}; }
+/* A td_op value: a compound literal in C, a braced temporary in C++. */
+#ifdef __cplusplus
+#define TD_OP_MAKE(kind, factor) (td_op{(kind), (factor)})
+#else
+#define TD_OP_MAKE(kind, factor) ((td_op){(kind), (factor)})
+#endif
+#define TD_OP_SUM TD_OP_MAKE(TD_SUM, 1.0)
+#define TD_OP_PRODUCT TD_OP_MAKE(TD_PRODUCT, 1.0)
+#define TD_OP_MIN TD_OP_MAKE(TD_MIN, 1.0)
+#define TD_OP_MAX TD_OP_MAKE(TD_MAX, 1.0)
+#define TD_OP_BAND TD_OP_MAKE(TD_BAND, 1.0)
+#define TD_OP_BOR TD_OP_MAKE(TD_BOR, 1.0)
+#define TD_OP_BXOR TD_OP_MAKE(TD_BXOR, 1.0)
+#define TD_OP_AVG TD_OP_MAKE(TD_AVG, 1.0)
+#define TD_OP_PREMUL_SUM(f) TD_OP_MAKE(TD_PREMUL_SUM, (f))
+static inline td_op td_op_of(td_reduce_op kind)
+{
+    td_op op = TD_OP_MAKE(kind, 1.0);
+    return op;
+}
 
 /* ---- creating groups ------------------------------------------------------------------------ */
 

@@ -46,7 +46,10 @@
 extern "C" {
 #endif
 
+#ifndef TD_STORE_DECLARED /* declared by store.h, pg.h and rpc.h: C99 allows one typedef */
+#define TD_STORE_DECLARED
 typedef struct td_store td_store;
+#endif
 typedef struct td_rpc_agent td_rpc_agent;
 /* The call a function is serving (its caller, its agent); valid while the function runs. */
 typedef struct td_rpc_call td_rpc_call;

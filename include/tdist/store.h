@@ -46,7 +46,10 @@
 extern "C" {
 #endif
 
+#ifndef TD_STORE_DECLARED /* declared by store.h, pg.h and rpc.h: C99 allows one typedef */
+#define TD_STORE_DECLARED
 typedef struct td_store td_store;
+#endif
 
 #define TD_STORE_DEFAULT_TIMEOUT_MS 300000 /* c10d's kDefaultTimeout: 300 s */
 #define TD_STORE_NO_TIMEOUT 0              /* c10d's kNoTimeout: wait forever */

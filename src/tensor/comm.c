@@ -40,17 +40,6 @@ static const char *sizes_x(char *buf, const td_tensor *t)
     return buf;
 }
 
-static bool same_sizes(const td_tensor *a, const td_tensor *b)
-{
-    if (a->ndim != b->ndim)
-        return false;
-    for (int i = 0; i < a->ndim; i++) {
-        if (a->sizes[i] != b->sizes[i])
-            return false;
-    }
-    return true;
-}
-
 static void release_all(td_tensor **ts, int n)
 {
     for (int i = 0; i < n; i++) {
@@ -122,7 +111,7 @@ td_status td_comm_broadcast_out(td_tensor *src, td_tensor *const *outs, int nout
                              "Expected all output tensors to be CUDA tensors, but output tensor at index %d has device "
                              "'%s'",
                              i, td_device_str(td_tensor_device(outs[i]), dev, sizeof dev));
-        if (!same_sizes(outs[i], src))
+        if (!strided_same_sizes(outs[i], src))
             return error_fmt(TD_ERR_INVALID,
                              "Expected all output tensors to have same shape as the source tensor %s, but output "
                              "tensor at index %d has shape %s",
@@ -292,7 +281,7 @@ td_status td_comm_reduce_add(td_tensor *const *inputs, int ninputs, td_device de
             return error_set_typed(TD_ERR_INVALID, "AssertionError", "reduce_add expects all inputs to be on GPUs");
         if (td_device_equal(td_tensor_device(inputs[i]), dest))
             root = i;
-        if (!same_sizes(inputs[i], inputs[0])) {
+        if (!strided_same_sizes(inputs[i], inputs[0])) {
             char msg[2 * SIZES_BUF + 96];
             snprintf(msg, sizeof msg, "input %d has invalid size: got %s, but expected %s", i, sizes_x(b1, inputs[i]),
                      sizes_x(b2, inputs[0]));
@@ -346,7 +335,7 @@ td_status td_comm_reduce_add_coalesced(td_tensor *const *inputs, int ndevices, i
                 return error_fmt(TD_ERR_INVALID, "td_comm_reduce_add_coalesced: input %d of device %d is NULL", i, d);
             if (tensor_is_host(t))
                 return error_set_typed(TD_ERR_INVALID, "AssertionError", "reduce_add expects all inputs to be on GPUs");
-            if (!same_sizes(t, first) || t->dtype != first->dtype) {
+            if (!strided_same_sizes(t, first) || t->dtype != first->dtype) {
                 char msg[2 * SIZES_BUF + 160];
                 snprintf(msg, sizeof msg, "input %d has invalid size: got %s (%s), but expected %s (%s) for tensor %d", d,
                          sizes_x(b1, t), td_dtype_name(t->dtype), sizes_x(b2, first), td_dtype_name(first->dtype), i);

@@ -608,17 +608,6 @@ td_status td_tensor_set_complex(td_tensor *t, const int64_t *index, double re, d
 
 /* ---- comparison ------------------------------------------------------------------------------- */
 
-static bool same_shape(const td_tensor *a, const td_tensor *b)
-{
-    if (a->ndim != b->ndim)
-        return false;
-    for (int i = 0; i < a->ndim; i++) {
-        if (a->sizes[i] != b->sizes[i])
-            return false;
-    }
-    return true;
-}
-
 typedef struct cmp_ctx {
     td_dtype da, db;
     double rtol, atol;
@@ -665,7 +654,7 @@ static bool on_host(const td_tensor *a, const td_tensor *b, td_tensor **ha, td_t
 
 bool td_tensor_equal(const td_tensor *a, const td_tensor *b)
 {
-    if (!a || !b || a->dtype != b->dtype || !same_shape(a, b))
+    if (!a || !b || a->dtype != b->dtype || !strided_same_sizes(a, b))
         return false;
     if (!tensor_is_host(a) || !tensor_is_host(b)) {
         td_tensor *ha, *hb;
@@ -715,7 +704,7 @@ static bool close_run(void *vctx, char *a, ptrdiff_t sa, char *b, ptrdiff_t sb, 
 
 bool td_tensor_allclose(const td_tensor *a, const td_tensor *b, double rtol, double atol, bool equal_nan)
 {
-    if (!a || !b || !same_shape(a, b))
+    if (!a || !b || !strided_same_sizes(a, b))
         return false;
     if (!tensor_is_host(a) || !tensor_is_host(b)) {
         td_tensor *ha, *hb;

@@ -71,6 +71,18 @@ static inline void *tensor_data_of(const td_tensor *t)
     return base + t->offset * (int64_t)dtype_size_of(t->dtype);
 }
 
+/* Whether two tensors have the same sizes (dtype, strides and device aside). */
+static inline bool strided_same_sizes(const td_tensor *a, const td_tensor *b)
+{
+    if (a->ndim != b->ndim)
+        return false;
+    for (int i = 0; i < a->ndim; i++) {
+        if (a->sizes[i] != b->sizes[i])
+            return false;
+    }
+    return true;
+}
+
 typedef struct td_strided {
     char *data; /* element 0 */
     td_dtype dtype;

@@ -96,6 +96,27 @@ void dev_teardown(void)
     TD_CHECK_EQ(live.threads, 0);
 }
 
+td_device dev_current(void)
+{
+    td_device d = {chosen, -1};
+    return d;
+}
+
+void dev_finish(void)
+{
+    int n = td_device_count(chosen);
+    for (int i = 0; i < n; i++)
+        TD_CHECK_OK(td_device_synchronize(dev(i)));
+    dev_teardown();
+}
+
+td_tensor *dev_to(td_tensor *t, td_device d)
+{
+    td_tensor *out = NULL;
+    TD_CHECK_OK(td_tensor_to_device(t, d, false, &out));
+    return out;
+}
+
 td_tensor *dev_host_arange(td_dtype dtype, td_shape shape, double mul)
 {
     td_tensor *t = NULL;

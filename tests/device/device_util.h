@@ -33,8 +33,18 @@ td_device dev(int i);
  * harness's fd and thread check sees what the body leaked. */
 void dev_teardown(void);
 
-/* td_tensor helpers: a float32 host tensor of n elements 0, 1, ..., n-1 (scaled by mul), and
- * reading element i of any tensor (device tensors are copied to the host). */
+/* The current device of the chosen type (index -1). */
+td_device dev_current(void);
+
+/* Call last in a body that queued copies: cross-device copies run on the source device's stream,
+ * which nothing in a body may have waited for, so every device is synchronized before
+ * dev_teardown's leak check frees the cached memory. */
+void dev_finish(void);
+
+/* td_tensor helpers: a blocking td_tensor_to_device that must succeed, a float32 host tensor of n
+ * elements 0, 1, ..., n-1 (scaled by mul), and reading element i of any tensor (device tensors are
+ * copied to the host). */
+td_tensor *dev_to(td_tensor *t, td_device d);
 td_tensor *dev_host_arange(td_dtype dtype, td_shape shape, double mul);
 double dev_get(const td_tensor *t, int64_t flat_index);
 

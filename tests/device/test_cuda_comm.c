@@ -16,30 +16,6 @@
 
 static const td_device cpu = {TD_DEVICE_CPU, -1};
 
-
-
-static td_device current(void)
-{
-    td_device d = dev(0);
-    d.index = -1;
-    return d;
-}
-
-static td_tensor *to(td_tensor *t, td_device d)
-{
-    td_tensor *out = NULL;
-    TD_CHECK_OK(td_tensor_to_device(t, d, false, &out));
-    return out;
-}
-
-static void finish(void)
-{
-    int n = td_device_count(dev(0).type);
-    for (int i = 0; i < n; i++)
-        TD_CHECK_OK(td_device_synchronize(dev(i)));
-    dev_teardown();
-}
-
 static void release_n(td_tensor **ts, int n)
 {
     for (int i = 0; i < n; i++)
@@ -64,13 +40,13 @@ static void check_broadcast(td_tensor *input)
         TD_CHECK(td_tensor_data(res[0]) != td_tensor_data(input));
     }
     /* out= */
-    td_tensor *outs[2] = {to(input, dev(0)), NULL};
+    td_tensor *outs[2] = {dev_to(input, dev(0)), NULL};
     TD_CHECK_OK(td_tensor_full_on(dev(1), td_tensor_dtype(input), td_tensor_shape(input), -1.0, &outs[1]));
     TD_CHECK_OK(td_comm_broadcast_out(input, outs, 2));
     TD_CHECK(td_tensor_equal(outs[0], input));
     TD_CHECK(td_tensor_equal(outs[1], input));
     /* messages, the device check before the shape check per index */
-    td_tensor *on_cpu = to(input, cpu), *unsq = NULL;
+    td_tensor *on_cpu = dev_to(input, cpu), *unsq = NULL;
     TD_CHECK_OK(td_tensor_unsqueeze(outs[1], 0, &unsq));
     td_tensor *bad1[2] = {outs[0], on_cpu};
     TD_CHECK_ERR(td_comm_broadcast_out(input, bad1, 2), TD_ERR_INVALID,
@@ -98,18 +74,18 @@ TD_TEST(test_broadcast_cpu, DEV_CASE)
     td_tensor *input = dev_host_arange(TD_FLOAT32, TD_SHAPE(5, 5), 0.25);
     check_broadcast(input);
     td_tensor_release(input);
-    finish();
+    dev_finish();
 }
 
 TD_TEST(test_broadcast_gpu, DEV_CASE)
 {
     dev_setup(ctx, 2);
     td_tensor *host = dev_host_arange(TD_FLOAT32, TD_SHAPE(5, 5), 0.25);
-    td_tensor *input = to(host, dev(0));
+    td_tensor *input = dev_to(host, dev(0));
     check_broadcast(input);
     td_tensor_release(input);
     td_tensor_release(host);
-    finish();
+    dev_finish();
 }
 
 /* ---- coalesced ---------------------------------------------------------------------------- */
@@ -123,7 +99,7 @@ static void dense_tensors(td_tensor **t)
     const int64_t sizes[NT] = {5, 5, 5, 5, 10, 5};
     for (int i = 0; i < NT; i++) {
         td_tensor *h = dev_host_arange(dts[i], TD_SHAPE(sizes[i]), (double)(i + 1));
-        t[i] = to(h, dev(0));
+        t[i] = dev_to(h, dev(0));
         td_tensor_release(h);
     }
 }
@@ -171,7 +147,7 @@ TD_TEST(test_broadcast_coalesced_dense_only, DEV_CASE)
     check_broadcast_coalesced(t, NT, 100); /* numel 5 * 8 bytes * 5 / 2 */
     check_broadcast_coalesced(t, NT, 0);   /* the 10 MiB default: one bucket per dtype */
     /* every tensor must be on devices[0] */
-    td_tensor *moved = to(t[2], dev(1)), *mixed[NT];
+    td_tensor *moved = dev_to(t[2], dev(1)), *mixed[NT];
     memcpy(mixed, t, sizeof mixed);
     mixed[2] = moved;
     td_device devs[2] = {dev(0), dev(1)};
@@ -180,7 +156,7 @@ TD_TEST(test_broadcast_coalesced_dense_only, DEV_CASE)
                  "All tensors must be on devices[0]: 0");
     td_tensor_release(moved);
     release_n(t, NT);
-    finish();
+    dev_finish();
 }
 
 TD_TEST(test_broadcast_coalesced_empty_tensors, DEV_CASE)
@@ -191,11 +167,11 @@ TD_TEST(test_broadcast_coalesced_empty_tensors, DEV_CASE)
     h[1] = dev_host_arange(TD_FLOAT32, TD_SHAPE(5), 1.5);
     h[2] = dev_host_arange(TD_FLOAT64, TD_SHAPE(5), 2.5);
     for (int i = 0; i < 3; i++)
-        t[i] = to(h[i], dev(0));
+        t[i] = dev_to(h[i], dev(0));
     check_broadcast_coalesced(t, 3, 256);
     release_n(t, 3);
     release_n(h, 3);
-    finish();
+    dev_finish();
 }
 
 TD_TEST(test_reduce_add, DEV_CASE)
@@ -203,9 +179,9 @@ TD_TEST(test_reduce_add, DEV_CASE)
     dev_setup(ctx, 2);
     td_tensor *hx = dev_host_arange(TD_FLOAT32, TD_SHAPE(5, 5), 1.0);
     td_tensor *hy = dev_host_arange(TD_FLOAT32, TD_SHAPE(5, 5), -0.5);
-    td_tensor *x = to(hx, dev(0)), *y = to(hy, dev(1));
+    td_tensor *x = dev_to(hx, dev(0)), *y = dev_to(hy, dev(1));
     td_tensor *inputs[2] = {x, y}, *result = NULL, *expected = NULL;
-    TD_CHECK_OK(td_comm_reduce_add(inputs, 2, current(), &result));
+    TD_CHECK_OK(td_comm_reduce_add(inputs, 2, dev_current(), &result));
     TD_CHECK(td_device_equal(td_tensor_device(result), dev(0)));
     TD_CHECK_OK(td_tensor_add(hx, hy, &expected));
     TD_CHECK(td_tensor_equal(result, expected));
@@ -233,7 +209,7 @@ TD_TEST(test_reduce_add, DEV_CASE)
                  "reduce_add expects destination to be on the same GPU with one of the tensors");
     td_tensor *all[] = {hx, hy, x, y, expected, unsq};
     release_n(all, 6);
-    finish();
+    dev_finish();
 }
 
 TD_TEST(test_reduce_add_coalesced_dense_only, DEV_CASE)
@@ -242,13 +218,13 @@ TD_TEST(test_reduce_add_coalesced_dense_only, DEV_CASE)
     td_tensor *inputs[2 * NT];
     dense_tensors(inputs);
     for (int i = 0; i < NT; i++)
-        inputs[NT + i] = to(inputs[i], dev(1));
+        inputs[NT + i] = dev_to(inputs[i], dev(1));
     td_tensor *rc[NT];
     TD_CHECK_OK(td_comm_reduce_add_coalesced(inputs, 2, NT, dev(0), 100, rc));
     for (int i = 0; i < NT; i++) {
         td_tensor *pair[2] = {inputs[i], inputs[NT + i]}, *r = NULL;
         TD_CHECK_OK(td_comm_reduce_add(pair, 2, dev(0), &r));
-        td_tensor *h = to(inputs[i], cpu), *twice = NULL;
+        td_tensor *h = dev_to(inputs[i], cpu), *twice = NULL;
         TD_CHECK_OK(td_tensor_add(h, h, &twice));
         TD_CHECK(td_tensor_equal(r, twice));
         TD_CHECK(td_tensor_equal(rc[i], r));
@@ -268,7 +244,7 @@ TD_TEST(test_reduce_add_coalesced_dense_only, DEV_CASE)
     }
     release_n(rc, NT);
     release_n(inputs, 2 * NT);
-    finish();
+    dev_finish();
 }
 
 /* ---- scatter ------------------------------------------------------------------------------ */
@@ -317,7 +293,7 @@ static void check_scatter(td_tensor *input, const int64_t *chunk_sizes, int dim)
                  "Expected at least one device to scatter to");
     TD_CHECK_ERR(td_comm_scatter_out(input, out, 0, dim, NULL), TD_ERR_INVALID,
                  "Expected at least one output tensor to scatter to");
-    td_tensor *on_cpu = to(out[0], cpu);
+    td_tensor *on_cpu = dev_to(out[0], cpu);
     td_tensor *bad[2] = {on_cpu, out[1]};
     TD_CHECK_ERR(td_comm_scatter_out(input, bad, 2, dim, NULL), TD_ERR_INVALID,
                  "Expected all output tensors to be CUDA tensors, but output tensor at index 0 has device 'cpu'");
@@ -353,11 +329,11 @@ static void scatter_case(td_test_ctx *ctx, bool gpu, int64_t rows, const int64_t
 {
     dev_setup(ctx, 2);
     td_tensor *host = dev_host_arange(TD_FLOAT32, TD_SHAPE(rows, 4), 0.5);
-    td_tensor *input = gpu ? to(host, dev(0)) : td_tensor_retain(host);
+    td_tensor *input = gpu ? dev_to(host, dev(0)) : td_tensor_retain(host);
     check_scatter(input, chunk_sizes, dim);
     td_tensor_release(input);
     td_tensor_release(host);
-    finish();
+    dev_finish();
 }
 
 static const int64_t sizes_2_4[2] = {2, 4};
@@ -398,7 +374,7 @@ TD_TEST(test_scatter_streams, DEV_CASE)
     td_stream_release(s0);
     td_stream_release(s1);
     td_tensor_release(host);
-    finish();
+    dev_finish();
 }
 
 /* ---- gather ------------------------------------------------------------------------------- */
@@ -408,11 +384,11 @@ static void check_gather(td_test_ctx *ctx, int dim)
     dev_setup(ctx, 2);
     td_tensor *hx = dev_host_arange(TD_FLOAT32, TD_SHAPE(2, 5), 1.0);
     td_tensor *hy = dev_host_arange(TD_FLOAT32, TD_SHAPE(2, 5), -2.0);
-    td_tensor *x = to(hx, dev(0)), *y = to(hy, dev(1));
+    td_tensor *x = dev_to(hx, dev(0)), *y = dev_to(hy, dev(1));
     int wrapped = dim < 0 ? dim + 2 : dim;
     int64_t expected[2] = {2, 5};
     expected[wrapped] *= 2;
-    td_device dests[4] = {current(), dev(0), cpu, dev(2)};
+    td_device dests[4] = {dev_current(), dev(0), cpu, dev(2)};
     int ndest = td_device_count(dev(0).type) > 2 ? 4 : 3;
     td_tensor *inputs[2] = {x, y};
     td_device_guard g;
@@ -446,21 +422,21 @@ static void check_gather(td_test_ctx *ctx, int dim)
     td_device_guard_exit(&g);
     /* messages */
     td_tensor *r = NULL;
-    TD_CHECK_ERR(td_comm_gather(inputs, 0, dim, current(), &r), TD_ERR_INVALID,
+    TD_CHECK_ERR(td_comm_gather(inputs, 0, dim, dev_current(), &r), TD_ERR_INVALID,
                  "Expected at least one tensor to gather from");
     td_tensor *with_cpu[2] = {hx, y};
-    TD_CHECK_ERR(td_comm_gather(with_cpu, 2, dim, current(), &r), TD_ERR_INVALID,
+    TD_CHECK_ERR(td_comm_gather(with_cpu, 2, dim, dev_current(), &r), TD_ERR_INVALID,
                  "Expected all input tensors to be CUDA tensors, but tensor at index 0 has device cpu");
     td_tensor *unsq = NULL;
     TD_CHECK_OK(td_tensor_unsqueeze(y, 0, &unsq));
     td_tensor *bad_ndim[2] = {x, unsq};
-    TD_CHECK_ERR(td_comm_gather(bad_ndim, 2, dim, current(), &r), TD_ERR_INVALID,
+    TD_CHECK_ERR(td_comm_gather(bad_ndim, 2, dim, dev_current(), &r), TD_ERR_INVALID,
                  "Expected all input tensors to have the same number of dimensions, but tensor at index 1has 3 "
                  "dimensions, (expected 2)");
     td_tensor *cut = NULL;
     TD_CHECK_OK(td_tensor_narrow(y, wrapped == 0 ? 1 : 0, 1, wrapped == 0 ? 4 : 1, &cut));
     td_tensor *bad_shape[2] = {x, cut};
-    TD_CHECK_ERR(td_comm_gather(bad_shape, 2, dim, current(), &r), TD_ERR_INVALID,
+    TD_CHECK_ERR(td_comm_gather(bad_shape, 2, dim, dev_current(), &r), TD_ERR_INVALID,
                  wrapped == 0 ? "Input tensor at index 1 has invalid shape [2, 4], but expected [2, 5]"
                               : "Input tensor at index 1 has invalid shape [1, 5], but expected [2, 5]");
     td_tensor *wrong_out = NULL;
@@ -468,7 +444,7 @@ static void check_gather(td_test_ctx *ctx, int dim)
     TD_CHECK_ERR(td_comm_gather_out(inputs, 2, dim, wrong_out), TD_ERR_INVALID, "Expected out tensor to have shape");
     td_tensor *all[] = {hx, hy, x, y, unsq, cut, wrong_out};
     release_n(all, 7);
-    finish();
+    dev_finish();
 }
 
 TD_TEST(test_gather, DEV_CASE) { check_gather(ctx, 0); }
@@ -503,7 +479,7 @@ TD_TEST(test_memory_format_scatter_gather, DEV_CASE)
         TD_CHECK_EQ(td_tensor_stride(results[i], 2), 96);
     }
     td_tensor *gathered = NULL;
-    TD_CHECK_OK(td_comm_gather(results, 2, 0, current(), &gathered));
+    TD_CHECK_OK(td_comm_gather(results, 2, 0, dev_current(), &gathered));
     TD_CHECK(td_device_equal(td_tensor_device(gathered), dev(0)));
     TD_CHECK(channels_last_contiguous(gathered));
     TD_CHECK(!td_tensor_is_contiguous(gathered));
@@ -513,12 +489,12 @@ TD_TEST(test_memory_format_scatter_gather, DEV_CASE)
     TD_CHECK_OK(td_tensor_clone(results[1], &plain));
     TD_CHECK(td_tensor_is_contiguous(plain));
     td_tensor *mixed[2] = {results[0], plain};
-    TD_CHECK_OK(td_comm_gather(mixed, 2, 0, current(), &mixed_out));
+    TD_CHECK_OK(td_comm_gather(mixed, 2, 0, dev_current(), &mixed_out));
     TD_CHECK(td_tensor_is_contiguous(mixed_out));
     TD_CHECK(td_tensor_equal(mixed_out, nhwc));
     td_tensor *all[] = {nhwc_data, nhwc, results[0], results[1], gathered, plain, mixed_out};
     release_n(all, 7);
-    finish();
+    dev_finish();
 }
 
 TD_TEST_MAIN()

@@ -18,33 +18,7 @@
 
 static const td_device cpu = {TD_DEVICE_CPU, -1};
 
-
-
-static td_device current(void)
-{
-    td_device d = dev(0);
-    d.index = -1;
-    return d;
-}
-
-/* Ends a body: cross-device copies run on the source device's stream, which nothing in a body
- * may have waited for; the work is drained before the leak check frees the cached memory. */
-static void finish(void)
-{
-    int n = td_device_count(dev(0).type);
-    for (int i = 0; i < n; i++)
-        TD_CHECK_OK(td_device_synchronize(dev(i)));
-    dev_teardown();
-}
-
 static int device_index_of(const td_tensor *t) { return td_tensor_device(t).index; }
-
-static td_tensor *to(td_tensor *t, td_device d)
-{
-    td_tensor *out = NULL;
-    TD_CHECK_OK(td_tensor_to_device(t, d, false, &out));
-    return out;
-}
 
 /* _test_copy_sync_current_stream: the copy into y waits for y's current stream and y's current
  * stream waits for the copy, so a later copy cannot overtake a delayed one. */
@@ -100,37 +74,42 @@ static void copy_sync_current_stream(td_tensor *x, td_tensor *y)
     td_tensor_release(x_plus_one);
 }
 
-TD_TEST(test_copy_streams, DEV_CASE)
+/* test_copy_streams: x on device 0 copied into y on device `to_index`; the seed checks both the
+ * cross-device pair (0 -> 1) and the same-device one (0 -> 0), the second needing one device. */
+static void copy_streams_case(td_test_ctx *ctx, int need, int to_index)
 {
-    dev_setup(ctx, 2);
-    td_tensor *x0, *x1, *x2;
-    TD_CHECK_OK(td_tensor_full_on(dev(0), TD_FLOAT32, TD_SHAPE(5, 5), 0.0, &x0));
-    TD_CHECK_OK(td_tensor_full_on(dev(1), TD_FLOAT32, TD_SHAPE(5, 5), 0.0, &x1));
-    copy_sync_current_stream(x0, x1);
-    TD_CHECK_OK(td_tensor_full_on(dev(0), TD_FLOAT32, TD_SHAPE(5, 5), 0.0, &x2));
-    copy_sync_current_stream(x0, x2);
-    td_tensor_release(x0);
-    td_tensor_release(x1);
-    td_tensor_release(x2);
-    finish();
+    dev_setup(ctx, need);
+    td_tensor *x = NULL, *y = NULL;
+    TD_CHECK_OK(td_tensor_full_on(dev(0), TD_FLOAT32, TD_SHAPE(5, 5), 0.0, &x));
+    TD_CHECK_OK(td_tensor_full_on(dev(to_index), TD_FLOAT32, TD_SHAPE(5, 5), 0.0, &y));
+    copy_sync_current_stream(x, y);
+    td_tensor_release(x);
+    td_tensor_release(y);
+    dev_finish();
 }
 
-TD_TEST(test_copy_device, DEV_CASE)
+TD_TEST(test_copy_streams, DEV_CASE) { copy_streams_case(ctx, 2, 1); }
+TD_TEST(test_copy_streams_same_device, DEV_CASE) { copy_streams_case(ctx, 1, 0); }
+
+/* test_copy_device with device `other` current: dev_to(current) moves a tensor there, and dev_to() onto
+ * the device a tensor is on returns the tensor itself. With one device, other is device 0. */
+static void copy_device_case(td_test_ctx *ctx, int need)
 {
-    dev_setup(ctx, 2);
+    dev_setup(ctx, need);
+    td_device other = dev(need - 1);
     td_tensor *host = dev_host_arange(TD_FLOAT32, TD_SHAPE(5, 5), 0.5);
-    td_tensor *sources[2] = {to(host, dev(0)), td_tensor_retain(host)};
+    td_tensor *sources[2] = {dev_to(host, dev(0)), td_tensor_retain(host)};
     for (int k = 0; k < 2; k++) {
         td_tensor *x = sources[k];
         td_device_guard g;
-        TD_CHECK_OK(td_device_guard_enter(&g, dev(1)));
-        td_tensor *y = to(x, current());
-        TD_CHECK_EQ(device_index_of(y), 1);
-        td_tensor *same = to(y, current());
+        TD_CHECK_OK(td_device_guard_enter(&g, other));
+        td_tensor *y = dev_to(x, dev_current());
+        TD_CHECK_EQ(device_index_of(y), other.index);
+        td_tensor *same = dev_to(y, dev_current());
         TD_CHECK(same == y); /* assertIs(y.cuda(), y) */
-        td_tensor *z = to(y, dev(0));
+        td_tensor *z = dev_to(y, dev(0));
         TD_CHECK_EQ(device_index_of(z), 0);
-        td_tensor *same_z = to(z, dev(0));
+        td_tensor *same_z = dev_to(z, dev(0));
         TD_CHECK(same_z == z);
         TD_CHECK(td_tensor_equal(z, host));
         td_device_guard_exit(&g);
@@ -142,54 +121,67 @@ TD_TEST(test_copy_device, DEV_CASE)
     td_tensor_release(sources[0]);
     td_tensor_release(sources[1]);
     td_tensor_release(host);
-    finish();
+    dev_finish();
 }
 
-TD_TEST(test_autogpu, DEV_CASE)
+TD_TEST(test_copy_device, DEV_CASE) { copy_device_case(ctx, 2); }
+TD_TEST(test_copy_device_one_device, DEV_CASE) { copy_device_case(ctx, 1); }
+
+/* test_autogpu with device `other` current inside the guard (device 0 with one device): new
+ * tensors go to the current device, ops follow their inputs. */
+static void autogpu_case(td_test_ctx *ctx, int need)
 {
-    dev_setup(ctx, 2);
+    dev_setup(ctx, need);
+    td_device other = dev(need - 1);
     td_tensor *hx = dev_host_arange(TD_FLOAT32, TD_SHAPE(5, 5), 1.0);
     td_tensor *hy = dev_host_arange(TD_FLOAT32, TD_SHAPE(5, 5), 3.0);
-    td_tensor *x = to(hx, current()), *y = to(hy, current());
+    td_tensor *x = dev_to(hx, dev_current()), *y = dev_to(hy, dev_current());
     TD_CHECK_EQ(device_index_of(x), 0);
     TD_CHECK_EQ(device_index_of(y), 0);
     td_device_guard g;
-    TD_CHECK_OK(td_device_guard_enter(&g, dev(1)));
-    td_tensor *z = to(hx, current());
-    TD_CHECK_EQ(device_index_of(z), 1);
+    TD_CHECK_OK(td_device_guard_enter(&g, other));
+    td_tensor *z = dev_to(hx, dev_current());
+    TD_CHECK_EQ(device_index_of(z), other.index);
     td_tensor *q = NULL;
     TD_CHECK_OK(td_tensor_add(x, y, &q)); /* ops follow their inputs */
     TD_CHECK_EQ(device_index_of(q), 0);
     td_tensor *hq = NULL;
     TD_CHECK_OK(td_tensor_add(hx, hy, &hq));
     TD_CHECK(td_tensor_equal(q, hq));
-    td_tensor *w = to(hy, current());
-    TD_CHECK_EQ(device_index_of(w), 1);
-    td_tensor *y1 = to(y, current());
-    TD_CHECK_EQ(device_index_of(y1), 1);
+    td_tensor *w = dev_to(hy, dev_current());
+    TD_CHECK_EQ(device_index_of(w), other.index);
+    td_tensor *y1 = dev_to(y, dev_current());
+    TD_CHECK_EQ(device_index_of(y1), other.index);
     td_device_guard_exit(&g);
-    td_tensor *z0 = to(z, current());
+    td_tensor *z0 = dev_to(z, dev_current());
     TD_CHECK_EQ(device_index_of(z0), 0);
     /* add across devices or of other shapes is refused, not computed on the wrong device */
     td_tensor *bad = NULL;
-    TD_CHECK_ERR(td_tensor_add(x, z, &bad), TD_ERR_UNSUPPORTED, "expected both tensors on the same device");
+    if (other.index != 0)
+        TD_CHECK_ERR(td_tensor_add(x, z, &bad), TD_ERR_UNSUPPORTED, "expected both tensors on the same device");
     TD_CHECK_ERR(td_tensor_add(x, hy, &bad), TD_ERR_UNSUPPORTED, "expected both tensors on the same device");
     td_tensor *xs[] = {x, y, z, q, hq, w, y1, z0, hx, hy};
     for (size_t i = 0; i < sizeof xs / sizeof xs[0]; i++)
         td_tensor_release(xs[i]);
-    finish();
+    dev_finish();
 }
 
-TD_TEST(test_tensor_device, DEV_CASE)
+TD_TEST(test_autogpu, DEV_CASE) { autogpu_case(ctx, 2); }
+TD_TEST(test_autogpu_one_device, DEV_CASE) { autogpu_case(ctx, 1); }
+
+/* test_tensor_device with device `other` current inside the guard (device 0 with one device):
+ * factories without a device use the current one, an explicit device wins. */
+static void tensor_device_case(td_test_ctx *ctx, int need)
 {
-    dev_setup(ctx, 2);
+    dev_setup(ctx, need);
+    td_device other = dev(need - 1);
     td_tensor *a, *b, *c, *d;
-    TD_CHECK_OK(td_tensor_empty_on(current(), TD_FLOAT32, TD_SHAPE(1), NULL, &a));
+    TD_CHECK_OK(td_tensor_empty_on(dev_current(), TD_FLOAT32, TD_SHAPE(1), NULL, &a));
     TD_CHECK_EQ(device_index_of(a), 0);
     td_device_guard g;
-    TD_CHECK_OK(td_device_guard_enter(&g, dev(1)));
-    TD_CHECK_OK(td_tensor_empty_on(current(), TD_FLOAT32, TD_SHAPE(1), NULL, &b));
-    TD_CHECK_EQ(device_index_of(b), 1);
+    TD_CHECK_OK(td_device_guard_enter(&g, other));
+    TD_CHECK_OK(td_tensor_empty_on(dev_current(), TD_FLOAT32, TD_SHAPE(1), NULL, &b));
+    TD_CHECK_EQ(device_index_of(b), other.index);
     TD_CHECK_OK(td_tensor_full_on(dev(0), TD_FLOAT32, TD_SHAPE(1), 2.0, &c)); /* explicit device wins */
     TD_CHECK_EQ(device_index_of(c), 0);
     TD_CHECK_OK(td_tensor_full_on(cpu, TD_FLOAT32, TD_SHAPE(1), 2.0, &d));
@@ -207,12 +199,16 @@ TD_TEST(test_tensor_device, DEV_CASE)
     td_tensor_release(b);
     td_tensor_release(c);
     td_tensor_release(d);
-    finish();
+    dev_finish();
 }
 
-TD_TEST(test_cuda_device_memory_allocated, DEV_CASE)
+TD_TEST(test_tensor_device, DEV_CASE) { tensor_device_case(ctx, 2); }
+TD_TEST(test_tensor_device_one_device, DEV_CASE) { tensor_device_case(ctx, 1); }
+
+/* A tensor on device 0 counts on device 0 and, with two devices or more, on no other. */
+static void device_memory_allocated_case(td_test_ctx *ctx, int need)
 {
-    dev_setup(ctx, 2);
+    dev_setup(ctx, need);
     int n = td_device_count(dev(0).type);
     int64_t before[64];
     for (int i = 0; i < n && i < 64; i++)
@@ -224,22 +220,28 @@ TD_TEST(test_cuda_device_memory_allocated, DEV_CASE)
         TD_CHECK_EQ(td_memory_allocated(dev(i)), before[i]);
     td_tensor_release(x);
     TD_CHECK_EQ(td_memory_allocated(dev(0)), before[0]);
-    finish();
+    dev_finish();
 }
 
-TD_TEST(test_copy_dtypes_round_trip, DEV_CASE)
+TD_TEST(test_cuda_device_memory_allocated, DEV_CASE) { device_memory_allocated_case(ctx, 2); }
+TD_TEST(test_device_memory_allocated_one_device, DEV_CASE) { device_memory_allocated_case(ctx, 1); }
+
+/* Every dtype host -> device 0 -> device `other` -> host, and full_on on other (device 0 with one
+ * device: the device hop is then dev_to() onto the tensor's own device). */
+static void dtypes_round_trip_case(td_test_ctx *ctx, int need)
 {
-    dev_setup(ctx, 2);
+    dev_setup(ctx, need);
+    td_device other = dev(need - 1);
     for (int dt = 0; dt < TD_DTYPE_COUNT; dt++) {
         td_tensor *host = dev_host_arange((td_dtype)dt, TD_SHAPE(3, 7), 1.0);
-        td_tensor *on0 = to(host, dev(0));
-        td_tensor *on1 = to(on0, dev(1));
-        td_tensor *back = to(on1, cpu);
+        td_tensor *on0 = dev_to(host, dev(0));
+        td_tensor *on1 = dev_to(on0, other);
+        td_tensor *back = dev_to(on1, cpu);
         TD_CHECK_MSG(td_tensor_equal(back, host), "round trip of %s changed the values", td_dtype_name((td_dtype)dt));
         TD_CHECK_EQ(td_tensor_dtype(on1), dt);
         /* full_on writes the value in the dtype through the fill kernel */
         td_tensor *filled = NULL, *hfilled = NULL;
-        TD_CHECK_OK(td_tensor_full_on(dev(1), (td_dtype)dt, TD_SHAPE(4), 3.0, &filled));
+        TD_CHECK_OK(td_tensor_full_on(other, (td_dtype)dt, TD_SHAPE(4), 3.0, &filled));
         TD_CHECK_OK(td_tensor_full((td_dtype)dt, TD_SHAPE(4), 3.0, &hfilled));
         TD_CHECK(td_tensor_equal(filled, hfilled));
         td_tensor_release(filled);
@@ -249,19 +251,25 @@ TD_TEST(test_copy_dtypes_round_trip, DEV_CASE)
         td_tensor_release(on0);
         td_tensor_release(host);
     }
-    finish();
+    dev_finish();
 }
 
-TD_TEST(test_copy_non_contiguous, DEV_CASE)
+TD_TEST(test_copy_dtypes_round_trip, DEV_CASE) { dtypes_round_trip_case(ctx, 2); }
+TD_TEST(test_copy_dtypes_round_trip_one_device, DEV_CASE) { dtypes_round_trip_case(ctx, 1); }
+
+/* Non-contiguous copies between device 0 and device `other`, the host and both (with one device,
+ * other is device 0 and every device-to-device copy stays on it). */
+static void non_contiguous_case(td_test_ctx *ctx, int need)
 {
-    dev_setup(ctx, 2);
+    dev_setup(ctx, need);
+    td_device other = dev(need - 1);
     td_tensor *host = dev_host_arange(TD_FLOAT64, TD_SHAPE(4, 6), 1.0);
     td_tensor *ht = NULL, *hn = NULL;
     TD_CHECK_OK(td_tensor_transpose(host, 0, 1, &ht)); /* dense, not contiguous */
     TD_CHECK_OK(td_tensor_narrow(host, 1, 1, 3, &hn)); /* not dense */
 
     /* to_device keeps a dense tensor's strides and makes others contiguous */
-    td_tensor *dt = to(ht, dev(0)), *dn = to(hn, dev(1));
+    td_tensor *dt = dev_to(ht, dev(0)), *dn = dev_to(hn, other);
     TD_CHECK_EQ(td_tensor_stride(dt, 0), 1);
     TD_CHECK_EQ(td_tensor_stride(dt, 1), 6);
     TD_CHECK(td_tensor_is_contiguous(dn));
@@ -271,7 +279,7 @@ TD_TEST(test_copy_non_contiguous, DEV_CASE)
     /* device to device into a strided view, same device and across devices */
     td_tensor *big0 = NULL, *big1 = NULL, *v0 = NULL, *v1 = NULL;
     TD_CHECK_OK(td_tensor_full_on(dev(0), TD_FLOAT64, TD_SHAPE(4, 8), -1.0, &big0));
-    TD_CHECK_OK(td_tensor_full_on(dev(1), TD_FLOAT64, TD_SHAPE(4, 8), -1.0, &big1));
+    TD_CHECK_OK(td_tensor_full_on(other, TD_FLOAT64, TD_SHAPE(4, 8), -1.0, &big1));
     TD_CHECK_OK(td_tensor_narrow(big0, 1, 2, 3, &v0));
     TD_CHECK_OK(td_tensor_narrow(big1, 1, 5, 3, &v1));
     TD_CHECK_OK(td_tensor_copy(v0, dn)); /* dev1 contiguous -> dev0 strided */
@@ -299,7 +307,7 @@ TD_TEST(test_copy_non_contiguous, DEV_CASE)
 
     /* dtype conversion happens on the host, in both directions and between devices */
     td_tensor *f32 = NULL, *i32 = NULL, *hf = NULL, *hi = NULL;
-    TD_CHECK_OK(td_tensor_empty_on(dev(1), TD_FLOAT32, TD_SHAPE(4, 6), NULL, &f32));
+    TD_CHECK_OK(td_tensor_empty_on(other, TD_FLOAT32, TD_SHAPE(4, 6), NULL, &f32));
     TD_CHECK_OK(td_tensor_copy(f32, host));
     TD_CHECK_OK(td_tensor_to(host, TD_FLOAT32, &hf));
     TD_CHECK(td_tensor_equal(f32, hf));
@@ -313,7 +321,7 @@ TD_TEST(test_copy_non_contiguous, DEV_CASE)
     /* zero elements and dst == src do nothing */
     td_tensor *empty0 = NULL, *empty1 = NULL;
     TD_CHECK_OK(td_tensor_empty_on(dev(0), TD_FLOAT32, TD_SHAPE(0, 3), NULL, &empty0));
-    TD_CHECK_OK(td_tensor_empty_on(dev(1), TD_FLOAT32, TD_SHAPE(0, 3), NULL, &empty1));
+    TD_CHECK_OK(td_tensor_empty_on(other, TD_FLOAT32, TD_SHAPE(0, 3), NULL, &empty1));
     TD_CHECK_OK(td_tensor_copy_ex(empty1, empty0, true));
     TD_CHECK_OK(td_tensor_copy_ex(f32, f32, false));
     TD_CHECK(td_tensor_equal(f32, hf));
@@ -321,8 +329,11 @@ TD_TEST(test_copy_non_contiguous, DEV_CASE)
     td_tensor *all[] = {host, ht, hn, dt, dn, big0, big1, v0, v1, t0, c0, hbig, hv, row, f32, i32, hf, hi, empty0, empty1};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         td_tensor_release(all[i]);
-    finish();
+    dev_finish();
 }
+
+TD_TEST(test_copy_non_contiguous, DEV_CASE) { non_contiguous_case(ctx, 2); }
+TD_TEST(test_copy_non_contiguous_same_device, DEV_CASE) { non_contiguous_case(ctx, 1); }
 
 TD_TEST(test_copy_pinned_non_blocking, DEV_CASE)
 {
@@ -369,7 +380,7 @@ TD_TEST(test_copy_pinned_non_blocking, DEV_CASE)
     td_tensor_release(pinned);
     td_tensor_release(host);
     TD_CHECK_OK(td_host_empty_cache());
-    finish();
+    dev_finish();
 }
 
 TD_TEST(test_tensor_version_and_host_only, DEV_CASE)
@@ -412,7 +423,7 @@ TD_TEST(test_tensor_version_and_host_only, DEV_CASE)
     td_tensor_release(view);
     td_tensor_release(x);
     td_tensor_release(h);
-    finish();
+    dev_finish();
 }
 
 TD_TEST_MAIN()

@@ -4,7 +4,9 @@
  * test_autogpu, test_tensor_device), device memory counted on its device only
  * (test_cuda_device_memory_allocated), and the copy paths the tests rely on: host round trips of
  * every dtype, non-contiguous operands, dtype conversion, pinned non-blocking copies, version
- * counters and the host-only functions refusing device tensors. */
+ * counters and the host-only functions refusing device tensors. A body the seed runs across two
+ * devices takes the device count: under the seed's name with devices 0 and 1, and as a
+ * *_one_device (or *_same_device) case with device 0 in both roles, which one GPU runs. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

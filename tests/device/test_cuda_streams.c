@@ -6,7 +6,9 @@
  * creation, cross-device waits and elapsed times, external (wrapped) streams, blocking waits on two
  * devices from two threads at once (no library lock held while waiting), the first device use
  * racing on two threads, the thread-local ownership of current streams, and the interprocess flag
- * rules of events. Every case runs on sim2, sim4 and cuda and ends with dev_teardown's leak check. */
+ * rules of events. Every case runs on sim2, sim4 and cuda and ends with dev_teardown's leak check.
+ * What a seed test checks on one device is in a *_one_device case (dev_setup(ctx, 1)), so that it
+ * runs on a machine with one GPU; the seed's name keeps what needs two. */
 #include <pthread.h>
 #include <semaphore.h>
 #include <stdatomic.h>
@@ -177,13 +179,38 @@ TD_TEST(test_cuda_set_device, DEV_CASE)
     TD_CHECK_EQ(td_device_current(type), 1);
     TD_CHECK_OK(td_device_set(dev(0)));
 
-    /* -1 and cpu make guards that do nothing, even when the device changes inside them. */
+    /* A -1 guard does nothing, even when the device changes inside it. */
     TD_CHECK_OK(td_device_set(dev(1)));
     TD_CHECK_OK(td_device_guard_enter(&outer, dev(-1)));
     TD_CHECK_EQ(td_device_current(type), 1);
     TD_CHECK_OK(td_device_set(dev(0)));
     td_device_guard_exit(&outer);
     TD_CHECK_EQ(td_device_current(type), 0);
+
+    /* The other accelerator type's current device is separate. */
+    td_device_type other = type == TD_DEVICE_SIM ? TD_DEVICE_CUDA : TD_DEVICE_SIM;
+    TD_CHECK_OK(td_device_set(dev(1)));
+    TD_CHECK_EQ(td_device_current(other), 0);
+    TD_CHECK_EQ(td_device_current(TD_DEVICE_CPU), -1);
+    TD_CHECK_OK(td_device_set(dev(0)));
+    dev_teardown();
+}
+
+/* test_cuda_set_device's one-device rules: guards on device 0, a cpu guard and a -1 guard do
+ * nothing, and a failed guard or set changes nothing. */
+TD_TEST(test_cuda_set_device_one_device, DEV_CASE)
+{
+    td_device_type type = dev_setup(ctx, 1);
+    TD_CHECK_EQ(td_device_current(type), 0);
+    td_device_guard outer, inner;
+    TD_CHECK_OK(td_device_guard_enter(&outer, dev(0)));
+    TD_CHECK_EQ(td_device_current(type), 0);
+    TD_CHECK_OK(td_device_guard_enter(&inner, dev(-1)));
+    TD_CHECK_OK(td_device_set(dev(0)));
+    td_device_guard_exit(&inner);
+    td_device_guard_exit(&outer);
+    TD_CHECK_EQ(td_device_current(type), 0);
+
     TD_CHECK_OK(td_device_guard_enter(&outer, cpu_device()));
     TD_CHECK_EQ(td_device_current(type), 0);
     td_device_guard_exit(&outer);
@@ -196,13 +223,7 @@ TD_TEST(test_cuda_set_device, DEV_CASE)
     TD_CHECK_ERR(td_device_set(dev(td_device_count(type))), TD_ERR_INVALID, "Invalid device ordinal");
     check_not_accelerator(td_device_set(cpu_device()), type);
     TD_CHECK_EQ(td_device_current(type), 0);
-
-    /* The other accelerator type's current device is separate. */
-    td_device_type other = type == TD_DEVICE_SIM ? TD_DEVICE_CUDA : TD_DEVICE_SIM;
-    TD_CHECK_OK(td_device_set(dev(1)));
-    TD_CHECK_EQ(td_device_current(other), 0);
     TD_CHECK_EQ(td_device_current(TD_DEVICE_CPU), -1);
-    TD_CHECK_OK(td_device_set(dev(0)));
     dev_teardown();
 }
 
@@ -244,7 +265,7 @@ TD_TEST(test_grad_scaling_device_as_key, DEV_CASE)
 {
     td_device_type type = dev_setup(ctx, 2);
     const char *name = td_device_type_name(type);
-    char spec[32], buf[32];
+    char spec[32];
     td_device dev0a, dev0b, dev1a, dev1b;
     snprintf(spec, sizeof spec, "%s:0", name);
     TD_CHECK_OK(td_device_parse(spec, &dev0a));
@@ -259,20 +280,54 @@ TD_TEST(test_grad_scaling_device_as_key, DEV_CASE)
     TD_CHECK_EQ(td_device_hash(dev1a), td_device_hash(dev1b));
     TD_CHECK(td_device_hash(dev0a) != td_device_hash(dev1a));
 
+    /* Two devices are two keys; t.device of device 1's stream is device 1's key (the one-device
+     * rules are test_device_values_one_device's). */
+    device_map m;
+    memset(&m, 0, sizeof m);
+    map_put(&m, dev0a, "0a");
+    map_put(&m, dev1a, "1a");
+    TD_CHECK_EQ(m.size, 2);
+    TD_CHECK_STR_EQ(map_get(&m, dev0b), "0a");
+    TD_CHECK_STR_EQ(map_get(&m, dev1b), "1a");
+    map_put(&m, td_stream_device(default_stream(dev(1))), "t");
+    TD_CHECK_EQ(m.size, 2);
+    TD_CHECK_STR_EQ(map_get(&m, dev1a), "t");
+    TD_CHECK_STR_EQ(map_get(&m, dev0a), "0a");
+    TD_CHECK(map_get(&m, cpu_device()) == NULL);
+
+    /* Resolving: -1 becomes the thread's current device, device 1 inside a guard. */
+    td_device r;
+    td_device_guard g;
+    TD_CHECK_OK(td_device_guard_enter(&g, dev(1)));
+    TD_CHECK_OK(td_device_resolve(dev(-1), &r));
+    check_device(r, dev(1));
+    td_device_guard_exit(&g);
+    TD_CHECK_OK(td_device_resolve(dev(-1), &r));
+    check_device(r, dev(0));
+    dev_teardown();
+}
+
+/* Device values on one device: device 0 spelled two ways is one key, a device a runtime object
+ * reports is that key too, -1 is another value; parsing, printing and resolving. */
+TD_TEST(test_device_values_one_device, DEV_CASE)
+{
+    td_device_type type = dev_setup(ctx, 1);
+    const char *name = td_device_type_name(type);
+    char spec[32], buf[32];
+    td_device dev0a, dev0b = dev(0);
+    snprintf(spec, sizeof spec, "%s:0", name);
+    TD_CHECK_OK(td_device_parse(spec, &dev0a));
+    TD_CHECK(td_device_equal(dev0a, dev0b));
+    TD_CHECK_EQ(td_device_hash(dev0a), td_device_hash(dev0b));
     device_map m;
     memset(&m, 0, sizeof m);
     map_put(&m, dev0a, "0a");
     map_put(&m, dev0b, "0b");
     TD_CHECK_EQ(m.size, 1);
     TD_CHECK_STR_EQ(map_get(&m, dev0a), "0b");
-    /* t.device: the device a runtime object reports is the same key. */
-    td_device from_stream = td_stream_device(default_stream(dev(0)));
-    map_put(&m, from_stream, "t");
+    map_put(&m, td_stream_device(default_stream(dev(0))), "t");
     TD_CHECK_EQ(m.size, 1);
     TD_CHECK_STR_EQ(map_get(&m, dev0b), "t");
-    map_put(&m, dev1a, "1a");
-    TD_CHECK_EQ(m.size, 2);
-    TD_CHECK_STR_EQ(map_get(&m, dev1b), "1a");
     TD_CHECK(map_get(&m, cpu_device()) == NULL);
     /* The unspecified index is a different value from index 0 (it resolves at the point of use). */
     TD_CHECK(!td_device_equal(dev(-1), dev(0)));
@@ -308,11 +363,6 @@ TD_TEST(test_grad_scaling_device_as_key, DEV_CASE)
     td_device r;
     TD_CHECK_OK(td_device_resolve(dev(-1), &r));
     check_device(r, dev(0));
-    td_device_guard g;
-    TD_CHECK_OK(td_device_guard_enter(&g, dev(1)));
-    TD_CHECK_OK(td_device_resolve(dev(-1), &r));
-    check_device(r, dev(1));
-    td_device_guard_exit(&g);
     dev_teardown();
 }
 
@@ -320,7 +370,7 @@ TD_TEST(test_grad_scaling_device_as_key, DEV_CASE)
 
 TD_TEST(test_current_stream, DEV_CASE)
 {
-    td_device_type type = dev_setup(ctx, 2);
+    dev_setup(ctx, 2);
     td_device d0 = dev(0), d1 = dev(1);
     td_stream *s0 = current_stream(dev(-1));
     td_stream *s1 = current_stream(d1);
@@ -341,6 +391,24 @@ TD_TEST(test_current_stream, DEV_CASE)
     check_device(td_stream_device(s2), d0);
     TD_CHECK(td_stream_equal(s0, s1));
     TD_CHECK(!td_stream_equal(s0, s2));
+    dev_teardown();
+}
+
+/* The current stream of device 0, asked for as the current device and by index; a set current
+ * stream is what both return; cpu has none. */
+TD_TEST(test_current_stream_one_device, DEV_CASE)
+{
+    td_device_type type = dev_setup(ctx, 1);
+    td_stream *s0 = current_stream(dev(-1)), *s1 = current_stream(dev(0));
+    check_device(td_stream_device(s0), dev(0));
+    TD_CHECK(td_stream_equal(s0, s1));
+    TD_CHECK(td_stream_equal(s0, default_stream(dev(0))));
+    td_stream *mine = new_stream(dev(0), 0);
+    TD_CHECK_OK(td_stream_set_current(mine));
+    TD_CHECK(td_stream_equal(current_stream(dev(-1)), mine));
+    TD_CHECK(td_stream_equal(current_stream(dev(0)), mine));
+    TD_CHECK_OK(td_stream_set_current(default_stream(dev(0))));
+    td_stream_release(mine);
 
     td_stream *out = NULL;
     check_not_accelerator(td_stream_current(cpu_device(), &out), type);
@@ -349,7 +417,7 @@ TD_TEST(test_current_stream, DEV_CASE)
 
 TD_TEST(test_default_stream, DEV_CASE)
 {
-    td_device_type type = dev_setup(ctx, 2);
+    dev_setup(ctx, 2);
     td_device d0 = dev(0), d1 = dev(1);
     td_device_guard g;
     TD_CHECK_OK(td_device_guard_enter(&g, d0));
@@ -381,11 +449,31 @@ TD_TEST(test_default_stream, DEV_CASE)
     TD_CHECK(td_stream_equal(current_stream(dev(-1)), s1));
     td_device_guard_exit(&g);
 
-    /* Work on the default stream: it runs and is waited for like any stream. */
+    /* Work on device 1's default stream: it runs and is waited for like any stream. */
     TD_CHECK_OK(td_stream_sleep(s3, FIFTY_MIL_CYCLES));
     TD_CHECK(!td_stream_query(s3));
     TD_CHECK_OK(td_stream_synchronize(s3));
     TD_CHECK(td_stream_query(s3));
+    dev_teardown();
+}
+
+/* Device 0's default stream: the same asked for as the current device or by index, the NULL stream
+ * with id and priority 0, current until another is set, and it runs work like any stream. */
+TD_TEST(test_default_stream_one_device, DEV_CASE)
+{
+    td_device_type type = dev_setup(ctx, 1);
+    td_stream *s0 = default_stream(dev(-1)), *s1 = default_stream(dev(0));
+    check_device(td_stream_device(s0), dev(0));
+    TD_CHECK(td_stream_equal(s0, s1));
+    TD_CHECK(td_stream_native(s0) == NULL);
+    TD_CHECK_EQ(td_stream_id(s0), 0);
+    TD_CHECK_EQ(td_stream_priority(s0), 0);
+    TD_CHECK(td_stream_equal(current_stream(dev(-1)), s0));
+
+    TD_CHECK_OK(td_stream_sleep(s1, FIFTY_MIL_CYCLES));
+    TD_CHECK(!td_stream_query(s1));
+    TD_CHECK_OK(td_stream_synchronize(s1));
+    TD_CHECK(td_stream_query(s1));
 
     td_stream *out = NULL;
     check_not_accelerator(td_stream_default(cpu_device(), &out), type);
@@ -396,6 +484,25 @@ static void check_current(td_stream *want, int want_device, td_device_type type)
 {
     TD_CHECK(td_stream_equal(current_stream((td_device){type, -1}), want));
     TD_CHECK_EQ(td_device_current(type), want_device);
+}
+
+/* Three nested stream guards (s0 and s2 on device 0, s1 on any): each sets its stream and its
+ * device current, each exit restores what its entry saw. */
+static void check_nested_stream_guards(td_stream *s0, td_stream *s1, td_stream *s2, td_device_type type)
+{
+    int d1 = td_stream_device(s1).index;
+    td_stream_guard g1, g2, g3;
+    TD_CHECK_OK(td_stream_guard_enter(&g1, s1));
+    check_current(s1, d1, type);
+    TD_CHECK_OK(td_stream_guard_enter(&g2, s2));
+    check_current(s2, 0, type);
+    TD_CHECK_OK(td_stream_guard_enter(&g3, s0));
+    check_current(s0, 0, type);
+    td_stream_guard_exit(&g3);
+    check_current(s2, 0, type);
+    td_stream_guard_exit(&g2);
+    check_current(s1, d1, type);
+    td_stream_guard_exit(&g1);
 }
 
 TD_TEST(test_stream_context, DEV_CASE)
@@ -411,18 +518,8 @@ TD_TEST(test_stream_context, DEV_CASE)
     td_device_guard_exit(&g);
     check_current(s0, 0, type);
 
-    td_stream_guard g1, g2, g3;
-    TD_CHECK_OK(td_stream_guard_enter(&g1, s1));
-    check_current(s1, 1, type);
-    TD_CHECK_OK(td_stream_guard_enter(&g2, s2));
-    check_current(s2, 0, type);
-    TD_CHECK_OK(td_stream_guard_enter(&g3, s0));
-    check_current(s0, 0, type);
-    td_stream_guard_exit(&g3);
-    check_current(s2, 0, type);
-    td_stream_guard_exit(&g2);
-    check_current(s1, 1, type);
-    td_stream_guard_exit(&g1);
+    check_nested_stream_guards(s0, s1, s2, type);
+    td_stream_guard g1, g2;
 
     TD_CHECK_OK(td_device_guard_enter(&g, td_stream_device(s1)));
     TD_CHECK(td_stream_equal(prev_stream_on_1, current_stream(dev(-1))));
@@ -476,6 +573,37 @@ TD_TEST(test_stream_context, DEV_CASE)
     dev_teardown();
 }
 
+/* The stream guard on one device: nested guards set and restore device 0's current stream, a
+ * guard restores the stream current at its entry whatever was set inside, and a failed enter
+ * leaves a guard whose exit does nothing. */
+TD_TEST(test_stream_context_one_device, DEV_CASE)
+{
+    td_device_type type = dev_setup(ctx, 1);
+    td_stream *s0 = current_stream(dev(-1));
+    td_stream *s1 = new_stream(dev(0), 0);
+    td_stream *s2 = new_stream(dev(-1), 0);
+    check_nested_stream_guards(s0, s1, s2, type);
+    td_stream_guard g1;
+    check_current(s0, 0, type);
+
+    TD_CHECK_OK(td_stream_set_current(s2));
+    TD_CHECK_OK(td_stream_guard_enter(&g1, s1));
+    check_current(s1, 0, type);
+    TD_CHECK_OK(td_stream_set_current(default_stream(dev(0))));
+    td_stream_guard_exit(&g1);
+    check_current(s2, 0, type);
+
+    TD_CHECK_ERR(td_stream_guard_enter(&g1, NULL), TD_ERR_INVALID, NULL);
+    td_stream_guard_exit(&g1);
+    check_current(s2, 0, type);
+
+    TD_CHECK_OK(td_stream_set_current(s0));
+    td_stream_release(s2);
+    td_stream_release(s1);
+    TD_CHECK_EQ(live_streams(), 0);
+    dev_teardown();
+}
+
 TD_TEST(test_streams_multi_gpu, DEV_CASE)
 {
     td_device_type type = dev_setup(ctx, 2);
@@ -499,6 +627,47 @@ TD_TEST(test_streams_multi_gpu, DEV_CASE)
     TD_CHECK(td_stream_native(stream) != NULL);
     td_stream_release(here);
     td_stream_release(stream);
+    dev_teardown();
+}
+
+/* Created streams on one device: on the current device without one named, distinct from each
+ * other and from the default stream, with a native handle and an id. */
+TD_TEST(test_streams_one_device, DEV_CASE)
+{
+    dev_setup(ctx, 1);
+    td_stream *a = new_stream(dev(0), 0), *b = new_stream(dev(-1), 0);
+    check_device(td_stream_device(a), dev(0));
+    check_device(td_stream_device(b), dev(0));
+    TD_CHECK(!td_stream_equal(a, b));
+    TD_CHECK(!td_stream_equal(a, default_stream(dev(0))));
+    TD_CHECK(td_stream_id(a) != 0 && td_stream_id(b) != 0 && td_stream_id(a) != td_stream_id(b));
+    TD_CHECK(td_stream_native(a) != NULL);
+    TD_CHECK(td_stream_native(a) != td_stream_native(b));
+    td_stream_release(a);
+    td_stream_release(b);
+    dev_teardown();
+}
+
+/* Queries of device 0's streams: the default stream and a created one are busy behind a sleep
+ * until synchronized. */
+TD_TEST(test_streams_query_one_device, DEV_CASE)
+{
+    dev_setup(ctx, 1);
+    TD_CHECK_OK(td_device_synchronize(dev(0)));
+    td_stream *s0 = current_stream(dev(-1));
+    td_stream *s1 = new_stream(dev(0), 0);
+    TD_CHECK(td_stream_query(s0));
+    TD_CHECK(td_stream_query(s1));
+    TD_CHECK_OK(td_stream_sleep(NULL, FIFTY_MIL_CYCLES));
+    TD_CHECK(!td_stream_query(s0));
+    TD_CHECK_OK(td_stream_synchronize(s0));
+    TD_CHECK(td_stream_query(s0));
+
+    TD_CHECK_OK(td_stream_sleep(s1, FIFTY_MIL_CYCLES));
+    TD_CHECK(!td_stream_query(s1));
+    TD_CHECK_OK(td_stream_synchronize(s1));
+    TD_CHECK(td_stream_query(s1));
+    td_stream_release(s1);
     dev_teardown();
 }
 
@@ -592,9 +761,12 @@ TD_TEST(test_streams_multi_gpu_eq, DEV_CASE)
     dev_teardown();
 }
 
-TD_TEST(test_streams_priority, DEV_CASE)
+/* The priority range, a low-priority stream on device 0 and a high-priority one on device `other`
+ * (device 0 too with one device), and priorities outside the range refused. */
+static void streams_priority_case(td_test_ctx *ctx, int need)
 {
-    dev_setup(ctx, 2);
+    dev_setup(ctx, need);
+    td_device other = dev(need - 1);
     int low = 1, high = 1;
     TD_CHECK_OK(td_stream_priority_range(dev(-1), &low, &high));
     TD_CHECK_EQ(low, 0);
@@ -602,9 +774,9 @@ TD_TEST(test_streams_priority, DEV_CASE)
     td_stream *s0 = new_stream(dev(0), low);
     TD_CHECK_EQ(td_stream_priority(s0), low);
     check_device(td_stream_device(s0), dev(0));
-    td_stream *s1 = new_stream(dev(1), high);
+    td_stream *s1 = new_stream(other, high);
     TD_CHECK_EQ(td_stream_priority(s1), high);
-    check_device(td_stream_device(s1), dev(1));
+    check_device(td_stream_device(s1), other);
     /* A high-priority stream runs work like any other. */
     TD_CHECK_OK(td_stream_sleep(s1, 1000));
     TD_CHECK_OK(td_stream_synchronize(s1));
@@ -622,18 +794,16 @@ TD_TEST(test_streams_priority, DEV_CASE)
     dev_teardown();
 }
 
+TD_TEST(test_streams_priority, DEV_CASE) { streams_priority_case(ctx, 2); }
+TD_TEST(test_streams_priority_one_device, DEV_CASE) { streams_priority_case(ctx, 1); }
+
 /* ---- events -------------------------------------------------------------------------------- */
 
 TD_TEST(test_stream_event_device, DEV_CASE)
 {
-    td_device_type type = dev_setup(ctx, 2);
+    dev_setup(ctx, 2);
+    /* (Before its first record: test_stream_event_device_one_device.) */
     td_event *e0 = new_event(TD_EVENT_DEFAULT);
-    TD_CHECK_EQ(td_event_device(e0).index, -1);
-    /* Before its first record an event is done and waits for nothing. */
-    TD_CHECK(td_event_query(e0));
-    TD_CHECK_OK(td_event_synchronize(e0));
-    TD_CHECK_OK(td_stream_wait_event(NULL, e0));
-    TD_CHECK_EQ(td_event_device(e0).index, -1);
 
     td_device_guard g;
     TD_CHECK_OK(td_device_guard_enter(&g, dev(0)));
@@ -672,7 +842,6 @@ TD_TEST(test_stream_event_device, DEV_CASE)
     td_device_guard_exit(&g);
     TD_CHECK_OK(td_event_synchronize(e1));
     TD_CHECK(td_event_query(e1));
-    (void)type;
 
     td_event_release(e0);
     td_event_release(e1);
@@ -681,11 +850,45 @@ TD_TEST(test_stream_event_device, DEV_CASE)
     dev_teardown();
 }
 
-TD_TEST(test_events_wait, DEV_CASE)
+/* An event's device on one device: none before the first record (and done, waiting for nothing),
+ * then the recording stream's, a NULL stream meaning the current one; re-recording on its device. */
+TD_TEST(test_stream_event_device_one_device, DEV_CASE)
 {
-    dev_setup(ctx, 2);
+    dev_setup(ctx, 1);
+    td_event *e0 = new_event(TD_EVENT_DEFAULT);
+    TD_CHECK_EQ(td_event_device(e0).index, -1);
+    /* Before its first record an event is done and waits for nothing. */
+    TD_CHECK(td_event_query(e0));
+    TD_CHECK_OK(td_event_synchronize(e0));
+    TD_CHECK_OK(td_stream_wait_event(NULL, e0));
+    TD_CHECK_EQ(td_event_device(e0).index, -1);
+    td_stream *s1 = new_stream(dev(0), 0);
+    TD_CHECK_OK(td_event_record(e0, s1));
+    check_device(td_event_device(e0), dev(0));
+    td_event *e1 = new_event(TD_EVENT_DEFAULT);
+    TD_CHECK_OK(td_event_record(e1, NULL));
+    check_device(td_event_device(e1), dev(0));
+    TD_CHECK_OK(td_stream_sleep(s1, FIFTY_MIL_CYCLES));
+    TD_CHECK_OK(td_event_record(e0, s1));
+    TD_CHECK(!td_event_query(e0));
+    TD_CHECK_OK(td_event_synchronize(e0));
+    TD_CHECK(td_event_query(e0));
+    TD_CHECK_OK(td_event_synchronize(e1));
+    td_event_release(e0);
+    td_event_release(e1);
+    td_stream_release(s1);
+    dev_teardown();
+}
+
+/* test_events_wait: a stream of device `other` waits for an event of device 0's current stream,
+ * then for all that stream has queued (wait_stream). With one device, other is device 0 and the
+ * waiting streams are created ones. */
+static void events_wait_case(td_test_ctx *ctx, int need)
+{
+    dev_setup(ctx, need);
+    td_device other = dev(need - 1);
     TD_CHECK_OK(td_device_synchronize(dev(0)));
-    TD_CHECK_OK(td_device_synchronize(dev(1)));
+    TD_CHECK_OK(td_device_synchronize(other));
     td_device_guard g;
     TD_CHECK_OK(td_device_guard_enter(&g, dev(0)));
     td_stream *s0 = current_stream(dev(-1));
@@ -693,8 +896,9 @@ TD_TEST(test_events_wait, DEV_CASE)
     td_event *e0 = new_event(TD_EVENT_DEFAULT);
     TD_CHECK_OK(td_event_record(e0, s0));
     td_device_guard_exit(&g);
-    TD_CHECK_OK(td_device_guard_enter(&g, dev(1)));
-    td_stream *s1 = current_stream(dev(-1));
+    td_stream *created = other.index == 0 ? new_stream(other, 0) : NULL;
+    TD_CHECK_OK(td_device_guard_enter(&g, other));
+    td_stream *s1 = created ? created : current_stream(dev(-1));
     td_device_guard_exit(&g);
 
     TD_CHECK(!td_stream_query(s0));
@@ -707,8 +911,8 @@ TD_TEST(test_events_wait, DEV_CASE)
     TD_CHECK(td_stream_query(s0));
     TD_CHECK(td_stream_query(s1));
 
-    /* wait_stream: device 1's new stream waits for everything queued on device 0 so far. */
-    td_stream *s2 = new_stream(dev(1), 0);
+    /* wait_stream: other's new stream waits for everything queued on device 0 so far. */
+    td_stream *s2 = new_stream(other, 0);
     TD_CHECK_OK(td_stream_sleep(s0, FIFTY_MIL_CYCLES));
     TD_CHECK_OK(td_stream_wait_stream(s2, s0));
     TD_CHECK(!td_stream_query(s0));
@@ -716,9 +920,14 @@ TD_TEST(test_events_wait, DEV_CASE)
     TD_CHECK(td_stream_query(s0));
     TD_CHECK(td_stream_query(s2));
     td_stream_release(s2);
+    if (created)
+        td_stream_release(created);
     td_event_release(e0);
     dev_teardown();
 }
+
+TD_TEST(test_events_wait, DEV_CASE) { events_wait_case(ctx, 2); }
+TD_TEST(test_events_wait_one_device, DEV_CASE) { events_wait_case(ctx, 1); }
 
 static void check_event_queries(td_event *e0, bool want0, td_event *e1, bool want1)
 {
@@ -762,6 +971,34 @@ TD_TEST(test_events_multi_gpu_query, DEV_CASE)
     check_event_queries(e0, true, e1, true);
     td_event_release(e0);
     td_event_release(e1);
+    dev_teardown();
+}
+
+/* Event queries on one device: done once synchronized, pending behind a sleep, and pending again
+ * after a re-record captures new work. */
+TD_TEST(test_events_query_one_device, DEV_CASE)
+{
+    dev_setup(ctx, 1);
+    td_stream *s0 = current_stream(dev(-1));
+    td_stream *s1 = new_stream(dev(0), 0);
+    td_event *e0 = new_event(TD_EVENT_DEFAULT), *e1 = new_event(TD_EVENT_DEFAULT);
+    TD_CHECK_OK(td_event_record(e0, s0));
+    TD_CHECK_OK(td_stream_synchronize(s0));
+    TD_CHECK_OK(td_stream_sleep(s1, FIFTY_MIL_CYCLES));
+    TD_CHECK_OK(td_event_record(e1, s1));
+    TD_CHECK(td_event_query(e0));
+    TD_CHECK(!td_event_query(e1));
+    TD_CHECK_OK(td_event_synchronize(e1));
+    TD_CHECK(td_event_query(e1));
+    TD_CHECK_OK(td_stream_sleep(s1, FIFTY_MIL_CYCLES));
+    TD_CHECK_OK(td_event_record(e1, s1));
+    TD_CHECK(!td_event_query(e1));
+    TD_CHECK_OK(td_event_synchronize(e1));
+    TD_CHECK(td_event_query(e1));
+    TD_CHECK(td_event_query(e0));
+    td_event_release(e0);
+    td_event_release(e1);
+    td_stream_release(s1);
     dev_teardown();
 }
 
@@ -816,6 +1053,31 @@ TD_TEST(test_events_multi_gpu_elapsed_time, DEV_CASE)
     TD_CHECK_MSG(ms2 > 0, "elapsed %g ms", (double)ms2);
     td_device_guard_exit(&g);
     TD_CHECK(ms == ms2);
+    td_event_release(e0);
+    td_event_release(e1);
+    td_event_release(e2);
+    dev_teardown();
+}
+
+/* Elapsed time on one device: both events must be recorded, it spans a sleep, and timing-disabled
+ * events (the default) have none. */
+TD_TEST(test_event_elapsed_time_one_device, DEV_CASE)
+{
+    dev_setup(ctx, 1);
+    float ms = -1;
+    td_stream *s0 = current_stream(dev(-1));
+    td_event *e0 = new_event(TD_EVENT_ENABLE_TIMING), *e1 = new_event(TD_EVENT_ENABLE_TIMING);
+    TD_CHECK_OK(td_stream_sleep(NULL, 10));
+    TD_CHECK_OK(td_event_record(e0, s0));
+    TD_CHECK_ERR(td_event_elapsed_time(e0, e1, &ms), TD_ERR_INVALID,
+                 "Both events must be recorded before calculating elapsed time.");
+    TD_CHECK_ERR(td_event_elapsed_time(e1, e0, &ms), TD_ERR_INVALID,
+                 "Both events must be recorded before calculating elapsed time.");
+    TD_CHECK_OK(td_stream_sleep(NULL, FIFTY_MIL_CYCLES));
+    TD_CHECK_OK(td_event_record(e1, s0));
+    TD_CHECK_OK(td_event_synchronize(e1));
+    TD_CHECK_OK(td_event_elapsed_time(e0, e1, &ms));
+    TD_CHECK_MSG(ms > 0, "elapsed %g ms", (double)ms);
 
     /* Timing disabled (the default): recorded, but no elapsed time. */
     td_event *n0 = new_event(TD_EVENT_DEFAULT), *n1 = new_event(TD_EVENT_DEFAULT);
@@ -825,12 +1087,10 @@ TD_TEST(test_events_multi_gpu_elapsed_time, DEV_CASE)
     TD_CHECK_ERR(td_event_elapsed_time(n0, n1, &ms), TD_ERR_INVALID,
                  "Both events must be created with argument 'enable_timing=True'.");
     TD_CHECK_ERR(td_event_elapsed_time(e0, n1, &ms), TD_ERR_INVALID, "enable_timing=True");
-
     td_event_release(n0);
     td_event_release(n1);
     td_event_release(e0);
     td_event_release(e1);
-    td_event_release(e2);
     dev_teardown();
 }
 
@@ -946,26 +1206,21 @@ TD_TEST(test_external_streams_multi_device, DEV_CASE)
 
 /* ---- threads ------------------------------------------------------------------------------- */
 
-typedef td_status (*sync_func)(float *ms);
-
-/* _stream_synchronize: spin on the current stream, block in stream synchronize. */
-static td_status stream_synchronize_func(float *ms)
+/* The seed's three timed waits: tik is recorded on the current stream, `wait` queues the spin and
+ * blocks in its own way until tok (recorded on that stream last) is done, and *ms is tik to tok. */
+static td_status timed_wait(float *ms, unsigned flags, td_status (*wait)(td_stream *s, td_event *tok))
 {
     td_stream *s = NULL;
     td_device cur = {td_device_default_type(), -1};
     TD_TRY(td_stream_current(cur, &s));
     td_event *tik = NULL, *tok = NULL;
-    TD_TRY(td_event_create(TD_EVENT_ENABLE_TIMING, &tik));
-    TD_TRY(td_event_create(TD_EVENT_ENABLE_TIMING, &tok));
-    td_status st = td_event_record(tik, s);
+    td_status st = td_event_create(flags | TD_EVENT_ENABLE_TIMING, &tik);
     if (st == TD_OK)
-        st = td_stream_sleep(NULL, FIFTY_MIL_CYCLES);
+        st = td_event_create(flags | TD_EVENT_ENABLE_TIMING, &tok);
     if (st == TD_OK)
-        st = td_event_record(tok, s);
+        st = td_event_record(tik, s);
     if (st == TD_OK)
-        st = td_stream_synchronize(s);
-    if (st == TD_OK && !td_stream_query(s))
-        st = error_set(TD_ERR_INTERNAL, "the stream is busy after its synchronize");
+        st = wait(s, tok);
     if (st == TD_OK)
         st = td_event_elapsed_time(tik, tok, ms);
     td_event_release(tik);
@@ -973,43 +1228,31 @@ static td_status stream_synchronize_func(float *ms)
     return st;
 }
 
-/* _event_synchronize: spin, block in event synchronize. */
-static td_status event_synchronize_func(float *ms)
+/* _stream_synchronize and _event_synchronize: spin on the current stream s, then block in stream
+ * synchronize or in event synchronize of tok, s's last event. */
+static td_status spin_then_synchronize(td_stream *s, td_event *tok, bool on_event)
 {
-    td_stream *s = NULL;
-    td_device cur = {td_device_default_type(), -1};
-    TD_TRY(td_stream_current(cur, &s));
-    td_event *tik = NULL, *tok = NULL;
-    TD_TRY(td_event_create(TD_EVENT_ENABLE_TIMING, &tik));
-    TD_TRY(td_event_create(TD_EVENT_ENABLE_TIMING, &tok));
-    td_status st = td_event_record(tik, s);
-    if (st == TD_OK)
-        st = td_stream_sleep(NULL, FIFTY_MIL_CYCLES);
+    td_status st = td_stream_sleep(NULL, FIFTY_MIL_CYCLES);
     if (st == TD_OK)
         st = td_event_record(tok, s);
     if (st == TD_OK)
-        st = td_event_synchronize(tok);
+        st = on_event ? td_event_synchronize(tok) : td_stream_synchronize(s);
     if (st == TD_OK && !td_stream_query(s))
-        st = error_set(TD_ERR_INTERNAL, "the stream is busy after its last event's synchronize");
-    if (st == TD_OK)
-        st = td_event_elapsed_time(tik, tok, ms);
-    td_event_release(tik);
-    td_event_release(tok);
+        st = error_set(TD_ERR_INTERNAL, on_event ? "the stream is busy after its last event's synchronize"
+                                                 : "the stream is busy after its synchronize");
     return st;
 }
+
+static td_status stream_synchronize_wait(td_stream *s, td_event *tok) { return spin_then_synchronize(s, tok, false); }
+static td_status event_synchronize_wait(td_stream *s, td_event *tok) { return spin_then_synchronize(s, tok, true); }
 
 /* _event_wait: spin on s0, a second stream waits for it (blocking events), then both are awaited. */
-static td_status event_wait_func(float *ms)
+static td_status event_wait_wait(td_stream *s0, td_event *tok)
 {
-    td_stream *s0 = NULL, *s1 = NULL;
-    td_device cur = {td_device_default_type(), -1};
-    TD_TRY(td_stream_current(cur, &s0));
-    TD_TRY(td_stream_create(cur, 0, &s1));
-    td_event *tik = NULL, *tok = NULL, *sync = NULL;
-    TD_TRY(td_event_create(TD_EVENT_BLOCKING | TD_EVENT_ENABLE_TIMING, &tik));
-    TD_TRY(td_event_create(TD_EVENT_BLOCKING | TD_EVENT_ENABLE_TIMING, &tok));
-    TD_TRY(td_event_create(TD_EVENT_BLOCKING, &sync));
-    td_status st = td_event_record(tik, s0);
+    td_stream *s1 = NULL;
+    td_event *sync = NULL;
+    TD_TRY(td_stream_create(td_stream_device(s0), 0, &s1));
+    td_status st = td_event_create(TD_EVENT_BLOCKING, &sync);
     if (st == TD_OK)
         st = td_stream_sleep(NULL, FIFTY_MIL_CYCLES - 10);
     if (st == TD_OK)
@@ -1032,14 +1275,16 @@ static td_status event_wait_func(float *ms)
         st = td_event_synchronize(tok);
     if (st == TD_OK && (!td_stream_query(s0) || !td_stream_query(s1) || !td_event_query(sync)))
         st = error_set(TD_ERR_INTERNAL, "a stream or the sync event is busy after the waits");
-    if (st == TD_OK)
-        st = td_event_elapsed_time(tik, tok, ms);
-    td_event_release(tik);
-    td_event_release(tok);
     td_event_release(sync);
     td_stream_release(s1);
     return st;
 }
+
+typedef td_status (*sync_func)(float *ms);
+
+static td_status stream_synchronize_func(float *ms) { return timed_wait(ms, TD_EVENT_DEFAULT, stream_synchronize_wait); }
+static td_status event_synchronize_func(float *ms) { return timed_wait(ms, TD_EVENT_DEFAULT, event_synchronize_wait); }
+static td_status event_wait_func(float *ms) { return timed_wait(ms, TD_EVENT_BLOCKING, event_wait_wait); }
 
 typedef struct nogil_child {
     sync_func fn;

@@ -394,7 +394,23 @@ TD_TEST(test_cuda_device_memory_allocated, DEV_CASE)
     TD_CHECK_EQ(td_memory_allocated(current), before[0] + 512);
     td_device_free(x);
     TD_CHECK_EQ(td_memory_allocated(dev(0)), before[0]);
-    /* Bad devices: -1, with the runtime's message. */
+    dev_teardown();
+}
+
+/* test_cuda_device_memory_allocated on device 0 alone: an allocation counts there, also asked for
+ * as the current device, until it is freed; bad devices give -1 with the runtime's message. */
+TD_TEST(test_device_memory_allocated_one_device, DEV_CASE)
+{
+    td_device_type type = dev_setup(ctx, 1);
+    int count = td_device_count(type);
+    td_device current = {type, -1};
+    int64_t before = td_memory_allocated(dev(0));
+    TD_CHECK_EQ(td_memory_allocated(current), before);
+    void *x = dmalloc(dev(0), 10 * sizeof(float), NULL);
+    TD_CHECK_EQ(td_memory_allocated(dev(0)), before + 512);
+    TD_CHECK_EQ(td_memory_allocated(current), before + 512);
+    td_device_free(x);
+    TD_CHECK_EQ(td_memory_allocated(dev(0)), before);
     td_device cpu = {TD_DEVICE_CPU, -1};
     TD_CHECK_EQ(td_memory_allocated(cpu), -1);
     TD_CHECK_CONTAINS(td_last_error(), "Expected a");

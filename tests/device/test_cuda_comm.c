@@ -4,7 +4,9 @@
  * reduce_add, scatter and gather along every dim the seed uses with every [T] message of
  * Appendix A, and channels_last kept through scatter and gather. The Python-only keyword messages
  * ("Exactly one of 'devices' and 'out'", "'devices' must not be specified", "'destination' must not
- * be specified") cannot happen: the keyword forms are separate functions. */
+ * be specified") cannot happen: the keyword forms are separate functions. Broadcast, reduce_add,
+ * scatter from the host and gather also run as *_one_device cases with device 0 in the second
+ * device's place, which one GPU runs. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,13 +26,14 @@ static void release_n(td_tensor **ts, int n)
 
 /* ---- broadcast ---------------------------------------------------------------------------- */
 
-static void check_broadcast(td_tensor *input)
+/* Onto devices 0 and `other` (device 0 again with one device: both results on it). */
+static void check_broadcast(td_tensor *input, td_device other)
 {
-    td_device devs[2] = {dev(0), dev(1)};
+    td_device devs[2] = {dev(0), other};
     td_tensor *res[2];
     TD_CHECK_OK(td_comm_broadcast(input, devs, 2, res));
     for (int i = 0; i < 2; i++) {
-        TD_CHECK(td_device_equal(td_tensor_device(res[i]), dev(i)));
+        TD_CHECK(td_device_equal(td_tensor_device(res[i]), devs[i]));
         TD_CHECK(td_tensor_equal(res[i], input));
     }
     if (td_device_equal(td_tensor_device(input), dev(0))) {
@@ -41,7 +44,7 @@ static void check_broadcast(td_tensor *input)
     }
     /* out= */
     td_tensor *outs[2] = {dev_to(input, dev(0)), NULL};
-    TD_CHECK_OK(td_tensor_full_on(dev(1), td_tensor_dtype(input), td_tensor_shape(input), -1.0, &outs[1]));
+    TD_CHECK_OK(td_tensor_full_on(other, td_tensor_dtype(input), td_tensor_shape(input), -1.0, &outs[1]));
     TD_CHECK_OK(td_comm_broadcast_out(input, outs, 2));
     TD_CHECK(td_tensor_equal(outs[0], input));
     TD_CHECK(td_tensor_equal(outs[1], input));
@@ -55,7 +58,7 @@ static void check_broadcast(td_tensor *input)
     TD_CHECK_ERR(td_comm_broadcast_out(input, bad2, 2), TD_ERR_INVALID,
                  "Expected all output tensors to have same shape as the source tensor [5, 5], but output tensor at "
                  "index 1 has shape [1, 5, 5]");
-    td_device negative[2] = {dev(0), dev(1)};
+    td_device negative[2] = {dev(0), other};
     negative[1].index = -1;
     td_tensor *never[2] = {NULL, NULL};
     TD_CHECK_ERR(td_comm_broadcast(input, negative, 2, never), TD_ERR_INVALID,
@@ -68,25 +71,23 @@ static void check_broadcast(td_tensor *input)
     release_n(res, 2);
 }
 
-TD_TEST(test_broadcast_cpu, DEV_CASE)
+/* test_broadcast_cpu and _gpu: the source on the host or device 0; with one device, both
+ * destinations are device 0. */
+static void broadcast_case(td_test_ctx *ctx, int need, bool gpu)
 {
-    dev_setup(ctx, 2);
-    td_tensor *input = dev_host_arange(TD_FLOAT32, TD_SHAPE(5, 5), 0.25);
-    check_broadcast(input);
-    td_tensor_release(input);
-    dev_finish();
-}
-
-TD_TEST(test_broadcast_gpu, DEV_CASE)
-{
-    dev_setup(ctx, 2);
+    dev_setup(ctx, need);
     td_tensor *host = dev_host_arange(TD_FLOAT32, TD_SHAPE(5, 5), 0.25);
-    td_tensor *input = dev_to(host, dev(0));
-    check_broadcast(input);
+    td_tensor *input = gpu ? dev_to(host, dev(0)) : td_tensor_retain(host);
+    check_broadcast(input, dev(need - 1));
     td_tensor_release(input);
     td_tensor_release(host);
     dev_finish();
 }
+
+TD_TEST(test_broadcast_cpu, DEV_CASE) { broadcast_case(ctx, 2, false); }
+TD_TEST(test_broadcast_gpu, DEV_CASE) { broadcast_case(ctx, 2, true); }
+TD_TEST(test_broadcast_cpu_one_device, DEV_CASE) { broadcast_case(ctx, 1, false); }
+TD_TEST(test_broadcast_gpu_one_device, DEV_CASE) { broadcast_case(ctx, 1, true); }
 
 /* ---- coalesced ---------------------------------------------------------------------------- */
 
@@ -174,12 +175,14 @@ TD_TEST(test_broadcast_coalesced_empty_tensors, DEV_CASE)
     dev_finish();
 }
 
-TD_TEST(test_reduce_add, DEV_CASE)
+/* test_reduce_add: x on device 0, y on device `other` (device 0 too with one device). */
+static void reduce_add_case(td_test_ctx *ctx, int need)
 {
-    dev_setup(ctx, 2);
+    dev_setup(ctx, need);
+    td_device other = dev(need - 1);
     td_tensor *hx = dev_host_arange(TD_FLOAT32, TD_SHAPE(5, 5), 1.0);
     td_tensor *hy = dev_host_arange(TD_FLOAT32, TD_SHAPE(5, 5), -0.5);
-    td_tensor *x = dev_to(hx, dev(0)), *y = dev_to(hy, dev(1));
+    td_tensor *x = dev_to(hx, dev(0)), *y = dev_to(hy, other);
     td_tensor *inputs[2] = {x, y}, *result = NULL, *expected = NULL;
     TD_CHECK_OK(td_comm_reduce_add(inputs, 2, dev_current(), &result));
     TD_CHECK(td_device_equal(td_tensor_device(result), dev(0)));
@@ -187,9 +190,9 @@ TD_TEST(test_reduce_add, DEV_CASE)
     TD_CHECK(td_tensor_equal(result, expected));
     TD_CHECK(result != x);
     td_tensor_release(result);
-    /* onto device 1, and a single input as is */
-    TD_CHECK_OK(td_comm_reduce_add(inputs, 2, dev(1), &result));
-    TD_CHECK(td_device_equal(td_tensor_device(result), dev(1)));
+    /* onto other, and a single input as is */
+    TD_CHECK_OK(td_comm_reduce_add(inputs, 2, other, &result));
+    TD_CHECK(td_device_equal(td_tensor_device(result), other));
     TD_CHECK(td_tensor_equal(result, expected));
     td_tensor_release(result);
     TD_CHECK_OK(td_comm_reduce_add(inputs, 1, dev(0), &result));
@@ -205,12 +208,16 @@ TD_TEST(test_reduce_add, DEV_CASE)
     TD_CHECK_ERR(td_comm_reduce_add(bad_size, 2, dev(0), &result), TD_ERR_INVALID,
                  "input 1 has invalid size: got 1x5x5, but expected 5x5");
     td_tensor *both0[2] = {x, x};
-    TD_CHECK_ERR(td_comm_reduce_add(both0, 2, dev(1), &result), TD_ERR_INVALID,
-                 "reduce_add expects destination to be on the same GPU with one of the tensors");
+    if (other.index != 0)
+        TD_CHECK_ERR(td_comm_reduce_add(both0, 2, other, &result), TD_ERR_INVALID,
+                     "reduce_add expects destination to be on the same GPU with one of the tensors");
     td_tensor *all[] = {hx, hy, x, y, expected, unsq};
     release_n(all, 6);
     dev_finish();
 }
+
+TD_TEST(test_reduce_add, DEV_CASE) { reduce_add_case(ctx, 2); }
+TD_TEST(test_reduce_add_one_device, DEV_CASE) { reduce_add_case(ctx, 1); }
 
 TD_TEST(test_reduce_add_coalesced_dense_only, DEV_CASE)
 {
@@ -249,14 +256,14 @@ TD_TEST(test_reduce_add_coalesced_dense_only, DEV_CASE)
 
 /* ---- scatter ------------------------------------------------------------------------------ */
 
-/* _test_scatter: input on the host or device 0, chunks along dim onto devices 0 and 1. */
-static void check_scatter(td_tensor *input, const int64_t *chunk_sizes, int dim)
+/* _test_scatter: input on the host or device 0, chunks along dim onto devices 0 and `other`. */
+static void check_scatter(td_tensor *input, const int64_t *chunk_sizes, int dim, td_device other)
 {
     int wrapped = dim < 0 ? dim + td_tensor_ndim(input) : dim;
     int64_t ref[2];
     for (int i = 0; i < 2; i++)
         ref[i] = chunk_sizes ? chunk_sizes[i] : td_tensor_size(input, wrapped) / 2;
-    td_device devs[2] = {dev(0), dev(1)};
+    td_device devs[2] = {dev(0), other};
     td_tensor *result[2] = {NULL, NULL};
     int n = 0;
     TD_CHECK_OK(td_comm_scatter(input, devs, 2, chunk_sizes, chunk_sizes ? 2 : 0, dim, NULL, result, &n));
@@ -266,7 +273,7 @@ static void check_scatter(td_tensor *input, const int64_t *chunk_sizes, int dim)
         td_tensor *expected = NULL;
         TD_CHECK_OK(td_tensor_narrow(input, wrapped, start, ref[i], &expected));
         TD_CHECK(td_tensor_equal(result[i], expected));
-        TD_CHECK(td_device_equal(td_tensor_device(result[i]), dev(i)));
+        TD_CHECK(td_device_equal(td_tensor_device(result[i]), devs[i]));
         if (td_device_equal(td_tensor_device(result[i]), td_tensor_device(input)))
             TD_CHECK(td_tensor_data(result[i]) == td_tensor_data(input)); /* a view, no copy */
         start += ref[i];
@@ -275,7 +282,7 @@ static void check_scatter(td_tensor *input, const int64_t *chunk_sizes, int dim)
     /* out= */
     td_tensor *out[2];
     for (int i = 0; i < 2; i++)
-        TD_CHECK_OK(td_tensor_empty_on(dev(i), td_tensor_dtype(input), td_tensor_shape(result[i]), NULL, &out[i]));
+        TD_CHECK_OK(td_tensor_empty_on(devs[i], td_tensor_dtype(input), td_tensor_shape(result[i]), NULL, &out[i]));
     TD_CHECK_OK(td_comm_scatter_out(input, out, 2, dim, NULL));
     for (int i = 0; i < 2; i++)
         TD_CHECK(td_tensor_equal(out[i], result[i]));
@@ -325,12 +332,14 @@ static void check_scatter(td_tensor *input, const int64_t *chunk_sizes, int dim)
     release_n(result, 2);
 }
 
-static void scatter_case(td_test_ctx *ctx, bool gpu, int64_t rows, const int64_t *chunk_sizes, int dim)
+/* need 1: both chunks onto device 0, from the host only (from device 0 the second chunk would be a
+ * view at an offset, which the same-device check does not expect). */
+static void scatter_case(td_test_ctx *ctx, int need, bool gpu, int64_t rows, const int64_t *chunk_sizes, int dim)
 {
-    dev_setup(ctx, 2);
+    dev_setup(ctx, need);
     td_tensor *host = dev_host_arange(TD_FLOAT32, TD_SHAPE(rows, 4), 0.5);
     td_tensor *input = gpu ? dev_to(host, dev(0)) : td_tensor_retain(host);
-    check_scatter(input, chunk_sizes, dim);
+    check_scatter(input, chunk_sizes, dim, dev(need - 1));
     td_tensor_release(input);
     td_tensor_release(host);
     dev_finish();
@@ -338,14 +347,16 @@ static void scatter_case(td_test_ctx *ctx, bool gpu, int64_t rows, const int64_t
 
 static const int64_t sizes_2_4[2] = {2, 4};
 
-TD_TEST(test_scatter_cpu, DEV_CASE) { scatter_case(ctx, false, 4, NULL, 0); }
-TD_TEST(test_scatter_cpu_dim, DEV_CASE) { scatter_case(ctx, false, 4, NULL, 1); }
-TD_TEST(test_scatter_cpu_neg_dim, DEV_CASE) { scatter_case(ctx, false, 4, NULL, -2); }
-TD_TEST(test_scatter_cpu_sizes, DEV_CASE) { scatter_case(ctx, false, 6, sizes_2_4, 0); }
-TD_TEST(test_scatter_gpu, DEV_CASE) { scatter_case(ctx, true, 4, NULL, 0); }
-TD_TEST(test_scatter_gpu_dim, DEV_CASE) { scatter_case(ctx, true, 4, NULL, 1); }
-TD_TEST(test_scatter_gpu_neg_dim, DEV_CASE) { scatter_case(ctx, true, 4, NULL, -2); }
-TD_TEST(test_scatter_gpu_sizes, DEV_CASE) { scatter_case(ctx, true, 6, sizes_2_4, 0); }
+TD_TEST(test_scatter_cpu, DEV_CASE) { scatter_case(ctx, 2, false, 4, NULL, 0); }
+TD_TEST(test_scatter_cpu_dim, DEV_CASE) { scatter_case(ctx, 2, false, 4, NULL, 1); }
+TD_TEST(test_scatter_cpu_neg_dim, DEV_CASE) { scatter_case(ctx, 2, false, 4, NULL, -2); }
+TD_TEST(test_scatter_cpu_sizes, DEV_CASE) { scatter_case(ctx, 2, false, 6, sizes_2_4, 0); }
+TD_TEST(test_scatter_gpu, DEV_CASE) { scatter_case(ctx, 2, true, 4, NULL, 0); }
+TD_TEST(test_scatter_gpu_dim, DEV_CASE) { scatter_case(ctx, 2, true, 4, NULL, 1); }
+TD_TEST(test_scatter_gpu_neg_dim, DEV_CASE) { scatter_case(ctx, 2, true, 4, NULL, -2); }
+TD_TEST(test_scatter_gpu_sizes, DEV_CASE) { scatter_case(ctx, 2, true, 6, sizes_2_4, 0); }
+TD_TEST(test_scatter_cpu_one_device, DEV_CASE) { scatter_case(ctx, 1, false, 4, NULL, 0); }
+TD_TEST(test_scatter_cpu_sizes_one_device, DEV_CASE) { scatter_case(ctx, 1, false, 6, sizes_2_4, 0); }
 
 /* streams: a chunk copied on the given stream of its device; a stream of another device fails */
 TD_TEST(test_scatter_streams, DEV_CASE)
@@ -379,12 +390,15 @@ TD_TEST(test_scatter_streams, DEV_CASE)
 
 /* ---- gather ------------------------------------------------------------------------------- */
 
-static void check_gather(td_test_ctx *ctx, int dim)
+/* x on device 0 and y on device `other` (device 0 too with one device), gathered onto the current
+ * device (other, inside a guard), device 0, the host and device 2 where there is one. */
+static void check_gather(td_test_ctx *ctx, int need, int dim)
 {
-    dev_setup(ctx, 2);
+    dev_setup(ctx, need);
+    td_device other = dev(need - 1);
     td_tensor *hx = dev_host_arange(TD_FLOAT32, TD_SHAPE(2, 5), 1.0);
     td_tensor *hy = dev_host_arange(TD_FLOAT32, TD_SHAPE(2, 5), -2.0);
-    td_tensor *x = dev_to(hx, dev(0)), *y = dev_to(hy, dev(1));
+    td_tensor *x = dev_to(hx, dev(0)), *y = dev_to(hy, other);
     int wrapped = dim < 0 ? dim + 2 : dim;
     int64_t expected[2] = {2, 5};
     expected[wrapped] *= 2;
@@ -392,9 +406,9 @@ static void check_gather(td_test_ctx *ctx, int dim)
     int ndest = td_device_count(dev(0).type) > 2 ? 4 : 3;
     td_tensor *inputs[2] = {x, y};
     td_device_guard g;
-    TD_CHECK_OK(td_device_guard_enter(&g, dev(1)));
+    TD_CHECK_OK(td_device_guard_enter(&g, other));
     for (int k = 0; k < ndest; k++) {
-        td_device want = k == 0 ? dev(1) : dests[k]; /* None: the current device, not x's */
+        td_device want = k == 0 ? other : dests[k]; /* None: the current device, not x's */
         for (int use_out = 0; use_out < 2; use_out++) {
             td_tensor *result = NULL;
             if (use_out) {
@@ -447,9 +461,11 @@ static void check_gather(td_test_ctx *ctx, int dim)
     dev_finish();
 }
 
-TD_TEST(test_gather, DEV_CASE) { check_gather(ctx, 0); }
-TD_TEST(test_gather_dim, DEV_CASE) { check_gather(ctx, 1); }
-TD_TEST(test_gather_neg_dim, DEV_CASE) { check_gather(ctx, -1); }
+TD_TEST(test_gather, DEV_CASE) { check_gather(ctx, 2, 0); }
+TD_TEST(test_gather_dim, DEV_CASE) { check_gather(ctx, 2, 1); }
+TD_TEST(test_gather_neg_dim, DEV_CASE) { check_gather(ctx, 2, -1); }
+TD_TEST(test_gather_one_device, DEV_CASE) { check_gather(ctx, 1, 0); }
+TD_TEST(test_gather_dim_one_device, DEV_CASE) { check_gather(ctx, 1, 1); }
 
 /* ---- memory formats ----------------------------------------------------------------------- */
 

@@ -27,10 +27,11 @@ static void need_cuda(int devices)
         TD_SKIP(td_skip_multi_gpu(devices), "Need more CUDA devices");
 }
 
-/* A build without nvcc has no kernels: their cases check the error and skip. Otherwise the first
- * launch loads the embedded fatbin, and must work. */
+/* A kernel case needs a GPU, and a build without nvcc has no kernels: their cases check the error
+ * and skip. Otherwise the first launch loads the embedded fatbin, and must work. */
 static void need_kernels(void)
 {
+    need_cuda(1);
     td_status s = CUDA_IMPL.sleep(0, 1, NULL);
     if (s == TD_ERR_UNSUPPORTED) {
         TD_CHECK_CONTAINS(td_last_error(), "tdist was built without nvcc: CUDA kernels are not available");
@@ -252,7 +253,6 @@ TD_TEST(cuda_memcpy_peer, CUDA_CASE)
 
 TD_TEST(cuda_fill, CUDA_CASE)
 {
-    need_cuda(1);
     need_kernels();
     enum { N = 1000 };
     /* 4-byte elements: 1.0f everywhere. */
@@ -320,7 +320,6 @@ TD_TEST(cuda_fill, CUDA_CASE)
  * contiguous cols x rows one, for every element size. */
 TD_TEST(cuda_strided_copy_transposed, CUDA_CASE)
 {
-    need_cuda(1);
     need_kernels();
     const int64_t rows = 37, cols = 53;
     const size_t sizes[] = {1, 2, 4, 8, 16};
@@ -381,9 +380,22 @@ TD_TEST(cuda_strided_copy_transposed, CUDA_CASE)
     CUDA_IMPL.shutdown();
 }
 
+/* out = a + b for n elements of dtype through device buffers of nbytes each (inputs and output
+ * alike), copied in and out on the default stream. */
+static void add_on_device(void *out, const void *a, const void *b, size_t nbytes, size_t n, td_dtype dtype)
+{
+    void *da = dev_alloc(nbytes), *db = dev_alloc(nbytes), *dout = dev_alloc(nbytes);
+    to_device(da, a, nbytes);
+    to_device(db, b, nbytes);
+    TD_CHECK_OK(CUDA_IMPL.add(0, dout, da, db, n, dtype, NULL));
+    to_host(out, dout, nbytes);
+    CUDA_IMPL.device_free(0, da);
+    CUDA_IMPL.device_free(0, db);
+    CUDA_IMPL.device_free(0, dout);
+}
+
 TD_TEST(cuda_add, CUDA_CASE)
 {
-    need_cuda(1);
     need_kernels();
     enum { N = 3000 };
     /* float32 */
@@ -420,18 +432,11 @@ TD_TEST(cuda_add, CUDA_CASE)
     }
     ia[0] = INT64_MAX;
     ib[0] = 1;
-    int64_t *la = dev_alloc(sizeof ia), *lb = dev_alloc(sizeof ib), *lo = dev_alloc(sizeof io);
-    to_device(la, ia, sizeof ia);
-    to_device(lb, ib, sizeof ib);
-    TD_CHECK_OK(CUDA_IMPL.add(0, lo, la, lb, N, TD_INT64, NULL));
-    to_host(io, lo, sizeof io);
+    add_on_device(io, ia, ib, sizeof io, N, TD_INT64);
     TD_CHECK(io[0] == INT64_MIN);
     for (int i = 1; i < N; i++)
         TD_CHECK_MSG(io[i] == ia[i] + ib[i], "int64 add: element %d is %lld, want %lld", i, (long long)io[i],
                      (long long)(ia[i] + ib[i]));
-    CUDA_IMPL.device_free(0, la);
-    CUDA_IMPL.device_free(0, lb);
-    CUDA_IMPL.device_free(0, lo);
 
     /* float16: computed in float, rounded to nearest even (1024 + 0.5 ties to 1024). */
     static uint16_t ha[N], hb[N], ho[N];
@@ -443,11 +448,7 @@ TD_TEST(cuda_add, CUDA_CASE)
     hb[1] = float_to_half(0.5f);
     ha[2] = float_to_half(1025.0f);
     hb[2] = float_to_half(0.5f);
-    uint16_t *xa = dev_alloc(sizeof ha), *xb = dev_alloc(sizeof hb), *xo = dev_alloc(sizeof ho);
-    to_device(xa, ha, sizeof ha);
-    to_device(xb, hb, sizeof hb);
-    TD_CHECK_OK(CUDA_IMPL.add(0, xo, xa, xb, N, TD_FLOAT16, NULL));
-    to_host(ho, xo, sizeof ho);
+    add_on_device(ho, ha, hb, sizeof ho, N, TD_FLOAT16);
     TD_CHECK_EQ(half_to_float(ho[1]), 1024.0f);
     TD_CHECK_EQ(half_to_float(ho[2]), 1026.0f);
     for (int i = 0; i < N; i++) {
@@ -455,9 +456,6 @@ TD_TEST(cuda_add, CUDA_CASE)
         TD_CHECK_MSG(ho[i] == want, "float16 add: element %d is 0x%04x (%g), want 0x%04x (%g)", i, ho[i],
                      (double)half_to_float(ho[i]), want, (double)half_to_float(want));
     }
-    CUDA_IMPL.device_free(0, xa);
-    CUDA_IMPL.device_free(0, xb);
-    CUDA_IMPL.device_free(0, xo);
 
     /* bfloat16 (256 + 1 ties to 256) and complex128. */
     {
@@ -467,52 +465,30 @@ TD_TEST(cuda_add, CUDA_CASE)
             ga[i] = float_to_bf16(av[i]);
             gb[i] = float_to_bf16(bv[i]);
         }
-        uint16_t *ya = dev_alloc(sizeof ga), *yb = dev_alloc(sizeof gb), *yo = dev_alloc(sizeof go);
-        to_device(ya, ga, sizeof ga);
-        to_device(yb, gb, sizeof gb);
-        TD_CHECK_OK(CUDA_IMPL.add(0, yo, ya, yb, 4, TD_BFLOAT16, NULL));
-        to_host(go, yo, sizeof go);
+        add_on_device(go, ga, gb, sizeof go, 4, TD_BFLOAT16);
         TD_CHECK_EQ(bf16_to_float(go[3]), 256.0f);
         for (int i = 0; i < 4; i++) {
             uint16_t want = float_to_bf16(bf16_to_float(ga[i]) + bf16_to_float(gb[i]));
             TD_CHECK_MSG(go[i] == want, "bfloat16 add: element %d is %g, want %g", i, (double)bf16_to_float(go[i]),
                          (double)bf16_to_float(want));
         }
-        CUDA_IMPL.device_free(0, ya);
-        CUDA_IMPL.device_free(0, yb);
-        CUDA_IMPL.device_free(0, yo);
 
         const double za[4] = {1.5, -2.0, 1e300, 0.0}, zb[4] = {0.25, 4.0, -1e300, -0.5};
         double zo[4];
-        double *wa = dev_alloc(sizeof za), *wb = dev_alloc(sizeof zb), *wo = dev_alloc(sizeof zo);
-        to_device(wa, za, sizeof za);
-        to_device(wb, zb, sizeof zb);
-        TD_CHECK_OK(CUDA_IMPL.add(0, wo, wa, wb, 2, TD_COMPLEX128, NULL));
-        to_host(zo, wo, sizeof zo);
+        add_on_device(zo, za, zb, sizeof zo, 2, TD_COMPLEX128);
         TD_CHECK(zo[0] == 1.75 && zo[1] == 2.0 && zo[2] == 0.0 && zo[3] == -0.5);
-        CUDA_IMPL.device_free(0, wa);
-        CUDA_IMPL.device_free(0, wb);
-        CUDA_IMPL.device_free(0, wo);
     }
 
     /* bool is logical or; int8 wraps. */
     unsigned char ba[4] = {0, 0, 1, 2}, bb[4] = {0, 3, 0, 1}, bo[4];
-    unsigned char *dba = dev_alloc(4), *dbb = dev_alloc(4), *dbo = dev_alloc(4);
-    to_device(dba, ba, 4);
-    to_device(dbb, bb, 4);
-    TD_CHECK_OK(CUDA_IMPL.add(0, dbo, dba, dbb, 4, TD_BOOL, NULL));
-    to_host(bo, dbo, 4);
+    add_on_device(bo, ba, bb, 4, 4, TD_BOOL);
     TD_CHECK(bo[0] == 0 && bo[1] == 1 && bo[2] == 1 && bo[3] == 1);
     int8_t ca[2] = {127, -128}, cb[2] = {1, -1}, co[2];
-    to_device(dba, ca, 2);
-    to_device(dbb, cb, 2);
-    TD_CHECK_OK(CUDA_IMPL.add(0, dbo, dba, dbb, 2, TD_INT8, NULL));
-    to_host(co, dbo, 2);
+    add_on_device(co, ca, cb, 2, 2, TD_INT8);
     TD_CHECK(co[0] == -128 && co[1] == 127);
-    TD_CHECK_OK(CUDA_IMPL.add(0, dbo, dba, dbb, 0, TD_INT8, NULL));
-    CUDA_IMPL.device_free(0, dba);
-    CUDA_IMPL.device_free(0, dbb);
-    CUDA_IMPL.device_free(0, dbo);
+    /* No elements: nothing to do, and no error. */
+    int8_t none[2];
+    add_on_device(none, ca, cb, 2, 0, TD_INT8);
     CUDA_IMPL.shutdown();
 }
 
@@ -520,7 +496,6 @@ TD_TEST(cuda_add, CUDA_CASE)
 
 TD_TEST(cuda_sleep_query_synchronize, CUDA_CASE)
 {
-    need_cuda(1);
     need_kernels();
     void *stream = NULL;
     TD_CHECK_OK(CUDA_IMPL.stream_create(0, 0, &stream));
@@ -561,7 +536,6 @@ TD_TEST(cuda_sleep_query_synchronize, CUDA_CASE)
 
 TD_TEST(cuda_event_elapsed_time, CUDA_CASE)
 {
-    need_cuda(1);
     need_kernels();
     void *stream = NULL, *start = NULL, *end = NULL;
     TD_CHECK_OK(CUDA_IMPL.stream_create(0, 0, &stream));
@@ -589,7 +563,6 @@ TD_TEST(cuda_event_elapsed_time, CUDA_CASE)
 
 TD_TEST(cuda_event_timing_disabled, CUDA_CASE)
 {
-    need_cuda(1);
     need_kernels();
     void *start = NULL, *end = NULL, *ipc = NULL;
     TD_CHECK_OK(CUDA_IMPL.event_create(0, TD_EVENT_DEFAULT, &start));
@@ -626,7 +599,6 @@ TD_TEST(cuda_event_timing_disabled, CUDA_CASE)
 
 TD_TEST(cuda_stream_priorities, CUDA_CASE)
 {
-    need_cuda(1);
     need_kernels();
     int least = 1, greatest = 1;
     TD_CHECK_OK(CUDA_IMPL.stream_priority_range(0, &least, &greatest));

@@ -284,6 +284,37 @@ TD_API void td_device_live_get(td_device_live *out);
  * tears nothing down. The runtime starts again on its next use. */
 TD_API td_status td_device_shutdown(void);
 
+/* ---- random number generators (torch.cuda's get_rng_state, manual_seed, ...) --------------- *
+ * One Philox4x32-10 generator per device, created at its first use with PyTorch's default seed
+ * (67280421310721) and offset 0, and kept for the life of the process (td_device_shutdown leaves
+ * it). Its state is 16 bytes, as modern PyTorch's CUDA generator state: the seed (uint64) then the
+ * Philox offset (int64), both little-endian. Every random call (td_tensor_normal_,
+ * td_tensor_uniform_) takes (seed, offset) under the generator's lock and advances the offset by
+ * a fixed multiple of 4, so restoring a state replays the same calls bit for bit. Device arguments
+ * take index -1 for the current device. */
+#define TD_RNG_STATE_SIZE 16
+#define TD_RNG_DEFAULT_SEED UINT64_C(67280421310721)
+
+TD_API td_status td_device_rng_get_state(td_device device, uint8_t out[TD_RNG_STATE_SIZE]);
+/* Sets seed and offset; an offset that is negative or not a multiple of 4 fails ("offset must be a
+ * multiple of 4") and changes nothing. */
+TD_API td_status td_device_rng_set_state(td_device device, const uint8_t state[TD_RNG_STATE_SIZE]);
+/* The states of devices 0 .. td_device_count(type)-1 into out (room for capacity states);
+ * *count: the number of devices. Fails when capacity is too small. */
+TD_API td_status td_device_rng_get_state_all(td_device_type type, uint8_t (*out)[TD_RNG_STATE_SIZE], int capacity,
+                                             int *count);
+/* Sets the state of devices 0 .. n-1 (set_rng_state_all: one state per device given). */
+TD_API td_status td_device_rng_set_state_all(td_device_type type, const uint8_t (*states)[TD_RNG_STATE_SIZE], int n);
+/* torch.cuda._get_rng_state_offset / _set_rng_state_offset: the Philox offset alone. */
+TD_API td_status td_device_rng_get_offset(td_device device, int64_t *out);
+TD_API td_status td_device_rng_set_offset(td_device device, int64_t offset);
+/* torch.cuda.manual_seed(seed) for one device / manual_seed_all for every device of a type: the
+ * seed, and the offset back to 0. */
+TD_API td_status td_device_manual_seed(td_device device, uint64_t seed);
+TD_API td_status td_device_manual_seed_all(td_device_type type, uint64_t seed);
+/* torch.cuda.initial_seed: the generator's current seed. */
+TD_API td_status td_device_initial_seed(td_device device, uint64_t *out);
+
 /* ---- tensors on devices -------------------------------------------------------------------- *
  * A device tensor's storage is device memory from the caching allocator, allocated for the
  * current stream of its device. Host-side access (td_tensor_data reads, td_tensor_get_*, printing,
@@ -311,6 +342,12 @@ TD_API td_status td_tensor_pin_memory(const td_tensor *t, td_tensor **out);
 TD_API bool td_tensor_is_pinned(const td_tensor *t);
 /* The in-place version counter: bumped by every in-place write (copy, fill); views share it. */
 TD_API uint64_t td_tensor_version(const td_tensor *t);
+/* t.normal_(mean, std) / t.uniform_(from, to) on a device tensor of float16, bfloat16, float32 or
+ * float64, queued on the current stream of its device with the device's generator (see "random
+ * number generators" above). Errors as PyTorch's: "normal expects std >= 0.0, but found std -1",
+ * "uniform_ expects to return a [from, to) range, but found from=2 > to=1". */
+TD_API td_status td_tensor_normal_(td_tensor *t, double mean, double std);
+TD_API td_status td_tensor_uniform_(td_tensor *t, double from, double to);
 
 /* ---- comm primitives (torch.cuda.comm) ------------------------------------------------------ *
  * Over device tensors of one type (and host tensors where PyTorch allows the CPU). Arrays of output

@@ -33,6 +33,7 @@
 
 #include <tdist/status.h>
 #include <tdist/tensor.h>
+#include <tdist/value.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -348,6 +349,45 @@ TD_API uint64_t td_tensor_version(const td_tensor *t);
  * "uniform_ expects to return a [from, to) range, but found from=2 > to=1". */
 TD_API td_status td_tensor_normal_(td_tensor *t, double mean, double std);
 TD_API td_status td_tensor_uniform_(td_tensor *t, double from, double to);
+
+/* ---- saving and loading (torch.save / torch.load with map_location) ------------------------- *
+ * A value (tensors anywhere inside lists, tuples, dicts and records) is saved with each tensor's
+ * elements and its location, the literal "cpu", "cuda:N" or "sim:N" in a fixed 16-byte field that
+ * no checksum covers (docs/protocols.md, "tdist save files"), so files can be edited as PyTorch's
+ * tests edit theirs. Loading restores every tensor on its saved location unless map says
+ * otherwise, and checks each target against the devices this process has before it allocates
+ * anything: "Attempting to deserialize object on CUDA device 9 but torch.cuda.device_count() is 2.
+ * Please use torch.load with map_location to map your storages to an existing device." (sim
+ * devices: "SIM device" and "torch.sim"), or, with no device of the type at all, "Attempting to
+ * deserialize object on a CUDA device but torch.cuda.is_available() is False. ...". A tensor saved
+ * twice in one value loads as one tensor. */
+typedef struct td_map_location_entry {
+    const char *from; /* a saved location, "cuda:1" */
+    const char *to;   /* where to restore it, "cuda:0", "cpu" ("cuda": the current device) */
+} td_map_location_entry;
+/* map_location. The first of these that is set decides for each saved tensor; with none set (or
+ * map NULL) the tensor goes back to its saved location. */
+typedef struct td_tensor_map_location {
+    /* map_location=torch.device(...): every tensor goes here ("cpu", "cuda:0"). */
+    const char *device;
+    /* map_location={"cuda:1": "cuda:0"}: locations found here go to their `to`, others stay. */
+    const td_map_location_entry *table;
+    size_t table_len;
+    /* map_location=fn: called with the saved location; returns true with *target set (index -1:
+     * the current device), or false for the default (the saved location), as fn returning None. */
+    bool (*fn)(const char *location, void *user, td_device *target);
+    void *user;
+} td_tensor_map_location;
+
+TD_API td_status td_value_save(const td_value *v, const char *path);
+/* The file's bytes in one malloc'd buffer (free with free()). */
+TD_API td_status td_value_save_bytes(const td_value *v, void **data, size_t *len);
+TD_API td_status td_value_load(const char *path, const td_tensor_map_location *map, td_value **out);
+TD_API td_status td_value_load_bytes(const void *data, size_t len, const td_tensor_map_location *map,
+                                     td_value **out);
+/* One tensor: torch.save(t, path) / torch.load(path, map_location). */
+TD_API td_status td_tensor_save(const td_tensor *t, const char *path);
+TD_API td_status td_tensor_load(const char *path, const td_tensor_map_location *map, td_tensor **out);
 
 /* ---- comm primitives (torch.cuda.comm) ------------------------------------------------------ *
  * Over device tensors of one type (and host tensors where PyTorch allows the CPU). Arrays of output

@@ -33,6 +33,7 @@
 
 #include <tdist/status.h>
 #include <tdist/tensor.h>
+#include <tdist/value.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -284,6 +285,37 @@ TD_API void td_device_live_get(td_device_live *out);
  * tears nothing down. The runtime starts again on its next use. */
 TD_API td_status td_device_shutdown(void);
 
+/* ---- random number generators (torch.cuda's get_rng_state, manual_seed, ...) --------------- *
+ * One Philox4x32-10 generator per device, created at its first use with PyTorch's default seed
+ * (67280421310721) and offset 0, and kept for the life of the process (td_device_shutdown leaves
+ * it). Its state is 16 bytes, as modern PyTorch's CUDA generator state: the seed (uint64) then the
+ * Philox offset (int64), both little-endian. Every random call (td_tensor_normal_,
+ * td_tensor_uniform_) takes (seed, offset) under the generator's lock and advances the offset by
+ * a fixed multiple of 4, so restoring a state replays the same calls bit for bit. Device arguments
+ * take index -1 for the current device. */
+#define TD_RNG_STATE_SIZE 16
+#define TD_RNG_DEFAULT_SEED UINT64_C(67280421310721)
+
+TD_API td_status td_device_rng_get_state(td_device device, uint8_t out[TD_RNG_STATE_SIZE]);
+/* Sets seed and offset; an offset that is negative or not a multiple of 4 fails ("offset must be a
+ * multiple of 4") and changes nothing. */
+TD_API td_status td_device_rng_set_state(td_device device, const uint8_t state[TD_RNG_STATE_SIZE]);
+/* The states of devices 0 .. td_device_count(type)-1 into out (room for capacity states);
+ * *count: the number of devices. Fails when capacity is too small. */
+TD_API td_status td_device_rng_get_state_all(td_device_type type, uint8_t (*out)[TD_RNG_STATE_SIZE], int capacity,
+                                             int *count);
+/* Sets the state of devices 0 .. n-1 (set_rng_state_all: one state per device given). */
+TD_API td_status td_device_rng_set_state_all(td_device_type type, const uint8_t (*states)[TD_RNG_STATE_SIZE], int n);
+/* torch.cuda._get_rng_state_offset / _set_rng_state_offset: the Philox offset alone. */
+TD_API td_status td_device_rng_get_offset(td_device device, int64_t *out);
+TD_API td_status td_device_rng_set_offset(td_device device, int64_t offset);
+/* torch.cuda.manual_seed(seed) for one device / manual_seed_all for every device of a type: the
+ * seed, and the offset back to 0. */
+TD_API td_status td_device_manual_seed(td_device device, uint64_t seed);
+TD_API td_status td_device_manual_seed_all(td_device_type type, uint64_t seed);
+/* torch.cuda.initial_seed: the generator's current seed. */
+TD_API td_status td_device_initial_seed(td_device device, uint64_t *out);
+
 /* ---- tensors on devices -------------------------------------------------------------------- *
  * A device tensor's storage is device memory from the caching allocator, allocated for the
  * current stream of its device. Host-side access (td_tensor_data reads, td_tensor_get_*, printing,
@@ -311,6 +343,51 @@ TD_API td_status td_tensor_pin_memory(const td_tensor *t, td_tensor **out);
 TD_API bool td_tensor_is_pinned(const td_tensor *t);
 /* The in-place version counter: bumped by every in-place write (copy, fill); views share it. */
 TD_API uint64_t td_tensor_version(const td_tensor *t);
+/* t.normal_(mean, std) / t.uniform_(from, to) on a device tensor of float16, bfloat16, float32 or
+ * float64, queued on the current stream of its device with the device's generator (see "random
+ * number generators" above). Errors as PyTorch's: "normal expects std >= 0.0, but found std -1",
+ * "uniform_ expects to return a [from, to) range, but found from=2 > to=1". */
+TD_API td_status td_tensor_normal_(td_tensor *t, double mean, double std);
+TD_API td_status td_tensor_uniform_(td_tensor *t, double from, double to);
+
+/* ---- saving and loading (torch.save / torch.load with map_location) ------------------------- *
+ * A value (tensors anywhere inside lists, tuples, dicts and records) is saved with each tensor's
+ * elements and its location, the literal "cpu", "cuda:N" or "sim:N" in a fixed 16-byte field that
+ * no checksum covers (docs/protocols.md, "tdist save files"), so files can be edited as PyTorch's
+ * tests edit theirs. Loading restores every tensor on its saved location unless map says
+ * otherwise, and checks each target against the devices this process has before it allocates
+ * anything: "Attempting to deserialize object on CUDA device 9 but torch.cuda.device_count() is 2.
+ * Please use torch.load with map_location to map your storages to an existing device." (sim
+ * devices: "SIM device" and "torch.sim"), or, with no device of the type at all, "Attempting to
+ * deserialize object on a CUDA device but torch.cuda.is_available() is False. ...". A tensor saved
+ * twice in one value loads as one tensor. */
+typedef struct td_map_location_entry {
+    const char *from; /* a saved location, "cuda:1" */
+    const char *to;   /* where to restore it, "cuda:0", "cpu" ("cuda": the current device) */
+} td_map_location_entry;
+/* map_location. The first of these that is set decides for each saved tensor; with none set (or
+ * map NULL) the tensor goes back to its saved location. */
+typedef struct td_tensor_map_location {
+    /* map_location=torch.device(...): every tensor goes here ("cpu", "cuda:0"). */
+    const char *device;
+    /* map_location={"cuda:1": "cuda:0"}: locations found here go to their `to`, others stay. */
+    const td_map_location_entry *table;
+    size_t table_len;
+    /* map_location=fn: called with the saved location; returns true with *target set (index -1:
+     * the current device), or false for the default (the saved location), as fn returning None. */
+    bool (*fn)(const char *location, void *user, td_device *target);
+    void *user;
+} td_tensor_map_location;
+
+TD_API td_status td_value_save(const td_value *v, const char *path);
+/* The file's bytes in one malloc'd buffer (free with free()). */
+TD_API td_status td_value_save_bytes(const td_value *v, void **data, size_t *len);
+TD_API td_status td_value_load(const char *path, const td_tensor_map_location *map, td_value **out);
+TD_API td_status td_value_load_bytes(const void *data, size_t len, const td_tensor_map_location *map,
+                                     td_value **out);
+/* One tensor: torch.save(t, path) / torch.load(path, map_location). */
+TD_API td_status td_tensor_save(const td_tensor *t, const char *path);
+TD_API td_status td_tensor_load(const char *path, const td_tensor_map_location *map, td_tensor **out);
 
 /* ---- comm primitives (torch.cuda.comm) ------------------------------------------------------ *
  * Over device tensors of one type (and host tensors where PyTorch allows the CPU). Arrays of output

@@ -57,6 +57,7 @@ typedef enum td_record_tag {
     TD_REC_DEVICE = 4,      /* (type: int td_device_type, index: int) */
     TD_REC_MP_OBJECT = 5,   /* tdist/mp.h: a queue or event (td_mp_queue_value) */
     TD_REC_MP_TENSOR = 6,   /* mp queue messages only: a tensor sent by shared-memory handle */
+    TD_REC_SAVED_TENSOR = 7, /* td_value_save files only: (location: 16 bytes, "cuda:0" NUL-padded, tensor) */
     TD_REC_USER = 1000,     /* tags from here up are free for applications */
 } td_record_tag;
 

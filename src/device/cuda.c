@@ -21,6 +21,7 @@
 #include "base/log.h"
 #include "device/cuda_kernels.h"
 #include "device/device_impl.h"
+#include "device/philox.h"
 
 _Static_assert(CUDA_KERNEL_MAX_DIMS == DEVICE_MAX_KERNEL_DIMS, "cuda_kernels.h and device_impl.h disagree on dims");
 
@@ -172,6 +173,7 @@ typedef enum cuda_kernel {
     CUDA_K_ADD_FLOAT16, CUDA_K_ADD_BFLOAT16, CUDA_K_ADD_FLOAT32, CUDA_K_ADD_FLOAT64, CUDA_K_ADD_COMPLEX64,
     CUDA_K_ADD_COMPLEX128,
     CUDA_K_SLEEP,
+    CUDA_K_RANDOM_FLOAT16, CUDA_K_RANDOM_BFLOAT16, CUDA_K_RANDOM_FLOAT32, CUDA_K_RANDOM_FLOAT64,
     CUDA_K_COUNT
 } cuda_kernel;
 
@@ -184,6 +186,7 @@ static const char *const cuda_kernel_names[CUDA_K_COUNT] = {
     "cuda_add_float16", "cuda_add_bfloat16", "cuda_add_float32", "cuda_add_float64", "cuda_add_complex64",
     "cuda_add_complex128",
     "cuda_sleep",
+    "cuda_random_float16", "cuda_random_bfloat16", "cuda_random_float32", "cuda_random_float64",
 };
 #endif
 
@@ -892,6 +895,39 @@ static td_status cuda_sleep(int dev, int64_t cycles, void *stream)
     return cuda_launch(dev, CUDA_K_SLEEP, 1, params, stream);
 }
 
+/* The Philox fill of philox.h: one thread per element group (4 elements, 2 for float64), in a
+ * grid-stride grid; the grid does not change any value. */
+static td_status cuda_random(int dev, void *dst, size_t count, td_dtype dtype, int dist, double a, double b,
+                             uint64_t seed, uint64_t offset, void *stream)
+{
+    cuda_kernel kernel;
+    size_t elem_size;
+    switch (dtype) {
+    case TD_FLOAT16: kernel = CUDA_K_RANDOM_FLOAT16; elem_size = 2; break;
+    case TD_BFLOAT16: kernel = CUDA_K_RANDOM_BFLOAT16; elem_size = 2; break;
+    case TD_FLOAT32: kernel = CUDA_K_RANDOM_FLOAT32; elem_size = 4; break;
+    case TD_FLOAT64: kernel = CUDA_K_RANDOM_FLOAT64; elem_size = 8; break;
+    default: return error_fmt(TD_ERR_UNSUPPORTED, "random: no CUDA kernel for dtype %d", (int)dtype);
+    }
+    if (dist != PHILOX_DIST_UNIFORM && dist != PHILOX_DIST_NORMAL)
+        return error_fmt(TD_ERR_INVALID, "random: unknown distribution %d", dist);
+    if (count == 0)
+        return TD_OK;
+    TD_TRY(cuda_check_aligned("random", dst, elem_size));
+    cuda_random_args args;
+    memset(&args, 0, sizeof args);
+    args.seed = seed;
+    args.offset = offset;
+    args.a = a;
+    args.b = b;
+    args.dist = dist;
+    unsigned long long n = count;
+    uint64_t groups = (count + (size_t)philox_per_block(dtype == TD_FLOAT64) - 1) /
+                      (size_t)philox_per_block(dtype == TD_FLOAT64);
+    void *params[] = {&dst, &n, &args};
+    return cuda_launch(dev, kernel, groups, params, stream);
+}
+
 const device_impl device_cuda_impl = {
     .name = "cuda",
     .type = TD_DEVICE_CUDA,
@@ -924,4 +960,5 @@ const device_impl device_cuda_impl = {
     .fill = cuda_fill,
     .add = cuda_add,
     .sleep = cuda_sleep,
+    .random = cuda_random,
 };

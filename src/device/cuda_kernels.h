@@ -27,4 +27,15 @@ typedef struct cuda_fill_value {
     unsigned long long hi;
 } cuda_fill_value;
 
+/* A random call (philox.h): the generator's (seed, offset) taken for it, the distribution
+ * (PHILOX_DIST_*) and its two parameters (uniform: from, to; normal: mean, std). */
+typedef struct cuda_random_args {
+    unsigned long long seed;
+    unsigned long long offset;
+    double a;
+    double b;
+    int dist;
+    int pad;
+} cuda_random_args;
+
 #endif

@@ -98,6 +98,12 @@ typedef struct device_impl {
     td_status (*add)(int dev, void *dst, const void *a, const void *b, size_t count, td_dtype dtype, void *stream);
     /* Spins about cycles device clock cycles. */
     td_status (*sleep)(int dev, int64_t cycles, void *stream);
+    /* count contiguous elements of dtype (float16, bfloat16, float32, float64; others
+     * TD_ERR_UNSUPPORTED) drawn by the Philox of philox.h at (seed, offset): dist
+     * PHILOX_DIST_UNIFORM gives a + (b - a) * u, PHILOX_DIST_NORMAL a + b * z. Element i depends
+     * only on (seed, offset, i), so the same arguments give the same bits on one implementation. */
+    td_status (*random)(int dev, void *dst, size_t count, td_dtype dtype, int dist, double a, double b, uint64_t seed,
+                        uint64_t offset, void *stream);
 } device_impl;
 
 extern const device_impl device_sim_impl;
@@ -131,6 +137,9 @@ struct td_event {
 td_status device_check(td_device device, const device_impl **impl, int *index);
 /* The current stream of a resolved device (borrowed). */
 td_stream *device_current_stream(td_device device);
+/* rng.c: the (seed, offset) a random kernel on a resolved device runs with, taken from the
+ * device's generator under its lock, which then advances the offset by PHILOX_OFFSET_PER_CALL. */
+void device_rng_take(td_device resolved, uint64_t *seed, uint64_t *offset);
 /* Live-object counters for td_device_live_get (atomics). */
 void device_count_stream(int delta);
 void device_count_event(int delta);

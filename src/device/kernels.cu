@@ -1,5 +1,6 @@
-/* The CUDA kernels of the device layer: fill, strided copy, elementwise add per dtype and the
- * clock64() spin of torch.cuda._sleep. nvcc compiles this file alone into a fatbin (sm_80, sm_90
+/* The CUDA kernels of the device layer: fill, strided copy, elementwise add per dtype, the
+ * Philox random fill of normal_ / uniform_ (philox.h, shared with sim.c) and the clock64() spin of
+ * torch.cuda._sleep. nvcc compiles this file alone into a fatbin (sm_80, sm_90
  * and compute_90 PTX), which the build embeds into libtdist as a byte array; cuda.c loads it with
  * cuModuleLoadData on a device's first kernel launch and finds the kernels by their extern "C"
  * names. Every kernel is a grid-stride loop over 64-bit indices, so any grid covers any size. */
@@ -8,6 +9,7 @@
 #include <stdint.h>
 
 #include "cuda_kernels.h"
+#include "philox.h"
 
 /* Element types by size: 16-byte elements (complex128) are moved as two 8-byte words, so they
  * need only 8-byte alignment. */
@@ -148,6 +150,34 @@ __device__ void add_bool_impl(uint8_t *dst, const uint8_t *a, const uint8_t *b, 
     GRID_STRIDE_LOOP(i, count) dst[i] = (a[i] != 0 || b[i] != 0) ? 1 : 0;
 }
 
+template <typename T> __device__ __forceinline__ T random_store(double v);
+template <> __device__ __forceinline__ double random_store<double>(double v) { return v; }
+template <> __device__ __forceinline__ float random_store<float>(double v) { return (float)v; }
+/* Through float, as sim.c rounds (double -> float -> half, nearest even both times). */
+template <> __device__ __forceinline__ __half random_store<__half>(double v) { return __float2half_rn((float)v); }
+template <> __device__ __forceinline__ __nv_bfloat16 random_store<__nv_bfloat16>(double v)
+{
+    return __float2bfloat16_rn((float)v);
+}
+
+/* One element group (one Philox block) per loop step, so element i's value depends only on
+ * (seed, offset, i), whatever the grid. */
+template <typename T, int IS_DOUBLE>
+__device__ void random_impl(T *dst, unsigned long long count, const cuda_random_args &args)
+{
+    const int per = philox_per_block(IS_DOUBLE);
+    const unsigned long long groups = (count + per - 1) / per;
+    GRID_STRIDE_LOOP(group, groups)
+    {
+        philox_block block = philox_group_block(args.seed, args.offset, (uint64_t)group);
+        for (int lane = 0; lane < per; lane++) {
+            unsigned long long i = (unsigned long long)group * per + lane;
+            if (i < count)
+                dst[i] = random_store<T>(philox_value(block, lane, IS_DOUBLE, args.dist, args.a, args.b));
+        }
+    }
+}
+
 extern "C" {
 
 #define DEFINE_FILL(suffix, T)                                                                  \
@@ -193,6 +223,16 @@ __global__ void cuda_add_bool(void *dst, const void *a, const void *b, unsigned 
 {
     add_bool_impl((uint8_t *)dst, (const uint8_t *)a, (const uint8_t *)b, count);
 }
+
+#define DEFINE_RANDOM(suffix, T, IS_DOUBLE)                                                            \
+    __global__ void cuda_random_##suffix(void *dst, unsigned long long count, cuda_random_args args)    \
+    {                                                                                                   \
+        random_impl<T, IS_DOUBLE>((T *)dst, count, args);                                               \
+    }
+DEFINE_RANDOM(float16, __half, 0)
+DEFINE_RANDOM(bfloat16, __nv_bfloat16, 0)
+DEFINE_RANDOM(float32, float, 0)
+DEFINE_RANDOM(float64, double, 1)
 
 /* torch.cuda._sleep's spin: about `cycles` SM clock cycles on one thread. */
 __global__ void cuda_sleep(long long cycles)

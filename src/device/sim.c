@@ -36,6 +36,8 @@
 #include "base/log.h"
 #include "base/ref.h"
 #include "base/thread.h"
+#include "device/philox.h"
+#include "tensor/half.h" /* header-only float16 / bfloat16 rounding, as the tensor layer's */
 
 #define SIM_ALIGN 256
 #define SIM_HEADER 256 /* bytes before each device block: its size and device, alignment kept */
@@ -54,6 +56,7 @@ typedef enum sim_op {
     SIM_OP_FILL,
     SIM_OP_ADD,
     SIM_OP_SLEEP,
+    SIM_OP_RANDOM,
     SIM_OP_RECORD,
     SIM_OP_WAIT,
 } sim_op;
@@ -86,6 +89,14 @@ typedef struct sim_item {
         struct {
             int64_t ns;
         } sleep;
+        struct {
+            void *dst;
+            size_t count;
+            td_dtype dtype;
+            int dist;
+            double a, b;
+            uint64_t seed, offset;
+        } random;
         struct {
             sim_event *event;   /* a reference */
             sim_stream *stream; /* the stream running the item */
@@ -274,6 +285,35 @@ static void sim_run_strided(const device_strided *dst, const device_strided *src
     }
 }
 
+/* The random kernel: philox.h's blocks, element by element, stored in the tensor's dtype. */
+static void sim_run_random(void *dst, size_t count, td_dtype dtype, int dist, double a, double b, uint64_t seed,
+                           uint64_t offset)
+{
+    int is_double = dtype == TD_FLOAT64;
+    int per = philox_per_block(is_double);
+    for (size_t group = 0; group * (size_t)per < count; group++) {
+        philox_block block = philox_group_block(seed, offset, group);
+        for (int lane = 0; lane < per && group * (size_t)per + (size_t)lane < count; lane++) {
+            size_t i = group * (size_t)per + (size_t)lane;
+            double v = philox_value(block, lane, is_double, dist, a, b);
+            switch (dtype) {
+            case TD_FLOAT64:
+                ((double *)dst)[i] = v;
+                break;
+            case TD_FLOAT32:
+                ((float *)dst)[i] = (float)v;
+                break;
+            case TD_FLOAT16:
+                ((uint16_t *)dst)[i] = f2h((float)v);
+                break;
+            default: /* TD_BFLOAT16: sim_random admits nothing else */
+                ((uint16_t *)dst)[i] = f2bf((float)v);
+                break;
+            }
+        }
+    }
+}
+
 static bool sim_event_timed(const sim_event *e)
 {
     return (e->flags & TD_EVENT_ENABLE_TIMING) && !(e->flags & TD_EVENT_INTERPROCESS);
@@ -302,6 +342,10 @@ static void sim_run_item(sim_item *item)
     case SIM_OP_SLEEP:
         if (item->u.sleep.ns > 0)
             clock_sleep_ns(item->u.sleep.ns);
+        break;
+    case SIM_OP_RANDOM:
+        sim_run_random(item->u.random.dst, item->u.random.count, item->u.random.dtype, item->u.random.dist,
+                       item->u.random.a, item->u.random.b, item->u.random.seed, item->u.random.offset);
         break;
     case SIM_OP_RECORD: {
         sim_event *e = item->u.record.event;
@@ -934,6 +978,27 @@ static td_status sim_sleep(int dev, int64_t cycles, void *stream)
     return sim_enqueue(dev, stream, item);
 }
 
+static td_status sim_random(int dev, void *dst, size_t count, td_dtype dtype, int dist, double a, double b,
+                            uint64_t seed, uint64_t offset, void *stream)
+{
+    if (dtype != TD_FLOAT16 && dtype != TD_BFLOAT16 && dtype != TD_FLOAT32 && dtype != TD_FLOAT64)
+        return error_fmt(TD_ERR_UNSUPPORTED, "sim error: no random kernel for dtype %d", (int)dtype);
+    if (dist != PHILOX_DIST_UNIFORM && dist != PHILOX_DIST_NORMAL)
+        return error_fmt(TD_ERR_INVALID, "sim error: unknown random distribution %d", dist);
+    if (count == 0)
+        return TD_OK;
+    sim_item *item = sim_item_new(SIM_OP_RANDOM);
+    item->u.random.dst = dst;
+    item->u.random.count = count;
+    item->u.random.dtype = dtype;
+    item->u.random.dist = dist;
+    item->u.random.a = a;
+    item->u.random.b = b;
+    item->u.random.seed = seed;
+    item->u.random.offset = offset;
+    return sim_enqueue(dev, stream, item);
+}
+
 int64_t device_sim_thread_count(void) { return atomic_load(&sim_threads_running); }
 
 const device_impl device_sim_impl = {
@@ -968,4 +1033,5 @@ const device_impl device_sim_impl = {
     .fill = sim_fill,
     .add = sim_add,
     .sleep = sim_sleep,
+    .random = sim_random,
 };

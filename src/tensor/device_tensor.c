@@ -9,7 +9,10 @@
  * host on the device's current stream, blocking unless the host side is pinned and the caller asked
  * for non_blocking. A byte copy needs both sides dense with the same strides: the other cases stage
  * through a dense temporary on one side and use that side's strided copy (the implementation's
- * kernel on a device, strided_copy on the host). dtype conversion is host-side only. */
+ * kernel on a device, strided_copy on the host). dtype conversion is host-side only. normal_ and
+ * uniform_ run the implementation's Philox kernel with the (seed, offset) taken from the device's
+ * generator (src/device/rng.c), writing a dense tensor in place and any other through a dense
+ * temporary. */
 #include "tensor/device_tensor.h"
 
 #include <stdio.h>
@@ -18,6 +21,7 @@
 
 #include "base/error.h"
 #include "device/device_impl.h"
+#include "device/philox.h"
 #include "tensor/dtype.h"
 #include "tensor/storage.h"
 #include "tensor/strided.h"
@@ -572,4 +576,103 @@ td_status tensor_device_add_into(td_tensor *dst, const td_tensor *src)
     TD_TRY(add_kernel(dst, dst, src));
     storage_bump_version(dst->storage);
     return TD_OK;
+}
+
+/* ---- random ------------------------------------------------------------------------------- */
+
+/* c10's ScalarType names, which PyTorch's "not implemented for" messages use. */
+static const char *scalar_type_name(td_dtype dtype)
+{
+    switch (dtype) {
+    case TD_BOOL: return "Bool";
+    case TD_UINT8: return "Byte";
+    case TD_INT8: return "Char";
+    case TD_INT16: return "Short";
+    case TD_INT32: return "Int";
+    case TD_INT64: return "Long";
+    case TD_FLOAT16: return "Half";
+    case TD_BFLOAT16: return "BFloat16";
+    case TD_FLOAT32: return "Float";
+    case TD_FLOAT64: return "Double";
+    case TD_COMPLEX64: return "ComplexFloat";
+    case TD_COMPLEX128: return "ComplexDouble";
+    default: return "Undefined";
+    }
+}
+
+static double dtype_max(td_dtype dtype)
+{
+    switch (dtype) {
+    case TD_FLOAT16: return 65504.0;
+    case TD_BFLOAT16: return 0x1.fep127;
+    case TD_FLOAT32: return 0x1.fffffep127;
+    default: return 0x1.fffffffffffffp1023;
+    }
+}
+
+static td_status random_check(const td_tensor *t, const char *fn, const char *kernel)
+{
+    if (!t)
+        return error_fmt(TD_ERR_INVALID, "%s: tensor is NULL", fn);
+    if (tensor_is_host(t))
+        return error_fmt(TD_ERR_UNSUPPORTED,
+                         "%s needs a device tensor (tdist has no CPU generator), but got a tensor on cpu: move it to "
+                         "a device first (td_tensor_to_device)",
+                         fn);
+    td_dtype dt = t->dtype;
+    if (dt != TD_FLOAT16 && dt != TD_BFLOAT16 && dt != TD_FLOAT32 && dt != TD_FLOAT64)
+        return error_fmt(TD_ERR_UNSUPPORTED, "\"%s_%s\" not implemented for '%s'", kernel,
+                         td_device_type_name(t->storage->device.type), scalar_type_name(dt));
+    return TD_OK;
+}
+
+/* Fills t (a device tensor of a float dtype) from the generator of its device. */
+static td_status random_fill(td_tensor *t, int dist, double a, double b)
+{
+    int64_t numel = td_tensor_numel(t);
+    if (numel == 0)
+        return TD_OK;
+    td_device device = t->storage->device;
+    td_stream *s = stream_of(device);
+    const device_impl *impl = device_impl_of(device.type);
+    td_tensor *tmp = NULL;
+    td_tensor *target = t;
+    if (!tensor_is_dense(t)) {
+        TD_TRY(td_tensor_empty_on(device, t->dtype, td_tensor_shape(t), NULL, &tmp));
+        target = tmp;
+    }
+    uint64_t seed, offset;
+    device_rng_take(device, &seed, &offset);
+    /* A dense tensor's lowest element is element 0 (strides are never negative): the kernel
+     * writes its numel elements in memory order. */
+    td_status st = impl->random(device.index, tensor_data_of(target), (size_t)numel, t->dtype, dist, a, b, seed,
+                                offset, s->native);
+    if (st == TD_OK && tmp)
+        st = device_strided_copy(t, tmp, s);
+    td_tensor_release(tmp);
+    if (st == TD_OK)
+        storage_bump_version(t->storage);
+    return st;
+}
+
+td_status td_tensor_normal_(td_tensor *t, double mean, double std)
+{
+    TD_TRY(random_check(t, "td_tensor_normal_", "normal_kernel"));
+    if (!(std >= 0.0))
+        return error_fmt(TD_ERR_INVALID, "normal expects std >= 0.0, but found std %g", std);
+    return random_fill(t, PHILOX_DIST_NORMAL, mean, std);
+}
+
+td_status td_tensor_uniform_(td_tensor *t, double from, double to)
+{
+    TD_TRY(random_check(t, "td_tensor_uniform_", "uniform_kernel"));
+    if (!(from <= to))
+        return error_fmt(TD_ERR_INVALID, "uniform_ expects to return a [from, to) range, but found from=%g > to=%g", from,
+                         to);
+    if (!(to - from <= dtype_max(t->dtype)))
+        return error_fmt(TD_ERR_INVALID,
+                         "uniform_ expects to-from <= std::numeric_limits<%s>::max(), but found to=%g and from=%g "
+                         "which result in to-from to exceed the limit",
+                         scalar_type_name(t->dtype), to, from);
+    return random_fill(t, PHILOX_DIST_UNIFORM, from, to);
 }

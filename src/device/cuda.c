@@ -282,8 +282,11 @@ static void cuda_load(void)
     drv = loaded;
     CUresult r = drv.cuInit(0);
     int count = 0;
-    if (r == CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS) {
+        /* From here a forked child cannot use the driver: poison CUDA in children (runtime.c). */
+        device_mark_initialized(TD_DEVICE_CUDA, true);
         r = drv.cuDeviceGetCount(&count);
+    }
     if (r != CUDA_SUCCESS) {
         TD_LOG_DEBUG("cuda: cuInit failed (CUresult %d: %s): 0 cuda devices%s", r, cuda_error_text(r),
                      r == CUDA_ERROR_OUT_OF_MEMORY

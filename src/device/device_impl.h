@@ -135,6 +135,17 @@ td_stream *device_current_stream(td_device device);
 void device_count_stream(int delta);
 void device_count_event(int delta);
 
+/* Fork safety (runtime.c): an implementation calls device_mark_initialized(type, true) once it
+ * has state a forked child cannot use (cuda: cuInit succeeded; sim: a stream thread started), and
+ * (type, false) when that state is gone again (sim's shutdown). In a child forked while a type was
+ * initialized, device_poisoned(type) is true, device_check and every function of
+ * device_impl_of(type) fail with device_fork_error ("Cannot re-initialize CUDA in forked
+ * subprocess. To use CUDA with multiprocessing, you must use the 'spawn' start method"; sim says
+ * "sim"), and destroy / free functions do nothing. */
+void device_mark_initialized(td_device_type type, bool initialized);
+bool device_poisoned(td_device_type type);
+td_status device_fork_error(td_device_type type);
+
 /* allocator.c: the per-device caching allocator (td_device_malloc and the stats). */
 /* Frees every cached block on every device (shutdown); returns bytes still allocated. */
 int64_t device_allocator_release_all(void);

@@ -373,6 +373,8 @@ static td_status sim_stream_new(int dev, int priority, bool is_default, sim_stre
     }
     s->thread_started = true;
     atomic_fetch_add(&sim_threads_running, 1);
+    /* A forked child would not have this thread: poison sim in children (runtime.c). */
+    device_mark_initialized(TD_DEVICE_SIM, true);
     *out = s;
     return TD_OK;
 }
@@ -536,6 +538,10 @@ static void sim_shutdown(void)
             s = next;
         }
     }
+    /* No stream thread is left (shutdown runs once nothing is live): a child forked from now on
+     * may start sim itself. */
+    if (atomic_load(&sim_threads_running) == 0)
+        device_mark_initialized(TD_DEVICE_SIM, false);
 }
 
 /* ---- memory --------------------------------------------------------------------------------- */

@@ -697,16 +697,23 @@ td_status td_event_record(td_event *e, td_stream *s)
     return st;
 }
 
+/* Whether the implementation must be asked about e: once recorded here, or, for an interprocess
+ * event, as soon as it exists (another process may have recorded it). */
+static bool event_has_state(const td_event *e)
+{
+    return e->native && (e->recorded || (e->flags & TD_EVENT_INTERPROCESS));
+}
+
 bool td_event_query(td_event *e)
 {
-    if (!e->native || !e->recorded)
+    if (!event_has_state(e))
         return true;
     return device_impl_of(e->device.type)->event_query(e->device.index, e->native) == 1;
 }
 
 td_status td_event_synchronize(td_event *e)
 {
-    if (!e->native || !e->recorded)
+    if (!event_has_state(e))
         return TD_OK;
     return device_impl_of(e->device.type)->event_synchronize(e->device.index, e->native);
 }
@@ -733,7 +740,7 @@ td_status td_stream_wait_event(td_stream *s, td_event *e)
     td_status st = stream_or_current(s, &s);
     if (st != TD_OK)
         return st;
-    if (!e->native || !e->recorded)
+    if (!event_has_state(e))
         return TD_OK; /* nothing recorded: nothing to wait for */
     return device_impl_of(s->device.type)->stream_wait_event(s->device.index, s->native, e->native);
 }
@@ -755,8 +762,21 @@ td_status td_event_ipc_handle_get(td_event *e, td_event_ipc_handle *out)
 {
     if (!(e->flags & TD_EVENT_INTERPROCESS))
         return error_set(TD_ERR_INVALID, "The event was not created with TD_EVENT_INTERPROCESS (interprocess=True)");
-    if (!e->native)
-        return error_set(TD_ERR_INVALID, "An event must be recorded before its IPC handle is taken");
+    if (!e->native) {
+        /* As torch's lazy events: one never recorded is created on the current device of the
+         * default accelerator type when its handle is first taken (test_event_handle_exporter). */
+        const device_impl *impl;
+        td_device d = {td_device_default_type(), -1};
+        td_status st = device_check(d, &impl, &d.index);
+        if (st != TD_OK)
+            return st;
+        st = impl->event_create(d.index, e->flags, &e->native);
+        if (st != TD_OK)
+            return st;
+        e->device = d;
+    }
+    /* The export runs on the event's own device, whatever is current (the implementation's
+     * calls take the device index). */
     return device_impl_of(e->device.type)->event_ipc_handle(e->device.index, e->native, out);
 }
 

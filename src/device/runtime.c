@@ -117,6 +117,17 @@ td_status device_fork_error(td_device_type type)
         (void)d; (void)h; *o = NULL;                                                                           \
         return tag##_fail();                                                                                   \
     }                                                                                                          \
+    static td_status tag##_mem_ipc_handle(int d, void *b, device_mem_ipc_handle *o)                         \
+    {                                                                                                          \
+        (void)d; (void)b; (void)o;                                                                             \
+        return tag##_fail();                                                                                   \
+    }                                                                                                          \
+    static td_status tag##_mem_open_ipc(int d, const device_mem_ipc_handle *h, size_t n, void **o)            \
+    {                                                                                                          \
+        (void)d; (void)h; (void)n; *o = NULL;                                                                  \
+        return tag##_fail();                                                                                   \
+    }                                                                                                          \
+    static void tag##_mem_close_ipc(int d, void *b, size_t n) { (void)d; (void)b; (void)n; }                   \
     static td_status tag##_memcpy_async(int d, void *dst, const void *src, size_t n, device_copy_kind k, void *s) \
     {                                                                                                          \
         (void)d; (void)dst; (void)src; (void)n; (void)k; (void)s;                                              \
@@ -155,7 +166,9 @@ td_status device_fork_error(td_device_type type)
         .event_destroy = tag##_event_destroy, .event_record = tag##_event_record,                              \
         .event_query = tag##_event_query, .event_synchronize = tag##_event_synchronize,                        \
         .event_elapsed_ms = tag##_event_elapsed_ms, .event_ipc_handle = tag##_event_ipc_handle,                \
-        .event_open_ipc = tag##_event_open_ipc, .memcpy_async = tag##_memcpy_async,                            \
+        .event_open_ipc = tag##_event_open_ipc, .mem_ipc_handle = tag##_mem_ipc_handle,                        \
+        .mem_open_ipc = tag##_mem_open_ipc, .mem_close_ipc = tag##_mem_close_ipc,                              \
+        .memcpy_async = tag##_memcpy_async,                            \
         .memcpy_peer_async = tag##_memcpy_peer_async, .strided_copy = tag##_strided_copy, .fill = tag##_fill,  \
         .add = tag##_add, .sleep = tag##_sleep,                                                                \
     };

@@ -676,11 +676,39 @@ static void sim_shutdown(void)
 
 /* ---- memory --------------------------------------------------------------------------------- */
 
+/* Each device allocation is its own memfd mapping, so another process can map it (mem_ipc_handle):
+ * the header at its start says what it is. */
 typedef struct sim_block_header {
     uint64_t magic;
     uint64_t accounted; /* bytes counted against the budget */
     int dev;
+    int fd;             /* the memfd, kept so a handle can name it */
+    uint64_t map_bytes; /* the mapping: header + accounted */
+    uint64_t file_dev, file_ino;
 } sim_block_header;
+
+/* A shared mapping of a new memfd of nbytes (untouched pages cost nothing). */
+static td_status sim_map_new(size_t nbytes, int *fd_out, void **out)
+{
+    int fd = (int)syscall(SYS_memfd_create, "tdist-sim-memory", 1u /* MFD_CLOEXEC */);
+    if (fd < 0)
+        return error_errno(errno == EMFILE || errno == ENFILE ? TD_ERR_NOMEM : TD_ERR_IO,
+                           "simulated device memory: memfd_create");
+    if (ftruncate(fd, (off_t)nbytes) != 0) {
+        td_status st = error_errno(TD_ERR_NOMEM, "simulated device memory: ftruncate to %zu bytes", nbytes);
+        close(fd);
+        return st;
+    }
+    void *p = mmap(NULL, nbytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        td_status st = error_errno(TD_ERR_NOMEM, "simulated device memory: mmap of %zu bytes", nbytes);
+        close(fd);
+        return st;
+    }
+    *fd_out = fd;
+    *out = p;
+    return TD_OK;
+}
 
 static td_status sim_device_malloc(int dev, size_t nbytes, void **out)
 {
@@ -706,7 +734,8 @@ static td_status sim_device_malloc(int dev, size_t nbytes, void **out)
     }
     /* The pages are not touched (beyond the header's): untouched pages cost nothing. */
     void *block = NULL;
-    td_status st = alloc_try_aligned(SIM_ALIGN, SIM_HEADER + (size_t)accounted, "simulated device memory", &block);
+    int fd = -1;
+    td_status st = sim_map_new(SIM_HEADER + (size_t)accounted, &fd, &block);
     if (st != TD_OK) {
         pthread_mutex_lock(&sim_lock);
         sim_devices[dev].in_use -= accounted;
@@ -717,6 +746,13 @@ static td_status sim_device_malloc(int dev, size_t nbytes, void **out)
     h->magic = SIM_BLOCK_MAGIC;
     h->accounted = accounted;
     h->dev = dev;
+    h->fd = fd;
+    h->map_bytes = SIM_HEADER + accounted;
+    struct stat fst;
+    if (fstat(fd, &fst) == 0) {
+        h->file_dev = (uint64_t)fst.st_dev;
+        h->file_ino = (uint64_t)fst.st_ino;
+    }
     *out = (unsigned char *)block + SIM_HEADER;
     return TD_OK;
 }
@@ -742,7 +778,67 @@ static void sim_device_free(int dev, void *ptr)
     if (dev >= 0 && dev < DEVICE_MAX_DEVICES && sim_devices[dev].in_use >= h->accounted)
         sim_devices[dev].in_use -= h->accounted;
     pthread_mutex_unlock(&sim_lock);
-    free(h);
+    int fd = h->fd;
+    munmap(h, (size_t)h->map_bytes);
+    close(fd);
+}
+
+/* The handle names the block's memfd as /proc/<pid>/fd/<fd>, with its identity and size. */
+typedef struct sim_mem_wire {
+    uint32_t magic;
+    int32_t pid;
+    int32_t fd;
+    int32_t dev;
+    uint64_t file_dev, file_ino, map_bytes;
+} sim_mem_wire;
+_Static_assert(sizeof(sim_mem_wire) <= sizeof(((device_mem_ipc_handle *)0)->bytes), "sim_mem_wire too large");
+
+static td_status sim_mem_ipc_handle(int dev, void *base, device_mem_ipc_handle *out)
+{
+    sim_block_header *h = base ? (sim_block_header *)((unsigned char *)base - SIM_HEADER) : NULL;
+    if (!h || h->magic != SIM_BLOCK_MAGIC || h->dev != dev || h->fd < 0)
+        return error_fmt(TD_ERR_INVALID, "sim error: %p is not a memory block of sim:%d", base, dev);
+    sim_mem_wire w = {.magic = (uint32_t)SIM_BLOCK_MAGIC, .pid = (int32_t)getpid(), .fd = h->fd, .dev = dev,
+                      .file_dev = h->file_dev, .file_ino = h->file_ino, .map_bytes = h->map_bytes};
+    memset(out, 0, sizeof *out);
+    memcpy(out->bytes, &w, sizeof w);
+    return TD_OK;
+}
+
+static td_status sim_mem_open_ipc(int dev, const device_mem_ipc_handle *handle, size_t nbytes, void **base)
+{
+    *base = NULL;
+    TD_TRY(sim_check_dev(dev));
+    sim_mem_wire w;
+    memcpy(&w, handle->bytes, sizeof w);
+    if (w.magic != (uint32_t)SIM_BLOCK_MAGIC || w.pid <= 0 || w.fd < 0 || w.map_bytes != SIM_HEADER + (uint64_t)nbytes)
+        return error_fmt(TD_ERR_INVALID, "sim error: invalid memory IPC handle");
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)w.pid, (int)w.fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return error_errno(TD_ERR_INVALID, "sim error: opening the device memory of process %d (%s)", (int)w.pid, path);
+    struct stat fst;
+    if (fstat(fd, &fst) != 0 || (uint64_t)fst.st_dev != w.file_dev || (uint64_t)fst.st_ino != w.file_ino ||
+        (uint64_t)fst.st_size < w.map_bytes) {
+        close(fd);
+        return error_fmt(TD_ERR_INVALID, "sim error: the memory IPC handle of process %d no longer names its block",
+                         (int)w.pid);
+    }
+    void *p = mmap(NULL, (size_t)w.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd); /* the mapping keeps the memory */
+    if (p == MAP_FAILED)
+        return error_errno(TD_ERR_NOMEM, "sim error: mapping %llu bytes of process %d's device memory",
+                           (unsigned long long)w.map_bytes, (int)w.pid);
+    *base = (unsigned char *)p + SIM_HEADER;
+    return TD_OK;
+}
+
+static void sim_mem_close_ipc(int dev, void *base, size_t nbytes)
+{
+    (void)dev;
+    if (base)
+        munmap((unsigned char *)base - SIM_HEADER, SIM_HEADER + nbytes);
 }
 
 static td_status sim_host_malloc(size_t nbytes, void **out)
@@ -1178,6 +1274,9 @@ const device_impl device_sim_impl = {
     .event_elapsed_ms = sim_event_elapsed_ms,
     .event_ipc_handle = sim_event_ipc_handle,
     .event_open_ipc = sim_event_open_ipc,
+    .mem_ipc_handle = sim_mem_ipc_handle,
+    .mem_open_ipc = sim_mem_open_ipc,
+    .mem_close_ipc = sim_mem_close_ipc,
     .memcpy_async = sim_memcpy_async,
     .memcpy_peer_async = sim_memcpy_peer_async,
     .strided_copy = sim_strided_copy,

@@ -25,7 +25,7 @@
             return error_prefix(e_s_, "%s:%d: %s", __FILE__, __LINE__, #expr);                     \
     } while (0)
 
-#define QUEUE_WAIT_MS 60000
+#define QUEUE_WAIT_MS 30000
 
 static int64_t spin_cycles(void)
 {
@@ -239,6 +239,225 @@ TD_TEST(test_event_handle_stale, DEV_CASE)
         TD_CHECK_ERR(td_event_from_ipc_handle(dev(0), &garbage, &same), TD_ERR_INVALID, "invalid interprocess event handle");
     }
     td_event_release(e0);
+    dev_teardown();
+}
+
+/* ---- device tensors through queues (spec L) ------------------------------------------------ */
+
+static const char resend_message[] = "Attempted to send CUDA tensor received from another process; this is not "
+                                     "currently supported. Consider cloning before sending.";
+
+/* simple_fill: the same storage twice arrives as one; the consumer writes the producer's memory;
+ * a received tensor cannot be sent on. args: (q, done event, other queue). */
+TD_MP_ENTRY(device_simple_fill)
+{
+    (void)rank;
+    (void)result;
+    td_mp_queue *q = td_mp_value_queue(td_value_at(args, 0)), *other = td_mp_value_queue(td_value_at(args, 2));
+    td_mp_event *done = td_mp_value_event(td_value_at(args, 1));
+    td_value *a = NULL, *b = NULL;
+    E_OK(td_mp_queue_get(q, QUEUE_WAIT_MS, &a));
+    E_OK(td_mp_queue_get(q, QUEUE_WAIT_MS, &b));
+    td_tensor *x = td_value_get_tensor(a), *y = td_value_get_tensor(b);
+    E_CHECK(td_tensor_storage(x) == td_tensor_storage(y));
+    E_CHECK(td_tensor_device(x).type == td_device_default_type());
+    E_CHECK(td_tensor_is_shared(x));
+    td_status st = td_mp_queue_put(other, a, QUEUE_WAIT_MS);
+    if (st != TD_ERR_UNSUPPORTED || !strstr(td_last_error(), resend_message))
+        return error_fmt(TD_ERR_INTERNAL, "re-sending a received tensor: %s (status %d)", td_last_error(), (int)st);
+    E_OK(td_tensor_fill(x, 4));
+    td_stream *s = NULL;
+    E_OK(td_stream_current(td_tensor_device(x), &s));
+    E_OK(td_stream_synchronize(s));
+    td_value_release(a);
+    td_value_release(b);
+    td_mp_event_set(done);
+    return TD_OK;
+}
+
+TD_TEST(test_cuda_simple, DEV_CASE)
+{
+    dev_setup(ctx, 1);
+    td_tensor *x = NULL;
+    TD_CHECK_OK(td_tensor_full_on(dev(0), TD_FLOAT32, TD_SHAPE(5, 5), 0, &x));
+    td_mp_queue *q = NULL, *other = NULL;
+    td_mp_event *done = NULL;
+    TD_CHECK_OK(td_mp_queue_new(0, &q));
+    TD_CHECK_OK(td_mp_queue_new(0, &other));
+    TD_CHECK_OK(td_mp_event_new(&done));
+    td_value *args = td_value_tuple_of(3, td_mp_queue_value(q), td_mp_event_value(done), td_mp_queue_value(other));
+    td_mp_spawn_opts o = {.entry = "device_simple_fill", .args = args, .method = TD_MP_SPAWN};
+    td_mp_context *pctx = NULL;
+    TD_CHECK_OK(td_mp_spawn(&o, &pctx));
+    td_value *v = td_value_tensor(x);
+    TD_CHECK_OK(td_mp_queue_put(q, v, QUEUE_WAIT_MS));
+    TD_CHECK_OK(td_mp_queue_put(q, v, QUEUE_WAIT_MS));
+    td_value_release(v);
+    if (td_mp_event_wait(done, QUEUE_WAIT_MS) != TD_OK)
+        TD_CHECK_OK(td_mp_join(pctx, 1000)); /* the child's error, if it failed */
+    TD_CHECK_EQ(dev_get(x, 0), 4.0);
+    TD_CHECK_EQ(dev_get(x, 24), 4.0);
+    TD_CHECK_OK(td_mp_join(pctx, 120000));
+    td_mp_context_release(pctx);
+    td_value_release(args);
+    td_mp_queue_release(q);
+    td_mp_queue_release(other);
+    td_mp_event_release(done);
+    td_tensor_release(x);
+    TD_CHECK_EQ(td_mp_ipc_collect(), 0);
+    dev_teardown();
+}
+
+/* send_and_delete_tensors: five int32 [5] tensors full(i), each released right after its put. */
+TD_MP_ENTRY(send_and_delete_tensors)
+{
+    (void)rank;
+    (void)result;
+    td_mp_queue *q = td_mp_value_queue(td_value_at(args, 0));
+    td_mp_event *e = td_mp_value_event(td_value_at(args, 1));
+    td_device d = {td_device_default_type(), 0};
+    for (int i = 0; i < 5; i++) {
+        td_tensor *t = NULL;
+        E_OK(td_tensor_full_on(d, TD_INT32, TD_SHAPE(5), i, &t));
+        td_value *v = td_value_tensor(t);
+        td_tensor_release(t);
+        td_status st = td_mp_queue_put(q, v, QUEUE_WAIT_MS);
+        td_value_release(v); /* del t: the block goes to limbo, not back to the allocator */
+        E_OK(st);
+    }
+    E_CHECK(td_mp_ipc_collect() == 5);
+    E_OK(td_mp_event_wait(e, QUEUE_WAIT_MS));
+    E_CHECK(td_mp_ipc_collect() == 0); /* the consumer released them all */
+    return TD_OK;
+}
+
+TD_TEST(test_cuda_memory_allocation, DEV_CASE)
+{
+    dev_setup(ctx, 1);
+    td_mp_queue *q = NULL;
+    td_mp_event *e = NULL;
+    TD_CHECK_OK(td_mp_queue_new(0, &q));
+    TD_CHECK_OK(td_mp_event_new(&e));
+    td_value *args = td_value_tuple_of(2, td_mp_queue_value(q), td_mp_event_value(e));
+    td_mp_spawn_opts o = {.entry = "send_and_delete_tensors", .args = args, .method = TD_MP_SPAWN};
+    td_mp_context *pctx = NULL;
+    TD_CHECK_OK(td_mp_spawn(&o, &pctx));
+    td_value *got[5];
+    for (int i = 0; i < 5; i++)
+        TD_CHECK_OK(td_mp_queue_get(q, QUEUE_WAIT_MS, &got[i]));
+    for (int i = 0; i < 5; i++) {
+        td_tensor *t = td_value_get_tensor(got[i]);
+        TD_CHECK_EQ(td_tensor_dtype(t), TD_INT32);
+        for (int64_t k = 0; k < 5; k++)
+            TD_CHECK_EQ(dev_get(t, k), (double)i);
+    }
+    for (int i = 0; i < 5; i++)
+        td_value_release(got[i]);
+    td_mp_event_set(e);
+    TD_CHECK_OK(td_mp_join(pctx, 120000));
+    td_mp_context_release(pctx);
+    td_value_release(args);
+    td_mp_queue_release(q);
+    td_mp_event_release(e);
+    dev_teardown();
+}
+
+/* Ten rounds of a float32 2x2 ones and a uint8 2x2 zeros, likely in one allocator block: the
+ * consumer opens the block's handle once and builds both at their offsets. */
+TD_MP_ENTRY(mixed_types_producer)
+{
+    (void)rank;
+    (void)result;
+    td_mp_queue *q = td_mp_value_queue(td_value_at(args, 0));
+    td_mp_event *e = td_mp_value_event(td_value_at(args, 1));
+    td_device d = {td_device_default_type(), 0};
+    for (int round = 0; round < 10; round++) {
+        td_tensor *f = NULL, *u = NULL;
+        E_OK(td_tensor_full_on(d, TD_FLOAT32, TD_SHAPE(2, 2), 1, &f));
+        E_OK(td_tensor_full_on(d, TD_UINT8, TD_SHAPE(2, 2), 0, &u));
+        td_value *vf = td_value_tensor(f), *vu = td_value_tensor(u);
+        td_tensor_release(f);
+        td_tensor_release(u);
+        td_status st = td_mp_queue_put(q, vf, QUEUE_WAIT_MS);
+        if (st == TD_OK)
+            st = td_mp_queue_put(q, vu, QUEUE_WAIT_MS);
+        td_value_release(vf);
+        td_value_release(vu);
+        E_OK(st);
+        E_OK(td_mp_event_wait(e, QUEUE_WAIT_MS));
+        td_mp_event_clear(e);
+    }
+    E_CHECK(td_mp_ipc_collect() == 0);
+    return TD_OK;
+}
+
+TD_TEST(test_mixed_types_cuda_sharing, DEV_CASE)
+{
+    dev_setup(ctx, 1);
+    td_mp_queue *q = NULL;
+    td_mp_event *e = NULL;
+    TD_CHECK_OK(td_mp_queue_new(0, &q));
+    TD_CHECK_OK(td_mp_event_new(&e));
+    td_value *args = td_value_tuple_of(2, td_mp_queue_value(q), td_mp_event_value(e));
+    td_mp_spawn_opts o = {.entry = "mixed_types_producer", .args = args, .method = TD_MP_SPAWN};
+    td_mp_context *pctx = NULL;
+    TD_CHECK_OK(td_mp_spawn(&o, &pctx));
+    for (int round = 0; round < 10; round++) {
+        td_value *vf = NULL, *vu = NULL;
+        TD_CHECK_OK(td_mp_queue_get(q, QUEUE_WAIT_MS, &vf));
+        TD_CHECK_OK(td_mp_queue_get(q, QUEUE_WAIT_MS, &vu));
+        td_tensor *f = td_value_get_tensor(vf), *u = td_value_get_tensor(vu);
+        TD_CHECK_EQ(td_tensor_dtype(f), TD_FLOAT32);
+        TD_CHECK_EQ(td_tensor_dtype(u), TD_UINT8);
+        for (int64_t k = 0; k < 4; k++) {
+            TD_CHECK_EQ(dev_get(f, k), 1.0);
+            TD_CHECK_EQ(dev_get(u, k), 0.0);
+        }
+        td_value_release(vf);
+        td_value_release(vu);
+        td_mp_event_set(e);
+    }
+    TD_CHECK_OK(td_mp_join(pctx, 120000));
+    td_mp_context_release(pctx);
+    td_value_release(args);
+    td_mp_queue_release(q);
+    td_mp_event_release(e);
+    dev_teardown();
+}
+
+/* Empty device tensors round-trip in one process without IPC, keeping dtype and device. */
+TD_TEST(test_empty_tensor_sharing_cuda, DEV_CASE)
+{
+    dev_setup(ctx, 1);
+    td_mp_queue *q = NULL;
+    TD_CHECK_OK(td_mp_queue_new(0, &q));
+    const td_dtype dtypes[2] = {TD_FLOAT32, TD_INT64};
+    for (int i = 0; i < 2; i++) {
+        td_tensor *empty = NULL;
+        TD_CHECK_OK(td_tensor_empty_on(dev(0), dtypes[i], TD_SHAPE(0), NULL, &empty));
+        td_value *v = td_value_tensor(empty);
+        TD_CHECK_OK(td_mp_queue_put(q, v, 1000));
+        td_value *out = NULL;
+        TD_CHECK_OK(td_mp_queue_get(q, 1000, &out));
+        td_tensor *t = td_value_get_tensor(out);
+        TD_CHECK_EQ(td_tensor_numel(t), 0);
+        TD_CHECK_EQ(td_tensor_dtype(t), dtypes[i]);
+        TD_CHECK(td_device_equal(td_tensor_device(t), dev(0)));
+        td_value_release(out);
+        td_value_release(v);
+        td_tensor_release(empty);
+    }
+    td_mp_queue_release(q);
+    dev_teardown();
+}
+
+TD_TEST(test_is_shared_cuda, DEV_CASE)
+{
+    dev_setup(ctx, 1);
+    td_tensor *t = NULL;
+    TD_CHECK_OK(td_tensor_full_on(dev(0), TD_FLOAT32, TD_SHAPE(5, 5), 1, &t));
+    TD_CHECK(td_tensor_is_shared(t));
+    td_tensor_release(t);
     dev_teardown();
 }
 

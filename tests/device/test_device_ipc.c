@@ -231,6 +231,8 @@ TD_TEST(test_event_handle_stale, DEV_CASE)
         TD_CHECK_OK(td_event_from_ipc_handle(dev(0), &h, &same));
         TD_CHECK(td_event_query(same));
         td_event_release(same);
+        /* The record's stream item holds the event until that stream has moved past it. */
+        TD_CHECK_OK(td_device_synchronize(dev(0)));
         td_event_release(e0);
         e0 = NULL;
         TD_CHECK_ERR(td_event_from_ipc_handle(dev(0), &h, &same), TD_ERR_INVALID, "");

@@ -173,7 +173,12 @@ TD_API td_status td_event_elapsed_time(td_event *start, td_event *end, float *ms
 TD_API td_device td_event_device(const td_event *e);
 
 /* Events shared between processes: the handle is plain bytes to send as the program likes; the
- * event must have TD_EVENT_INTERPROCESS and be recorded. */
+ * event must have TD_EVENT_INTERPROCESS. One never recorded is created on the current device of
+ * the default type when its handle is first taken (as torch's lazy events). An interprocess event's
+ * state is shared: query, synchronize and stream waits see the latest record made in any process
+ * that holds it (the exporter sees an importer's record). The exporter must hold the event while
+ * others open its handle. sim: the handle names a shared page of the exporting process (any
+ * process of the same user can open it, this one included); cuda: cuIpcGetEventHandle's bytes. */
 typedef struct td_event_ipc_handle {
     unsigned char bytes[80];
 } td_event_ipc_handle;

@@ -75,6 +75,15 @@ TD_API td_status td_storage_share_memory(td_storage *s);
 TD_API td_status td_tensor_share_memory(td_tensor *t);
 TD_API bool td_tensor_is_shared(const td_tensor *t);
 
+/* ---- device tensors ------------------------------------------------------------------------ *
+ * Device tensors (cuda and sim) travel by IPC handle (torch's CUDA IPC): the consumer maps the
+ * producer's memory, so writes are seen both ways; its stream first waits for the work the
+ * producer had queued. The producer's block stays allocated ("limbo") after the producer lets go
+ * while a consumer holds it; this frees the limbo blocks no consumer holds any more and returns
+ * how many are still held (torch.cuda.ipc_collect). A received device tensor cannot be sent on:
+ * clone it first. */
+TD_API size_t td_mp_ipc_collect(void);
+
 /* ---- values that carry mp objects --------------------------------------------------------- */
 
 typedef struct td_mp_queue td_mp_queue;

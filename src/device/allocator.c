@@ -950,3 +950,23 @@ void td_memory_snapshot_free(td_memory_snapshot *snapshot)
     snapshot->segments = NULL;
     snapshot->segment_count = 0;
 }
+
+/* ---- interprocess sharing ------------------------------------------------------------------- */
+
+td_status device_allocator_segment_of(const void *ptr, td_device *device, void **base, size_t *size)
+{
+    uintptr_t key = (uintptr_t)ptr;
+    pthread_mutex_lock(&pointers_lock);
+    alloc_block *b = map_get(&pointers, &key, sizeof key);
+    if (b) {
+        const alloc_segment *seg = b->segment;
+        device->type = seg->device->type;
+        device->index = seg->device->index;
+        *base = (void *)seg->base;
+        *size = seg->size;
+    }
+    pthread_mutex_unlock(&pointers_lock);
+    if (!b)
+        return error_fmt(TD_ERR_INVALID, "%p is not a live allocation of the caching allocator", ptr);
+    return TD_OK;
+}

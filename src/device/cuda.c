@@ -45,6 +45,10 @@ typedef unsigned long long CUdeviceptr;
 typedef struct CUipcEventHandle {
     char reserved[CU_IPC_HANDLE_SIZE];
 } CUipcEventHandle;
+typedef struct CUipcMemHandle {
+    char reserved[CU_IPC_HANDLE_SIZE];
+} CUipcMemHandle;
+#define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 0x1
 
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_INVALID_VALUE 1
@@ -105,6 +109,9 @@ typedef struct cuda_driver {
     CUresult (*cuEventElapsedTime)(float *ms, CUevent start, CUevent end);
     CUresult (*cuIpcGetEventHandle)(CUipcEventHandle *handle, CUevent event);
     CUresult (*cuIpcOpenEventHandle)(CUevent *event, CUipcEventHandle handle);
+    CUresult (*cuIpcGetMemHandle)(CUipcMemHandle *handle, CUdeviceptr ptr);
+    CUresult (*cuIpcOpenMemHandle)(CUdeviceptr *ptr, CUipcMemHandle handle, unsigned flags);
+    CUresult (*cuIpcCloseMemHandle)(CUdeviceptr ptr);
     CUresult (*cuModuleLoadData)(CUmodule *module, const void *image);
     CUresult (*cuModuleUnload)(CUmodule module);
     CUresult (*cuModuleGetFunction)(CUfunction *function, CUmodule module, const char *name);
@@ -157,6 +164,10 @@ static const cuda_symbol cuda_symbols[] = {
     SYM(cuEventElapsedTime, "cuEventElapsedTime_v2", "cuEventElapsedTime"),
     SYM(cuIpcGetEventHandle, "cuIpcGetEventHandle"),
     SYM(cuIpcOpenEventHandle, "cuIpcOpenEventHandle"),
+    SYM(cuIpcGetMemHandle, "cuIpcGetMemHandle"),
+    /* cuda.h maps cuIpcOpenMemHandle to _v2 (CUDA 11+); older drivers have only the first. */
+    SYM(cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle"),
+    SYM(cuIpcCloseMemHandle, "cuIpcCloseMemHandle"),
     SYM(cuModuleLoadData, "cuModuleLoadData"),
     SYM(cuModuleUnload, "cuModuleUnload"),
     SYM(cuModuleGetFunction, "cuModuleGetFunction"),
@@ -285,8 +296,11 @@ static void cuda_load(void)
     drv = loaded;
     CUresult r = drv.cuInit(0);
     int count = 0;
-    if (r == CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS) {
+        /* From here a forked child cannot use the driver: poison CUDA in children (runtime.c). */
+        device_mark_initialized(TD_DEVICE_CUDA, true);
         r = drv.cuDeviceGetCount(&count);
+    }
     if (r != CUDA_SUCCESS) {
         TD_LOG_DEBUG("cuda: cuInit failed (CUresult %d: %s): 0 cuda devices%s", r, cuda_error_text(r),
                      r == CUDA_ERROR_OUT_OF_MEMORY
@@ -654,6 +668,44 @@ static td_status cuda_event_open_ipc(int dev, const td_event_ipc_handle *handle,
     return TD_OK;
 }
 
+static td_status cuda_mem_ipc_handle(int dev, void *base, device_mem_ipc_handle *out)
+{
+    _Static_assert(sizeof out->bytes >= CU_IPC_HANDLE_SIZE, "device_mem_ipc_handle too small");
+    TD_TRY(cuda_enter(dev));
+    CUipcMemHandle handle;
+    CUDA_TRY(drv.cuIpcGetMemHandle(&handle, (CUdeviceptr)(uintptr_t)base), "cuIpcGetMemHandle");
+    memset(out, 0, sizeof *out);
+    memcpy(out->bytes, handle.reserved, CU_IPC_HANDLE_SIZE);
+    return TD_OK;
+}
+
+static td_status cuda_mem_open_ipc(int dev, const device_mem_ipc_handle *handle, size_t nbytes, void **base)
+{
+    (void)nbytes;
+    *base = NULL;
+    TD_TRY(cuda_enter(dev));
+    CUipcMemHandle native;
+    memcpy(native.reserved, handle->bytes, CU_IPC_HANDLE_SIZE);
+    CUdeviceptr ptr = 0;
+    CUDA_TRY(drv.cuIpcOpenMemHandle(&ptr, native, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), "cuIpcOpenMemHandle");
+    *base = (void *)(uintptr_t)ptr;
+    return TD_OK;
+}
+
+static void cuda_mem_close_ipc(int dev, void *base, size_t nbytes)
+{
+    (void)nbytes;
+    if (!base)
+        return;
+    if (cuda_enter(dev) != TD_OK) {
+        TD_LOG_WARN("cuda: mem_close_ipc on device %d: %s", dev, td_last_error());
+        return;
+    }
+    CUresult r = drv.cuIpcCloseMemHandle((CUdeviceptr)(uintptr_t)base);
+    if (r != CUDA_SUCCESS)
+        TD_LOG_WARN("cuda: cuIpcCloseMemHandle(%p) on device %d: %s", base, dev, cuda_error_text(r));
+}
+
 /* ---- copies ---------------------------------------------------------------------------------- */
 
 /* Unified addressing: the driver tells host from device memory by address, whatever the kind. */
@@ -954,6 +1006,9 @@ const device_impl device_cuda_impl = {
     .event_elapsed_ms = cuda_event_elapsed_ms,
     .event_ipc_handle = cuda_event_ipc_handle,
     .event_open_ipc = cuda_event_open_ipc,
+    .mem_ipc_handle = cuda_mem_ipc_handle,
+    .mem_open_ipc = cuda_mem_open_ipc,
+    .mem_close_ipc = cuda_mem_close_ipc,
     .memcpy_async = cuda_memcpy_async,
     .memcpy_peer_async = cuda_memcpy_peer_async,
     .strided_copy = cuda_strided_copy,

@@ -35,6 +35,10 @@ typedef struct device_strided {
     int64_t strides[DEVICE_MAX_KERNEL_DIMS]; /* elements */
 } device_strided;
 
+typedef struct device_mem_ipc_handle {
+    unsigned char bytes[64];
+} device_mem_ipc_handle;
+
 typedef enum device_copy_kind {
     DEVICE_COPY_H2D = 0, /* host (pageable or pinned) to this device */
     DEVICE_COPY_D2H,
@@ -81,6 +85,15 @@ typedef struct device_impl {
     td_status (*event_elapsed_ms)(int dev, void *start, void *end, float *ms);
     td_status (*event_ipc_handle)(int dev, void *event, td_event_ipc_handle *out);
     td_status (*event_open_ipc)(int dev, const td_event_ipc_handle *handle, void **out);
+
+    /* Device memory shared between processes (spec L). mem_ipc_handle names a segment base that
+     * device_malloc returned (cuda: cuIpcGetMemHandle; sim: the segment's memfd); mem_open_ipc
+     * maps such a handle of another process (cuda: cuIpcOpenMemHandle_v2 with lazy peer access,
+     * at most once per handle and process: callers cache it) and mem_close_ipc unmaps it. nbytes:
+     * the segment's size, as the exporter's allocator knows it. */
+    td_status (*mem_ipc_handle)(int dev, void *base, device_mem_ipc_handle *out);
+    td_status (*mem_open_ipc)(int dev, const device_mem_ipc_handle *handle, size_t nbytes, void **base);
+    void (*mem_close_ipc)(int dev, void *base, size_t nbytes);
 
     /* Work queued on a stream of dev (asynchronous unless said otherwise). */
     td_status (*memcpy_async)(int dev, void *dst, const void *src, size_t nbytes, device_copy_kind kind,
@@ -144,7 +157,21 @@ void device_rng_take(td_device resolved, uint64_t *seed, uint64_t *offset);
 void device_count_stream(int delta);
 void device_count_event(int delta);
 
+/* Fork safety (runtime.c): an implementation calls device_mark_initialized(type, true) once it
+ * has state a forked child cannot use (cuda: cuInit succeeded; sim: a stream thread started), and
+ * (type, false) when that state is gone again (sim's shutdown). In a child forked while a type was
+ * initialized, device_poisoned(type) is true, device_check and every function of
+ * device_impl_of(type) fail with device_fork_error ("Cannot re-initialize CUDA in forked
+ * subprocess. To use CUDA with multiprocessing, you must use the 'spawn' start method"; sim says
+ * "sim"), and destroy / free functions do nothing. */
+void device_mark_initialized(td_device_type type, bool initialized);
+bool device_poisoned(td_device_type type);
+td_status device_fork_error(td_device_type type);
+
 /* allocator.c: the per-device caching allocator (td_device_malloc and the stats). */
+/* The segment (native allocation) holding ptr, an address td_device_malloc returned and not yet
+ * freed: its base and size, and the device. TD_ERR_INVALID otherwise. */
+td_status device_allocator_segment_of(const void *ptr, td_device *device, void **base, size_t *size);
 /* Frees every cached block on every device (shutdown); returns bytes still allocated. */
 int64_t device_allocator_release_all(void);
 /* host_alloc.c: frees every cached pinned block (shutdown), returns the blocks still in use;

@@ -174,7 +174,7 @@ td_status td_host_alloc(size_t nbytes, void **out)
         return TD_OK;
     }
 
-    const device_impl *impl = td_device_count(TD_DEVICE_CUDA) > 0 ? &device_cuda_impl : &device_sim_impl;
+    const device_impl *impl = device_impl_of(td_device_count(TD_DEVICE_CUDA) > 0 ? TD_DEVICE_CUDA : TD_DEVICE_SIM);
     void *ptr = NULL;
     TD_TRY(impl->host_malloc(size, &ptr));
     b = TD_NEW(host_block);

@@ -23,13 +23,167 @@
 
 /* ---- device values ------------------------------------------------------------------------- */
 
+/* ---- fork safety --------------------------------------------------------------------------- *
+ * A forked child has none of its parent's device threads (sim's stream threads, the CUDA driver's)
+ * and a CUDA driver that cannot be used again. When an implementation initializes (cuda: cuInit
+ * succeeded; sim: its first stream thread started) it says so here, and a pthread_atfork child
+ * handler marks each initialized type poisoned in the child. From then on device_check fails with
+ * PyTorch's message, and device_impl_of hands out a poisoned table whose every function fails the
+ * same way and whose destroy and free functions do nothing (the parent's objects are not the
+ * child's to tear down, and waiting on the parent's threads would hang), so no entry point of that
+ * type crashes or hangs. A type that was not initialized before fork is not poisoned (the child
+ * may start it itself), and td_device_shutdown lets sim go back to uninitialized once its threads
+ * are joined. */
+
+#define TYPE_SLOTS 3 /* indexed by td_device_type */
+
+static atomic_bool type_initialized[TYPE_SLOTS];
+static atomic_bool type_poisoned[TYPE_SLOTS];
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static void device_child_after_fork(void)
+{
+    for (int t = 0; t < TYPE_SLOTS; t++)
+        if (atomic_load(&type_initialized[t]))
+            atomic_store(&type_poisoned[t], true);
+}
+
+static void device_atfork_register(void) { (void)pthread_atfork(NULL, NULL, device_child_after_fork); }
+
+void device_mark_initialized(td_device_type type, bool initialized)
+{
+    if ((unsigned)type >= TYPE_SLOTS)
+        return;
+    pthread_once(&atfork_once, device_atfork_register);
+    atomic_store(&type_initialized[type], initialized);
+}
+
+bool device_poisoned(td_device_type type)
+{
+    return (unsigned)type < TYPE_SLOTS && atomic_load_explicit(&type_poisoned[type], memory_order_relaxed);
+}
+
+td_status device_fork_error(td_device_type type)
+{
+    /* PyTorch's words (torch/cuda/__init__.py, _lazy_init); sim says "sim" where CUDA says CUDA. */
+    const char *name = type == TD_DEVICE_CUDA ? "CUDA" : td_device_type_name(type);
+    char msg[192];
+    snprintf(msg, sizeof msg,
+             "Cannot re-initialize %s in forked subprocess. To use %s with multiprocessing, you must use the "
+             "'spawn' start method",
+             name, name);
+    return error_set_typed(TD_ERR_UNSUPPORTED, "RuntimeError", msg);
+}
+
+/* The poisoned tables: every function of the interface, failing with the fork message. */
+#define POISONED_IMPL(tag, TYPE, real)                                                                         \
+    static td_status tag##_fail(void) { return device_fork_error(TYPE); }                                      \
+    static int tag##_count(void) { return (real).count(); }                                                    \
+    static td_status tag##_properties(int d, td_device_properties *o) { (void)d; (void)o; return tag##_fail(); } \
+    static td_status tag##_mem_get_info(int d, size_t *f, size_t *t)                                          \
+    {                                                                                                          \
+        (void)d; (void)f; (void)t;                                                                             \
+        return tag##_fail();                                                                                   \
+    }                                                                                                          \
+    static td_status tag##_device_synchronize(int d) { (void)d; return tag##_fail(); }                         \
+    static void tag##_shutdown(void) {}                                                                        \
+    static td_status tag##_device_malloc(int d, size_t n, void **o) { (void)d; (void)n; *o = NULL; return tag##_fail(); } \
+    static void tag##_device_free(int d, void *p) { (void)d; (void)p; }                                        \
+    static td_status tag##_host_malloc(size_t n, void **o) { (void)n; *o = NULL; return tag##_fail(); }        \
+    static void tag##_host_free(void *p) { (void)p; }                                                          \
+    static td_status tag##_stream_create(int d, int pr, void **o) { (void)d; (void)pr; *o = NULL; return tag##_fail(); } \
+    static void tag##_stream_destroy(int d, void *s) { (void)d; (void)s; }                                     \
+    static td_status tag##_stream_priority_range(int d, int *l, int *g) { (void)d; (void)l; (void)g; return tag##_fail(); } \
+    static int tag##_stream_query(int d, void *s) { (void)d; (void)s; return tag##_fail(); }                   \
+    static td_status tag##_stream_synchronize(int d, void *s) { (void)d; (void)s; return tag##_fail(); }       \
+    static td_status tag##_stream_wait_event(int d, void *s, void *e) { (void)d; (void)s; (void)e; return tag##_fail(); } \
+    static td_status tag##_event_create(int d, unsigned f, void **o) { (void)d; (void)f; *o = NULL; return tag##_fail(); } \
+    static void tag##_event_destroy(int d, void *e) { (void)d; (void)e; }                                      \
+    static td_status tag##_event_record(int d, void *e, void *s) { (void)d; (void)e; (void)s; return tag##_fail(); } \
+    static int tag##_event_query(int d, void *e) { (void)d; (void)e; return tag##_fail(); }                    \
+    static td_status tag##_event_synchronize(int d, void *e) { (void)d; (void)e; return tag##_fail(); }        \
+    static td_status tag##_event_elapsed_ms(int d, void *a, void *b, float *m)                                \
+    {                                                                                                          \
+        (void)d; (void)a; (void)b; (void)m;                                                                    \
+        return tag##_fail();                                                                                   \
+    }                                                                                                          \
+    static td_status tag##_event_ipc_handle(int d, void *e, td_event_ipc_handle *o)                           \
+    {                                                                                                          \
+        (void)d; (void)e; (void)o;                                                                             \
+        return tag##_fail();                                                                                   \
+    }                                                                                                          \
+    static td_status tag##_event_open_ipc(int d, const td_event_ipc_handle *h, void **o)                      \
+    {                                                                                                          \
+        (void)d; (void)h; *o = NULL;                                                                           \
+        return tag##_fail();                                                                                   \
+    }                                                                                                          \
+    static td_status tag##_mem_ipc_handle(int d, void *b, device_mem_ipc_handle *o)                         \
+    {                                                                                                          \
+        (void)d; (void)b; (void)o;                                                                             \
+        return tag##_fail();                                                                                   \
+    }                                                                                                          \
+    static td_status tag##_mem_open_ipc(int d, const device_mem_ipc_handle *h, size_t n, void **o)            \
+    {                                                                                                          \
+        (void)d; (void)h; (void)n; *o = NULL;                                                                  \
+        return tag##_fail();                                                                                   \
+    }                                                                                                          \
+    static void tag##_mem_close_ipc(int d, void *b, size_t n) { (void)d; (void)b; (void)n; }                   \
+    static td_status tag##_memcpy_async(int d, void *dst, const void *src, size_t n, device_copy_kind k, void *s) \
+    {                                                                                                          \
+        (void)d; (void)dst; (void)src; (void)n; (void)k; (void)s;                                              \
+        return tag##_fail();                                                                                   \
+    }                                                                                                          \
+    static td_status tag##_memcpy_peer_async(int dd, void *dst, int sd, const void *src, size_t n, void *s)    \
+    {                                                                                                          \
+        (void)dd; (void)dst; (void)sd; (void)src; (void)n; (void)s;                                            \
+        return tag##_fail();                                                                                   \
+    }                                                                                                          \
+    static td_status tag##_strided_copy(int d, const device_strided *dst, const device_strided *src, size_t es, \
+                                        void *s)                                                               \
+    {                                                                                                          \
+        (void)d; (void)dst; (void)src; (void)es; (void)s;                                                      \
+        return tag##_fail();                                                                                   \
+    }                                                                                                          \
+    static td_status tag##_fill(int d, void *dst, size_t c, const void *v, size_t es, void *s)                 \
+    {                                                                                                          \
+        (void)d; (void)dst; (void)c; (void)v; (void)es; (void)s;                                               \
+        return tag##_fail();                                                                                   \
+    }                                                                                                          \
+    static td_status tag##_add(int d, void *dst, const void *a, const void *b, size_t c, td_dtype t, void *s)  \
+    {                                                                                                          \
+        (void)d; (void)dst; (void)a; (void)b; (void)c; (void)t; (void)s;                                       \
+        return tag##_fail();                                                                                   \
+    }                                                                                                          \
+    static td_status tag##_sleep(int d, int64_t c, void *s) { (void)d; (void)c; (void)s; return tag##_fail(); } \
+    static const device_impl tag##_impl = {                                                                    \
+        .name = #tag, .type = TYPE, .count = tag##_count, .properties = tag##_properties,                      \
+        .mem_get_info = tag##_mem_get_info, .device_synchronize = tag##_device_synchronize,                    \
+        .shutdown = tag##_shutdown, .device_malloc = tag##_device_malloc, .device_free = tag##_device_free,    \
+        .host_malloc = tag##_host_malloc, .host_free = tag##_host_free, .stream_create = tag##_stream_create,  \
+        .stream_destroy = tag##_stream_destroy, .stream_priority_range = tag##_stream_priority_range,          \
+        .stream_query = tag##_stream_query, .stream_synchronize = tag##_stream_synchronize,                    \
+        .stream_wait_event = tag##_stream_wait_event, .event_create = tag##_event_create,                      \
+        .event_destroy = tag##_event_destroy, .event_record = tag##_event_record,                              \
+        .event_query = tag##_event_query, .event_synchronize = tag##_event_synchronize,                        \
+        .event_elapsed_ms = tag##_event_elapsed_ms, .event_ipc_handle = tag##_event_ipc_handle,                \
+        .event_open_ipc = tag##_event_open_ipc, .mem_ipc_handle = tag##_mem_ipc_handle,                        \
+        .mem_open_ipc = tag##_mem_open_ipc, .mem_close_ipc = tag##_mem_close_ipc,                              \
+        .memcpy_async = tag##_memcpy_async,                            \
+        .memcpy_peer_async = tag##_memcpy_peer_async, .strided_copy = tag##_strided_copy, .fill = tag##_fill,  \
+        .add = tag##_add, .sleep = tag##_sleep,                                                                \
+    };
+
+POISONED_IMPL(poisoned_cuda, TD_DEVICE_CUDA, device_cuda_impl)
+POISONED_IMPL(poisoned_sim, TD_DEVICE_SIM, device_sim_impl)
+#undef POISONED_IMPL
+
 const device_impl *device_impl_of(td_device_type type)
 {
     switch (type) {
     case TD_DEVICE_CUDA:
-        return &device_cuda_impl;
+        return device_poisoned(type) ? &poisoned_cuda_impl : &device_cuda_impl;
     case TD_DEVICE_SIM:
-        return &device_sim_impl;
+        return device_poisoned(type) ? &poisoned_sim_impl : &device_sim_impl;
     default:
         return NULL;
     }
@@ -120,8 +274,6 @@ td_device_type td_device_default_type(void)
 
 /* ---- per-thread state ---------------------------------------------------------------------- */
 
-#define TYPE_SLOTS 3 /* indexed by td_device_type */
-
 typedef struct thread_state {
     int current[TYPE_SLOTS];
     td_stream *streams[TYPE_SLOTS][DEVICE_MAX_DEVICES]; /* references; NULL: the default stream */
@@ -185,6 +337,8 @@ td_status device_check(td_device device, const device_impl **impl_out, int *inde
     }
     if (device.index < -1)
         return error_fmt(TD_ERR_INVALID, "Expected non-negative device index, but got %d", device.index);
+    if (device_poisoned(device.type))
+        return device_fork_error(device.type);
     int index = device.index < 0 ? state()->current[device.type] : device.index;
     const device_impl *impl = device_impl_of(device.type);
     int count = impl->count();
@@ -556,16 +710,23 @@ td_status td_event_record(td_event *e, td_stream *s)
     return st;
 }
 
+/* Whether the implementation must be asked about e: once recorded here, or, for an interprocess
+ * event, as soon as it exists (another process may have recorded it). */
+static bool event_has_state(const td_event *e)
+{
+    return e->native && (e->recorded || (e->flags & TD_EVENT_INTERPROCESS));
+}
+
 bool td_event_query(td_event *e)
 {
-    if (!e->native || !e->recorded)
+    if (!event_has_state(e))
         return true;
     return device_impl_of(e->device.type)->event_query(e->device.index, e->native) == 1;
 }
 
 td_status td_event_synchronize(td_event *e)
 {
-    if (!e->native || !e->recorded)
+    if (!event_has_state(e))
         return TD_OK;
     return device_impl_of(e->device.type)->event_synchronize(e->device.index, e->native);
 }
@@ -592,7 +753,7 @@ td_status td_stream_wait_event(td_stream *s, td_event *e)
     td_status st = stream_or_current(s, &s);
     if (st != TD_OK)
         return st;
-    if (!e->native || !e->recorded)
+    if (!event_has_state(e))
         return TD_OK; /* nothing recorded: nothing to wait for */
     return device_impl_of(s->device.type)->stream_wait_event(s->device.index, s->native, e->native);
 }
@@ -614,8 +775,21 @@ td_status td_event_ipc_handle_get(td_event *e, td_event_ipc_handle *out)
 {
     if (!(e->flags & TD_EVENT_INTERPROCESS))
         return error_set(TD_ERR_INVALID, "The event was not created with TD_EVENT_INTERPROCESS (interprocess=True)");
-    if (!e->native)
-        return error_set(TD_ERR_INVALID, "An event must be recorded before its IPC handle is taken");
+    if (!e->native) {
+        /* As torch's lazy events: one never recorded is created on the current device of the
+         * default accelerator type when its handle is first taken (test_event_handle_exporter). */
+        const device_impl *impl;
+        td_device d = {td_device_default_type(), -1};
+        td_status st = device_check(d, &impl, &d.index);
+        if (st != TD_OK)
+            return st;
+        st = impl->event_create(d.index, e->flags, &e->native);
+        if (st != TD_OK)
+            return st;
+        e->device = d;
+    }
+    /* The export runs on the event's own device, whatever is current (the implementation's
+     * calls take the device index). */
     return device_impl_of(e->device.type)->event_ipc_handle(e->device.index, e->native, out);
 }
 
@@ -683,8 +857,9 @@ td_status td_device_shutdown(void)
                          (long long)live.host_blocks);
     (void)device_allocator_release_all();
     (void)device_host_release_all();
-    device_sim_impl.shutdown();
-    device_cuda_impl.shutdown();
+    /* Through device_impl_of: in a forked child a poisoned type's shutdown touches nothing. */
+    device_impl_of(TD_DEVICE_SIM)->shutdown();
+    device_impl_of(TD_DEVICE_CUDA)->shutdown();
     for (int t = 0; t < TYPE_SLOTS; t++)
         tls.current[t] = 0;
     return TD_OK;

@@ -14,18 +14,32 @@
  * are reference counted internally, so a capture or a queued item keeps what it points at alive
  * after the front end destroyed it (a destroyed stream is drained and its thread joined first).
  *
+ * Interprocess events (TD_EVENT_INTERPROCESS) keep their state in a shared page of a memfd
+ * instead of a capture: records are numbered across every process that maps the page, a record
+ * item raises the page's completed number when it runs and wakes futex waiters, and query,
+ * synchronize and stream waits compare against the latest record number. The handle names the
+ * page as /proc/<pid>/fd/<fd> with the file's identity and a nonce.
+ *
  * Locks: one global lock (sim_lock) for the device table (budgets, bytes in use, stream lists,
  * default streams); one per stream for its queue and counters; one per event for its capture. The
  * order is event -> stream; sim_lock is never held while taking another. Waits hold only the lock
  * of the stream they wait on. */
 #include "device/device_impl.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <tdist/tensor.h>
 
@@ -59,6 +73,7 @@ typedef enum sim_op {
     SIM_OP_RANDOM,
     SIM_OP_RECORD,
     SIM_OP_WAIT,
+    SIM_OP_WAIT_IPC, /* wait for an interprocess event's shared state */
 } sim_op;
 
 typedef struct sim_item {
@@ -100,11 +115,16 @@ typedef struct sim_item {
         struct {
             sim_event *event;   /* a reference */
             sim_stream *stream; /* the stream running the item */
+            uint64_t ipc_target; /* interprocess events: the record's number in the shared page */
         } record;
         struct {
             sim_stream *stream; /* a reference */
             uint64_t seq;
         } wait;
+        struct {
+            sim_event *event; /* a reference */
+            uint64_t target;
+        } wait_ipc;
     } u;
 } sim_item;
 
@@ -124,6 +144,22 @@ struct sim_stream {
     sim_stream *next_in_device; /* under sim_lock */
 };
 
+/* The shared state of an interprocess event: one page of a memfd that every process holding the
+ * event maps. Records are numbered across processes (recorded); the stream item of record n
+ * raises completed to n when it runs, and bumps the futex word wake. The event is reached when
+ * completed >= recorded: as with CUDA events, the latest record is the one that counts. */
+typedef struct sim_ipc_page {
+    uint32_t magic;
+    uint32_t version;
+    uint64_t nonce;              /* random: a handle names this page and no other */
+    _Atomic uint64_t recorded;
+    _Atomic uint64_t completed;
+    _Atomic uint32_t wake;
+} sim_ipc_page;
+
+#define SIM_IPC_MAGIC 0x45534454u /* "TDSE" */
+#define SIM_IPC_PAGE 4096
+
 struct sim_event {
     td_ref refs;           /* the front end's one, plus one per queued record item */
     int dev;
@@ -133,6 +169,9 @@ struct sim_event {
     uint64_t seq;
     bool stamped;          /* the capture was reached with timing on */
     int64_t stamp_ns;
+    sim_ipc_page *page;    /* interprocess events: the shared state (mapped), else NULL */
+    int page_fd;           /* its memfd, kept so the handle can name it (/proc/<pid>/fd/<fd>) */
+    uint64_t page_dev, page_ino;
 };
 
 /* ---- the device table ------------------------------------------------------------------------ */
@@ -213,6 +252,10 @@ static void sim_stream_release(sim_stream *s)
 static void sim_event_release(sim_event *e)
 {
     if (e && ref_dec(&e->refs)) {
+        if (e->page)
+            munmap(e->page, SIM_IPC_PAGE);
+        if (e->page_fd >= 0)
+            close(e->page_fd);
         sim_stream_release(e->stream);
         pthread_mutex_destroy(&e->lock);
         free(e);
@@ -314,6 +357,84 @@ static void sim_run_random(void *dst, size_t count, td_dtype dtype, int dist, do
     }
 }
 
+/* ---- interprocess event state ------------------------------------------------------------- */
+
+static long sim_futex(_Atomic uint32_t *word, int op, uint32_t value, const struct timespec *timeout)
+{
+    /* Not the private variant: the word is shared between processes. */
+    return syscall(SYS_futex, (uint32_t *)word, op, value, timeout, NULL, 0);
+}
+
+/* Record number target is done: completed rises to it (never falls) and waiters wake. */
+static void sim_ipc_complete(sim_ipc_page *page, uint64_t target)
+{
+    uint64_t seen = atomic_load(&page->completed);
+    while (seen < target && !atomic_compare_exchange_weak(&page->completed, &seen, target)) {
+    }
+    atomic_fetch_add(&page->wake, 1);
+    sim_futex(&page->wake, FUTEX_WAKE, INT_MAX, NULL);
+}
+
+static bool sim_ipc_reached(sim_ipc_page *page, uint64_t target) { return atomic_load(&page->completed) >= target; }
+
+/* Waits until record number target is done (in whichever process runs it). The futex sleep has a
+ * timeout only as a guard against a wake lost to a process that died mid-way. */
+static void sim_ipc_wait(sim_ipc_page *page, uint64_t target)
+{
+    for (;;) {
+        uint32_t word = atomic_load(&page->wake);
+        if (sim_ipc_reached(page, target))
+            return;
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        sim_futex(&page->wake, FUTEX_WAIT, word, &ts);
+    }
+}
+
+/* Maps a shared page from fd (kept by the event) and checks what it holds. */
+static td_status sim_ipc_map(sim_event *e, int fd, bool create)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return error_errno(TD_ERR_IO, "sim interprocess event: fstat");
+    if (!create && st.st_size < SIM_IPC_PAGE)
+        return error_fmt(TD_ERR_INVALID, "sim interprocess event: the handle names a file of %lld bytes, not an event",
+                         (long long)st.st_size);
+    void *page = mmap(NULL, SIM_IPC_PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (page == MAP_FAILED)
+        return error_errno(TD_ERR_IO, "sim interprocess event: mmap");
+    e->page = page;
+    e->page_fd = fd;
+    e->page_dev = (uint64_t)st.st_dev;
+    e->page_ino = (uint64_t)st.st_ino;
+    return TD_OK;
+}
+
+static td_status sim_ipc_create(sim_event *e)
+{
+    int fd = (int)syscall(SYS_memfd_create, "tdist-sim-event", 1u /* MFD_CLOEXEC */);
+    if (fd < 0)
+        return error_errno(TD_ERR_IO, "sim interprocess event: memfd_create");
+    if (ftruncate(fd, SIM_IPC_PAGE) != 0) {
+        td_status st = error_errno(TD_ERR_IO, "sim interprocess event: ftruncate");
+        close(fd);
+        return st;
+    }
+    td_status st = sim_ipc_map(e, fd, true);
+    if (st != TD_OK) {
+        close(fd);
+        return st;
+    }
+    uint64_t nonce = 0;
+    if (syscall(SYS_getrandom, &nonce, sizeof nonce, 0) != (long)sizeof nonce)
+        nonce = (uint64_t)clock_now_ns() ^ ((uint64_t)getpid() << 32);
+    e->page->nonce = nonce;
+    e->page->version = 1;
+    atomic_store(&e->page->recorded, 0);
+    atomic_store(&e->page->completed, 0);
+    e->page->magic = SIM_IPC_MAGIC;
+    return TD_OK;
+}
+
 static bool sim_event_timed(const sim_event *e)
 {
     return (e->flags & TD_EVENT_ENABLE_TIMING) && !(e->flags & TD_EVENT_INTERPROCESS);
@@ -349,6 +470,10 @@ static void sim_run_item(sim_item *item)
         break;
     case SIM_OP_RECORD: {
         sim_event *e = item->u.record.event;
+        if (e->page) {
+            sim_ipc_complete(e->page, item->u.record.ipc_target);
+            break;
+        }
         int64_t now = clock_now_ns();
         pthread_mutex_lock(&e->lock);
         /* Only the latest capture is stamped: a re-record replaced an older one. */
@@ -362,6 +487,9 @@ static void sim_run_item(sim_item *item)
     case SIM_OP_WAIT:
         sim_stream_wait_seq(item->u.wait.stream, item->u.wait.seq);
         break;
+    case SIM_OP_WAIT_IPC:
+        sim_ipc_wait(item->u.wait_ipc.event->page, item->u.wait_ipc.target);
+        break;
     }
 }
 
@@ -369,6 +497,8 @@ static void sim_item_free(sim_item *item)
 {
     if (item->op == SIM_OP_RECORD)
         sim_event_release(item->u.record.event);
+    else if (item->op == SIM_OP_WAIT_IPC)
+        sim_event_release(item->u.wait_ipc.event);
     else if (item->op == SIM_OP_WAIT)
         sim_stream_release(item->u.wait.stream);
     free(item);
@@ -417,6 +547,8 @@ static td_status sim_stream_new(int dev, int priority, bool is_default, sim_stre
     }
     s->thread_started = true;
     atomic_fetch_add(&sim_threads_running, 1);
+    /* A forked child would not have this thread: poison sim in children (runtime.c). */
+    device_mark_initialized(TD_DEVICE_SIM, true);
     *out = s;
     return TD_OK;
 }
@@ -580,15 +712,47 @@ static void sim_shutdown(void)
             s = next;
         }
     }
+    /* No stream thread is left (shutdown runs once nothing is live): a child forked from now on
+     * may start sim itself. */
+    if (atomic_load(&sim_threads_running) == 0)
+        device_mark_initialized(TD_DEVICE_SIM, false);
 }
 
 /* ---- memory --------------------------------------------------------------------------------- */
 
+/* Each device allocation is its own memfd mapping, so another process can map it (mem_ipc_handle):
+ * the header at its start says what it is. */
 typedef struct sim_block_header {
     uint64_t magic;
     uint64_t accounted; /* bytes counted against the budget */
     int dev;
+    int fd;             /* the memfd, kept so a handle can name it */
+    uint64_t map_bytes; /* the mapping: header + accounted */
+    uint64_t file_dev, file_ino;
 } sim_block_header;
+
+/* A shared mapping of a new memfd of nbytes (untouched pages cost nothing). */
+static td_status sim_map_new(size_t nbytes, int *fd_out, void **out)
+{
+    int fd = (int)syscall(SYS_memfd_create, "tdist-sim-memory", 1u /* MFD_CLOEXEC */);
+    if (fd < 0)
+        return error_errno(errno == EMFILE || errno == ENFILE ? TD_ERR_NOMEM : TD_ERR_IO,
+                           "simulated device memory: memfd_create");
+    if (ftruncate(fd, (off_t)nbytes) != 0) {
+        td_status st = error_errno(TD_ERR_NOMEM, "simulated device memory: ftruncate to %zu bytes", nbytes);
+        close(fd);
+        return st;
+    }
+    void *p = mmap(NULL, nbytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        td_status st = error_errno(TD_ERR_NOMEM, "simulated device memory: mmap of %zu bytes", nbytes);
+        close(fd);
+        return st;
+    }
+    *fd_out = fd;
+    *out = p;
+    return TD_OK;
+}
 
 static td_status sim_device_malloc(int dev, size_t nbytes, void **out)
 {
@@ -614,7 +778,8 @@ static td_status sim_device_malloc(int dev, size_t nbytes, void **out)
     }
     /* The pages are not touched (beyond the header's): untouched pages cost nothing. */
     void *block = NULL;
-    td_status st = alloc_try_aligned(SIM_ALIGN, SIM_HEADER + (size_t)accounted, "simulated device memory", &block);
+    int fd = -1;
+    td_status st = sim_map_new(SIM_HEADER + (size_t)accounted, &fd, &block);
     if (st != TD_OK) {
         pthread_mutex_lock(&sim_lock);
         sim_devices[dev].in_use -= accounted;
@@ -625,6 +790,13 @@ static td_status sim_device_malloc(int dev, size_t nbytes, void **out)
     h->magic = SIM_BLOCK_MAGIC;
     h->accounted = accounted;
     h->dev = dev;
+    h->fd = fd;
+    h->map_bytes = SIM_HEADER + accounted;
+    struct stat fst;
+    if (fstat(fd, &fst) == 0) {
+        h->file_dev = (uint64_t)fst.st_dev;
+        h->file_ino = (uint64_t)fst.st_ino;
+    }
     *out = (unsigned char *)block + SIM_HEADER;
     return TD_OK;
 }
@@ -650,7 +822,67 @@ static void sim_device_free(int dev, void *ptr)
     if (dev >= 0 && dev < DEVICE_MAX_DEVICES && sim_devices[dev].in_use >= h->accounted)
         sim_devices[dev].in_use -= h->accounted;
     pthread_mutex_unlock(&sim_lock);
-    free(h);
+    int fd = h->fd;
+    munmap(h, (size_t)h->map_bytes);
+    close(fd);
+}
+
+/* The handle names the block's memfd as /proc/<pid>/fd/<fd>, with its identity and size. */
+typedef struct sim_mem_wire {
+    uint32_t magic;
+    int32_t pid;
+    int32_t fd;
+    int32_t dev;
+    uint64_t file_dev, file_ino, map_bytes;
+} sim_mem_wire;
+_Static_assert(sizeof(sim_mem_wire) <= sizeof(((device_mem_ipc_handle *)0)->bytes), "sim_mem_wire too large");
+
+static td_status sim_mem_ipc_handle(int dev, void *base, device_mem_ipc_handle *out)
+{
+    sim_block_header *h = base ? (sim_block_header *)((unsigned char *)base - SIM_HEADER) : NULL;
+    if (!h || h->magic != SIM_BLOCK_MAGIC || h->dev != dev || h->fd < 0)
+        return error_fmt(TD_ERR_INVALID, "sim error: %p is not a memory block of sim:%d", base, dev);
+    sim_mem_wire w = {.magic = (uint32_t)SIM_BLOCK_MAGIC, .pid = (int32_t)getpid(), .fd = h->fd, .dev = dev,
+                      .file_dev = h->file_dev, .file_ino = h->file_ino, .map_bytes = h->map_bytes};
+    memset(out, 0, sizeof *out);
+    memcpy(out->bytes, &w, sizeof w);
+    return TD_OK;
+}
+
+static td_status sim_mem_open_ipc(int dev, const device_mem_ipc_handle *handle, size_t nbytes, void **base)
+{
+    *base = NULL;
+    TD_TRY(sim_check_dev(dev));
+    sim_mem_wire w;
+    memcpy(&w, handle->bytes, sizeof w);
+    if (w.magic != (uint32_t)SIM_BLOCK_MAGIC || w.pid <= 0 || w.fd < 0 || w.map_bytes != SIM_HEADER + (uint64_t)nbytes)
+        return error_fmt(TD_ERR_INVALID, "sim error: invalid memory IPC handle");
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)w.pid, (int)w.fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return error_errno(TD_ERR_INVALID, "sim error: opening the device memory of process %d (%s)", (int)w.pid, path);
+    struct stat fst;
+    if (fstat(fd, &fst) != 0 || (uint64_t)fst.st_dev != w.file_dev || (uint64_t)fst.st_ino != w.file_ino ||
+        (uint64_t)fst.st_size < w.map_bytes) {
+        close(fd);
+        return error_fmt(TD_ERR_INVALID, "sim error: the memory IPC handle of process %d no longer names its block",
+                         (int)w.pid);
+    }
+    void *p = mmap(NULL, (size_t)w.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd); /* the mapping keeps the memory */
+    if (p == MAP_FAILED)
+        return error_errno(TD_ERR_NOMEM, "sim error: mapping %llu bytes of process %d's device memory",
+                           (unsigned long long)w.map_bytes, (int)w.pid);
+    *base = (unsigned char *)p + SIM_HEADER;
+    return TD_OK;
+}
+
+static void sim_mem_close_ipc(int dev, void *base, size_t nbytes)
+{
+    (void)dev;
+    if (base)
+        munmap((unsigned char *)base - SIM_HEADER, SIM_HEADER + nbytes);
 }
 
 static td_status sim_host_malloc(size_t nbytes, void **out)
@@ -736,6 +968,19 @@ static td_status sim_stream_wait_event(int dev, void *native, void *event)
         return error_fmt(TD_ERR_INVALID, "sim error: stream_wait_event on a NULL event");
     sim_stream *s = NULL;
     TD_TRY(sim_stream_of(dev, native, &s));
+    if (e->page) {
+        uint64_t target = atomic_load(&e->page->recorded);
+        if (sim_ipc_reached(e->page, target))
+            return TD_OK;
+        sim_item *item = sim_item_new(SIM_OP_WAIT_IPC);
+        ref_inc(&e->refs);
+        item->u.wait_ipc.event = e;
+        item->u.wait_ipc.target = target;
+        pthread_mutex_lock(&s->lock);
+        sim_enqueue_locked(s, item);
+        pthread_mutex_unlock(&s->lock);
+        return TD_OK;
+    }
     pthread_mutex_lock(&e->lock);
     sim_stream *target = e->stream;
     uint64_t seq = e->seq;
@@ -762,7 +1007,15 @@ static td_status sim_event_create(int dev, unsigned flags, void **out)
     ref_init(&e->refs);
     e->dev = dev;
     e->flags = flags;
+    e->page_fd = -1;
     thread_mutex_init(&e->lock);
+    if (flags & TD_EVENT_INTERPROCESS) {
+        td_status st = sim_ipc_create(e);
+        if (st != TD_OK) {
+            sim_event_release(e);
+            return st;
+        }
+    }
     *out = e;
     return TD_OK;
 }
@@ -785,6 +1038,8 @@ static td_status sim_event_record(int dev, void *event, void *native)
     item->u.record.event = e;
     item->u.record.stream = s;
     ref_inc(&s->refs);
+    if (e->page) /* numbered before it is queued, so its completion can never precede its number */
+        item->u.record.ipc_target = atomic_fetch_add(&e->page->recorded, 1) + 1;
     /* event -> stream: the capture is in place before the stream's thread can reach the item. */
     pthread_mutex_lock(&e->lock);
     sim_stream *old = e->stream;
@@ -815,6 +1070,9 @@ static int sim_event_query(int dev, void *event)
     (void)dev;
     if (!event)
         return error_fmt(TD_ERR_INVALID, "sim error: event_query on a NULL event");
+    sim_event *ev = event;
+    if (ev->page)
+        return sim_ipc_reached(ev->page, atomic_load(&ev->page->recorded)) ? 1 : 0;
     uint64_t seq = 0;
     sim_stream *s = sim_event_capture(event, &seq);
     if (!s)
@@ -829,6 +1087,11 @@ static td_status sim_event_synchronize(int dev, void *event)
     (void)dev;
     if (!event)
         return error_fmt(TD_ERR_INVALID, "sim error: event_synchronize on a NULL event");
+    sim_event *ev = event;
+    if (ev->page) {
+        sim_ipc_wait(ev->page, atomic_load(&ev->page->recorded));
+        return TD_OK;
+    }
     uint64_t seq = 0;
     sim_stream *s = sim_event_capture(event, &seq);
     if (!s)
@@ -876,20 +1139,69 @@ static td_status sim_event_elapsed_ms(int dev, void *start, void *end, float *ms
     return st;
 }
 
+/* The handle names the exporter's memfd as /proc/<pid>/fd/<fd> (any process of the same user can
+ * open that while the exporter holds the event, as a CUDA IPC handle needs its exporter alive),
+ * with the file's identity and the page's nonce, so a reused fd number is refused. */
+typedef struct sim_ipc_wire {
+    uint32_t magic;
+    int32_t pid;
+    int32_t fd;
+    int32_t dev;
+    uint64_t file_dev, file_ino, nonce;
+} sim_ipc_wire;
+_Static_assert(sizeof(sim_ipc_wire) <= sizeof(((td_event_ipc_handle *)0)->bytes), "sim_ipc_wire too large");
+
 static td_status sim_event_ipc_handle(int dev, void *event, td_event_ipc_handle *out)
 {
     (void)dev;
-    (void)event;
-    (void)out;
-    return error_fmt(TD_ERR_UNSUPPORTED, "sim events cannot be shared between processes yet");
+    sim_event *e = event;
+    if (!e || !e->page)
+        return error_fmt(TD_ERR_INVALID, "sim error: the event was not created with TD_EVENT_INTERPROCESS");
+    sim_ipc_wire w = {.magic = SIM_IPC_MAGIC, .pid = (int32_t)getpid(), .fd = e->page_fd, .dev = e->dev,
+                      .file_dev = e->page_dev, .file_ino = e->page_ino, .nonce = e->page->nonce};
+    memset(out, 0, sizeof *out);
+    memcpy(out->bytes, &w, sizeof w);
+    return TD_OK;
 }
 
 static td_status sim_event_open_ipc(int dev, const td_event_ipc_handle *handle, void **out)
 {
-    (void)dev;
-    (void)handle;
-    (void)out;
-    return error_fmt(TD_ERR_UNSUPPORTED, "sim events cannot be shared between processes yet");
+    *out = NULL;
+    TD_TRY(sim_check_dev(dev));
+    sim_ipc_wire w;
+    memcpy(&w, handle->bytes, sizeof w);
+    if (w.magic != SIM_IPC_MAGIC || w.pid <= 0 || w.fd < 0)
+        return error_fmt(TD_ERR_INVALID, "sim error: invalid interprocess event handle");
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)w.pid, (int)w.fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return error_errno(errno == ENOENT ? TD_ERR_INVALID : TD_ERR_IO,
+                           "sim error: opening the interprocess event of process %d (%s): is the exporting process "
+                           "still holding the event?",
+                           (int)w.pid, path);
+    sim_event *e = NULL;
+    td_status st = sim_event_create(dev, TD_EVENT_DEFAULT, (void **)&e);
+    if (st != TD_OK) {
+        close(fd);
+        return st;
+    }
+    e->flags = TD_EVENT_INTERPROCESS;
+    st = sim_ipc_map(e, fd, false);
+    if (st != TD_OK) {
+        close(fd);
+        sim_event_release(e);
+        return st;
+    }
+    if (e->page_dev != w.file_dev || e->page_ino != w.file_ino || e->page->magic != SIM_IPC_MAGIC ||
+        e->page->nonce != w.nonce) {
+        sim_event_release(e);
+        return error_fmt(TD_ERR_INVALID, "sim error: the interprocess event handle of process %d no longer names "
+                                         "its event (it was destroyed)",
+                         (int)w.pid);
+    }
+    *out = e;
+    return TD_OK;
 }
 
 /* ---- work ----------------------------------------------------------------------------------- */
@@ -1027,6 +1339,9 @@ const device_impl device_sim_impl = {
     .event_elapsed_ms = sim_event_elapsed_ms,
     .event_ipc_handle = sim_event_ipc_handle,
     .event_open_ipc = sim_event_open_ipc,
+    .mem_ipc_handle = sim_mem_ipc_handle,
+    .mem_open_ipc = sim_mem_open_ipc,
+    .mem_close_ipc = sim_mem_close_ipc,
     .memcpy_async = sim_memcpy_async,
     .memcpy_peer_async = sim_memcpy_peer_async,
     .strided_copy = sim_strided_copy,

@@ -16,6 +16,7 @@
 #include "base/error.h"
 #include "base/le.h"
 #include "base/map.h"
+#include "mp/device_share.h"
 #include "mp/share.h"
 #include "tensor/storage.h"
 
@@ -99,9 +100,14 @@ static td_status enc_storage(enc *e, td_storage *s, int64_t *index)
         *index = (int64_t)idx - 1;
         return TD_OK;
     }
+    td_value *entry;
+    if (s->device.type != TD_DEVICE_CPU) { /* device memory: by IPC handle (device_share.c) */
+        TD_TRY(dshare_export(s, &entry));
+        TD_VEC_PUSH(&e->m->device_storages, td_storage_retain(s));
+        goto add;
+    }
     td_shm_handle h;
     TD_TRY(shm_export(s, &h));
-    td_value *entry;
     if (h.kind == TD_SHM_NAMED) {
         TD_VEC_PUSH(&e->m->inflight, alloc_strdup(h.name));
         entry = td_value_tuple_of(3, td_value_int(TD_SHM_NAMED), td_value_int((int64_t)h.nbytes), td_value_string(h.name));
@@ -113,6 +119,7 @@ static td_status enc_storage(enc *e, td_storage *s, int64_t *index)
     } else {
         entry = td_value_tuple_of(2, td_value_int(TD_SHM_EMPTY), td_value_int(0));
     }
+add:
     TD_VEC_PUSH(&e->m->storages, td_storage_retain(s));
     td_value_list_append(e->storages, entry);
     *index = (int64_t)td_value_len(e->storages) - 1;
@@ -321,6 +328,12 @@ void mp_msg_free(td_mp_msg *m)
         free(m->inflight.items[i]);
     }
     TD_VEC_FREE(&m->inflight);
+    for (size_t i = 0; i < m->device_storages.len; i++) {
+        if (!m->sent && m->device_storages.items[i]->nbytes)
+            dshare_abandon(m->device_storages.items[i]);
+        td_storage_release(m->device_storages.items[i]);
+    }
+    TD_VEC_FREE(&m->device_storages);
     for (size_t i = 0; i < m->storages.len; i++)
         td_storage_release(m->storages.items[i]);
     TD_VEC_FREE(&m->storages);
@@ -516,6 +529,10 @@ static td_status dec_storage(dec *d, const td_value *e, td_storage **out)
     int64_t kind, nbytes;
     if (td_value_kind_of(e) != TD_VAL_TUPLE || !get_int(e, 0, &kind) || !get_int(e, 1, &nbytes) || nbytes < 0)
         return bad("a storage entry is not (kind, nbytes, ...)");
+    if (kind == TD_SHM_EMPTY && td_value_len(e) == 4 && nbytes == 0)
+        return dshare_import_empty(e, out);
+    if (kind == TD_SHM_DEVICE)
+        return dshare_import(e, out);
     if (kind == TD_SHM_EMPTY) {
         if (td_value_len(e) != 2 || nbytes != 0)
             return bad("an empty storage entry has a size");

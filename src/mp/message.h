@@ -43,6 +43,7 @@ typedef struct td_mp_msg {
     TD_VEC(td_storage *) storages; /* retained until the message is freed */
     TD_VEC(td_value *) objects;    /* object values, retained likewise */
     TD_VEC(char *) inflight;       /* file_system names with an in-flight reference */
+    TD_VEC(td_storage *) device_storages; /* device storages with a counter reference for the message */
     td_segment spill;
     bool sent;
 } td_mp_msg;

@@ -25,7 +25,7 @@ if ! { cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTDIST_WITH_CUD
   echo "build failed:"; tail -40 "$out/build.log"; exit 1
 fi
 echo "=== ctest -L gpu"
-ctest --test-dir "$build" -L gpu -j 1 --output-on-failure --timeout 300 > "$out/ctest.log" 2>&1 || rc=1
+ctest --test-dir "$build" -L gpu -j 1 --output-on-failure --timeout 60 > "$out/ctest.log" 2>&1 || rc=1
 grep -E "Test +#|tests passed|tests failed|Failed|Not Run" "$out/ctest.log" | tail -80
 echo "=== bench/device"
 bash bench/device/run.sh "$build" > "$out/bench.md" 2>&1 || rc=1

@@ -29,7 +29,11 @@ static void copy_sync_current_stream(td_tensor *x, td_tensor *y)
     td_device dx = td_tensor_device(x), dy = td_tensor_device(y);
     td_tensor *x_plus_one = NULL;
     TD_CHECK_OK(td_tensor_full_on(dx, TD_FLOAT32, td_tensor_shape(x), 1.0, &x_plus_one));
+    /* x, y and x_plus_one were filled on their devices' default streams: the copies below run on
+     * other streams, so both devices finish those fills first (a race otherwise, which sim under
+     * ThreadSanitizer shows and a GPU hides behind the 50M-cycle sleep). */
     TD_CHECK_OK(td_device_synchronize(dx));
+    TD_CHECK_OK(td_device_synchronize(td_tensor_device(y)));
     td_stream *s0, *s1, *s2, *s3;
     TD_CHECK_OK(td_stream_create(dx, 0, &s0));
     TD_CHECK_OK(td_stream_create(dy, 0, &s1));

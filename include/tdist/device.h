@@ -426,6 +426,33 @@ TD_API td_status td_comm_gather(td_tensor *const *inputs, int ninputs, int dim, 
                                 td_tensor **out);
 TD_API td_status td_comm_gather_out(td_tensor *const *inputs, int ninputs, int dim, td_tensor *out);
 
+/* torch.nn.parallel.scatter_gather's scatter and gather over td_value trees (tdist/value.h).
+ *
+ * scatter splits every tensor of v along dim onto devices (td_comm_scatter with torch.chunk's
+ * sizes) and rebuilds the structure around each device's piece: a record (namedtuple) becomes
+ * one record per device with the same tag and fields; a non-empty tuple one tuple per device; a
+ * non-empty list one list per device; a non-empty dict one dict per device (keys go through the
+ * same recursion, so a non-tensor key is shared); anything else (None, numbers, strings, empty
+ * containers) is replicated: each out[i] is another reference to it. As upstream zips the
+ * pieces, a container yields as many values as its shortest member (a tensor of 3 rows over 4
+ * devices gives 3 pieces), and an empty record yields none. *nout: how many values out[] holds (at
+ * most ndevices), each a new reference.
+ *
+ * gather is its inverse: outputs[0 .. n-1] (one value per device, same structure) become one
+ * value with each tensor gathered along dim onto destination (td_comm_gather: cpu allowed, index
+ * -1 the current device of that type). Tensors -> one tensor (0-dim tensors along dim 0 are
+ * unsqueezed into a vector, with PyTorch's warning; host tensors fail with "Gather function not
+ * implemented for CPU tensors"); None -> None; dict -> dict with outputs[0]'s keys in its order
+ * ("All dicts must have the same number of keys"); record -> record of the same tag; tuple ->
+ * tuple and list -> list of the element-wise gathers, as long as the shortest output. Other
+ * values (numbers, strings, bytes) cannot be gathered and fail with TD_ERR_INVALID, as do outputs
+ * whose kinds differ at one place of the structure. Containers nest at most TD_VALUE_MAX_DEPTH
+ * deep. */
+TD_API td_status td_comm_scatter_value(const td_value *v, const td_device *devices, int ndevices, int dim,
+                                       td_value **out, int *nout);
+TD_API td_status td_comm_gather_value(const td_value *const *outputs, int n, int dim, td_device destination,
+                                      td_value **out);
+
 #ifdef __cplusplus
 }
 #endif

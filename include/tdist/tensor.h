@@ -314,6 +314,20 @@ TD_API td_status td_tensor_dot(const td_tensor *a, const td_tensor *b, td_tensor
  * complex numbers with a non-zero part count), in row-major order. */
 TD_API td_status td_tensor_nonzero(const td_tensor *a, td_tensor **out);
 
+/* torch.cat(tensors, dim): the n tensors joined along dim, on their device. Device tensors work
+ * too (tdist/device.h): ops follow their inputs, so the result lives on the inputs' device
+ * whatever the current device is, and each input is copied into its slice on that device's
+ * current stream. All inputs must be on one device ("Expected all tensors to be on the same
+ * device, but found at least two devices, sim:0 and sim:1!"); the result dtype is
+ * torch.promote_types over every input; it is channels_last when every input suggests it,
+ * contiguous otherwise. As torch, 1-D empty tensors (shape [0]) are skipped in the shape checks
+ * and in dim wrapping, 0-dim tensors are refused ("zero-dimensional tensor (at position 0) cannot
+ * be concatenated"), and the other messages are PyTorch's: "torch.cat(): expected a non-empty
+ * list of Tensors", "Tensors must have same number of dimensions: got 2 and 3", "Sizes of tensors
+ * must match except in dimension 0. Expected size 5 but got size 4 for tensor number 1 in the
+ * list.". */
+TD_API td_status td_tensor_cat(const td_tensor *const *tensors, int n, int dim, td_tensor **out);
+
 #ifdef __cplusplus
 }
 #endif

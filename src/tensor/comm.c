@@ -8,7 +8,14 @@
  * must not be specified when 'out' is specified" cannot happen. Sparse tensors do not exist in
  * tdist: the coalesced functions bucket dense tensors only (PyTorch's sparse tuples and its
  * indices/values flattening have nothing to act on). The messages say "CUDA tensors" for any
- * accelerator, sim included: users search for PyTorch's words. */
+ * accelerator, sim included: users search for PyTorch's words.
+ *
+ * Two things sit here because they are gather and scatter underneath: td_tensor_cat (torch.cat,
+ * host and device alike: gather onto the inputs' own device with torch.cat's checks, dtype
+ * promotion and its legacy skipping of 1-D empty tensors), and td_comm_scatter_value /
+ * td_comm_gather_value, torch.nn.parallel.scatter_gather's recursion over td_value trees (records
+ * are namedtuples) with scatter and gather at the tensor leaves. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +24,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "base/log.h"
 #include "tensor/device_tensor.h"
 #include "tensor/dtype.h"
 #include "tensor/strided.h"
@@ -568,6 +576,16 @@ static bool suggests_channels_last(const td_tensor *t)
     return true;
 }
 
+/* (N, C, H, W) laid out as NHWC: (H*W*C, 1, W*C, C). */
+static void channels_last_strides(const td_shape *shape, int64_t strides[4])
+{
+    int64_t c = shape->d[1], h = shape->d[2], w = shape->d[3];
+    strides[0] = h * w * c;
+    strides[1] = 1;
+    strides[2] = w * c;
+    strides[3] = c;
+}
+
 /* Checks inputs as gather and gather_out do and computes the gathered shape. device_quotes: gather
  * prints the device bare, gather_out quoted, as PyTorch does. */
 static td_status gather_check(td_tensor *const *inputs, int ninputs, int dim, bool device_quotes, int *wrapped,
@@ -649,13 +667,8 @@ td_status td_comm_gather(td_tensor *const *inputs, int ninputs, int dim, td_devi
     if (destination.type != TD_DEVICE_CPU)
         TD_TRY(td_device_resolve(destination, &dest)); /* -1: the current device, not the inputs' */
     int64_t strides[4];
-    if (channels_last) {
-        int64_t c = shape.d[1], h = shape.d[2], w = shape.d[3];
-        strides[0] = h * w * c;
-        strides[1] = 1;
-        strides[2] = w * c;
-        strides[3] = c;
-    }
+    if (channels_last)
+        channels_last_strides(&shape, strides);
     TD_TRY(td_tensor_empty_on(dest, inputs[0]->dtype, shape, channels_last ? strides : NULL, out));
     td_status st = gather_into(inputs, ninputs, d, *out);
     if (st != TD_OK) {
@@ -683,4 +696,468 @@ td_status td_comm_gather_out(td_tensor *const *inputs, int ninputs, int dim, td_
         return error_fmt(TD_ERR_INVALID, "Expected out tensor to have shape %s, but got %s",
                          tensor_format_sizes(b1, sizeof b1, shape.ndim, shape.d), sizes_str(b2, out));
     return gather_into(inputs, ninputs, d, out);
+}
+
+/* ---- cat ---------------------------------------------------------------------------------- */
+
+/* torch.cat's legacy rule: a 1-D tensor of size 0 takes no part in dim wrapping or the shape
+ * checks (it still counts for the dtype). */
+static bool cat_skips(const td_tensor *t) { return t->ndim == 1 && t->sizes[0] == 0; }
+
+/* The checks in torch.cat's order: the dispatcher's device check, then cat_meta's zero-dim check,
+ * dim wrapping against the first tensor not skipped, the empty-list check (which the others cannot
+ * reach first), and the shape check of each tensor against that first one. */
+static td_status cat_check(const td_tensor *const *tensors, int n, int dim, int *wrapped, int *valid)
+{
+    if (n == 0)
+        return error_fmt(TD_ERR_INVALID, "torch.cat(): expected a non-empty list of Tensors");
+    td_device device = td_tensor_device(tensors[0]);
+    char d1[32], d2[32];
+    for (int i = 1; i < n; i++) {
+        td_device other = td_tensor_device(tensors[i]);
+        if (!td_device_equal(other, device))
+            return error_fmt(TD_ERR_INVALID,
+                             "Expected all tensors to be on the same device, but found at least two devices, %s and "
+                             "%s!",
+                             td_device_str(device, d1, sizeof d1), td_device_str(other, d2, sizeof d2));
+    }
+    for (int i = 0; i < n; i++) {
+        if (tensors[i]->ndim == 0)
+            return error_fmt(TD_ERR_INVALID, "zero-dimensional tensor (at position %d) cannot be concatenated", i);
+    }
+    *valid = -1;
+    for (int i = 0; i < n && *valid < 0; i++) {
+        if (!cat_skips(tensors[i]))
+            *valid = i;
+    }
+    *wrapped = dim;
+    if (*valid < 0)
+        return TD_OK; /* every input is a skipped [0]: the result is a [0] */
+    const td_tensor *first = tensors[*valid];
+    TD_TRY(tensor_wrap_dim(dim, first->ndim, wrapped));
+    for (int i = 0; i < n; i++) {
+        const td_tensor *t = tensors[i];
+        if (cat_skips(t))
+            continue;
+        if (t->ndim != first->ndim)
+            return error_fmt(TD_ERR_INVALID, "Tensors must have same number of dimensions: got %d and %d", first->ndim,
+                             t->ndim);
+        for (int k = 0; k < t->ndim; k++) {
+            if (k != *wrapped && t->sizes[k] != first->sizes[k])
+                return error_fmt(TD_ERR_INVALID,
+                                 "Sizes of tensors must match except in dimension %d. Expected size %lld but got size "
+                                 "%lld for tensor number %d in the list.",
+                                 *wrapped, (long long)first->sizes[k], (long long)t->sizes[k], i);
+        }
+    }
+    return TD_OK;
+}
+
+td_status td_tensor_cat(const td_tensor *const *tensors, int n, int dim, td_tensor **out)
+{
+    if (!out || n < 0 || (n > 0 && !tensors))
+        return error_fmt(TD_ERR_INVALID, "td_tensor_cat: %s", !out ? "out is NULL" : "bad tensors or count");
+    *out = NULL;
+    for (int i = 0; i < n; i++) {
+        if (!tensors[i])
+            return error_fmt(TD_ERR_INVALID, "td_tensor_cat: tensor %d is NULL", i);
+    }
+    int d = 0, valid = -1;
+    TD_TRY(cat_check(tensors, n, dim, &d, &valid));
+    td_dtype dtype = tensors[0]->dtype;
+    bool channels_last = true;
+    for (int i = 0; i < n; i++) {
+        dtype = td_dtype_promote(dtype, tensors[i]->dtype);
+        channels_last = channels_last && suggests_channels_last(tensors[i]);
+    }
+    td_shape shape = TD_SHAPE(0);
+    if (valid >= 0) {
+        shape = td_tensor_shape(tensors[valid]);
+        int64_t total = 0;
+        for (int i = 0; i < n; i++) {
+            if (!cat_skips(tensors[i]) && __builtin_add_overflow(total, tensors[i]->sizes[d], &total))
+                return error_fmt(TD_ERR_INVALID, "torch.cat(): the size along dimension %d overflows", d);
+        }
+        shape.d[d] = total;
+    }
+    int64_t strides[4];
+    if (channels_last)
+        channels_last_strides(&shape, strides);
+    /* Ops follow their inputs: the result goes on the inputs' device (an explicit index, not the
+     * current device), and each copy below runs on that device's current stream. */
+    td_device device = td_tensor_device(tensors[0]);
+    td_tensor *result = NULL;
+    TD_TRY(td_tensor_empty_on(device, dtype, shape, channels_last ? strides : NULL, &result));
+    bool non_blocking = !tensor_is_host(result);
+    int64_t start = 0;
+    td_status st = TD_OK;
+    for (int i = 0; i < n && st == TD_OK && valid >= 0; i++) {
+        const td_tensor *t = tensors[i];
+        if (cat_skips(t))
+            continue;
+        td_tensor *slice = NULL;
+        st = td_tensor_narrow(result, d, start, t->sizes[d], &slice);
+        if (st == TD_OK)
+            st = td_tensor_copy_ex(slice, t, non_blocking);
+        td_tensor_release(slice);
+        start += t->sizes[d];
+    }
+    if (st != TD_OK) {
+        td_tensor_release(result);
+        return st;
+    }
+    atomic_store(&result->storage->version, 0); /* a new tensor */
+    *out = result;
+    return TD_OK;
+}
+
+/* ---- scatter and gather over td_value trees (torch.nn.parallel.scatter_gather) ------------ */
+
+/* One node's pieces: count values (new references) in an array of ndevices slots. */
+typedef struct pieces {
+    td_value **items;
+    int count;
+} pieces;
+
+static void pieces_free(pieces *p, int n)
+{
+    for (int i = 0; i < n; i++) {
+        for (int k = 0; k < p[i].count; k++)
+            td_value_release(p[i].items[k]);
+        free(p[i].items);
+    }
+    free(p);
+}
+
+static td_status scatter_map(const td_value *v, const td_device *devices, int ndevices, int dim, int depth,
+                             td_value **out, int *count);
+
+/* Scatters each of the n members of a container (member(v, i)) into p[i]; *count: the fewest
+ * pieces any member gave (upstream zips them). */
+static td_status scatter_members(const td_value *const *members, int n, const td_device *devices, int ndevices,
+                                 int dim, int depth, pieces **out, int *count)
+{
+    pieces *p = TD_NEW_ARRAY(pieces, (size_t)n);
+    int fewest = ndevices;
+    for (int i = 0; i < n; i++) {
+        p[i].items = TD_NEW_ARRAY(td_value *, (size_t)ndevices);
+        td_status st = scatter_map(members[i], devices, ndevices, dim, depth + 1, p[i].items, &p[i].count);
+        if (st != TD_OK) {
+            pieces_free(p, i + 1);
+            return st;
+        }
+        if (p[i].count < fewest)
+            fewest = p[i].count;
+    }
+    *out = p;
+    *count = n > 0 ? fewest : 0;
+    return TD_OK;
+}
+
+static td_status scatter_tensor(const td_value *v, const td_device *devices, int ndevices, int dim, td_value **out,
+                                int *count)
+{
+    td_tensor *chunks[COMM_MAX_DEVICES];
+    int nchunks = 0;
+    TD_TRY(td_comm_scatter(td_value_get_tensor(v), devices, ndevices, NULL, 0, dim, NULL, chunks, &nchunks));
+    for (int i = 0; i < nchunks; i++) {
+        out[i] = td_value_tensor(chunks[i]);
+        td_tensor_release(chunks[i]);
+    }
+    *count = nchunks;
+    return TD_OK;
+}
+
+/* A dict: each (key, value) entry scattered as upstream scatters the pair, then one dict per
+ * device. */
+static td_status scatter_dict(const td_value *v, const td_device *devices, int ndevices, int dim, int depth,
+                              td_value **out, int *count)
+{
+    size_t len = td_value_len(v);
+    const td_value **members = TD_NEW_ARRAY(const td_value *, 2 * len);
+    for (size_t i = 0; i < len; i++) {
+        members[2 * i] = td_value_dict_key_at(v, i);
+        members[2 * i + 1] = td_value_dict_value_at(v, i);
+    }
+    pieces *p = NULL;
+    int n = 0;
+    td_status st = scatter_members(members, (int)(2 * len), devices, ndevices, dim, depth, &p, &n);
+    free(members);
+    TD_TRY(st);
+    int made = 0;
+    for (; made < n && st == TD_OK; made++) {
+        out[made] = td_value_dict_new();
+        for (size_t i = 0; i < len && st == TD_OK; i++)
+            st = td_value_dict_set(out[made], td_value_retain(p[2 * i].items[made]),
+                                   td_value_retain(p[2 * i + 1].items[made]));
+    }
+    pieces_free(p, (int)(2 * len));
+    if (st != TD_OK) {
+        for (int i = 0; i < made; i++)
+            td_value_release(out[i]);
+        return st;
+    }
+    *count = n;
+    return TD_OK;
+}
+
+/* A record, tuple or list: one container of the same kind (and record tag) per device. */
+static td_status scatter_sequence(const td_value *v, const td_device *devices, int ndevices, int dim, int depth,
+                                  td_value **out, int *count)
+{
+    td_value_kind kind = td_value_kind_of(v);
+    size_t len = td_value_len(v);
+    const td_value **members = TD_NEW_ARRAY(const td_value *, len ? len : 1);
+    for (size_t i = 0; i < len; i++)
+        members[i] = td_value_at(v, i);
+    pieces *p = NULL;
+    int n = 0;
+    td_status st = scatter_members(members, (int)len, devices, ndevices, dim, depth, &p, &n);
+    free(members);
+    TD_TRY(st);
+    for (int k = 0; k < n; k++) {
+        td_value *c = kind == TD_VAL_RECORD  ? td_value_record_new(td_value_record_tag(v), len)
+                      : kind == TD_VAL_TUPLE ? td_value_tuple_new(len)
+                                             : td_value_list_new();
+        for (size_t i = 0; i < len; i++) {
+            td_value *item = td_value_retain(p[i].items[k]);
+            /* cannot fail: the index is in range and the kind is a sequence */
+            if (kind == TD_VAL_LIST)
+                (void)td_value_list_append(c, item);
+            else
+                (void)td_value_set(c, i, item);
+        }
+        out[k] = c;
+    }
+    pieces_free(p, (int)len);
+    *count = n;
+    return TD_OK;
+}
+
+static td_status scatter_map(const td_value *v, const td_device *devices, int ndevices, int dim, int depth,
+                             td_value **out, int *count)
+{
+    if (depth > TD_VALUE_MAX_DEPTH)
+        return error_fmt(TD_ERR_INVALID, "td_comm_scatter_value: the value nests deeper than %d containers",
+                         TD_VALUE_MAX_DEPTH);
+    td_value_kind kind = td_value_kind_of(v);
+    switch (kind) {
+    case TD_VAL_TENSOR:
+        return scatter_tensor(v, devices, ndevices, dim, out, count);
+    case TD_VAL_RECORD: /* a namedtuple, empty or not */
+        return scatter_sequence(v, devices, ndevices, dim, depth, out, count);
+    case TD_VAL_TUPLE:
+    case TD_VAL_LIST:
+        if (td_value_len(v) > 0)
+            return scatter_sequence(v, devices, ndevices, dim, depth, out, count);
+        break;
+    case TD_VAL_DICT:
+        if (td_value_len(v) > 0)
+            return scatter_dict(v, devices, ndevices, dim, depth, out, count);
+        break;
+    default:
+        break;
+    }
+    for (int i = 0; i < ndevices; i++)
+        out[i] = td_value_retain((td_value *)v); /* replicated: the same object on every device */
+    *count = ndevices;
+    return TD_OK;
+}
+
+td_status td_comm_scatter_value(const td_value *v, const td_device *devices, int ndevices, int dim, td_value **out,
+                                int *nout)
+{
+    if (!v || !out || !nout || ndevices < 0 || (ndevices > 0 && !devices))
+        return error_fmt(TD_ERR_INVALID, "td_comm_scatter_value: %s", !v ? "value is NULL" : "bad devices or out");
+    *nout = 0;
+    if (ndevices == 0)
+        return error_fmt(TD_ERR_INVALID, "Expected at least one device to scatter to");
+    if (ndevices > COMM_MAX_DEVICES)
+        return error_fmt(TD_ERR_INVALID, "td_comm_scatter_value: at most %d devices, got %d", COMM_MAX_DEVICES,
+                         ndevices);
+    /* Devices are checked once, so a bad one fails the same way whether or not v holds a tensor. */
+    for (int i = 0; i < ndevices; i++) {
+        td_device resolved;
+        TD_TRY(resolve_listed(devices[i], &resolved));
+    }
+    int count = 0;
+    TD_TRY(scatter_map(v, devices, ndevices, dim, 1, out, &count));
+    *nout = count;
+    return TD_OK;
+}
+
+/* Python's warnings show once per place; so does this one. */
+static atomic_bool scalar_gather_warned;
+
+static td_status gather_map(const td_value *const *outputs, int n, int dim, td_device dest, int depth,
+                            td_value **out);
+
+static td_status gather_tensors(const td_value *const *outputs, int n, int dim, td_device dest, td_value **out)
+{
+    td_tensor **inputs = TD_NEW_ARRAY(td_tensor *, (size_t)n);
+    bool all_scalars = true;
+    for (int i = 0; i < n; i++) {
+        td_tensor *t = td_value_get_tensor(outputs[i]);
+        all_scalars = all_scalars && t->ndim == 0;
+        if (tensor_is_host(t)) {
+            free(inputs);
+            return error_set_typed(TD_ERR_INVALID, "AssertionError", "Gather function not implemented for CPU tensors");
+        }
+    }
+    td_status st = TD_OK;
+    for (int i = 0; i < n && st == TD_OK; i++) {
+        td_tensor *t = td_value_get_tensor(outputs[i]);
+        if (all_scalars && dim == 0)
+            st = td_tensor_view(t, TD_SHAPE(1), &inputs[i]);
+        else
+            inputs[i] = td_tensor_retain(t);
+    }
+    if (st == TD_OK && all_scalars && dim == 0 && !atomic_exchange(&scalar_gather_warned, true))
+        TD_LOG_WARN("Was asked to gather along dimension 0, but all input tensors were scalars; will instead "
+                    "unsqueeze and return a vector.");
+    td_tensor *result = NULL;
+    if (st == TD_OK)
+        st = td_comm_gather(inputs, n, dim, dest, &result);
+    release_all(inputs, n); /* zeroed: entries never set are NULL */
+    free(inputs);
+    if (st != TD_OK)
+        return st;
+    *out = td_value_tensor(result);
+    td_tensor_release(result);
+    return TD_OK;
+}
+
+static td_status gather_dict(const td_value *const *outputs, int n, int dim, td_device dest, int depth,
+                             td_value **out)
+{
+    const td_value *first = outputs[0];
+    size_t len = td_value_len(first);
+    for (int i = 1; i < n; i++) {
+        if (td_value_len(outputs[i]) != len)
+            return error_set_typed(TD_ERR_INVALID, "ValueError", "All dicts must have the same number of keys");
+    }
+    const td_value **column = TD_NEW_ARRAY(const td_value *, (size_t)n);
+    td_value *result = td_value_dict_new();
+    td_status st = TD_OK;
+    for (size_t k = 0; k < len && st == TD_OK; k++) {
+        td_value *key = td_value_dict_key_at(first, k);
+        for (int i = 0; i < n && st == TD_OK; i++) {
+            column[i] = td_value_dict_get(outputs[i], key);
+            if (!column[i]) {
+                char *repr = td_value_format(key);
+                st = error_set_typed(TD_ERR_NOT_FOUND, "KeyError", repr);
+                free(repr);
+            }
+        }
+        td_value *gathered = NULL;
+        if (st == TD_OK)
+            st = gather_map(column, n, dim, dest, depth + 1, &gathered);
+        if (st == TD_OK)
+            st = td_value_dict_set(result, td_value_retain(key), gathered);
+    }
+    free(column);
+    if (st != TD_OK) {
+        td_value_release(result);
+        return st;
+    }
+    *out = result;
+    return TD_OK;
+}
+
+/* A record, tuple or list: element j gathered from every output's element j, over the shortest
+ * output (upstream zips them); records of one tag must agree in length, as namedtuples of one type
+ * do. */
+static td_status gather_sequence(const td_value *const *outputs, int n, int dim, td_device dest, int depth,
+                                 td_value **out)
+{
+    const td_value *first = outputs[0];
+    td_value_kind kind = td_value_kind_of(first);
+    size_t len = td_value_len(first);
+    for (int i = 1; i < n; i++) {
+        size_t li = td_value_len(outputs[i]);
+        if (kind == TD_VAL_RECORD && li != len)
+            return error_fmt(TD_ERR_INVALID,
+                             "td_comm_gather_value: records of tag %u differ in length: output 0 has %zu fields, output "
+                             "%d has %zu",
+                             td_value_record_tag(first), len, i, li);
+        if (li < len)
+            len = li;
+    }
+    td_value *result = kind == TD_VAL_RECORD  ? td_value_record_new(td_value_record_tag(first), len)
+                       : kind == TD_VAL_TUPLE ? td_value_tuple_new(len)
+                                              : td_value_list_new();
+    const td_value **column = TD_NEW_ARRAY(const td_value *, (size_t)n);
+    td_status st = TD_OK;
+    for (size_t j = 0; j < len && st == TD_OK; j++) {
+        for (int i = 0; i < n; i++)
+            column[i] = td_value_at(outputs[i], j);
+        td_value *gathered = NULL;
+        st = gather_map(column, n, dim, dest, depth + 1, &gathered);
+        if (st == TD_OK)
+            st = kind == TD_VAL_LIST ? td_value_list_append(result, gathered) : td_value_set(result, j, gathered);
+    }
+    free(column);
+    if (st != TD_OK) {
+        td_value_release(result);
+        return st;
+    }
+    *out = result;
+    return TD_OK;
+}
+
+static td_status gather_map(const td_value *const *outputs, int n, int dim, td_device dest, int depth,
+                            td_value **out)
+{
+    if (depth > TD_VALUE_MAX_DEPTH)
+        return error_fmt(TD_ERR_INVALID, "td_comm_gather_value: the outputs nest deeper than %d containers",
+                         TD_VALUE_MAX_DEPTH);
+    const td_value *first = outputs[0];
+    td_value_kind kind = td_value_kind_of(first);
+    if (kind == TD_VAL_NONE) {
+        *out = td_value_none();
+        return TD_OK;
+    }
+    for (int i = 1; i < n; i++) {
+        td_value_kind ki = td_value_kind_of(outputs[i]);
+        if (ki != kind || (kind == TD_VAL_RECORD && td_value_record_tag(outputs[i]) != td_value_record_tag(first)))
+            return error_set_typed(TD_ERR_INVALID, "TypeError",
+                                   kind == TD_VAL_RECORD && ki == kind
+                                       ? "td_comm_gather_value: outputs hold records of different tags at one place"
+                                       : "td_comm_gather_value: outputs hold values of different kinds at one place");
+    }
+    switch (kind) {
+    case TD_VAL_TENSOR:
+        return gather_tensors(outputs, n, dim, dest, out);
+    case TD_VAL_DICT:
+        return gather_dict(outputs, n, dim, dest, depth, out);
+    case TD_VAL_RECORD:
+    case TD_VAL_TUPLE:
+    case TD_VAL_LIST:
+        return gather_sequence(outputs, n, dim, dest, depth, out);
+    default: {
+        char msg[160];
+        snprintf(msg, sizeof msg,
+                 "td_comm_gather_value: cannot gather values of kind %s (only tensors, None, lists, tuples, dicts and "
+                 "records gather)",
+                 td_value_kind_name(kind));
+        return error_set_typed(TD_ERR_INVALID, "TypeError", msg);
+    }
+    }
+}
+
+td_status td_comm_gather_value(const td_value *const *outputs, int n, int dim, td_device destination, td_value **out)
+{
+    if (!out || n < 0 || (n > 0 && !outputs))
+        return error_fmt(TD_ERR_INVALID, "td_comm_gather_value: %s", !out ? "out is NULL" : "bad outputs");
+    *out = NULL;
+    if (n == 0)
+        return error_fmt(TD_ERR_INVALID, "td_comm_gather_value: expected at least one output to gather from");
+    for (int i = 0; i < n; i++) {
+        if (!outputs[i])
+            return error_fmt(TD_ERR_INVALID, "td_comm_gather_value: output %d is NULL", i);
+    }
+    td_device dest = cpu_device;
+    if (destination.type != TD_DEVICE_CPU)
+        TD_TRY(td_device_resolve(destination, &dest)); /* -1: the current device, resolved once */
+    return gather_map(outputs, n, dim, dest, 1, out);
 }

@@ -6,7 +6,10 @@
  * ("Exactly one of 'devices' and 'out'", "'devices' must not be specified", "'destination' must not
  * be specified") cannot happen: the keyword forms are separate functions. Broadcast, reduce_add,
  * scatter from the host and gather also run as *_one_device cases with device 0 in the second
- * device's place, which one GPU runs. */
+ * device's place, which one GPU runs. test_scatter_namedtuple and test_gather_namedtuple port
+ * nn.parallel.scatter_gather over td_values (records are the namedtuples; Python's two namedtuple
+ * flavours are two tags), with the other branches of its recursion (tuples, lists, dicts,
+ * replicated leaves, zip truncation, 0-dim gathers) and its messages beside them. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -510,6 +513,334 @@ TD_TEST(test_memory_format_scatter_gather, DEV_CASE)
     TD_CHECK(td_tensor_equal(mixed_out, nhwc));
     td_tensor *all[] = {nhwc_data, nhwc, results[0], results[1], gathered, plain, mixed_out};
     release_n(all, 7);
+    dev_finish();
+}
+
+/* ---- container-aware scatter and gather (torch.nn.parallel.scatter_gather) ----------------- */
+
+/* A td_value holding a tensor, taking the caller's reference to t. */
+static td_value *tv(td_tensor *t)
+{
+    td_value *v = td_value_tensor(t);
+    td_tensor_release(t);
+    return v;
+}
+
+/* The tensor of a value (borrowed), failing the test when it is something else. */
+static td_tensor *tensor_of(const td_value *v)
+{
+    TD_CHECK(v && td_value_kind_of(v) == TD_VAL_TENSOR);
+    return td_value_get_tensor(v);
+}
+
+/* t[start : start + len] along dim 0 of a host tensor, as a new contiguous host tensor. */
+static td_tensor *host_rows(td_tensor *t, int64_t start, int64_t len)
+{
+    td_tensor *part = NULL, *copy = NULL;
+    TD_CHECK_OK(td_tensor_narrow(t, 0, start, len, &part));
+    TD_CHECK_OK(td_tensor_clone(part, &copy));
+    td_tensor_release(part);
+    return copy;
+}
+
+/* test_scatter_namedtuple: records (tag, fields a and b) of num_devices * 2 elements on device 0
+ * scatter into one record of the same tag per device, element i holding a[2i:2i+2] on device i.
+ * Python's two namedtuple flavours (collections.namedtuple, typing.NamedTuple) are two tags. */
+TD_TEST(test_scatter_namedtuple, DEV_CASE)
+{
+    td_device_type type = dev_setup(ctx, 2);
+    int ndev = td_device_count(type);
+    td_device devs[8];
+    for (int i = 0; i < ndev && i < 8; i++)
+        devs[i] = dev(i);
+    if (ndev > 8)
+        ndev = 8;
+    for (uint32_t tag = TD_REC_USER; tag < TD_REC_USER + 2; tag++) {
+        td_tensor *ha = dev_host_arange(TD_FLOAT32, TD_SHAPE(ndev * 2), 0.5);
+        td_tensor *hb = dev_host_arange(TD_FLOAT32, TD_SHAPE(ndev * 2), -3.0);
+        td_value *inp = td_value_record_of(tag, 2, tv(dev_to(ha, dev(0))), tv(dev_to(hb, dev(0))));
+        td_value *out[8];
+        int n = 0;
+        TD_CHECK_OK(td_comm_scatter_value(inp, devs, ndev, 0, out, &n));
+        TD_CHECK_EQ(n, ndev);
+        for (int i = 0; i < n; i++) {
+            TD_CHECK_EQ(td_value_kind_of(out[i]), TD_VAL_RECORD);
+            TD_CHECK_EQ(td_value_record_tag(out[i]), tag);
+            TD_CHECK_EQ(td_value_len(out[i]), 2);
+            td_tensor *a = tensor_of(td_value_at(out[i], 0)), *b = tensor_of(td_value_at(out[i], 1));
+            TD_CHECK(td_device_equal(td_tensor_device(a), dev(i)));
+            TD_CHECK(td_device_equal(td_tensor_device(b), dev(i)));
+            td_tensor *ea = host_rows(ha, 2 * i, 2), *eb = host_rows(hb, 2 * i, 2);
+            TD_CHECK(td_tensor_equal(a, ea));
+            TD_CHECK(td_tensor_equal(b, eb));
+            td_tensor_release(ea);
+            td_tensor_release(eb);
+            td_value_release(out[i]);
+        }
+        td_value_release(inp);
+        td_tensor_release(ha);
+        td_tensor_release(hb);
+    }
+    dev_finish();
+}
+
+/* test_gather_namedtuple: outputs [R(a on 0, b on 1), R(a on 1, b on 0)] gather to the host and to
+ * device 0 as one record of the same tag whose field i is cat(outputs[0][i], outputs[1][i]). */
+TD_TEST(test_gather_namedtuple, DEV_CASE)
+{
+    td_device_type type = dev_setup(ctx, 2);
+    int ndev = td_device_count(type);
+    for (uint32_t tag = TD_REC_USER; tag < TD_REC_USER + 2; tag++) {
+        td_tensor *h[4];
+        for (int k = 0; k < 4; k++)
+            h[k] = dev_host_arange(TD_FLOAT32, TD_SHAPE(ndev * 2), (double)(k + 1) * (tag == TD_REC_USER ? 1 : -1));
+        td_value *out1 = td_value_record_of(tag, 2, tv(dev_to(h[0], dev(0))), tv(dev_to(h[1], dev(1))));
+        td_value *out2 = td_value_record_of(tag, 2, tv(dev_to(h[2], dev(1))), tv(dev_to(h[3], dev(0))));
+        const td_value *outputs[2] = {out1, out2};
+        td_device targets[2] = {cpu, dev(0)};
+        for (int k = 0; k < 2; k++) {
+            if (tag != TD_REC_USER && k == 0)
+                continue; /* the typing.NamedTuple half gathers to device 0 only, as upstream */
+            td_value *g = NULL;
+            TD_CHECK_OK(td_comm_gather_value(outputs, 2, 0, targets[k], &g));
+            TD_CHECK_EQ(td_value_kind_of(g), TD_VAL_RECORD);
+            TD_CHECK_EQ(td_value_record_tag(g), tag);
+            TD_CHECK_EQ(td_value_len(g), 2);
+            for (int i = 0; i < 2; i++) {
+                td_tensor *x = tensor_of(td_value_at(g, (size_t)i)), *cat = NULL;
+                const td_tensor *parts[2] = {h[i], h[2 + i]};
+                TD_CHECK_OK(td_tensor_cat(parts, 2, 0, &cat));
+                TD_CHECK(td_device_equal(td_tensor_device(x), targets[k]));
+                TD_CHECK(td_tensor_equal(x, cat));
+                td_tensor_release(cat);
+            }
+            td_value_release(g);
+        }
+        td_value_release(out1);
+        td_value_release(out2);
+        release_n(h, 4);
+    }
+    dev_finish();
+}
+
+/* The other branches of upstream's recursion: a tuple gives one tuple per device, a list one list,
+ * a dict one dict (a non-tensor key shared), anything else (None, numbers, strings, empty
+ * containers) the same object on every device; gather rebuilds tuples, lists and dicts. */
+TD_TEST(test_scatter_gather_containers, DEV_CASE)
+{
+    dev_setup(ctx, 2);
+    td_device devs[2] = {dev(0), dev(1)};
+    td_tensor *h1 = dev_host_arange(TD_FLOAT32, TD_SHAPE(4, 2), 1.0), *h2 = dev_host_arange(TD_INT64, TD_SHAPE(2, 3), 2.0);
+    td_tensor *h3 = dev_host_arange(TD_FLOAT64, TD_SHAPE(6), 0.25);
+    td_value *empty = td_value_list_new(), *seven = td_value_int(7), *dict = td_value_dict_new();
+    TD_CHECK_OK(td_value_dict_set_str(dict, "x", tv(dev_to(h2, dev(0)))));
+    TD_CHECK_OK(td_value_dict_set(dict, td_value_int(3), td_value_none()));
+    td_value *v = td_value_list_new();
+    TD_CHECK_OK(td_value_list_append(v, td_value_tuple_of(3, tv(dev_to(h1, dev(1))), td_value_retain(seven),
+                                                          td_value_string("s"))));
+    TD_CHECK_OK(td_value_list_append(v, td_value_retain(dict)));
+    TD_CHECK_OK(td_value_list_append(v, td_value_retain(empty)));
+    TD_CHECK_OK(td_value_list_append(v, td_value_tensor(h3))); /* a host tensor scatters too */
+    TD_CHECK_OK(td_value_list_append(v, td_value_double(2.5)));
+    td_value *out[2];
+    int n = 0;
+    TD_CHECK_OK(td_comm_scatter_value(v, devs, 2, 0, out, &n));
+    TD_CHECK_EQ(n, 2);
+    for (int i = 0; i < 2; i++) {
+        const td_value *o = out[i];
+        TD_CHECK_EQ(td_value_kind_of(o), TD_VAL_LIST);
+        TD_CHECK_EQ(td_value_len(o), 5);
+        const td_value *tup = td_value_at(o, 0);
+        TD_CHECK_EQ(td_value_kind_of(tup), TD_VAL_TUPLE);
+        TD_CHECK_EQ(td_value_len(tup), 3);
+        td_tensor *c1 = tensor_of(td_value_at(tup, 0)), *e1 = host_rows(h1, 2 * i, 2);
+        TD_CHECK(td_device_equal(td_tensor_device(c1), dev(i)));
+        TD_CHECK(td_tensor_equal(c1, e1));
+        td_tensor_release(e1);
+        TD_CHECK(td_value_at(tup, 1) == seven); /* replicated: the same object */
+        TD_CHECK(strcmp(td_value_get_string(td_value_at(tup, 2), NULL), "s") == 0);
+        const td_value *d = td_value_at(o, 1);
+        TD_CHECK_EQ(td_value_kind_of(d), TD_VAL_DICT);
+        TD_CHECK_EQ(td_value_len(d), 2);
+        TD_CHECK(td_value_dict_key_at(d, 0) == td_value_dict_key_at(dict, 0)); /* the key "x", shared */
+        td_tensor *c2 = tensor_of(td_value_dict_get_str(d, "x")), *e2 = host_rows(h2, i, 1);
+        TD_CHECK(td_device_equal(td_tensor_device(c2), dev(i)));
+        TD_CHECK(td_tensor_equal(c2, e2));
+        td_tensor_release(e2);
+        TD_CHECK_EQ(td_value_kind_of(td_value_dict_value_at(d, 1)), TD_VAL_NONE);
+        TD_CHECK(td_value_at(o, 2) == empty);
+        td_tensor *c3 = tensor_of(td_value_at(o, 3)), *e3 = host_rows(h3, 3 * i, 3);
+        TD_CHECK(td_device_equal(td_tensor_device(c3), dev(i)));
+        TD_CHECK(td_tensor_equal(c3, e3));
+        td_tensor_release(e3);
+        TD_CHECK(td_value_get_double(td_value_at(o, 4)) == 2.5);
+    }
+    /* gather back what gathers: [(t1, None), {"x": t2}] from each device's pieces */
+    td_value *parts[2];
+    for (int i = 0; i < 2; i++) {
+        const td_value *tup = td_value_at(out[i], 0), *d = td_value_at(out[i], 1);
+        td_value *pd = td_value_dict_new();
+        TD_CHECK_OK(td_value_dict_set_str(pd, "x", td_value_retain(td_value_dict_get_str(d, "x"))));
+        parts[i] = td_value_list_new();
+        TD_CHECK_OK(td_value_list_append(parts[i], td_value_tuple_of(2, td_value_retain(td_value_at(tup, 0)),
+                                                                      td_value_none())));
+        TD_CHECK_OK(td_value_list_append(parts[i], pd));
+    }
+    td_value *g = NULL;
+    const td_value *const *gin = (const td_value *const *)parts;
+    TD_CHECK_OK(td_comm_gather_value(gin, 2, 0, cpu, &g));
+    td_value *expected = td_value_list_new();
+    td_value *ed = td_value_dict_new();
+    TD_CHECK_OK(td_value_dict_set_str(ed, "x", td_value_tensor(h2)));
+    TD_CHECK_OK(td_value_list_append(expected, td_value_tuple_of(2, td_value_tensor(h1), td_value_none())));
+    TD_CHECK_OK(td_value_list_append(expected, ed));
+    TD_CHECK_MSG(td_value_equal(g, expected), "gathered %s", td_value_format(g));
+    TD_CHECK(td_device_equal(td_tensor_device(tensor_of(td_value_at(td_value_at(g, 0), 0))), cpu));
+    td_value_release(g);
+    /* onto the current device (index -1) inside a guard: device 1 */
+    td_device_guard guard;
+    TD_CHECK_OK(td_device_guard_enter(&guard, dev(1)));
+    TD_CHECK_OK(td_comm_gather_value(gin, 2, 0, dev_current(), &g));
+    td_device_guard_exit(&guard);
+    TD_CHECK(td_value_equal(g, expected));
+    TD_CHECK(td_device_equal(td_tensor_device(tensor_of(td_value_dict_get_str(td_value_at(g, 1), "x"))), dev(1)));
+    td_value_release(g);
+    td_value_release(expected);
+    for (int i = 0; i < 2; i++) {
+        td_value_release(parts[i]);
+        td_value_release(out[i]);
+    }
+    td_value *values[] = {v, dict, empty, seven};
+    for (int i = 0; i < 4; i++)
+        td_value_release(values[i]);
+    td_tensor *all[] = {h1, h2, h3};
+    release_n(all, 3);
+    dev_finish();
+}
+
+/* As upstream zips the pieces: a container gives as many values as its shortest member (a
+ * 1-row tensor over 2 devices: one piece; an empty record: none), and gather over the shortest
+ * list or tuple; scalars only replicate. */
+TD_TEST(test_scatter_gather_value_shapes, DEV_CASE)
+{
+    dev_setup(ctx, 2);
+    td_device devs[2] = {dev(0), dev(1)};
+    td_tensor *one_row = dev_host_arange(TD_FLOAT32, TD_SHAPE(1, 3), 1.0);
+    td_value *v = td_value_tuple_of(2, td_value_tensor(one_row), td_value_int(5)), *out[2] = {NULL, NULL};
+    int n = -1;
+    TD_CHECK_OK(td_comm_scatter_value(v, devs, 2, 0, out, &n));
+    TD_CHECK_EQ(n, 1);
+    TD_CHECK_EQ(td_value_kind_of(out[0]), TD_VAL_TUPLE);
+    TD_CHECK(td_device_equal(td_tensor_device(tensor_of(td_value_at(out[0], 0))), dev(0)));
+    td_value_release(out[0]);
+    td_value_release(v);
+    v = td_value_record_new(TD_REC_USER, 0);
+    TD_CHECK_OK(td_comm_scatter_value(v, devs, 2, 0, out, &n));
+    TD_CHECK_EQ(n, 0);
+    td_value_release(v);
+    v = td_value_string("just a string");
+    TD_CHECK_OK(td_comm_scatter_value(v, devs, 2, 0, out, &n));
+    TD_CHECK_EQ(n, 2);
+    TD_CHECK(out[0] == v && out[1] == v);
+    td_value_release(out[0]);
+    td_value_release(out[1]);
+    td_value_release(v);
+    /* dim 1 */
+    td_tensor *wide = dev_host_arange(TD_FLOAT32, TD_SHAPE(2, 4), 1.0);
+    v = td_value_tensor(wide);
+    TD_CHECK_OK(td_comm_scatter_value(v, devs, 2, 1, out, &n));
+    TD_CHECK_EQ(n, 2);
+    TD_CHECK_EQ(td_tensor_size(tensor_of(out[1]), 1), 2);
+    td_value *g = NULL;
+    TD_CHECK_OK(td_comm_gather_value((const td_value *const *)out, 2, -1, cpu, &g));
+    TD_CHECK(td_tensor_equal(tensor_of(g), wide));
+    td_value_release(g);
+    td_value_release(out[0]);
+    td_value_release(out[1]);
+    td_value_release(v);
+    /* gather over lists of lengths 2 and 1: one element */
+    td_tensor *h = dev_host_arange(TD_FLOAT32, TD_SHAPE(2), 1.0);
+    td_value *l0 = td_value_list_new(), *l1 = td_value_list_new();
+    TD_CHECK_OK(td_value_list_append(l0, tv(dev_to(h, dev(0)))));
+    TD_CHECK_OK(td_value_list_append(l0, tv(dev_to(h, dev(0)))));
+    TD_CHECK_OK(td_value_list_append(l1, tv(dev_to(h, dev(1)))));
+    const td_value *lists[2] = {l0, l1};
+    TD_CHECK_OK(td_comm_gather_value(lists, 2, 0, dev(0), &g));
+    TD_CHECK_EQ(td_value_kind_of(g), TD_VAL_LIST);
+    TD_CHECK_EQ(td_value_len(g), 1);
+    TD_CHECK_EQ(td_tensor_size(tensor_of(td_value_at(g, 0)), 0), 4);
+    td_value_release(g);
+    /* 0-dim tensors along dim 0 become a vector */
+    td_tensor *s0 = NULL, *s1 = NULL;
+    TD_CHECK_OK(td_tensor_full_on(dev(0), TD_FLOAT32, TD_SHAPE_SCALAR, 1.5, &s0));
+    TD_CHECK_OK(td_tensor_full_on(dev(1), TD_FLOAT32, TD_SHAPE_SCALAR, -2.0, &s1));
+    td_value *sv[2] = {tv(s0), tv(s1)};
+    TD_CHECK_OK(td_comm_gather_value((const td_value *const *)sv, 2, 0, cpu, &g));
+    TD_CHECK_EQ(td_tensor_ndim(tensor_of(g)), 1);
+    TD_CHECK_EQ(td_tensor_size(tensor_of(g), 0), 2);
+    TD_CHECK_EQ(dev_get(tensor_of(g), 0), 1.5);
+    TD_CHECK_EQ(dev_get(tensor_of(g), 1), -2.0);
+    td_value_release(g);
+    td_value *nones[2] = {td_value_none(), td_value_none()};
+    TD_CHECK_OK(td_comm_gather_value((const td_value *const *)nones, 2, 0, cpu, &g));
+    TD_CHECK_EQ(td_value_kind_of(g), TD_VAL_NONE);
+    td_value_release(g);
+    td_value *vals[] = {l0, l1, sv[0], sv[1], nones[0], nones[1]};
+    for (int i = 0; i < 6; i++)
+        td_value_release(vals[i]);
+    td_tensor *all[] = {one_row, wide, h};
+    release_n(all, 3);
+    dev_finish();
+}
+
+TD_TEST(test_scatter_gather_value_errors, DEV_CASE)
+{
+    dev_setup(ctx, 2);
+    td_device devs[2] = {dev(0), dev(1)};
+    td_tensor *h = dev_host_arange(TD_FLOAT32, TD_SHAPE(2), 1.0);
+    td_value *v = td_value_tensor(h), *out[2], *g = NULL;
+    int n = 0;
+    TD_CHECK_ERR(td_comm_scatter_value(v, devs, 0, 0, out, &n), TD_ERR_INVALID, "Expected at least one device to scatter to");
+    td_device negative[2] = {dev(0), dev(0)};
+    negative[1].index = -1;
+    td_value *five = td_value_int(5);
+    TD_CHECK_ERR(td_comm_scatter_value(five, negative, 2, 0, out, &n), TD_ERR_INVALID,
+                 "Expected non-negative device index, but got -1");
+    td_value *scalar = NULL;
+    {
+        td_tensor *s = NULL;
+        TD_CHECK_OK(td_tensor_zeros(TD_FLOAT32, TD_SHAPE_SCALAR, &s));
+        scalar = tv(s);
+    }
+    TD_CHECK_ERR(td_comm_scatter_value(scalar, devs, 2, 0, out, &n), TD_ERR_INVALID,
+                 "chunk expects at least a 1-dimensional tensor");
+    /* gather */
+    const td_value *host_pair[2] = {v, v};
+    TD_CHECK_ERR(td_comm_gather_value(host_pair, 2, 0, cpu, &g), TD_ERR_INVALID,
+                 "Gather function not implemented for CPU tensors");
+    const td_value *ints[2] = {five, five};
+    TD_CHECK_ERR(td_comm_gather_value(ints, 2, 0, cpu, &g), TD_ERR_INVALID, "cannot gather values of kind int");
+    TD_CHECK_ERR(td_comm_gather_value(ints, 0, 0, cpu, &g), TD_ERR_INVALID, "expected at least one output");
+    td_value *t0 = tv(dev_to(h, dev(0))), *t1 = tv(dev_to(h, dev(1)));
+    const td_value *mixed[2] = {t0, five};
+    TD_CHECK_ERR(td_comm_gather_value(mixed, 2, 0, cpu, &g), TD_ERR_INVALID, "different kinds");
+    td_value *da = td_value_dict_new(), *db = td_value_dict_new(), *dc = td_value_dict_new();
+    TD_CHECK_OK(td_value_dict_set_str(da, "x", td_value_retain(t0)));
+    TD_CHECK_OK(td_value_dict_set_str(db, "y", td_value_retain(t1)));
+    TD_CHECK_OK(td_value_dict_set_str(dc, "x", td_value_retain(t1)));
+    TD_CHECK_OK(td_value_dict_set_str(dc, "z", td_value_retain(t1)));
+    const td_value *ab[2] = {da, db}, *ac[2] = {da, dc};
+    TD_CHECK_ERR(td_comm_gather_value(ab, 2, 0, cpu, &g), TD_ERR_NOT_FOUND, "'x'");
+    TD_CHECK_ERR(td_comm_gather_value(ac, 2, 0, cpu, &g), TD_ERR_INVALID, "All dicts must have the same number of keys");
+    td_value *r1 = td_value_record_of(TD_REC_USER, 1, td_value_retain(t0));
+    td_value *r2 = td_value_record_of(TD_REC_USER + 1, 1, td_value_retain(t1));
+    const td_value *rr[2] = {r1, r2};
+    TD_CHECK_ERR(td_comm_gather_value(rr, 2, 0, cpu, &g), TD_ERR_INVALID, "records of different tags");
+    TD_CHECK(g == NULL);
+    td_value *vals[] = {v, five, scalar, t0, t1, da, db, dc, r1, r2};
+    for (int i = 0; i < 10; i++)
+        td_value_release(vals[i]);
+    td_tensor_release(h);
     dev_finish();
 }
 

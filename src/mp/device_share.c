@@ -152,7 +152,7 @@ static td_status counter_file_new(counter_file **out)
 static td_status counter_slot_take(counter_file **file, int64_t *slot)
 {
     if (!counter_current || counter_current->handed_out == DSHARE_COUNTER_SLOTS) {
-        counter_file *f;
+        counter_file *f = NULL;
         TD_TRY(counter_file_new(&f));
         f->next = counter_files;
         counter_files = f;

@@ -297,6 +297,44 @@ TD_TEST(test_event_handle_stale, DEV_CASE)
     dev_teardown();
 }
 
+/* test_event_handle_multi_gpu: an event's handle is taken while another device is current. e0 was
+ * created while device 0 was current and never recorded: taking its handle with device 1 current
+ * works (torch creates it lazily on the device current then). e1 was recorded on device 0 after a
+ * sleep: its handle, taken with device 1 current, works and names device 0's event, which still
+ * waits for the sleep and then completes. */
+TD_TEST(test_event_handle_multi_gpu, DEV_CASE)
+{
+    dev_setup(ctx, 2);
+    td_event *e0 = NULL, *e1 = NULL;
+    TD_CHECK_OK(td_device_set(dev(0)));
+    TD_CHECK_OK(td_event_create(TD_EVENT_INTERPROCESS, &e0));
+    td_device_guard g;
+    TD_CHECK_OK(td_device_guard_enter(&g, dev(1)));
+    td_event_ipc_handle h0;
+    TD_CHECK_OK(td_event_ipc_handle_get(e0, &h0));
+    td_device_guard_exit(&g);
+    TD_CHECK_EQ(td_device_current(dev(0).type), 0);
+
+    TD_CHECK_OK(td_event_create(TD_EVENT_INTERPROCESS, &e1));
+    td_stream *s0 = NULL;
+    TD_CHECK_OK(td_stream_create(dev(0), 0, &s0));
+    spin_or_skip(s0);
+    TD_CHECK_OK(td_event_record(e1, s0));
+    TD_CHECK_OK(td_device_guard_enter(&g, dev(1)));
+    td_event_ipc_handle h1;
+    TD_CHECK_OK(td_event_ipc_handle_get(e1, &h1));
+    TD_CHECK(td_device_equal(td_event_device(e1), dev(0)));
+    TD_CHECK(!td_event_query(e1));
+    td_device_guard_exit(&g);
+    TD_CHECK_OK(td_event_synchronize(e1));
+    TD_CHECK(td_event_query(e1));
+    TD_CHECK_OK(td_stream_synchronize(s0));
+    td_stream_release(s0);
+    td_event_release(e0);
+    td_event_release(e1);
+    dev_teardown();
+}
+
 /* ---- device tensors through queues (spec L) ------------------------------------------------ */
 
 static const char resend_message[] = "Attempted to send CUDA tensor received from another process; this is not "

@@ -15,18 +15,7 @@
 #include "base/error.h"
 #include "device_util.h"
 
-/* Checks inside entry points (they run in child processes: a failure is the entry's error). */
-#define E_CHECK(cond)                                                                                 \
-    do {                                                                                              \
-        if (!(cond))                                                                                  \
-            return error_fmt(TD_ERR_INTERNAL, "%s:%d: check failed: %s", __FILE__, __LINE__, #cond);   \
-    } while (0)
-#define E_OK(expr)                                                                                    \
-    do {                                                                                              \
-        td_status e_s_ = (expr);                                                                      \
-        if (e_s_ != TD_OK)                                                                            \
-            return error_prefix(e_s_, "%s:%d: %s", __FILE__, __LINE__, #expr);                     \
-    } while (0)
+#include "../support/entry_check.h"
 
 static const td_device cpu = {TD_DEVICE_CPU, -1};
 

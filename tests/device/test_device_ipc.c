@@ -23,17 +23,7 @@
 #include "device_util.h"
 #include "mp/device_share.h"
 
-#define E_CHECK(cond)                                                                                 \
-    do {                                                                                              \
-        if (!(cond))                                                                                  \
-            return error_fmt(TD_ERR_INTERNAL, "%s:%d: check failed: %s", __FILE__, __LINE__, #cond);   \
-    } while (0)
-#define E_OK(expr)                                                                                    \
-    do {                                                                                              \
-        td_status e_s_ = (expr);                                                                      \
-        if (e_s_ != TD_OK)                                                                            \
-            return error_prefix(e_s_, "%s:%d: %s", __FILE__, __LINE__, #expr);                     \
-    } while (0)
+#include "../support/entry_check.h"
 
 #define QUEUE_WAIT_MS 30000
 

@@ -9,18 +9,8 @@
 
 #include "base/error.h"
 
-/* Inside an entry point: fail the entry (its message reaches the parent's td_mp_join). */
-#define E_CHECK(cond)                                                                                 \
-    do {                                                                                              \
-        if (!(cond))                                                                                  \
-            return error_fmt(TD_ERR_INTERNAL, "%s:%d: check failed: %s", __FILE__, __LINE__, #cond);   \
-    } while (0)
-#define E_OK(expr)                                                                                    \
-    do {                                                                                              \
-        td_status e_s_ = (expr);                                                                      \
-        if (e_s_ != TD_OK)                                                                            \
-            return error_prefix(e_s_, "%s:%d: %s", __FILE__, __LINE__, #expr);                     \
-    } while (0)
+/* Inside an entry point: E_CHECK / E_OK fail the entry (its message reaches td_mp_join). */
+#include "../support/entry_check.h"
 
 /* Every element of t equals v (any dtype, any layout). */
 bool mpt_all_equal(const td_tensor *t, double v);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Compiles each include/tdist/*.h alone, as C99 and as C++17 with -pedantic-errors -Wall -Werror,
-# and a C++ use of the macros that build values (TD_SHAPE, TD_OP_*). Prints each failure.
+# Compiles each include/tdist/*.h alone as C99, C11, C++11 and C++17 with -Wall -Wextra
+# -pedantic-errors -Werror, and a C++ use of the macros that build values (TD_OP_*). Prints each
+# failure.
 #   bash tests/headers/check.sh <include-dir>
 set -uo pipefail
 inc=${1:?include dir}
@@ -8,13 +9,14 @@ cc=${CC:-cc}
 cxx=${CXX:-c++}
 command -v "$cxx" >/dev/null || cxx=g++
 rc=0
+flags="-pedantic-errors -Wall -Wextra -Werror -I$inc -fsyntax-only"
 for h in "$inc"/tdist/*.h; do
-  if ! "$cc" -std=c99 -pedantic-errors -Wall -Werror -I"$inc" -fsyntax-only -x c "$h"; then
-    echo "FAIL: $h as C99"; rc=1
-  fi
-  if ! "$cxx" -std=c++17 -pedantic-errors -Wall -Werror -I"$inc" -fsyntax-only -x c++ "$h"; then
-    echo "FAIL: $h as C++17"; rc=1
-  fi
+  for std in c99 c11; do
+    "$cc" -std=$std $flags -x c "$h" || { echo "FAIL: $h as $std"; rc=1; }
+  done
+  for std in c++11 c++17; do
+    "$cxx" -std=$std $flags -x c++ "$h" || { echo "FAIL: $h as $std"; rc=1; }
+  done
 done
 src=$(mktemp --suffix=.cpp)
 trap 'rm -f "$src"' EXIT
@@ -28,8 +30,8 @@ int main()
     return (int)sum.kind + (int)premul.kind + (int)cpu.type;
 }
 CPP
-if ! "$cxx" -std=c++17 -pedantic-errors -Wall -Werror -I"$inc" -fsyntax-only "$src"; then
+if ! "$cxx" -std=c++11 $flags "$src"; then
   echo "FAIL: the value macros from C++17"; rc=1
 fi
-[ $rc -eq 0 ] && echo "all public headers compile alone as C99 and C++17 (-pedantic-errors)"
+[ $rc -eq 0 ] && echo "all public headers compile alone as C99, C11, C++11 and C++17 (-Wall -Wextra -pedantic-errors)"
 exit $rc

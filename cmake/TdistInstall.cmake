@@ -19,5 +19,12 @@ install(FILES ${PROJECT_BINARY_DIR}/tdistConfig.cmake ${PROJECT_BINARY_DIR}/tdis
   DESTINATION ${TDIST_CMAKE_DIR})
 
 file(RELATIVE_PATH TDIST_PC_TO_PREFIX "/root/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/root")
+# pkg-config --static: the static library's private dependencies, MPI's libraries included.
+set(TDIST_PC_LIBS_PRIVATE "-lpthread -lm -lrt -ldl")
+if(TDIST_HAVE_MPI)
+  foreach(lib IN LISTS MPI_C_LIBRARIES)
+    string(APPEND TDIST_PC_LIBS_PRIVATE " ${lib}")
+  endforeach()
+endif()
 configure_file(${PROJECT_SOURCE_DIR}/cmake/tdist.pc.in ${PROJECT_BINARY_DIR}/tdist.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/tdist.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

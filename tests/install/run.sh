@@ -16,8 +16,18 @@ cmake --build "$tmp/consumer" >/dev/null
 LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/consumer/consumer_shared" | grep -qx "consumer: 1+2+3+4 = 10 (tdist $(sed -n 's/^Version: //p' "$tmp/prefix/lib/pkgconfig/tdist.pc"))"
 "$tmp/consumer/consumer_static" | grep -q "consumer: 1+2+3+4 = 10"
 
+# A C++-only project without MPI finds the package and links the shared library.
+cmake -S "$src/../consumer_cxx" -B "$tmp/consumer_cxx" -DCMAKE_PREFIX_PATH="$tmp/prefix" >/dev/null
+cmake --build "$tmp/consumer_cxx" >/dev/null
+LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/consumer_cxx/consumer_cxx" | grep -qx "consumer_cxx: 1+2+3+4 = 10 (op SUM)"
+
 export PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig"
 # shellcheck disable=SC2046
 cc -o "$tmp/pc_consumer" "$src/consumer.c" $(pkg-config --cflags --libs tdist)
 LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/pc_consumer" | grep -q "consumer: 1+2+3+4 = 10"
-echo "install: find_package (shared, static) and pkg-config consumers built and ran"
+# pkg-config --static links the static library alone, with its private dependencies.
+# shellcheck disable=SC2046
+cc -o "$tmp/pc_consumer_static" "$src/consumer.c" -I"$tmp/prefix/include" "$tmp/prefix/lib/libtdist.a" \
+  $(pkg-config --static --libs-only-other --libs-only-l tdist | sed 's/-ltdist//')
+"$tmp/pc_consumer_static" | grep -q "consumer: 1+2+3+4 = 10"
+echo "install: find_package (shared, static, C++ without MPI) and pkg-config (shared, static) consumers built and ran"

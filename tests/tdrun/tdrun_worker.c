@@ -5,7 +5,11 @@
  *   fail RANK CODE      RANK exits CODE after 300 ms; the others wait to be stopped and say so
  *   restart N           rank 0 fails until TDIST_RESTART_COUNT reaches N, then everyone succeeds
  *   sleep DIR           write DIR/<rank>.pid, then sleep until killed
- *   store               join the job's store through env:// and count the ranks that joined */
+ *   store               join the job's store through env:// and count the ranks that joined
+ *   torchenv            print torchrun's other variables (TORCHELASTIC_*, ROLE_*, GROUP_*) on one line
+ *   errfile RANK KIND   RANK writes TORCHELASTIC_ERROR_FILE (KIND json: torchrun's layout with a
+ *                       two-line py_callstack; text: plain text) and exits 1; the others wait
+ *   out                 one stdout and one stderr line */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +52,53 @@ int main(int argc, char **argv)
                env_str("RANK"), env_str("LOCAL_RANK"), env_str("WORLD_SIZE"), env_str("LOCAL_WORLD_SIZE"),
                env_str("GROUP_RANK"), env_str("MASTER_ADDR"), env_str("MASTER_PORT"), env_str("TDIST_RESTART_COUNT"),
                env_str("TDIST_USE_AGENT_STORE"));
+        return 0;
+    }
+    if (strcmp(mode, "torchenv") == 0) {
+        /* The error file must be a path of its own in a directory that exists. */
+        const char *ef = getenv("TORCHELASTIC_ERROR_FILE");
+        char want_tail[64];
+        snprintf(want_tail, sizeof want_tail, "/attempt_%s/%s/error.json", env_str("TORCHELASTIC_RESTART_COUNT"),
+                 env_str("LOCAL_RANK"));
+        bool ef_ok = false;
+        if (ef && strlen(ef) > strlen(want_tail) && strcmp(ef + strlen(ef) - strlen(want_tail), want_tail) == 0) {
+            FILE *f = fopen(ef, "w");
+            ef_ok = f != NULL;
+            if (f)
+                fclose(f);
+            unlink(ef);
+        }
+        printf("TORCHENV RANK=%s TORCHELASTIC_RESTART_COUNT=%s TORCHELASTIC_MAX_RESTARTS=%s TORCHELASTIC_RUN_ID=%s "
+               "ROLE_NAME=%s ROLE_RANK=%s ROLE_WORLD_SIZE=%s GROUP_RANK=%s GROUP_WORLD_SIZE=%s ERROR_FILE=%s\n",
+               env_str("RANK"), env_str("TORCHELASTIC_RESTART_COUNT"), env_str("TORCHELASTIC_MAX_RESTARTS"),
+               env_str("TORCHELASTIC_RUN_ID"), env_str("ROLE_NAME"), env_str("ROLE_RANK"), env_str("ROLE_WORLD_SIZE"),
+               env_str("GROUP_RANK"), env_str("GROUP_WORLD_SIZE"), ef_ok ? "ok" : env_str("TORCHELASTIC_ERROR_FILE"));
+        return 0;
+    }
+    if (strcmp(mode, "errfile") == 0 && argc > 3) {
+        signal(SIGTERM, on_term);
+        if (rank == atoi(argv[2])) {
+            usleep(300 * 1000);
+            FILE *f = fopen(env_str("TORCHELASTIC_ERROR_FILE"), "w");
+            if (!f)
+                return 3;
+            if (strcmp(argv[3], "json") == 0)
+                fprintf(f, "{\"message\": {\"message\": \"ValueError: bad batch\", \"extraInfo\": "
+                           "{\"py_callstack\": \"Traceback (most recent call last):\\n  File \\\"train.c\\\", "
+                           "line 7\\nValueError: bad batch \\u0041\", \"timestamp\": \"1700000000\"}}}\n");
+            else
+                fprintf(f, "worker %d: the data file is missing\n", rank);
+            fclose(f);
+            return 1;
+        }
+        for (int i = 0; i < 600 && !g_term; i++)
+            usleep(100 * 1000);
+        return g_term ? 0 : 1;
+    }
+    if (strcmp(mode, "out") == 0) {
+        printf("OUT of rank %d\n", rank);
+        fflush(stdout);
+        fprintf(stderr, "ERR of rank %d\n", rank);
         return 0;
     }
     if (strcmp(mode, "spam") == 0 && argc > 2) {

@@ -4,6 +4,7 @@
  * promises: the environment each worker sees, rank-prefixed whole lines, a failing worker taking
  * the others down with torchrun's summary and exit code 1, restarts counted, signals forwarded and
  * no worker left behind, and two nodes on one machine forming one world. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -169,6 +170,7 @@ TD_TEST(failing_worker_stops_the_others, .timeout_s = 60)
     TD_CHECK_CONTAINS(p.out.data, "  exitcode  : 3 (pid: ");
     TD_CHECK_CONTAINS(p.out.data, "  host      : ");
     TD_CHECK_CONTAINS(p.out.data, "  time      : ");
+    TD_CHECK_CONTAINS(p.out.data, "  error_file: <N/A>\n");
     TD_CHECK_CONTAINS(p.out.data, "FAILED");
     for (int r = 0; r < 4; r++) {
         if (r == 2)
@@ -178,6 +180,34 @@ TD_TEST(failing_worker_stops_the_others, .timeout_s = 60)
         TD_CHECK_CONTAINS(p.out.data, want);
     }
     proc_free(&p);
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw);
+
+/* Removes the tdrun_* run directories in dir. */
+static void remove_run_dirs(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strncmp(e->d_name, "tdrun_", 6) == 0) {
+            char path[4400];
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+        }
+    closedir(d);
+}
+
+/* A copy of the rest of the line after the first `prefix` in text, or NULL. */
+static char *line_after(const char *text, const char *prefix)
+{
+    const char *p = text ? strstr(text, prefix) : NULL;
+    if (!p)
+        return NULL;
+    p += strlen(prefix);
+    return strndup(p, strcspn(p, "\n"));
 }
 
 static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
@@ -216,11 +246,15 @@ TD_TEST(failing_worker_with_signal_and_log_dir, .timeout_s = 60)
     TD_CHECK_CONTAINS(p.out.data, "  rank      : 1 (local_rank: 1)\n");
     TD_CHECK_CONTAINS(p.out.data, "  exitcode  : -9 (pid: ");
     TD_CHECK_CONTAINS(p.out.data, "Signal 9 (SIGKILL) received by PID");
-    char want[4300];
-    snprintf(want, sizeof want, "  log file  : %s/attempt_0/1/stderr.log", logdir);
+    /* The run writes under a directory of its own: LOGDIR/<run id>_XXXXXX. */
+    char want[4400];
+    char *run_dir = line_after(p.out.data, "logs under ");
+    TD_CHECK_MSG(run_dir && strncmp(run_dir, logdir, strlen(logdir)) == 0, "no run directory in:\n%s", p.out.data);
+    snprintf(want, sizeof want, "  log file  : %s/attempt_0/1/stderr.log", run_dir);
     TD_CHECK_CONTAINS(p.out.data, want);
-    snprintf(want, sizeof want, "%s/attempt_0/0/stdout.log", logdir);
+    snprintf(want, sizeof want, "%s/attempt_0/0/stdout.log", run_dir);
     TD_CHECK(access(want, F_OK) == 0);
+    free(run_dir);
     /* Clean up what the job wrote into the test's dir. */
     TD_CHECK(nftw(logdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS) == 0);
     for (int r = 0; r < 2; r++) {
@@ -315,6 +349,8 @@ TD_TEST(sigkill_of_tdrun_leaves_no_worker, .timeout_s = 60)
     proc_finish(&p, 30000);
     TD_CHECK_EQ(p.code, -SIGKILL);
     check_all_gone(pids, 2);
+    /* A SIGKILLed tdrun cannot remove its temporary run directory (TMPDIR is the test's dir). */
+    remove_run_dirs(ctx->tmpdir);
     proc_free(&p);
 }
 
@@ -406,6 +442,273 @@ TD_TEST(example_ddp_train_through_tdrun, .timeout_s = 120)
         TD_CHECK_CONTAINS(p.out.data, want);
     }
     proc_free(&p);
+}
+
+/* ---- torchrun's variables and flags (issue 22) ---- */
+
+/* Runs tdrun with argv; expects exit code `code` and `want` in the output. */
+static void expect_run(char *const argv[], int code, const char *want)
+{
+    proc p;
+    run_tdrun(&p, argv, 30000);
+    TD_CHECK_MSG(p.code == code, "tdrun exited %d, not %d:\n%s", p.code, code, p.out.data);
+    if (want)
+        TD_CHECK_CONTAINS(p.out.data, want);
+    proc_free(&p);
+}
+
+TD_TEST(torchelastic_environment, .timeout_s = 60)
+{
+    proc p;
+    char *argv[] = {TDRUN_BIN, "--master-port", "0", "--rdzv-id", "job42", "--role", "trainer", "--max-restarts", "3",
+                    "--nproc-per-node", "2", WORKER_BIN, "torchenv", NULL};
+    run_tdrun(&p, argv, 30000);
+    TD_CHECK_MSG(p.code == 0, "tdrun exited %d:\n%s", p.code, p.out.data);
+    for (int r = 0; r < 2; r++) {
+        char want[512];
+        snprintf(want, sizeof want,
+                 "[rank%d]: TORCHENV RANK=%d TORCHELASTIC_RESTART_COUNT=0 TORCHELASTIC_MAX_RESTARTS=3 "
+                 "TORCHELASTIC_RUN_ID=job42 ROLE_NAME=trainer ROLE_RANK=%d ROLE_WORLD_SIZE=2 GROUP_RANK=0 "
+                 "GROUP_WORLD_SIZE=1 ERROR_FILE=ok\n",
+                 r, r, r);
+        TD_CHECK_CONTAINS(p.out.data, want);
+    }
+    proc_free(&p);
+
+    /* Defaults: role "default"; --standalone makes a random run id, as torchrun's uuid4. */
+    char *argv2[] = {TDRUN_BIN, "--standalone", WORKER_BIN, "torchenv", NULL};
+    run_tdrun(&p, argv2, 30000);
+    TD_CHECK_MSG(p.code == 0, "tdrun exited %d:\n%s", p.code, p.out.data);
+    TD_CHECK_CONTAINS(p.out.data, "ROLE_NAME=default ROLE_RANK=0 ROLE_WORLD_SIZE=1 GROUP_RANK=0");
+    char *id = line_after(p.out.data, "TORCHELASTIC_RUN_ID=");
+    TD_CHECK(id != NULL);
+    TD_CHECK_MSG(strcspn(id, " ") == 36 && id[8] == '-' && id[14] == '4', "run id '%s'", id);
+    free(id);
+    proc_free(&p);
+
+    /* Without --standalone or --rdzv-id: torchrun's "none". */
+    char *argv3[] = {TDRUN_BIN, "--master-port", "0", WORKER_BIN, "torchenv", NULL};
+    expect_run(argv3, 0, "TORCHELASTIC_RUN_ID=none ");
+}
+
+/* A failing worker's TORCHELASTIC_ERROR_FILE is read back into the summary: torchrun's JSON, and
+ * plain text; the temporary run directory is gone afterwards. */
+TD_TEST(error_file_round_trip, .timeout_s = 60)
+{
+    proc p;
+    char *argv[] = {TDRUN_BIN, "--standalone", "--nproc-per-node", "3", WORKER_BIN, "errfile", "1", "json", NULL};
+    run_tdrun(&p, argv, 30000);
+    TD_CHECK_MSG(p.code == 1, "tdrun exited %d:\n%s", p.code, p.out.data);
+    TD_CHECK_CONTAINS(p.out.data, "  rank      : 1 (local_rank: 1)\n");
+    TD_CHECK_CONTAINS(p.out.data, "  traceback : Traceback (most recent call last):\n"
+                                  "                File \"train.c\", line 7\n"
+                                  "              ValueError: bad batch A\n");
+    char *ef = line_after(p.out.data, "  error_file: ");
+    TD_CHECK(ef != NULL);
+    TD_CHECK_MSG(strstr(ef, "/attempt_0/1/error.json") != NULL, "error file '%s'", ef);
+    TD_CHECK_MSG(access(ef, F_OK) != 0, "the temporary run directory was left behind: %s", ef);
+    free(ef);
+    proc_free(&p);
+
+    char *argv2[] = {TDRUN_BIN, "--standalone", "--nproc-per-node", "2", WORKER_BIN, "errfile", "0", "text", NULL};
+    expect_run(argv2, 1, "  traceback : worker 0: the data file is missing\n");
+
+    /* With --log-dir the error file stays beside the logs. */
+    char logdir[4096];
+    snprintf(logdir, sizeof logdir, "%s/elogs", ctx->tmpdir);
+    char *argv3[] = {TDRUN_BIN, "--standalone", "--log-dir", logdir, "--nproc-per-node", "2", WORKER_BIN, "errfile",
+                     "0", "text", NULL};
+    run_tdrun(&p, argv3, 30000);
+    TD_CHECK_EQ(p.code, 1);
+    ef = line_after(p.out.data, "  error_file: ");
+    TD_CHECK(ef != NULL && strncmp(ef, logdir, strlen(logdir)) == 0);
+    TD_CHECK_MSG(access(ef, F_OK) == 0, "no error file %s", ef);
+    free(ef);
+    proc_free(&p);
+    TD_CHECK(nftw(logdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS) == 0);
+}
+
+TD_TEST(flag_rdzv_backend, .timeout_s = 60)
+{
+    char *a1[] = {TDRUN_BIN, "--standalone", "--rdzv-backend", "c10d", WORKER_BIN, "torchenv", NULL};
+    expect_run(a1, 0, "[rank0]: TORCHENV");
+    char *a2[] = {TDRUN_BIN, "--standalone", "--rdzv_backend", "static", WORKER_BIN, "torchenv", NULL};
+    expect_run(a2, 0, "[rank0]: TORCHENV");
+    char *a3[] = {TDRUN_BIN, "--rdzv-backend", "etcd", WORKER_BIN, "torchenv", NULL};
+    expect_run(a3, 2, "--rdzv-backend etcd is not supported: tdist has no etcd client");
+    char *a4[] = {TDRUN_BIN, "--rdzv_backend=etcd-v2", WORKER_BIN, "torchenv", NULL};
+    expect_run(a4, 2, "--rdzv-backend etcd-v2 is not supported");
+    char *a5[] = {TDRUN_BIN, "--rdzv-backend", "zookeeper", WORKER_BIN, "torchenv", NULL};
+    expect_run(a5, 2, "--rdzv-backend must be c10d or static, got 'zookeeper'");
+}
+
+TD_TEST(flag_rdzv_id, .timeout_s = 60)
+{
+    char *a1[] = {TDRUN_BIN, "--standalone", "--rdzv_id", "abc", WORKER_BIN, "torchenv", NULL};
+    expect_run(a1, 0, "TORCHELASTIC_RUN_ID=abc ");
+    char *a2[] = {TDRUN_BIN, "--standalone", "--run-id=xyz", WORKER_BIN, "torchenv", NULL};
+    expect_run(a2, 0, "TORCHELASTIC_RUN_ID=xyz ");
+    char *a3[] = {TDRUN_BIN, "--rdzv-id", "a/b", WORKER_BIN, "torchenv", NULL};
+    expect_run(a3, 2, "--rdzv-id must be a non-empty name without '/'");
+}
+
+TD_TEST(flag_rdzv_conf, .timeout_s = 60)
+{
+    char *a1[] = {TDRUN_BIN, "--standalone", "--rdzv_conf",
+                  "join_timeout=900,read_timeout=60,last_call_timeout=30,close_timeout=10,timeout=900", WORKER_BIN,
+                  "torchenv", NULL};
+    expect_run(a1, 0, "[rank0]: TORCHENV");
+    char *a2[] = {TDRUN_BIN, "--rdzv-conf", "keep_alive_interval=5", WORKER_BIN, "torchenv", NULL};
+    expect_run(a2, 2, "--rdzv-conf: unknown key 'keep_alive_interval'");
+    char *a3[] = {TDRUN_BIN, "--rdzv-conf", "read_timeout=soon", WORKER_BIN, "torchenv", NULL};
+    expect_run(a3, 2, "--rdzv-conf read_timeout must be a duration");
+    char *a4[] = {TDRUN_BIN, "--rdzv-conf", "is_host", WORKER_BIN, "torchenv", NULL};
+    expect_run(a4, 2, "--rdzv-conf must be KEY=VALUE,..., got 'is_host'");
+
+    /* join_timeout: a node whose store never answers gives up in about that long. */
+    int64_t t0 = clock_now_ms();
+    char *a5[] = {TDRUN_BIN, "--nnodes", "2", "--node-rank", "1", "--master-port", "1", "--rdzv-conf",
+                  "join_timeout=1", WORKER_BIN, "torchenv", NULL};
+    expect_run(a5, 1, "did not answer within join_timeout (1 s)");
+    TD_CHECK_MSG(clock_now_ms() - t0 < 15000, "join_timeout=1 took %lld ms", (long long)(clock_now_ms() - t0));
+
+    /* is_host: node 1 hosts the store and node 0 joins it. */
+    proc node0, node1;
+    char *argv1[] = {TDRUN_BIN, "--nnodes", "2", "--node-rank", "1", "--master-port", "0", "--rdzv-conf",
+                     "is_host=true", "--nproc-per-node", "1", WORKER_BIN, "store", NULL};
+    proc_start(&node1, argv1);
+    const char *marker = "store listening on 127.0.0.1:";
+    TD_CHECK_MSG(proc_read_until(&node1, marker, 30000), "node 1 never reported its store:\n%s",
+                 node1.out.data ? node1.out.data : "");
+    char port[16];
+    snprintf(port, sizeof port, "%d", atoi(strstr(node1.out.data, marker) + strlen(marker)));
+    char *argv0[] = {TDRUN_BIN, "--nnodes", "2", "--node-rank", "0", "--master-port", port, "--rdzv_conf",
+                     "is_host=false", "--nproc-per-node", "1", WORKER_BIN, "store", NULL};
+    proc_start(&node0, argv0);
+    proc_finish(&node0, 60000);
+    proc_finish(&node1, 60000);
+    TD_CHECK_MSG(node0.code == 0 && node1.code == 0, "node 0 exited %d, node 1 exited %d:\n%s\n---\n%s", node0.code,
+                 node1.code, node0.out.data, node1.out.data);
+    TD_CHECK_CONTAINS(node0.out.data, "[rank0]: STORE rank=0 world=2 joined=2");
+    TD_CHECK_CONTAINS(node1.out.data, "[rank1]: STORE rank=1 world=2 joined=2");
+    proc_free(&node0);
+    proc_free(&node1);
+}
+
+TD_TEST(flag_role, .timeout_s = 30)
+{
+    char *a1[] = {TDRUN_BIN, "--standalone", "--role", "worker", WORKER_BIN, "torchenv", NULL};
+    expect_run(a1, 0, "ROLE_NAME=worker ROLE_RANK=0 ");
+}
+
+TD_TEST(flag_version, .timeout_s = 30)
+{
+    char *a1[] = {TDRUN_BIN, "--version", NULL};
+    expect_run(a1, 0, "tdrun (tdist) ");
+}
+
+TD_TEST(flag_no_python, .timeout_s = 30)
+{
+    char *a1[] = {TDRUN_BIN, "--standalone", "--no_python", WORKER_BIN, "torchenv", NULL};
+    expect_run(a1, 0, "[rank0]: TORCHENV");
+}
+
+TD_TEST(flag_nnodes_range, .timeout_s = 30)
+{
+    char *a1[] = {TDRUN_BIN, "--nnodes", "1:1", "--master-port", "0", WORKER_BIN, "torchenv", NULL};
+    expect_run(a1, 0, "[rank0]: TORCHENV");
+    char *a2[] = {TDRUN_BIN, "--nnodes", "1:4", WORKER_BIN, "torchenv", NULL};
+    expect_run(a2, 2, "--nnodes 1:4: elastic node ranges are not supported");
+}
+
+/* -r / -t with torchrun's per-rank maps: rank 0's streams go to its files only, rank 1's to the
+ * console only. */
+TD_TEST(flag_redirects_and_tee, .timeout_s = 60)
+{
+    char logdir[4096];
+    snprintf(logdir, sizeof logdir, "%s/rlogs", ctx->tmpdir);
+    proc p;
+    char *argv[] = {TDRUN_BIN, "--standalone", "--log_dir", logdir, "-r", "0:3,1:0", "--nproc-per-node", "2",
+                    WORKER_BIN, "out", NULL};
+    run_tdrun(&p, argv, 30000);
+    TD_CHECK_MSG(p.code == 0, "tdrun exited %d:\n%s", p.code, p.out.data);
+    TD_CHECK_CONTAINS(p.out.data, "[rank1]: OUT of rank 1");
+    TD_CHECK_CONTAINS(p.out.data, "[rank1]: ERR of rank 1");
+    TD_CHECK_MSG(strstr(p.out.data, "OUT of rank 0") == NULL, "rank 0 reached the console:\n%s", p.out.data);
+    char *run_dir = line_after(p.out.data, "logs under ");
+    TD_CHECK(run_dir != NULL);
+    char path[4400];
+    snprintf(path, sizeof path, "%s/attempt_0/0/stdout.log", run_dir);
+    FILE *f = fopen(path, "r");
+    TD_CHECK_MSG(f != NULL, "no %s", path);
+    char line[128] = "";
+    TD_CHECK(fgets(line, sizeof line, f) != NULL);
+    fclose(f);
+    TD_CHECK_MSG(strcmp(line, "OUT of rank 0\n") == 0, "rank 0's stdout.log holds '%s'", line);
+    snprintf(path, sizeof path, "%s/attempt_0/1/stdout.log", run_dir);
+    TD_CHECK(access(path, F_OK) != 0);
+    free(run_dir);
+    proc_free(&p);
+
+    /* -t 2: stderr to the files and the console; stdout to the console only. */
+    char *argv2[] = {TDRUN_BIN, "--standalone", "--log-dir", logdir, "-t", "2", WORKER_BIN, "out", NULL};
+    run_tdrun(&p, argv2, 30000);
+    TD_CHECK_MSG(p.code == 0, "tdrun exited %d:\n%s", p.code, p.out.data);
+    TD_CHECK_CONTAINS(p.out.data, "[rank0]: OUT of rank 0");
+    TD_CHECK_CONTAINS(p.out.data, "[rank0]: ERR of rank 0");
+    run_dir = line_after(p.out.data, "logs under ");
+    snprintf(path, sizeof path, "%s/attempt_0/0/stderr.log", run_dir);
+    TD_CHECK(access(path, F_OK) == 0);
+    snprintf(path, sizeof path, "%s/attempt_0/0/stdout.log", run_dir);
+    TD_CHECK(access(path, F_OK) != 0);
+    free(run_dir);
+    proc_free(&p);
+    TD_CHECK(nftw(logdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS) == 0);
+
+    char *a3[] = {TDRUN_BIN, "--standalone", "--log-dir", logdir, "--tee", "4", WORKER_BIN, "out", NULL};
+    expect_run(a3, 2, "--tee must be");
+    char *a4[] = {TDRUN_BIN, "--standalone", "-r", "3", WORKER_BIN, "out", NULL};
+    expect_run(a4, 2, "--redirects and --tee need --log-dir");
+}
+
+/* Two runs into one --log-dir keep both runs' logs, each under <run id>_XXXXXX. */
+TD_TEST(flag_log_dir_per_run, .timeout_s = 60)
+{
+    char logdir[4096];
+    snprintf(logdir, sizeof logdir, "%s/plogs", ctx->tmpdir);
+    char *dirs[2] = {NULL, NULL};
+    for (int run = 0; run < 2; run++) {
+        proc p;
+        char *argv[] = {TDRUN_BIN, "--standalone", "--rdzv-id", "same", "--log-dir", logdir, WORKER_BIN, "out", NULL};
+        run_tdrun(&p, argv, 30000);
+        TD_CHECK_MSG(p.code == 0, "tdrun exited %d:\n%s", p.code, p.out.data);
+        dirs[run] = line_after(p.out.data, "logs under ");
+        TD_CHECK(dirs[run] != NULL);
+        char want[4200];
+        snprintf(want, sizeof want, "%s/same_", logdir);
+        TD_CHECK_MSG(strncmp(dirs[run], want, strlen(want)) == 0, "run directory %s", dirs[run]);
+        proc_free(&p);
+    }
+    TD_CHECK_MSG(strcmp(dirs[0], dirs[1]) != 0, "both runs wrote to %s", dirs[0]);
+    for (int run = 0; run < 2; run++) {
+        char path[4400];
+        snprintf(path, sizeof path, "%s/attempt_0/0/stdout.log", dirs[run]);
+        TD_CHECK_MSG(access(path, F_OK) == 0, "no %s", path);
+        free(dirs[run]);
+    }
+    TD_CHECK(nftw(logdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS) == 0);
+}
+
+/* Underscore spellings after a flag whose value came as the next word. */
+TD_TEST(flag_underscores_after_spaced_values, .timeout_s = 30)
+{
+    char *a1[] = {TDRUN_BIN, "--standalone", "--nproc_per_node", "2", "--max_restarts", "0", "--monitor_interval",
+                  "0.05", "--rdzv_id", "u1", "--exit_barrier_timeout", "10", WORKER_BIN, "torchenv", NULL};
+    expect_run(a1, 0, "[rank1]: TORCHENV RANK=1 TORCHELASTIC_RESTART_COUNT=0 TORCHELASTIC_MAX_RESTARTS=0 "
+                      "TORCHELASTIC_RUN_ID=u1 ");
+    char *a2[] = {TDRUN_BIN, "--standalone", "-r", "0", "--log_dir", (char *)ctx->tmpdir, "--role", "r", "--rdzv_conf",
+                  "bogus=1", WORKER_BIN, "torchenv", NULL};
+    expect_run(a2, 2, "--rdzv-conf: unknown key 'bogus'");
 }
 
 TD_TEST_MAIN()

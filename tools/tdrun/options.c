@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/env.h"
@@ -100,6 +101,174 @@ static int cpu_count(void)
     return n > 0 ? (int)n : 1;
 }
 
+/* "N" or torchrun's elastic "MIN:MAX"; tdist's groups have a fixed size, so MIN must equal MAX. */
+static td_status parse_nnodes(const char *s, int *out)
+{
+    int64_t v, hi;
+    const char *colon = strchr(s, ':');
+    if (!colon) {
+        TD_TRY(env_parse_int("--nnodes", s, 1, 1 << 20, &v));
+        *out = (int)v;
+        return TD_OK;
+    }
+    char lo[64];
+    size_t n = (size_t)(colon - s);
+    if (n >= sizeof lo)
+        return error_fmt(TD_ERR_INVALID, "--nnodes must be N or MIN:MAX, got '%s'", s);
+    memcpy(lo, s, n);
+    lo[n] = '\0';
+    TD_TRY(env_parse_int("--nnodes MIN", lo, 1, 1 << 20, &v));
+    TD_TRY(env_parse_int("--nnodes MAX", colon + 1, 1, 1 << 20, &hi));
+    if (v != hi)
+        return error_fmt(TD_ERR_INVALID,
+                         "--nnodes %s: elastic node ranges are not supported (tdist's groups have a fixed size); "
+                         "give one number, or MIN:MAX with MIN == MAX",
+                         s);
+    *out = (int)v;
+    return TD_OK;
+}
+
+static td_status parse_rdzv_backend(const char *s)
+{
+    if (strcmp(s, "c10d") == 0 || strcmp(s, "static") == 0)
+        return TD_OK;
+    if (strcmp(s, "etcd") == 0 || strcmp(s, "etcd-v2") == 0)
+        return error_fmt(TD_ERR_INVALID,
+                         "--rdzv-backend %s is not supported: tdist has no etcd client. Use c10d (the default: "
+                         "node 0, or the node with --rdzv-conf is_host=true, hosts the job's store at "
+                         "--rdzv-endpoint) or static",
+                         s);
+    return error_fmt(TD_ERR_INVALID, "--rdzv-backend must be c10d or static, got '%s'", s);
+}
+
+/* torchrun's --rdzv-conf: "key=value,key=value". */
+static td_status parse_rdzv_conf(const char *s, tdrun_options *o)
+{
+    char *copy = strdup(s), *save = NULL;
+    td_status st = TD_OK;
+    for (char *item = strtok_r(copy, ",", &save); item && st == TD_OK; item = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(item, '=');
+        if (!eq) {
+            st = error_fmt(TD_ERR_INVALID, "--rdzv-conf must be KEY=VALUE,..., got '%s'", item);
+            break;
+        }
+        *eq = '\0';
+        const char *key = item, *value = eq + 1;
+        char what[96];
+        snprintf(what, sizeof what, "--rdzv-conf %s", key);
+        int64_t ms;
+        bool b;
+        if (strcmp(key, "join_timeout") == 0 || strcmp(key, "timeout") == 0) {
+            st = env_parse_duration_ms(what, value, 1000, &ms);
+            if (st == TD_OK)
+                o->join_timeout_ms = ms;
+        } else if (strcmp(key, "read_timeout") == 0) {
+            st = env_parse_duration_ms(what, value, 1000, &ms);
+            if (st == TD_OK)
+                o->read_timeout_ms = ms;
+        } else if (strcmp(key, "last_call_timeout") == 0 || strcmp(key, "close_timeout") == 0) {
+            st = env_parse_duration_ms(what, value, 1000, &ms); /* checked; no effect with a fixed node count */
+        } else if (strcmp(key, "is_host") == 0) {
+            st = env_parse_bool(what, value, &b);
+            if (st == TD_OK)
+                o->is_host = b;
+        } else {
+            st = error_fmt(TD_ERR_INVALID,
+                           "--rdzv-conf: unknown key '%s' (tdrun knows join_timeout, timeout, read_timeout, "
+                           "last_call_timeout, close_timeout and is_host)",
+                           key);
+        }
+    }
+    free(copy);
+    return st;
+}
+
+static td_status set_name(const char *flag, const char *value, char *out, size_t size)
+{
+    if (!*value || strlen(value) >= size || strchr(value, '/'))
+        return error_fmt(TD_ERR_INVALID, "%s must be a non-empty name without '/' of at most %zu characters, got '%s'",
+                         flag, size - 1, value);
+    snprintf(out, size, "%s", value);
+    return TD_OK;
+}
+
+/* A run id for --standalone, as torchrun makes one with uuid4. */
+static void random_run_id(char *out, size_t size)
+{
+    unsigned char bytes[16] = {0};
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (!f || fread(bytes, 1, sizeof bytes, f) != sizeof bytes) {
+        uint64_t x = (uint64_t)getpid() * 0x9E3779B97F4A7C15ull ^ (uint64_t)time(NULL);
+        memcpy(bytes, &x, sizeof x);
+    }
+    if (f)
+        fclose(f);
+    bytes[6] = (unsigned char)((bytes[6] & 0x0f) | 0x40);
+    bytes[8] = (unsigned char)((bytes[8] & 0x3f) | 0x80);
+    snprintf(out, size, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", bytes[0], bytes[1],
+             bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7], bytes[8], bytes[9], bytes[10], bytes[11],
+             bytes[12], bytes[13], bytes[14], bytes[15]);
+}
+
+enum { NPROC = 256, NNODES, NODE_RANK, MADDR, MPORT, RDZV, STANDALONE, RESTARTS, MONITOR, TERM, LOGDIR, REDIRECTS,
+       TEE, QUIET, EXIT_BARRIER, RDZV_BACKEND, RDZV_ID, RDZV_CONF, ROLE, NO_PYTHON, VERSION };
+static const struct option longopts[] = {
+    {"nproc-per-node", required_argument, NULL, NPROC},
+    {"nnodes", required_argument, NULL, NNODES},
+    {"node-rank", required_argument, NULL, NODE_RANK},
+    {"master-addr", required_argument, NULL, MADDR},
+    {"master-port", required_argument, NULL, MPORT},
+    {"rdzv-endpoint", required_argument, NULL, RDZV},
+    {"rdzv-backend", required_argument, NULL, RDZV_BACKEND},
+    {"rdzv-id", required_argument, NULL, RDZV_ID},
+    {"run-id", required_argument, NULL, RDZV_ID},
+    {"rdzv-conf", required_argument, NULL, RDZV_CONF},
+    {"role", required_argument, NULL, ROLE},
+    {"no-python", no_argument, NULL, NO_PYTHON},
+    {"standalone", no_argument, NULL, STANDALONE},
+    {"max-restarts", required_argument, NULL, RESTARTS},
+    {"monitor-interval", required_argument, NULL, MONITOR},
+    {"term-timeout", required_argument, NULL, TERM},
+    {"log-dir", required_argument, NULL, LOGDIR},
+    {"redirects", required_argument, NULL, REDIRECTS},
+    {"tee", required_argument, NULL, TEE},
+    {"quiet", no_argument, NULL, QUIET},
+    {"exit-barrier-timeout", required_argument, NULL, EXIT_BARRIER},
+    {"version", no_argument, NULL, VERSION},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+static const char shortopts[] = "+hr:t:";
+
+/* torchrun accepts --nproc_per_node as well as --nproc-per-node. Every flag before the program is
+ * rewritten to dashes; a flag's value given as the next word ("--nproc_per_node 2") is skipped, so
+ * the flags after it are rewritten too. */
+static void dashes_for_underscores(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        char *a = argv[i];
+        if (strcmp(a, "--") == 0 || a[0] != '-' || a[1] == '\0')
+            return; /* the program starts here */
+        if (a[1] != '-') { /* short options: -r 3, -t3, -h */
+            const char *opt = strchr(shortopts, a[1]);
+            if (opt && opt[1] == ':' && a[2] == '\0')
+                i++;
+            continue;
+        }
+        char *p = a + 2;
+        for (; *p && *p != '='; p++)
+            if (*p == '_')
+                *p = '-';
+        if (*p == '=')
+            continue;
+        for (const struct option *lo = longopts; lo->name; lo++)
+            if (strcmp(lo->name, a + 2) == 0 && lo->has_arg == required_argument) {
+                i++;
+                break;
+            }
+    }
+}
+
 td_status tdrun_parse_options(int argc, char **argv, tdrun_options *o)
 {
     memset(o, 0, sizeof *o);
@@ -109,44 +278,21 @@ td_status tdrun_parse_options(int argc, char **argv, tdrun_options *o)
     o->monitor_interval_ms = 100;
     o->term_timeout_ms = 5000;
     o->exit_barrier_timeout_ms = 300000; /* torchrun's default */
+    o->is_host = -1;
+    o->join_timeout_ms = 600000;         /* torchrun's join_timeout */
+    o->read_timeout_ms = 60000;          /* torchrun's read_timeout */
     snprintf(o->master_addr, sizeof o->master_addr, "127.0.0.1");
+    snprintf(o->role, sizeof o->role, "default");
+    bool have_run_id = false;
 
-    /* torchrun accepts --nproc_per_node as well as --nproc-per-node. */
-    for (int i = 1; i < argc; i++) {
-        if (strncmp(argv[i], "--", 2) != 0)
-            break;
-        for (char *p = argv[i] + 2; *p && *p != '='; p++)
-            if (*p == '_')
-                *p = '-';
-    }
+    dashes_for_underscores(argc, argv);
 
-    enum { NPROC = 256, NNODES, NODE_RANK, MADDR, MPORT, RDZV, STANDALONE, RESTARTS, MONITOR, TERM, LOGDIR,
-           REDIRECTS, TEE, QUIET, EXIT_BARRIER };
-    static const struct option longopts[] = {
-        {"nproc-per-node", required_argument, NULL, NPROC},
-        {"nnodes", required_argument, NULL, NNODES},
-        {"node-rank", required_argument, NULL, NODE_RANK},
-        {"master-addr", required_argument, NULL, MADDR},
-        {"master-port", required_argument, NULL, MPORT},
-        {"rdzv-endpoint", required_argument, NULL, RDZV},
-        {"standalone", no_argument, NULL, STANDALONE},
-        {"max-restarts", required_argument, NULL, RESTARTS},
-        {"monitor-interval", required_argument, NULL, MONITOR},
-        {"term-timeout", required_argument, NULL, TERM},
-        {"log-dir", required_argument, NULL, LOGDIR},
-        {"redirects", required_argument, NULL, REDIRECTS},
-        {"tee", required_argument, NULL, TEE},
-        {"quiet", no_argument, NULL, QUIET},
-        {"exit-barrier-timeout", required_argument, NULL, EXIT_BARRIER},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
     bool have_redirects = false, have_tee = false;
     int64_t v;
     optind = 1;
     opterr = 0;
     int c;
-    while ((c = getopt_long(argc, argv, "+h", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, shortopts, longopts, NULL)) != -1) {
         switch (c) {
         case NPROC:
             if (strcmp(optarg, "auto") == 0 || strcmp(optarg, "cpu") == 0) {
@@ -157,9 +303,26 @@ td_status tdrun_parse_options(int argc, char **argv, tdrun_options *o)
             }
             break;
         case NNODES:
-            TD_TRY(env_parse_int("--nnodes", optarg, 1, 1 << 20, &v));
-            o->nnodes = (int)v;
+            TD_TRY(parse_nnodes(optarg, &o->nnodes));
             break;
+        case RDZV_BACKEND:
+            TD_TRY(parse_rdzv_backend(optarg));
+            break;
+        case RDZV_ID:
+            TD_TRY(set_name("--rdzv-id", optarg, o->run_id, sizeof o->run_id));
+            have_run_id = true;
+            break;
+        case RDZV_CONF:
+            TD_TRY(parse_rdzv_conf(optarg, o));
+            break;
+        case ROLE:
+            TD_TRY(set_name("--role", optarg, o->role, sizeof o->role));
+            break;
+        case NO_PYTHON:
+            break; /* tdrun always runs the program itself */
+        case VERSION:
+            printf("tdrun (tdist) %s\n", TDRUN_VERSION);
+            exit(0);
         case NODE_RANK:
             TD_TRY(env_parse_int("--node-rank", optarg, 0, 1 << 20, &v));
             o->node_rank = (int)v;
@@ -194,10 +357,12 @@ td_status tdrun_parse_options(int argc, char **argv, tdrun_options *o)
         case LOGDIR:
             o->log_dir = optarg;
             break;
+        case 'r':
         case REDIRECTS:
             TD_TRY(parse_streams("--redirects", optarg, o->redirects));
             have_redirects = true;
             break;
+        case 't':
         case TEE:
             TD_TRY(parse_streams("--tee", optarg, o->tee));
             have_tee = true;
@@ -219,7 +384,14 @@ td_status tdrun_parse_options(int argc, char **argv, tdrun_options *o)
         return error_fmt(TD_ERR_INVALID, "no program to run (usage: tdrun [options] program [args...])");
     o->argv = argv + optind;
 
+    if (!have_run_id) {
+        if (o->standalone)
+            random_run_id(o->run_id, sizeof o->run_id);
+        else
+            snprintf(o->run_id, sizeof o->run_id, "none"); /* torchrun's default --rdzv-id */
+    }
     if (o->standalone) {
+        o->is_host = 1;
         o->nnodes = 1;
         o->node_rank = 0;
         snprintf(o->master_addr, sizeof o->master_addr, "127.0.0.1");
@@ -229,12 +401,15 @@ td_status tdrun_parse_options(int argc, char **argv, tdrun_options *o)
     }
     if (o->node_rank >= o->nnodes)
         return error_fmt(TD_ERR_INVALID, "--node-rank %d must be less than --nnodes %d", o->node_rank, o->nnodes);
-    /* Node 0 may take port 0 (it prints the port it got); the others must be told the port. */
-    if (o->node_rank > 0 && o->master_port == 0)
-        return error_fmt(TD_ERR_INVALID, "--node-rank %d needs the --master-port that node 0 listens on",
+    if (o->is_host < 0)
+        o->is_host = o->node_rank == 0;
+    /* The host may take port 0 (it prints the port it got); the others must be told the port. */
+    if (!o->is_host && o->master_port == 0)
+        return error_fmt(TD_ERR_INVALID, "--node-rank %d needs the --master-port that the store's host listens on",
                         o->node_rank);
     if ((have_redirects || have_tee) && !o->log_dir)
-        return error_fmt(TD_ERR_INVALID, "--redirects and --tee need --log-dir");
+        return error_fmt(TD_ERR_INVALID,
+                         "--redirects and --tee need --log-dir (tdrun writes the workers' log files only there)");
     if (o->log_dir && !have_redirects && !have_tee)
         for (int i = 0; i < TDRUN_MAX_LOCAL; i++)
             o->tee[i] = 3; /* --log-dir alone: every stream to its file and to the console */

@@ -13,6 +13,7 @@
  * raised. SIGINT, SIGTERM and SIGHUP sent to tdrun reach every worker; tdrun then exits with
  * 128 + the signal number. */
 #include <errno.h>
+#include <ftw.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -24,6 +25,7 @@
 
 #include <tdist/store.h>
 
+#include "base/buf.h"
 #include "base/clock.h"
 #include "base/error.h"
 #include "tdrun.h"
@@ -81,16 +83,107 @@ static void format_time(int64_t wall_ns, char *out, size_t size)
     strftime(out, size, "%Y-%m-%d_%H:%M:%S", &tm);
 }
 
+/* Decodes the JSON string value of the first `"key": "..."` in text (a key whose value is an object
+ * is passed over); false if there is none. */
+static bool json_string(const char *text, const char *key, td_buf *out)
+{
+    char quoted[64];
+    snprintf(quoted, sizeof quoted, "\"%s\"", key);
+    for (const char *p = text; (p = strstr(p, quoted)); p++) {
+        const char *q = p + strlen(quoted);
+        while (*q == ' ' || *q == '\t' || *q == '\n' || *q == '\r')
+            q++;
+        if (*q++ != ':')
+            continue;
+        while (*q == ' ' || *q == '\t' || *q == '\n' || *q == '\r')
+            q++;
+        if (*q++ != '"')
+            continue;
+        buf_clear(out);
+        for (; *q && *q != '"'; q++) {
+            if (*q != '\\') {
+                buf_putc(out, *q);
+                continue;
+            }
+            q++;
+            switch (*q) {
+            case 'n': buf_putc(out, '\n'); break;
+            case 't': buf_putc(out, '\t'); break;
+            case 'r': break;
+            case 'b': case 'f': break;
+            case 'u': /* \uXXXX: ASCII as itself, anything else as '?' */
+                if (q[1] && q[2] && q[3] && q[4]) {
+                    unsigned cp = (unsigned)strtoul((char[]){q[1], q[2], q[3], q[4], 0}, NULL, 16);
+                    buf_putc(out, cp < 0x80 ? (char)cp : '?');
+                    q += 4;
+                }
+                break;
+            case '\0': q--; break;
+            default: buf_putc(out, *q); break;
+            }
+        }
+        buf_putc(out, '\0');
+        return true;
+    }
+    return false;
+}
+
+/* What a failed worker wrote to its TORCHELASTIC_ERROR_FILE: torchrun's JSON
+ * ({"message": {"message": ..., "extraInfo": {"py_callstack": ...}}} or {"message": "..."}) or plain
+ * text. False when the worker wrote nothing. */
+static bool read_error_file(const char *path, td_buf *out)
+{
+    FILE *f = path ? fopen(path, "rb") : NULL;
+    if (!f)
+        return false;
+    td_buf raw = TD_BUF_INIT;
+    char chunk[4096];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0 && raw.len < 65536)
+        buf_append(&raw, chunk, n);
+    fclose(f);
+    buf_putc(&raw, '\0');
+    bool ok = raw.len > 1;
+    if (ok && !json_string(raw.data, "py_callstack", out) && !json_string(raw.data, "message", out)) {
+        buf_clear(out);
+        buf_append(out, raw.data, raw.len);
+    }
+    buf_free(&raw);
+    if (!ok)
+        return false;
+    while (out->len > 1 && (out->data[out->len - 2] == '\n' || out->data[out->len - 2] == ' ')) {
+        out->data[out->len - 2] = '\0';
+        out->len--;
+    }
+    return out->len > 1;
+}
+
 static void print_failure(const tdrun_options *o, tdrun_group *g, const tdrun_exit *f)
 {
     char when[64], host[256] = "localhost", code[128];
     format_time(f->when_ns, when, sizeof when);
     gethostname(host, sizeof host);
-    if (f->code < 0)
-        snprintf(code, sizeof code, "%d (pid: %d)\n  traceback : Signal %d (SIG%s) received by PID %d", f->code,
-                 (int)f->pid, -f->code, sigabbrev_np(-f->code) ? sigabbrev_np(-f->code) : "?", (int)f->pid);
-    else
-        snprintf(code, sizeof code, "%d (pid: %d)", f->code, (int)f->pid);
+    snprintf(code, sizeof code, "%d (pid: %d)", f->code, (int)f->pid);
+    td_buf trace = TD_BUF_INIT;
+    const char *error_file = tdrun_group_error_file(g, f->local_rank);
+    bool have_error_file = read_error_file(error_file, &trace);
+    if (!have_error_file) {
+        buf_clear(&trace);
+        if (f->code < 0)
+            buf_printf(&trace, "Signal %d (SIG%s) received by PID %d", -f->code,
+                       sigabbrev_np(-f->code) ? sigabbrev_np(-f->code) : "?", (int)f->pid);
+        else
+            buf_printf(&trace, "the worker wrote no error file (a program may write one to TORCHELASTIC_ERROR_FILE)");
+        buf_putc(&trace, '\0');
+    }
+    /* Continuation lines of a traceback line up under its first line. */
+    td_buf indented = TD_BUF_INIT;
+    for (const char *p = trace.data; *p; p++) {
+        buf_putc(&indented, *p);
+        if (*p == '\n')
+            buf_append(&indented, "              ", 14);
+    }
+    buf_putc(&indented, '\0');
     const char *log = tdrun_group_log_file(g, f->local_rank);
     fprintf(stderr,
             "============================================================\n"
@@ -102,15 +195,45 @@ static void print_failure(const tdrun_options *o, tdrun_group *g, const tdrun_ex
             "  host      : %s\n"
             "  rank      : %d (local_rank: %d)\n"
             "  exitcode  : %s\n"
+            "  error_file: %s\n"
+            "  traceback : %s\n"
             "  log file  : %s\n"
             "============================================================\n",
-            o->argv[0], when, host, f->rank, f->local_rank, code, log ? log : "<N/A> (use --log-dir)");
+            o->argv[0], when, host, f->rank, f->local_rank, code, have_error_file ? error_file : "<N/A>",
+            indented.data, log ? log : "<N/A> (use --log-dir)");
     fflush(stderr);
+    buf_free(&trace);
+    buf_free(&indented);
 }
 
-/* After the local workers succeeded, wait until every node's did, as torchrun's agents do. Node 0
- * hosts the store, so it must also be the last to leave: each other node acknowledges that it saw
- * the barrier complete, and node 0 exits only after all of them did. */
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+/* The run's own directory: DIR/<run_id>_XXXXXX under --log-dir (a second run never overwrites the
+ * first, as torchrun's), else a temporary one for the error files, removed at the end. */
+static td_status make_run_dir(tdrun_options *o)
+{
+    if (o->log_dir) {
+        TD_TRY(tdrun_make_dirs(o->log_dir));
+        snprintf(o->run_dir, sizeof o->run_dir, "%s/%s_XXXXXX", o->log_dir, o->run_id);
+    } else {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(o->run_dir, sizeof o->run_dir, "%s/tdrun_%s_XXXXXX", tmp && *tmp ? tmp : "/tmp", o->run_id);
+    }
+    if (!mkdtemp(o->run_dir))
+        return error_errno(TD_ERR_IO, "creating the run's directory %s", o->run_dir);
+    return TD_OK;
+}
+
+/* After the local workers succeeded, wait until every node's did, as torchrun's agents do. The host
+ * node (node 0 unless --rdzv-conf is_host says otherwise) serves the store, so it must also be the
+ * last to leave: each other node acknowledges that it saw the barrier complete, and the host exits
+ * only after all of them did. */
 static int exit_barrier(const tdrun_options *o, td_store *store, int port)
 {
     if (o->nnodes == 1)
@@ -139,7 +262,7 @@ static int exit_barrier(const tdrun_options *o, td_store *store, int port)
         say("workers done; waiting for the other nodes (%lld of %d finished)", (long long)n, o->nnodes);
         st = td_store_wait(client, done, 1, TD_STORE_TIMEOUT_DEFAULT);
     }
-    if (st == TD_OK && o->node_rank != 0) {
+    if (st == TD_OK && !o->is_host) {
         st = td_store_add(client, "/tdrun/exit_barrier/left", 1, &n);
         if (st == TD_OK && n == o->nnodes - 1)
             st = td_store_set_str(client, all_left[0], "1");
@@ -171,7 +294,7 @@ int main(int argc, char **argv)
 
     td_store *store = NULL;
     int port = o.master_port;
-    if (o.node_rank == 0) {
+    if (o.is_host) {
         td_tcp_store_options so = TD_TCP_STORE_OPTIONS_INIT;
         so.host = o.nnodes > 1 ? NULL : o.master_addr; /* other nodes reach us on any interface */
         so.port = o.master_port;
@@ -187,9 +310,28 @@ int main(int argc, char **argv)
         say("store listening on %s:%d; starting %d worker%s (world size %d)", o.master_addr, port,
             o.nproc_per_node, o.nproc_per_node == 1 ? "" : "s", o.nnodes * o.nproc_per_node);
     } else {
+        /* Wait, up to join_timeout, for the host's store before starting the workers. */
+        td_tcp_store_options so = TD_TCP_STORE_OPTIONS_INIT;
+        so.host = o.master_addr;
+        so.port = port;
+        so.wait_for_workers = false;
+        so.timeout_ms = o.join_timeout_ms;
+        if (td_tcp_store_create(&so, &store) != TD_OK) {
+            fprintf(stderr, "tdrun: node %d: the job's store at %s:%d did not answer within join_timeout (%lld s): %s\n",
+                    o.node_rank, o.master_addr, port, (long long)(o.join_timeout_ms / 1000), td_last_error());
+            return 1;
+        }
         say("node %d of %d: starting %d workers, store at %s:%d", o.node_rank, o.nnodes, o.nproc_per_node,
             o.master_addr, port);
     }
+    td_store_set_timeout(store, o.read_timeout_ms);
+    if (make_run_dir(&o) != TD_OK) {
+        fprintf(stderr, "tdrun: %s\n", td_last_error());
+        td_store_release(store);
+        return 1;
+    }
+    if (o.log_dir)
+        say("run %s: logs under %s", o.run_id, o.run_dir);
 
     int rc = 0;
     for (int attempt = 0;; attempt++) {
@@ -223,5 +365,7 @@ int main(int argc, char **argv)
         say("restarting the workers (restart %d of %d)", attempt + 1, o.max_restarts);
     }
     td_store_release(store);
+    if (!o.log_dir)
+        nftw(o.run_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
     return rc;
 }

@@ -22,7 +22,15 @@ typedef struct tdrun_options {
     int64_t monitor_interval_ms;
     int64_t term_timeout_ms; /* SIGTERM -> SIGKILL grace */
     int64_t exit_barrier_timeout_ms; /* how long a finished node waits for the others */
-    const char *log_dir;
+    const char *log_dir;    /* --log-dir as given; each run writes under its own subdirectory */
+    char run_id[128];       /* --rdzv-id / --run-id: TORCHELASTIC_RUN_ID ["none"; random with --standalone] */
+    char role[128];         /* --role: ROLE_NAME ["default"] */
+    int is_host;            /* --rdzv-conf is_host: -1 unset (node 0 hosts the store), 0 or 1 */
+    int64_t join_timeout_ms; /* --rdzv-conf join_timeout / timeout: a non-host node waits this long
+                              * for the store before starting its workers [600 s] */
+    int64_t read_timeout_ms; /* --rdzv-conf read_timeout: tdrun's own store operations [60 s] */
+    char run_dir[4096];     /* where this run's logs and error files go: DIR/<run_id>_XXXXXX with
+                             * --log-dir, else a temporary directory removed at the end; set by main */
     int redirects[TDRUN_MAX_LOCAL]; /* per local rank: bit 1 stdout, bit 2 stderr go to files only */
     int tee[TDRUN_MAX_LOCAL];       /* per local rank: same bits, to files and the console */
     bool quiet;             /* no tdrun status lines (the workers' output still shows) */
@@ -57,6 +65,10 @@ td_status tdrun_group_monitor(tdrun_group *g, bool *failed, tdrun_exit *first, i
 void tdrun_group_stop(tdrun_group *g, int sig);
 /* The log file of a local rank's stderr (or stdout), or NULL without --log-dir. */
 const char *tdrun_group_log_file(const tdrun_group *g, int local_rank);
+/* The TORCHELASTIC_ERROR_FILE path a local rank was given. */
+const char *tdrun_group_error_file(const tdrun_group *g, int local_rank);
+/* Creates a directory and its parents. */
+td_status tdrun_make_dirs(const char *path);
 void tdrun_group_free(tdrun_group *g);
 
 /* The signals tdrun handles (blocked in tdrun, unblocked in workers), read through a signalfd. */

@@ -5,7 +5,8 @@
  * and stderr are pipes that tdrun reads continuously; every complete line is written with one
  * write(2) as "[rankR]: line", so lines of different workers never interleave mid-line. With
  * --log-dir, the streams also (--tee) or only (--redirects) go to
- * DIR/attempt_K/LOCAL_RANK/{stdout,stderr}.log.
+ * DIR/RUN_ID_XXXXXX/attempt_K/LOCAL_RANK/{stdout,stderr}.log. Each worker's TORCHELASTIC_ERROR_FILE
+ * is error.json in that same directory (under a temporary run directory without --log-dir).
  *
  * The monitor polls the pipes and a signalfd (SIGCHLD, SIGINT, SIGTERM, SIGHUP), reaps exits, and
  * on the first failure stops the rest: SIGTERM, then SIGKILL after --term-timeout. */
@@ -47,7 +48,8 @@ typedef struct worker {
     int code;        /* exit code or -signal, once !running */
     bool stopped;    /* we signalled it: its exit is not a failure of its own */
     stream s[2];
-    char log_path[2][512];
+    char log_path[2][4400];
+    char error_file[4400]; /* TORCHELASTIC_ERROR_FILE */
 } worker;
 
 struct tdrun_group {
@@ -143,9 +145,9 @@ static bool pump(worker *w, int which)
     return true;
 }
 
-static td_status make_dirs(const char *path)
+td_status tdrun_make_dirs(const char *path)
 {
-    char tmp[512];
+    char tmp[4400];
     snprintf(tmp, sizeof tmp, "%s", path);
     for (char *p = tmp + 1; *p; p++) {
         if (*p != '/')
@@ -170,13 +172,18 @@ static char **build_env(const tdrun_options *o, const worker *w, const char *add
         alloc_printf("LOCAL_WORLD_SIZE=%d", o->nproc_per_node),
         alloc_printf("GROUP_RANK=%d", o->node_rank),
         alloc_printf("GROUP_WORLD_SIZE=%d", o->nnodes),
-        alloc_printf("ROLE_RANK=%d", w->rank),
+        alloc_printf("ROLE_NAME=%s", o->role),
+        alloc_printf("ROLE_RANK=%d", w->rank), /* one role per job: the role's ranks are the job's */
         alloc_printf("ROLE_WORLD_SIZE=%d", world),
         alloc_printf("MASTER_ADDR=%s", addr),
         alloc_printf("MASTER_PORT=%d", port),
         alloc_printf("TDIST_RESTART_COUNT=%d", restart),
         alloc_printf("TDIST_MAX_RESTARTS=%d", o->max_restarts),
         alloc_printf("TDIST_USE_AGENT_STORE=1"),
+        alloc_printf("TORCHELASTIC_RESTART_COUNT=%d", restart),
+        alloc_printf("TORCHELASTIC_MAX_RESTARTS=%d", o->max_restarts),
+        alloc_printf("TORCHELASTIC_RUN_ID=%s", o->run_id),
+        alloc_printf("TORCHELASTIC_ERROR_FILE=%s", w->error_file),
     };
     size_t nvars = sizeof vars / sizeof *vars;
     size_t nenv = 0;
@@ -215,6 +222,14 @@ static void free_env(char **env)
 static td_status start_worker(tdrun_group *g, worker *w, const char *addr, int port, int restart)
 {
     const tdrun_options *o = g->o;
+    /* The run's directory for this worker: its error file, and its logs with --log-dir. */
+    char dir[4300];
+    snprintf(dir, sizeof dir, "%s/attempt_%d/%d", o->run_dir, restart, w->local_rank);
+    td_status made = tdrun_make_dirs(dir);
+    if (made != TD_OK)
+        return made;
+    snprintf(w->error_file, sizeof w->error_file, "%s/error.json", dir);
+    unlink(w->error_file); /* as torchrun: an error file left from before is not this worker's */
     int pipes[2][2] = {{-1, -1}, {-1, -1}};
     for (int i = 0; i < 2; i++)
         if (pipe2(pipes[i], O_CLOEXEC) != 0)
@@ -225,11 +240,6 @@ static td_status start_worker(tdrun_group *g, worker *w, const char *addr, int p
         int tee = o->tee[w->local_rank] & bits;
         w->s[i] = (stream){.fd = pipes[i][0], .log_fd = -1, .console = !redirect};
         if (o->log_dir && (redirect || tee)) {
-            char dir[400];
-            snprintf(dir, sizeof dir, "%s/attempt_%d/%d", o->log_dir, restart, w->local_rank);
-            td_status st = make_dirs(dir);
-            if (st != TD_OK)
-                return st;
             snprintf(w->log_path[i], sizeof w->log_path[i], "%s/%s.log", dir, i == OUT ? "stdout" : "stderr");
             w->s[i].log_fd = open(w->log_path[i], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
             if (w->s[i].log_fd < 0)
@@ -426,6 +436,11 @@ const char *tdrun_group_log_file(const tdrun_group *g, int local_rank)
     if (w->log_path[ERR][0])
         return w->log_path[ERR];
     return w->log_path[OUT][0] ? w->log_path[OUT] : NULL;
+}
+
+const char *tdrun_group_error_file(const tdrun_group *g, int local_rank)
+{
+    return g->w[local_rank].error_file;
 }
 
 void tdrun_group_free(tdrun_group *g)

@@ -50,6 +50,7 @@ struct td_store_conn {
 
 struct td_store_core {
     td_store_limits lim;
+    uint64_t max_reply;
     char *token;
     size_t token_len;
     td_map values;  /* key -> sval* */
@@ -64,12 +65,18 @@ td_store_core *store_core_new(const td_store_limits *lim, const char *token)
 {
     td_store_core *c = TD_NEW(td_store_core);
     c->lim = *lim;
+    c->max_reply = TD_STORE_DEFAULT_MAX_REPLY;
+    if (lim->max_value + TD_STORE_BODY_SLACK > c->max_reply)
+        c->max_reply = lim->max_value + TD_STORE_BODY_SLACK;
     if (token && *token) {
         c->token = alloc_strdup(token);
         c->token_len = strlen(token);
     }
     return c;
 }
+
+void store_core_set_max_reply(td_store_core *core, uint64_t max_reply) { core->max_reply = max_reply; }
+uint64_t store_core_max_reply(const td_store_core *core) { return core->max_reply; }
 
 static void free_conn(td_store_conn *c)
 {
@@ -139,6 +146,16 @@ void store_conn_output_done(td_store_conn *conn, size_t n)
 }
 
 bool store_conn_closing(const td_store_conn *conn) { return conn->closing; }
+bool store_conn_authenticated(const td_store_conn *conn) { return conn->hello_done; }
+
+size_t store_conn_preauth_room(const td_store_conn *conn)
+{
+    if (conn->hello_done)
+        return SIZE_MAX;
+    size_t max = TD_STORE_HEADER_LEN + TD_STORE_HELLO_MAX_BODY;
+    return conn->in.len < max ? max - conn->in.len : 0;
+}
+
 bool store_conn_backlogged(const td_store_conn *conn) { return conn->out.len - conn->out_off > BACKLOG_BYTES; }
 
 td_store_conn *store_core_pop_dirty(td_store_core *core)
@@ -177,8 +194,35 @@ static void reply_empty(td_store_core *core, td_store_conn *c, uint8_t kind)
     store_msg_end(&c->out, off);
 }
 
+/* An error answer for a request that was understood but failed (the connection stays). */
+static void reply_error(td_store_core *core, td_store_conn *c, td_status code, const char *msg);
+
+/* Makes room for an OK reply of body bytes, or answers an ERROR instead: a reply over the limit is
+ * refused before anything is built, and an allocation that fails fails this request only. */
+static bool reply_room(td_store_core *core, td_store_conn *c, const char *what, uint64_t body)
+{
+    if (body > core->max_reply) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "the %s reply would be %llu bytes, over the server's reply limit of %llu bytes "
+                 "(TDIST_STORE_MAX_REPLY); ask for fewer or smaller values at once", what,
+                 (unsigned long long)body, (unsigned long long)core->max_reply);
+        reply_error(core, c, TD_ERR_INVALID, msg);
+        return false;
+    }
+    if (buf_try_reserve(&c->out, TD_STORE_HEADER_LEN + (size_t)body) != TD_OK) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "the TCPStore server could not allocate the %s reply of %llu bytes: %s", what,
+                 (unsigned long long)body, td_last_error());
+        reply_error(core, c, TD_ERR_NOMEM, msg);
+        return false;
+    }
+    return true;
+}
+
 static void reply_bytes(td_store_core *core, td_store_conn *c, const void *data, size_t len)
 {
+    if (!reply_room(core, c, "value", len))
+        return;
     size_t off = reply_begin(core, c, TD_STORE_REPLY_OK);
     buf_append(&c->out, data, len);
     store_msg_end(&c->out, off);
@@ -193,7 +237,6 @@ static void reply_i64(td_store_core *core, td_store_conn *c, int64_t v)
     store_msg_end(&c->out, off);
 }
 
-/* An error answer for a request that was understood but failed (the connection stays). */
 static void reply_error(td_store_core *core, td_store_conn *c, td_status code, const char *msg)
 {
     size_t off = reply_begin(core, c, TD_STORE_REPLY_ERROR);
@@ -261,6 +304,13 @@ static void answer_parked(td_store_core *core, td_store_conn *c)
         reply_empty(core, c, TD_STORE_REPLY_OK);
         break;
     case TD_STORE_CMD_MULTI_GET: {
+        /* Sized before it is built: n copies of a large value must not make the server allocate
+         * n times its size (at most 2^20 keys of at most 2^48 bytes: no overflow). */
+        uint64_t body = 4;
+        for (size_t i = 0; i < c->park_refs.len; i++)
+            body += 8 + (uint64_t)lookup(core, park_key(c, i))->len;
+        if (!reply_room(core, c, "MULTI_GET", body))
+            break;
         size_t off = reply_begin(core, c, TD_STORE_REPLY_OK);
         buf_put_u32(&c->out, (uint32_t)c->park_refs.len);
         for (size_t i = 0; i < c->park_refs.len; i++) {
@@ -330,9 +380,16 @@ static void try_answer(td_store_core *core, td_store_conn *c)
 
 static void park(td_store_core *core, td_store_conn *c, uint8_t cmd, const td_store_slice *keys, size_t n)
 {
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += keys[i].len;
+    buf_clear(&c->park_keys);
+    if (buf_try_reserve(&c->park_keys, total) != TD_OK) {
+        reply_error(core, c, TD_ERR_NOMEM, td_last_error());
+        return;
+    }
     c->parked = cmd;
     core->parked++;
-    buf_clear(&c->park_keys);
     c->park_refs.len = 0;
     for (size_t i = 0; i < n; i++) {
         key_ref r = {c->park_keys.len, keys[i].len};
@@ -541,11 +598,31 @@ static td_status handle(td_store_core *core, td_store_conn *c, const td_store_re
     return TD_OK;
 }
 
+/* Before HELLO: only a HELLO of at most TD_STORE_HELLO_MAX_BODY bytes, judged from its first byte
+ * and its header, so that no body of another request is ever received or buffered. */
+static td_status check_preauth(const uint8_t *p, size_t len)
+{
+    if (len < 1)
+        return TD_OK;
+    if (p[0] != TD_STORE_CMD_HELLO)
+        return error_fmt(TD_ERR_INVALID, "%s request before HELLO (only HELLO is accepted before the handshake)",
+                         store_cmd_name(p[0]));
+    if (len < TD_STORE_HEADER_LEN)
+        return TD_OK;
+    uint64_t body = store_get_u64(p + 1);
+    if (body > TD_STORE_HELLO_MAX_BODY)
+        return error_fmt(TD_ERR_INVALID, "HELLO of %llu bytes is larger than a handshake may be (%u bytes)",
+                         (unsigned long long)body, TD_STORE_HELLO_MAX_BODY);
+    return TD_OK;
+}
+
 td_status store_core_process(td_store_core *core, td_store_conn *c)
 {
     size_t off = 0;
     td_status s = TD_OK;
     while (!c->closing && !store_conn_backlogged(c)) {
+        if (!c->hello_done && (s = check_preauth((const uint8_t *)c->in.data + off, c->in.len - off)) != TD_OK)
+            break;
         td_store_request req;
         size_t used = 0, frame = 0;
         s = store_parse_request((const uint8_t *)c->in.data + off, c->in.len - off, &core->lim, &core->ks,

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -40,10 +41,18 @@
 
 static char listen_tag, local_tag, wake_tag;
 
+#define DEFAULT_HANDSHAKE_MS 5000
+#define DEFAULT_MAX_PENDING 1024
+/* Log lines for timed-out or evicted handshakes per second, beyond which they are counted only. */
+#define HANDSHAKE_LOGS_PER_S 20
+
 typedef struct srv_conn {
     int fd;
     uint32_t events;
     bool dead;
+    bool pending;  /* on the pending list: no HELLO yet */
+    int64_t deadline_ms; /* for the handshake */
+    struct srv_conn *prev, *next; /* the pending list, oldest first */
     td_store_conn *core;
     char peer[TD_ADDR_STRLEN];
 } srv_conn;
@@ -57,6 +66,13 @@ struct td_store_server {
     td_net_spin spin;
     TD_VEC(srv_conn *) to_close;
     int64_t last_emfile_log;
+    /* Connections that have not finished the handshake, in accept order (so deadlines ascend). */
+    srv_conn *pending_head, *pending_tail;
+    size_t n_pending, max_pending;
+    int64_t handshake_ms;
+    int64_t hs_log_window;
+    unsigned hs_logs, hs_unlogged;
+    _Atomic uint64_t st_pending;
     _Atomic uint64_t st_connections, st_accepted, st_accepted_local, st_dropped, st_keys, st_parked;
 };
 
@@ -69,10 +85,28 @@ static void set_events(td_store_server *s, srv_conn *c, uint32_t events)
         c->events = events;
 }
 
+static void pending_unlink(td_store_server *s, srv_conn *c)
+{
+    if (!c->pending)
+        return;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->pending_head = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    else
+        s->pending_tail = c->prev;
+    c->prev = c->next = NULL;
+    c->pending = false;
+    s->n_pending--;
+}
+
 static void kill_conn(td_store_server *s, srv_conn *c, bool bad, const char *why)
 {
     if (c->dead)
         return;
+    pending_unlink(s, c);
     if (bad) {
         TD_LOG_WARN("TCPStore server %s: closing the connection from %s: %s", s->address, c->peer, why);
         atomic_fetch_add(&s->st_dropped, 1);
@@ -81,7 +115,55 @@ static void kill_conn(td_store_server *s, srv_conn *c, bool bad, const char *why
     }
     c->dead = true;
     epoll_ctl(s->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
+    /* The descriptor goes now (an accept may need it); the state at the end of the batch. */
+    close(c->fd);
+    c->fd = -1;
     TD_VEC_PUSH(&s->to_close, c);
+}
+
+/* Closes a connection that did not finish the handshake, logging at most HANDSHAKE_LOGS_PER_S such
+ * lines a second (a flood of idle connections must not flood the log too). */
+static void kill_handshake(td_store_server *s, srv_conn *c, const char *why)
+{
+    int64_t now = clock_now_ms();
+    if (now - s->hs_log_window >= 1000) {
+        if (s->hs_unlogged)
+            TD_LOG_WARN("TCPStore server %s: %u more connections closed without a handshake in the last second",
+                        s->address, s->hs_unlogged);
+        s->hs_log_window = now;
+        s->hs_logs = s->hs_unlogged = 0;
+    }
+    if (s->hs_logs < HANDSHAKE_LOGS_PER_S) {
+        s->hs_logs++;
+        kill_conn(s, c, true, why);
+        return;
+    }
+    s->hs_unlogged++;
+    atomic_fetch_add(&s->st_dropped, 1);
+    kill_conn(s, c, false, why);
+}
+
+static void evict_oldest_pending(td_store_server *s, const char *why)
+{
+    if (s->pending_head)
+        kill_handshake(s, s->pending_head, why);
+}
+
+/* Closes the connections whose handshake deadline passed; returns the ms until the next one
+ * (-1: none pending). */
+static int expire_handshakes(td_store_server *s)
+{
+    int64_t now = clock_now_ms();
+    while (s->pending_head && s->pending_head->deadline_ms <= now) {
+        char why[160];
+        snprintf(why, sizeof why, "no HELLO within %lld ms of connecting (TDIST_STORE_HANDSHAKE_TIMEOUT)",
+                 (long long)s->handshake_ms);
+        kill_handshake(s, s->pending_head, why);
+    }
+    if (!s->pending_head)
+        return -1;
+    int64_t left = s->pending_head->deadline_ms - now;
+    return left > 60000 ? 60000 : (int)left + 1;
 }
 
 static void reap_closed(td_store_server *s)
@@ -89,7 +171,6 @@ static void reap_closed(td_store_server *s)
     for (size_t i = 0; i < s->to_close.len; i++) {
         srv_conn *c = s->to_close.items[i];
         store_core_detach(s->core, c->core);
-        close(c->fd);
         free(c);
         atomic_fetch_sub(&s->st_connections, 1);
     }
@@ -142,6 +223,8 @@ static void process_input(td_store_server *s, srv_conn *c)
 {
     if (store_core_process(s->core, c->core) != TD_OK)
         kill_conn(s, c, true, td_last_error());
+    else if (c->pending && store_conn_authenticated(c->core))
+        pending_unlink(s, c);
     flush_dirty(s);
 }
 
@@ -150,6 +233,14 @@ static void on_readable(td_store_server *s, srv_conn *c)
     td_buf *in = store_conn_input(c->core);
     size_t want = store_conn_input_want(c->core);
     size_t chunk = want > READ_CHUNK ? want : READ_CHUNK;
+    /* Before HELLO, no more than a HELLO's worth is ever received (the core judges the header). */
+    size_t room = store_conn_preauth_room(c->core);
+    if (room == 0) {
+        kill_conn(s, c, true, "more than a HELLO's worth of bytes before the handshake");
+        return;
+    }
+    if (chunk > room)
+        chunk = room;
     if (buf_try_reserve(in, chunk) != TD_OK) {
         kill_conn(s, c, true, td_last_error());
         return;
@@ -180,6 +271,12 @@ static void accept_all(td_store_server *s, int lfd)
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
+            if ((errno == EMFILE || errno == ENFILE) && s->pending_head) {
+                /* Out of descriptors: the oldest connection without a handshake makes room. */
+                evict_oldest_pending(s, "closed to free a file descriptor (the server is out of them; raise "
+                                        "ulimit -n)");
+                continue;
+            }
             if ((errno == EMFILE || errno == ENFILE) && s->reserve_fd >= 0) {
                 /* Out of descriptors: accept and drop one pending client with the spare descriptor,
                  * so that the listener does not stay readable and spin. */
@@ -214,6 +311,22 @@ static void accept_all(td_store_server *s, int lfd)
             continue;
         }
         c->core = store_core_attach(s->core, c);
+        /* Until HELLO: on the pending list, with a deadline; over the cap, the oldest goes. */
+        c->pending = true;
+        c->deadline_ms = clock_now_ms() + s->handshake_ms;
+        c->prev = s->pending_tail;
+        if (s->pending_tail)
+            s->pending_tail->next = c;
+        else
+            s->pending_head = c;
+        s->pending_tail = c;
+        s->n_pending++;
+        if (s->n_pending > s->max_pending) {
+            char why[200];
+            snprintf(why, sizeof why, "closed to make room: over %zu connections without a handshake "
+                     "(TDIST_STORE_MAX_PENDING)", s->max_pending);
+            evict_oldest_pending(s, why);
+        }
         atomic_fetch_add(&s->st_connections, 1);
         atomic_fetch_add(&s->st_accepted, 1);
         if (lfd == s->local_fd)
@@ -228,7 +341,10 @@ static void *server_main(void *arg)
     bool spinning = false; /* the last batch was followed by a spin that has not ended */
     int64_t spin_until = 0;
     for (bool stop = false; !stop;) {
-        int timeout = spinning ? 0 : -1;
+        int until_expiry = expire_handshakes(s);
+        reap_closed(s);
+        atomic_store(&s->st_pending, s->n_pending);
+        int timeout = spinning ? 0 : until_expiry;
         int n = epoll_wait(s->epoll_fd, events, MAX_EVENTS, timeout);
         if (n < 0) {
             if (errno == EINTR)
@@ -271,6 +387,7 @@ static void *server_main(void *arg)
         }
         atomic_store(&s->st_keys, store_core_num_keys(s->core));
         atomic_store(&s->st_parked, store_core_num_parked(s->core));
+        atomic_store(&s->st_pending, s->n_pending);
     }
     return NULL;
 }
@@ -282,7 +399,8 @@ static void close_all(td_store_server *s)
         td_store_conn *cc = store_core_conn(s->core, 0);
         srv_conn *c = store_conn_user(cc);
         store_core_detach(s->core, cc);
-        close(c->fd);
+        if (c->fd >= 0)
+            close(c->fd);
         free(c);
     }
 }
@@ -314,11 +432,33 @@ td_status store_server_start(const td_store_server_options *o, td_store_server *
     TD_TRY(env_get_int("TDIST_STORE_SPIN_US", TD_STORE_DEFAULT_SPIN_US, 0, 1000000, &spin));
     bool same_host = true;
     TD_TRY(env_get_bool("TDIST_STORE_UNIX", true, &same_host));
+    uint64_t max_reply = o->max_reply_len;
+    if (max_reply == 0) {
+        const char *e = env_get_str("TDIST_STORE_MAX_REPLY", NULL);
+        if (e)
+            TD_TRY(env_parse_size("TDIST_STORE_MAX_REPLY", e, &max_reply));
+    }
+    int64_t handshake_ms = o->handshake_timeout_ms;
+    if (handshake_ms <= 0)
+        TD_TRY(env_get_duration_ms("TDIST_STORE_HANDSHAKE_TIMEOUT", DEFAULT_HANDSHAKE_MS, 1000, &handshake_ms));
+    if (handshake_ms <= 0)
+        handshake_ms = DEFAULT_HANDSHAKE_MS;
+    int64_t max_pending = o->max_pending;
+    if (max_pending <= 0)
+        TD_TRY(env_get_int("TDIST_STORE_MAX_PENDING", DEFAULT_MAX_PENDING, 1, INT32_MAX, &max_pending));
+    /* A reserve: connections without a handshake never hold more than half the descriptors. */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && (int64_t)(rl.rlim_cur / 2) < max_pending)
+        max_pending = rl.rlim_cur / 2 > 8 ? (int64_t)(rl.rlim_cur / 2) : 8;
     td_store_server *s = TD_NEW(td_store_server);
+    s->handshake_ms = handshake_ms;
+    s->max_pending = (size_t)max_pending;
     s->listen_fd = s->local_fd = s->epoll_fd = s->wake_fd = s->reserve_fd = -1;
     net_spin_init(&s->spin, spin * 1000);
     const char *token = o->auth_token ? o->auth_token : env_get_str("TDIST_AUTH_TOKEN", NULL);
     s->core = store_core_new(&lim, token);
+    if (max_reply)
+        store_core_set_max_reply(s->core, max_reply);
     td_status st = net_listen(o->host, o->port, 0, &s->listen_fd, &s->port);
     if (st != TD_OK) {
         free_server(s);
@@ -390,4 +530,5 @@ void store_server_get_stats(const td_store_server *s, td_store_server_stats *st)
     st->dropped = atomic_load(&s->st_dropped);
     st->keys = atomic_load(&s->st_keys);
     st->parked = atomic_load(&s->st_parked);
+    st->pending = atomic_load(&s->st_pending);
 }

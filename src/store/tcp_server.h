@@ -19,6 +19,12 @@ typedef struct td_store_server_options {
     const char *auth_token; /* NULL: $TDIST_AUTH_TOKEN; "": none */
     size_t max_key_len;     /* 0: $TDIST_STORE_MAX_KEY or 64 KiB */
     size_t max_value_len;   /* 0: $TDIST_STORE_MAX_VALUE or 512 MiB */
+    /* The hardening limits take 0 for $TDIST_STORE_MAX_REPLY (1 GiB, or max value + 4 KiB if
+     * larger), $TDIST_STORE_HANDSHAKE_TIMEOUT (5 s) and $TDIST_STORE_MAX_PENDING (1024, and at most
+     * half the open-files limit), and their defaults when those are unset. */
+    uint64_t max_reply_len;       /* largest reply built for one request */
+    int64_t handshake_timeout_ms; /* a connection without HELLO by then is closed */
+    int64_t max_pending;          /* connections that have not sent HELLO yet; beyond, the oldest goes */
 } td_store_server_options;
 
 td_status store_server_start(const td_store_server_options *options, td_store_server **server);
@@ -32,7 +38,9 @@ typedef struct td_store_server_stats {
     uint64_t connections; /* open now */
     uint64_t accepted;    /* since start */
     uint64_t accepted_local; /* of which through the same-host socket */
-    uint64_t dropped;     /* connections closed for a malformed, oversize or refused request */
+    uint64_t dropped;     /* connections closed for a malformed, oversize or refused request, or
+                           * no handshake in time, or evicted over the pending cap */
+    uint64_t pending;     /* open now and not past HELLO yet */
     uint64_t keys;
     uint64_t parked;      /* requests waiting for keys */
 } td_store_server_stats;

@@ -69,10 +69,12 @@ int main(int argc, char **argv)
             unlink(ef);
         }
         printf("TORCHENV RANK=%s TORCHELASTIC_RESTART_COUNT=%s TORCHELASTIC_MAX_RESTARTS=%s TORCHELASTIC_RUN_ID=%s "
-               "ROLE_NAME=%s ROLE_RANK=%s ROLE_WORLD_SIZE=%s GROUP_RANK=%s GROUP_WORLD_SIZE=%s ERROR_FILE=%s\n",
+               "ROLE_NAME=%s ROLE_RANK=%s ROLE_WORLD_SIZE=%s GROUP_RANK=%s GROUP_WORLD_SIZE=%s ERROR_FILE=%s "
+               "TORCHELASTIC_USE_AGENT_STORE=%s\n",
                env_str("RANK"), env_str("TORCHELASTIC_RESTART_COUNT"), env_str("TORCHELASTIC_MAX_RESTARTS"),
                env_str("TORCHELASTIC_RUN_ID"), env_str("ROLE_NAME"), env_str("ROLE_RANK"), env_str("ROLE_WORLD_SIZE"),
-               env_str("GROUP_RANK"), env_str("GROUP_WORLD_SIZE"), ef_ok ? "ok" : env_str("TORCHELASTIC_ERROR_FILE"));
+               env_str("GROUP_RANK"), env_str("GROUP_WORLD_SIZE"), ef_ok ? "ok" : env_str("TORCHELASTIC_ERROR_FILE"),
+               env_str("TORCHELASTIC_USE_AGENT_STORE"));
         return 0;
     }
     if (strcmp(mode, "errfile") == 0 && argc > 3) {

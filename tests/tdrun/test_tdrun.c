@@ -469,7 +469,7 @@ TD_TEST(torchelastic_environment, .timeout_s = 60)
         snprintf(want, sizeof want,
                  "[rank%d]: TORCHENV RANK=%d TORCHELASTIC_RESTART_COUNT=0 TORCHELASTIC_MAX_RESTARTS=3 "
                  "TORCHELASTIC_RUN_ID=job42 ROLE_NAME=trainer ROLE_RANK=%d ROLE_WORLD_SIZE=2 GROUP_RANK=0 "
-                 "GROUP_WORLD_SIZE=1 ERROR_FILE=ok\n",
+                 "GROUP_WORLD_SIZE=1 ERROR_FILE=ok TORCHELASTIC_USE_AGENT_STORE=True\n",
                  r, r, r);
         TD_CHECK_CONTAINS(p.out.data, want);
     }

@@ -184,6 +184,7 @@ static char **build_env(const tdrun_options *o, const worker *w, const char *add
         alloc_printf("TORCHELASTIC_MAX_RESTARTS=%d", o->max_restarts),
         alloc_printf("TORCHELASTIC_RUN_ID=%s", o->run_id),
         alloc_printf("TORCHELASTIC_ERROR_FILE=%s", w->error_file),
+        alloc_printf("TORCHELASTIC_USE_AGENT_STORE=True"), /* torchrun's spelling of TDIST_USE_AGENT_STORE */
     };
     size_t nvars = sizeof vars / sizeof *vars;
     size_t nenv = 0;

@@ -149,7 +149,18 @@ static td_status rank_and_world(const char *scheme, const char *url, bool from_e
                         RDZV_ERR "env:// rendezvous: environment variable WORLD_SIZE expected, but not set");
     else
         return error_fmt(TD_ERR_INVALID, RDZV_ERR "%s:// rendezvous: world size parameter missing", scheme);
-    return parse_int_param(scheme, "world_size", v, 0, INT32_MAX, world);
+    TD_TRY(parse_int_param(scheme, "world_size", v, 0, INT32_MAX, world));
+    /* A rank outside the world would wait at the store until the timeout (30 minutes by default):
+     * say so at once, naming where the numbers came from. */
+    if (*world > 0 && *rank >= *world) {
+        bool in_url = td_rendezvous_url_param(url, "rank", NULL, 0);
+        return error_fmt(TD_ERR_INVALID,
+                         RDZV_ERR "%s:// rendezvous: rank %d is out of range for world size %d (ranks are 0 to %d); "
+                                  "check %s",
+                         scheme, *rank, *world, *world - 1,
+                         in_url ? "the URL's rank and world_size" : from_env ? "RANK and WORLD_SIZE" : "the launcher's ranks");
+    }
+    return TD_OK;
 }
 
 td_status store_rendezvous_rank(const char *url, int *rank)

@@ -38,6 +38,7 @@
 /* How long a client waits for the server to confirm a CANCEL before dropping the connection. */
 #define CANCEL_GRACE_MS 5000
 #define WORKER_POLL_MS 10
+#define WORKER_REPORT_MS 5000 /* how often a master waiting for ranks says how many are missing */
 /* How long a handle tries to reopen a connection it dropped before declaring the server gone. */
 #define RECONNECT_MS 2000
 /* Sets sent without waiting for their answers, at most, before a set waits for them. */
@@ -775,11 +776,21 @@ static td_status wait_for_workers(tcp_store *t, bool master, int world_size)
     if (!master)
         return TD_OK;
     int64_t start = clock_now_ns(), timeout = store_timeout_of(&t->base);
+    int64_t next_report = start + (int64_t)WORKER_REPORT_MS * 1000000;
     for (;;) {
         bool done;
         TD_TRY(tcp_store_workers_step(&t->base, world_size, start, timeout, &joined, &done));
         if (done)
             return TD_OK;
+        /* A rank that never arrives (a wrong MASTER_PORT, a node not started) shows at once in
+         * the log instead of only at the timeout. */
+        int64_t now = clock_now_ns();
+        if (now >= next_report) {
+            TD_LOG_WARN("store at %s:%d: waiting for %lld of %d ranks to join (%lld s so far, timeout %lld s)",
+                        t->host, t->port, (long long)(world_size - joined), world_size,
+                        (long long)((now - start) / 1000000000), (long long)(timeout / 1000));
+            next_report = now + (int64_t)WORKER_REPORT_MS * 1000000;
+        }
         clock_sleep_ms(WORKER_POLL_MS);
     }
 }

@@ -10,6 +10,8 @@
 #include <tdist/store.h>
 #include <tdist/testing.h>
 
+#include "base/clock.h"
+
 #include "util.h"
 
 #define E "Error initializing torch.distributed using "
@@ -42,6 +44,26 @@ TD_TEST(url_errors_use_c10d_messages, .timeout_s = 60)
                  "The url: file:///tmp/x?rank=0 has node-specific arguments(rank, world_size) already.");
     expect_error("file:///tmp/x?world_size=2", -1, 2, TD_ERR_INVALID,
                  "The url: file:///tmp/x?world_size=2 has node-specific arguments(rank, world_size) already.");
+}
+
+/* A rank outside the world fails at once with a message naming where the numbers came from, where it
+ * used to wait at the store for the whole timeout (issue 22's fail-fast startup). */
+TD_TEST(rank_out_of_range_fails_at_once, .timeout_s = 60)
+{
+    int64_t t0 = clock_now_ns();
+    expect_error("tcp://127.0.0.1:1234", 4, 4, TD_ERR_INVALID,
+                 E "tcp:// rendezvous: rank 4 is out of range for world size 4 (ranks are 0 to 3); check the URL's rank "
+                   "and world_size");
+    expect_error("file:///tmp/tdist-nothing?rank=7&world_size=2", -1, -1, TD_ERR_INVALID,
+                 E "file:// rendezvous: rank 7 is out of range for world size 2 (ranks are 0 to 1); check the URL's "
+                   "rank and world_size");
+    setenv("RANK", "3", 1);
+    setenv("WORLD_SIZE", "2", 1);
+    setenv("MASTER_PORT", "1234", 1);
+    expect_error("env://", -1, -1, TD_ERR_INVALID,
+                 E "env:// rendezvous: rank 3 is out of range for world size 2 (ranks are 0 to 1); check RANK and "
+                   "WORLD_SIZE");
+    TD_CHECK((clock_now_ns() - t0) / 1000000 < 5000);
 }
 
 TD_TEST(env_errors_use_c10d_messages, .timeout_s = 60)

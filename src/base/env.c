@@ -19,6 +19,44 @@ const char *env_get_str(const char *name, const char *def)
     return (v && *v) ? v : def;
 }
 
+const char *env_get_first(const char *const *names, const char **which)
+{
+    for (size_t i = 0; names[i]; i++) {
+        const char *v = env_get_str(names[i], NULL);
+        if (v) {
+            if (which)
+                *which = names[i];
+            return v;
+        }
+    }
+    if (which)
+        *which = names[0];
+    return NULL;
+}
+
+bool env_socket_ifname(char *out, size_t size, const char **which)
+{
+    static const char *const names[] = ENV_SOCKET_IFNAME_NAMES;
+    for (size_t i = 0; names[i]; i++) {
+        const char *v = env_get_str(names[i], NULL);
+        if (!v || v[0] == '^')
+            continue;
+        if (v[0] == '=')
+            v++;
+        size_t n = strcspn(v, ",");
+        if (n == 0 || n >= size)
+            continue;
+        memcpy(out, v, n);
+        out[n] = '\0';
+        if (which)
+            *which = names[i];
+        return true;
+    }
+    if (which)
+        *which = names[0];
+    return false;
+}
+
 td_status env_parse_int(const char *what, const char *s, int64_t min, int64_t max, int64_t *out)
 {
     char *end = NULL;

@@ -39,7 +39,12 @@ td_status pg_parse_debug_level(const char *value, pg_debug_level *out)
 {
     int level = PG_DEBUG_OFF;
     if (!value) {
-        TD_TRY(env_get_enum("TDIST_DEBUG", level_names, PG_DEBUG_OFF, &level));
+        /* TDIST_DEBUG, else PyTorch's TORCH_DISTRIBUTED_DEBUG; a bad value's message names the
+         * variable that was set. */
+        static const char *const names[] = ENV_DEBUG_NAMES;
+        const char *which = NULL;
+        env_get_first(names, &which);
+        TD_TRY(env_get_enum(which, level_names, PG_DEBUG_OFF, &level));
         *out = (pg_debug_level)level;
         return TD_OK;
     }

@@ -93,7 +93,8 @@ static void pick_host(const char *listen_host, char *bind, size_t bsize, char *p
         return;
     }
     const char *master = env_get_str("MASTER_ADDR", NULL);
-    bool multi_host = env_get_str("TDIST_SOCKET_IFNAME", NULL) != NULL ||
+    char ifname[256];
+    bool multi_host = env_socket_ifname(ifname, sizeof ifname, NULL) ||
                       (master && strcmp(master, "127.0.0.1") != 0 && strcmp(master, "localhost") != 0 &&
                        strcmp(master, "::1") != 0);
     char name[256];

@@ -2,8 +2,9 @@
  * ranks, set up through a store (tcp_connect.c) and driven by a progress engine (tcp.c).
  *
  * Wire format and handshake: docs/protocols.md, "tcp transport". Tuning (environment):
- *   TDIST_SOCKET_IFNAME   interface whose address each rank listens on (else the interface that
- *                         reaches MASTER_ADDR, else loopback)
+ *   TDIST_SOCKET_IFNAME   interface whose address each rank listens on (else GLOO_SOCKET_IFNAME or
+ *                         NCCL_SOCKET_IFNAME, else the interface that reaches MASTER_ADDR, else
+ *                         loopback)
  *   TDIST_AUTH_TOKEN      shared secret every connecting rank must present
  *   TDIST_TCP_SPIN_US     how long a waiting thread busy-polls before sleeping (default 50)
  *   TDIST_TCP_BUFFER      socket send/receive buffer size (default: the kernel's autotuning)

@@ -43,7 +43,7 @@
 /* ---- the bind address ------------------------------------------------------------------------- */
 
 /* The first address of interface `name`: IPv4 first, else IPv6 (link-local ones with their scope). */
-static td_status iface_addr(const char *name, char *out, size_t size)
+static td_status iface_addr(const char *var, const char *name, char *out, size_t size)
 {
     struct ifaddrs *ifs;
     if (getifaddrs(&ifs) != 0)
@@ -79,8 +79,8 @@ static td_status iface_addr(const char *name, char *out, size_t size)
         return TD_OK;
     }
     if (!exists)
-        return error_fmt(TD_ERR_INVALID, "TDIST_SOCKET_IFNAME names interface '%s', which does not exist", name);
-    return error_fmt(TD_ERR_INVALID, "TDIST_SOCKET_IFNAME names interface '%s', which has no IP address", name);
+        return error_fmt(TD_ERR_INVALID, "%s names interface '%s', which does not exist", var, name);
+    return error_fmt(TD_ERR_INVALID, "%s names interface '%s', which has no IP address", var, name);
 }
 
 /* The local address the kernel would use to reach host (a UDP connect sends nothing). */
@@ -122,9 +122,11 @@ static td_status bind_host(const td_tcp_options *o, char *out, size_t size)
         snprintf(out, size, "%s", o->bind_host);
         return TD_OK;
     }
-    const char *ifname = env_get_str("TDIST_SOCKET_IFNAME", NULL);
-    if (ifname)
-        return iface_addr(ifname, out, size);
+    /* TDIST_SOCKET_IFNAME, else PyTorch's GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME. */
+    char ifname[256];
+    const char *var = NULL;
+    if (env_socket_ifname(ifname, sizeof ifname, &var))
+        return iface_addr(var, ifname, out, size);
     const char *master = env_get_str("MASTER_ADDR", NULL);
     if (master && route_to(master, out, size))
         return TD_OK;

@@ -77,7 +77,12 @@ static uint64_t g_world_counter;
 static world *world_new(int size)
 {
     world *w = TD_NEW(world);
-    snprintf(w->id, sizeof w->id, "threaded-%d-%llu", (int)getpid(), (unsigned long long)++g_world_counter);
+    /* The serial is taken under the registry lock: groups created at once on several threads
+     * must get distinct ids, or a rank could join another group's world. */
+    pthread_mutex_lock(&g_registry_mu);
+    unsigned long long serial = ++g_world_counter;
+    pthread_mutex_unlock(&g_registry_mu);
+    snprintf(w->id, sizeof w->id, "threaded-%d-%llu", (int)getpid(), serial);
     w->size = size;
     w->refs = 1;
     thread_mutex_init(&w->mu);

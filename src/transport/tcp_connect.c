@@ -65,7 +65,7 @@ static td_status iface_addr(const char *var, const char *name, char *out, size_t
             char txt[INET6_ADDRSTRLEN];
             inet_ntop(AF_INET6, &a6->sin6_addr, txt, sizeof txt);
             if (IN6_IS_ADDR_LINKLOCAL(&a6->sin6_addr))
-                snprintf(v6, sizeof v6, "%s%%%s", txt, name);
+                snprintf(v6, sizeof v6, "%s%%%.15s", txt, name); /* interface names fit IFNAMSIZ (16) */
             else
                 snprintf(v6, sizeof v6, "%s", txt);
             found6 = true;

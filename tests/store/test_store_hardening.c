@@ -167,38 +167,14 @@ typedef struct tool {
  * its open-files limit once it listens (it raises its soft limit to the hard one as it starts). */
 static tool start_tool(rlim_t nofile)
 {
-    int out[2], err[2];
-    TD_CHECK(pipe2(out, O_CLOEXEC) == 0 && pipe2(err, O_CLOEXEC) == 0);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-    posix_spawn_file_actions_adddup2(&fa, err[1], 2);
-    char *argv[] = {(char *)TDIST_STORE_BIN, "--host", "127.0.0.1", "--port", "0", NULL};
-    pid_t pid;
-    TD_CHECK(posix_spawn(&pid, TDIST_STORE_BIN, &fa, NULL, argv, environ) == 0);
-    posix_spawn_file_actions_destroy(&fa);
-    close(out[1]);
-    close(err[1]);
-    char line[256];
-    size_t len = 0;
-    while (len < sizeof line - 1) {
-        struct pollfd p = {.fd = out[0], .events = POLLIN};
-        TD_CHECK_MSG(poll(&p, 1, 30000) == 1, "tdist-store printed no address within 30 s");
-        ssize_t r = read(out[0], line + len, 1);
-        TD_CHECK_MSG(r == 1, "tdist-store exited before printing its address");
-        if (line[len] == '\n')
-            break;
-        len++;
-    }
-    line[len] = '\0';
-    close(out[0]);
-    const char *colon = strrchr(line, ':');
-    TD_CHECK(colon != NULL);
-    tool t = {pid, atoi(colon + 1), err[0]};
-    TD_CHECK(t.port > 0);
+    static const char *const args[] = {"--host", "127.0.0.1", "--port", "0", NULL};
+    tool t = {0, 0, -1};
+    int out_fd = -1;
+    t.pid = store_tool_spawn(TDIST_STORE_BIN, args, &t.port, &out_fd, &t.err_fd);
+    close(out_fd);
     if (nofile) {
         struct rlimit low = {nofile, nofile};
-        TD_CHECK_MSG(prlimit(pid, RLIMIT_NOFILE, &low, NULL) == 0, "prlimit: %s", strerror(errno));
+        TD_CHECK_MSG(prlimit(t.pid, RLIMIT_NOFILE, &low, NULL) == 0, "prlimit: %s", strerror(errno));
     }
     return t;
 }

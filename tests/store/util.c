@@ -3,12 +3,16 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+extern char **environ;
 
 double now_s(void)
 {
@@ -248,4 +252,46 @@ void run_workers(td_test_ctx *ctx, worker_fn fn)
         }
     }
     td_store_release(s);
+}
+
+/* store_tool_spawn (util.h). */
+pid_t store_tool_spawn(const char *bin, const char *const *args, int *port, int *out_fd, int *err_fd)
+{
+    int out[2], err[2];
+    TD_CHECK(pipe2(out, O_CLOEXEC) == 0 && pipe2(err, O_CLOEXEC) == 0);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+    char *argv[32];
+    int n = 0;
+    argv[n++] = (char *)bin;
+    for (int i = 0; args[i] && n < 31; i++)
+        argv[n++] = (char *)args[i];
+    argv[n] = NULL;
+    pid_t pid;
+    TD_CHECK(posix_spawn(&pid, bin, &fa, NULL, argv, environ) == 0);
+    posix_spawn_file_actions_destroy(&fa);
+    close(out[1]);
+    close(err[1]);
+    char line[256];
+    size_t len = 0;
+    while (len < sizeof line - 1) {
+        struct pollfd p = {.fd = out[0], .events = POLLIN};
+        TD_CHECK_MSG(poll(&p, 1, 30000) == 1, "tdist-store printed no address within 30 s");
+        ssize_t r = read(out[0], line + len, 1);
+        TD_CHECK_MSG(r == 1, "tdist-store exited before printing its address");
+        if (line[len] == '\n')
+            break;
+        len++;
+    }
+    line[len] = '\0';
+    TD_CHECK_MSG(strncmp(line, "tdist-store listening on ", 25) == 0, "unexpected first line '%s'", line);
+    const char *colon = strrchr(line, ':');
+    TD_CHECK(colon != NULL);
+    *port = atoi(colon + 1);
+    TD_CHECK(*port > 0);
+    *out_fd = out[0];
+    *err_fd = err[0];
+    return pid;
 }

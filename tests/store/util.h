@@ -6,6 +6,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include <tdist/store.h>
 #include <tdist/testing.h>
@@ -21,6 +22,11 @@ void unpublish(const td_test_ctx *ctx, const char *name);
 
 /* An on_listening hook publishing the port as "port"; arg is the td_test_ctx. */
 void publish_port_hook(int port, void *arg);
+
+/* Starts the standalone server binary `bin` with args (NULL-terminated) and reads its port from its
+ * first line, "tdist-store listening on HOST:PORT". *out_fd and *err_fd are the read ends of its
+ * stdout (after that line) and stderr. Fails the test if it prints no address within 30 s. */
+pid_t store_tool_spawn(const char *bin, const char *const *args, int *port, int *out_fd, int *err_fd);
 
 /* A TCPStore master on 127.0.0.1 with port 0 that publishes its port as "port" before waiting
  * for workers, or a client of it. world_size < 1: no wait for workers. */

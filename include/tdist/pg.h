@@ -193,6 +193,14 @@ TD_API bool td_is_initialized(void);
 TD_API td_pg *td_default_pg(void); /* borrowed; NULL before init */
 TD_API int td_get_rank(void);       /* -1 before init */
 TD_API int td_get_world_size(void); /* -1 before init */
+/* This process's rank on its node and the number of ranks on its node, as its launcher set them
+ * (no init needed): LOCAL_RANK / LOCAL_WORLD_SIZE (tdrun, torchrun), else Open MPI's
+ * OMPI_COMM_WORLD_LOCAL_RANK / _LOCAL_SIZE, else MPICH's MPI_LOCALRANKID / MPI_LOCALNRANKS, else
+ * Slurm's SLURM_LOCALID with SLURM_NTASKS_PER_NODE or SLURM_TASKS_PER_NODE's first count. The size
+ * comes from the same launcher as the rank. -1 when that launcher does not set it or it is not a
+ * valid number (docs/environment.md). */
+TD_API int td_get_local_rank(void);
+TD_API int td_get_local_world_size(void);
 /* new_group on the default group; the group is destroyed with it (td_pg_destroy also works). */
 TD_API td_status td_new_group(const int *ranks, int n, const td_pg_options *options, td_pg **out);
 

@@ -67,17 +67,30 @@ void log_emit(td_log_level level, const char *fmt, ...)
     char line[2048];
     /* A thread that never set a rank (an I/O thread, say) logs the process's rank. */
     int rank = tl_rank_set ? tl_rank : atomic_load(&g_process_rank);
-    size_t n;
-    if (rank >= 0)
-        n = (size_t)snprintf(line, sizeof line, "[tdist %s] [rank %d] ", level_names[level], rank);
-    else
-        n = (size_t)snprintf(line, sizeof line, "[tdist %s] ", level_names[level]);
+    size_t n = (size_t)snprintf(line, sizeof line, "[tdist %s] ", level_names[level]);
     va_list ap;
     va_start(ap, fmt);
     int m = vsnprintf(line + n, sizeof line - n - 1, fmt, ap);
     va_end(ap);
     if (m < 0)
         m = 0;
+    /* "[rank R] " after the level, unless the message names the rank itself as PyTorch's texts do
+     * ("[Rank R] Watchdog caught ..."): one rank prefix per line (issue 22). */
+    char own[32];
+    int k = rank >= 0 ? snprintf(own, sizeof own, "[Rank %d]", rank) : 0;
+    if (rank >= 0 && !(m >= k && memcmp(line + n, own, (size_t)k) == 0)) {
+        k = snprintf(own, sizeof own, "[rank %d] ", rank);
+        size_t body = (size_t)m < sizeof line - n - 1 ? (size_t)m : sizeof line - n - 2;
+        if (n + (size_t)k + body > sizeof line - 1)
+            body = sizeof line - 1 - n - (size_t)k;
+        memmove(line + n + k, line + n, body);
+        memcpy(line + n, own, (size_t)k);
+        line[n + (size_t)k + body] = '\0';
+        if ((size_t)m > body)
+            m += k; /* truncated: keeps the "..." below */
+        else
+            m = (int)body + k;
+    }
     n += (size_t)m;
     if (n >= sizeof line - 1) {
         n = sizeof line - 1;

@@ -54,12 +54,16 @@ TD_TEST(log_line_has_level_and_rank)
     TD_LOG_INFO("store server listening on %s", "127.0.0.1:29500");
     TD_LOG_DEBUG("not shown");
     TD_LOG_WARN("a warning");
+    TD_LOG_ERROR("[Rank 3] Watchdog caught collective operation timeout"); /* names its rank: no second */
+    TD_LOG_ERROR("[Rank 30] of another rank");
     log_set_rank(-1);
     TD_LOG_ERROR("rank removed");
     char *out = capture_end(&c);
     TD_CHECK_STR_EQ(out, "[tdist INFO] no rank yet 1\n"
                          "[tdist INFO] [rank 3] store server listening on 127.0.0.1:29500\n"
                          "[tdist WARN] [rank 3] a warning\n"
+                         "[tdist ERROR] [Rank 3] Watchdog caught collective operation timeout\n"
+                         "[tdist ERROR] [rank 3] [Rank 30] of another rank\n"
                          "[tdist ERROR] rank removed\n");
     free(out);
     TD_CHECK(log_enabled(TD_LOG_INFO));

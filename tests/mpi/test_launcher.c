@@ -29,7 +29,9 @@ static void clear_launcher_env(void)
 {
     static const char *const vars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK",
                                        "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK", "PMI_SIZE",
-                                       "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"};
+                                       "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "LOCAL_WORLD_SIZE",
+                                       "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
+                                       "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
         unsetenv(vars[i]);
 }
@@ -118,6 +120,58 @@ TD_TEST(env_rendezvous_variables, .timeout_s = 60)
     TD_CHECK_OK(td_rendezvous("env://", -1, -1, 10000, &s, &rank, &ws));
     TD_CHECK(rank == 0 && ws == 1);
     td_store_release(s);
+    clear_launcher_env();
+}
+
+/* The local rank and local world size each launcher sets (issue 22), in the order of preference:
+ * LOCAL_*, then Open MPI's, MPICH's and Slurm's; the size always from the launcher that gave the rank. */
+TD_TEST(local_rank_variables)
+{
+    clear_launcher_env();
+    TD_CHECK_EQ(td_get_local_rank(), -1);
+    TD_CHECK_EQ(td_get_local_world_size(), -1);
+    /* Slurm: SLURM_TASKS_PER_NODE's first count, unless SLURM_NTASKS_PER_NODE is set. */
+    setenv("SLURM_LOCALID", "2", 1);
+    TD_CHECK_EQ(td_get_local_rank(), 2);
+    TD_CHECK_EQ(td_get_local_world_size(), -1);
+    setenv("SLURM_TASKS_PER_NODE", "4(x2),3", 1);
+    TD_CHECK_EQ(td_get_local_rank(), 2);
+    TD_CHECK_EQ(td_get_local_world_size(), 4);
+    setenv("SLURM_TASKS_PER_NODE", "3", 1);
+    TD_CHECK_EQ(td_get_local_world_size(), 3);
+    setenv("SLURM_NTASKS_PER_NODE", "8", 1);
+    TD_CHECK_EQ(td_get_local_world_size(), 8);
+    /* MPICH's Hydra comes before Slurm. */
+    setenv("MPI_LOCALRANKID", "1", 1);
+    setenv("MPI_LOCALNRANKS", "2", 1);
+    TD_CHECK_EQ(td_get_local_rank(), 1);
+    TD_CHECK_EQ(td_get_local_world_size(), 2);
+    /* Open MPI before MPICH. */
+    setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3", 1);
+    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "6", 1);
+    TD_CHECK_EQ(td_get_local_rank(), 3);
+    TD_CHECK_EQ(td_get_local_world_size(), 6);
+    /* LOCAL_RANK / LOCAL_WORLD_SIZE (tdrun, torchrun) first; no size from another launcher. */
+    setenv("LOCAL_RANK", "0", 1);
+    TD_CHECK_EQ(td_get_local_rank(), 0);
+    TD_CHECK_EQ(td_get_local_world_size(), -1);
+    setenv("LOCAL_WORLD_SIZE", "5", 1);
+    TD_CHECK_EQ(td_get_local_world_size(), 5);
+    /* Not valid numbers, or a rank not below the size: -1, no fall-through to the next launcher. */
+    setenv("LOCAL_RANK", "x", 1);
+    TD_CHECK_EQ(td_get_local_rank(), -1);
+    TD_CHECK_EQ(td_get_local_world_size(), 5);
+    setenv("LOCAL_RANK", "5", 1);
+    TD_CHECK_EQ(td_get_local_rank(), -1);
+    /* An empty value counts as unset: the next launcher's. */
+    setenv("LOCAL_RANK", "", 1);
+    TD_CHECK_EQ(td_get_local_rank(), 3);
+    TD_CHECK_EQ(td_get_local_world_size(), 6);
+    clear_launcher_env();
+    setenv("SLURM_LOCALID", "0", 1);
+    setenv("SLURM_TASKS_PER_NODE", "bad", 1);
+    TD_CHECK_EQ(td_get_local_rank(), 0);
+    TD_CHECK_EQ(td_get_local_world_size(), -1);
     clear_launcher_env();
 }
 

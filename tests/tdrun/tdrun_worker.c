@@ -9,7 +9,9 @@
  *   torchenv            print torchrun's other variables (TORCHELASTIC_*, ROLE_*, GROUP_*) on one line
  *   errfile RANK KIND   RANK writes TORCHELASTIC_ERROR_FILE (KIND json: torchrun's layout with a
  *                       two-line py_callstack; text: plain text) and exits 1; the others wait
- *   out                 one stdout and one stderr line */
+ *   out                 one stdout and one stderr line
+ *   log                 log through tdist's log (with and without its rank, one message in PyTorch's
+ *                       "[Rank R]" form) beside a plain line */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +19,8 @@
 #include <unistd.h>
 
 #include <tdist/store.h>
+
+#include "base/log.h"
 
 static int env_int(const char *name)
 {
@@ -96,6 +100,15 @@ int main(int argc, char **argv)
         for (int i = 0; i < 600 && !g_term; i++)
             usleep(100 * 1000);
         return g_term ? 0 : 1;
+    }
+    if (strcmp(mode, "log") == 0) {
+        printf("PLAIN of rank %d\n", rank);
+        fflush(stdout);
+        TD_LOG_WARN("LOG before the rank is known");
+        log_set_rank(rank);
+        TD_LOG_WARN("LOG of rank %d", rank);
+        TD_LOG_ERROR("[Rank %d] LOG Watchdog caught collective operation timeout", rank);
+        return 0;
     }
     if (strcmp(mode, "out") == 0) {
         printf("OUT of rank %d\n", rank);

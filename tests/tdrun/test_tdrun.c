@@ -156,6 +156,41 @@ TD_TEST(output_lines_prefixed_and_whole, .timeout_s = 60)
     proc_free(&p);
 }
 
+/* A worker logging through tdist: each of its lines carries exactly one rank prefix, its own
+ * (tdrun's "[rankR]: " or the library's "[rank R]" / PyTorch's "[Rank R]"), never two (issue 22). */
+TD_TEST(log_lines_carry_one_rank_prefix, .timeout_s = 60)
+{
+    proc p;
+    char *argv[] = {TDRUN_BIN, "--standalone", "--quiet", "--nproc-per-node", "2", WORKER_BIN, "log", NULL};
+    run_tdrun(&p, argv, 30000);
+    TD_CHECK_MSG(p.code == 0, "tdrun exited %d:\n%s", p.code, p.out.data);
+    for (int r = 0; r < 2; r++) {
+        char want[160];
+        snprintf(want, sizeof want, "[rank%d]: PLAIN of rank %d\n", r, r);
+        TD_CHECK_CONTAINS(p.out.data, want);
+        snprintf(want, sizeof want, "[rank%d]: [tdist WARN] LOG before the rank is known\n", r);
+        TD_CHECK_CONTAINS(p.out.data, want);
+        snprintf(want, sizeof want, "\n[tdist WARN] [rank %d] LOG of rank %d\n", r, r);
+        TD_CHECK_CONTAINS(p.out.data, want);
+        snprintf(want, sizeof want, "\n[tdist ERROR] [Rank %d] LOG Watchdog caught", r);
+        TD_CHECK_CONTAINS(p.out.data, want);
+    }
+    int lines = 0;
+    char *save = NULL;
+    for (char *l = strtok_r(p.out.data, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        if (!strstr(l, "PLAIN") && !strstr(l, "LOG"))
+            continue;
+        int prefixes = 0;
+        for (const char *q = l; *q; q++)
+            if (strncmp(q, "[rank", 5) == 0 || strncmp(q, "[Rank", 5) == 0)
+                prefixes++;
+        TD_CHECK_MSG(prefixes == 1, "line with %d rank prefixes: '%s'", prefixes, l);
+        lines++;
+    }
+    TD_CHECK_EQ(lines, 2 * 4);
+    proc_free(&p);
+}
+
 TD_TEST(failing_worker_stops_the_others, .timeout_s = 60)
 {
     proc p;

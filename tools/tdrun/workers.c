@@ -88,6 +88,27 @@ static void write_all(int fd, const char *p, size_t n)
     }
 }
 
+/* Whether a line already names the worker's rank at its start, so that tdrun's "[rankR]: " would
+ * double it: tdist's log prefix "[tdist LEVEL] [rank R] ", or PyTorch's "[Rank R]" that tdist's
+ * error texts keep (after the log prefix or alone). A line naming another rank gets the prefix. */
+static bool carries_rank(const char *p, size_t n, int rank)
+{
+    if (n >= 7 && memcmp(p, "[tdist ", 7) == 0) {
+        const char *e = memchr(p, ']', n);
+        if (!e || (size_t)(e - p) + 2 > n || e[1] != ' ')
+            return false;
+        n -= (size_t)(e + 2 - p);
+        p = e + 2;
+    }
+    char want[32];
+    for (int k = 0; k < 2; k++) {
+        int m = snprintf(want, sizeof want, k ? "[Rank %d]" : "[rank %d]", rank);
+        if (m > 0 && (size_t)m <= n && memcmp(p, want, (size_t)m) == 0)
+            return true;
+    }
+    return false;
+}
+
 /* Emits one complete line (without its newline) of a worker's stream. */
 static void emit_line(const worker *w, int which, const char *p, size_t n)
 {
@@ -98,7 +119,8 @@ static void emit_line(const worker *w, int which, const char *p, size_t n)
     }
     if (s->console) {
         td_buf out = TD_BUF_INIT;
-        buf_printf(&out, "[rank%d]: ", w->rank);
+        if (!carries_rank(p, n, w->rank))
+            buf_printf(&out, "[rank%d]: ", w->rank);
         buf_append(&out, p, n);
         buf_putc(&out, '\n');
         write_all(which == OUT ? STDOUT_FILENO : STDERR_FILENO, out.data, out.len);

@@ -12,6 +12,15 @@
  * removes every name it still knows and exits. One daemon per socket name: a second one finds the
  * name taken and exits at once.
  *
+ * Trust: the socket is abstract (no file permissions), so the daemon checks each client's
+ * credentials (SO_PEERCRED) at accept and closes, with one log line, a client whose uid is not its
+ * own. A client's pid is the kernel's (SO_PEERCRED), not the one its HELLO claims. A client may
+ * hold (and so have dropped at its disconnect) only names it registered itself: HOLD is accepted
+ * for a name that carries the client's own pid (it is the creator) or that the client's process
+ * maps (/proc/<pid>/maps: it opened the segment); DROP only for a name the client holds; FORGET
+ * only for a name that no longer exists. Anything else is refused with a log line and changes
+ * nothing, so a stranger cannot make the daemon drop references it never held.
+ *
  * Usage: tdist-shm-manager [--socket NAME]   (default: tdist-shm-manager.v1.<uid>) */
 #include <errno.h>
 #include <stdarg.h>
@@ -20,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -34,9 +44,12 @@
 
 typedef struct client {
     int fd;
-    pid_t pid;
+    pid_t pid; /* from SO_PEERCRED at accept */
     td_map holds; /* name -> (uintptr_t) references held */
+    unsigned refused; /* messages refused (logged one by one up to MAX_REFUSAL_LOGS) */
 } client;
+
+#define MAX_REFUSAL_LOGS 8
 
 static TD_VEC(client *) clients;
 static td_map known; /* every name some client held and that may still exist -> (void *)1 */
@@ -80,6 +93,8 @@ static void client_close(size_t i)
     }
     if (n)
         logf_("client pid %d went away holding %zu references", (int)c->pid, n);
+    if (c->refused > MAX_REFUSAL_LOGS)
+        logf_("client pid %d: %u messages refused in all", (int)c->pid, c->refused);
     map_free(&c->holds, NULL);
     close(c->fd);
     free(c);
@@ -96,6 +111,52 @@ static void hold_add(client *c, const char *name, int delta)
         map_put(&c->holds, name, len, (void *)(uintptr_t)v);
 }
 
+static void refuse(client *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void refuse(client *c, const char *fmt, ...)
+{
+    if (++c->refused > MAX_REFUSAL_LOGS)
+        return;
+    char buf[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    logf_("refused from client pid %d: %s", (int)c->pid, buf);
+}
+
+/* Whether process pid maps the segment `name` (/proc/<pid>/maps shows /dev/shm/<name>, possibly
+ * "(deleted)"). */
+static bool process_maps(pid_t pid, const char *name)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/maps", (int)pid);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return false;
+    char want[TD_SEGMENT_NAME_MAX + 16];
+    int wlen = snprintf(want, sizeof want, "/dev/shm/%s", name);
+    char line[4096];
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, want);
+        if (p && (p[wlen] == '\n' || p[wlen] == ' ' || p[wlen] == '\0'))
+            found = true;
+    }
+    fclose(f);
+    return found;
+}
+
+/* Whether the name exists in /dev/shm. */
+static bool segment_exists(const char *name)
+{
+    int fd = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
+    if (fd >= 0) {
+        close(fd);
+        return true;
+    }
+    return errno != ENOENT;
+}
+
 /* Handles one datagram; false when the client must be dropped. */
 static bool client_message(client *c, const td_shmm_msg *m, ssize_t n)
 {
@@ -106,7 +167,7 @@ static bool client_message(client *c, const td_shmm_msg *m, ssize_t n)
     memcpy(name, m->name, m->name_len);
     name[m->name_len] = '\0';
     if (m->op == TD_SHMM_HELLO) {
-        c->pid = (pid_t)m->pid;
+        /* The pid a HELLO claims is not trusted: c->pid came from the kernel. */
         td_shmm_msg w;
         memset(&w, 0, sizeof w);
         w.op = TD_SHMM_WELCOME;
@@ -118,13 +179,27 @@ static bool client_message(client *c, const td_shmm_msg *m, ssize_t n)
         return false;
     switch (m->op) {
     case TD_SHMM_HOLD:
+        /* The creator registers its name (which carries its pid) before creating it; any other
+         * process sends HOLD after mapping the segment. */
+        if (segment_name_pid(name) != c->pid && !process_maps(c->pid, name)) {
+            refuse(c, "HOLD of %s, which it did not create and does not map", name);
+            return true;
+        }
         hold_add(c, name, 1);
         map_put(&known, name, strlen(name), (void *)1);
         return true;
     case TD_SHMM_DROP:
+        if (!map_get(&c->holds, name, strlen(name))) {
+            refuse(c, "DROP of %s, which it does not hold", name);
+            return true;
+        }
         hold_add(c, name, -1);
         return true;
     case TD_SHMM_FORGET:
+        if (segment_exists(name)) {
+            refuse(c, "FORGET of %s, which still exists", name);
+            return true;
+        }
         map_remove(&known, name, strlen(name));
         return true;
     default:
@@ -225,9 +300,21 @@ int main(int argc, char **argv)
         if (pfds.items[0].revents & POLLIN) {
             int cfd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
             if (cfd >= 0) {
-                client *c = calloc(1, sizeof *c);
-                c->fd = cfd;
-                TD_VEC_PUSH(&clients, c);
+                struct ucred cred;
+                socklen_t clen = sizeof cred;
+                if (getsockopt(cfd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0 || clen != sizeof cred) {
+                    logf_("refused a client: no peer credentials (%s)", strerror(errno));
+                    close(cfd);
+                } else if (cred.uid != geteuid()) {
+                    logf_("refused a client: pid %d runs as uid %u, not this daemon's uid %u", (int)cred.pid,
+                          (unsigned)cred.uid, (unsigned)geteuid());
+                    close(cfd);
+                } else {
+                    client *c = calloc(1, sizeof *c);
+                    c->fd = cfd;
+                    c->pid = cred.pid;
+                    TD_VEC_PUSH(&clients, c);
+                }
             }
         }
     }

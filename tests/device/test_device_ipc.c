@@ -427,17 +427,41 @@ TD_MP_ENTRY(send_and_delete_tensors)
     return TD_OK;
 }
 
+/* A spawned producer whose arguments are (queue, event), both made here; finish joins it and
+ * releases everything. */
+typedef struct producer {
+    td_mp_queue *q;
+    td_mp_event *e;
+    td_value *args;
+    td_mp_context *ctx;
+} producer;
+
+static producer producer_start(const char *entry)
+{
+    producer p = {0};
+    TD_CHECK_OK(td_mp_queue_new(0, &p.q));
+    TD_CHECK_OK(td_mp_event_new(&p.e));
+    p.args = td_value_tuple_of(2, td_mp_queue_value(p.q), td_mp_event_value(p.e));
+    td_mp_spawn_opts o = {.entry = entry, .args = p.args, .method = TD_MP_SPAWN};
+    TD_CHECK_OK(td_mp_spawn(&o, &p.ctx));
+    return p;
+}
+
+static void producer_finish(producer *p)
+{
+    TD_CHECK_OK(td_mp_join(p->ctx, 120000));
+    td_mp_context_release(p->ctx);
+    td_value_release(p->args);
+    td_mp_queue_release(p->q);
+    td_mp_event_release(p->e);
+}
+
 TD_TEST(test_cuda_memory_allocation, DEV_CASE)
 {
     dev_setup(ctx, 1);
-    td_mp_queue *q = NULL;
-    td_mp_event *e = NULL;
-    TD_CHECK_OK(td_mp_queue_new(0, &q));
-    TD_CHECK_OK(td_mp_event_new(&e));
-    td_value *args = td_value_tuple_of(2, td_mp_queue_value(q), td_mp_event_value(e));
-    td_mp_spawn_opts o = {.entry = "send_and_delete_tensors", .args = args, .method = TD_MP_SPAWN};
-    td_mp_context *pctx = NULL;
-    TD_CHECK_OK(td_mp_spawn(&o, &pctx));
+    producer p = producer_start("send_and_delete_tensors");
+    td_mp_queue *q = p.q;
+    td_mp_event *e = p.e;
     td_value *got[5];
     for (int i = 0; i < 5; i++)
         TD_CHECK_OK(td_mp_queue_get(q, QUEUE_WAIT_MS, &got[i]));
@@ -450,11 +474,7 @@ TD_TEST(test_cuda_memory_allocation, DEV_CASE)
     for (int i = 0; i < 5; i++)
         td_value_release(got[i]);
     td_mp_event_set(e);
-    TD_CHECK_OK(td_mp_join(pctx, 120000));
-    td_mp_context_release(pctx);
-    td_value_release(args);
-    td_mp_queue_release(q);
-    td_mp_event_release(e);
+    producer_finish(&p);
     dev_teardown();
 }
 
@@ -490,14 +510,9 @@ TD_MP_ENTRY(mixed_types_producer)
 TD_TEST(test_mixed_types_cuda_sharing, DEV_CASE)
 {
     dev_setup(ctx, 1);
-    td_mp_queue *q = NULL;
-    td_mp_event *e = NULL;
-    TD_CHECK_OK(td_mp_queue_new(0, &q));
-    TD_CHECK_OK(td_mp_event_new(&e));
-    td_value *args = td_value_tuple_of(2, td_mp_queue_value(q), td_mp_event_value(e));
-    td_mp_spawn_opts o = {.entry = "mixed_types_producer", .args = args, .method = TD_MP_SPAWN};
-    td_mp_context *pctx = NULL;
-    TD_CHECK_OK(td_mp_spawn(&o, &pctx));
+    producer p = producer_start("mixed_types_producer");
+    td_mp_queue *q = p.q;
+    td_mp_event *e = p.e;
     for (int round = 0; round < 10; round++) {
         td_value *vf = NULL, *vu = NULL;
         TD_CHECK_OK(td_mp_queue_get(q, QUEUE_WAIT_MS, &vf));
@@ -513,11 +528,7 @@ TD_TEST(test_mixed_types_cuda_sharing, DEV_CASE)
         td_value_release(vu);
         td_mp_event_set(e);
     }
-    TD_CHECK_OK(td_mp_join(pctx, 120000));
-    td_mp_context_release(pctx);
-    td_value_release(args);
-    td_mp_queue_release(q);
-    td_mp_event_release(e);
+    producer_finish(&p);
     dev_teardown();
 }
 

@@ -224,9 +224,7 @@ TD_TEST(test_multigpu_serialization_remap, DEV_CASE)
     td_value_release(list);
     td_tensor_release(x[1]);
     td_tensor_release(x[0]);
-    TD_CHECK_OK(td_device_synchronize(dev(0)));
-    TD_CHECK_OK(td_device_synchronize(dev(1)));
-    dev_teardown();
+    dev_finish();
 }
 
 /* test_multigpu_serialization_remap_dict */
@@ -254,9 +252,7 @@ TD_TEST(test_multigpu_serialization_remap_dict, DEV_CASE)
     td_value_release(list);
     td_tensor_release(x[1]);
     td_tensor_release(x[0]);
-    TD_CHECK_OK(td_device_synchronize(dev(0)));
-    TD_CHECK_OK(td_device_synchronize(dev(1)));
-    dev_teardown();
+    dev_finish();
 }
 
 /* test_multigpu_storage_clone: a clone and every dtype conversion stay on the device (cuda:1). */

@@ -155,6 +155,12 @@ td_status device_fork_error(td_device_type type)
         return tag##_fail();                                                                                   \
     }                                                                                                          \
     static td_status tag##_sleep(int d, int64_t c, void *s) { (void)d; (void)c; (void)s; return tag##_fail(); } \
+    static td_status tag##_random(int d, void *dst, size_t c, td_dtype t, int dist, double a, double b,         \
+                                  uint64_t seed, uint64_t off, void *s)                                        \
+    {                                                                                                          \
+        (void)d; (void)dst; (void)c; (void)t; (void)dist; (void)a; (void)b; (void)seed; (void)off; (void)s;    \
+        return tag##_fail();                                                                                   \
+    }                                                                                                          \
     static const device_impl tag##_impl = {                                                                    \
         .name = #tag, .type = TYPE, .count = tag##_count, .properties = tag##_properties,                      \
         .mem_get_info = tag##_mem_get_info, .device_synchronize = tag##_device_synchronize,                    \
@@ -170,7 +176,7 @@ td_status device_fork_error(td_device_type type)
         .mem_open_ipc = tag##_mem_open_ipc, .mem_close_ipc = tag##_mem_close_ipc,                              \
         .memcpy_async = tag##_memcpy_async,                            \
         .memcpy_peer_async = tag##_memcpy_peer_async, .strided_copy = tag##_strided_copy, .fill = tag##_fill,  \
-        .add = tag##_add, .sleep = tag##_sleep,                                                                \
+        .add = tag##_add, .sleep = tag##_sleep, .random = tag##_random,                                        \
     };
 
 POISONED_IMPL(poisoned_cuda, TD_DEVICE_CUDA, device_cuda_impl)

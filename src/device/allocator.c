@@ -503,14 +503,10 @@ static td_status segment_obtain(alloc_device *d, const device_impl *impl, size_t
     td_status st = impl->device_malloc(d->index, alloc_size, out);
     if (st != TD_ERR_NOMEM)
         return st;
-    pending_drain(d);
-    alloc_release_vec list = {0};
     pthread_mutex_lock(&d->lock);
     d->stats.num_alloc_retries++;
-    pending_poll(d);
-    segments_collect_free(d, &list);
     pthread_mutex_unlock(&d->lock);
-    segments_free_native(d, &list);
+    device_release_cached(d, true, false);
     st = impl->device_malloc(d->index, alloc_size, out);
     if (st != TD_ERR_NOMEM)
         return st;

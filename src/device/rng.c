@@ -12,7 +12,6 @@
 #include "device/device_impl.h"
 
 #include <pthread.h>
-#include <stdbool.h>
 #include <string.h>
 
 #include "base/error.h"
@@ -23,7 +22,6 @@
 
 typedef struct rng_generator {
     pthread_mutex_t lock;
-    bool created; /* under lock: false until the first use */
     uint64_t seed;
     uint64_t offset;
 } rng_generator;
@@ -31,24 +29,21 @@ typedef struct rng_generator {
 static rng_generator rng_generators[RNG_TYPES][DEVICE_MAX_DEVICES];
 static pthread_once_t rng_once = PTHREAD_ONCE_INIT;
 
-static void rng_init_locks(void)
+static void rng_init(void)
 {
     for (int t = 0; t < RNG_TYPES; t++)
-        for (int i = 0; i < DEVICE_MAX_DEVICES; i++)
+        for (int i = 0; i < DEVICE_MAX_DEVICES; i++) {
             pthread_mutex_init(&rng_generators[t][i].lock, NULL);
+            rng_generators[t][i].seed = TD_RNG_DEFAULT_SEED;
+        }
 }
 
-/* The generator of a resolved device, locked and created. */
+/* The generator of a resolved device, locked. */
 static rng_generator *rng_lock(td_device resolved)
 {
-    pthread_once(&rng_once, rng_init_locks);
+    pthread_once(&rng_once, rng_init);
     rng_generator *g = &rng_generators[resolved.type][resolved.index];
     pthread_mutex_lock(&g->lock);
-    if (!g->created) {
-        g->created = true;
-        g->seed = TD_RNG_DEFAULT_SEED;
-        g->offset = 0;
-    }
     return g;
 }
 

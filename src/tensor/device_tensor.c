@@ -537,10 +537,7 @@ static td_status add_check(const td_tensor *a, const td_tensor *b)
                          "td_tensor_add: expected both tensors on the same device, but found %s and %s: copy them "
                          "to one device first (td_tensor_to_device)",
                          da, db);
-    bool same_shape = a->ndim == b->ndim;
-    for (int i = 0; same_shape && i < a->ndim; i++)
-        same_shape = a->sizes[i] == b->sizes[i];
-    if (a->dtype != b->dtype || !same_shape || !td_tensor_is_contiguous(a) || !td_tensor_is_contiguous(b))
+    if (a->dtype != b->dtype || !strided_same_sizes(a, b) || !td_tensor_is_contiguous(a) || !td_tensor_is_contiguous(b))
         return error_fmt(TD_ERR_UNSUPPORTED,
                          "td_tensor_add on %s supports contiguous operands of one dtype and shape only (got %s and %s): "
                          "copy them to the host for the general op",

@@ -71,31 +71,27 @@ static td_status saved_tensor(saver *s, td_tensor *t, td_value **out)
     return TD_OK;
 }
 
-/* v with its tensors replaced by saved-tensor records. */
-static td_status save_wrap(saver *s, const td_value *v, int depth, td_value **out)
+/* What save_wrap and load_build do to each child of a container (depth: the child's). */
+typedef td_status (*child_map_fn)(void *ctx, const td_value *child, int depth, td_value **out);
+
+/* A new container (list, tuple, record or dict) with v's children replaced by fn's results and
+ * dict keys kept; any other v is retained as it is. */
+static td_status map_children(const td_value *v, int depth, child_map_fn fn, void *ctx, td_value **out)
 {
     *out = NULL;
-    if (depth > TD_VALUE_MAX_DEPTH)
-        return error_fmt(TD_ERR_INVALID, "td_value_save: value nested deeper than %d levels (a cycle?)",
-                         TD_VALUE_MAX_DEPTH);
     td_value_kind kind = td_value_kind_of(v);
     size_t n = td_value_len(v);
     td_value *result = NULL;
     switch (kind) {
-    case TD_VAL_TENSOR:
-        return saved_tensor(s, td_value_get_tensor(v), out);
     case TD_VAL_LIST:
     case TD_VAL_TUPLE:
     case TD_VAL_RECORD:
-        if (kind == TD_VAL_RECORD && td_value_record_tag(v) == TD_REC_SAVED_TENSOR)
-            return error_set(TD_ERR_INVALID, "td_value_save: records with the tag TD_REC_SAVED_TENSOR are "
-                                             "reserved for save files");
         result = kind == TD_VAL_LIST    ? td_value_list_new()
                  : kind == TD_VAL_TUPLE ? td_value_tuple_new(n)
                                         : td_value_record_new(td_value_record_tag(v), n);
         for (size_t i = 0; i < n; i++) {
             td_value *item = NULL;
-            td_status st = save_wrap(s, td_value_at(v, i), depth + 1, &item);
+            td_status st = fn(ctx, td_value_at(v, i), depth + 1, &item);
             if (st == TD_OK)
                 st = kind == TD_VAL_LIST ? td_value_list_append(result, item) : td_value_set(result, i, item);
             if (st != TD_OK) {
@@ -107,14 +103,10 @@ static td_status save_wrap(saver *s, const td_value *v, int depth, td_value **ou
     case TD_VAL_DICT:
         result = td_value_dict_new();
         for (size_t i = 0; i < n; i++) {
-            td_value *key = td_value_dict_key_at(v, i), *item = NULL;
-            if (td_value_kind_of(key) == TD_VAL_TENSOR) {
-                td_value_release(result);
-                return error_set(TD_ERR_UNSUPPORTED, "td_value_save: tensors as dict keys are not supported");
-            }
-            td_status st = save_wrap(s, td_value_dict_value_at(v, i), depth + 1, &item);
+            td_value *item = NULL;
+            td_status st = fn(ctx, td_value_dict_value_at(v, i), depth + 1, &item);
             if (st == TD_OK)
-                st = td_value_dict_set(result, td_value_retain(key), item);
+                st = td_value_dict_set(result, td_value_retain(td_value_dict_key_at(v, i)), item);
             if (st != TD_OK) {
                 td_value_release(result);
                 return st;
@@ -127,6 +119,35 @@ static td_status save_wrap(saver *s, const td_value *v, int depth, td_value **ou
     }
     *out = result;
     return TD_OK;
+}
+
+static td_status save_wrap(saver *s, const td_value *v, int depth, td_value **out);
+
+static td_status save_child(void *ctx, const td_value *child, int depth, td_value **out)
+{
+    return save_wrap(ctx, child, depth, out);
+}
+
+/* v with its tensors replaced by saved-tensor records. */
+static td_status save_wrap(saver *s, const td_value *v, int depth, td_value **out)
+{
+    *out = NULL;
+    if (depth > TD_VALUE_MAX_DEPTH)
+        return error_fmt(TD_ERR_INVALID, "td_value_save: value nested deeper than %d levels (a cycle?)",
+                         TD_VALUE_MAX_DEPTH);
+    td_value_kind kind = td_value_kind_of(v);
+    if (kind == TD_VAL_TENSOR)
+        return saved_tensor(s, td_value_get_tensor(v), out);
+    if (kind == TD_VAL_RECORD && td_value_record_tag(v) == TD_REC_SAVED_TENSOR)
+        return error_set(TD_ERR_INVALID, "td_value_save: records with the tag TD_REC_SAVED_TENSOR are "
+                                         "reserved for save files");
+    if (kind == TD_VAL_DICT) {
+        for (size_t i = 0, n = td_value_len(v); i < n; i++) {
+            if (td_value_kind_of(td_value_dict_key_at(v, i)) == TD_VAL_TENSOR)
+                return error_set(TD_ERR_UNSUPPORTED, "td_value_save: tensors as dict keys are not supported");
+        }
+    }
+    return map_children(v, depth, save_child, s, out);
 }
 
 static void put_header(uint8_t *h)
@@ -382,52 +403,21 @@ static td_status load_tensor(loader *l, const td_value *rec, td_value **out)
     return TD_OK;
 }
 
+static td_status load_child(void *ctx, const td_value *child, int depth, td_value **out);
+
 /* Pass 2: the value with every saved tensor on its target. */
 static td_status load_build(loader *l, const td_value *v, td_value **out)
 {
     *out = NULL;
-    td_value_kind kind = td_value_kind_of(v);
-    size_t n = td_value_len(v);
-    td_value *result = NULL;
-    if (kind == TD_VAL_RECORD && td_value_record_tag(v) == TD_REC_SAVED_TENSOR)
+    if (td_value_kind_of(v) == TD_VAL_RECORD && td_value_record_tag(v) == TD_REC_SAVED_TENSOR)
         return load_tensor(l, v, out);
-    switch (kind) {
-    case TD_VAL_LIST:
-    case TD_VAL_TUPLE:
-    case TD_VAL_RECORD:
-        result = kind == TD_VAL_LIST    ? td_value_list_new()
-                 : kind == TD_VAL_TUPLE ? td_value_tuple_new(n)
-                                        : td_value_record_new(td_value_record_tag(v), n);
-        for (size_t i = 0; i < n; i++) {
-            td_value *item = NULL;
-            td_status st = load_build(l, td_value_at(v, i), &item);
-            if (st == TD_OK)
-                st = kind == TD_VAL_LIST ? td_value_list_append(result, item) : td_value_set(result, i, item);
-            if (st != TD_OK) {
-                td_value_release(result);
-                return st;
-            }
-        }
-        break;
-    case TD_VAL_DICT:
-        result = td_value_dict_new();
-        for (size_t i = 0; i < n; i++) {
-            td_value *item = NULL;
-            td_status st = load_build(l, td_value_dict_value_at(v, i), &item);
-            if (st == TD_OK)
-                st = td_value_dict_set(result, td_value_retain(td_value_dict_key_at(v, i)), item);
-            if (st != TD_OK) {
-                td_value_release(result);
-                return st;
-            }
-        }
-        break;
-    default:
-        result = td_value_retain((td_value *)v);
-        break;
-    }
-    *out = result;
-    return TD_OK;
+    return map_children(v, 0, load_child, l, out);
+}
+
+static td_status load_child(void *ctx, const td_value *child, int depth, td_value **out)
+{
+    (void)depth;
+    return load_build(ctx, child, out);
 }
 
 td_status td_value_load_bytes(const void *data, size_t len, const td_tensor_map_location *map, td_value **out)

@@ -67,15 +67,7 @@ static td_status resolve_listed(td_device d, td_device *out)
 /* A new tensor (version 0) on device holding t's values, copied with non_blocking. */
 static td_status copy_to(const td_tensor *t, td_device device, const int64_t *strides, td_tensor **out)
 {
-    TD_TRY(td_tensor_empty_on(device, t->dtype, td_tensor_shape(t), strides, out));
-    td_status st = td_tensor_copy_ex(*out, t, true);
-    if (st != TD_OK) {
-        td_tensor_release(*out);
-        *out = NULL;
-        return st;
-    }
-    atomic_store(&(*out)->storage->version, 0);
-    return TD_OK;
+    return tensor_copy_new(t, device, t->dtype, strides, true, out);
 }
 
 /* ---- broadcast ---------------------------------------------------------------------------- */

@@ -467,28 +467,26 @@ td_status td_tensor_to_device(td_tensor *t, td_device device, bool non_blocking,
         return TD_OK;
     }
     /* memory_format=preserve: a dense tensor keeps its strides, others become contiguous. */
-    TD_TRY(td_tensor_empty_on(target, t->dtype, td_tensor_shape(t), dense_strides(t), out));
+    return tensor_copy_new(t, target, t->dtype, dense_strides(t), non_blocking, out);
+}
+
+td_status tensor_copy_new(const td_tensor *t, td_device device, td_dtype dtype, const int64_t *strides,
+                          bool non_blocking, td_tensor **out)
+{
+    TD_TRY(td_tensor_empty_on(device, dtype, td_tensor_shape(t), strides, out));
     td_status st = td_tensor_copy_ex(*out, t, non_blocking);
     if (st != TD_OK) {
         td_tensor_release(*out);
         *out = NULL;
         return st;
     }
-    atomic_store(&(*out)->storage->version, 0);
+    atomic_store(&(*out)->storage->version, 0); /* a new tensor */
     return TD_OK;
 }
 
 td_status tensor_device_to(const td_tensor *t, td_dtype dtype, td_tensor **out)
 {
-    TD_TRY(td_tensor_empty_on(t->storage->device, dtype, td_tensor_shape(t), NULL, out));
-    td_status st = td_tensor_copy_ex(*out, t, false);
-    if (st != TD_OK) {
-        td_tensor_release(*out);
-        *out = NULL;
-        return st;
-    }
-    atomic_store(&(*out)->storage->version, 0);
-    return TD_OK;
+    return tensor_copy_new(t, t->storage->device, dtype, NULL, false, out);
 }
 
 /* ---- pinned memory and versions ----------------------------------------------------------- */

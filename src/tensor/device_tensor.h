@@ -18,6 +18,10 @@ td_status tensor_require_host(const td_tensor *t, const char *fn);
 
 /* A contiguous copy of a device tensor converted to dtype, on its device (td_tensor_to and
  * td_tensor_clone of a device tensor). */
+/* A new tensor (version 0) of dtype on device (strides: NULL for contiguous) holding t's values,
+ * copied by td_tensor_copy_ex with non_blocking. */
+td_status tensor_copy_new(const td_tensor *t, td_device device, td_dtype dtype, const int64_t *strides,
+                          bool non_blocking, td_tensor **out);
 td_status tensor_device_to(const td_tensor *t, td_dtype dtype, td_tensor **out);
 
 /* td_tensor_fill of a device tensor: value (of vtype, host memory) converted to t's dtype and

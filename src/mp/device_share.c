@@ -715,6 +715,17 @@ static td_status wait_producer_event(td_device d, const void *handle_bytes_in)
     return st == TD_OK ? TD_OK : error_prefix(st, "receiving a device tensor: waiting for the producer's event");
 }
 
+void dshare_abandon_entry(const td_value *e)
+{
+    /* Only the counter's fields, checked as parse_entry does, and no error set: the caller is
+     * failing with its own. */
+    int64_t pid, fd, ino, slot;
+    if (td_value_len(e) == DSHARE_ENTRY_LEN && get_i(e, 7, &pid) && get_i(e, 8, &fd) && get_i(e, 9, &ino) &&
+        get_i(e, 10, &slot) && pid > 0 && pid <= INT32_MAX && fd >= 0 && fd <= INT32_MAX && ino >= 0 && slot >= 0 &&
+        slot < DSHARE_COUNTER_SLOTS)
+        counter_give_back(pid, fd, ino, slot);
+}
+
 td_status dshare_import(const td_value *e, td_storage **out)
 {
     device_entry x;

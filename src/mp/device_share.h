@@ -23,6 +23,9 @@ void dshare_abandon(const td_storage *s);
  * parsed gives the message's counter reference back. */
 td_status dshare_import(const td_value *entry, td_storage **out);
 td_status dshare_import_empty(const td_value *entry, td_storage **out);
+/* Gives back the counter reference of a well-formed kind-3 entry that will not be imported (a decode
+ * that failed before reaching it); a malformed entry is left alone. */
+void dshare_abandon_entry(const td_value *entry);
 
 /* For tests: this process's producer-side state. */
 typedef struct dshare_stats {

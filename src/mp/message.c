@@ -555,13 +555,16 @@ static td_status dec_storage(dec *d, const td_value *e, td_storage **out)
     return bad("unknown storage kind");
 }
 
-/* Gives back the in-flight references of named entries from `from` on (a failed decode). */
+/* Gives back the in-flight references of named entries, and the counter references of device
+ * entries, from `from` on (a failed decode). */
 static void abandon_from(const td_value *storages, size_t from)
 {
     for (size_t i = from; i < td_value_len(storages); i++) {
         const td_value *e = td_value_at(storages, i);
         int64_t kind;
-        if (td_value_kind_of(e) == TD_VAL_TUPLE && get_int(e, 0, &kind) && kind == TD_SHM_NAMED &&
+        if (td_value_kind_of(e) == TD_VAL_TUPLE && get_int(e, 0, &kind) && kind == TD_SHM_DEVICE)
+            dshare_abandon_entry(e);
+        else if (td_value_kind_of(e) == TD_VAL_TUPLE && get_int(e, 0, &kind) && kind == TD_SHM_NAMED &&
             td_value_len(e) == 3 && td_value_kind_of(td_value_at(e, 2)) == TD_VAL_STRING) {
             const char *name = td_value_get_string(td_value_at(e, 2), NULL);
             if (segment_name_valid(name))

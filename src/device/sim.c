@@ -262,6 +262,18 @@ static void sim_event_release(sim_event *e)
     }
 }
 
+/* The capture of e with a reference on its stream (NULL: never recorded). */
+static sim_stream *sim_event_capture(sim_event *e, uint64_t *seq)
+{
+    pthread_mutex_lock(&e->lock);
+    sim_stream *s = e->stream;
+    *seq = e->seq;
+    if (s)
+        ref_inc(&s->refs);
+    pthread_mutex_unlock(&e->lock);
+    return s;
+}
+
 /* Waits (holding only s's lock) until s has finished the item numbered seq. */
 static void sim_stream_wait_seq(sim_stream *s, uint64_t seq)
 {
@@ -615,6 +627,13 @@ static uint64_t sim_enqueue_locked(sim_stream *s, sim_item *item)
     return item->seq;
 }
 
+static void sim_enqueue_on(sim_stream *s, sim_item *item)
+{
+    pthread_mutex_lock(&s->lock);
+    sim_enqueue_locked(s, item);
+    pthread_mutex_unlock(&s->lock);
+}
+
 static td_status sim_enqueue(int dev, void *native, sim_item *item)
 {
     sim_stream *s = NULL;
@@ -623,9 +642,7 @@ static td_status sim_enqueue(int dev, void *native, sim_item *item)
         sim_item_free(item);
         return st;
     }
-    pthread_mutex_lock(&s->lock);
-    sim_enqueue_locked(s, item);
-    pthread_mutex_unlock(&s->lock);
+    sim_enqueue_on(s, item);
     return TD_OK;
 }
 
@@ -976,25 +993,17 @@ static td_status sim_stream_wait_event(int dev, void *native, void *event)
         ref_inc(&e->refs);
         item->u.wait_ipc.event = e;
         item->u.wait_ipc.target = target;
-        pthread_mutex_lock(&s->lock);
-        sim_enqueue_locked(s, item);
-        pthread_mutex_unlock(&s->lock);
+        sim_enqueue_on(s, item);
         return TD_OK;
     }
-    pthread_mutex_lock(&e->lock);
-    sim_stream *target = e->stream;
-    uint64_t seq = e->seq;
-    if (target)
-        ref_inc(&target->refs);
-    pthread_mutex_unlock(&e->lock);
+    uint64_t seq = 0;
+    sim_stream *target = sim_event_capture(e, &seq);
     if (!target)
         return TD_OK; /* never recorded: nothing to wait for, as CUDA */
     sim_item *item = sim_item_new(SIM_OP_WAIT);
     item->u.wait.stream = target;
     item->u.wait.seq = seq;
-    pthread_mutex_lock(&s->lock);
-    sim_enqueue_locked(s, item);
-    pthread_mutex_unlock(&s->lock);
+    sim_enqueue_on(s, item);
     return TD_OK;
 }
 
@@ -1051,18 +1060,6 @@ static td_status sim_event_record(int dev, void *event, void *native)
     pthread_mutex_unlock(&e->lock);
     sim_stream_release(old);
     return TD_OK;
-}
-
-/* The capture of e with a reference on its stream (NULL: never recorded). */
-static sim_stream *sim_event_capture(sim_event *e, uint64_t *seq)
-{
-    pthread_mutex_lock(&e->lock);
-    sim_stream *s = e->stream;
-    *seq = e->seq;
-    if (s)
-        ref_inc(&s->refs);
-    pthread_mutex_unlock(&e->lock);
-    return s;
 }
 
 static int sim_event_query(int dev, void *event)

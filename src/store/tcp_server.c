@@ -153,6 +153,8 @@ static void evict_oldest_pending(td_store_server *s, const char *why)
  * (-1: none pending). */
 static int expire_handshakes(td_store_server *s)
 {
+    if (!s->pending_head)
+        return -1; /* no clock read per batch when every connection is past HELLO */
     int64_t now = clock_now_ms();
     while (s->pending_head && s->pending_head->deadline_ms <= now) {
         char why[160];

@@ -421,7 +421,13 @@ TD_MP_ENTRY(send_and_delete_tensors)
         td_value_release(v); /* del t: the block goes to limbo, not back to the allocator */
         E_OK(st);
     }
+    /* The consumer holds all five until this message says they were counted (else it could
+     * release some first and the count would race). */
     E_CHECK(td_mp_ipc_collect() == 5);
+    td_value *counted = td_value_int(5);
+    td_status st = td_mp_queue_put(q, counted, QUEUE_WAIT_MS);
+    td_value_release(counted);
+    E_OK(st);
     E_OK(td_mp_event_wait(e, QUEUE_WAIT_MS));
     E_CHECK(td_mp_ipc_collect() == 0); /* the consumer released them all */
     return TD_OK;
@@ -471,6 +477,9 @@ TD_TEST(test_cuda_memory_allocation, DEV_CASE)
         for (int64_t k = 0; k < 5; k++)
             TD_CHECK_EQ(dev_get(t, k), (double)i);
     }
+    td_value *counted = NULL;
+    TD_CHECK_OK(td_mp_queue_get(q, QUEUE_WAIT_MS, &counted)); /* the producer saw five in limbo */
+    td_value_release(counted);
     for (int i = 0; i < 5; i++)
         td_value_release(got[i]);
     td_mp_event_set(e);

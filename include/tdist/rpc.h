@@ -69,6 +69,8 @@ typedef struct td_rpc_options {
     const char *listen_host;   /* address to listen on and publish; NULL: 127.0.0.1, or every
                                 * interface (publishing the host name) when TDIST_SOCKET_IFNAME is
                                 * set or MASTER_ADDR is not a loopback address */
+    bool ignore_rref_leak;     /* true (default): RRefs still forked at graceful shutdown are logged;
+                                * false: the shutdown fails with "Leaking RRef ..." (tdist/rref.h) */
 } td_rpc_options;
 
 /* Fills o with the defaults above. */

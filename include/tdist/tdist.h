@@ -14,6 +14,7 @@
 #include <tdist/mp.h>
 #include <tdist/pg.h>
 #include <tdist/rpc.h>
+#include <tdist/rref.h>
 #include <tdist/status.h>
 #include <tdist/store.h>
 #include <tdist/tensor.h>

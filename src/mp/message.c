@@ -18,6 +18,7 @@
 #include "base/map.h"
 #include "mp/device_share.h"
 #include "mp/share.h"
+#include "tensor/handle.h"
 #include "tensor/storage.h"
 
 /* ---- objects inside values ---------------------------------------------------------------- */
@@ -27,41 +28,28 @@ typedef struct object_ctx {
     void *obj;
 } object_ctx;
 
-static void object_free(void *data, size_t nbytes, void *p)
+static const char object_kind = 0; /* the handles' kind (tensor/handle.h) */
+
+static void object_release(void *p)
 {
     object_ctx *c = p;
     c->cls->release(c->obj);
     free(c);
 }
 
-/* Not shared memory: a 0-byte storage whose only job is to hold the object while values do. */
-static const td_storage_allocator object_allocator = {.kind = TD_STORAGE_EXTERNAL, .name = "mp object", .free = object_free};
-
 td_value *mp_object_value(const mp_object_class *cls, void *obj)
 {
     object_ctx *c = TD_NEW(object_ctx);
     c->cls = cls;
     c->obj = cls->retain(obj);
-    td_storage *s = storage_new_with(NULL, 0, (td_device){TD_DEVICE_CPU, -1}, &object_allocator, c, false);
-    td_tensor *t = NULL;
-    td_status st = td_tensor_from_storage(s, 0, TD_UINT8, TD_SHAPE(0), NULL, &t);
-    td_storage_release(s);
-    if (st != TD_OK)
-        abort(); /* a 0-element view of a 0-byte storage cannot fail */
-    td_value *v = td_value_record_of(TD_REC_MP_OBJECT, 2, td_value_int(cls->kind), td_value_tensor(t));
-    td_tensor_release(t);
-    return v;
+    return td_value_record_of(TD_REC_MP_OBJECT, 2, td_value_int(cls->kind), value_handle_new(&object_kind, c, object_release));
 }
 
 static object_ctx *object_ctx_of(const td_value *v)
 {
     if (!v || td_value_kind_of(v) != TD_VAL_RECORD || td_value_record_tag(v) != TD_REC_MP_OBJECT || td_value_len(v) != 2)
         return NULL;
-    const td_value *tv = td_value_at(v, 1);
-    if (td_value_kind_of(tv) != TD_VAL_TENSOR)
-        return NULL;
-    td_storage *s = td_tensor_storage(td_value_get_tensor(tv));
-    return s->allocator == &object_allocator ? s->allocator_ctx : NULL;
+    return value_handle_get(td_value_at(v, 1), &object_kind);
 }
 
 void *mp_object_of(const td_value *v, td_mp_object_kind kind)

@@ -62,15 +62,11 @@
 #include "pg/executor.h"
 #include "rpc/agent_impl.h"
 #include "rpc/registry.h"
+#include "rpc/rref.h"
 #include "store/store_impl.h"
 
-static const char not_initialized[] = "RPC has not been initialized. Call torch.distributed.rpc.init_rpc first.";
+const char rpc_not_initialized[] = "RPC has not been initialized. Call torch.distributed.rpc.init_rpc first.";
 
-struct td_rpc_call {
-    td_rpc_agent *agent;
-    td_worker_info caller;
-    void *arg;
-};
 
 static _Atomic int agent_generation;
 
@@ -89,6 +85,7 @@ void rpc_agent_release(td_rpc_agent *a)
     map_free(&a->pending, free);
     map_free(&a->gather_seqs, NULL);
     rpc_pool_destroy(&a->pool);
+    rpc_rref_ctx_free(a->rrefs);
     free(a->peers);
     pthread_mutex_destroy(&a->mu);
     pthread_cond_destroy(&a->cv);
@@ -99,8 +96,7 @@ static pthread_mutex_t default_mu = PTHREAD_MUTEX_INITIALIZER;
 static td_rpc_agent *default_agent;
 static bool default_starting;
 
-/* The agent to use (a reference the caller drops with rpc_agent_release). */
-static td_status agent_get(td_rpc_agent *agent, td_rpc_agent **out)
+td_status rpc_agent_get(td_rpc_agent *agent, td_rpc_agent **out)
 {
     if (agent) {
         rpc_agent_retain(agent);
@@ -113,7 +109,7 @@ static td_status agent_get(td_rpc_agent *agent, td_rpc_agent **out)
         rpc_agent_retain(a);
     pthread_mutex_unlock(&default_mu);
     if (!a)
-        return error_set(TD_ERR_NOT_INIT, not_initialized);
+        return error_set(TD_ERR_NOT_INIT, rpc_not_initialized);
     *out = a;
     return TD_OK;
 }
@@ -125,6 +121,7 @@ void td_rpc_options_init(td_rpc_options *o)
     memset(o, 0, sizeof *o);
     o->rpc_timeout_ms = 60000;
     o->num_worker_threads = 16;
+    o->ignore_rref_leak = true;
 }
 
 /* ---- completing calls ----------------------------------------------------------------------- */
@@ -195,7 +192,14 @@ static void complete_reply(td_rpc_agent *a, int peer, const rpc_header *h, td_st
             td_value_release(v);
             v = NULL;
         }
-        td_future_set_result(p->future, v);
+        td_value *live = NULL;
+        if (v && rpc_rref_receive(a, peer, v, &live, NULL) != TD_OK) {
+            td_future_set_error(p->future, TD_ERR_REMOTE, "the reply of %s holds a bad RRef: %s", callee->name,
+                                td_last_error());
+        } else {
+            td_future_set_result(p->future, live);
+        }
+        td_value_release(v);
     } else {
         const char *type = NULL, *msg = NULL;
         if (!v || rpc_error_parts(v, &type, &msg) != TD_OK) {
@@ -297,6 +301,7 @@ typedef struct incoming {
     int peer;
     rpc_header header;
     td_storage *payload;
+    td_rref *rref;         /* a remote call's owner RRef (rpc_rref_remote_arrived) */
     struct incoming *next; /* in a->early */
 } incoming;
 
@@ -344,12 +349,15 @@ static void reply_value(td_rpc_agent *a, int peer, const rpc_header *call, const
         return;
     rpc_header h = {.type = RPC_MSG_REPLY, .sender = (uint32_t)a->self.id, .id = call->id};
     rpc_outgoing *m = NULL;
-    if (rpc_outgoing_make(&h, value, &m) != TD_OK) {
+    td_value *wire = NULL;
+    if ((value && rpc_rref_send(a, peer, value, &wire) != TD_OK) || rpc_outgoing_make(&h, wire, &m) != TD_OK) {
         char msg[TD_ERROR_MAX];
         snprintf(msg, sizeof msg, "cannot encode the result: %s", td_last_error());
+        td_value_release(wire);
         call_failed(a, peer, call, "RuntimeError", msg);
         return;
     }
+    td_value_release(wire);
     send_to(a, peer, m, deadline_after_ms(call->timeout_ms));
     rpc_outgoing_free(m);
 }
@@ -388,13 +396,33 @@ static void call_failed_now(td_rpc_agent *a, int peer, const rpc_header *call)
 }
 
 /* A call that will not run (shutdown). */
-static void drop_call(void *arg, void *ctx)
+static void drop_call(void *arg)
 {
-    (void)ctx;
     incoming *in = arg;
+    td_rref_release(in->rref);
     td_storage_release(in->payload);
     rpc_agent_release(in->agent);
     free(in);
+}
+
+/* Replies from f (taken) when it completes, as an async function's reply. */
+static void reply_when_done(td_rpc_agent *a, int peer, const rpc_header *call, td_future *f)
+{
+    async_reply *r = TD_NEW(async_reply);
+    rpc_agent_retain(a);
+    r->agent = a;
+    r->peer = peer;
+    r->call = *call;
+    atomic_fetch_add(&a->server_active_async, 1);
+    td_future_add_callback(f, async_done, r); /* r keeps the reference to f */
+}
+
+/* The failure a function just returned, as a failed future. */
+static td_future *failed_now(void)
+{
+    td_future *f = td_future_new();
+    td_future_set_typed_error(f, TD_ERR_REMOTE, error_type() ? error_type() : "RuntimeError", "%s", td_last_error());
+    return f;
 }
 
 static void run_call(void *arg)
@@ -402,20 +430,32 @@ static void run_call(void *arg)
     incoming *in = arg;
     td_rpc_agent *a = in->agent;
     atomic_fetch_add(&a->server_active, 1);
-    td_value *payload = NULL;
+    td_value *payload = NULL, *live = NULL;
+    td_future *confirmed = NULL;
     const char *fn_name = NULL;
     const td_value *args = NULL, *kwargs = NULL;
+    bool remote = in->header.flags & RPC_FLAG_RREF;
     td_status st = in->payload ? rpc_payload_decode(&in->header, in->payload, &payload)
                                : error_fmt(TD_ERR_INVALID, "a call without a payload");
     td_storage_release(in->payload);
     in->payload = NULL;
     if (st == TD_OK)
-        st = rpc_call_parts(payload, &fn_name, &args, &kwargs);
+        st = rpc_rref_receive(a, in->peer, payload, &live, &confirmed);
+    /* The user RRefs among the arguments are confirmed by their owners before the function runs. */
+    if (st == TD_OK && confirmed && td_future_wait(confirmed, 0) != TD_OK)
+        st = error_fmt(TD_ERR_REMOTE, "an RRef argument was not confirmed by its owner: %s", td_future_error(confirmed));
+    if (st == TD_OK)
+        st = rpc_call_parts(live, &fn_name, &args, &kwargs);
+    td_future *result_f = NULL; /* a remote call's result, for its owner RRef */
     if (st != TD_OK) {
         char msg[TD_ERROR_MAX];
         snprintf(msg, sizeof msg, "malformed call: %s", td_last_error());
-        call_failed(a, in->peer, &in->header, "RuntimeError", msg);
-        goto out;
+        if (!remote) {
+            call_failed(a, in->peer, &in->header, "RuntimeError", msg);
+            goto out;
+        }
+        result_f = td_future_failed(st, msg);
+        goto reply;
     }
     rpc_function rf;
     if (!rpc_registry_lookup(fn_name, &rf)) {
@@ -424,33 +464,48 @@ static void run_call(void *arg)
                  "function '%s' is not registered on worker %s. Default RPC pickler does not serialize function "
                  "code. Ensure that UDFs are defined on both caller and callee modules.",
                  fn_name, a->self.name);
-        call_failed(a, in->peer, &in->header, "AttributeError", msg);
-        goto out;
+        if (!remote) {
+            call_failed(a, in->peer, &in->header, "AttributeError", msg);
+            goto out;
+        }
+        TD_LOG_ERROR("On WorkerInfo(id=%lld, name=%s):\nAttributeError('%s')", (long long)a->self.id, a->self.name, msg);
+        result_f = td_future_new();
+        td_future_set_typed_error(result_f, TD_ERR_REMOTE, "AttributeError", "%s", msg);
+        goto reply;
     }
     td_rpc_call call = {.agent = a, .caller = a->peers[in->peer].info, .arg = rf.arg};
     if (rf.async_fn) {
-        td_future *f = rf.async_fn(&call, args, kwargs);
-        if (!f) {
-            call_failed_now(a, in->peer, &in->header);
-            goto out;
+        result_f = rf.async_fn(&call, args, kwargs);
+        if (!result_f) {
+            if (!remote) {
+                call_failed_now(a, in->peer, &in->header);
+                goto out;
+            }
+            result_f = failed_now();
         }
-        async_reply *r = TD_NEW(async_reply);
-        rpc_agent_retain(a);
-        r->agent = a;
-        r->peer = in->peer;
-        r->call = in->header;
-        atomic_fetch_add(&a->server_active_async, 1);
-        td_future_add_callback(f, async_done, r); /* r keeps the function's reference to f */
     } else {
         td_value *result = NULL;
         st = rf.fn(&call, args, kwargs, &result);
-        if (st == TD_OK)
-            reply_value(a, in->peer, &in->header, result);
-        else
-            call_failed_now(a, in->peer, &in->header);
-        td_value_release(result);
+        if (!remote) {
+            if (st == TD_OK)
+                reply_value(a, in->peer, &in->header, result);
+            else
+                call_failed_now(a, in->peer, &in->header);
+            td_value_release(result);
+            goto out;
+        }
+        result_f = st == TD_OK ? td_future_completed(result) : failed_now();
     }
+reply:
+    if (remote) {
+        result_f = rpc_rref_remote_result(in->rref, result_f); /* the owner RRef takes the result */
+        in->rref = NULL;
+    }
+    reply_when_done(a, in->peer, &in->header, result_f);
 out:
+    td_rref_release(in->rref);
+    td_future_release(confirmed);
+    td_value_release(live);
     td_value_release(payload);
     atomic_fetch_sub(&a->server_active, 1);
     rpc_agent_release(a);
@@ -462,6 +517,8 @@ void rpc_agent_deliver(td_rpc_agent *a, int peer, const rpc_header *h, td_storag
     switch (h->type) {
     case RPC_MSG_CALL: {
         incoming *in = TD_NEW(incoming);
+        if (h->flags & RPC_FLAG_RREF)
+            in->rref = rpc_rref_remote_arrived(a, peer, h); /* before any later message of that peer runs */
         rpc_agent_retain(a);
         in->agent = a;
         in->peer = peer;
@@ -476,8 +533,8 @@ void rpc_agent_deliver(td_rpc_agent *a, int peer, const rpc_header *h, td_storag
             a->early = in;
         }
         pthread_mutex_unlock(&a->mu);
-        if (!park && rpc_pool_submit(&a->pool, run_call, in) != TD_OK)
-            drop_call(in, NULL);
+        if (!park && rpc_pool_submit(&a->pool, run_call, drop_call, in) != TD_OK)
+            drop_call(in);
         return;
     }
     case RPC_MSG_REPLY:
@@ -504,14 +561,15 @@ static void agent_teardown(td_rpc_agent *a)
     pthread_mutex_unlock(&a->mu);
     while (early) {
         incoming *next = early->next;
-        drop_call(early, NULL);
+        drop_call(early);
         early = next;
     }
     rpc_io_stop(a);
     char msg[256];
     snprintf(msg, sizeof msg, "RPC agent %s shut down before the call completed", a->self.name);
     fail_pending(a, -1, TD_ERR_CLOSED, msg);
-    rpc_pool_stop(&a->pool, drop_call, a);
+    rpc_pool_stop(&a->pool);
+    rpc_rref_ctx_clear(a); /* the RRefs it holds hold the agent */
     rpc_io_close(a);
     if (a->executor_held) {
         a->executor_held = false;
@@ -896,6 +954,7 @@ static td_status dynamic_join(td_rpc_agent *a, const char *addr, const char *uni
 static td_status dynamic_leave(td_rpc_agent *a, int64_t timeout_ms)
 {
     int64_t deadline = deadline_after_ms(timeout_ms);
+    rpc_rref_shutdown_users(a, deadline);
     TD_TRY(token_take(a, "leave", timeout_ms));
     pthread_mutex_lock(&a->mu);
     bool idle = drain_local(a, deadline);
@@ -995,6 +1054,8 @@ td_status td_rpc_agent_create(const char *name, int rank, int world_size, const 
     a->peers = TD_NEW_ARRAY(rpc_peer, world_size);
     atomic_init(&a->default_timeout_ms, o.rpc_timeout_ms);
     a->tcp_only = o.tcp_only;
+    a->ignore_rref_leak = o.ignore_rref_leak;
+    a->rrefs = rpc_rref_ctx_new();
     a->max_payload = max_payload;
     a->nonce = random_u64();
     host_identity(a->host_id, sizeof a->host_id);
@@ -1056,8 +1117,8 @@ td_status td_rpc_agent_create(const char *name, int rank, int world_size, const 
     }
     while (ordered) {
         incoming *next = ordered->next;
-        if (rpc_pool_submit(&a->pool, run_call, ordered) != TD_OK)
-            drop_call(ordered, NULL);
+        if (rpc_pool_submit(&a->pool, run_call, drop_call, ordered) != TD_OK)
+            drop_call(ordered);
         ordered = next;
     }
     if (dynamic)
@@ -1148,6 +1209,10 @@ static td_status graceful_join(td_rpc_agent *a, int64_t timeout_ms)
             }
             free(v);
         }
+        /* After the first round (the barrier: every worker's work is done), the user RRefs still
+         * held are deleted; later rounds wait for those deletes like any call. */
+        if (round == 0)
+            rpc_rref_shutdown_users(a, deadline);
         if (sum_started == sum_done && sum_started == prev_started && sum_done == prev_done)
             break;
         prev_started = sum_started;
@@ -1186,6 +1251,8 @@ td_status td_rpc_agent_shutdown(td_rpc_agent *agent, bool graceful, int64_t time
     if (graceful) {
         st = agent->dynamic ? dynamic_leave(agent, timeout_ms < 0 ? 0 : timeout_ms)
                             : graceful_join(agent, timeout_ms < 0 ? 0 : timeout_ms);
+        if (st == TD_OK)
+            st = rpc_rref_leak_check(agent, agent->ignore_rref_leak);
         if (st != TD_OK)
             snprintf(msg, sizeof msg, "%s", td_last_error());
     }
@@ -1223,7 +1290,7 @@ td_status td_rpc_shutdown(bool graceful, int64_t timeout_ms)
         default_agent = NULL;
     pthread_mutex_unlock(&default_mu);
     if (!a)
-        return error_set(TD_ERR_NOT_INIT, not_initialized);
+        return error_set(TD_ERR_NOT_INIT, rpc_not_initialized);
     if (refused != TD_OK)
         return refused;
     return td_rpc_agent_shutdown(a, graceful, timeout_ms);
@@ -1234,7 +1301,7 @@ td_status td_rpc_set_timeout(td_rpc_agent *agent, int64_t timeout_ms)
     if (timeout_ms < 0)
         return error_fmt(TD_ERR_INVALID, "the RPC timeout must be >= 0 ms (0: none), got %lld", (long long)timeout_ms);
     td_rpc_agent *a;
-    TD_TRY(agent_get(agent, &a));
+    TD_TRY(rpc_agent_get(agent, &a));
     atomic_store(&a->default_timeout_ms, timeout_ms);
     rpc_agent_release(a);
     return TD_OK;
@@ -1243,7 +1310,7 @@ td_status td_rpc_set_timeout(td_rpc_agent *agent, int64_t timeout_ms)
 int64_t td_rpc_get_timeout(td_rpc_agent *agent)
 {
     td_rpc_agent *a;
-    if (agent_get(agent, &a) != TD_OK)
+    if (rpc_agent_get(agent, &a) != TD_OK)
         return -1;
     int64_t t = atomic_load(&a->default_timeout_ms);
     rpc_agent_release(a);
@@ -1263,7 +1330,7 @@ static int find_name(const td_rpc_agent *a, const char *name)
 td_status td_rpc_worker_info(td_rpc_agent *agent, const char *name, td_worker_info *info)
 {
     td_rpc_agent *a;
-    TD_TRY(agent_get(agent, &a));
+    TD_TRY(rpc_agent_get(agent, &a));
     td_status st = TD_OK;
     pthread_mutex_lock(&a->mu);
     int i = name ? find_name(a, name) : (int)a->self.id;
@@ -1280,7 +1347,7 @@ td_status td_rpc_worker_info(td_rpc_agent *agent, const char *name, td_worker_in
 td_status td_rpc_worker_info_by_id(td_rpc_agent *agent, int64_t id, td_worker_info *info)
 {
     td_rpc_agent *a;
-    TD_TRY(agent_get(agent, &a));
+    TD_TRY(rpc_agent_get(agent, &a));
     td_status st = TD_OK;
     pthread_mutex_lock(&a->mu);
     bool found = id >= 0 && id < a->world_size && a->peers[id].member;
@@ -1297,7 +1364,7 @@ td_status td_rpc_worker_info_by_id(td_rpc_agent *agent, int64_t id, td_worker_in
 td_status td_rpc_worker_infos(td_rpc_agent *agent, td_worker_info *infos, size_t cap, size_t *n)
 {
     td_rpc_agent *a;
-    TD_TRY(agent_get(agent, &a));
+    TD_TRY(rpc_agent_get(agent, &a));
     size_t count = 0;
     pthread_mutex_lock(&a->mu);
     for (int i = 0; i < a->world_size; i++) {
@@ -1315,7 +1382,7 @@ td_status td_rpc_worker_infos(td_rpc_agent *agent, td_worker_info *infos, size_t
 }
 
 /* The peer a destination names. */
-static td_status resolve_dest(td_rpc_agent *a, const td_rpc_dest *to, int *peer)
+td_status rpc_agent_resolve(td_rpc_agent *a, const td_rpc_dest *to, int *peer)
 {
     int i = -1;
     switch (to->kind) {
@@ -1362,7 +1429,7 @@ static td_status resolve_dest(td_rpc_agent *a, const td_rpc_dest *to, int *peer)
             free(text);
             return st;
         }
-        return resolve_dest(a, &d, peer);
+        return rpc_agent_resolve(a, &d, peer);
     }
     default:
         return error_fmt(TD_ERR_INVALID, "unknown destination kind %d", (int)to->kind);
@@ -1379,25 +1446,36 @@ td_status td_rpc_async(td_rpc_agent *agent, td_rpc_dest to, const char *fn, cons
     if (!future)
         return error_fmt(TD_ERR_INVALID, "td_rpc_async: future is NULL");
     *future = NULL;
+    td_rpc_agent *a;
+    TD_TRY(rpc_agent_get(agent, &a));
+    int peer = -1;
+    td_status st = rpc_agent_resolve(a, &to, &peer);
+    if (st == TD_OK)
+        st = rpc_agent_call(a, peer, fn, args, kwargs, timeout_ms, NULL, future);
+    rpc_agent_release(a);
+    return st;
+}
+
+td_status rpc_agent_call(td_rpc_agent *a, int peer, const char *fn, const td_value *args, const td_value *kwargs,
+                         int64_t timeout_ms, const rpc_header *extra, td_future **future)
+{
+    *future = NULL;
     if (!fn)
         return error_fmt(TD_ERR_INVALID, "td_rpc_async: fn is NULL");
     if (timeout_ms < TD_RPC_DEFAULT_TIMEOUT)
         return error_fmt(TD_ERR_INVALID, "timeout_ms must be -1 (the default), 0 (none) or positive, got %lld",
                          (long long)timeout_ms);
-    td_rpc_agent *a;
-    TD_TRY(agent_get(agent, &a));
     td_status st = TD_OK;
-    td_value *payload = NULL;
+    td_value *payload = NULL, *wire = NULL;
     rpc_outgoing *m = NULL;
     if (atomic_load(&a->closing)) {
-        st = error_set(TD_ERR_NOT_INIT, not_initialized);
+        st = error_set(TD_ERR_NOT_INIT, rpc_not_initialized);
         goto out;
     }
-    int peer = -1;
-    st = resolve_dest(a, &to, &peer);
+    st = rpc_call_payload(fn, args, kwargs, &payload); /* checks args and kwargs */
     if (st != TD_OK)
         goto out;
-    st = rpc_call_payload(fn, args, kwargs, &payload); /* checks args and kwargs */
+    st = rpc_rref_send(a, peer, payload, &wire); /* forks the RRefs it holds for peer */
     if (st != TD_OK)
         goto out;
     int64_t timeout = timeout_ms == TD_RPC_DEFAULT_TIMEOUT ? atomic_load(&a->default_timeout_ms) : timeout_ms;
@@ -1407,7 +1485,14 @@ td_status td_rpc_async(td_rpc_agent *agent, td_rpc_dest to, const char *fn, cons
                     .sender = (uint32_t)a->self.id,
                     .id = id,
                     .timeout_ms = timeout};
-    st = rpc_outgoing_make(&h, payload, &m);
+    if (extra) {
+        h.flags |= extra->flags;
+        h.rref_owner = extra->rref_owner;
+        h.rref_local = extra->rref_local;
+        h.fork_owner = extra->fork_owner;
+        h.fork_local = extra->fork_local;
+    }
+    st = rpc_outgoing_make(&h, wire, &m);
     if (st != TD_OK)
         goto out;
 
@@ -1417,7 +1502,7 @@ td_status td_rpc_async(td_rpc_agent *agent, td_rpc_dest to, const char *fn, cons
         /* Shutdown began after the check above: nothing would complete this call any more. */
         pthread_mutex_unlock(&a->mu);
         td_future_release(f);
-        st = error_set(TD_ERR_NOT_INIT, not_initialized);
+        st = error_set(TD_ERR_NOT_INIT, rpc_not_initialized);
         goto out;
     }
     if (a->peers[peer].lost) {
@@ -1473,8 +1558,8 @@ td_status td_rpc_async(td_rpc_agent *agent, td_rpc_dest to, const char *fn, cons
     *future = f;
 out:
     rpc_outgoing_free(m);
+    td_value_release(wire);
     td_value_release(payload);
-    rpc_agent_release(a);
     return st;
 }
 
@@ -1506,7 +1591,7 @@ td_status td_rpc_sync(td_rpc_agent *agent, td_rpc_dest to, const char *fn, const
     if (result)
         *result = NULL;
     td_rpc_agent *a;
-    TD_TRY(agent_get(agent, &a));
+    TD_TRY(rpc_agent_get(agent, &a));
     td_future *f = NULL;
     td_status st = td_rpc_async(a, to, fn, args, kwargs, timeout_ms, &f);
     if (st == TD_OK)
@@ -1534,7 +1619,7 @@ td_status td_rpc_all_gather(td_rpc_agent *agent, const td_value *value, const ch
     if (gathered)
         *gathered = NULL;
     td_rpc_agent *a;
-    TD_TRY(agent_get(agent, &a));
+    TD_TRY(rpc_agent_get(agent, &a));
     td_status st = TD_OK;
     /* names NULL: the members now (a dynamic group's change as workers join and leave). */
     int *members = TD_NEW_ARRAY(int, a->world_size);
@@ -1667,7 +1752,7 @@ td_status td_rpc_debug_info(td_rpc_agent *agent, td_value **info)
     if (!info)
         return error_fmt(TD_ERR_INVALID, "td_rpc_debug_info: info is NULL");
     td_rpc_agent *a;
-    TD_TRY(agent_get(agent, &a));
+    TD_TRY(rpc_agent_get(agent, &a));
     int nthreads = 0, idle = 0;
     size_t queued = 0;
     rpc_pool_counts(&a->pool, &nthreads, &idle, &queued);
@@ -1694,6 +1779,7 @@ td_status td_rpc_debug_info(td_rpc_agent *agent, td_value **info)
     put_int(d, "agent.world_size", nmembers);
     put_int(d, "agent.num_unix_channels", unix_channels); /* peers reached over the same-host layer */
     put_int(d, "agent.num_tcp_channels", tcp_channels);
+    rpc_rref_debug_info(a, d);
     rpc_agent_release(a);
     *info = d;
     return TD_OK;

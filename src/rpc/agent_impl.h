@@ -83,6 +83,7 @@ typedef struct rpc_channel {
 
 typedef struct rpc_work {
     void (*fn)(void *arg);
+    void (*drop)(void *arg); /* instead of fn, when the pool stops first (may be NULL) */
     void *arg;
     struct rpc_work *next;
 } rpc_work;
@@ -113,16 +114,17 @@ typedef struct rpc_pool {
 /* p->spin is left to the caller to set up (samehost_spin_init) before the first submit. */
 void rpc_pool_init(rpc_pool *p, int base);
 /* Queues fn(arg) to run on a pool thread (starting one while fewer than the base size exist and
- * none is free). Fails only when the pool stopped (then fn is not run). */
-td_status rpc_pool_submit(rpc_pool *p, void (*fn)(void *), void *arg);
+ * none is free), or drop(arg) if the pool stops first. Fails only when the pool stopped (then
+ * neither is run). */
+td_status rpc_pool_submit(rpc_pool *p, void (*fn)(void *), void (*drop)(void *), void *arg);
 /* From the I/O thread's tick: starts one more thread when work waits and no thread took any since
  * the last tick (every thread is blocked, e.g. in nested calls). */
 void rpc_pool_tick(rpc_pool *p);
 /* True on one of p's threads. */
 bool rpc_pool_is_current(const rpc_pool *p);
-/* Stops the pool: running work finishes, queued work is handed to drop (may be NULL) instead of
- * run; every thread is joined. */
-void rpc_pool_stop(rpc_pool *p, void (*drop)(void *arg, void *ctx), void *ctx);
+/* Stops the pool: running work finishes, queued work is dropped (its drop runs instead); every
+ * thread is joined. */
+void rpc_pool_stop(rpc_pool *p);
 void rpc_pool_destroy(rpc_pool *p);
 void rpc_pool_counts(rpc_pool *p, int *nthreads, int *idle, size_t *queued);
 
@@ -185,6 +187,8 @@ struct td_rpc_agent {
     _Atomic bool closing;    /* shutdown began: new calls fail */
     bool torn_down;
     int generation;          /* this process's agent number (names its UNIX socket) */
+    struct rpc_rref_ctx *rrefs; /* RRefs owned, pending and forked (rref.c) */
+    bool ignore_rref_leak;
 };
 
 /* ---- agent.c entry points the I/O thread calls ------------------------------------------------ */
@@ -198,6 +202,28 @@ void rpc_agent_channel_failed(td_rpc_agent *a, rpc_channel *ch, const char *reas
 void rpc_agent_expire(td_rpc_agent *a);
 void rpc_agent_retain(td_rpc_agent *a);
 void rpc_agent_release(td_rpc_agent *a);
+
+/* ---- agent.c entry points for the layers over calls (rref.c) ----------------------------------- */
+
+extern const char rpc_not_initialized[]; /* "RPC has not been initialized. Call ...init_rpc first." */
+
+/* The call a function serves (tdist/rpc.h). */
+struct td_rpc_call {
+    td_rpc_agent *agent;
+    td_worker_info caller;
+    void *arg;
+};
+
+/* The agent to use: agent retained, or the default agent's (fails as "RPC has not been
+ * initialized..."); the caller drops it with rpc_agent_release. */
+td_status rpc_agent_get(td_rpc_agent *agent, td_rpc_agent **out);
+/* The id of the worker `to` names. */
+td_status rpc_agent_resolve(td_rpc_agent *a, const td_rpc_dest *to, int *peer);
+/* The one way a call travels (td_rpc_async is this after resolving): encodes fn(args, kwargs) with
+ * the RRefs it holds forked for peer, registers it pending and sends it. extra, when not NULL,
+ * gives the header's flags and RRef ids (td_rpc_remote). *future: a new reference. */
+td_status rpc_agent_call(td_rpc_agent *a, int peer, const char *fn, const td_value *args, const td_value *kwargs,
+                         int64_t timeout_ms, const rpc_header *extra, td_future **future);
 
 /* ---- channel.c ----------------------------------------------------------------------------- */
 
@@ -216,6 +242,8 @@ void rpc_io_stop(td_rpc_agent *a);
 void rpc_io_close(td_rpc_agent *a);
 void rpc_io_free(td_rpc_agent *a);
 void rpc_io_wake(td_rpc_agent *a);
+/* True on a's I/O thread (which must not block on a send of its own). */
+bool rpc_io_is_current(const td_rpc_agent *a);
 /* Sends a message on ch under its send lock; on failure fails the channel. */
 td_status rpc_channel_send(td_rpc_agent *a, rpc_channel *ch, const rpc_outgoing *m, int64_t deadline_ns);
 /* Delivers a message to this agent itself through its wire form (copies the payload). */

@@ -14,36 +14,13 @@
 #include <string.h>
 
 #include <tdist/rpc.h>
+#include <tdist/rref.h>
 #include <tdist/tensor.h>
 #include <tdist/value.h>
 
 #include "base/error.h"
 #include "base/log.h"
 #include "rpc/registry.h"
-
-/* The Python type name of a value, for TypeError messages. */
-static const char *py_type_name(const td_value *v)
-{
-    switch (td_value_kind_of(v)) {
-    case TD_VAL_NONE: return "NoneType";
-    case TD_VAL_BOOL: return "bool";
-    case TD_VAL_INT: return "int";
-    case TD_VAL_DOUBLE: return "float";
-    case TD_VAL_COMPLEX: return "complex";
-    case TD_VAL_STRING: return "str";
-    case TD_VAL_BYTES: return "bytes";
-    case TD_VAL_TENSOR: return "Tensor";
-    case TD_VAL_LIST: return "list";
-    case TD_VAL_TUPLE: return "tuple";
-    case TD_VAL_DICT: return "dict";
-    default:
-        switch (td_value_record_tag(v)) {
-        case TD_REC_WORKER_INFO: return "WorkerInfo";
-        case TD_REC_RREF: return "RRef";
-        default: return "object";
-        }
-    }
-}
 
 /* td_rpc_bind, with a binding failure reworded as torch's failed schema match. */
 static td_status bind(const char *fn, const char *params, const td_value *args, const td_value *kwargs,
@@ -60,7 +37,7 @@ static td_status expect_tensor(const char *fn, const char *param, int position, 
 {
     if (td_value_kind_of(v) != TD_VAL_TENSOR)
         return td_rpc_raise("TypeError", "%s(): argument '%s' (position %d) must be Tensor, not %s", fn, param, position,
-                            py_type_name(v));
+                            td_rpc_type_name(v));
     *out = td_value_get_tensor(v);
     return TD_OK;
 }
@@ -104,7 +81,7 @@ static td_status run_binary(const binary_builtin *b, const td_value *args, const
         break;
     default:
         return td_rpc_raise("TypeError", "%s(): argument 'other' (position 2) must be Tensor, not %s", b->name,
-                            py_type_name(in[1]));
+                            td_rpc_type_name(in[1]));
     }
     return give(b->scalar_fn(input, s, &out), &out, result);
 }
@@ -165,7 +142,7 @@ static td_status parse_size_list(const char *fn, const td_value *seq, int positi
         if (td_value_kind_of(e) != TD_VAL_INT)
             return td_rpc_raise("TypeError",
                                 "%s(): argument 'size'%s must be tuple of ints, but found element of type %s at pos %zu",
-                                fn, where, py_type_name(e), i);
+                                fn, where, td_rpc_type_name(e), i);
         if (shape->ndim >= TD_MAX_DIMS)
             return td_rpc_raise("RuntimeError", "%s(): a tensor has at most %d dims, got a size with %zu", fn,
                                 TD_MAX_DIMS, n);
@@ -190,7 +167,7 @@ static td_status run_factory(const factory_builtin *f, const td_value *args, con
                 continue;
             if (td_value_kind_of(val) != TD_VAL_STRING)
                 return td_rpc_raise("TypeError", "%s(): argument 'dtype' must be torch.dtype, not %s", f->name,
-                                    py_type_name(val));
+                                    td_rpc_type_name(val));
             if (td_dtype_from_name(td_value_get_string(val, NULL), &dtype) != TD_OK)
                 return td_rpc_raise("TypeError", "%s(): argument 'dtype': %s", f->name, td_last_error());
         } else {
@@ -204,7 +181,7 @@ static td_status run_factory(const factory_builtin *f, const td_value *args, con
         td_value_kind k = td_value_kind_of(size_kw);
         if (k != TD_VAL_LIST && k != TD_VAL_TUPLE)
             return td_rpc_raise("TypeError", "%s(): argument 'size' must be tuple of ints, not %s", f->name,
-                                py_type_name(size_kw));
+                                td_rpc_type_name(size_kw));
         TD_TRY(parse_size_list(f->name, size_kw, 0, &shape));
     } else if (nargs == 1 && (td_value_kind_of(td_value_at(args, 0)) == TD_VAL_LIST ||
                               td_value_kind_of(td_value_at(args, 0)) == TD_VAL_TUPLE)) {
@@ -243,8 +220,58 @@ static const struct {
     {"aten::ones", aten_ones},       {"aten::zeros", aten_zeros},
 };
 
+/* ---- Tensor methods (RRef proxies: rref.rpc_sync().size(), tdist/rref.h) ---------------------- */
+
+/* size(self): the sizes as a tuple of ints, torch.Size's contents. */
+static td_status tensor_size(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
+{
+    (void)call;
+    const td_value *in[1];
+    td_tensor *t = NULL;
+    TD_TRY(bind("size", "self", args, kwargs, in));
+    TD_TRY(expect_tensor("size", "self", 1, in[0], &t));
+    int nd = td_tensor_ndim(t);
+    td_value *sizes = td_value_tuple_new((size_t)nd);
+    for (int i = 0; i < nd; i++)
+        td_value_set(sizes, (size_t)i, td_value_int(td_tensor_sizes(t)[i]));
+    *result = sizes;
+    return TD_OK;
+}
+
+/* view(self, *shape) or view(self, shape): a view with that shape (-1 infers one size). */
+static td_status tensor_view(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
+{
+    (void)call;
+    size_t n = td_value_len(args);
+    td_tensor *t = NULL, *out = NULL;
+    if (n < 1 || td_value_len(kwargs) != 0)
+        return td_rpc_raise("TypeError", "view() takes the tensor and its new sizes, positionally");
+    TD_TRY(expect_tensor("view", "self", 1, td_value_at(args, 0), &t));
+    td_shape shape = {.ndim = 0};
+    const td_value *first = n > 1 ? td_value_at(args, 1) : NULL;
+    if (n == 2 && (td_value_kind_of(first) == TD_VAL_LIST || td_value_kind_of(first) == TD_VAL_TUPLE)) {
+        TD_TRY(parse_size_list("view", first, 1, &shape));
+    } else {
+        td_value *rest = td_value_tuple_new(n - 1);
+        for (size_t i = 1; i < n; i++)
+            td_value_set(rest, i - 1, td_value_retain(td_value_at(args, i)));
+        td_status st = parse_size_list("view", rest, 1, &shape);
+        td_value_release(rest);
+        TD_TRY(st);
+    }
+    return give(td_tensor_view(t, shape, &out), &out, result);
+}
+
+static const struct {
+    const char *method;
+    td_rpc_fn fn;
+} tensor_methods[] = {{"size", tensor_size}, {"add", aten_add}, {"view", tensor_view}};
+
 static void register_all(void)
 {
+    for (size_t i = 0; i < sizeof tensor_methods / sizeof tensor_methods[0]; i++)
+        if (td_rpc_register_method("Tensor", tensor_methods[i].method, tensor_methods[i].fn, NULL) != TD_OK)
+            TD_LOG_WARN("RPC method Tensor.%s not registered: %s", tensor_methods[i].method, td_last_error());
     for (size_t i = 0; i < sizeof builtins / sizeof builtins[0]; i++) {
         /* A name the application registered first stays its own, as an override. */
         if (td_rpc_register(builtins[i].name, builtins[i].fn, NULL) != TD_OK)

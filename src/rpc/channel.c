@@ -66,6 +66,8 @@ void rpc_channel_free(rpc_channel *ch)
     free(ch);
 }
 
+bool rpc_io_is_current(const td_rpc_agent *a) { return a->io_started && pthread_equal(pthread_self(), a->io_thread); }
+
 void rpc_io_wake(td_rpc_agent *a)
 {
     if (a->wake_fd >= 0) {

@@ -142,10 +142,11 @@ static void pool_spawn(rpc_pool *p)
     TD_VEC_PUSH(&p->threads, t);
 }
 
-td_status rpc_pool_submit(rpc_pool *p, void (*fn)(void *), void *arg)
+td_status rpc_pool_submit(rpc_pool *p, void (*fn)(void *), void (*drop)(void *), void *arg)
 {
     rpc_work *w = TD_NEW(rpc_work);
     w->fn = fn;
+    w->drop = drop;
     w->arg = arg;
     pthread_mutex_lock(&p->mu);
     if (p->stop) {
@@ -182,7 +183,7 @@ void rpc_pool_tick(rpc_pool *p)
     pthread_mutex_unlock(&p->mu);
 }
 
-void rpc_pool_stop(rpc_pool *p, void (*drop)(void *arg, void *ctx), void *ctx)
+void rpc_pool_stop(rpc_pool *p)
 {
     pthread_mutex_lock(&p->mu);
     p->stop = true;
@@ -198,8 +199,8 @@ void rpc_pool_stop(rpc_pool *p, void (*drop)(void *arg, void *ctx), void *ctx)
     pthread_mutex_unlock(&p->mu);
     while (w) {
         rpc_work *next = w->next;
-        if (drop)
-            drop(w->arg, ctx);
+        if (w->drop)
+            w->drop(w->arg);
         free(w);
         w = next;
     }

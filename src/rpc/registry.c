@@ -6,8 +6,11 @@
  * Beside it, what a function uses to fail or read its arguments the way a Python function would:
  * td_rpc_raise (a typed error: base/error.h keeps the type beside the thread's message, where the
  * agent reads it back), td_rpc_bind (Python's argument binding and its TypeError messages), and worker
- * infos with PyTorch's name rules. */
+ * infos with PyTorch's name rules; and the type names of values (record tags named by the
+ * application) with methods registered per type as "<Type>.<method>", which RRef proxies call. */
 #include "rpc/registry.h"
+
+#include <tdist/rref.h>
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -95,6 +98,79 @@ bool rpc_registry_lookup(const char *name, rpc_function *out)
         *out = *entry;
     pthread_mutex_unlock(&g_registry_mu);
     return entry != NULL;
+}
+
+/* ---- types and methods (tdist/rref.h) ----------------------------------------------------- */
+
+static td_map g_types = TD_MAP_INIT; /* record tag (4 bytes) -> type name (g_registry_mu) */
+
+td_status td_rpc_register_type(uint32_t record_tag, const char *type_name)
+{
+    if (!type_name || !*type_name || strlen(type_name) > FUNCTION_NAME_MAX / 2)
+        return error_fmt(TD_ERR_INVALID, "a type name must be 1 to %d bytes long", FUNCTION_NAME_MAX / 2);
+    if (record_tag < TD_REC_USER)
+        return error_fmt(TD_ERR_INVALID, "record tag %u is tdist's; application types take tags from %d up",
+                         record_tag, TD_REC_USER);
+    td_status st = TD_OK;
+    pthread_mutex_lock(&g_registry_mu);
+    const char *had = map_get(&g_types, &record_tag, sizeof record_tag);
+    if (had && strcmp(had, type_name) != 0)
+        st = error_fmt(TD_ERR_ALREADY, "record tag %u is already the type %s", record_tag, had);
+    else if (!had)
+        map_put(&g_types, &record_tag, sizeof record_tag, alloc_strdup(type_name));
+    pthread_mutex_unlock(&g_registry_mu);
+    return st;
+}
+
+const char *td_rpc_type_name(const td_value *v)
+{
+    switch (td_value_kind_of(v)) {
+    case TD_VAL_NONE: return "NoneType";
+    case TD_VAL_BOOL: return "bool";
+    case TD_VAL_INT: return "int";
+    case TD_VAL_DOUBLE: return "float";
+    case TD_VAL_COMPLEX: return "complex";
+    case TD_VAL_STRING: return "str";
+    case TD_VAL_BYTES: return "bytes";
+    case TD_VAL_TENSOR: return "Tensor";
+    case TD_VAL_LIST: return "list";
+    case TD_VAL_TUPLE: return "tuple";
+    case TD_VAL_DICT: return "dict";
+    default: break;
+    }
+    uint32_t tag = td_value_record_tag(v);
+    switch (tag) {
+    case TD_REC_WORKER_INFO: return "WorkerInfo";
+    case TD_REC_RREF: return "RRef";
+    default: break;
+    }
+    pthread_mutex_lock(&g_registry_mu);
+    const char *name = map_get(&g_types, &tag, sizeof tag); /* never freed: stable */
+    pthread_mutex_unlock(&g_registry_mu);
+    return name ? name : "object";
+}
+
+static td_status register_method(const char *type_name, const char *method, td_rpc_fn fn, td_rpc_async_fn async_fn,
+                                 void *arg)
+{
+    if (!type_name || !method)
+        return error_fmt(TD_ERR_INVALID, "td_rpc_register_method: %s is NULL", type_name ? "method" : "type_name");
+    char name[FUNCTION_NAME_MAX + 2];
+    int n = snprintf(name, sizeof name, "%s.%s", type_name, method);
+    if (n < 0 || n > FUNCTION_NAME_MAX)
+        return error_fmt(TD_ERR_INVALID, "method %s.%s: the name is longer than %d bytes", type_name, method,
+                         FUNCTION_NAME_MAX);
+    return register_function(name, fn, async_fn, arg);
+}
+
+td_status td_rpc_register_method(const char *type_name, const char *method, td_rpc_fn fn, void *arg)
+{
+    return register_method(type_name, method, fn, NULL, arg);
+}
+
+td_status td_rpc_register_method_async(const char *type_name, const char *method, td_rpc_async_fn fn, void *arg)
+{
+    return register_method(type_name, method, NULL, fn, arg);
 }
 
 /* ---- raising typed errors ------------------------------------------------------------------ */

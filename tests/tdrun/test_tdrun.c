@@ -479,6 +479,22 @@ TD_TEST(example_ddp_train_through_tdrun, .timeout_s = 120)
     proc_free(&p);
 }
 
+/* The parameter server (issue 19), smaller: the server owns the model through an RRef, two
+ * trainers push gradients to its batching async function; it must converge as ddp_train does. */
+TD_TEST(example_param_server_through_tdrun, .timeout_s = 120)
+{
+    proc p;
+    char *argv[] = {TDRUN_BIN, "--standalone", "--quiet", "--nproc-per-node", "3", PARAM_SERVER_BIN, "--samples",
+                    "12000", "--epochs", "4", "--target", "0.75", NULL};
+    run_tdrun(&p, argv, 100000);
+    TD_CHECK_MSG(p.code == 0, "tdrun exited %d:\n%s", p.code, p.out.data);
+    TD_CHECK_CONTAINS(p.out.data, "[rank0]: param_server: 1 server, 2 trainers, 12000 samples");
+    TD_CHECK_CONTAINS(p.out.data, "[rank0]: epoch  4/4 [####################] loss ");
+    TD_CHECK_CONTAINS(p.out.data, "[rank0]: param_server: 748 steps in ");
+    TD_CHECK_CONTAINS(p.out.data, "test accuracy through the server's RRef");
+    proc_free(&p);
+}
+
 /* ---- torchrun's variables and flags (issue 22) ---- */
 
 /* Runs tdrun with argv; expects exit code `code` and `want` in the output. */

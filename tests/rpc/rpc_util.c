@@ -1,7 +1,13 @@
 /* Set-up shared by the RPC tests (rpc_util.h). */
 #include "rpc_util.h"
 
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "rpc/agent_impl.h"
 
 void rpc_test_register(const rpc_test_function *fns, size_t n)
 {
@@ -17,6 +23,7 @@ td_rpc_options rpc_test_options(const td_test_ctx *ctx)
     td_rpc_options o;
     td_rpc_options_init(&o);
     o.init_method = ctx->init_url;
+    o.ignore_rref_leak = false;
     return o;
 }
 
@@ -66,4 +73,90 @@ td_future *rpc_test_async_raise(td_rpc_call *call, const td_value *args, const t
     (void)kwargs;
     td_rpc_raise("RuntimeError", "Expected error");
     return NULL;
+}
+
+/* ---- RRef helpers ------------------------------------------------------------------------------ */
+
+td_rpc_agent *rpc_test_default_agent(void)
+{
+    td_rpc_agent *a = NULL;
+    TD_CHECK_OK(rpc_agent_get(NULL, &a));
+    rpc_agent_release(a); /* the default agent keeps its own reference until td_rpc_shutdown */
+    return a;
+}
+
+static bool debug_read(const char *key, int64_t *out, char *text, size_t text_size)
+{
+    td_value *info = NULL;
+    TD_CHECK_OK(td_rpc_debug_info(NULL, &info));
+    const td_value *v = td_value_dict_get_str(info, key);
+    TD_CHECK_MSG(v != NULL, "td_rpc_debug_info has no key %s", key);
+    TD_CHECK_MSG(td_value_kind_of(v) == TD_VAL_STRING, "debug info %s is not a string", key);
+    const char *s = td_value_get_string(v, NULL);
+    snprintf(text, text_size, "%s", s);
+    char *end = NULL;
+    errno = 0;
+    long long n = strtoll(s, &end, 10);
+    bool ok = *s != '\0' && end && *end == '\0' && errno == 0;
+    td_value_release(info);
+    *out = n;
+    return ok;
+}
+
+int64_t rpc_test_debug_int(const char *key)
+{
+    int64_t n = 0;
+    char text[64];
+    TD_CHECK_MSG(debug_read(key, &n, text, sizeof text), "debug info %s is not a number: '%s'", key, text);
+    return n;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+void rpc_test_wait_debug(const char *key, int64_t want, int64_t timeout_ms)
+{
+    int64_t got = 0;
+    for (int64_t waited = 0;; waited += 100) {
+        got = rpc_test_debug_int(key);
+        if (got == want)
+            return;
+        if (waited >= timeout_ms)
+            break;
+        sleep_ms(100);
+    }
+    TD_FAIL("debug info %s is %lld, expected %lld after %lld ms", key, (long long)got, (long long)want,
+            (long long)timeout_ms);
+}
+
+void rpc_test_wait_rrefs_flushed(void)
+{
+    int64_t futures = 0, users = 0;
+    for (int waited = 0; waited <= 20000; waited += 100) {
+        futures = rpc_test_debug_int("num_pending_futures");
+        users = rpc_test_debug_int("num_pending_users");
+        if (futures == 0 && users == 0)
+            return;
+        sleep_ms(100);
+    }
+    TD_FAIL("RRef counters not flushed after 20 s: num_pending_futures %lld, num_pending_users %lld",
+            (long long)futures, (long long)users);
+}
+
+void rpc_test_wait_owners_and_forks(int64_t owners, int64_t forks)
+{
+    int64_t got_owners = 0, got_forks = 0;
+    for (int waited = 0; waited <= 20000; waited += 100) {
+        got_owners = rpc_test_debug_int("num_owner_rrefs");
+        got_forks = rpc_test_debug_int("num_forks");
+        if (got_owners == owners && got_forks == forks)
+            return;
+        sleep_ms(100);
+    }
+    TD_FAIL("Timed out waiting for %lld owners and %lld forks on this worker, got %lld owners and %lld forks",
+            (long long)owners, (long long)forks, (long long)got_owners, (long long)got_forks);
 }

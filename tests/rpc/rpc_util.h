@@ -4,6 +4,7 @@
 #define TDIST_TESTS_RPC_UTIL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <tdist/rpc.h>
 #include <tdist/testing.h>
@@ -29,9 +30,26 @@ td_future *rpc_test_async_raise(td_rpc_call *call, const td_value *args, const t
 
 /* Registers the n functions (a name already registered in this process is kept). */
 void rpc_test_register(const rpc_test_function *fns, size_t n);
-/* The options dist_init uses: the harness's store URL, everything else default. */
+/* The options dist_init uses: the harness's store URL, leaks of RRefs checked at graceful shutdown
+ * (dist_init sets _ignore_rref_leak = False for every test), everything else default. */
 td_rpc_options rpc_test_options(const td_test_ctx *ctx);
 /* Starts the default agent as "worker<rank>" with o (NULL: rpc_test_options). */
 void rpc_test_init(const td_test_ctx *ctx, const td_rpc_options *o);
+
+/* ---- RRef helpers (the seed's dist_utils) ------------------------------------------------------ */
+
+/* The default agent, borrowed (valid until td_rpc_shutdown), for the internal test hooks. */
+td_rpc_agent *rpc_test_default_agent(void);
+/* A counter of td_rpc_debug_info (string values, as _rref_context_get_debug_info's) as a number;
+ * fails the test when the key is missing or not a decimal string. */
+int64_t rpc_test_debug_int(const char *key);
+/* Polls key every 100 ms until it equals want; fails the test after timeout_ms with the last value. */
+void rpc_test_wait_debug(const char *key, int64_t want, int64_t timeout_ms);
+/* wait_until_pending_futures_and_users_flushed: num_pending_futures and num_pending_users reach 0
+ * (polled every 100 ms, 20 s at most). */
+void rpc_test_wait_rrefs_flushed(void);
+/* wait_until_owners_and_forks_on_rank for this worker: num_owner_rrefs == owners and num_forks ==
+ * forks (polled every 100 ms, 20 s at most). */
+void rpc_test_wait_owners_and_forks(int64_t owners, int64_t forks);
 
 #endif

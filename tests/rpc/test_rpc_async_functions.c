@@ -17,6 +17,7 @@
 
 #include <tdist/pg.h>
 #include <tdist/rpc.h>
+#include <tdist/rref.h>
 #include <tdist/testing.h>
 
 #include "rpc_util.h"
@@ -277,6 +278,50 @@ TD_TEST(async_function_forms, .world_size = 3, .timeout_s = 60)
     TD_CHECK_EQ(call_int(ctx, "async_add_chained_multi", x, 0), x + NUM * STEP);
     TD_CHECK_EQ(call_int(ctx, "async_add_nested", x, x), 2 * x + STEP);
     TD_CHECK_EQ(call_int(ctx, "async_add_multi_fanout", x, 0), x + NUM * STEP);
+    TD_CHECK_OK(td_rpc_shutdown(true, 0));
+}
+
+/* The same through remote() (test_async_function_*_remote, test_return_future_remote): the owner
+ * keeps what the async function's future completes with; to_here fetches it. */
+static int64_t remote_int(td_test_ctx *ctx, const char *fn, int64_t a, int64_t b)
+{
+    td_value *args = int_args(a, b), *r = NULL;
+    td_rref *rref = NULL;
+    TD_CHECK_OK(td_rpc_remote(NULL, td_rpc_to_id((ctx->rank + 1) % ctx->world_size), fn, args, NULL,
+                              TD_RPC_DEFAULT_TIMEOUT, &rref));
+    TD_CHECK_OK(td_rref_to_here(rref, TD_RPC_DEFAULT_TIMEOUT, &r));
+    int64_t v = td_value_get_int(r);
+    td_value_release(r);
+    td_rref_release(rref);
+    td_value_release(args);
+    return v;
+}
+
+TD_TEST(async_function_forms_remote, .world_size = 3, .timeout_s = 60)
+{
+    rpc_up(ctx);
+    int64_t x = ctx->rank + 1;
+    TD_CHECK_EQ(remote_int(ctx, "async_add_with_future_ctor", x, x), 2 * x + STEP);
+    TD_CHECK_EQ(remote_int(ctx, "async_add_chained", x, x), 2 * x + STEP);
+    TD_CHECK_EQ(remote_int(ctx, "async_add_chained_multi", x, 0), x + NUM * STEP);
+    TD_CHECK_EQ(remote_int(ctx, "async_add_nested", x, x), 2 * x + STEP);
+    TD_CHECK_EQ(remote_int(ctx, "async_add_multi_fanout", x, 0), x + NUM * STEP);
+    /* A raise, in the function or in a then() step: the creation and to_here fail with it. */
+    const char *raising[] = {"async_raise", "async_then_raise"};
+    for (int i = 0; i < 2; i++) {
+        td_value *args = i ? int_args(1, 2) : NULL, *r = NULL;
+        td_rref *rref = NULL;
+        TD_CHECK_OK(td_rpc_remote(NULL, td_rpc_to_id((ctx->rank + 1) % ctx->world_size), raising[i], args, NULL,
+                                  TD_RPC_DEFAULT_TIMEOUT, &rref));
+        td_future *created = td_rref_get_future(rref);
+        TD_CHECK_ERR(td_future_wait(created, 0), TD_ERR_REMOTE, i ? "Expected error in then" : "Expected error");
+        TD_CHECK_CONTAINS(td_future_error_type(created), i ? "ValueError" : "RuntimeError");
+        TD_CHECK_ERR(td_rref_to_here(rref, TD_RPC_DEFAULT_TIMEOUT, &r), TD_ERR_REMOTE,
+                     i ? "Expected error in then" : "Expected error");
+        td_future_release(created);
+        td_rref_release(rref);
+        td_value_release(args);
+    }
     TD_CHECK_OK(td_rpc_shutdown(true, 0));
 }
 

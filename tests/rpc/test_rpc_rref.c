@@ -1469,8 +1469,9 @@ TD_TEST(rref_timeout, .world_size = 2, .timeout_s = 90)
     rpc_up(ctx);
     td_rref *r = NULL;
     if (ctx->rank == 0) {
-        TD_CHECK_OK(td_rpc_remote(NULL, td_rpc_to_id(1), "my_sleep_func", td_value_tuple_of(1, td_value_int(2)), NULL, 10,
-                                  &r));
+        td_value *args = td_value_tuple_of(1, td_value_int(2));
+        TD_CHECK_OK(td_rpc_remote(NULL, td_rpc_to_id(1), "my_sleep_func", args, NULL, 10, &r));
+        td_value_release(args);
         td_future *f = td_rref_get_future(r);
         TD_CHECK_EQ(td_future_wait(f, 0), TD_ERR_TIMEOUT);
         rpc_test_wait_rrefs_flushed();
@@ -1499,8 +1500,9 @@ TD_TEST(remote_timeout_not_reached, .world_size = 2, .timeout_s = 60)
 {
     rpc_up(ctx);
     td_rref *r = NULL;
-    TD_CHECK_OK(td_rpc_remote(NULL, td_rpc_to_id(next_rank(ctx, 1)), "my_sleep_func", td_value_tuple_of(1, td_value_int(0)),
-                              NULL, 10000, &r));
+    td_value *args = td_value_tuple_of(1, td_value_int(0));
+    TD_CHECK_OK(td_rpc_remote(NULL, td_rpc_to_id(next_rank(ctx, 1)), "my_sleep_func", args, NULL, 10000, &r));
+    td_value_release(args);
     td_value *v = fetch(r);
     check_int(v, 1);
     td_value_release(v);

@@ -292,6 +292,7 @@ void rpc_agent_channel_failed(td_rpc_agent *a, rpc_channel *ch, const char *reas
     snprintf(msg, sizeof msg, "RPC to worker %s (id %d) failed: the connection to it was lost (%s)", w.name, peer,
              reason);
     fail_pending(a, peer, TD_ERR_PEER_LOST, msg);
+    rpc_rref_peer_lost(a, peer);
 }
 
 /* ---- serving calls -------------------------------------------------------------------------- */

@@ -82,7 +82,7 @@ struct rpc_rref_ctx {
     _Atomic int64_t next_id; /* RRef and fork ids of this agent */
     td_map owners;           /* rref id -> owner td_rref (a reference) */
     td_map pending_users;    /* fork id -> user td_rref (a reference) waiting for its owner */
-    td_map pending_children; /* fork id -> td_rref (a reference) forked to a worker not yet confirmed */
+    td_map pending_children; /* fork id -> pending_child: an RRef forked to a worker not yet confirmed */
     td_map users;            /* fork id -> every live user td_rref (no reference), for shutdown */
     bool cleared;            /* the agent was torn down: nothing is sent any more */
     bool skip_user_deletes;
@@ -129,6 +129,11 @@ void rpc_rref_ctx_free(rpc_rref_ctx *c)
 
 typedef TD_VEC(td_rref *) rref_vec;
 
+typedef struct pending_child {
+    td_rref *r; /* a reference */
+    int peer;   /* the receiver */
+} pending_child;
+
 static void release_all(rref_vec *v)
 {
     for (size_t i = 0; i < v->len; i++)
@@ -157,7 +162,13 @@ void rpc_rref_ctx_clear(td_rpc_agent *a)
         ((td_rref *)e->value)->in_owners = false;
     take_all(&c->owners, &drop);
     take_all(&c->pending_users, &drop);
-    take_all(&c->pending_children, &drop);
+    for (size_t it = 0; (e = map_next(&c->pending_children, &it));) {
+        pending_child *pc = e->value;
+        TD_VEC_PUSH(&drop, pc->r);
+        free(pc);
+    }
+    map_free(&c->pending_children, NULL);
+    c->pending_children = (td_map)TD_MAP_INIT;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     release_all(&drop);
@@ -413,7 +424,6 @@ static td_status map_rrefs(td_rpc_agent *a, int peer, const td_value *v, int dep
 static td_status fork_for(td_rpc_agent *a, int peer, const td_value *rec, td_value **out, void *ctx)
 {
     (void)ctx;
-    (void)peer;
     td_rref *r = td_value_get_rref(rec);
     if (!r)
         return error_fmt(TD_ERR_INVALID, "a TD_REC_RREF record that holds no RRef (make RRef values with "
@@ -427,8 +437,12 @@ static td_status fork_for(td_rpc_agent *a, int peer, const td_value *rec, td_val
     pthread_mutex_lock(&c->mu);
     if (r->is_owner)
         owner_add_fork(c, r, fork);
-    else
-        map_put(&c->pending_children, &fork, sizeof fork, td_rref_retain(r));
+    else {
+        pending_child *pc = TD_NEW(pending_child);
+        pc->r = td_rref_retain(r);
+        pc->peer = peer;
+        map_put(&c->pending_children, &fork, sizeof fork, pc);
+    }
     pthread_mutex_unlock(&c->mu);
     *out = td_value_record_of(TD_REC_RREF, 4, td_value_int(r->owner), gid_value(r->id), gid_value(fork),
                               td_value_string(""));
@@ -1099,10 +1113,13 @@ static td_status fn_accept(td_rpc_call *call, const td_value *args, const td_val
     TD_TRY(arg_gid(FN_ACCEPT, p[0], &fork));
     rpc_rref_ctx *c = td_rpc_call_agent(call)->rrefs;
     pthread_mutex_lock(&c->mu);
-    td_rref *r = map_remove(&c->pending_children, &fork, sizeof fork);
+    pending_child *pc = map_remove(&c->pending_children, &fork, sizeof fork);
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
-    td_rref_release(r);
+    if (pc) {
+        td_rref_release(pc->r);
+        free(pc);
+    }
     return TD_OK;
 }
 
@@ -1253,6 +1270,32 @@ void rpc_rref_shutdown_users(td_rpc_agent *a, int64_t deadline_ns)
         notify(a, u.owner, FN_DELETE, td_value_tuple_of(2, gid_value(u.id), gid_value(u.fork)), NULL, NULL);
     }
     TD_VEC_FREE(&deletes);
+    release_all(&drop);
+}
+
+void rpc_rref_peer_lost(td_rpc_agent *a, int peer)
+{
+    rpc_rref_ctx *c = a->rrefs;
+    rref_vec drop = {0};
+    TD_VEC(gid) gone = {0};
+    pthread_mutex_lock(&c->mu);
+    td_map_entry *e;
+    for (size_t it = 0; (e = map_next(&c->pending_children, &it));) {
+        pending_child *pc = e->value;
+        if (pc->peer == peer) {
+            gid fork;
+            memcpy(&fork, e->key, sizeof fork);
+            TD_VEC_PUSH(&gone, fork);
+        }
+    }
+    for (size_t i = 0; i < gone.len; i++) {
+        pending_child *pc = map_remove(&c->pending_children, &gone.items[i], sizeof gone.items[i]);
+        TD_VEC_PUSH(&drop, pc->r);
+        free(pc);
+    }
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    TD_VEC_FREE(&gone);
     release_all(&drop);
 }
 

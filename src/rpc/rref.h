@@ -45,6 +45,9 @@ td_future *rpc_rref_remote_result(td_rref *owner, td_future *value);
  * users and children to settle, then sends the deletes of every user RRef still held and drops
  * owner RRefs never forked. */
 void rpc_rref_shutdown_users(td_rpc_agent *a, int64_t deadline_ns);
+/* Worker peer was lost: the forks sent to it will never be accepted, so the pending children
+ * waiting for them are dropped (shutdown would wait for them). */
+void rpc_rref_peer_lost(td_rpc_agent *a, int peer);
 /* After the last round: fails (leak check on) or logs each fork still held on this owner. */
 td_status rpc_rref_leak_check(td_rpc_agent *a, bool ignore);
 /* The debug-info keys: num_owner_rrefs, num_pending_futures, num_pending_users, num_forks. */

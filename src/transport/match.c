@@ -8,18 +8,21 @@
 #include "transport/match.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
 #include "base/clock.h"
+#include "base/env.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "base/thread.h"
 
 #define POOL_KEEP_BYTES ((size_t)256 << 20)
 #define UNEXP_STEP ((size_t)1 << 20)
+#define MATCH_UNEXP_LIMIT_DEFAULT ((int64_t)1 << 30) /* TDIST_MAX_UNEXPECTED_BYTES */
 
 typedef struct pool_buf {
     struct pool_buf *next;
@@ -42,6 +45,22 @@ void match_init(td_match *m, const char *name, int rank, int size, const int *gl
     }
     m->pool_min_class = pool_min_class;
     m->unexp_size = sizeof(td_unexp) + extra_bytes;
+    int64_t limit = MATCH_UNEXP_LIMIT_DEFAULT;
+    if (env_get_int("TDIST_MAX_UNEXPECTED_BYTES", MATCH_UNEXP_LIMIT_DEFAULT, 0, INT64_MAX, &limit) != TD_OK)
+        TD_LOG_WARN("%s; using %lld", td_last_error(), (long long)limit);
+    m->unexp_limit = (uint64_t)limit;
+}
+
+bool match_unexp_admit(td_match *m, const td_match_peer *p, uint64_t len)
+{
+    if (len <= m->unexp_limit && p->unexp_bytes <= m->unexp_limit - len)
+        return true;
+    error_fmt(TD_ERR_NOMEM,
+              "rank %d sent %llu bytes no receive was posted for, with %llu such bytes waiting: over "
+              "TDIST_MAX_UNEXPECTED_BYTES (%llu per peer)",
+              match_grank(m, p->rank), (unsigned long long)len, (unsigned long long)p->unexp_bytes,
+              (unsigned long long)m->unexp_limit);
+    return false;
 }
 
 void match_free(td_match *m)
@@ -181,6 +200,8 @@ void match_unexp_queue(td_match *m, td_match_peer *p, td_unexp *u)
     else
         p->uq_head = u;
     p->uq_tail = u;
+    if (!u->own)
+        p->unexp_bytes += u->len;
     m->n_unexpected_msgs++;
 }
 
@@ -289,6 +310,8 @@ static void take_unexpected(td_match *m, td_match_peer *p, td_unexp *prev, td_un
     if (p->uq_tail == u)
         p->uq_tail = prev;
     u->next = NULL;
+    if (!u->own)
+        p->unexp_bytes -= u->len;
     set_sender(x, p);
     if (u->own) {
         m->take_own(m, p, u, x, done);

@@ -58,6 +58,7 @@ typedef struct td_match_peer {
     td_unexp *uq_head, *uq_tail;        /* unexpected messages, in arrival order */
     td_xfer *rx;                        /* the message arriving now goes into this receive ... */
     td_unexp *ru;                       /* ... or this unexpected buffer; neither: it is dropped */
+    uint64_t unexp_bytes;               /* announced lengths of the queued unexpected messages */
 } td_match_peer;
 
 typedef struct td_match td_match;
@@ -91,6 +92,7 @@ struct td_match {
     td_unexp *free_unexp;
     void *pool[TD_MATCH_POOL_CLASSES];
     size_t pool_bytes;
+    uint64_t unexp_limit; /* unexpected bytes buffered per peer at most (TDIST_MAX_UNEXPECTED_BYTES) */
     /* counters, for the transports' debug logs */
     uint64_t n_unexpected_msgs, n_copied_out;
 };
@@ -99,6 +101,10 @@ struct td_match {
  * each td_unexp's extra. global_ranks (size entries, may be NULL) is copied. */
 void match_init(td_match *m, const char *name, int rank, int size, const int *global_ranks, int pool_min_class,
                    size_t extra_bytes);
+/* Whether a message of len bytes from p, which no receive was posted for, may be buffered: the
+ * unexpected messages queued from one peer announce TDIST_MAX_UNEXPECTED_BYTES (1 GiB) at most.
+ * When not, td_last_error() says so for the transport to fail the peer with. */
+bool match_unexp_admit(td_match *m, const td_match_peer *p, uint64_t len);
 /* Frees the queues' buffers, the pools and the peers (every xfer must have completed). */
 void match_free(td_match *m);
 

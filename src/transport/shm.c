@@ -307,6 +307,12 @@ static bool drain(shm_transport *t, peer *p, bool drain_all, td_done *done)
                             q->posted_head || m->any_head;
                 if (!must)
                     break; /* leave it in the ring for its receive to copy once */
+                if (!match_unexp_admit(m, q, len)) {
+                    char why[TD_XFER_ERROR_MAX];
+                    snprintf(why, sizeof why, "%s", td_last_error());
+                    match_lost(m, q, done, why);
+                    return moved;
+                }
                 q->ru = match_unexp_new(m, tag, (size_t)len);
                 match_unexp_queue(m, q, q->ru);
             }

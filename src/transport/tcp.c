@@ -564,6 +564,10 @@ static bool start_message(tcp_transport *t, peer *p, uint64_t tag, uint64_t len,
     p->rx_len = (size_t)len;
     p->remaining = (size_t)len;
     if (!match_arrived(&t->match, p->queues, tag, len, done)) {
+        if (!match_unexp_admit(&t->match, p->queues, len)) {
+            peer_lost(t, p, done, "%s", td_last_error());
+            return false;
+        }
         td_unexp *u = match_unexp_new(&t->match, tag, (size_t)len);
         if (len && !match_unexp_room(&t->match, u, 1)) {
             match_unexp_free(&t->match, u);

@@ -76,6 +76,44 @@ TD_TEST(peer_killed_mid_all_reduce, .world_size = 3, .params = TD_PG_SPAWNED_BAC
     pg_test_done(ctx, pg);
 }
 
+/* ---- a peer that sends more than its receiver asked for (issue 23, 6) ------------------------- */
+
+/* Unexpected messages (sent before their receive was posted) are buffered up to
+ * TDIST_MAX_UNEXPECTED_BYTES per peer: rank 1 sends eight 512 KiB messages that rank 0 has not
+ * asked for, beyond a 1 MiB bound, and rank 0 fails the group with an error naming the bound and
+ * the sender instead of buffering without end. */
+TD_TEST(unexpected_bytes_bounded, .world_size = 2, .params = "tcp,shm", .static_skip = pg_test_skip_unavailable,
+        .skip_return_code_check = true, .timeout_s = 60)
+{
+    setenv("TDIST_MAX_UNEXPECTED_BYTES", "1048576", 1);
+    td_pg *pg = pg_test_init(ctx, NULL);
+    unsetenv("TDIST_MAX_UNEXPECTED_BYTES");
+    enum { N = 8 };
+    td_tensor *t = ones(TD_FLOAT32, 128 << 10); /* 512 KiB */
+    if (ctx->rank == 1) {
+        td_future *w[N];
+        for (int i = 0; i < N; i++)
+            TD_CHECK_OK(td_pg_send(pg, t, 0, 100 + i, &w[i]));
+        for (int i = 0; i < N; i++) {
+            (void)td_future_wait(w[i], 20000); /* may fail: rank 0 drops the connection */
+            td_future_release(w[i]);
+        }
+    } else {
+        /* Give the sends time to arrive unasked, then ask for the last one. */
+        struct timespec d = {1, 0};
+        nanosleep(&d, NULL);
+        td_future *w = NULL;
+        td_status st = td_pg_recv(pg, t, 1, 100 + N - 1, NULL, &w);
+        if (st == TD_OK)
+            st = td_future_wait(w, 20000);
+        td_future_release(w);
+        TD_CHECK_ERR(st, TD_ERR_PEER_LOST, "rank 1 sent 524288 bytes no receive was posted for, with 1048576 such "
+                                           "bytes waiting: over TDIST_MAX_UNEXPECTED_BYTES (1048576 per peer)");
+    }
+    td_tensor_release(t);
+    pg_test_done(ctx, pg);
+}
+
 /* ---- a stalled rank and the group's timeout --------------------------------------------------- */
 
 TD_PG_TEST_ON(stalled_rank_timeout, 2, TD_PG_SPAWNED_BACKENDS, .timeout_s = 90)

@@ -61,6 +61,7 @@
 #include "net/addr.h"
 #include "pg/executor.h"
 #include "rpc/agent_impl.h"
+#include "rpc/profiler.h"
 #include "rpc/registry.h"
 #include "rpc/rref.h"
 #include "store/store_impl.h"
@@ -132,6 +133,7 @@ void td_rpc_options_init(td_rpc_options *o)
  * whose callbacks have yet to run for the end of the work. */
 static void pending_finish(td_rpc_agent *a, rpc_pending *p)
 {
+    rpc_prof_call_end(p->prof);
     td_future_release(p->future);
     free(p);
     pthread_mutex_lock(&a->mu);
@@ -184,6 +186,12 @@ static void complete_reply(td_rpc_agent *a, int peer, const rpc_header *h, td_st
     td_value *v = NULL;
     td_status st = payload ? rpc_payload_decode(h, payload, &v) : TD_OK;
     td_storage_release(payload);
+    /* A profiled reply is (value, events): the events merge, and the call's event ends, before
+     * the future completes (profiler.c). */
+    if (st == TD_OK && (h->flags & RPC_FLAG_PROFILING))
+        st = rpc_prof_reply_unwrap(p->prof, &v);
+    rpc_prof_call_end(p->prof);
+    p->prof = NULL;
     const td_worker_info *callee = &a->peers[peer].info;
     if (st != TD_OK) {
         td_future_set_error(p->future, st, "the reply of %s could not be decoded: %s", callee->name, td_last_error());
@@ -237,6 +245,8 @@ void rpc_agent_expire(td_rpc_agent *a)
     pthread_mutex_unlock(&a->mu);
     for (size_t i = 0; i < expired.len; i++) {
         rpc_pending *p = expired.items[i];
+        rpc_prof_call_end(p->prof);
+        p->prof = NULL;
         td_future_set_error(p->future, TD_ERR_TIMEOUT,
                             "RPC ran for more than set timeout (%lld ms) and will now be marked with an error",
                             (long long)p->timeout_ms);
@@ -260,6 +270,8 @@ static void fail_pending(td_rpc_agent *a, int peer, td_status status, const char
         map_remove(&a->pending, &failed.items[i]->id, sizeof failed.items[i]->id);
     pthread_mutex_unlock(&a->mu);
     for (size_t i = 0; i < failed.len; i++) {
+        rpc_prof_call_end(failed.items[i]->prof);
+        failed.items[i]->prof = NULL;
         td_future_set_error(failed.items[i]->future, status, "%s", message);
         pending_finish(a, failed.items[i]);
     }
@@ -344,21 +356,28 @@ static void call_failed(td_rpc_agent *a, int peer, const rpc_header *call, const
     reply_error(a, peer, call, type, message);
 }
 
-static void reply_value(td_rpc_agent *a, int peer, const rpc_header *call, const td_value *value)
+/* prof: a profiled call's collector, whose events go with the value (NULL: not profiled). */
+static void reply_value(td_rpc_agent *a, int peer, const rpc_header *call, const td_value *value, td_profiler *prof)
 {
     if (!(call->flags & RPC_FLAG_REPLY_WANTED))
         return;
     rpc_header h = {.type = RPC_MSG_REPLY, .sender = (uint32_t)a->self.id, .id = call->id};
     rpc_outgoing *m = NULL;
-    td_value *wire = NULL;
+    td_value *wire = NULL, *wrapped = NULL;
+    if (prof) {
+        value = wrapped = rpc_prof_reply_wrap(prof, value);
+        h.flags |= RPC_FLAG_PROFILING;
+    }
     if ((value && rpc_rref_send(a, peer, value, &wire) != TD_OK) || rpc_outgoing_make(&h, wire, &m) != TD_OK) {
         char msg[TD_ERROR_MAX];
         snprintf(msg, sizeof msg, "cannot encode the result: %s", td_last_error());
         td_value_release(wire);
+        td_value_release(wrapped);
         call_failed(a, peer, call, "RuntimeError", msg);
         return;
     }
     td_value_release(wire);
+    td_value_release(wrapped);
     send_to(a, peer, m, deadline_after_ms(call->timeout_ms));
     rpc_outgoing_free(m);
 }
@@ -367,6 +386,7 @@ typedef struct async_reply {
     td_rpc_agent *agent;
     int peer;
     rpc_header call;
+    td_profiler *prof; /* a reference, for a profiled call */
 } async_reply;
 
 /* An async function's future completed: its value or error is the reply. */
@@ -375,11 +395,12 @@ static void async_done(td_future *f, void *arg)
     async_reply *r = arg;
     td_rpc_agent *a = r->agent;
     if (td_future_status(f) == TD_OK) {
-        reply_value(a, r->peer, &r->call, td_future_value(f));
+        reply_value(a, r->peer, &r->call, td_future_value(f), r->prof);
     } else {
         const char *type = td_future_error_type(f);
         call_failed(a, r->peer, &r->call, type ? type : "RuntimeError", td_future_error(f));
     }
+    rpc_prof_release(r->prof);
     atomic_fetch_sub(&a->server_active_async, 1);
     td_future_release(f);
     rpc_agent_release(a);
@@ -406,14 +427,15 @@ static void drop_call(void *arg)
     free(in);
 }
 
-/* Replies from f (taken) when it completes, as an async function's reply. */
-static void reply_when_done(td_rpc_agent *a, int peer, const rpc_header *call, td_future *f)
+/* Replies from f (taken) when it completes, as an async function's reply (with prof's events). */
+static void reply_when_done(td_rpc_agent *a, int peer, const rpc_header *call, td_future *f, td_profiler *prof)
 {
     async_reply *r = TD_NEW(async_reply);
     rpc_agent_retain(a);
     r->agent = a;
     r->peer = peer;
     r->call = *call;
+    r->prof = prof ? rpc_prof_retain(prof) : NULL;
     atomic_fetch_add(&a->server_active_async, 1);
     td_future_add_callback(f, async_done, r); /* r keeps the reference to f */
 }
@@ -436,6 +458,7 @@ static void run_call(void *arg)
     const char *fn_name = NULL;
     const td_value *args = NULL, *kwargs = NULL;
     bool remote = in->header.flags & RPC_FLAG_RREF;
+    td_profiler *prof = NULL, *prof_previous = NULL; /* a profiled call's collector (profiler.c) */
     td_status st = in->payload ? rpc_payload_decode(&in->header, in->payload, &payload)
                                : error_fmt(TD_ERR_INVALID, "a call without a payload");
     td_storage_release(in->payload);
@@ -445,8 +468,11 @@ static void run_call(void *arg)
     /* The user RRefs among the arguments are confirmed by their owners before the function runs. */
     if (st == TD_OK && confirmed && td_future_wait(confirmed, 0) != TD_OK)
         st = error_fmt(TD_ERR_REMOTE, "an RRef argument was not confirmed by its owner: %s", td_future_error(confirmed));
+    const td_value *call_payload = live;
+    if (st == TD_OK && (in->header.flags & RPC_FLAG_PROFILING))
+        st = rpc_prof_serve_parts(live, a->self.id, &call_payload, &prof);
     if (st == TD_OK)
-        st = rpc_call_parts(live, &fn_name, &args, &kwargs);
+        st = rpc_call_parts(call_payload, &fn_name, &args, &kwargs);
     td_future *result_f = NULL; /* a remote call's result, for its owner RRef */
     if (st != TD_OK) {
         char msg[TD_ERROR_MAX];
@@ -475,8 +501,12 @@ static void run_call(void *arg)
         goto reply;
     }
     td_rpc_call call = {.agent = a, .caller = a->peers[in->peer].info, .arg = rf.arg};
+    if (prof)
+        prof_previous = rpc_prof_serve_enter(prof);
     if (rf.async_fn) {
         result_f = rf.async_fn(&call, args, kwargs);
+        if (prof)
+            rpc_prof_serve_exit(prof_previous);
         if (!result_f) {
             if (!remote) {
                 call_failed_now(a, in->peer, &in->header);
@@ -487,9 +517,11 @@ static void run_call(void *arg)
     } else {
         td_value *result = NULL;
         st = rf.fn(&call, args, kwargs, &result);
+        if (prof)
+            rpc_prof_serve_exit(prof_previous);
         if (!remote) {
             if (st == TD_OK)
-                reply_value(a, in->peer, &in->header, result);
+                reply_value(a, in->peer, &in->header, result, prof);
             else
                 call_failed_now(a, in->peer, &in->header);
             td_value_release(result);
@@ -502,8 +534,9 @@ reply:
         result_f = rpc_rref_remote_result(in->rref, result_f); /* the owner RRef takes the result */
         in->rref = NULL;
     }
-    reply_when_done(a, in->peer, &in->header, result_f);
+    reply_when_done(a, in->peer, &in->header, result_f, prof);
 out:
+    rpc_prof_release(prof);
     td_rref_release(in->rref);
     td_future_release(confirmed);
     td_value_release(live);
@@ -1441,8 +1474,12 @@ td_status rpc_agent_resolve(td_rpc_agent *a, const td_rpc_dest *to, int *peer)
 
 /* ---- calls ---------------------------------------------------------------------------------- */
 
-td_status td_rpc_async(td_rpc_agent *agent, td_rpc_dest to, const char *fn, const td_value *args,
-                       const td_value *kwargs, int64_t timeout_ms, td_future **future)
+static td_status agent_call(td_rpc_agent *a, int peer, const char *fn, const td_value *args, const td_value *kwargs,
+                            int64_t timeout_ms, const rpc_header *extra, rpc_prof_mode mode, td_future **future);
+
+/* td_rpc_async, and td_rpc_sync's call: mode names the call in a profile. */
+static td_status call_dest(td_rpc_agent *agent, td_rpc_dest to, const char *fn, const td_value *args,
+                           const td_value *kwargs, int64_t timeout_ms, rpc_prof_mode mode, td_future **future)
 {
     if (!future)
         return error_fmt(TD_ERR_INVALID, "td_rpc_async: future is NULL");
@@ -1452,13 +1489,27 @@ td_status td_rpc_async(td_rpc_agent *agent, td_rpc_dest to, const char *fn, cons
     int peer = -1;
     td_status st = rpc_agent_resolve(a, &to, &peer);
     if (st == TD_OK)
-        st = rpc_agent_call(a, peer, fn, args, kwargs, timeout_ms, NULL, future);
+        st = agent_call(a, peer, fn, args, kwargs, timeout_ms, NULL, mode, future);
     rpc_agent_release(a);
     return st;
 }
 
+td_status td_rpc_async(td_rpc_agent *agent, td_rpc_dest to, const char *fn, const td_value *args,
+                       const td_value *kwargs, int64_t timeout_ms, td_future **future)
+{
+    return call_dest(agent, to, fn, args, kwargs, timeout_ms, RPC_PROF_ASYNC, future);
+}
+
 td_status rpc_agent_call(td_rpc_agent *a, int peer, const char *fn, const td_value *args, const td_value *kwargs,
                          int64_t timeout_ms, const rpc_header *extra, td_future **future)
+{
+    /* td_rpc_remote's calls carry the RRef's ids; every other call here is made as by rpc_async. */
+    rpc_prof_mode mode = extra && (extra->flags & RPC_FLAG_RREF) ? RPC_PROF_REMOTE : RPC_PROF_ASYNC;
+    return agent_call(a, peer, fn, args, kwargs, timeout_ms, extra, mode, future);
+}
+
+static td_status agent_call(td_rpc_agent *a, int peer, const char *fn, const td_value *args, const td_value *kwargs,
+                            int64_t timeout_ms, const rpc_header *extra, rpc_prof_mode mode, td_future **future)
 {
     *future = NULL;
     if (!fn)
@@ -1469,6 +1520,7 @@ td_status rpc_agent_call(td_rpc_agent *a, int peer, const char *fn, const td_val
     td_status st = TD_OK;
     td_value *payload = NULL, *wire = NULL;
     rpc_outgoing *m = NULL;
+    rpc_prof_call *prof = NULL; /* the call's event when this thread profiles (profiler.h) */
     if (atomic_load(&a->closing)) {
         st = error_set(TD_ERR_NOT_INIT, rpc_not_initialized);
         goto out;
@@ -1476,6 +1528,12 @@ td_status rpc_agent_call(td_rpc_agent *a, int peer, const char *fn, const td_val
     st = rpc_call_payload(fn, args, kwargs, &payload); /* checks args and kwargs */
     if (st != TD_OK)
         goto out;
+    td_profiler *profiler = rpc_prof_current();
+    if (profiler && (prof = rpc_prof_call_begin(profiler, mode, fn, &a->self, &a->peers[peer].info))) {
+        td_value *wrapped = rpc_prof_call_wrap(prof, payload);
+        td_value_release(payload);
+        payload = wrapped;
+    }
     st = rpc_rref_send(a, peer, payload, &wire); /* forks the RRefs it holds for peer */
     if (st != TD_OK)
         goto out;
@@ -1493,6 +1551,8 @@ td_status rpc_agent_call(td_rpc_agent *a, int peer, const char *fn, const td_val
         h.fork_owner = extra->fork_owner;
         h.fork_local = extra->fork_local;
     }
+    if (prof)
+        h.flags |= RPC_FLAG_PROFILING;
     st = rpc_outgoing_make(&h, wire, &m);
     if (st != TD_OK)
         goto out;
@@ -1511,6 +1571,8 @@ td_status rpc_agent_call(td_rpc_agent *a, int peer, const char *fn, const td_val
         snprintf(msg, sizeof msg, "RPC to worker %s (id %d) failed: the connection to it was lost (%s)",
                  a->peers[peer].info.name, peer, a->peers[peer].lost_reason);
         pthread_mutex_unlock(&a->mu);
+        rpc_prof_call_end(prof);
+        prof = NULL;
         td_future_set_error(f, TD_ERR_PEER_LOST, "%s", msg);
         *future = f;
         goto out;
@@ -1519,6 +1581,8 @@ td_status rpc_agent_call(td_rpc_agent *a, int peer, const char *fn, const td_val
     p->id = id;
     p->peer = peer;
     p->future = td_future_retain(f);
+    p->prof = prof;
+    prof = NULL;
     p->timeout_ms = timeout;
     p->deadline_ns = timeout == 0 ? TD_DEADLINE_NONE : deadline_after_ms(timeout);
     map_put(&a->pending, &p->id, sizeof p->id, p);
@@ -1558,6 +1622,7 @@ td_status rpc_agent_call(td_rpc_agent *a, int peer, const char *fn, const td_val
     }
     *future = f;
 out:
+    rpc_prof_call_discard(prof);
     rpc_outgoing_free(m);
     td_value_release(wire);
     td_value_release(payload);
@@ -1594,7 +1659,7 @@ td_status td_rpc_sync(td_rpc_agent *agent, td_rpc_dest to, const char *fn, const
     td_rpc_agent *a;
     TD_TRY(rpc_agent_get(agent, &a));
     td_future *f = NULL;
-    td_status st = td_rpc_async(a, to, fn, args, kwargs, timeout_ms, &f);
+    td_status st = call_dest(a, to, fn, args, kwargs, timeout_ms, RPC_PROF_SYNC, &f);
     if (st == TD_OK)
         st = wait_reply(a, f);
     if (st == TD_OK && result) {

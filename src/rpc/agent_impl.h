@@ -142,6 +142,7 @@ typedef struct rpc_pending {
     uint64_t id;
     int peer;
     td_future *future;  /* the pending's own reference */
+    struct rpc_prof_call *prof; /* the call's profiling event, or NULL (profiler.h) */
     int64_t deadline_ns;
     int64_t timeout_ms;
 } rpc_pending;

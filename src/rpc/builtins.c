@@ -18,8 +18,10 @@
 #include <tdist/tensor.h>
 #include <tdist/value.h>
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "rpc/profiler.h"
 #include "rpc/registry.h"
 
 /* td_rpc_bind, with a binding failure reworded as torch's failed schema match. */
@@ -52,6 +54,19 @@ static td_status give(td_status st, td_tensor **t, td_value **result)
     td_tensor_release(*t);
     return TD_OK;
 }
+
+/* In a builtin's body: returns the status of expr (which runs the builtin), recorded as an event
+ * named name when this thread profiles (rpc/profiler.h), at the cost of one load when not. */
+#define RECORDED(name, expr)                                                                           \
+    do {                                                                                               \
+        td_profiler *prof_ = rpc_prof_current();                                                       \
+        if (!prof_)                                                                                    \
+            return (expr);                                                                             \
+        int64_t start_ = clock_now_ns();                                                               \
+        td_status st_ = (expr);                                                                        \
+        rpc_prof_record_op(prof_, (name), start_, args, st_ == TD_OK ? *result : NULL);                \
+        return st_;                                                                                    \
+    } while (0)
 
 /* ---- (tensor, tensor or number) -------------------------------------------------------------- */
 
@@ -92,7 +107,7 @@ static td_status run_binary(const binary_builtin *b, const td_value *args, const
                                td_value **result)                                                      \
     {                                                                                                  \
         static const binary_builtin b = {#op, td_tensor_##op, scalar_fn};                             \
-        return run_binary(&b, args, kwargs, result);                                                   \
+        RECORDED("aten::" #op, run_binary(&b, args, kwargs, result));                                  \
     }
 DEF_BINARY(add, td_tensor_add_scalar)
 DEF_BINARY(sub, td_tensor_sub_scalar)
@@ -117,7 +132,7 @@ static td_status run_unary(const char *name, td_status (*fn)(const td_tensor *, 
     static td_status aten_##op(td_rpc_call *call, const td_value *args, const td_value *kwargs,        \
                                td_value **result)                                                      \
     {                                                                                                  \
-        return run_unary(#op, td_tensor_##op, args, kwargs, result);                                   \
+        RECORDED("aten::" #op, run_unary(#op, td_tensor_##op, args, kwargs, result));                  \
     }
 DEF_UNARY(neg)
 DEF_UNARY(sum)
@@ -203,7 +218,7 @@ static td_status run_factory(const factory_builtin *f, const td_value *args, con
                                td_value **result)                                                      \
     {                                                                                                  \
         static const factory_builtin f = {#op, td_tensor_##op};                                       \
-        return run_factory(&f, args, kwargs, result);                                                  \
+        RECORDED("aten::" #op, run_factory(&f, args, kwargs, result));                                 \
     }
 DEF_FACTORY(ones)
 DEF_FACTORY(zeros)

@@ -33,16 +33,15 @@ typedef enum rpc_msg_type {
     RPC_MSG_REPLY = 2,
     RPC_MSG_ERROR = 3,
     RPC_MSG_CONTROL = 4,
-    /* Reserved for the RRef issue: REMOTE_CALL, RREF_FETCH, RREF_USER_DELETE, RREF_FORK_REQUEST,
-     * RREF_CHILD_ACCEPT, RREF_ACK take 16..31. */
+    /* 16..31 are reserved; the RRef protocol travels as calls of internal functions (rref.c). */
     RPC_MSG_TYPE_MAX = 31,
 } rpc_msg_type;
 
 enum {
     RPC_FLAG_REPLY_WANTED = 1u << 0, /* the sender waits for a reply (a call not sent one-way) */
-    RPC_FLAG_PROFILING = 1u << 1,    /* reserved: record and return profiling events */
+    RPC_FLAG_PROFILING = 1u << 1,    /* record and return profiling events (profiler.c) */
     RPC_FLAG_AUTOGRAD = 1u << 2,     /* reserved: autograd_context / autograd_message are set */
-    RPC_FLAG_RREF = 1u << 3,         /* reserved: rref_* / fork_* are set */
+    RPC_FLAG_RREF = 1u << 3,         /* a remote() call: rref_* / fork_* are set (rref.c) */
     RPC_FLAGS_KNOWN = (1u << 4) - 1,
 };
 
@@ -52,8 +51,8 @@ typedef struct rpc_header {
     uint32_t sender;     /* the sender's worker id */
     uint64_t id;         /* a call's id, chosen by its sender; a reply or error carries its call's */
     int64_t timeout_ms;  /* a call's timeout (0: none); the callee bounds sending its reply by it */
-    int64_t rref_owner, rref_local;   /* reserved: the RRef id (owner worker, local id) */
-    int64_t fork_owner, fork_local;   /* reserved: the fork id */
+    int64_t rref_owner, rref_local;   /* RPC_FLAG_RREF: the RRef id (owner worker, local id) */
+    int64_t fork_owner, fork_local;   /* RPC_FLAG_RREF: the caller's fork id */
     int64_t autograd_context, autograd_message; /* reserved: distributed autograd ids */
     uint64_t payload_len; /* bytes of payload after the header */
 } rpc_header;

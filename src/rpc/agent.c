@@ -1185,13 +1185,22 @@ static bool drain_local(td_rpc_agent *a, int64_t deadline)
     return wait_local_idle(a, deadline);
 }
 
-/* Waits until key (worker i's) exists; *ready stays false when worker i was lost meanwhile. */
-static td_status await_key(td_rpc_agent *a, int i, const char *key, int64_t deadline, int64_t timeout_ms, bool *ready)
+/* Waits until key (worker i's) exists; *ready stays false when worker i was lost meanwhile, or,
+ * when stopped is not NULL, when another worker already ended the rounds (*stopped set). */
+static td_status await_key(td_rpc_agent *a, int i, const char *key, int64_t deadline, int64_t timeout_ms, bool *ready,
+                           bool *stopped)
 {
+    static const char stop_key[] = "join/stop";
     for (;;) {
         TD_TRY(td_store_check(a->store, &key, 1, ready));
         if (*ready)
             return TD_OK;
+        if (stopped) {
+            const char *k = stop_key;
+            TD_TRY(td_store_check(a->store, &k, 1, stopped));
+            if (*stopped)
+                return TD_OK;
+        }
         pthread_mutex_lock(&a->mu);
         bool lost = a->peers[i].lost;
         pthread_mutex_unlock(&a->mu);
@@ -1212,6 +1221,7 @@ static td_status graceful_join(td_rpc_agent *a, int64_t timeout_ms)
     int64_t deadline = deadline_after_ms(timeout_ms);
     int64_t prev_started = -1, prev_done = -1;
     char key[64], val[64];
+    bool stopped = false;
     for (int round = 0;; round++) {
         if (round > 0 && deadline_passed(deadline))
             return error_fmt(TD_ERR_TIMEOUT,
@@ -1230,7 +1240,9 @@ static td_status graceful_join(td_rpc_agent *a, int64_t timeout_ms)
             snprintf(key, sizeof key, "join/%d/%d", round, i);
             const char *k = key;
             bool ready = false;
-            TD_TRY(await_key(a, i, k, deadline, timeout_ms, &ready));
+            TD_TRY(await_key(a, i, k, deadline, timeout_ms, &ready, &stopped));
+            if (stopped)
+                break;
             if (!ready)
                 continue;
             void *v = NULL;
@@ -1245,10 +1257,16 @@ static td_status graceful_join(td_rpc_agent *a, int64_t timeout_ms)
         }
         /* After the first round (the barrier: every worker's work is done), the user RRefs still
          * held are deleted; later rounds wait for those deletes like any call. */
+        if (stopped)
+            break;
         if (round == 0)
             rpc_rref_shutdown_users(a, deadline);
-        if (sum_started == sum_done && sum_started == prev_started && sum_done == prev_done)
+        if (sum_started == sum_done && sum_started == prev_started && sum_done == prev_done) {
+            /* Every worker that reads this stops at its round too: a worker that saw a lost peer's
+             * key in one round and not in another would otherwise wait for a round nobody posts. */
+            TD_TRY(td_store_set_str(a->store, "join/stop", "1"));
             break;
+        }
         prev_started = sum_started;
         prev_done = sum_done;
     }
@@ -1259,7 +1277,7 @@ static td_status graceful_join(td_rpc_agent *a, int64_t timeout_ms)
     for (int i = 1; a->self.id == 0 && i < n; i++) {
         snprintf(key, sizeof key, "left/%d", i);
         bool ready = false;
-        TD_TRY(await_key(a, i, key, deadline, timeout_ms, &ready));
+        TD_TRY(await_key(a, i, key, deadline, timeout_ms, &ready, NULL));
     }
     return TD_OK;
 }

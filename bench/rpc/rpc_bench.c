@@ -1,7 +1,7 @@
 /* rpc_bench: RPC round trips and throughput between two worker processes, for docs/performance.md
  * ("RPC against TorchRPC").
  *
- *   rpc_bench [--tcp] [--seconds S] [--sizes B,B,...] [--pingpong-only | --no-pingpong]
+ *   rpc_bench [--tcp] [--seconds S] [--sizes B,B,...] [--pingpong-only | --no-pingpong] [--profile]
  *
  * Forks itself into worker0 (the caller, which measures) and worker1 (which only serves), meeting
  * through a FileStore in a temporary directory; --tcp sets td_rpc_options.tcp_only, otherwise the
@@ -13,6 +13,8 @@
  * and, as the floor any RPC over a socket stands on, a raw ping-pong of one 88-byte message (the
  * size of an RPC header) between two processes over a TCP loopback connection with TCP_NODELAY
  * (and over a UNIX-domain socket pair, the same-host floor): the median round trip (us).
+ * With --profile, worker0 measures the empty round trip a second time with an RPC profiler
+ * running on its thread (tdist/profiler.h): "empty_profiled_us", for the profiler's cost per call.
  * Prints one line per measurement: "<metric> <path> [<bytes>] <value>", path being samehost or tcp;
  * bench/rpc/run.sh runs torch_rpc_bench.py for the same lines and makes the table. */
 #include <errno.h>
@@ -29,6 +31,7 @@
 #include <arpa/inet.h>
 
 #include <tdist/future.h>
+#include <tdist/profiler.h>
 #include <tdist/rpc.h>
 #include <tdist/tensor.h>
 #include <tdist/value.h>
@@ -163,7 +166,7 @@ static double async_rate(td_rpc_agent *a, double secs)
     return rate;
 }
 
-static void run_worker(int rank, const char *url, bool tcp, double secs, const long *sizes, int nsizes)
+static void run_worker(int rank, const char *url, bool tcp, double secs, const long *sizes, int nsizes, bool profile)
 {
     td_rpc_options o;
     td_rpc_options_init(&o);
@@ -179,6 +182,16 @@ static void run_worker(int rank, const char *url, bool tcp, double secs, const l
     if (rank == 0) {
         printf("empty_us %s %.2f\n", path, sync_median_us(a, "noop", NULL, secs, 100));
         fflush(stdout);
+        if (profile) {
+            td_profiler_options po;
+            td_profiler_options_init(&po);
+            td_profiler *p = NULL;
+            if (td_profiler_start(&po, &p) != TD_OK)
+                die("profiler");
+            printf("empty_profiled_us %s %.2f\n", path, sync_median_us(a, "noop", NULL, secs, 100));
+            fflush(stdout);
+            td_profiler_free(p);
+        }
         printf("async_calls_per_s %s %.0f\n", path, async_rate(a, secs));
         fflush(stdout);
         for (int i = 0; i < nsizes; i++) {
@@ -277,7 +290,7 @@ static double pingpong_us(bool tcp, double secs)
 
 int main(int argc, char **argv)
 {
-    bool tcp = false, pingpong = true, rpc = true;
+    bool tcp = false, pingpong = true, rpc = true, profile = false;
     double secs = 1.0;
     long sizes[16] = {1024, 65536, 1048576, 16777216, 67108864};
     int nsizes = 5;
@@ -297,8 +310,11 @@ int main(int argc, char **argv)
             rpc = false;
         } else if (strcmp(argv[i], "--no-pingpong") == 0) {
             pingpong = false;
+        } else if (strcmp(argv[i], "--profile") == 0) {
+            profile = true;
         } else {
-            fprintf(stderr, "usage: rpc_bench [--tcp] [--seconds S] [--sizes B,B,...] [--pingpong-only | --no-pingpong]\n");
+            fprintf(stderr, "usage: rpc_bench [--tcp] [--seconds S] [--sizes B,B,...] [--pingpong-only | --no-pingpong] "
+                            "[--profile]\n");
             return 2;
         }
     }
@@ -326,10 +342,10 @@ int main(int argc, char **argv)
         return 1;
     }
     if (pid == 0) {
-        run_worker(1, url, tcp, secs, sizes, nsizes);
+        run_worker(1, url, tcp, secs, sizes, nsizes, profile);
         _exit(0);
     }
-    run_worker(0, url, tcp, secs, sizes, nsizes);
+    run_worker(0, url, tcp, secs, sizes, nsizes, profile);
     int wst = 0;
     waitpid(pid, &wst, 0);
     return WIFEXITED(wst) && WEXITSTATUS(wst) == 0 ? 0 : 1;

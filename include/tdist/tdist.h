@@ -10,6 +10,7 @@
 #ifndef TDIST_TDIST_H
 #define TDIST_TDIST_H
 
+#include <tdist/autograd.h>
 #include <tdist/device.h>
 #include <tdist/future.h>
 #include <tdist/mp.h>

@@ -328,6 +328,57 @@ TD_API td_status td_tensor_nonzero(const td_tensor *a, td_tensor **out);
  * list.". */
 TD_API td_status td_tensor_cat(const td_tensor *const *tensors, int n, int dim, td_tensor **out);
 
+
+/* ---- math for the differentiable ops (src/tensor/math.c) ------------------------------------ *
+ * Forward ops that tdist/autograd.h's differentiable ops build on, usable alone. They take
+ * floating inputs only (float16, bfloat16, float32, float64; others fail with TD_ERR_INVALID) of
+ * any layout and return a new contiguous tensor of the input's dtype. float16 and bfloat16 compute
+ * in float32 and round once, as torch's CPU kernels; float32 computes in float (expf, tanhf),
+ * float64 in double; sums accumulate in double. */
+
+/* exp, log, tanh, sigmoid (1 / (1 + exp(-x))) and relu (max(x, 0), NaN kept) elementwise. */
+TD_API td_status td_tensor_exp(const td_tensor *a, td_tensor **out);
+TD_API td_status td_tensor_log(const td_tensor *a, td_tensor **out);
+TD_API td_status td_tensor_tanh(const td_tensor *a, td_tensor **out);
+TD_API td_status td_tensor_sigmoid(const td_tensor *a, td_tensor **out);
+TD_API td_status td_tensor_relu(const td_tensor *a, td_tensor **out);
+/* a ** exponent; pow broadcasts a and b (one floating dtype: b is converted to a's when it is
+ * not, as the result dtype is a's). */
+TD_API td_status td_tensor_pow_scalar(const td_tensor *a, double exponent, td_tensor **out);
+TD_API td_status td_tensor_pow(const td_tensor *a, const td_tensor *b, td_tensor **out);
+/* Sum and mean over one dim (negative counts from the end); keepdim keeps it with size 1.
+ * td_tensor_mean is the mean of every element (a 0-dim tensor; NaN for an empty tensor). */
+TD_API td_status td_tensor_sum_dim(const td_tensor *a, int dim, bool keepdim, td_tensor **out);
+TD_API td_status td_tensor_mean(const td_tensor *a, td_tensor **out);
+TD_API td_status td_tensor_mean_dim(const td_tensor *a, int dim, bool keepdim, td_tensor **out);
+/* torch.Tensor.sum_to_size: sums a down to shape, which a's shape must broadcast from ("size {4}
+ * is not expandable to size {3}" otherwise). The result is a new tensor even when nothing sums. */
+TD_API td_status td_tensor_sum_to_size(const td_tensor *a, td_shape shape, td_tensor **out);
+/* softmax and log_softmax along dim, max-subtracted (stable for large inputs). */
+TD_API td_status td_tensor_softmax(const td_tensor *a, int dim, td_tensor **out);
+TD_API td_status td_tensor_log_softmax(const td_tensor *a, int dim, td_tensor **out);
+/* out = beta * bias + alpha * (a @ b): a [n, k], b [k, m] of one dtype, bias broadcastable to
+ * [n, m] (torch.addmm). */
+TD_API td_status td_tensor_addmm(const td_tensor *bias, const td_tensor *a, const td_tensor *b, double beta,
+                                 double alpha, td_tensor **out);
+
+typedef enum td_loss_reduction { TD_REDUCTION_MEAN = 0, TD_REDUCTION_SUM, TD_REDUCTION_NONE } td_loss_reduction;
+/* torch.nn.functional.nll_loss without class weights: input [N, C] (or [C] with a 0-dim target)
+ * of log-probabilities, target int64 [N] (or 0-dim) of classes in [0, C), or ignore_index, whose
+ * rows count nothing (mean divides by the rows not ignored). A class out of range fails with
+ * "Target 7 is out of bounds.". NONE gives [N]; MEAN and SUM a 0-dim tensor. */
+TD_API td_status td_tensor_nll_loss(const td_tensor *input, const td_tensor *target, td_loss_reduction reduction,
+                                    int64_t ignore_index, td_tensor **out);
+
+typedef enum td_embedding_bag_mode { TD_EMBEDDING_BAG_SUM = 0, TD_EMBEDDING_BAG_MEAN = 1 } td_embedding_bag_mode;
+/* torch.nn.functional.embedding_bag without per-sample weights: weight [V, D]; indices int64,
+ * either 1-D with offsets (int64 [B], non-decreasing, starting at 0: bag b is indices
+ * [offsets[b], offsets[b+1])) or 2-D [B, L] with offsets NULL (bags of L). The result is [B, D]:
+ * the sum or mean of each bag's rows (an empty bag gives zeros). An index out of [0, V) fails with
+ * "index 9 is out of bounds for dimension 0 with size 5". */
+TD_API td_status td_tensor_embedding_bag(const td_tensor *weight, const td_tensor *indices, const td_tensor *offsets,
+                                         td_embedding_bag_mode mode, td_tensor **out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -20,6 +20,12 @@
 #include "tensor/dtype.h"
 #include "tensor/storage.h"
 
+/* What a higher layer hangs on one tensor object (autograd's metadata, src/autograd): the tensor
+ * layer only frees it, through its own function, when the tensor goes. Views do not inherit it. */
+typedef struct tensor_ext {
+    void (*free)(struct tensor_ext *ext);
+} tensor_ext;
+
 struct td_tensor {
     td_ref refcount;
     td_storage *storage; /* retained */
@@ -28,6 +34,7 @@ struct td_tensor {
     int ndim;
     int64_t sizes[TD_MAX_DIMS];
     int64_t strides[TD_MAX_DIMS]; /* elements */
+    tensor_ext *autograd;         /* NULL until autograd attaches its metadata (set once, atomically) */
 };
 
 /* Elements of a shape; -1 for a negative size or an overflow. */

@@ -195,6 +195,8 @@ void td_tensor_release(td_tensor *t)
 {
     if (!t || !ref_dec(&t->refcount))
         return;
+    if (t->autograd)
+        t->autograd->free(t->autograd);
     td_storage_release(t->storage);
     free(t);
 }

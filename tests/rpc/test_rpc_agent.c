@@ -15,6 +15,7 @@
 #include <sys/time.h>
 
 #include <tdist/rpc.h>
+#include <tdist/rref.h>
 #include <tdist/store.h>
 #include <tdist/testing.h>
 
@@ -273,6 +274,15 @@ TD_TEST(world_size_one, .world_size = 1, .timeout_s = 60)
     TD_CHECK_OK(td_future_wait(f, 0));
     TD_CHECK_EQ(td_value_get_int(td_future_value(f)), 9);
     td_future_release(f);
+    /* remote() to "me": this worker owns the result. */
+    td_rref *rref = NULL;
+    td_value *v = NULL;
+    TD_CHECK_OK(td_rpc_remote(NULL, td_rpc_to_name("me"), "add_ints", args, NULL, TD_RPC_DEFAULT_TIMEOUT, &rref));
+    TD_CHECK(td_rref_is_owner(rref));
+    TD_CHECK_OK(td_rref_to_here(rref, TD_RPC_DEFAULT_TIMEOUT, &v));
+    TD_CHECK_EQ(td_value_get_int(v), 9);
+    td_value_release(v);
+    td_rref_release(rref);
     td_value_release(args);
     /* A graceful shutdown waits for the calls still in flight, self-calls included. */
     args = td_value_tuple_of(1, td_value_int(300));
@@ -454,6 +464,16 @@ TD_TEST(send_to_rank, .world_size = 4, .timeout_s = 60)
                  "Cannot get WorkerInfo from name 1.5");
     td_value *as_int = td_value_int(dst);
     TD_CHECK_EQ(sync_int(td_rpc_to_value(as_int), "callee_id", 0, 0), dst);
+    /* remote() by rank too, and to a rank that does not exist. */
+    td_rref *rref = NULL;
+    TD_CHECK_OK(td_rpc_remote(NULL, td_rpc_to_id(dst), "callee_id", NULL, NULL, -1, &rref));
+    TD_CHECK_OK(td_rref_to_here(rref, -1, &r));
+    TD_CHECK_EQ(td_value_get_int(r), dst);
+    td_value_release(r);
+    td_rref_release(rref);
+    TD_CHECK_ERR(td_rpc_remote(NULL, td_rpc_to_id(5), "callee_id", NULL, NULL, -1, &rref), TD_ERR_NOT_FOUND,
+                 "could not find destination id 5");
+    TD_CHECK(rref == NULL);
     td_value_release(as_int);
     td_value_release(half);
     td_value_release(args);

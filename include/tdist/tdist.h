@@ -12,6 +12,7 @@
 
 #include <tdist/autograd.h>
 #include <tdist/device.h>
+#include <tdist/dist_autograd.h>
 #include <tdist/future.h>
 #include <tdist/mp.h>
 #include <tdist/pg.h>

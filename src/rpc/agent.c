@@ -71,6 +71,8 @@ const char rpc_not_initialized[] = "RPC has not been initialized. Call torch.dis
 
 static _Atomic int agent_generation;
 
+const rpc_autograd_hooks *_Atomic rpc_autograd; /* agent_impl.h */
+
 /* ---- references and the default agent ------------------------------------------------------- */
 
 void rpc_agent_retain(td_rpc_agent *a) { ref_inc(&a->ref); }
@@ -87,6 +89,9 @@ void rpc_agent_release(td_rpc_agent *a)
     map_free(&a->gather_seqs, NULL);
     rpc_pool_destroy(&a->pool);
     rpc_rref_ctx_free(a->rrefs);
+    const rpc_autograd_hooks *ag = atomic_load(&rpc_autograd);
+    if (ag && atomic_load(&a->dist_autograd))
+        ag->agent_free(a);
     free(a->peers);
     pthread_mutex_destroy(&a->mu);
     pthread_cond_destroy(&a->cv);
@@ -190,6 +195,11 @@ static void complete_reply(td_rpc_agent *a, int peer, const rpc_header *h, td_st
      * the future completes (profiler.c). */
     if (st == TD_OK && (h->flags & RPC_FLAG_PROFILING))
         st = rpc_prof_reply_unwrap(p->prof, &v);
+    /* Inside profiling's wrapping: distributed autograd's (value, tensors that require grad). */
+    if (st == TD_OK && h->type == RPC_MSG_REPLY && (h->flags & RPC_FLAG_AUTOGRAD)) {
+        const rpc_autograd_hooks *ag = atomic_load(&rpc_autograd);
+        st = ag ? ag->reply_in(a, peer, h, &v) : error_fmt(TD_ERR_UNSUPPORTED, "distributed autograd is not built in");
+    }
     rpc_prof_call_end(p->prof);
     p->prof = NULL;
     const td_worker_info *callee = &a->peers[peer].info;
@@ -363,7 +373,20 @@ static void reply_value(td_rpc_agent *a, int peer, const rpc_header *call, const
         return;
     rpc_header h = {.type = RPC_MSG_REPLY, .sender = (uint32_t)a->self.id, .id = call->id};
     rpc_outgoing *m = NULL;
-    td_value *wire = NULL, *wrapped = NULL;
+    td_value *wire = NULL, *wrapped = NULL, *ag_wrapped = NULL;
+    const rpc_autograd_hooks *ag = atomic_load(&rpc_autograd);
+    if ((call->flags & RPC_FLAG_AUTOGRAD) && ag) {
+        /* The result's tensors that require grad get a send function (dist_autograd.c). */
+        ag_wrapped = value ? td_value_retain((td_value *)value) : NULL;
+        if (ag->reply_out(a, peer, call, &ag_wrapped, &h) != TD_OK) {
+            char msg[TD_ERROR_MAX];
+            snprintf(msg, sizeof msg, "distributed autograd: %s", td_last_error());
+            td_value_release(ag_wrapped);
+            call_failed(a, peer, call, "RuntimeError", msg);
+            return;
+        }
+        value = ag_wrapped;
+    }
     if (prof) {
         value = wrapped = rpc_prof_reply_wrap(prof, value);
         h.flags |= RPC_FLAG_PROFILING;
@@ -373,11 +396,13 @@ static void reply_value(td_rpc_agent *a, int peer, const rpc_header *call, const
         snprintf(msg, sizeof msg, "cannot encode the result: %s", td_last_error());
         td_value_release(wire);
         td_value_release(wrapped);
+        td_value_release(ag_wrapped);
         call_failed(a, peer, call, "RuntimeError", msg);
         return;
     }
     td_value_release(wire);
     td_value_release(wrapped);
+    td_value_release(ag_wrapped);
     send_to(a, peer, m, deadline_after_ms(call->timeout_ms));
     rpc_outgoing_free(m);
 }
@@ -459,6 +484,8 @@ static void run_call(void *arg)
     const td_value *args = NULL, *kwargs = NULL;
     bool remote = in->header.flags & RPC_FLAG_RREF;
     td_profiler *prof = NULL, *prof_previous = NULL; /* a profiled call's collector (profiler.c) */
+    const rpc_autograd_hooks *ag = NULL;
+    void *ag_scope = NULL; /* the distributed autograd context the function runs in */
     td_status st = in->payload ? rpc_payload_decode(&in->header, in->payload, &payload)
                                : error_fmt(TD_ERR_INVALID, "a call without a payload");
     td_storage_release(in->payload);
@@ -469,8 +496,14 @@ static void run_call(void *arg)
     if (st == TD_OK && confirmed && td_future_wait(confirmed, 0) != TD_OK)
         st = error_fmt(TD_ERR_REMOTE, "an RRef argument was not confirmed by its owner: %s", td_future_error(confirmed));
     const td_value *call_payload = live;
+    /* Distributed autograd's wrapping is the outer one (the caller wraps after profiling). */
+    if (st == TD_OK && (in->header.flags & RPC_FLAG_AUTOGRAD)) {
+        ag = atomic_load(&rpc_autograd);
+        st = ag ? ag->serve_in(a, in->peer, &in->header, live, &call_payload, &ag_scope)
+                : error_fmt(TD_ERR_UNSUPPORTED, "distributed autograd is not built in");
+    }
     if (st == TD_OK && (in->header.flags & RPC_FLAG_PROFILING))
-        st = rpc_prof_serve_parts(live, a->self.id, &call_payload, &prof);
+        st = rpc_prof_serve_parts(call_payload, a->self.id, &call_payload, &prof);
     if (st == TD_OK)
         st = rpc_call_parts(call_payload, &fn_name, &args, &kwargs);
     td_future *result_f = NULL; /* a remote call's result, for its owner RRef */
@@ -507,6 +540,10 @@ static void run_call(void *arg)
         result_f = rf.async_fn(&call, args, kwargs);
         if (prof)
             rpc_prof_serve_exit(prof_previous);
+        if (ag_scope) {
+            ag->serve_exit(ag_scope);
+            ag_scope = NULL;
+        }
         if (!result_f) {
             if (!remote) {
                 call_failed_now(a, in->peer, &in->header);
@@ -519,6 +556,10 @@ static void run_call(void *arg)
         st = rf.fn(&call, args, kwargs, &result);
         if (prof)
             rpc_prof_serve_exit(prof_previous);
+        if (ag_scope) {
+            ag->serve_exit(ag_scope);
+            ag_scope = NULL;
+        }
         if (!remote) {
             if (st == TD_OK)
                 reply_value(a, in->peer, &in->header, result, prof);
@@ -536,6 +577,8 @@ reply:
     }
     reply_when_done(a, in->peer, &in->header, result_f, prof);
 out:
+    if (ag_scope)
+        ag->serve_exit(ag_scope);
     rpc_prof_release(prof);
     td_rref_release(in->rref);
     td_future_release(confirmed);
@@ -1112,6 +1155,7 @@ td_status td_rpc_agent_create(const char *name, int rank, int world_size, const 
     /* Joining waits for the slowest worker to start: never less than a minute unless unbounded. */
     int64_t join_timeout_ms = o.rpc_timeout_ms == 0 ? 0 : (o.rpc_timeout_ms > 60000 ? o.rpc_timeout_ms : 60000);
     rpc_builtins_register();
+    dist_ag_install();
     char addr[300], unix_name[96];
     td_status st = spin_st;
     if (st == TD_OK)
@@ -1552,6 +1596,10 @@ static td_status agent_call(td_rpc_agent *a, int peer, const char *fn, const td_
         td_value_release(payload);
         payload = wrapped;
     }
+    rpc_header ag_ids = {0}; /* distributed autograd's flag and ids, when this thread is in a context */
+    const rpc_autograd_hooks *ag = atomic_load(&rpc_autograd);
+    if (ag && (st = ag->call_out(a, peer, &payload, &ag_ids)) != TD_OK)
+        goto out;
     st = rpc_rref_send(a, peer, payload, &wire); /* forks the RRefs it holds for peer */
     if (st != TD_OK)
         goto out;
@@ -1571,6 +1619,11 @@ static td_status agent_call(td_rpc_agent *a, int peer, const char *fn, const td_
     }
     if (prof)
         h.flags |= RPC_FLAG_PROFILING;
+    if (ag_ids.flags & RPC_FLAG_AUTOGRAD) {
+        h.flags |= RPC_FLAG_AUTOGRAD;
+        h.autograd_context = ag_ids.autograd_context;
+        h.autograd_message = ag_ids.autograd_message;
+    }
     st = rpc_outgoing_make(&h, wire, &m);
     if (st != TD_OK)
         goto out;
@@ -1864,6 +1917,13 @@ td_status td_rpc_debug_info(td_rpc_agent *agent, td_value **info)
     put_int(d, "agent.num_unix_channels", unix_channels); /* peers reached over the same-host layer */
     put_int(d, "agent.num_tcp_channels", tcp_channels);
     rpc_rref_debug_info(a, d);
+    const rpc_autograd_hooks *ag = atomic_load(&rpc_autograd);
+    if (ag) {
+        ag->debug_info(a, d);
+    } else {
+        put_int(d, "num_current_backward_passes", 0);
+        put_int(d, "num_autograd_contexts", 0);
+    }
     rpc_agent_release(a);
     *info = d;
     return TD_OK;

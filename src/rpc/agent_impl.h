@@ -189,6 +189,7 @@ struct td_rpc_agent {
     bool torn_down;
     int generation;          /* this process's agent number (names its UNIX socket) */
     struct rpc_rref_ctx *rrefs; /* RRefs owned, pending and forked (rref.c) */
+    struct dist_ag_state *_Atomic dist_autograd; /* distributed autograd's contexts (src/autograd/dist_*.c) */
     bool ignore_rref_leak;
 };
 
@@ -225,6 +226,32 @@ td_status rpc_agent_resolve(td_rpc_agent *a, const td_rpc_dest *to, int *peer);
  * gives the header's flags and RRef ids (td_rpc_remote). *future: a new reference. */
 td_status rpc_agent_call(td_rpc_agent *a, int peer, const char *fn, const td_value *args, const td_value *kwargs,
                          int64_t timeout_ms, const rpc_header *extra, td_future **future);
+
+/* ---- distributed autograd's hooks ------------------------------------------------------------
+ * Distributed autograd (src/autograd/dist_autograd.c) sets rpc_autograd in dist_ag_install, which
+ * every agent's creation calls (so a static link always takes it in, even into a worker that never
+ * calls td_dist_autograd_* itself but serves calls made in a context); the call path calls through
+ * the table and names no other autograd symbol. Wire form: docs/autograd.md, "Distributed
+ * autograd". */
+typedef struct rpc_autograd_hooks {
+    /* Caller, before encoding: when this thread is in a context, replaces *payload (taken) by its
+     * wrapped form and sets RPC_FLAG_AUTOGRAD and the ids in *h. */
+    td_status (*call_out)(td_rpc_agent *a, int peer, td_value **payload, rpc_header *h);
+    /* Callee, a call with RPC_FLAG_AUTOGRAD: *inner (borrowed from payload) is the call's own
+     * payload; *scope (for serve_exit) makes the context current while the function runs. */
+    td_status (*serve_in)(td_rpc_agent *a, int peer, const rpc_header *h, const td_value *payload,
+                          const td_value **inner, void **scope);
+    void (*serve_exit)(void *scope);
+    /* Callee, the reply to a call with RPC_FLAG_AUTOGRAD: *value (taken, may be NULL) becomes its
+     * wrapped form; reply gets the flag and ids. */
+    td_status (*reply_out)(td_rpc_agent *a, int peer, const rpc_header *call, td_value **value, rpc_header *reply);
+    /* Caller, a reply with RPC_FLAG_AUTOGRAD: unwraps *value (taken, replaced). */
+    td_status (*reply_in)(td_rpc_agent *a, int peer, const rpc_header *h, td_value **value);
+    void (*debug_info)(td_rpc_agent *a, td_value *info);
+    void (*agent_free)(td_rpc_agent *a); /* the agent's last reference went */
+} rpc_autograd_hooks;
+extern const rpc_autograd_hooks *_Atomic rpc_autograd;
+void dist_ag_install(void);
 
 /* ---- channel.c ----------------------------------------------------------------------------- */
 

@@ -40,7 +40,7 @@ typedef enum rpc_msg_type {
 enum {
     RPC_FLAG_REPLY_WANTED = 1u << 0, /* the sender waits for a reply (a call not sent one-way) */
     RPC_FLAG_PROFILING = 1u << 1,    /* record and return profiling events (profiler.c) */
-    RPC_FLAG_AUTOGRAD = 1u << 2,     /* reserved: autograd_context / autograd_message are set */
+    RPC_FLAG_AUTOGRAD = 1u << 2,     /* distributed autograd: autograd_context / autograd_message are set */
     RPC_FLAG_RREF = 1u << 3,         /* a remote() call: rref_* / fork_* are set (rref.c) */
     RPC_FLAGS_KNOWN = (1u << 4) - 1,
 };
@@ -53,7 +53,7 @@ typedef struct rpc_header {
     int64_t timeout_ms;  /* a call's timeout (0: none); the callee bounds sending its reply by it */
     int64_t rref_owner, rref_local;   /* RPC_FLAG_RREF: the RRef id (owner worker, local id) */
     int64_t fork_owner, fork_local;   /* RPC_FLAG_RREF: the caller's fork id */
-    int64_t autograd_context, autograd_message; /* reserved: distributed autograd ids */
+    int64_t autograd_context, autograd_message; /* RPC_FLAG_AUTOGRAD: context id, sender's message id */
     uint64_t payload_len; /* bytes of payload after the header */
 } rpc_header;
 

@@ -27,6 +27,7 @@
 #include <stdint.h>
 
 #include <tdist/rpc.h>
+#include <tdist/rref.h>
 #include <tdist/status.h>
 #include <tdist/tensor.h>
 
@@ -59,6 +60,15 @@ TD_API td_status td_dist_autograd_get_gradient(int64_t context_id, const td_tens
  * *n is the total number. */
 TD_API td_status td_dist_autograd_get_gradients(int64_t context_id, td_tensor **tensors, td_tensor **grads,
                                                 size_t cap, size_t *n);
+
+/* RRef.backward(dist_autograd_ctx_id, retain_graph): the backward from the scalar tensor an RRef
+ * holds. On the owner, context_id -1 runs the local backward (td_autograd_backward: gradients in
+ * .grad); any other id runs td_dist_autograd_backward in that context. A user RRef needs a context
+ * ("User RRefs require 'dist_autograd_ctx_id' to be specified") and asks the owner to run the
+ * distributed backward there (the context exists on the owner when the value was computed in it),
+ * waiting for it and failing as it failed. A value that is not a tensor fails with "RRef should
+ * contain a tensor for .backward()". rref is borrowed. */
+TD_API td_status td_rref_backward(td_rref *rref, int64_t context_id, bool retain_graph);
 
 #ifdef __cplusplus
 }

@@ -13,6 +13,7 @@
 #include <tdist/autograd.h>
 #include <tdist/device.h>
 #include <tdist/dist_autograd.h>
+#include <tdist/dist_optim.h>
 #include <tdist/future.h>
 #include <tdist/mp.h>
 #include <tdist/pg.h>

@@ -32,6 +32,7 @@
 #include <tdist/dist_autograd.h>
 
 #include "autograd/autograd_impl.h"
+#include "autograd/dist_autograd_impl.h"
 #include "base/alloc.h"
 #include "base/error.h"
 #include "base/log.h"
@@ -39,9 +40,12 @@
 #include "base/ref.h"
 #include "base/vec.h"
 #include "rpc/agent_impl.h"
+#include "rpc/rref.h"
 
 #define DIST_AG_BACKWARD_FN "tdist::dist_autograd_backward"
 #define DIST_AG_RELEASE_FN "tdist::dist_autograd_release"
+#define DIST_AG_RREF_BACKWARD_FN "tdist::rref_backward"
+#define DIST_AG_RELEASED_KEPT 1024
 
 typedef struct dist_ag_grad {
     td_autograd_node *accumulator; /* retained: the leaf's AccumulateGrad */
@@ -63,6 +67,9 @@ typedef struct dist_ag_state {
     td_map contexts;     /* id (8 bytes) -> dist_ag_context (the map's reference) */
     _Atomic int64_t next_context, next_message;
     _Atomic int64_t backward_passes;
+    /* The last contexts released here (mu), which a late message must not make again. */
+    int64_t released[DIST_AG_RELEASED_KEPT];
+    size_t released_next;
 } dist_ag_state;
 
 /* Every state, so that the functions taking only a context id find its agent. */
@@ -116,11 +123,17 @@ static td_status dist_ag_fn_backward(td_rpc_call *call, const td_value *args, co
 static td_status dist_ag_fn_release(td_rpc_call *call, const td_value *args, const td_value *kwargs,
                                     td_value **result);
 
+static td_status dist_ag_fn_rref_backward(td_rpc_call *call, const td_value *args, const td_value *kwargs,
+                                          td_value **result);
+
 static void dist_ag_register_functions(void)
 {
     td_rpc_register(DIST_AG_BACKWARD_FN, dist_ag_fn_backward, NULL);
     td_rpc_register(DIST_AG_RELEASE_FN, dist_ag_fn_release, NULL);
+    td_rpc_register(DIST_AG_RREF_BACKWARD_FN, dist_ag_fn_rref_backward, NULL);
+    dist_optim_register_functions();
 }
+static pthread_once_t dist_ag_functions_once = PTHREAD_ONCE_INIT;
 
 /* a's state, made on first use when create. */
 static dist_ag_state *dist_ag_state_of(td_rpc_agent *a, bool create)
@@ -128,12 +141,13 @@ static dist_ag_state *dist_ag_state_of(td_rpc_agent *a, bool create)
     dist_ag_state *s = atomic_load(&a->dist_autograd);
     if (s || !create)
         return s;
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, dist_ag_register_functions);
+    pthread_once(&dist_ag_functions_once, dist_ag_register_functions);
     dist_ag_state *fresh = TD_NEW(dist_ag_state);
     fresh->agent = a;
     pthread_mutex_init(&fresh->mu, NULL);
     fresh->contexts = (td_map)TD_MAP_INIT;
+    for (size_t i = 0; i < DIST_AG_RELEASED_KEPT; i++)
+        fresh->released[i] = -1;
     if (!atomic_compare_exchange_strong(&a->dist_autograd, &s, fresh)) {
         pthread_mutex_destroy(&fresh->mu);
         free(fresh);
@@ -145,7 +159,8 @@ static dist_ag_state *dist_ag_state_of(td_rpc_agent *a, bool create)
     return fresh;
 }
 
-/* The context id on a (a new reference), made when create; NULL when absent. */
+/* The context id on a (a new reference), made when create unless it was released here lately;
+ * NULL when absent. */
 static dist_ag_context *dist_ag_lookup(td_rpc_agent *a, int64_t id, bool create)
 {
     dist_ag_state *s = dist_ag_state_of(a, create);
@@ -153,6 +168,8 @@ static dist_ag_context *dist_ag_lookup(td_rpc_agent *a, int64_t id, bool create)
         return NULL;
     pthread_mutex_lock(&s->mu);
     dist_ag_context *c = map_get(&s->contexts, &id, sizeof id);
+    for (size_t i = 0; !c && create && i < DIST_AG_RELEASED_KEPT; i++)
+        create = s->released[i] != id;
     if (!c && create) {
         c = TD_NEW(dist_ag_context);
         ref_init(&c->ref);
@@ -175,6 +192,10 @@ static dist_ag_context *dist_ag_remove(td_rpc_agent *a, int64_t id)
         return NULL;
     pthread_mutex_lock(&s->mu);
     dist_ag_context *c = map_remove(&s->contexts, &id, sizeof id);
+    if (c) {
+        s->released[s->released_next] = id;
+        s->released_next = (s->released_next + 1) % DIST_AG_RELEASED_KEPT;
+    }
     pthread_mutex_unlock(&s->mu);
     return c;
 }
@@ -423,11 +444,16 @@ static td_status dist_ag_serve_in(td_rpc_agent *a, int peer, const rpc_header *h
     *scope = NULL;
     if (!dist_ag_wrapped(payload))
         return error_fmt(TD_ERR_INVALID, "a distributed autograd call is not a tuple (call, tensor indices)");
+    /* NULL when the context was released here already: a late message of it (the RRef layer's
+     * delete of a user RRef released in the context, say) must not bring it back. */
+    const td_value *idx = td_value_at(payload, 1);
     dist_ag_context *c = dist_ag_lookup(a, h->autograd_context, true);
-    dist_ag_add_worker(c, peer);
-    td_status st = dist_ag_record_recv(td_value_at(payload, 0), td_value_at(payload, 1), c->id, peer,
-                                       h->autograd_message);
-    dist_ag_context_release(c);
+    td_status st = TD_OK;
+    if (c) {
+        dist_ag_add_worker(c, peer);
+        st = dist_ag_record_recv(td_value_at(payload, 0), idx, c->id, peer, h->autograd_message);
+        dist_ag_context_release(c);
+    }
     if (st != TD_OK)
         return st;
     dist_ag_current *prev = TD_NEW(dist_ag_current);
@@ -516,6 +542,7 @@ static void dist_ag_debug_info(td_rpc_agent *a, td_value *info)
 
 static void dist_ag_agent_free(td_rpc_agent *a)
 {
+    dist_optim_agent_free(a);
     dist_ag_state *s = atomic_exchange(&a->dist_autograd, NULL);
     if (!s)
         return;
@@ -544,7 +571,12 @@ static const rpc_autograd_hooks dist_ag_hooks = {
     .agent_free = dist_ag_agent_free,
 };
 
-void dist_ag_install(void) { atomic_store(&rpc_autograd, &dist_ag_hooks); }
+void dist_ag_install(void)
+{
+    /* Registered with the first agent: an owner asked for an RRef's backward may have no context yet. */
+    pthread_once(&dist_ag_functions_once, dist_ag_register_functions);
+    atomic_store(&rpc_autograd, &dist_ag_hooks);
+}
 
 /* ---- backward ------------------------------------------------------------------------------------- */
 
@@ -848,6 +880,45 @@ td_status td_dist_autograd_backward(int64_t context_id, td_tensor *const *roots,
     return st;
 }
 
+/* The gradient of leaf t in context c (a new reference or NULL). */
+static td_tensor *dist_ag_context_gradient(dist_ag_context *c, const td_tensor *t)
+{
+    ag_meta *m = ag_meta_of(t);
+    td_autograd_node *acc = NULL;
+    if (m) {
+        pthread_mutex_lock(&m->lock);
+        acc = m->accumulator;
+        pthread_mutex_unlock(&m->lock);
+    }
+    td_tensor *grad = NULL;
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; acc && i < c->grads.len; i++)
+        if (c->grads.items[i].accumulator == acc)
+            grad = td_tensor_retain(c->grads.items[i].grad);
+    pthread_mutex_unlock(&c->mu);
+    return grad;
+}
+
+td_status dist_ag_gradient_on(td_rpc_agent *a, int64_t context_id, const td_tensor *t, td_tensor **grad)
+{
+    *grad = NULL;
+    dist_ag_context *c = dist_ag_lookup(a, context_id, false);
+    if (!c)
+        return error_fmt(TD_ERR_INVALID, dist_ag_not_found, (long long)context_id);
+    *grad = dist_ag_context_gradient(c, t);
+    dist_ag_context_release(c);
+    return TD_OK;
+}
+
+td_status dist_ag_call_plain(td_rpc_agent *a, int peer, const char *fn, const td_value *args, td_future **future)
+{
+    bool was = dist_ag_internal;
+    dist_ag_internal = true;
+    td_status st = rpc_agent_call(a, peer, fn, args, NULL, TD_RPC_DEFAULT_TIMEOUT, NULL, future);
+    dist_ag_internal = was;
+    return st;
+}
+
 td_status td_dist_autograd_get_gradient(int64_t context_id, const td_tensor *t, td_tensor **grad)
 {
     if (!grad || !t)
@@ -856,18 +927,7 @@ td_status td_dist_autograd_get_gradient(int64_t context_id, const td_tensor *t, 
     td_rpc_agent *a;
     dist_ag_context *c;
     TD_TRY(dist_ag_find(context_id, &a, &c));
-    ag_meta *m = ag_meta_of(t);
-    td_autograd_node *acc = NULL;
-    if (m) {
-        pthread_mutex_lock(&m->lock);
-        acc = m->accumulator;
-        pthread_mutex_unlock(&m->lock);
-    }
-    pthread_mutex_lock(&c->mu);
-    for (size_t i = 0; acc && i < c->grads.len; i++)
-        if (c->grads.items[i].accumulator == acc)
-            *grad = td_tensor_retain(c->grads.items[i].grad);
-    pthread_mutex_unlock(&c->mu);
+    *grad = dist_ag_context_gradient(c, t);
     dist_ag_context_release(c);
     rpc_agent_release(a);
     return TD_OK;
@@ -902,4 +962,71 @@ td_status td_dist_autograd_get_gradients(int64_t context_id, td_tensor **tensors
     dist_ag_context_release(c);
     rpc_agent_release(a);
     return TD_OK;
+}
+
+/* ---- RRef backward ------------------------------------------------------------------------------- */
+
+static const char dist_ag_rref_not_tensor[] = "RRef should contain a tensor for .backward()";
+
+/* The owner's part of RRef.backward: the value's tensor, then the local backward (context_id -1)
+ * or the distributed one in context_id. */
+static td_status dist_ag_owner_rref_backward(td_rref *rref, int64_t context_id, bool retain_graph)
+{
+    td_value *v = NULL;
+    TD_TRY(td_rref_local_value(rref, &v));
+    td_status st;
+    if (!v || td_value_kind_of(v) != TD_VAL_TENSOR) {
+        st = error_fmt(TD_ERR_INVALID, dist_ag_rref_not_tensor);
+    } else {
+        td_tensor *t = td_value_get_tensor(v);
+        st = context_id == -1 ? td_autograd_backward(t, NULL, retain_graph)
+                              : td_dist_autograd_backward(context_id, &t, 1, retain_graph);
+    }
+    td_value_release(v);
+    return st;
+}
+
+/* tdist::rref_backward(rref, context id, retain_graph), PyTorch's RRefBackwardReq: runs on the
+ * owner; replies None, or (status, message) on failure, as tdist::dist_autograd_backward does. */
+static td_status dist_ag_fn_rref_backward(td_rpc_call *call, const td_value *args, const td_value *kwargs,
+                                          td_value **result)
+{
+    const td_value *p[3];
+    TD_TRY(td_rpc_bind(DIST_AG_RREF_BACKWARD_FN, "rref,context_id,retain_graph", args, kwargs, p));
+    td_rref *rref = td_value_get_rref(p[0]);
+    if (!rref || td_value_kind_of(p[1]) != TD_VAL_INT || td_value_kind_of(p[2]) != TD_VAL_BOOL)
+        return td_rpc_raise("TypeError", "%s(RRef, int, bool) got other types", DIST_AG_RREF_BACKWARD_FN);
+    if (!td_rref_is_owner(rref))
+        return td_rpc_raise("RuntimeError", "%s: this worker does not own the RRef", DIST_AG_RREF_BACKWARD_FN);
+    /* The context is looked up on this agent first (a process may host several: threaded harness). */
+    dist_ag_current saved = dist_ag_tls;
+    dist_ag_tls = (dist_ag_current){td_rpc_call_agent(call), td_value_get_int(p[1])};
+    td_status st = dist_ag_owner_rref_backward(rref, td_value_get_int(p[1]), td_value_get_bool(p[2]));
+    dist_ag_tls = saved;
+    *result = st == TD_OK ? NULL : td_value_tuple_of(2, td_value_int(st), td_value_string(td_last_error()));
+    return TD_OK;
+}
+
+td_status td_rref_backward(td_rref *rref, int64_t context_id, bool retain_graph)
+{
+    if (!rref)
+        return error_fmt(TD_ERR_INVALID, "td_rref_backward: rref is NULL");
+    if (td_rref_is_owner(rref))
+        return dist_ag_owner_rref_backward(rref, context_id, retain_graph);
+    if (context_id == -1)
+        return error_fmt(TD_ERR_INVALID, "User RRefs require 'dist_autograd_ctx_id' to be specified");
+    td_worker_info owner;
+    TD_TRY(td_rref_owner(rref, &owner));
+    td_rpc_agent *a = rpc_rref_agent(rref);
+    td_value *args = td_value_tuple_of(3, td_rref_value(rref), td_value_int(context_id), td_value_bool(retain_graph));
+    td_future *f = NULL;
+    /* The request carries no context: the owner looks it up by id. */
+    td_status st = dist_ag_call_plain(a, (int)owner.id, DIST_AG_RREF_BACKWARD_FN, args, &f);
+    td_value_release(args);
+    TD_TRY(st);
+    dist_ag_pass pass = {.agent = a, .context_id = context_id};
+    TD_VEC_PUSH(&pass.outstanding, f);
+    char msg[TD_ERROR_MAX] = "";
+    st = dist_ag_wait_outstanding(&pass, TD_OK, msg, sizeof msg);
+    return st == TD_OK ? TD_OK : error_set(st, msg);
 }

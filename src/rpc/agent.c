@@ -1598,7 +1598,8 @@ static td_status agent_call(td_rpc_agent *a, int peer, const char *fn, const td_
     }
     rpc_header ag_ids = {0}; /* distributed autograd's flag and ids, when this thread is in a context */
     const rpc_autograd_hooks *ag = atomic_load(&rpc_autograd);
-    if (ag && (st = ag->call_out(a, peer, &payload, &ag_ids)) != TD_OK)
+    bool protocol = extra && (extra->flags & RPC_CALL_PROTOCOL);
+    if (ag && !protocol && (st = ag->call_out(a, peer, &payload, &ag_ids)) != TD_OK)
         goto out;
     st = rpc_rref_send(a, peer, payload, &wire); /* forks the RRefs it holds for peer */
     if (st != TD_OK)
@@ -1611,7 +1612,7 @@ static td_status agent_call(td_rpc_agent *a, int peer, const char *fn, const td_
                     .id = id,
                     .timeout_ms = timeout};
     if (extra) {
-        h.flags |= extra->flags;
+        h.flags |= extra->flags & ~RPC_CALL_PROTOCOL;
         h.rref_owner = extra->rref_owner;
         h.rref_local = extra->rref_local;
         h.fork_owner = extra->fork_owner;

@@ -226,6 +226,10 @@ td_status rpc_agent_resolve(td_rpc_agent *a, const td_rpc_dest *to, int *peer);
  * gives the header's flags and RRef ids (td_rpc_remote). *future: a new reference. */
 td_status rpc_agent_call(td_rpc_agent *a, int peer, const char *fn, const td_value *args, const td_value *kwargs,
                          int64_t timeout_ms, const rpc_header *extra, td_future **future);
+/* In extra->flags only, never on the wire: a message of the RPC layer's own protocol (the RRef
+ * layer's fork, accept and delete), which carries no distributed autograd context even when the
+ * thread sending it is in one (PyTorch sends these without autograd information too). */
+#define RPC_CALL_PROTOCOL (1u << 15)
 
 /* ---- distributed autograd's hooks ------------------------------------------------------------
  * Distributed autograd (src/autograd/dist_autograd.c) sets rpc_autograd in dist_ag_install, which

@@ -295,7 +295,9 @@ static void notice_send(void *p)
 {
     notice *n = p;
     td_future *f = NULL;
-    td_status st = rpc_agent_call(n->agent, (int)n->peer, n->fn, n->args, NULL, TD_RPC_DEFAULT_TIMEOUT, NULL, &f);
+    const rpc_header protocol = {.flags = RPC_CALL_PROTOCOL}; /* no autograd context rides along */
+    td_status st =
+        rpc_agent_call(n->agent, (int)n->peer, n->fn, n->args, NULL, TD_RPC_DEFAULT_TIMEOUT, &protocol, &f);
     if (st != TD_OK)
         f = td_future_failed(st, td_last_error());
     if (n->done)
@@ -882,6 +884,8 @@ td_status td_rref_to_here(td_rref *r, int64_t timeout_ms, td_value **value)
     td_future_release(f);
     return st;
 }
+
+td_rpc_agent *rpc_rref_agent(const td_rref *r) { return r ? r->agent : NULL; }
 
 td_status td_rref_local_value(td_rref *r, td_value **value)
 {

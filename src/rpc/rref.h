@@ -53,6 +53,9 @@ td_status rpc_rref_leak_check(td_rpc_agent *a, bool ignore);
 /* The debug-info keys: num_owner_rrefs, num_pending_futures, num_pending_users, num_forks. */
 void rpc_rref_debug_info(td_rpc_agent *a, td_value *dict);
 
+/* The agent r belongs to (borrowed; r holds a reference). */
+td_rpc_agent *rpc_rref_agent(const td_rref *r);
+
 /* Test hooks: skip the user deletes of graceful shutdown (the seed's test_rref_leak mocks them
  * out); the number of type queries this agent sent to owners. */
 void rpc_rref_testing_skip_user_deletes(td_rpc_agent *a, bool skip);

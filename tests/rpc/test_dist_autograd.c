@@ -6,6 +6,9 @@
  * cleanup on every worker the context reached; and a worker killed in the middle of a backward,
  * which fails the pass on the caller with TD_ERR_PEER_LOST naming it.
  *
+ * RRef backward (test_owner_rref_backward, test_user_rref_backward): the owner's local and
+ * distributed backward, the owner's backward asked for through a user RRef, and their errors.
+ *
  * Every worker holds a leaf param = full(N, 0.5 + rank); its functions use it, so the callees'
  * leaves get gradients that the caller reads back with dag_param_grad(context). */
 #include <pthread.h>
@@ -86,6 +89,48 @@ static td_status fn_hop(td_rpc_call *call, const td_value *args, const td_value 
     return TD_OK;
 }
 
+/* dag_add(a, b): a + b, recorded (torch.add on the callee). */
+static td_status fn_add(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
+{
+    (void)call;
+    const td_value *p[2];
+    if (td_rpc_bind("dag_add", "a,b", args, kwargs, p) != TD_OK)
+        return TD_ERR_REMOTE;
+    td_tensor *out = NULL;
+    td_status st = td_autograd_add(td_value_get_tensor(p[0]), td_value_get_tensor(p[1]), &out);
+    if (st != TD_OK)
+        return st;
+    *result = td_value_tensor(out);
+    td_tensor_release(out);
+    return TD_OK;
+}
+
+/* dag_sum(t): t.sum(), recorded (the seed's _sum). */
+static td_status fn_sum(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
+{
+    (void)call;
+    const td_value *p[1];
+    if (td_rpc_bind("dag_sum", "t", args, kwargs, p) != TD_OK)
+        return TD_ERR_REMOTE;
+    td_tensor *out = NULL;
+    td_status st = td_autograd_sum(td_value_get_tensor(p[0]), &out);
+    if (st != TD_OK)
+        return st;
+    *result = td_value_tensor(out);
+    td_tensor_release(out);
+    return TD_OK;
+}
+
+/* dag_foo(): "foo". */
+static td_status fn_foo(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
+{
+    (void)call;
+    (void)args;
+    (void)kwargs;
+    *result = td_value_string("foo");
+    return TD_OK;
+}
+
 /* dag_param_grad(context_id): this worker's param gradient in that context, or None. */
 static td_status fn_param_grad(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
 {
@@ -129,7 +174,10 @@ static void dag_up(td_test_ctx *ctx)
     const rpc_test_function fns[] = {{"dag_param_mul", fn_param_mul, NULL, NULL},
                                      {"dag_hop", fn_hop, NULL, NULL},
                                      {"dag_param_grad", fn_param_grad, NULL, NULL},
-                                     {"dag_num_contexts", fn_num_contexts, NULL, NULL}};
+                                     {"dag_num_contexts", fn_num_contexts, NULL, NULL},
+                                     {"dag_add", fn_add, NULL, NULL},
+                                     {"dag_sum", fn_sum, NULL, NULL},
+                                     {"dag_foo", fn_foo, NULL, NULL}};
     rpc_test_register(fns, sizeof fns / sizeof fns[0]);
     g_param = leaf(param_value(ctx->rank));
     rpc_test_init(ctx, NULL);
@@ -557,6 +605,129 @@ TD_TEST(errors, .world_size = 2, .timeout_s = 60)
         td_tensor_release(w);
         td_tensor_release(x);
         td_tensor_release(plain);
+    }
+    dag_down();
+}
+
+/* ---- RRef backward ---------------------------------------------------------------------------- */
+
+static td_rref *owner_rref_of_tensor(td_tensor *t)
+{
+    td_value *v = td_value_tensor(t);
+    td_rref *r = NULL;
+    TD_CHECK_OK(td_rref_create(NULL, v, &r));
+    td_value_release(v);
+    return r;
+}
+
+/* test_owner_rref_backward: t1 = 10x10 leaf. RRef(t1.sum() + t1.sum()).backward() is the local
+ * backward (t1.grad = 2); in a context, RRef(rpc_sync(worker1, add, (t1, t1)).sum()).backward(ctx)
+ * gives 2 in the context, and backward(ctx, retain_graph) then backward(ctx) gives 4 (the seed
+ * checks the doubled gradient in a fresh context); then the errors. */
+TD_TEST(owner_rref_backward, .world_size = 2, .timeout_s = 60)
+{
+    dag_up(ctx);
+    if (ctx->rank == 0) {
+        td_tensor *t1 = NULL, *ones = NULL;
+        TD_CHECK_OK(td_tensor_full(TD_FLOAT64, TD_SHAPE(10, 10), 0.25, &t1));
+        TD_CHECK_OK(td_autograd_set_requires_grad(t1, true));
+        TD_CHECK_OK(td_tensor_ones(TD_FLOAT64, TD_SHAPE(10, 10), &ones));
+        td_tensor *two = NULL, *four = NULL;
+        TD_CHECK_OK(td_tensor_full(TD_FLOAT64, TD_SHAPE(10, 10), 2.0, &two));
+        TD_CHECK_OK(td_tensor_full(TD_FLOAT64, TD_SHAPE(10, 10), 4.0, &four));
+
+        /* Without a context: the local engine, into .grad. */
+        td_tensor *s1 = NULL, *s2 = NULL, *s = NULL;
+        TD_CHECK_OK(td_autograd_sum(t1, &s1));
+        TD_CHECK_OK(td_autograd_sum(t1, &s2));
+        TD_CHECK_OK(td_autograd_add(s1, s2, &s));
+        td_rref *r = owner_rref_of_tensor(s);
+        TD_CHECK(td_rref_is_owner(r));
+        TD_CHECK_OK(td_rref_backward(r, -1, false));
+        td_tensor *g = local_grad(t1);
+        check_close(g, two, "t1.grad after a local RRef backward");
+        td_tensor_release(g);
+        td_rref_release(r);
+        TD_CHECK_OK(td_autograd_set_grad(t1, NULL));
+
+        for (int passes = 1; passes <= 2; passes++) {
+            int64_t id = -1;
+            TD_CHECK_OK(td_dist_autograd_context_enter(NULL, &id));
+            td_tensor *t2 = call_tensor(1, "dag_add", td_value_tuple_of(2, td_value_tensor(t1), td_value_tensor(t1)));
+            td_tensor *sum = NULL, *gt = NULL;
+            TD_CHECK_OK(td_autograd_sum(t2, &sum));
+            td_rref *rr = owner_rref_of_tensor(sum);
+            if (passes == 2)
+                TD_CHECK_OK(td_rref_backward(rr, id, true));
+            TD_CHECK_OK(td_rref_backward(rr, id, false));
+            TD_CHECK_OK(td_dist_autograd_get_gradient(id, t1, &gt));
+            check_close(gt, passes == 1 ? two : four, "t1 in the context after RRef backward");
+            TD_CHECK(td_autograd_get_grad(t1) == NULL); /* the context, not .grad */
+            td_rref_release(rr);
+            TD_CHECK_OK(td_dist_autograd_context_exit(id));
+            td_tensor_release(gt);
+            td_tensor_release(sum);
+            td_tensor_release(t2);
+        }
+
+        /* Errors: PyTorch's words. */
+        td_rref *plain = owner_rref_of_tensor(ones);
+        TD_CHECK_ERR(td_rref_backward(plain, -1, false), TD_ERR_INVALID,
+                     "tensors does not require grad and does not have a grad_fn");
+        td_rref_release(plain);
+        td_rref *vec = owner_rref_of_tensor(t1);
+        TD_CHECK_ERR(td_rref_backward(vec, -1, false), TD_ERR_INVALID,
+                     "grad can be implicitly created only for scalar outputs");
+        TD_CHECK_ERR(td_rref_backward(vec, 100, false), TD_ERR_INVALID, "Could not find autograd context with id: 100");
+        td_rref_release(vec);
+        td_value *foo = td_value_string("foo");
+        td_rref *fr = NULL;
+        TD_CHECK_OK(td_rref_create(NULL, foo, &fr));
+        TD_CHECK_ERR(td_rref_backward(fr, -1, false), TD_ERR_INVALID, "RRef should contain a tensor for .backward()");
+        td_rref_release(fr);
+        td_value_release(foo);
+        td_tensor *all[] = {t1, ones, two, four, s1, s2, s};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            td_tensor_release(all[i]);
+    }
+    dag_down();
+}
+
+/* test_user_rref_backward: a user RRef to remote(worker1, _sum, (t,)) made in a context;
+ * backward(ctx, retain_graph) then backward(ctx) run on the owner (worker1), whose distributed
+ * backward sends the gradient back: t gets 2 in the context. Then the user's errors. */
+TD_TEST(user_rref_backward, .world_size = 2, .timeout_s = 60)
+{
+    dag_up(ctx);
+    if (ctx->rank == 0) {
+        td_tensor *t = NULL, *two = NULL, *gt = NULL;
+        TD_CHECK_OK(td_tensor_full(TD_FLOAT64, TD_SHAPE(10), 0.75, &t));
+        TD_CHECK_OK(td_autograd_set_requires_grad(t, true));
+        TD_CHECK_OK(td_tensor_full(TD_FLOAT64, TD_SHAPE(10), 2.0, &two));
+        int64_t id = -1;
+        TD_CHECK_OK(td_dist_autograd_context_enter(NULL, &id));
+        td_value *args = td_value_tuple_of(1, td_value_tensor(t));
+        td_rref *r = NULL;
+        TD_CHECK_OK(td_rpc_remote(NULL, td_rpc_to_id(1), "dag_sum", args, NULL, -1, &r));
+        td_value_release(args);
+        TD_CHECK(!td_rref_is_owner(r));
+        TD_CHECK_ERR(td_rref_backward(r, -1, false), TD_ERR_INVALID,
+                     "User RRefs require 'dist_autograd_ctx_id' to be specified");
+        TD_CHECK_OK(td_rref_backward(r, id, true));
+        TD_CHECK_OK(td_rref_backward(r, id, false));
+        TD_CHECK_OK(td_dist_autograd_get_gradient(id, t, &gt));
+        check_close(gt, two, "t after two backward passes through a user RRef");
+        /* The owner reports the context it does not know, and a value that is not a tensor. */
+        TD_CHECK_ERR(td_rref_backward(r, 100, false), TD_ERR_INVALID, "Could not find autograd context with id: 100");
+        td_rref *fr = NULL;
+        TD_CHECK_OK(td_rpc_remote(NULL, td_rpc_to_id(1), "dag_foo", NULL, NULL, -1, &fr));
+        TD_CHECK_ERR(td_rref_backward(fr, id, false), TD_ERR_INVALID, "RRef should contain a tensor for .backward()");
+        td_rref_release(fr);
+        td_rref_release(r);
+        TD_CHECK_OK(td_dist_autograd_context_exit(id));
+        td_tensor_release(gt);
+        td_tensor_release(t);
+        td_tensor_release(two);
     }
     dag_down();
 }

@@ -495,6 +495,23 @@ TD_TEST(example_param_server_through_tdrun, .timeout_s = 120)
     proc_free(&p);
 }
 
+/* Model parallelism (issue 20), smaller: the model split across two workers, trained by a third
+ * through RPC, distributed autograd and the DistributedOptimizer; its first epochs' losses are
+ * those of the parameter server's synchronous SGD on the same data. */
+TD_TEST(example_model_parallel_through_tdrun, .timeout_s = 180)
+{
+    proc p;
+    char *argv[] = {TDRUN_BIN, "--standalone", "--quiet", "--nproc-per-node", "3", MODEL_PARALLEL_BIN, "--samples",
+                    "12000", "--epochs", "3", "--target", "0.75", NULL};
+    run_tdrun(&p, argv, 160000);
+    TD_CHECK_MSG(p.code == 0, "tdrun exited %d:\n%s", p.code, p.out.data);
+    TD_CHECK_CONTAINS(p.out.data, "[rank0]: epoch  1/3 loss 0.9043 ");
+    TD_CHECK_CONTAINS(p.out.data, "[rank0]: epoch  3/3 loss 0.5702 ");
+    TD_CHECK_CONTAINS(p.out.data, "[rank0]: model_parallel: 561 steps in ");
+    TD_CHECK_CONTAINS(p.out.data, "test accuracy across 2 workers");
+    proc_free(&p);
+}
+
 /* ---- torchrun's variables and flags (issue 22) ---- */
 
 /* Runs tdrun with argv; expects exit code `code` and `want` in the output. */

@@ -4,6 +4,7 @@
  *
  *   tdrun --standalone --nproc-per-node 3 ./model_parallel [--epochs N] [--samples N] [--hidden N]
  *                                                          [--batch N] [--lr X] [--seed N] [--target A]
+ *                                                          [--bench-steps N]
  *
  * Worker "stage1" owns the first layer (w1, b1), worker "stage2" the two others (w2, b2, w3, b3):
  * the trainer makes each parameter on its owner with td_rpc_remote, from ddp_train's initial
@@ -13,7 +14,9 @@
  * runs the distributed backward (gradients flow back through both workers) and steps the
  * DistributedOptimizer (SGD, momentum 0.9), which updates each owner's parameters with that
  * context's gradients. After each epoch the trainer prints the loss and the test accuracy of a
- * forward pass outside any context. It exits 1 when the final accuracy is below the target. */
+ * forward pass outside any context. It exits 1 when the final accuracy is below the target.
+ * --bench-steps N times N steps on one batch instead (after 20 to warm up) and prints the median
+ * ("step_ms"), for bench/autograd/dist_run.sh. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -236,6 +239,48 @@ static int check(td_status st, const char *what)
     return 0;
 }
 
+/* --bench-steps: the median time of one step, on one batch. */
+static int bench(int steps)
+{
+    float *x = malloc(sizeof(float) * DIM * (size_t)cfg.batch * 2);
+    int *y = malloc(sizeof(int) * (size_t)cfg.batch * 2);
+    make_data(cfg.seed, cfg.batch * 2, x, y);
+    model_rrefs m = {{NULL}};
+    td_dist_optimizer *opt = NULL;
+    td_optim_options o = td_optim_options_default();
+    o.lr = cfg.lr;
+    o.momentum = 0.9;
+    td_tensor *xb = NULL, *yb = NULL;
+    int rc = check(make_model(&m), "make_model") ||
+             check(td_dist_optimizer_create(TD_OPTIM_SGD, &o, m.p, N_PARAMS, &opt), "DistributedOptimizer") ||
+             check(gather_batch(x, y, NULL, cfg.batch * 2, &xb, &yb), "batch");
+    double *ms = malloc(sizeof(double) * (size_t)steps);
+    for (int i = 0; i < steps + 20 && !rc; i++) {
+        double t0 = now_s(), loss = 0;
+        rc = check(train_step(&m, opt, xb, yb, &loss), "train step");
+        if (i >= 20)
+            ms[i - 20] = (now_s() - t0) * 1e3;
+    }
+    if (!rc) {
+        for (int i = 1; i < steps; i++) /* insertion sort: a few hundred values */
+            for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
+                double t = ms[j];
+                ms[j] = ms[j - 1];
+                ms[j - 1] = t;
+            }
+        printf("step_ms %.3f\n", steps % 2 ? ms[steps / 2] : (ms[steps / 2 - 1] + ms[steps / 2]) / 2);
+    }
+    free(ms);
+    td_tensor_release(xb);
+    td_tensor_release(yb);
+    td_dist_optimizer_free(opt);
+    for (int i = 0; i < N_PARAMS; i++)
+        td_rref_release(m.p[i]);
+    free(x);
+    free(y);
+    return rc;
+}
+
 static int train(void)
 {
     float *x = malloc(sizeof(float) * DIM * (size_t)(cfg.samples + N_TEST));
@@ -315,7 +360,11 @@ int main(int argc, char **argv)
         check(td_rpc_register("stage2", stage2, NULL), "register") ||
         check(td_rpc_init(names[rank], rank, world, NULL), "init_rpc"))
         return 1;
-    int rc = rank == 0 ? train() : 0;
+    int bench_steps = 0;
+    for (int i = 1; i + 1 < argc; i++)
+        if (strcmp(argv[i], "--bench-steps") == 0)
+            bench_steps = atoi(argv[i + 1]);
+    int rc = rank != 0 ? 0 : bench_steps > 0 ? bench(bench_steps) : train();
     /* The stages serve until the trainer is done: the graceful shutdown waits for it. */
     if (check(td_rpc_shutdown(true, 0), "shutdown"))
         rc = 1;

@@ -36,44 +36,11 @@
 #include <tdist/tensor.h>
 #include <tdist/value.h>
 
+#include "bench_util.h"
+
 #define IN_FLIGHT 64
 #define PING_BYTES 88
 
-/* The FileStore's file and folder, removed at exit whatever the outcome. */
-static char g_dir[64], g_store_path[96];
-
-static void remove_store(void)
-{
-    if (g_store_path[0])
-        unlink(g_store_path);
-    if (g_dir[0])
-        rmdir(g_dir);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static void die(const char *what)
-{
-    fprintf(stderr, "rpc_bench: %s: %s\n", what, td_last_error());
-    exit(1);
-}
-
-static int cmp_double(const void *x, const void *y)
-{
-    double a = *(const double *)x, b = *(const double *)y;
-    return a < b ? -1 : a > b;
-}
-
-static double median(double *v, size_t n)
-{
-    qsort(v, n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 /* ---- the functions ----------------------------------------------------------------------------- */
 
@@ -118,20 +85,20 @@ static double sync_median_us(td_rpc_agent *a, const char *fn, const td_value *ar
     for (int i = 0; i < 20; i++) {
         td_value *r = NULL;
         if (td_rpc_sync(a, td_rpc_to_name("worker1"), fn, args, NULL, 0, &r) != TD_OK)
-            die(fn);
+            bench_die("rpc_bench", fn);
         td_value_release(r);
     }
     samples s = {0};
-    double end = now_s() + secs;
-    while (s.n < min_calls || now_s() < end) {
-        double t0 = now_s();
+    double end = bench_now_s() + secs;
+    while (s.n < min_calls || bench_now_s() < end) {
+        double t0 = bench_now_s();
         td_value *r = NULL;
         if (td_rpc_sync(a, td_rpc_to_name("worker1"), fn, args, NULL, 0, &r) != TD_OK)
-            die(fn);
-        add_sample(&s, (now_s() - t0) * 1e6);
+            bench_die("rpc_bench", fn);
+        add_sample(&s, (bench_now_s() - t0) * 1e6);
         td_value_release(r);
     }
-    double m = median(s.v, s.n);
+    double m = bench_median(s.v, s.n);
     free(s.v);
     return m;
 }
@@ -142,21 +109,21 @@ static double async_rate(td_rpc_agent *a, double secs)
     td_future *ring[IN_FLIGHT];
     for (int i = 0; i < IN_FLIGHT; i++)
         if (td_rpc_async(a, td_rpc_to_name("worker1"), "noop", NULL, NULL, 0, &ring[i]) != TD_OK)
-            die("async");
+            bench_die("rpc_bench", "async");
     uint64_t done = 0;
-    double t0 = now_s(), end = t0 + secs;
+    double t0 = bench_now_s(), end = t0 + secs;
     for (int i = 0;; i = (i + 1) % IN_FLIGHT) {
         if (td_future_wait(ring[i], 0) != TD_OK)
-            die("async wait");
+            bench_die("rpc_bench", "async wait");
         td_future_release(ring[i]);
         ring[i] = NULL;
         done++;
-        if (now_s() >= end)
+        if (bench_now_s() >= end)
             break;
         if (td_rpc_async(a, td_rpc_to_name("worker1"), "noop", NULL, NULL, 0, &ring[i]) != TD_OK)
-            die("async");
+            bench_die("rpc_bench", "async");
     }
-    double rate = (double)done / (now_s() - t0);
+    double rate = (double)done / (bench_now_s() - t0);
     for (int i = 0; i < IN_FLIGHT; i++) {
         if (ring[i]) {
             td_future_wait(ring[i], 0);
@@ -177,7 +144,7 @@ static void run_worker(int rank, const char *url, bool tcp, double secs, const l
     char name[16];
     snprintf(name, sizeof name, "worker%d", rank);
     if (td_rpc_agent_create(name, rank, 2, &o, &a) != TD_OK)
-        die("agent");
+        bench_die("rpc_bench", "agent");
     const char *path = tcp ? "tcp" : "samehost";
     if (rank == 0) {
         printf("empty_us %s %.2f\n", path, sync_median_us(a, "noop", NULL, secs, 100));
@@ -187,7 +154,7 @@ static void run_worker(int rank, const char *url, bool tcp, double secs, const l
             td_profiler_options_init(&po);
             td_profiler *p = NULL;
             if (td_profiler_start(&po, &p) != TD_OK)
-                die("profiler");
+                bench_die("rpc_bench", "profiler");
             printf("empty_profiled_us %s %.2f\n", path, sync_median_us(a, "noop", NULL, secs, 100));
             fflush(stdout);
             td_profiler_free(p);
@@ -197,7 +164,7 @@ static void run_worker(int rank, const char *url, bool tcp, double secs, const l
         for (int i = 0; i < nsizes; i++) {
             td_tensor *t;
             if (td_tensor_zeros(TD_FLOAT32, TD_SHAPE(sizes[i] / 4), &t) != TD_OK)
-                die("tensor");
+                bench_die("rpc_bench", "tensor");
             td_value *args = td_value_tuple_new(1);
             td_value_set(args, 0, td_value_tensor(t));
             td_tensor_release(t);
@@ -207,7 +174,7 @@ static void run_worker(int rank, const char *url, bool tcp, double secs, const l
         }
     }
     if (td_rpc_agent_shutdown(a, true, 0) != TD_OK)
-        die("shutdown");
+        bench_die("rpc_bench", "shutdown");
 }
 
 /* ---- the raw ping-pong ------------------------------------------------------------------------- */
@@ -272,16 +239,16 @@ static double pingpong_us(bool tcp, double secs)
         xfer(fds[0], buf, true);
         xfer(fds[0], buf, false);
     }
-    double end = now_s() + secs;
-    while (now_s() < end) {
-        double t0 = now_s();
+    double end = bench_now_s() + secs;
+    while (bench_now_s() < end) {
+        double t0 = bench_now_s();
         xfer(fds[0], buf, true);
         xfer(fds[0], buf, false);
-        add_sample(&s, (now_s() - t0) * 1e6);
+        add_sample(&s, (bench_now_s() - t0) * 1e6);
     }
     close(fds[0]);
     waitpid(pid, NULL, 0);
-    double m = median(s.v, s.n);
+    double m = bench_median(s.v, s.n);
     free(s.v);
     return m;
 }
@@ -325,16 +292,8 @@ int main(int argc, char **argv)
     if (!rpc)
         return 0;
     if (td_rpc_register("noop", fn_noop, NULL) != TD_OK || td_rpc_register("echo", fn_echo, NULL) != TD_OK)
-        die("register");
-    snprintf(g_dir, sizeof g_dir, "/tmp/rpc_bench.XXXXXX");
-    if (!mkdtemp(g_dir)) {
-        perror("rpc_bench: mkdtemp");
-        return 1;
-    }
-    atexit(remove_store);
-    char url[128];
-    snprintf(g_store_path, sizeof g_store_path, "%s/store", g_dir);
-    snprintf(url, sizeof url, "file://%s", g_store_path);
+        bench_die("rpc_bench", "register");
+    const char *url = bench_store_url("rpc_bench");
     /* Forked before either process starts a thread. */
     pid_t pid = fork();
     if (pid < 0) {

@@ -26,34 +26,8 @@
 #include <tdist/rpc.h>
 #include <tdist/rref.h>
 
-static char g_dir[64], g_store_path[96];
+#include "bench_util.h"
 
-static void remove_store(void)
-{
-    if (g_store_path[0])
-        unlink(g_store_path);
-    if (g_dir[0])
-        rmdir(g_dir);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static void die(const char *what)
-{
-    fprintf(stderr, "rref_bench: %s: %s\n", what, td_last_error());
-    exit(1);
-}
-
-static int cmp_double(const void *x, const void *y)
-{
-    double a = *(const double *)x, b = *(const double *)y;
-    return (a > b) - (a < b);
-}
 
 static td_status fn_one(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
 {
@@ -86,13 +60,13 @@ static void run_op(td_rpc_agent *a, op o, td_rref *held)
         td_value *v = NULL;
         if (td_rpc_remote(a, td_rpc_to_name("worker1"), "one", NULL, NULL, 0, &r) != TD_OK ||
             td_rref_to_here(r, 0, &v) != TD_OK || td_value_get_int(v) != 1)
-            die("remote + to_here");
+            bench_die("rref_bench", "remote + to_here");
         td_value_release(v);
         td_rref_release(r);
     } else {
         td_value *args = td_value_tuple_of(1, td_rref_value(held)), *v = NULL;
         if (td_rpc_sync(a, td_rpc_to_name("worker2"), "fetch", args, NULL, 0, &v) != TD_OK || td_value_get_int(v) != 1)
-            die("three workers");
+            bench_die("rref_bench", "three workers");
         td_value_release(v);
         td_value_release(args);
     }
@@ -104,18 +78,17 @@ static double median_us(td_rpc_agent *a, op o, td_rref *held, double secs)
         run_op(a, o, held);
     size_t n = 0, cap = 1 << 16;
     double *v = malloc(cap * sizeof *v);
-    double end = now_s() + secs;
-    while (n < 100 || now_s() < end) {
-        double t0 = now_s();
+    double end = bench_now_s() + secs;
+    while (n < 100 || bench_now_s() < end) {
+        double t0 = bench_now_s();
         run_op(a, o, held);
         if (n == cap) {
             cap *= 2;
             v = realloc(v, cap * sizeof *v);
         }
-        v[n++] = (now_s() - t0) * 1e6;
+        v[n++] = (bench_now_s() - t0) * 1e6;
     }
-    qsort(v, n, sizeof *v, cmp_double);
-    double m = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+    double m = bench_median(v, n);
     free(v);
     return m;
 }
@@ -132,20 +105,20 @@ static void run_worker(int rank, const char *url, bool tcp, double secs)
     char name[16];
     snprintf(name, sizeof name, "worker%d", rank);
     if (td_rpc_agent_create(name, rank, 3, &o, &a) != TD_OK)
-        die("agent");
+        bench_die("rref_bench", "agent");
     const char *path = tcp ? "tcp" : "samehost";
     if (rank == 0) {
         printf("remote_to_here_us %s %.2f\n", path, median_us(a, OP_REMOTE_TO_HERE, NULL, secs));
         fflush(stdout);
         td_rref *held = NULL;
         if (td_rpc_remote(a, td_rpc_to_name("worker1"), "one", NULL, NULL, 0, &held) != TD_OK)
-            die("remote");
+            bench_die("rref_bench", "remote");
         printf("three_workers_us %s %.2f\n", path, median_us(a, OP_THREE_WORKERS, held, secs));
         fflush(stdout);
         td_rref_release(held);
     }
     if (td_rpc_agent_shutdown(a, true, 0) != TD_OK)
-        die("shutdown");
+        bench_die("rref_bench", "shutdown");
 }
 
 int main(int argc, char **argv)
@@ -163,16 +136,8 @@ int main(int argc, char **argv)
         }
     }
     if (td_rpc_register("one", fn_one, NULL) != TD_OK || td_rpc_register("fetch", fn_fetch, NULL) != TD_OK)
-        die("register");
-    snprintf(g_dir, sizeof g_dir, "/tmp/rref_bench.XXXXXX");
-    if (!mkdtemp(g_dir)) {
-        perror("rref_bench: mkdtemp");
-        return 1;
-    }
-    atexit(remove_store);
-    char url[128];
-    snprintf(g_store_path, sizeof g_store_path, "%s/store", g_dir);
-    snprintf(url, sizeof url, "file://%s", g_store_path);
+        bench_die("rref_bench", "register");
+    const char *url = bench_store_url("rref_bench");
     pid_t pids[2];
     for (int r = 1; r <= 2; r++) { /* forked before any process starts a thread */
         pids[r - 1] = fork();

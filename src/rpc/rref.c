@@ -356,35 +356,21 @@ td_rref *td_value_get_rref(const td_value *v)
     return value_handle_get(td_value_at(v, 4), &rref_kind);
 }
 
-static bool holds_rref(const td_value *v, int depth)
+typedef td_status (*record_fn)(td_rpc_agent *a, int peer, const td_value *rec, td_value **out, void *ctx);
+
+/* Puts item (taken) at i of c, a new container of v's kind (a dict's key is v's). */
+static void map_put_item(td_value *c, const td_value *v, size_t i, td_value *item)
 {
-    if (depth > TD_VALUE_MAX_DEPTH)
-        return false; /* the codec refuses it anyway */
-    switch (td_value_kind_of(v)) {
-    case TD_VAL_RECORD:
-        if (td_value_record_tag(v) == TD_REC_RREF)
-            return true;
-        /* fall through */
-    case TD_VAL_LIST:
-    case TD_VAL_TUPLE:
-        for (size_t i = 0; i < td_value_len(v); i++)
-            if (holds_rref(td_value_at(v, i), depth + 1))
-                return true;
-        return false;
-    case TD_VAL_DICT:
-        for (size_t i = 0; i < td_value_len(v); i++)
-            if (holds_rref(td_value_dict_value_at(v, i), depth + 1))
-                return true;
-        return false;
-    default:
-        return false;
+    switch (td_value_kind_of(c)) {
+    case TD_VAL_LIST: td_value_list_append(c, item); break;
+    case TD_VAL_DICT: td_value_dict_set(c, td_value_retain(td_value_dict_key_at(v, i)), item); break;
+    default: td_value_set(c, i, item); break;
     }
 }
 
-typedef td_status (*record_fn)(td_rpc_agent *a, int peer, const td_value *rec, td_value **out, void *ctx);
-
-/* v rebuilt with each TD_REC_RREF record replaced by fn's result (containers copied, the rest
- * shared). */
+/* v with each TD_REC_RREF record replaced by fn's result, in one walk: a container is copied only
+ * from its first changed element on, and v itself comes back (retained) when it holds no RRef, so
+ * a call without RRefs pays one walk and no allocation. */
 static td_status map_rrefs(td_rpc_agent *a, int peer, const td_value *v, int depth, record_fn fn, void *ctx,
                            td_value **out)
 {
@@ -393,31 +379,36 @@ static td_status map_rrefs(td_rpc_agent *a, int peer, const td_value *v, int dep
     td_value_kind kind = td_value_kind_of(v);
     if (kind == TD_VAL_RECORD && td_value_record_tag(v) == TD_REC_RREF)
         return fn(a, peer, v, out, ctx);
-    if (!holds_rref(v, depth)) {
+    if (kind != TD_VAL_LIST && kind != TD_VAL_TUPLE && kind != TD_VAL_DICT && kind != TD_VAL_RECORD) {
         *out = td_value_retain((td_value *)v);
         return TD_OK;
     }
     size_t n = td_value_len(v);
-    td_value *c = kind == TD_VAL_LIST    ? td_value_list_new()
-                  : kind == TD_VAL_TUPLE ? td_value_tuple_new(n)
-                  : kind == TD_VAL_DICT  ? td_value_dict_new()
-                                         : td_value_record_new(td_value_record_tag(v), n);
+    td_value *c = NULL; /* the copy, once an element changed */
     for (size_t i = 0; i < n; i++) {
+        const td_value *child = kind == TD_VAL_DICT ? td_value_dict_value_at(v, i) : td_value_at(v, i);
         td_value *item = NULL;
-        td_status st = map_rrefs(a, peer, kind == TD_VAL_DICT ? td_value_dict_value_at(v, i) : td_value_at(v, i),
-                                 depth + 1, fn, ctx, &item);
+        td_status st = map_rrefs(a, peer, child, depth + 1, fn, ctx, &item);
         if (st != TD_OK) {
             td_value_release(c);
             return st;
         }
-        if (kind == TD_VAL_LIST)
-            td_value_list_append(c, item);
-        else if (kind == TD_VAL_DICT)
-            td_value_dict_set(c, td_value_retain(td_value_dict_key_at(v, i)), item);
-        else
-            td_value_set(c, i, item);
+        if (!c && item == child) {
+            td_value_release(item);
+            continue;
+        }
+        if (!c) {
+            c = kind == TD_VAL_LIST    ? td_value_list_new()
+                : kind == TD_VAL_TUPLE ? td_value_tuple_new(n)
+                : kind == TD_VAL_DICT  ? td_value_dict_new()
+                                       : td_value_record_new(td_value_record_tag(v), n);
+            for (size_t j = 0; j < i; j++)
+                map_put_item(c, v, j,
+                             td_value_retain(kind == TD_VAL_DICT ? td_value_dict_value_at(v, j) : td_value_at(v, j)));
+        }
+        map_put_item(c, v, i, item);
     }
-    *out = c;
+    *out = c ? c : td_value_retain((td_value *)v);
     return TD_OK;
 }
 
@@ -454,11 +445,7 @@ static td_status fork_for(td_rpc_agent *a, int peer, const td_value *rec, td_val
 td_status rpc_rref_send(td_rpc_agent *a, int to, const td_value *v, td_value **out)
 {
     *out = NULL;
-    if (!v || !holds_rref(v, 1)) {
-        *out = v ? td_value_retain((td_value *)v) : NULL;
-        return TD_OK;
-    }
-    return map_rrefs(a, to, v, 1, fork_for, NULL, out);
+    return v ? map_rrefs(a, to, v, 1, fork_for, NULL, out) : TD_OK;
 }
 
 static bool read_gid(const td_value *v, gid *g)
@@ -478,12 +465,6 @@ typedef struct fork_wait {
     td_future *done;  /* a reference: the call's wait */
 } fork_wait;
 
-static void accept_args_done(td_future *f, void *arg)
-{
-    (void)f;
-    (void)arg;
-}
-
 /* The owner acknowledged a pending user's fork: it is confirmed, and its parent may drop its
  * pending child. */
 static void fork_confirmed(td_future *f, void *arg)
@@ -499,7 +480,7 @@ static void fork_confirmed(td_future *f, void *arg)
                            : NULL;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
-    notify(a, w->parent, FN_ACCEPT, td_value_tuple_of(1, gid_value(r->fork)), accept_args_done, NULL);
+    notify(a, w->parent, FN_ACCEPT, td_value_tuple_of(1, gid_value(r->fork)), NULL, NULL);
     if (td_future_status(f) == TD_OK)
         td_future_set_result(w->done, NULL);
     else
@@ -537,7 +518,7 @@ static td_status adopt(td_rpc_agent *a, int from, const td_value *rec, td_value 
                              ") from worker %d is not known on its owner %s",
                              id.created_on, id.local_id, from, a->self.name);
         if (from != a->self.id) /* a user sent it back: its phantom fork is accepted at once */
-            notify(a, from, FN_ACCEPT, td_value_tuple_of(1, gid_value(fork)), accept_args_done, NULL);
+            notify(a, from, FN_ACCEPT, td_value_tuple_of(1, gid_value(fork)), NULL, NULL);
     } else {
         r = rref_new(a, false, owner, id);
         r->fork = fork;
@@ -569,10 +550,8 @@ td_status rpc_rref_receive(td_rpc_agent *a, int from, const td_value *v, td_valu
     *out = NULL;
     if (confirm)
         *confirm = NULL;
-    if (!v || !holds_rref(v, 1)) {
-        *out = v ? td_value_retain((td_value *)v) : NULL;
+    if (!v)
         return TD_OK;
-    }
     future_vec waits = {0};
     td_status st = map_rrefs(a, from, v, 1, adopt, &waits, out);
     if (st == TD_OK && confirm && waits.len == 1)

@@ -13,24 +13,8 @@ build=${1:-build/plain}
 secs=${2:-1}
 reps=${3:-3}
 label=${4:-rpc}
-bin=$build/bench/rpc/rpc_bench
-[ -x "$bin" ] || { echo "bench/rpc: $bin is missing (make build)" >&2; exit 1; }
-py=/usr/bin/python3
-if ! $py -c 'import torch.distributed.rpc' 2>/dev/null; then
-  echo "bench/rpc: installing python3-torch (Debian) for the TorchRPC peer" >&2
-  sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
-  $sudo apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y python3-torch >/dev/null
-fi
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
-for r in $(seq "$reps"); do
-  for mode in "" --tcp; do
-    "$bin" $mode --seconds "$secs" >> "$out/tdist" || echo "bench/rpc: rpc_bench $mode failed (run $r)" >&2
-    $py bench/rpc/torch_rpc_bench.py $mode --seconds "$secs" 2>"$out/torch.err" >> "$out/torch" || { echo "bench/rpc: torch_rpc_bench.py $mode failed (run $r):" >&2; tail -5 "$out/torch.err" >&2; }
-  done
-done
-mkdir -p bench/results/rpc
-torch_version=$($py -c 'import torch; print(torch.__version__)')
+. bench/rpc/alternate.sh
+rpc_alternate "$build" rpc_bench "$secs" "$reps"
 $py - "$out/tdist" "$out/torch" "$torch_version" "$(nproc)" "bench/results/rpc/$label" <<'PY'
 import statistics, sys
 def load(path):

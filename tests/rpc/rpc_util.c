@@ -111,11 +111,18 @@ int64_t rpc_test_debug_int(const char *key)
     return n;
 }
 
-static void sleep_ms(int ms)
+void rpc_test_sleep_ms(int64_t ms)
 {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }
+}
+
+double rpc_test_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 void rpc_test_wait_debug(const char *key, int64_t want, int64_t timeout_ms)
@@ -127,7 +134,7 @@ void rpc_test_wait_debug(const char *key, int64_t want, int64_t timeout_ms)
             return;
         if (waited >= timeout_ms)
             break;
-        sleep_ms(100);
+        rpc_test_sleep_ms(100);
     }
     TD_FAIL("debug info %s is %lld, expected %lld after %lld ms", key, (long long)got, (long long)want,
             (long long)timeout_ms);
@@ -141,7 +148,7 @@ void rpc_test_wait_rrefs_flushed(void)
         users = rpc_test_debug_int("num_pending_users");
         if (futures == 0 && users == 0)
             return;
-        sleep_ms(100);
+        rpc_test_sleep_ms(100);
     }
     TD_FAIL("RRef counters not flushed after 20 s: num_pending_futures %lld, num_pending_users %lld",
             (long long)futures, (long long)users);
@@ -155,7 +162,7 @@ void rpc_test_wait_owners_and_forks(int64_t owners, int64_t forks)
         got_forks = rpc_test_debug_int("num_forks");
         if (got_owners == owners && got_forks == forks)
             return;
-        sleep_ms(100);
+        rpc_test_sleep_ms(100);
     }
     TD_FAIL("Timed out waiting for %lld owners and %lld forks on this worker, got %lld owners and %lld forks",
             (long long)owners, (long long)forks, (long long)got_owners, (long long)got_forks);

@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdint.h>
 
 #include <tdist/rpc.h>
 #include <tdist/testing.h>
@@ -51,5 +52,9 @@ void rpc_test_wait_rrefs_flushed(void);
 /* wait_until_owners_and_forks_on_rank for this worker: num_owner_rrefs == owners and num_forks ==
  * forks (polled every 100 ms, 20 s at most). */
 void rpc_test_wait_owners_and_forks(int64_t owners, int64_t forks);
+
+/* Sleeps ms milliseconds (resumed after signals); the monotonic clock in seconds. */
+void rpc_test_sleep_ms(int64_t ms);
+double rpc_test_now_s(void);
 
 #endif

@@ -36,12 +36,6 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void sleep_ms(int64_t ms)
-{
-    struct timespec d = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&d, NULL);
-}
-
 /* How many fds this process has open. */
 static int open_fds(void)
 {
@@ -92,7 +86,7 @@ static td_status fn_sleep(td_rpc_call *call, const td_value *args, const td_valu
 {
     (void)call;
     (void)kwargs;
-    sleep_ms(td_value_get_int(td_value_at(args, 0)));
+    rpc_test_sleep_ms(td_value_get_int(td_value_at(args, 0)));
     *result = td_value_int(0);
     return TD_OK;
 }
@@ -129,7 +123,7 @@ static td_status fn_chain(td_rpc_call *call, const td_value *args, const td_valu
     } else {
         char path[1024];
         snprintf(path, sizeof path, "%s/chain_done", getenv("TMPDIR"));
-        sleep_ms(200);
+        rpc_test_sleep_ms(200);
         FILE *fp = fopen(path, "w");
         if (fp)
             fclose(fp);
@@ -625,7 +619,7 @@ TD_TEST(nested_rpc_self_pool_grows, .world_size = 1, .timeout_s = 60)
     TD_CHECK_EQ(debug_int("agent.thread_pool_size"), 2);
     int64_t t0 = now_ms();
     while (debug_int("agent.thread_pool_size") > 1 && now_ms() - t0 < 10000)
-        sleep_ms(100);
+        rpc_test_sleep_ms(100);
     TD_CHECK_EQ(debug_int("agent.thread_pool_size"), 1);
     TD_CHECK_EQ(debug_int("agent.server_active_calls"), 0);
     rpc_down();
@@ -743,7 +737,7 @@ TD_TEST(refuses_strangers, .world_size = 1, .timeout_s = 60)
     /* The agent gave the refused connections' fds back at once, not at its shutdown. */
     int fds_now = open_fds();
     for (int i = 0; i < 200 && fds_now > fds_before; i++) {
-        sleep_ms(10);
+        rpc_test_sleep_ms(10);
         fds_now = open_fds();
     }
     TD_CHECK_EQ(fds_now, fds_before);
@@ -812,7 +806,7 @@ TD_TEST(graceful_shutdown_timeout, .world_size = 2, .timeout_s = 60)
         TD_CHECK(now_ms() - t0 < 2000);
         TD_CHECK_ERR(td_rpc_shutdown(true, 0), TD_ERR_NOT_INIT, "RPC has not been initialized");
     } else {
-        sleep_ms(1000);
+        rpc_test_sleep_ms(1000);
         rpc_down();
     }
 }
@@ -839,7 +833,7 @@ TD_TEST(handle_send_exceptions, .world_size = 3, .timeout_s = 60)
             break;
         }
         TD_CHECK(now_ms() - t0 < 10000);
-        sleep_ms(10);
+        rpc_test_sleep_ms(10);
     }
     td_value *args = ints(1, 1);
     td_future *f = NULL;
@@ -924,7 +918,7 @@ TD_TEST(killed_worker, .world_size = 3, .params = "unix,tcp", .timeout_s = 60, .
     TD_CHECK_EQ(sync_int(td_rpc_to_id(2), "add_ints", 1, 1), 2);
     TD_CHECK_OK(td_rpc_barrier(NULL, NULL, 0, 30000));
     if (ctx->rank == 2) {
-        sleep_ms(300);
+        rpc_test_sleep_ms(300);
         FILE *fp = fopen(path, "w");
         fprintf(fp, "%lld\n", (long long)now_ms());
         fclose(fp);

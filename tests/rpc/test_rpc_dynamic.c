@@ -20,12 +20,6 @@
 
 #include "rpc_util.h"
 
-static void sleep_ms(int64_t ms)
-{
-    struct timespec d = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&d, NULL);
-}
-
 static void register_functions(void)
 {
     const rpc_test_function fns[] = {{"add_ints", rpc_test_add_ints, NULL, NULL},
@@ -47,7 +41,7 @@ static void store_barrier(td_store *s, const char *key, int64_t n)
     TD_CHECK_OK(td_store_add(s, key, 1, &v));
     for (int i = 0; v < n; i++) {
         TD_CHECK_MSG(i < 3000, "barrier %s: %lld of %lld after 30 s", key, (long long)v, (long long)n);
-        sleep_ms(10);
+        rpc_test_sleep_ms(10);
         TD_CHECK_OK(td_store_add(s, key, 0, &v));
     }
 }
@@ -327,7 +321,7 @@ TD_TEST(dynamic_rpc_non_graceful_shutdown, .world_size = 3, .timeout_s = 60)
             r = NULL;
             if (st != TD_OK)
                 break;
-            sleep_ms(10);
+            rpc_test_sleep_ms(10);
         }
         TD_CHECK_EQ(st, TD_ERR_PEER_LOST);
         TD_CHECK_OK(td_store_set_str(s, "seen", "1"));

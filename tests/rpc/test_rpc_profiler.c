@@ -34,12 +34,6 @@
 
 /* ---- helpers ------------------------------------------------------------------------------------ */
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 static td_tensor *filled(td_shape shape, double v)
 {
     td_tensor *t = NULL;
@@ -181,7 +175,7 @@ static td_status fn_slow_add(td_rpc_call *call, const td_value *args, const td_v
     (void)call;
     const td_value *p[2];
     TRY(td_rpc_bind("slow_add", "a,b", args, kwargs, p));
-    sleep_ms(200);
+    rpc_test_sleep_ms(200);
     td_tensor *sum = NULL;
     td_record_function_enter("aten::add");
     td_status st = td_tensor_add(td_value_get_tensor(p[0]), td_value_get_tensor(p[1]), &sum);
@@ -211,10 +205,10 @@ static void forward_body(void)
 {
     td_record_function_enter("##forward##");
     td_record_function_enter("child_linear");
-    sleep_ms(2);
+    rpc_test_sleep_ms(2);
     td_record_function_exit();
     td_record_function_enter("child_relu");
-    sleep_ms(2);
+    rpc_test_sleep_ms(2);
     td_record_function_exit();
     td_record_function_exit();
 }
@@ -920,7 +914,7 @@ TD_TEST(profiler_api, .world_size = 1, .timeout_s = 30)
     TD_CHECK_EQ(st, TD_ERR_INVALID);
     td_record_function_enter("outer");
     td_record_function_enter("inner");
-    sleep_ms(1);
+    rpc_test_sleep_ms(1);
     TD_CHECK_OK(td_record_function_exit());
     TD_CHECK_OK(td_record_function_exit());
     TD_CHECK_OK(td_profiler_stop(p));

@@ -27,20 +27,6 @@
 
 /* ---- small helpers --------------------------------------------------------------------------- */
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static int next_rank(const td_test_ctx *ctx, int k) { return (ctx->rank + k) % ctx->world_size; }
 
 static td_tensor *filled(int64_t rows, int64_t cols, double v)
@@ -382,7 +368,7 @@ static td_status fn_slow_add(td_rpc_call *call, const td_value *args, const td_v
     td_status st = td_rpc_bind("_slow_add", "x,y", args, kwargs, p);
     if (st != TD_OK)
         return st;
-    sleep_ms(1000);
+    rpc_test_sleep_ms(1000);
     return value_add(p[0], p[1], result);
 }
 
@@ -394,7 +380,7 @@ static td_status fn_my_sleep_func(td_rpc_call *call, const td_value *args, const
     td_status st = td_rpc_bind("my_sleep_func", "seconds", args, kwargs, p);
     if (st != TD_OK)
         return st;
-    sleep_ms((int)(td_value_get_int(p[0]) * 1000));
+    rpc_test_sleep_ms((int)(td_value_get_int(p[0]) * 1000));
     *result = td_value_int(1);
     return TD_OK;
 }
@@ -1446,12 +1432,12 @@ TD_TEST(rref_type_with_error, .world_size = 2, .timeout_s = 60)
 TD_TEST(rref_type_slow_init, .world_size = 2, .timeout_s = 60)
 {
     rpc_up(ctx);
-    double t0 = now_s();
+    double t0 = rpc_test_now_s();
     td_rref *r = remote_on(td_rpc_to_id(next_rank(ctx, 1)), "_slow_add", td_value_tuple_of(2, tensor_value(1, 2, 1), td_value_int(1)));
     const char *t = NULL;
     TD_CHECK_OK(td_rref_get_type(r, TD_RPC_DEFAULT_TIMEOUT, &t));
     TD_CHECK_STR_EQ(t, "Tensor");
-    TD_CHECK_MSG(now_s() - t0 >= 0.9, "the type came back after %.3f s, before the 1 s creation ended", now_s() - t0);
+    TD_CHECK_MSG(rpc_test_now_s() - t0 >= 0.9, "the type came back after %.3f s, before the 1 s creation ended", rpc_test_now_s() - t0);
     td_value *v = fetch(r);
     check_filled(v, 1, 2, 2);
     td_value_release(v);

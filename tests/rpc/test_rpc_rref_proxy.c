@@ -23,20 +23,6 @@
 
 /* ---- helpers ----------------------------------------------------------------------------------- */
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static td_tensor *filled(td_shape shape, double v)
 {
     td_tensor *t = NULL;
@@ -161,7 +147,7 @@ static td_status fn_myclass(td_rpc_call *call, const td_value *args, const td_va
     if (st != TD_OK)
         return st;
     if (p[1] && td_value_kind_of(p[1]) == TD_VAL_BOOL && td_value_get_bool(p[1]))
-        sleep_ms(2000);
+        rpc_test_sleep_ms(2000);
     *result = td_value_record_of(MYCLASS_TAG, 1, td_value_retain((td_value *)p[0]));
     return TD_OK;
 }
@@ -248,7 +234,7 @@ static td_status m_my_slow_method(td_rpc_call *call, const td_value *args, const
     td_status st = self_arg(args, "my_slow_method", &self);
     if (st != TD_OK)
         return st;
-    sleep_ms(1500);
+    rpc_test_sleep_ms(1500);
     *result = td_value_int(td_value_get_int(td_value_at(self, 0)) + td_value_get_int(td_value_at(args, 1)));
     return TD_OK;
 }
@@ -595,12 +581,12 @@ TD_TEST(rref_proxy_timeout, .world_size = 2, .timeout_s = 90)
     /* A slow constructor: the type query times out first. */
     td_value *ctor = td_value_tuple_of(2, td_value_int(1), td_value_bool(true));
     td_rref *slow = remote_on(next_worker(ctx), "MyClass", ctor);
-    double t0 = now_s();
+    double t0 = rpc_test_now_s();
     CHECK_FAILS_WITH(td_rref_rpc_sync(slow, "get_value", NULL, NULL, 100, &res), TIMEOUT_MSG);
     TD_CHECK(res == NULL);
     CHECK_FAILS_WITH(td_rref_remote(slow, "get_value", NULL, NULL, 100, &out), TIMEOUT_MSG);
     TD_CHECK(out == NULL);
-    TD_CHECK_MSG(now_s() - t0 < 1.5, "the timed-out proxies took %.2f s", now_s() - t0);
+    TD_CHECK_MSG(rpc_test_now_s() - t0 < 1.5, "the timed-out proxies took %.2f s", rpc_test_now_s() - t0);
     TD_CHECK_OK(td_rref_rpc_async(slow, "get_value", NULL, NULL, 100, &f));
     CHECK_FAILS_WITH(td_future_wait(f, 0), TIMEOUT_MSG);
     td_future_release(f);

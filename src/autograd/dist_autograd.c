@@ -83,8 +83,6 @@ typedef struct dist_ag_current {
     int64_t id;
 } dist_ag_current;
 static _Thread_local dist_ag_current dist_ag_tls = {NULL, -1};
-/* Set around this file's own calls, which carry no context. */
-static _Thread_local bool dist_ag_internal;
 
 /* A backward pass on this thread: the calls its recv functions made. */
 typedef struct dist_ag_pass {
@@ -309,11 +307,7 @@ static td_status dist_ag_recv_backward(void *ctx, td_tensor *const *grad_outputs
     td_value *args = td_value_tuple_of(4, td_value_int(r->context_id), td_value_int(r->message_id), grads,
                                        td_value_bool(pass->retain_graph));
     td_future *f = NULL;
-    bool was = dist_ag_internal;
-    dist_ag_internal = true;
-    td_status st = rpc_agent_call(pass->agent, r->peer, DIST_AG_BACKWARD_FN, args, NULL, TD_RPC_DEFAULT_TIMEOUT,
-                                  NULL, &f);
-    dist_ag_internal = was;
+    td_status st = dist_ag_call_plain(pass->agent, r->peer, DIST_AG_BACKWARD_FN, args, &f);
     td_value_release(args);
     if (st != TD_OK)
         return st;
@@ -409,7 +403,7 @@ static td_status dist_ag_record_recv(const td_value *v, const td_value *idx, int
 
 static td_status dist_ag_call_out(td_rpc_agent *a, int peer, td_value **payload, rpc_header *h)
 {
-    if (dist_ag_internal || dist_ag_tls.id < 0 || dist_ag_tls.agent != a)
+    if (dist_ag_tls.id < 0 || dist_ag_tls.agent != a)
         return TD_OK;
     dist_ag_context *c = dist_ag_lookup(a, dist_ag_tls.id, false);
     if (!c)
@@ -474,23 +468,22 @@ static void dist_ag_serve_exit(void *scope)
 static td_status dist_ag_reply_out(td_rpc_agent *a, int peer, const rpc_header *call, td_value **value,
                                    rpc_header *reply)
 {
-    dist_ag_context *c = dist_ag_lookup(a, call->autograd_context, false);
-    dist_ag_tensors need = {0};
-    td_value *idx = dist_ag_grad_tensors(*value, &need);
     int64_t message_id = 0;
-    td_status st = TD_OK;
+    td_value *idx;
+    dist_ag_context *c = dist_ag_lookup(a, call->autograd_context, false);
     if (c) {
-        st = dist_ag_record_send(dist_ag_state_of(a, false), c, need.items, (int)need.len, &message_id);
+        dist_ag_tensors need = {0};
+        idx = dist_ag_grad_tensors(*value, &need);
+        td_status st = dist_ag_record_send(dist_ag_state_of(a, false), c, need.items, (int)need.len, &message_id);
         dist_ag_add_worker(c, peer);
+        TD_VEC_FREE(&need);
+        dist_ag_context_release(c);
+        if (st != TD_OK) {
+            td_value_release(idx);
+            return st;
+        }
     } else {
-        td_value_release(idx);
         idx = td_value_list_new(); /* the context is gone: nothing to differentiate */
-    }
-    TD_VEC_FREE(&need);
-    dist_ag_context_release(c);
-    if (st != TD_OK) {
-        td_value_release(idx);
-        return st;
     }
     *value = td_value_tuple_of(2, *value ? *value : td_value_none(), idx);
     reply->flags |= RPC_FLAG_AUTOGRAD;
@@ -624,32 +617,28 @@ static td_status dist_ag_accumulate(dist_ag_context *c, td_autograd_node *accumu
     return st;
 }
 
-/* Waits for a pass's calls; each reply is None or (status, message). The first failure wins. */
-static td_status dist_ag_wait_outstanding(dist_ag_pass *pass, td_status st, char *msg, size_t size)
+/* Waits for a backward call f (taken) whose reply is None or (status, message); st is the outcome
+ * so far, and the first failure wins (its message in msg). */
+static td_status dist_ag_wait_reply(td_future *f, td_status st, char *msg, size_t size)
 {
-    for (size_t i = 0; i < pass->outstanding.len; i++) {
-        td_future *f = pass->outstanding.items[i];
-        td_status fs = td_future_wait(f, 0);
-        if (st == TD_OK && fs != TD_OK) {
-            st = fs;
-            snprintf(msg, size, "%s", td_future_error(f));
-        } else if (st == TD_OK) {
-            const td_value *v = td_future_value(f);
-            if (v && td_value_kind_of(v) == TD_VAL_TUPLE && td_value_len(v) == 2 &&
-                td_value_kind_of(td_value_at(v, 0)) == TD_VAL_INT &&
-                td_value_kind_of(td_value_at(v, 1)) == TD_VAL_STRING) {
-                int64_t code = td_value_get_int(td_value_at(v, 0));
-                /* A peer's status is one of ours (negative, small) or reads as a remote failure. */
-                st = code < 0 && code > -1000 ? (td_status)code : TD_ERR_REMOTE;
-                snprintf(msg, size, "%s", td_value_get_string(td_value_at(v, 1), NULL));
-            } else if (v && td_value_kind_of(v) != TD_VAL_NONE) {
-                st = TD_ERR_REMOTE;
-                snprintf(msg, size, "%s replied with a malformed result", DIST_AG_BACKWARD_FN);
-            }
+    td_status fs = td_future_wait(f, 0);
+    if (st == TD_OK && fs != TD_OK) {
+        st = fs;
+        snprintf(msg, size, "%s", td_future_error(f));
+    } else if (st == TD_OK) {
+        const td_value *v = td_future_value(f);
+        if (v && td_value_kind_of(v) == TD_VAL_TUPLE && td_value_len(v) == 2 &&
+            td_value_kind_of(td_value_at(v, 0)) == TD_VAL_INT && td_value_kind_of(td_value_at(v, 1)) == TD_VAL_STRING) {
+            int64_t code = td_value_get_int(td_value_at(v, 0));
+            /* A peer's status is one of ours (negative, small) or reads as a remote failure. */
+            st = code < 0 && code > -1000 ? (td_status)code : TD_ERR_REMOTE;
+            snprintf(msg, size, "%s", td_value_get_string(td_value_at(v, 1), NULL));
+        } else if (v && td_value_kind_of(v) != TD_VAL_NONE) {
+            st = TD_ERR_REMOTE;
+            snprintf(msg, size, "%s replied with a malformed result", DIST_AG_BACKWARD_FN);
         }
-        td_future_release(f);
     }
-    TD_VEC_FREE(&pass->outstanding);
+    td_future_release(f);
     return st;
 }
 
@@ -692,7 +681,9 @@ static td_status dist_ag_run(td_rpc_agent *a, dist_ag_context *c, const ag_edge 
     }
     free(captures);
     TD_VEC_FREE(&wanted);
-    st = dist_ag_wait_outstanding(&pass, st, msg, sizeof msg);
+    for (size_t i = 0; i < pass.outstanding.len; i++)
+        st = dist_ag_wait_reply(pass.outstanding.items[i], st, msg, sizeof msg);
+    TD_VEC_FREE(&pass.outstanding);
     atomic_fetch_sub(&s->backward_passes, 1);
     if (st != TD_OK)
         return error_set(st, msg);
@@ -768,14 +759,9 @@ static void dist_ag_release_workers(td_rpc_agent *a, dist_ag_context *c, int exc
     pthread_mutex_unlock(&c->mu);
     td_future **fs = n ? TD_NEW_ARRAY(td_future *, n) : NULL;
     td_value *args = td_value_tuple_of(1, td_value_int(c->id));
-    bool was = dist_ag_internal;
-    dist_ag_internal = true;
-    for (size_t i = 0; i < n; i++) {
-        if (workers[i] != except && workers[i] != (int)a->self.id &&
-            rpc_agent_call(a, workers[i], DIST_AG_RELEASE_FN, args, NULL, TD_RPC_DEFAULT_TIMEOUT, NULL, &fs[i]) != TD_OK)
-            fs[i] = NULL;
-    }
-    dist_ag_internal = was;
+    for (size_t i = 0; i < n; i++) /* a call that fails to start leaves fs[i] NULL */
+        if (workers[i] != except && workers[i] != (int)a->self.id)
+            dist_ag_call_plain(a, workers[i], DIST_AG_RELEASE_FN, args, &fs[i]);
     for (size_t i = 0; i < n; i++) {
         if (fs[i] && td_future_wait(fs[i], 0) != TD_OK)
             TD_LOG_DEBUG("distributed autograd: releasing context %lld on worker %d: %s", (long long)c->id,
@@ -892,7 +878,7 @@ static td_tensor *dist_ag_context_gradient(dist_ag_context *c, const td_tensor *
     }
     td_tensor *grad = NULL;
     pthread_mutex_lock(&c->mu);
-    for (size_t i = 0; acc && i < c->grads.len; i++)
+    for (size_t i = 0; acc && !grad && i < c->grads.len; i++)
         if (c->grads.items[i].accumulator == acc)
             grad = td_tensor_retain(c->grads.items[i].grad);
     pthread_mutex_unlock(&c->mu);
@@ -912,11 +898,9 @@ td_status dist_ag_gradient_on(td_rpc_agent *a, int64_t context_id, const td_tens
 
 td_status dist_ag_call_plain(td_rpc_agent *a, int peer, const char *fn, const td_value *args, td_future **future)
 {
-    bool was = dist_ag_internal;
-    dist_ag_internal = true;
-    td_status st = rpc_agent_call(a, peer, fn, args, NULL, TD_RPC_DEFAULT_TIMEOUT, NULL, future);
-    dist_ag_internal = was;
-    return st;
+    /* The RPC layer's own kind of message: call_out leaves it alone, whatever this thread is in. */
+    const rpc_header protocol = {.flags = RPC_CALL_PROTOCOL};
+    return rpc_agent_call(a, peer, fn, args, NULL, TD_RPC_DEFAULT_TIMEOUT, &protocol, future);
 }
 
 td_status td_dist_autograd_get_gradient(int64_t context_id, const td_tensor *t, td_tensor **grad)
@@ -1024,9 +1008,7 @@ td_status td_rref_backward(td_rref *rref, int64_t context_id, bool retain_graph)
     td_status st = dist_ag_call_plain(a, (int)owner.id, DIST_AG_RREF_BACKWARD_FN, args, &f);
     td_value_release(args);
     TD_TRY(st);
-    dist_ag_pass pass = {.agent = a, .context_id = context_id};
-    TD_VEC_PUSH(&pass.outstanding, f);
     char msg[TD_ERROR_MAX] = "";
-    st = dist_ag_wait_outstanding(&pass, TD_OK, msg, sizeof msg);
+    st = dist_ag_wait_reply(f, TD_OK, msg, sizeof msg);
     return st == TD_OK ? TD_OK : error_set(st, msg);
 }

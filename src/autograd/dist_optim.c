@@ -27,6 +27,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "base/map.h"
+#include "base/ref.h"
 #include "base/vec.h"
 #include "rpc/rref.h"
 
@@ -48,6 +49,7 @@ typedef struct dist_optim_param {
 } dist_optim_param;
 
 typedef struct dist_optim_local {
+    td_ref ref; /* the table's, and each step's while it runs */
     dist_optim_key key;
     td_optim_kind kind;
     td_optim_options options;
@@ -59,9 +61,9 @@ typedef struct dist_optim_local {
 static pthread_mutex_t dist_optim_locals_mu = PTHREAD_MUTEX_INITIALIZER;
 static td_map dist_optim_locals = TD_MAP_INIT; /* dist_optim_key -> dist_optim_local */
 
-static void dist_optim_local_free(dist_optim_local *l)
+static void dist_optim_local_release(dist_optim_local *l)
 {
-    if (!l)
+    if (!l || !ref_dec(&l->ref))
         return;
     for (size_t i = 0; i < l->n; i++) {
         td_tensor_release(l->params[i].param);
@@ -89,6 +91,7 @@ static td_status dist_optim_local_new(td_rpc_agent *a, int64_t id, td_optim_kind
                                       const td_value *params, dist_optim_local **out)
 {
     dist_optim_local *l = TD_NEW(dist_optim_local);
+    ref_init(&l->ref);
     l->key = (dist_optim_key){a, id};
     l->kind = kind;
     l->options = *o;
@@ -111,7 +114,7 @@ static td_status dist_optim_local_new(td_rpc_agent *a, int64_t id, td_optim_kind
         td_value_release(v);
     }
     if (st != TD_OK) {
-        dist_optim_local_free(l);
+        dist_optim_local_release(l);
         return st;
     }
     *out = l;
@@ -196,6 +199,24 @@ static td_status dist_optim_local_step(td_rpc_agent *a, dist_optim_local *l, int
     return st;
 }
 
+/* The local optimizer of key (a new reference), or NULL. */
+static dist_optim_local *dist_optim_local_get(const dist_optim_key *key)
+{
+    pthread_mutex_lock(&dist_optim_locals_mu);
+    dist_optim_local *l = map_get(&dist_optim_locals, key, sizeof *key);
+    if (l)
+        ref_inc(&l->ref);
+    pthread_mutex_unlock(&dist_optim_locals_mu);
+    return l;
+}
+
+/* Under dist_optim_locals_mu: once the table is empty it holds no memory either. */
+static void dist_optim_locals_trim(void)
+{
+    if (dist_optim_locals.len == 0)
+        map_free(&dist_optim_locals, NULL);
+}
+
 static td_status dist_optim_options_from_value(const td_value *v, td_optim_options *o)
 {
     if (!v || td_value_kind_of(v) != TD_VAL_TUPLE || td_value_len(v) != 8)
@@ -242,9 +263,9 @@ static td_status dist_optim_fn_step(td_rpc_call *call, const td_value *args, con
     TD_TRY(dist_optim_options_from_value(p[2], &o));
     td_rpc_agent *a = td_rpc_call_agent(call);
     dist_optim_key key = {a, td_value_get_int(p[0])};
-    pthread_mutex_lock(&dist_optim_locals_mu);
-    dist_optim_local *l = map_get(&dist_optim_locals, &key, sizeof key);
-    pthread_mutex_unlock(&dist_optim_locals_mu);
+    /* The step holds its own reference: a trainer whose step timed out may free the optimizer
+     * while this worker still runs the step. */
+    dist_optim_local *l = dist_optim_local_get(&key);
     if (!l) {
         if (td_value_kind_of(p[3]) != TD_VAL_LIST)
             return td_rpc_raise("RuntimeError", "%s: no local optimizer %lld on this worker", DIST_OPTIM_STEP_FN,
@@ -258,12 +279,13 @@ static td_status dist_optim_fn_step(td_rpc_call *call, const td_value *args, con
             l = fresh;
             fresh = NULL;
         }
+        ref_inc(&l->ref);
         pthread_mutex_unlock(&dist_optim_locals_mu);
-        dist_optim_local_free(fresh);
+        dist_optim_local_release(fresh);
     }
-    /* A local optimizer is freed only by tdist::dist_optim_free, which its trainer sends after its
-     * last step returned, so l stays valid here. */
-    return dist_optim_local_step(a, l, td_value_get_int(p[4]));
+    td_status st = dist_optim_local_step(a, l, td_value_get_int(p[4]));
+    dist_optim_local_release(l);
+    return st;
 }
 
 /* tdist::dist_optim_free(id): drops this worker's local optimizer of that id, if any. */
@@ -278,12 +300,9 @@ static td_status dist_optim_fn_free(td_rpc_call *call, const td_value *args, con
     dist_optim_key key = {td_rpc_call_agent(call), td_value_get_int(p[0])};
     pthread_mutex_lock(&dist_optim_locals_mu);
     dist_optim_local *l = map_remove(&dist_optim_locals, &key, sizeof key);
-    if (dist_optim_locals.len == 0) {
-        map_free(&dist_optim_locals, NULL); /* nothing left: no memory held either */
-        dist_optim_locals = (td_map)TD_MAP_INIT;
-    }
+    dist_optim_locals_trim();
     pthread_mutex_unlock(&dist_optim_locals_mu);
-    dist_optim_local_free(l);
+    dist_optim_local_release(l);
     return TD_OK;
 }
 
@@ -299,13 +318,10 @@ void dist_optim_agent_free(td_rpc_agent *a)
     }
     for (size_t i = 0; i < gone.len; i++)
         map_remove(&dist_optim_locals, &gone.items[i]->key, sizeof gone.items[i]->key);
-    if (dist_optim_locals.len == 0) {
-        map_free(&dist_optim_locals, NULL);
-        dist_optim_locals = (td_map)TD_MAP_INIT;
-    }
+    dist_optim_locals_trim();
     pthread_mutex_unlock(&dist_optim_locals_mu);
     for (size_t i = 0; i < gone.len; i++)
-        dist_optim_local_free(gone.items[i]);
+        dist_optim_local_release(gone.items[i]);
     TD_VEC_FREE(&gone);
 }
 
@@ -430,23 +446,17 @@ td_status td_dist_optimizer_step(td_dist_optimizer *opt, int64_t context_id)
     char msg[TD_ERROR_MAX] = "";
     for (size_t k = 0; k < n; k++) {
         dist_optim_owner *w = &opt->owners.items[k];
-        td_value *params = td_value_none();
-        if (!w->created) {
-            td_value_release(params);
-            params = td_value_list_new();
-            for (size_t i = 0; i < w->params.len; i++)
-                td_value_list_append(params, td_rref_value(w->params.items[i]));
-        }
+        /* The RRefs travel until the owner has made its local optimizer. */
+        td_value *params = w->created ? td_value_none() : td_value_list_new();
+        for (size_t i = 0; !w->created && i < w->params.len; i++)
+            td_value_list_append(params, td_rref_value(w->params.items[i]));
         td_value *args = td_value_tuple_of(5, td_value_int(opt->id), td_value_int(opt->kind),
                                            dist_optim_options_value(&opt->options), params, td_value_int(context_id));
         td_status cs = dist_ag_call_plain(opt->agent, (int)w->worker, DIST_OPTIM_STEP_FN, args, &fs[k]);
         td_value_release(args);
-        if (cs != TD_OK) {
-            fs[k] = NULL;
-            if (st == TD_OK) {
-                st = cs;
-                snprintf(msg, sizeof msg, "%s", td_last_error());
-            }
+        if (cs != TD_OK && st == TD_OK) { /* fs[k] stays NULL */
+            st = cs;
+            snprintf(msg, sizeof msg, "%s", td_last_error());
         }
     }
     for (size_t k = 0; k < n; k++) {
@@ -472,12 +482,10 @@ void td_dist_optimizer_free(td_dist_optimizer *opt)
     size_t n = opt->owners.len;
     td_future **fs = TD_NEW_ARRAY(td_future *, n ? n : 1);
     td_value *args = td_value_tuple_of(1, td_value_int(opt->id));
-    for (size_t k = 0; k < n; k++) {
-        fs[k] = NULL;
-        /* Every owner, stepped or not: a first step that failed may have made its local optimizer. */
-        if (dist_ag_call_plain(opt->agent, (int)opt->owners.items[k].worker, DIST_OPTIM_FREE_FN, args, &fs[k]) != TD_OK)
-            fs[k] = NULL;
-    }
+    /* Every owner, stepped or not: a first step that failed may have made its local optimizer. A
+     * call that fails to start leaves fs[k] NULL. */
+    for (size_t k = 0; k < n; k++)
+        dist_ag_call_plain(opt->agent, (int)opt->owners.items[k].worker, DIST_OPTIM_FREE_FN, args, &fs[k]);
     for (size_t k = 0; k < n; k++) {
         if (fs[k] && td_future_wait(fs[k], 0) != TD_OK)
             TD_LOG_DEBUG("DistributedOptimizer: dropping the local optimizer on worker %lld: %s",

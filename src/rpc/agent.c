@@ -138,7 +138,6 @@ void td_rpc_options_init(td_rpc_options *o)
  * whose callbacks have yet to run for the end of the work. */
 static void pending_finish(td_rpc_agent *a, rpc_pending *p)
 {
-    rpc_prof_call_end(p->prof);
     td_future_release(p->future);
     free(p);
     pthread_mutex_lock(&a->mu);
@@ -146,6 +145,16 @@ static void pending_finish(td_rpc_agent *a, rpc_pending *p)
     a->calls_done++;
     pthread_cond_broadcast(&a->cv);
     pthread_mutex_unlock(&a->mu);
+}
+
+/* Fails a pending call (out of the pending map) with (status, message) and finishes it. Its
+ * profiling event ends first, so that a caller the failure wakes finds it recorded. */
+static void pending_fail(td_rpc_agent *a, rpc_pending *p, td_status status, const char *message)
+{
+    rpc_prof_call_end(p->prof);
+    p->prof = NULL;
+    td_future_set_error(p->future, status, "%s", message);
+    pending_finish(a, p);
 }
 
 static void flush_mark(void *arg) { td_future_set_result(arg, NULL); }
@@ -254,13 +263,10 @@ void rpc_agent_expire(td_rpc_agent *a)
     }
     pthread_mutex_unlock(&a->mu);
     for (size_t i = 0; i < expired.len; i++) {
-        rpc_pending *p = expired.items[i];
-        rpc_prof_call_end(p->prof);
-        p->prof = NULL;
-        td_future_set_error(p->future, TD_ERR_TIMEOUT,
-                            "RPC ran for more than set timeout (%lld ms) and will now be marked with an error",
-                            (long long)p->timeout_ms);
-        pending_finish(a, p);
+        char msg[128];
+        snprintf(msg, sizeof msg, "RPC ran for more than set timeout (%lld ms) and will now be marked with an error",
+                 (long long)expired.items[i]->timeout_ms);
+        pending_fail(a, expired.items[i], TD_ERR_TIMEOUT, msg);
     }
     free(expired.items);
 }
@@ -279,12 +285,8 @@ static void fail_pending(td_rpc_agent *a, int peer, td_status status, const char
     for (size_t i = 0; i < failed.len; i++)
         map_remove(&a->pending, &failed.items[i]->id, sizeof failed.items[i]->id);
     pthread_mutex_unlock(&a->mu);
-    for (size_t i = 0; i < failed.len; i++) {
-        rpc_prof_call_end(failed.items[i]->prof);
-        failed.items[i]->prof = NULL;
-        td_future_set_error(failed.items[i]->future, status, "%s", message);
-        pending_finish(a, failed.items[i]);
-    }
+    for (size_t i = 0; i < failed.len; i++)
+        pending_fail(a, failed.items[i], status, message);
     free(failed.items);
 }
 
@@ -1675,10 +1677,8 @@ static td_status agent_call(td_rpc_agent *a, int peer, const char *fn, const td_
             pthread_mutex_lock(&a->mu);
             rpc_pending *q = map_remove(&a->pending, &id, sizeof id);
             pthread_mutex_unlock(&a->mu);
-            if (q) {
-                td_future_set_error(q->future, TD_ERR_INTERNAL, "%s", msg);
-                pending_finish(a, q);
-            }
+            if (q)
+                pending_fail(a, q, TD_ERR_INTERNAL, msg);
         }
     } else if (ch) {
         rpc_channel_send(a, ch, m, send_deadline); /* a failure fails the channel and so this call */
@@ -1687,9 +1687,10 @@ static td_status agent_call(td_rpc_agent *a, int peer, const char *fn, const td_
         rpc_pending *q = map_remove(&a->pending, &id, sizeof id);
         pthread_mutex_unlock(&a->mu);
         if (q) {
-            td_future_set_error(q->future, TD_ERR_PEER_LOST, "RPC to worker %s (id %d) failed: not connected to it",
-                                a->peers[peer].info.name, peer);
-            pending_finish(a, q);
+            char msg[512];
+            snprintf(msg, sizeof msg, "RPC to worker %s (id %d) failed: not connected to it", a->peers[peer].info.name,
+                     peer);
+            pending_fail(a, q, TD_ERR_PEER_LOST, msg);
         }
     }
     *future = f;

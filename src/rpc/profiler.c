@@ -361,18 +361,15 @@ static td_status event_from_wire(const td_value *t, const char *prefix, prof_eve
         const td_value *s = td_value_at(shapes, i);
         td_value_kind k = td_value_kind_of(s);
         size_t nd = (k == TD_VAL_TUPLE || k == TD_VAL_LIST) ? td_value_len(s) : SIZE_MAX;
-        if (nd > TD_MAX_DIMS) {
+        bool ok = nd <= TD_MAX_DIMS;
+        for (size_t j = 0; ok && j < nd; j++)
+            if ((ok = is_int(td_value_at(s, j))))
+                inputs[i].d[j] = td_value_get_int(td_value_at(s, j));
+        if (!ok) {
             free(inputs);
             return error_fmt(TD_ERR_INVALID, "a profiling event's input shape is malformed");
         }
         inputs[i].ndim = (int)nd;
-        for (size_t j = 0; j < nd; j++) {
-            if (!is_int(td_value_at(s, j))) {
-                free(inputs);
-                return error_fmt(TD_ERR_INVALID, "a profiling event's input shape is malformed");
-            }
-            inputs[i].d[j] = td_value_get_int(td_value_at(s, j));
-        }
     }
     e->name = alloc_printf("%s" REMOTE_OP "%.*s", prefix, (int)name_len, text);
     e->start_ns = td_value_get_int(td_value_at(t, 1));
@@ -401,13 +398,12 @@ td_status rpc_prof_reply_unwrap(rpc_prof_call *c, td_value **v)
         td_value_release(w);
         return error_fmt(TD_ERR_INVALID, "a profiled reply holds %zu events, more than %u", n, WIRE_MAX_EVENTS);
     }
+    /* Without c (no profiler waits for them) the events are not even read. */
     td_status st = TD_OK;
-    prof_event *got = n ? TD_NEW_ARRAY(prof_event, n) : NULL;
-    size_t have = 0;
-    for (; have < n && c && st == TD_OK; have++)
-        st = event_from_wire(td_value_at(events, have), c->key, &got[have]);
-    if (st != TD_OK)
-        have--; /* the failed one cleaned up after itself */
+    prof_event *got = c && n ? TD_NEW_ARRAY(prof_event, n) : NULL;
+    size_t have = 0; /* the failed one cleans up after itself */
+    while (got && have < n && (st = event_from_wire(td_value_at(events, have), c->key, &got[have])) == TD_OK)
+        have++;
     if (st == TD_OK && have) {
         pthread_mutex_lock(&c->p->mu);
         TD_VEC_RESERVE(&c->p->events, c->p->events.len + have);

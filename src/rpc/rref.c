@@ -147,8 +147,7 @@ static void take_all(td_map *m, rref_vec *out)
     td_map_entry *e;
     for (size_t it = 0; (e = map_next(m, &it));)
         TD_VEC_PUSH(out, e->value);
-    map_free(m, NULL);
-    *m = (td_map)TD_MAP_INIT;
+    map_free(m, NULL); /* and empties it */
 }
 
 void rpc_rref_ctx_clear(td_rpc_agent *a)
@@ -168,7 +167,6 @@ void rpc_rref_ctx_clear(td_rpc_agent *a)
         free(pc);
     }
     map_free(&c->pending_children, NULL);
-    c->pending_children = (td_map)TD_MAP_INIT;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     release_all(&drop);

@@ -1649,6 +1649,7 @@ static td_status agent_call(td_rpc_agent *a, int peer, const char *fn, const td_
         prof = NULL;
         td_future_set_error(f, TD_ERR_PEER_LOST, "%s", msg);
         *future = f;
+        rpc_rref_peer_lost(a, peer); /* forks this message made for the lost peer will never be accepted */
         goto out;
     }
     rpc_pending *p = TD_NEW(rpc_pending);
@@ -1692,6 +1693,7 @@ static td_status agent_call(td_rpc_agent *a, int peer, const char *fn, const td_
                      peer);
             pending_fail(a, q, TD_ERR_PEER_LOST, msg);
         }
+        rpc_rref_peer_lost(a, peer);
     }
     *future = f;
 out:

@@ -10,6 +10,7 @@
  * and deletes racing each other. Every test ends with a graceful shutdown that checks for leaked
  * forks (rpc_test_options turns the leak check on, as dist_init does). Workers are "worker<rank>". */
 #include <errno.h>
+#include <signal.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1498,6 +1499,40 @@ TD_TEST(remote_timeout_not_reached, .world_size = 2, .timeout_s = 60)
 
 /* test_use_rref_after_shutdown: using an RRef after the agent shut down fails with "RPC has not
  * been initialized..."; releasing it is safe. */
+/* A user RRef sent to a worker that died: the call fails with TD_ERR_PEER_LOST, the fork it made
+ * for the dead worker stops counting as a pending child (no acceptance will come), and the
+ * graceful shutdown without a timeout still ends instead of waiting for it forever. */
+TD_TEST(rref_sent_to_lost_worker, .world_size = 3, .timeout_s = 60, .skip_return_code_check = true,
+        .allow_leftovers = true)
+{
+    rpc_up(ctx);
+    td_rref *r = NULL;
+    if (ctx->rank == 0) {
+        r = remote_on(td_rpc_to_id(1), "aten::add", td_value_tuple_of(2, tensor_value(2, 2, 1), td_value_int(1)));
+        td_value *v = fetch(r);
+        td_value_release(v);
+    }
+    barrier();
+    if (ctx->rank == 2)
+        raise(SIGKILL);
+    if (ctx->rank == 0) {
+        /* Until the death is seen, then once more with the RRef in the arguments. */
+        td_status st = TD_OK;
+        for (int i = 0; i < 600 && st != TD_ERR_PEER_LOST; i++) {
+            st = td_rpc_sync(NULL, td_rpc_to_id(2), "identity", NULL, NULL, 1000, NULL);
+            if (st != TD_ERR_PEER_LOST)
+                rpc_test_sleep_ms(50);
+        }
+        TD_CHECK_EQ(st, TD_ERR_PEER_LOST);
+        td_value *args = td_value_tuple_of(1, td_rref_value(r));
+        TD_CHECK_ERR(td_rpc_sync(NULL, td_rpc_to_id(2), "identity", args, NULL, -1, NULL), TD_ERR_PEER_LOST,
+                     "worker2");
+        td_value_release(args);
+        td_rref_release(r);
+    }
+    rpc_down();
+}
+
 TD_TEST(use_rref_after_shutdown, .world_size = 2, .timeout_s = 60)
 {
     rpc_up(ctx);

@@ -597,76 +597,170 @@ static td_status gather_wide(const td_tensor *t, wide **out)
 }
 
 /* The real dtypes' path of matmul_2d: the operands gathered as plain doubles (8 bytes, not the
- * 16 of a wide) so that the row update vectorizes. The arithmetic is the wide path's, in the same
- * order (each output element sums a[i][p] * b[p][j] over p in double, rounded once), so the results
- * are bit-identical; only the layout differs. */
-static void gather_real(const td_tensor *t, double *dst)
+ * 16 of a wide), a as an n x k row-major array and b in panels of MM_NR columns (zero-padded), so
+ * that a register tile of MM_MR x MM_NR outputs is updated per step along k. The arithmetic is the
+ * wide path's, in the same order (each output element sums a[i][p] * b[p][j] over p in double,
+ * multiply then add, rounded once into the result's dtype), so the results are bit-identical on
+ * every CPU; only the layout and the vector width differ. The tile kernel is built for the
+ * baseline ISA and for AVX2, picked at run time; no FMA, which would round differently. */
+#define MM_MR 4
+#define MM_NR 8
+
+/* The element strides of an operand seen as a matrix: a 1-D a is one row of k, a 1-D b one column
+ * of k. */
+static void matrix_strides(const td_tensor *t, bool is_b, int64_t *rs, int64_t *cs)
 {
-    int64_t rows = t->ndim == 2 ? t->sizes[0] : 1, cols = t->ndim ? t->sizes[t->ndim - 1] : 1;
-    int64_t s0 = t->ndim == 2 ? t->strides[0] : 0, s1 = t->ndim ? t->strides[t->ndim - 1] : 0;
-    if (t->dtype == TD_FLOAT32) {
-        const float *p = tensor_data_of(t);
-        for (int64_t i = 0; i < rows; i++)
-            for (int64_t j = 0; j < cols; j++)
-                *dst++ = p[i * s0 + j * s1];
-    } else if (t->dtype == TD_FLOAT64) {
-        const double *p = tensor_data_of(t);
-        for (int64_t i = 0; i < rows; i++)
-            for (int64_t j = 0; j < cols; j++)
-                *dst++ = p[i * s0 + j * s1];
+    if (t->ndim == 2) {
+        *rs = t->strides[0];
+        *cs = t->strides[1];
     } else {
-        const char *p = tensor_data_of(t);
-        size_t es = dtype_size_of(t->dtype);
-        for (int64_t i = 0; i < rows; i++)
-            for (int64_t j = 0; j < cols; j++)
-                *dst++ = wide_load(p + (size_t)(i * s0 + j * s1) * es, t->dtype, t->dtype).d;
+        *rs = is_b ? t->strides[0] : 0;
+        *cs = is_b ? 0 : t->strides[0];
     }
 }
 
-#if defined(__GNUC__) && !defined(__clang__)
-__attribute__((optimize("O3"))) /* gcc vectorizes the row update only at -O3 */
-#endif
-static void matmul_real_rows(const double *da, const double *db, double *acc, int64_t n, int64_t k, int64_t m,
-                             td_tensor *res)
+/* Element (row, col) of t at the given strides, as a double. */
+#define MM_ELEM(T, base, off) ((double)((const T *)(base))[off])
+
+static inline double element_real(const td_tensor *t, const void *base, int64_t off)
 {
-    td_dtype dt = res->dtype;
-    char *dst = tensor_data_of(res);
-    size_t es = dtype_size_of(dt);
-    for (int64_t i = 0; i < n; i++) {
-        for (int64_t j = 0; j < m; j++)
-            acc[j] = 0;
-        for (int64_t p = 0; p < k; p++) {
-            double x = da[i * k + p];
-            const double *row = db + p * m;
-            for (int64_t j = 0; j < m; j++)
-                acc[j] += x * row[j];
-        }
-        if (dt == TD_FLOAT32) {
-            float *out = (float *)(void *)dst + i * m;
-            for (int64_t j = 0; j < m; j++)
-                out[j] = (float)acc[j];
-        } else if (dt == TD_FLOAT64) {
-            memcpy(dst + (size_t)(i * m) * es, acc, (size_t)m * sizeof(double));
-        } else {
-            for (int64_t j = 0; j < m; j++) {
-                wide w = {.d = acc[j]};
-                wide_store(dst + (size_t)(i * m + j) * es, dt, w, WIDE_REAL);
-            }
-        }
+    return wide_load((const char *)base + (size_t)off * dtype_size_of(t->dtype), t->dtype, t->dtype).d;
+}
+
+/* Copies rows x cols elements of t (strides rs, cs) into dst at dst[i * drs + j * dcs]. */
+#define MM_GATHER(T)                                                                                     \
+    for (int64_t i = 0; i < rows; i++)                                                                   \
+        for (int64_t j = 0; j < cols; j++)                                                               \
+            dst[i * drs + j * dcs] = MM_ELEM(T, base, i * rs + j * cs)
+
+static void gather_block(const td_tensor *t, int64_t r0, int64_t c0, int64_t rows, int64_t cols, bool is_b,
+                         double *dst, int64_t drs, int64_t dcs)
+{
+    int64_t rs, cs;
+    matrix_strides(t, is_b, &rs, &cs);
+    const char *base = tensor_data_of(t);
+    base += (size_t)(r0 * rs + c0 * cs) * dtype_size_of(t->dtype);
+    if (t->dtype == TD_FLOAT32) {
+        MM_GATHER(float);
+    } else if (t->dtype == TD_FLOAT64) {
+        MM_GATHER(double);
+    } else {
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; j < cols; j++)
+                dst[i * drs + j * dcs] = element_real(t, base, i * rs + j * cs);
     }
 }
+
+/* a [rows x cols] into dst, row-major. */
+static void gather_rows(const td_tensor *t, int64_t rows, int64_t cols, double *dst)
+{
+    gather_block(t, 0, 0, rows, cols, false, dst, cols, 1);
+}
+
+/* b [k x m] into panels: panel q holds columns q*MM_NR .. q*MM_NR+MM_NR-1 as k rows of MM_NR,
+ * zero-padded past m. */
+static void gather_panels(const td_tensor *t, int64_t k, int64_t m, double *dst)
+{
+    for (int64_t j0 = 0; j0 < m; j0 += MM_NR, dst += k * MM_NR) {
+        int64_t w = m - j0 < MM_NR ? m - j0 : MM_NR;
+        if (w < MM_NR)
+            memset(dst, 0, (size_t)(k * MM_NR) * sizeof(double));
+        gather_block(t, 0, j0, k, w, true, dst, MM_NR, 1);
+    }
+}
+
+typedef double mm_v4 __attribute__((vector_size(4 * sizeof(double))));
+
+#define MM_LOAD(v, p) memcpy(&(v), (p), sizeof(v)) /* an unaligned vector load */
+
+static inline void mm_store(double *dst, const mm_v4 *acc, int64_t w)
+{
+    double tmp[MM_NR];
+    memcpy(tmp, acc, sizeof tmp);
+    memcpy(dst, tmp, (size_t)w * sizeof(double));
+}
+
+#define MM_BCAST(x) ((mm_v4){(x), (x), (x), (x)})
+
+/* c [n x m] (row-major doubles) = a [n x k] @ the panels of b. */
+#define DEF_MM_TILES(sfx, ATTR)                                                                          \
+    ATTR static void mm_tiles##sfx(const double *a, const double *bp, int64_t n, int64_t k, int64_t m,   \
+                                   double *c)                                                            \
+    {                                                                                                    \
+        for (int64_t j0 = 0; j0 < m; j0 += MM_NR, bp += k * MM_NR) {                                     \
+            int64_t w = m - j0 < MM_NR ? m - j0 : MM_NR, i = 0;                                          \
+            for (; i + MM_MR <= n; i += MM_MR) {                                                         \
+                const double *a0 = a + i * k, *a1 = a0 + k, *a2 = a1 + k, *a3 = a2 + k;                  \
+                mm_v4 acc[MM_MR][2] = {{{0}}};                                                           \
+                for (int64_t p = 0; p < k; p++) {                                                        \
+                    mm_v4 b0, b1;                                                                        \
+                    MM_LOAD(b0, bp + p * MM_NR), MM_LOAD(b1, bp + p * MM_NR + 4);                        \
+                    mm_v4 x0 = MM_BCAST(a0[p]), x1 = MM_BCAST(a1[p]);                                    \
+                    mm_v4 x2 = MM_BCAST(a2[p]), x3 = MM_BCAST(a3[p]);                                    \
+                    acc[0][0] += x0 * b0, acc[0][1] += x0 * b1;                                          \
+                    acc[1][0] += x1 * b0, acc[1][1] += x1 * b1;                                          \
+                    acc[2][0] += x2 * b0, acc[2][1] += x2 * b1;                                          \
+                    acc[3][0] += x3 * b0, acc[3][1] += x3 * b1;                                          \
+                }                                                                                        \
+                for (int r = 0; r < MM_MR; r++)                                                          \
+                    mm_store(c + (i + r) * m + j0, acc[r], w);                                           \
+            }                                                                                            \
+            for (; i < n; i++) {                                                                         \
+                const double *a0 = a + i * k;                                                            \
+                mm_v4 acc[2] = {{0}};                                                                    \
+                for (int64_t p = 0; p < k; p++) {                                                        \
+                    mm_v4 x0 = MM_BCAST(a0[p]), b0, b1;                                                  \
+                    MM_LOAD(b0, bp + p * MM_NR), MM_LOAD(b1, bp + p * MM_NR + 4);                        \
+                    acc[0] += x0 * b0, acc[1] += x0 * b1;                                                \
+                }                                                                                        \
+                mm_store(c + i * m + j0, acc, w);                                                        \
+            }                                                                                            \
+        }                                                                                                \
+    }
+
+DEF_MM_TILES(_base, )
+#if defined(__x86_64__) && defined(__GNUC__)
+DEF_MM_TILES(_avx2, __attribute__((target("avx2"))))
+
+static bool mm_have_avx2(void)
+{
+    static _Atomic int cached = -1;
+    int v = cached;
+    if (v < 0)
+        cached = v = __builtin_cpu_supports("avx2") ? 1 : 0;
+    return v;
+}
+#endif
 
 static td_status matmul_real(const td_tensor *a, const td_tensor *b, int64_t n, int64_t k, int64_t m, td_tensor *res)
 {
-    size_t na = (size_t)(n * k), nb = (size_t)(k * m), total;
-    if (__builtin_add_overflow(na, nb, &total) || __builtin_add_overflow(total, (size_t)m + 1, &total) ||
-        total > SIZE_MAX / sizeof(double))
+    bool direct = res->dtype == TD_FLOAT64; /* res is contiguous: the kernel writes it */
+    int64_t mp = (m + MM_NR - 1) / MM_NR * MM_NR;
+    size_t na = (size_t)(n * k), nb, nc = direct ? 0 : (size_t)(n * m), total;
+    if (__builtin_mul_overflow((size_t)k, (size_t)mp, &nb) || __builtin_add_overflow(na, nb, &total) ||
+        __builtin_add_overflow(total, nc + 1, &total) || total > SIZE_MAX / sizeof(double))
         return error_fmt(TD_ERR_INVALID, "matmul: the operands have too many elements");
     double *buf;
     TD_TRY(alloc_try(total * sizeof(double), "matmul operands", (void **)&buf));
-    gather_real(a, buf);
-    gather_real(b, buf + na);
-    matmul_real_rows(buf, buf + na, buf + na + nb, n, k, m, res);
+    double *c = direct ? (double *)tensor_data_of(res) : buf + na + nb;
+    gather_rows(a, n, k, buf);
+    gather_panels(b, k, m, buf + na);
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (mm_have_avx2())
+        mm_tiles_avx2(buf, buf + na, n, k, m, c);
+    else
+#endif
+        mm_tiles_base(buf, buf + na, n, k, m, c);
+    if (res->dtype == TD_FLOAT32) {
+        float *out = tensor_data_of(res);
+        for (size_t j = 0; j < nc; j++)
+            out[j] = (float)c[j];
+    } else if (!direct) {
+        char *dst = tensor_data_of(res);
+        size_t es = dtype_size_of(res->dtype);
+        for (size_t j = 0; j < nc; j++)
+            wide_store(dst + j * es, res->dtype, (wide){.d = c[j]}, WIDE_REAL);
+    }
     free(buf);
     return TD_OK;
 }

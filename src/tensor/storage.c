@@ -76,13 +76,16 @@ static void describe_size(char *out, size_t len, size_t nbytes)
 
 static td_status heap_alloc(size_t nbytes, bool zero, td_storage **out)
 {
-    char what[64];
-    describe_size(what, sizeof what, nbytes);
     void *data = NULL;
     /* A zero-byte storage still gets a real block, so element pointers are never NULL-based. Large
      * storages go on transparent huge pages: copies between ranks and the reduce loops then walk
-     * one page-table entry per 2 MiB (base/hugealloc.h). */
-    TD_TRY(huge_try_alloc(nbytes ? nbytes : 64, what, &data));
+     * one page-table entry per 2 MiB (base/hugealloc.h). The size is described only on failure:
+     * formatting it costs more than a small allocation. */
+    if (huge_try_alloc(nbytes ? nbytes : 64, "a tensor storage", &data) != TD_OK) {
+        char what[64];
+        describe_size(what, sizeof what, nbytes);
+        return error_fmt(TD_ERR_NOMEM, "out of memory allocating %s (%zu bytes)", what, nbytes ? nbytes : 64);
+    }
     if (zero)
         memset(data, 0, nbytes);
     *out = storage_new_with(data, nbytes, cpu_device, &storage_heap_allocator, NULL, true);

@@ -12,8 +12,9 @@
  * its batch (twice --batch samples, the global batch of ddp_train on two ranks) to stage1, whose
  * activations it sends to stage2, computes the cross-entropy of the logits that come back,
  * runs the distributed backward (gradients flow back through both workers) and steps the
- * DistributedOptimizer (SGD, momentum 0.9), which updates each owner's parameters with that
- * context's gradients. After each epoch the trainer prints the loss and the test accuracy of a
+ * DistributedOptimizer (SGD, momentum 0.9, ddp_train's learning rate and its 0.3x decay over the
+ * last quarter of the epochs), which updates each owner's parameters with that context's
+ * gradients. After each epoch the trainer prints the loss and the test accuracy of a
  * forward pass outside any context. It exits 1 when the final accuracy is below the target.
  * --bench-steps N times N steps on one batch instead (after 20 to warm up) and prints the median
  * ("step_ms"), for bench/autograd/dist_run.sh. */
@@ -304,6 +305,8 @@ static int train(void)
     long steps = 0;
     for (int epoch = 1; epoch <= cfg.epochs && !rc; epoch++) {
         double t_epoch = now_s(), loss_sum = 0;
+        /* ddp_train's schedule: the learning rate drops to 0.3x for the last quarter of the epochs. */
+        rc = check(td_dist_optimizer_set_lr(opt, cfg.lr * (epoch > cfg.epochs * 3 / 4 ? 0.3 : 1.0)), "set_lr");
         for (int i = cfg.samples - 1; i > 0; i--) { /* ddp_train's permutation */
             int j = (int)(rng_next(&shuffle) % (uint64_t)(i + 1));
             int t = order[i];

@@ -59,6 +59,11 @@ TD_API td_status td_dist_optimizer_create(td_optim_kind kind, const td_optim_opt
  * with the first failure (every owner's call is waited for). A parameter RRef whose value is not a
  * tensor that requires grad fails the step on its owner. */
 TD_API td_status td_dist_optimizer_step(td_dist_optimizer *opt, int64_t context_id);
+/* The learning rate of the following steps on every owner (each step carries it), as a scheduler
+ * sets param_group["lr"]: "Invalid learning rate: -1" for a negative or NaN lr. td_dist_optimizer_lr
+ * reads it back (0 for NULL). */
+TD_API td_status td_dist_optimizer_set_lr(td_dist_optimizer *opt, double lr);
+TD_API double td_dist_optimizer_lr(const td_dist_optimizer *opt);
 /* Drops the owners' local optimizers (an RPC to each owner, waited for; owners
  * that cannot be reached are skipped) and the RRefs. NULL is ignored. Free it before the agent
  * shuts down. */

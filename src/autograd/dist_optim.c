@@ -202,10 +202,12 @@ static td_status dist_optim_update(dist_optim_local *l, dist_optim_param *p, con
     return TD_OK;
 }
 
-static td_status dist_optim_local_step(td_rpc_agent *a, dist_optim_local *l, int64_t context_id)
+/* One step of l with the trainer's current learning rate (td_dist_optimizer_set_lr). */
+static td_status dist_optim_local_step(td_rpc_agent *a, dist_optim_local *l, double lr, int64_t context_id)
 {
     td_status st = TD_OK;
     pthread_mutex_lock(&l->mu);
+    l->options.lr = lr;
     for (size_t i = 0; i < l->n && st == TD_OK; i++) {
         td_tensor *g = NULL, *gc = NULL;
         st = dist_ag_gradient_on(a, context_id, l->params[i].param, &g);
@@ -304,7 +306,7 @@ static td_status dist_optim_fn_step(td_rpc_call *call, const td_value *args, con
         pthread_mutex_unlock(&dist_optim_locals_mu);
         dist_optim_local_release(fresh);
     }
-    td_status st = dist_optim_local_step(a, l, td_value_get_int(p[4]));
+    td_status st = dist_optim_local_step(a, l, o.lr, td_value_get_int(p[4]));
     dist_optim_local_release(l);
     return st;
 }
@@ -495,6 +497,18 @@ td_status td_dist_optimizer_step(td_dist_optimizer *opt, int64_t context_id)
     free(fs);
     return st == TD_OK ? TD_OK : error_set(st, msg);
 }
+
+td_status td_dist_optimizer_set_lr(td_dist_optimizer *opt, double lr)
+{
+    if (!opt)
+        return error_fmt(TD_ERR_INVALID, "td_dist_optimizer_set_lr: opt is NULL");
+    if (!(lr >= 0))
+        return error_fmt(TD_ERR_INVALID, "Invalid learning rate: %g", lr);
+    opt->options.lr = lr;
+    return TD_OK;
+}
+
+double td_dist_optimizer_lr(const td_dist_optimizer *opt) { return opt ? opt->options.lr : 0; }
 
 void td_dist_optimizer_free(td_dist_optimizer *opt)
 {

@@ -240,9 +240,10 @@ static void ref_update(td_optim_kind kind, const td_optim_options *o, td_tensor 
 }
 
 /* The reference: STEPS steps in one process. losses[STEPS]; params: the final values (new). */
-static void reference(const dopt_data *d, td_optim_kind kind, const td_optim_options *o, double *losses,
-                      td_tensor **params)
+static void reference(const dopt_data *d, td_optim_kind kind, const td_optim_options *opts, double lr_decay,
+                      double *losses, td_tensor **params)
 {
+    td_optim_options oo = *opts, *o = &oo;
     td_tensor *p[NPARAMS];
     ref_state st[NPARAMS];
     memset(st, 0, sizeof st);
@@ -251,6 +252,8 @@ static void reference(const dopt_data *d, td_optim_kind kind, const td_optim_opt
         TD_CHECK_OK(td_autograd_set_requires_grad(p[i], true));
     }
     for (int step = 0; step < STEPS; step++) {
+        if (step == STEPS / 2)
+            o->lr *= lr_decay;
         td_tensor *z = NULL, *h = NULL, *y = NULL;
         TD_CHECK_OK(td_autograd_addmm(p[1], d->x, p[0], &z));
         TD_CHECK_OK(td_autograd_tanh(z, &h));
@@ -297,8 +300,9 @@ static int64_t remote_num_local(int64_t worker)
     return n;
 }
 
-/* The trainer: the distributed training beside the reference. */
-static void train_and_compare(td_optim_kind kind, const td_optim_options *o, const char *what)
+/* The trainer: the distributed training beside the reference; from step STEPS / 2 on, the learning
+ * rate is multiplied by lr_decay (td_dist_optimizer_set_lr, as a scheduler would). */
+static void train_and_compare(td_optim_kind kind, const td_optim_options *o, double lr_decay, const char *what)
 {
     dopt_data d;
     data_make(&d);
@@ -312,6 +316,10 @@ static void train_and_compare(td_optim_kind kind, const td_optim_options *o, con
     TD_CHECK_OK(td_dist_optimizer_create(kind, o, params, NPARAMS, &opt));
     double losses[STEPS];
     for (int step = 0; step < STEPS; step++) {
+        if (step == STEPS / 2) {
+            TD_CHECK_OK(td_dist_optimizer_set_lr(opt, o->lr * lr_decay));
+            TD_CHECK(td_dist_optimizer_lr(opt) == o->lr * lr_decay);
+        }
         int64_t id = -1;
         TD_CHECK_OK(td_dist_autograd_context_enter(NULL, &id));
         td_tensor *h = call_tensor(1, "dopt_layer1", td_value_tuple_of(3, td_rref_value(params[0]),
@@ -333,7 +341,7 @@ static void train_and_compare(td_optim_kind kind, const td_optim_options *o, con
 
     double want_losses[STEPS];
     td_tensor *want[NPARAMS];
-    reference(&d, kind, o, want_losses, want);
+    reference(&d, kind, o, lr_decay, want_losses, want);
     for (int step = 0; step < STEPS; step++)
         TD_CHECK_MSG(fabs(losses[step] - want_losses[step]) <= 1e-6, "%s: loss of step %d: %.12g, reference %.12g",
                      what, step, losses[step], want_losses[step]);
@@ -366,12 +374,12 @@ TD_TEST(sgd_momentum_matches_reference, .world_size = 3, .timeout_s = 60)
         o.momentum = 0.9;
         o.dampening = 0.1;
         o.weight_decay = 0.01;
-        train_and_compare(TD_OPTIM_SGD, &o, "SGD with momentum");
+        train_and_compare(TD_OPTIM_SGD, &o, 0.3, "SGD with momentum, lr x0.3 half-way");
         o = td_optim_options_default();
         o.lr = 0.05;
         o.momentum = 0.8;
         o.nesterov = true;
-        train_and_compare(TD_OPTIM_SGD, &o, "SGD with Nesterov momentum");
+        train_and_compare(TD_OPTIM_SGD, &o, 1.0, "SGD with Nesterov momentum");
     }
     dopt_down();
 }
@@ -383,7 +391,7 @@ TD_TEST(adam_matches_reference, .world_size = 3, .timeout_s = 60)
         td_optim_options o = td_optim_options_default();
         o.lr = 0.05;
         o.weight_decay = 0.01;
-        train_and_compare(TD_OPTIM_ADAM, &o, "Adam");
+        train_and_compare(TD_OPTIM_ADAM, &o, 0.5, "Adam, lr x0.5 half-way");
     }
     dopt_down();
 }
@@ -415,6 +423,9 @@ TD_TEST(no_gradient_and_option_errors, .world_size = 2, .timeout_s = 60)
         TD_CHECK(tensor_arg(v) && td_tensor_equal(tensor_arg(v), d.init[0]));
         td_value_release(v);
         TD_CHECK_ERR(td_dist_optimizer_step(opt, 100), TD_ERR_REMOTE, "Could not find autograd context with id: 100");
+        TD_CHECK_ERR(td_dist_optimizer_set_lr(opt, -0.5), TD_ERR_INVALID, "Invalid learning rate: -0.5");
+        TD_CHECK_ERR(td_dist_optimizer_set_lr(NULL, 0.5), TD_ERR_INVALID, "opt is NULL");
+        TD_CHECK(td_dist_optimizer_lr(opt) == o.lr); /* unchanged by the refused value */
         td_dist_optimizer_free(opt);
         td_rref_release(w);
         data_free(&d);

@@ -23,7 +23,9 @@
  * Each pass (the root's or a handler's) keeps its outstanding calls on the thread running the
  * engine (dist_ag_pass) and waits for them after the engine returns; the first error wins and
  * travels back as the reply's value (status, message), so a lost worker stays TD_ERR_PEER_LOST.
- * Leaving a context sends tdist::dist_autograd_release to its workers, which pass it on. */
+ * Leaving a context sends tdist::dist_autograd_release to its workers, which pass it on. A worker
+ * that loses another drops the contexts the lost one made (it can no longer leave them) and passes
+ * the release on in the same way, from a pool thread (peer_lost). */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -554,6 +556,8 @@ static void dist_ag_agent_free(td_rpc_agent *a)
     free(s);
 }
 
+static void dist_ag_peer_lost(td_rpc_agent *a, int peer);
+
 static const rpc_autograd_hooks dist_ag_hooks = {
     .call_out = dist_ag_call_out,
     .serve_in = dist_ag_serve_in,
@@ -562,6 +566,7 @@ static const rpc_autograd_hooks dist_ag_hooks = {
     .reply_in = dist_ag_reply_in,
     .debug_info = dist_ag_debug_info,
     .agent_free = dist_ag_agent_free,
+    .peer_lost = dist_ag_peer_lost,
 };
 
 void dist_ag_install(void)
@@ -789,6 +794,65 @@ static td_status dist_ag_fn_release(td_rpc_call *call, const td_value *args, con
         dist_ag_context_release(c);
     }
     return TD_OK;
+}
+
+/* ---- a lost worker's contexts --------------------------------------------------------------------- */
+
+typedef struct dist_ag_orphan {
+    td_rpc_agent *agent; /* a reference */
+    dist_ag_context *ctx; /* the table's former reference */
+    int lost;
+} dist_ag_orphan;
+
+static void dist_ag_orphan_release(void *arg)
+{
+    dist_ag_orphan *o = arg;
+    dist_ag_release_workers(o->agent, o->ctx, o->lost);
+    dist_ag_context_release(o->ctx);
+    rpc_agent_release(o->agent);
+    free(o);
+}
+
+static void dist_ag_orphan_drop(void *arg)
+{
+    dist_ag_orphan *o = arg;
+    dist_ag_context_release(o->ctx);
+    rpc_agent_release(o->agent);
+    free(o);
+}
+
+/* The peer_lost hook (the I/O thread, or a caller that found the peer gone): the contexts that peer
+ * made (id >> 48) leave this worker's table, and their release goes on to the workers they reached
+ * from a pool thread, since the I/O thread must not wait on calls. A backward still running in
+ * one keeps its own reference and fails on the lost peer. */
+static void dist_ag_peer_lost(td_rpc_agent *a, int peer)
+{
+    dist_ag_state *s = dist_ag_state_of(a, false);
+    if (!s)
+        return;
+    TD_VEC(int64_t) ids = {0};
+    pthread_mutex_lock(&s->mu);
+    td_map_entry *e;
+    for (size_t it = 0; (e = map_next(&s->contexts, &it));) {
+        int64_t id;
+        memcpy(&id, e->key, sizeof id);
+        if ((id >> 48) == peer)
+            TD_VEC_PUSH(&ids, id);
+    }
+    pthread_mutex_unlock(&s->mu);
+    for (size_t i = 0; i < ids.len; i++) {
+        dist_ag_context *c = dist_ag_remove(a, ids.items[i]);
+        if (!c)
+            continue;
+        TD_LOG_DEBUG("distributed autograd: worker %d is lost; dropping context %lld it made", peer,
+                     (long long)ids.items[i]);
+        dist_ag_orphan *o = TD_NEW(dist_ag_orphan);
+        rpc_agent_retain(a);
+        *o = (dist_ag_orphan){a, c, peer};
+        if (rpc_pool_submit(&a->pool, dist_ag_orphan_release, dist_ag_orphan_drop, o) != TD_OK)
+            dist_ag_orphan_drop(o);
+    }
+    TD_VEC_FREE(&ids);
 }
 
 /* ---- the public API ------------------------------------------------------------------------------ */

@@ -317,6 +317,9 @@ void rpc_agent_channel_failed(td_rpc_agent *a, rpc_channel *ch, const char *reas
              reason);
     fail_pending(a, peer, TD_ERR_PEER_LOST, msg);
     rpc_rref_peer_lost(a, peer);
+    const rpc_autograd_hooks *ag = atomic_load(&rpc_autograd);
+    if (ag && ag->peer_lost && !atomic_load(&a->closing)) /* a closing agent frees its contexts itself */
+        ag->peer_lost(a, peer);
 }
 
 /* ---- serving calls -------------------------------------------------------------------------- */

@@ -253,6 +253,9 @@ typedef struct rpc_autograd_hooks {
     td_status (*reply_in)(td_rpc_agent *a, int peer, const rpc_header *h, td_value **value);
     void (*debug_info)(td_rpc_agent *a, td_value *info);
     void (*agent_free)(td_rpc_agent *a); /* the agent's last reference went */
+    /* peer was just marked lost (called once per peer, from the thread that noticed, often the I/O
+     * thread: it must not wait on calls). */
+    void (*peer_lost)(td_rpc_agent *a, int peer);
 } rpc_autograd_hooks;
 extern const rpc_autograd_hooks *_Atomic rpc_autograd;
 void dist_ag_install(void);

@@ -169,6 +169,17 @@ static td_status kill_hook(td_tensor *grad, void *ctx, td_tensor **replace)
     return TD_OK;
 }
 
+/* dag_kill(): the callee dies at once (creator_killed). */
+static td_status fn_kill(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
+{
+    (void)call;
+    (void)args;
+    (void)kwargs;
+    (void)result;
+    raise(SIGKILL);
+    return TD_OK;
+}
+
 static void dag_up(td_test_ctx *ctx)
 {
     const rpc_test_function fns[] = {{"dag_param_mul", fn_param_mul, NULL, NULL},
@@ -177,7 +188,8 @@ static void dag_up(td_test_ctx *ctx)
                                      {"dag_num_contexts", fn_num_contexts, NULL, NULL},
                                      {"dag_add", fn_add, NULL, NULL},
                                      {"dag_sum", fn_sum, NULL, NULL},
-                                     {"dag_foo", fn_foo, NULL, NULL}};
+                                     {"dag_foo", fn_foo, NULL, NULL},
+                                     {"dag_kill", fn_kill, NULL, NULL}};
     rpc_test_register(fns, sizeof fns / sizeof fns[0]);
     g_param = leaf(param_value(ctx->rank));
     rpc_test_init(ctx, NULL);
@@ -770,6 +782,52 @@ TD_TEST(killed_mid_backward, .world_size = 3, .timeout_s = 60, .skip_return_code
     } else {
         /* Waits to die in the backward (the harness's timeout would catch a hang). */
         td_rpc_barrier(NULL, NULL, 0, 60000);
+    }
+}
+
+/* worker2 makes a context, runs worker2 -> worker1 -> worker0 in it (so both hold a copy) and is
+ * killed before it can leave the context: the survivors drop the lost worker's context on their
+ * own (no context left on either), and go on working. */
+TD_TEST(creator_killed_contexts_released, .world_size = 3, .timeout_s = 60, .skip_return_code_check = true,
+        .allow_leftovers = true)
+{
+    dag_up(ctx);
+    if (ctx->rank == 2) {
+        td_tensor *x = leaf(1.5), *y = leaf(-2.0);
+        int64_t id = -1;
+        TD_CHECK_OK(td_dist_autograd_context_enter(NULL, &id));
+        td_tensor *loss = chain3_forward(x, y, 0);
+        td_tensor_release(loss);
+        td_tensor_release(x);
+        td_tensor_release(y);
+        /* Stays in the context until worker1's dag_kill arrives. */
+        const char *names[] = {"worker0", "worker1", "worker2"};
+        td_rpc_barrier(NULL, names, 3, 60000);
+        TD_CHECK_MSG(false, "worker2 outlived dag_kill");
+    } else {
+        rpc_test_wait_debug("num_autograd_contexts", 1, 10000); /* worker2's context reached here */
+        const char *names[] = {"worker0", "worker1"};
+        TD_CHECK_OK(td_rpc_barrier(NULL, names, 2, 30000));
+        if (ctx->rank == 1)
+            TD_CHECK(td_rpc_sync(NULL, td_rpc_to_id(2), "dag_kill", NULL, NULL, 10000, NULL) != TD_OK);
+        rpc_test_wait_debug("num_autograd_contexts", 0, 10000);
+        /* The survivors still work together in a context of their own. */
+        if (ctx->rank == 0) {
+            td_tensor *x = leaf(1.5), *y = leaf(-2.0);
+            int64_t id = -1;
+            TD_CHECK_OK(td_dist_autograd_context_enter(NULL, &id));
+            td_tensor *loss = chain3_forward(x, y, 0);
+            TD_CHECK_OK(td_dist_autograd_backward(id, &loss, 1, false));
+            TD_CHECK_OK(td_dist_autograd_context_exit(id));
+            td_tensor_release(loss);
+            td_tensor_release(x);
+            td_tensor_release(y);
+        }
+        TD_CHECK_OK(td_rpc_barrier(NULL, names, 2, 30000));
+        TD_CHECK_EQ(rpc_test_debug_int("num_autograd_contexts"), 0);
+        TD_CHECK_OK(td_rpc_shutdown(true, 0));
+        td_tensor_release(g_param);
+        g_param = NULL;
     }
 }
 

@@ -11,6 +11,7 @@
 #define TDIST_TDIST_H
 
 #include <tdist/autograd.h>
+#include <tdist/ddp.h>
 #include <tdist/device.h>
 #include <tdist/dist_autograd.h>
 #include <tdist/dist_optim.h>

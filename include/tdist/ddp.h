@@ -1,0 +1,147 @@
+/* tdist/ddp.h: data-parallel training over tdist's autograd (torch.nn.parallel.DistributedDataParallel).
+ *
+ * A td_ddp wraps a model's parameters (autograd leaves, float dtypes) and optional buffers, and a
+ * process group. Construction checks that every rank has the same parameters ("DDP expects same
+ * model across all ranks, but Rank 1 has 3 params, while rank 0 has inconsistent 4 params.", or
+ * "[1]: params[0] in this process with sizes [2, 3] appears not to match sizes of the same param in
+ * process 0.") and broadcasts parameters and buffers from rank 0.
+ *
+ * The reducer groups the parameters into buckets, in reverse order of the array (the order
+ * gradients usually arrive in), per dtype, up to bucket_cap_bytes each (the first one
+ * first_bucket_bytes). A post-accumulate hook on every parameter copies its gradient into its
+ * bucket (divided by the world size) and marks it ready; a bucket whose parameters are all ready
+ * starts its asynchronous all_reduce at once (buckets start in index order, so that every rank
+ * issues the same sequence), so communication overlaps the rest of the backward. When the last
+ * bucket is started the hook waits for all of them and writes the averaged gradients back into
+ * .grad: when td_autograd_backward returns, every rank holds the same gradients. After the first
+ * iteration the buckets are rebuilt in the order the gradients actually arrived (rank 0's order,
+ * broadcast).
+ *
+ * A training step:
+ *     td_ddp_pre_forward(ddp);                  // checks the last reduction, broadcasts buffers
+ *     ... forward with the parameters ...
+ *     td_ddp_post_forward(ddp, &loss, 1);       // find_unused_parameters: walks the graph
+ *     td_autograd_backward(loss, NULL, false);  // gradients are reduced during the backward
+ *     ... optimizer step on the parameters ...
+ *
+ * Errors (PyTorch's texts): starting a step while the previous one's reduction did not finish
+ * (a parameter got no gradient) fails td_ddp_pre_forward / td_ddp_post_forward with "Expected to
+ * have finished reduction in the prior iteration before starting a new one. ...", which suggests
+ * "passing the keyword argument `find_unused_parameters=True`" (or, when it is on, says "Since
+ * `find_unused_parameters=True` is enabled") and "making sure all `forward` function outputs
+ * participate in calculating loss", then either suggests setting TORCH_DISTRIBUTED_DEBUG (TDIST_DEBUG)
+ * "to either INFO or DETAIL" or, at those levels, lists the parameter indices (and under DETAIL the
+ * names) that received no gradient. A failed collective fails the step with its own error.
+ *
+ * Threads: one td_ddp is driven by one thread at a time. */
+#ifndef TDIST_DDP_H
+#define TDIST_DDP_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <tdist/future.h>
+#include <tdist/pg.h>
+#include <tdist/status.h>
+#include <tdist/tensor.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct td_ddp td_ddp;
+typedef struct td_ddp_bucket td_ddp_bucket;
+
+typedef struct td_ddp_options {
+    int64_t bucket_cap_bytes;     /* 0: 25 MiB (bucket_cap_mb=25) */
+    int64_t first_bucket_bytes;   /* 0: 1 MiB */
+    bool find_unused_parameters;  /* parameters the outputs' graph does not reach count as ready */
+    bool broadcast_buffers;       /* broadcast the buffers from rank 0 before each forward */
+    bool gradient_as_bucket_view; /* .grad becomes a view into its bucket: no copy back */
+    bool static_graph;            /* the graph is the same every iteration (only the error differs) */
+    const char *const *param_names; /* NULL or one name per parameter, for errors under DETAIL */
+} td_ddp_options;
+
+#define TD_DDP_OPTIONS_INIT {0, 0, false, true, false, false, NULL}
+
+/* Wraps n_params parameters (each a leaf that requires grad; borrowed, kept alive by the td_ddp)
+ * and n_buffers buffers (any dtype; NULL when 0) over pg (NULL: the default group); every rank of
+ * pg calls it with the same model. options may be NULL (TD_DDP_OPTIONS_INIT). */
+TD_API td_status td_ddp_create(td_pg *pg, td_tensor *const *params, int n_params, td_tensor *const *buffers,
+                               int n_buffers, const td_ddp_options *options, td_ddp **out);
+/* Removes the hooks and frees the reducer; the parameters keep their last gradients. NULL is
+ * ignored. Reductions still in flight are waited for first. */
+TD_API void td_ddp_free(td_ddp *ddp);
+
+/* The part of DDP.forward before the module runs: fails if the previous synchronized step did not
+ * finish its reduction, and broadcasts the buffers from rank 0 (broadcast_buffers). */
+TD_API td_status td_ddp_pre_forward(td_ddp *ddp);
+/* The part after: prepares the reducer for the backward of outputs (n of them; may be NULL when
+ * find_unused_parameters is off). With find_unused_parameters, the parameters the outputs' graph
+ * does not reach are marked ready once the backward starts. */
+TD_API td_status td_ddp_post_forward(td_ddp *ddp, td_tensor *const *outputs, int n);
+/* no_sync(): while sync is false, backward passes only accumulate into .grad; the next
+ * synchronized backward reduces the accumulated gradients. */
+TD_API td_status td_ddp_set_require_sync(td_ddp *ddp, bool sync);
+
+/* ---- uneven inputs: Join ------------------------------------------------------------------------ */
+
+/* model.join(divide_by_initial_world_size, throw_on_early_termination) around a training loop
+ * whose ranks may run out of inputs at different iterations. td_ddp_join_begin enters it (every
+ * rank); from then on each td_ddp_pre_forward also tells the others this rank is still active. A
+ * rank out of inputs calls td_ddp_join_end, which shadows the active ranks' collectives (their
+ * buffer broadcasts and gradient reductions, with zeros) until every rank has joined, then makes
+ * every rank hold the last joiner's parameters and buffers. Gradients of an iteration are divided by
+ * the initial world size, or with divide_by_initial_world_size false by the number of ranks still
+ * active. With throw_on_early_termination, the first rank to run out fails td_ddp_join_end with
+ * "Rank 0 exhausted all inputs." and the others fail their next td_ddp_pre_forward with "Detected
+ * at least one rank that exhausted inputs. Throwing across all ranks." (then td_ddp_join_end
+ * returns TD_OK at once). */
+TD_API td_status td_ddp_join_begin(td_ddp *ddp, bool divide_by_initial_world_size, bool throw_on_early_termination);
+TD_API td_status td_ddp_join_end(td_ddp *ddp);
+
+/* ---- communication hooks ---------------------------------------------------------------------- */
+
+/* register_comm_hook(state, hook): hook replaces the default reduction of each bucket. It gets the
+ * bucket (valid during the call) and returns a future that completes with the reduced flat buffer
+ * (a td_value tensor of the bucket's dtype and numel; NULL or none: the buffer was reduced in
+ * place), the AVERAGE over the ranks. Registered once, before the first backward. */
+typedef td_status (*td_ddp_comm_hook_fn)(void *state, td_ddp_bucket *bucket, td_future **out);
+TD_API td_status td_ddp_register_comm_hook(td_ddp *ddp, void *state, td_ddp_comm_hook_fn hook);
+
+/* The bucket's flat gradient buffer (borrowed: the local gradients, not yet divided), its index
+ * (0 is started first), whether it is the last of the iteration, its parameters, and the group. */
+TD_API td_tensor *td_ddp_bucket_buffer(td_ddp_bucket *bucket);
+TD_API int td_ddp_bucket_index(const td_ddp_bucket *bucket);
+TD_API bool td_ddp_bucket_is_last(const td_ddp_bucket *bucket);
+TD_API int td_ddp_bucket_num_params(const td_ddp_bucket *bucket);
+TD_API td_tensor *td_ddp_bucket_param(const td_ddp_bucket *bucket, int i);
+TD_API td_pg *td_ddp_bucket_group(const td_ddp_bucket *bucket);
+
+/* The built-in hooks (state: a td_pg *, or NULL for the td_ddp's group): allreduce_hook divides by
+ * the group size and all_reduces (the default); the compress hooks do the same in float16 /
+ * bfloat16 and cast the result back. */
+TD_API td_status td_ddp_allreduce_hook(void *state, td_ddp_bucket *bucket, td_future **out);
+TD_API td_status td_ddp_fp16_compress_hook(void *state, td_ddp_bucket *bucket, td_future **out);
+TD_API td_status td_ddp_bf16_compress_hook(void *state, td_ddp_bucket *bucket, td_future **out);
+
+/* ---- logging --------------------------------------------------------------------------------- */
+
+/* _get_ddp_logging_data(): printed once per 100 iterations under TDIST_DEBUG=INFO as well. */
+typedef struct td_ddp_logging_data {
+    int64_t iteration;        /* synchronized backward passes reduced */
+    bool has_error;
+    char error[512];          /* the last error, "" when none */
+    int num_buckets;
+    int64_t bucket_bytes[8];  /* the first buckets' sizes, in start order */
+    int64_t backward_ns;      /* last iteration: first hook to last bucket started */
+    int64_t comm_ns;          /* last iteration: first bucket started to all reduced */
+    int64_t comm_hidden_ns;   /* of comm_ns, the part that ran while the backward still ran */
+    bool rebuilt;             /* buckets rebuilt in gradient-arrival order */
+} td_ddp_logging_data;
+TD_API td_status td_ddp_logging(const td_ddp *ddp, td_ddp_logging_data *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -4,7 +4,8 @@
  * process group. Construction checks that every rank has the same parameters ("DDP expects same
  * model across all ranks, but Rank 1 has 3 params, while rank 0 has inconsistent 4 params.", or
  * "[1]: params[0] in this process with sizes [2, 3] appears not to match sizes of the same param in
- * process 0.") and broadcasts parameters and buffers from rank 0.
+ * process 0."; the other ranks fail too, naming the rank: "... in process 1 with sizes ...") and
+ * broadcasts parameters and buffers from rank 0.
  *
  * The reducer groups the parameters into buckets, in reverse order of the array (the order
  * gradients usually arrive in), per dtype, up to bucket_cap_bytes each (the first one

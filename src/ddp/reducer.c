@@ -161,16 +161,25 @@ static td_status ddp_verify_model(td_ddp *d)
         }
         st = td_pg_all_gather_into_tensor(d->pg, all, mine, NULL);
     }
-    if (st == TD_OK) {
-        const int64_t *m = td_tensor_data(mine), *r0 = td_tensor_data(all);
+    /* Every rank checks every rank against rank 0, so that all of them fail together (PyTorch fails
+     * only the rank that differs, and the others then wait in the broadcast). */
+    const int64_t *r0 = st == TD_OK ? td_tensor_data(all) : NULL;
+    for (int r = 0; r < ws && st == TD_OK; r++) {
+        const int64_t *m = r0 + (size_t)r * (size_t)n * row;
         for (int k = 0; k < n && st == TD_OK; k++) {
             if (memcmp(m + k * row, r0 + k * row, sizeof(int64_t) * (size_t)row) != 0) {
                 char sizes[256];
                 ddp_format_sizes(m + k * row + 1, (int)m[k * row], sizes, sizeof sizes);
-                st = error_fmt(TD_ERR_INVALID,
-                               "[%d]: params[%d] in this process with sizes %s appears not to match sizes of the "
-                               "same param in process 0.",
-                               rank, k, sizes);
+                if (r == rank)
+                    st = error_fmt(TD_ERR_INVALID,
+                                   "[%d]: params[%d] in this process with sizes %s appears not to match sizes of the "
+                                   "same param in process 0.",
+                                   rank, k, sizes);
+                else
+                    st = error_fmt(TD_ERR_INVALID,
+                                   "[%d]: params[%d] in process %d with sizes %s appears not to match sizes of the "
+                                   "same param in process 0.",
+                                   rank, k, r, sizes);
             }
         }
     }

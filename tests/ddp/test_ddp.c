@@ -430,4 +430,343 @@ TD_PG_TEST_ON(large_net, 2, DDP_BACKENDS, .timeout_s = 120)
     pg_test_done(ctx, pg);
 }
 
+/* ---- unused parameters and the unfinished-reduction error ------------------------------------ */
+
+static const char *const unfinished = "Expected to have finished reduction in the prior iteration";
+static const char *const recommend = "passing the keyword argument `find_unused_parameters=True`";
+static const char *const enabled = "Since `find_unused_parameters=True` is enabled";
+static const char *const outputs_in_loss = "`forward` function outputs participate in calculating loss";
+static const char *const suggest_debug = "set the environment variable TORCH_DISTRIBUTED_DEBUG to either INFO or DETAIL";
+
+/* UnusedParamTwoLinLayerNet: c never gets a gradient, so without find_unused_parameters the first
+ * backward leaves its bucket unreduced and the next step fails, on every rank. */
+TD_PG_TEST_ON(unused_param_error, 2, DDP_BACKENDS, .timeout_s = 60)
+{
+    td_pg *pg = pg_test_init(ctx, NULL);
+    model m;
+    model_make(&m, UNUSED, ctx->rank, ctx->rank);
+    td_ddp_options o = TD_DDP_OPTIONS_INIT;
+    o.bucket_cap_bytes = o.first_bucket_bytes = 1; /* one parameter per bucket: a and b still reduce */
+    td_ddp *ddp = ddp_make(pg, &m, &o);
+    TD_CHECK_OK(ddp_step(ddp, &m, ctx->rank, 0));
+    td_status st = td_ddp_pre_forward(ddp);
+    TD_CHECK_EQ(st, TD_ERR_INVALID);
+    TD_CHECK_CONTAINS(td_last_error(), unfinished);
+    TD_CHECK_CONTAINS(td_last_error(), recommend);
+    TD_CHECK_CONTAINS(td_last_error(), outputs_in_loss);
+    TD_CHECK_CONTAINS(td_last_error(), suggest_debug);
+    TD_CHECK(strstr(td_last_error(), enabled) == NULL);
+    td_ddp_logging_data log;
+    TD_CHECK_OK(td_ddp_logging(ddp, &log));
+    TD_CHECK(log.has_error);
+    TD_CHECK_CONTAINS(log.error, unfinished);
+    TD_CHECK_EQ(log.iteration, 0);
+    td_ddp_free(ddp);
+    model_free(&m);
+    pg_test_done(ctx, pg);
+}
+
+/* Under DETAIL the error names the parameters; under INFO their indices. */
+TD_PG_TEST_ON(unused_param_error_detail, 2, DDP_BACKENDS, .timeout_s = 60)
+{
+    for (int level = 0; level < 2; level++) {
+        pg_test_opts po = {.debug_level = level ? "DETAIL" : "INFO",
+                           .init_url = level ? pg_test_url(ctx, "detail") : pg_test_url(ctx, "info")};
+        td_pg *pg = pg_test_init(ctx, &po);
+        model m;
+        model_make(&m, UNUSED, ctx->rank, ctx->rank);
+        const char *names[] = {"a.weight", "b.weight", "c.weight"};
+        td_ddp_options o = TD_DDP_OPTIONS_INIT;
+        o.param_names = names;
+        td_ddp *ddp = ddp_make(pg, &m, &o);
+        TD_CHECK_OK(ddp_step(ddp, &m, ctx->rank, 0));
+        TD_CHECK_ERR(td_ddp_post_forward(ddp, NULL, 0), TD_ERR_INVALID, unfinished);
+        char want[128];
+        snprintf(want, sizeof want, "Parameter indices which did not receive grad for rank %d: 2", ctx->rank);
+        TD_CHECK_CONTAINS(td_last_error(), want);
+        snprintf(want, sizeof want, "Parameters which did not receive grad for rank %d: c.weight", ctx->rank);
+        if (level)
+            TD_CHECK_CONTAINS(td_last_error(), want);
+        else
+            TD_CHECK(strstr(td_last_error(), "Parameters which did not") == NULL);
+        TD_CHECK(strstr(td_last_error(), suggest_debug) == NULL);
+        td_ddp_free(ddp);
+        model_free(&m);
+        pg_test_done(ctx, pg);
+    }
+}
+
+/* find_unused_parameters: c is found unreached and the step completes; c.grad stays unset. A loss
+ * that ignores one of the outputs (b) leaves b unreduced, and the error says the flag is on. */
+TD_PG_TEST_ON(find_unused_parameters, 3, DDP_BACKENDS, .timeout_s = 60)
+{
+    td_pg *pg = pg_test_init(ctx, NULL);
+    model m;
+    model_make(&m, UNUSED, ctx->rank, ctx->rank);
+    td_ddp_options o = TD_DDP_OPTIONS_INIT;
+    o.find_unused_parameters = true;
+    td_ddp *ddp = ddp_make(pg, &m, &o);
+    for (int it = 0; it < 2; it++) {
+        TD_CHECK_OK(ddp_step(ddp, &m, ctx->rank, it));
+        check_grads(&m, ctx->world_size, it, 1, 1e-9, "UnusedParamTwoLinLayerNet");
+        zero_grads(&m);
+    }
+    /* Outputs (a, b), loss from a alone. */
+    TD_CHECK_OK(td_ddp_pre_forward(ddp));
+    td_tensor *x = batch(m.dt, ctx->rank, 0, 6, 10), *a = linear(x, m.p[0]), *b = linear(x, m.p[1]), *loss = NULL;
+    td_tensor *outs[] = {a, b};
+    TD_CHECK_OK(td_autograd_sum(a, &loss));
+    TD_CHECK_OK(td_ddp_post_forward(ddp, outs, 2));
+    TD_CHECK_OK(td_autograd_backward(loss, NULL, false));
+    TD_CHECK_ERR(td_ddp_pre_forward(ddp), TD_ERR_INVALID, unfinished);
+    TD_CHECK_CONTAINS(td_last_error(), enabled);
+    TD_CHECK_CONTAINS(td_last_error(), outputs_in_loss);
+    td_tensor *all[] = {x, a, b, loss};
+    for (size_t i = 0; i < 4; i++)
+        td_tensor_release(all[i]);
+    td_ddp_free(ddp);
+    model_free(&m);
+    pg_test_done(ctx, pg);
+}
+
+/* ControlFlowToyModel: lin2 is used on even ranks at even iterations only, so it is locally unused
+ * on some ranks and globally unused at odd iterations (its .grad is then left unset). */
+DDP_TEST_WORLDS(control_flow_unused, .timeout_s = 60)
+{
+    td_pg *pg = pg_test_init(ctx, NULL);
+    model m;
+    model_make(&m, CONTROL, ctx->rank, ctx->rank);
+    td_ddp_options o = TD_DDP_OPTIONS_INIT;
+    o.find_unused_parameters = true;
+    td_ddp *ddp = ddp_make(pg, &m, &o);
+    for (int it = 0; it < 4; it++) {
+        TD_CHECK_OK(ddp_step(ddp, &m, ctx->rank, it));
+        check_grads(&m, ctx->world_size, it, 1, 1e-9, "ControlFlowToyModel");
+        zero_grads(&m);
+    }
+    td_ddp_free(ddp);
+    model_free(&m);
+    pg_test_done(ctx, pg);
+}
+
+/* EmbeddingNetDifferentParams: a different parameter count on rank 1, then different shapes. */
+TD_PG_TEST_ON(model_differs_across_ranks, 2, DDP_BACKENDS, .timeout_s = 60)
+{
+    td_pg *pg = pg_test_init(ctx, NULL);
+    /* diff_num_params on rank 1: Embedding(10, 500), Linear(500, 1), and lin2 Linear(1, 1, nb). */
+    model m = {.dt = TD_FLOAT64};
+    add_param(&m, "embedding.weight", TD_SHAPE(10, 500), 0, true);
+    add_param(&m, "lin.weight", TD_SHAPE(1, 500), 0, true);
+    add_param(&m, "lin.bias", TD_SHAPE(1), 0, true);
+    if (ctx->rank == 1)
+        add_param(&m, "lin2.weight", TD_SHAPE(1, 1), 0, true);
+    td_ddp *ddp = NULL;
+    char want[160];
+    snprintf(want, sizeof want, "DDP expects same model across all ranks, but Rank %d has %d params, while rank %d has "
+             "inconsistent %d params.", ctx->rank, m.n, 1 - ctx->rank, ctx->rank ? 3 : 4);
+    TD_CHECK_ERR(td_ddp_create(pg, m.p, m.n, NULL, 0, NULL, &ddp), TD_ERR_INVALID, want);
+    TD_CHECK(ddp == NULL);
+    model_free(&m);
+    /* Embedding(10, 500 if rank == 0 else 50) -> Linear(dim, 1). */
+    int dim = ctx->rank == 0 ? 500 : 50;
+    model e = {.dt = TD_FLOAT64};
+    add_param(&e, "embedding.weight", TD_SHAPE(10, dim), 0, true);
+    add_param(&e, "lin.weight", TD_SHAPE(1, dim), 0, true);
+    add_param(&e, "lin.bias", TD_SHAPE(1), 0, true);
+    td_status st = td_ddp_create(pg, e.p, e.n, NULL, 0, NULL, &ddp);
+    if (ctx->rank == 0) /* rank 0 matches itself, and fails too, naming the rank that differs */
+        TD_CHECK_ERR(st, TD_ERR_INVALID, "[0]: params[0] in process 1 with sizes [10, 50] appears not to match "
+                                         "sizes of the same param in process 0.");
+    else
+        TD_CHECK_ERR(st, TD_ERR_INVALID, "[1]: params[0] in this process with sizes [10, 50] appears not to match "
+                                         "sizes of the same param in process 0.");
+    model_free(&e);
+    pg_test_done(ctx, pg);
+}
+
+/* ---- no_sync, gradient_as_bucket_view, comm hooks -------------------------------------------- */
+
+/* Two iterations under no_sync accumulate locally; the third reduces all three. */
+TD_PG_TEST_ON(no_sync_accumulates, 3, DDP_BACKENDS, .timeout_s = 60)
+{
+    td_pg *pg = pg_test_init(ctx, NULL);
+    model m;
+    model_make(&m, NET, ctx->rank, ctx->rank);
+    td_ddp *ddp = ddp_make(pg, &m, NULL);
+    TD_CHECK_OK(td_ddp_set_require_sync(ddp, false));
+    TD_CHECK_OK(ddp_step(ddp, &m, ctx->rank, 0));
+    TD_CHECK_OK(ddp_step(ddp, &m, ctx->rank, 1));
+    TD_CHECK_OK(td_ddp_set_require_sync(ddp, true));
+    TD_CHECK_OK(ddp_step(ddp, &m, ctx->rank, 2));
+    check_grads(&m, ctx->world_size, 2, 3, 1e-9, "Net after no_sync");
+    td_ddp_logging_data log;
+    TD_CHECK_OK(td_ddp_logging(ddp, &log));
+    TD_CHECK_EQ(log.iteration, 1);
+    td_ddp_free(ddp);
+    model_free(&m);
+    pg_test_done(ctx, pg);
+}
+
+/* .grad is a view into the bucket after the first reduction, and stays right across the rebuild. */
+TD_PG_TEST_ON(gradient_as_bucket_view, 2, DDP_BACKENDS, .timeout_s = 60)
+{
+    td_pg *pg = pg_test_init(ctx, NULL);
+    model m;
+    model_make(&m, NET, ctx->rank, ctx->rank);
+    td_ddp_options o = TD_DDP_OPTIONS_INIT;
+    o.gradient_as_bucket_view = true;
+    td_ddp *ddp = ddp_make(pg, &m, &o);
+    for (int it = 0; it < 3; it++) {
+        TD_CHECK_OK(ddp_step(ddp, &m, ctx->rank, it));
+        check_grads(&m, ctx->world_size, it, 1, 1e-9, "Net, gradient_as_bucket_view");
+        td_tensor *g0 = td_autograd_get_grad(m.p[0]), *g1 = td_autograd_get_grad(m.p[1]);
+        TD_CHECK(g0 && g1 && td_tensor_storage(g0) == td_tensor_storage(g1)); /* one bucket */
+        td_tensor_release(g0);
+        td_tensor_release(g1);
+        for (int i = 0; i < m.n; i++) { /* zero_grad(set_to_none=False): in place, the views stay */
+            td_tensor *g = td_autograd_get_grad(m.p[i]);
+            if (g)
+                TD_CHECK_OK(td_tensor_fill(g, 0));
+            td_tensor_release(g);
+        }
+    }
+    td_ddp_free(ddp);
+    model_free(&m);
+    pg_test_done(ctx, pg);
+}
+
+/* A user hook: all_reduce AVG of the bucket (the group averages), returning its own future. */
+static td_status avg_hook(void *state, td_ddp_bucket *bucket, td_future **out)
+{
+    int *calls = state;
+    (*calls)++;
+    return td_pg_all_reduce(td_ddp_bucket_group(bucket), td_ddp_bucket_buffer(bucket), TD_OP_AVG, out);
+}
+
+TD_PG_TEST_ON(comm_hooks, 3, DDP_BACKENDS, .timeout_s = 120)
+{
+    td_pg *pg = pg_test_init(ctx, NULL);
+    const char *names[] = {"default", "allreduce_hook", "fp16", "bf16", "user AVG hook"};
+    td_ddp_comm_hook_fn hooks[] = {NULL, td_ddp_allreduce_hook, td_ddp_fp16_compress_hook, td_ddp_bf16_compress_hook,
+                                   avg_hook};
+    double tol[] = {1e-9, 1e-9, 2e-3, 2e-2, 1e-9};
+    for (int h = 0; h < 5; h++) {
+        model m;
+        model_make(&m, NET, ctx->rank, ctx->rank);
+        td_ddp_options o = TD_DDP_OPTIONS_INIT;
+        o.bucket_cap_bytes = 1200;
+        o.first_bucket_bytes = 800;
+        td_ddp *ddp = ddp_make(pg, &m, &o);
+        int calls = 0;
+        if (hooks[h])
+            TD_CHECK_OK(td_ddp_register_comm_hook(ddp, h == 4 ? (void *)&calls : NULL, hooks[h]));
+        if (h == 1)
+            TD_CHECK_ERR(td_ddp_register_comm_hook(ddp, NULL, td_ddp_allreduce_hook), TD_ERR_INVALID,
+                         "register_comm_hook or register_builtin_comm_hook can only be called once.");
+        for (int it = 0; it < 2; it++) {
+            TD_CHECK_OK(ddp_step(ddp, &m, ctx->rank, it));
+            check_grads(&m, ctx->world_size, it, 1, tol[h], names[h]);
+            zero_grads(&m);
+        }
+        td_ddp_logging_data log;
+        TD_CHECK_OK(td_ddp_logging(ddp, &log));
+        if (h == 4)
+            TD_CHECK_EQ(calls, 2 * log.num_buckets);
+        if (h == 0)
+            TD_CHECK_ERR(td_ddp_register_comm_hook(ddp, NULL, td_ddp_allreduce_hook), TD_ERR_INVALID,
+                         "before the first backward");
+        td_ddp_free(ddp);
+        model_free(&m);
+    }
+    pg_test_done(ctx, pg);
+}
+
+/* ---- uneven inputs: Join --------------------------------------------------------------------- */
+
+/* One SGD step on the parameters (lr 0.1) under no_grad. */
+static void sgd(model *m)
+{
+    TD_NO_GRAD
+    {
+        for (int i = 0; i < m->n; i++) {
+            td_tensor *g = td_autograd_get_grad(m->p[i]), *u = NULL, *np = NULL;
+            if (!g)
+                continue;
+            TD_CHECK_OK(td_tensor_mul_scalar(g, td_scalar_float(0.1), &u));
+            TD_CHECK_OK(td_tensor_sub(m->p[i], u, &np));
+            TD_CHECK_OK(td_tensor_copy(m->p[i], np));
+            td_tensor_release(g);
+            td_tensor_release(u);
+            td_tensor_release(np);
+        }
+    }
+    zero_grads(m);
+}
+
+/* Rank r has 5 + r inputs: every loop ends, and all ranks hold the same final parameters (the
+ * last joiner's), for both divisors; the BatchNorm model also shadows its buffer broadcasts. */
+DDP_TEST_WORLDS(join_uneven_inputs, .timeout_s = 120)
+{
+    td_pg *pg = pg_test_init(ctx, NULL);
+    for (int variant = 0; variant < 2; variant++) {
+        model m;
+        model_make(&m, variant ? BN : NET, ctx->rank, ctx->rank);
+        td_ddp_options o = TD_DDP_OPTIONS_INIT;
+        o.bucket_cap_bytes = 1200;
+        o.first_bucket_bytes = 800;
+        td_ddp *ddp = ddp_make(pg, &m, &o);
+        TD_CHECK_OK(td_ddp_join_begin(ddp, variant == 0, false));
+        for (int it = 0; it < 5 + ctx->rank; it++) {
+            TD_CHECK_OK(ddp_step(ddp, &m, ctx->rank, it));
+            sgd(&m);
+        }
+        TD_CHECK_OK(td_ddp_join_end(ddp));
+        for (int i = 0; i < m.n; i++) {
+            td_tensor *c = NULL;
+            TD_CHECK_OK(td_tensor_clone(m.p[i], &c));
+            TD_CHECK_OK(td_pg_broadcast(pg, c, 0, NULL));
+            TD_CHECK_MSG(td_tensor_equal(c, m.p[i]), "%s differs from rank 0's after join", m.names[i]);
+            td_tensor_release(c);
+        }
+        td_ddp_logging_data log;
+        TD_CHECK_OK(td_ddp_logging(ddp, &log));
+        TD_CHECK_EQ(log.iteration, 5 + ctx->rank);
+        td_ddp_free(ddp);
+        model_free(&m);
+    }
+    pg_test_done(ctx, pg);
+}
+
+/* throw_on_early_termination: rank 0 (fewest inputs) fails join_end with "Rank 0 exhausted all
+ * inputs.", the others their next pre_forward with the "Detected ..." error; all completed 5. */
+TD_PG_TEST_ON(join_throw_on_early_termination, 3, DDP_BACKENDS, .timeout_s = 60)
+{
+    td_pg *pg = pg_test_init(ctx, NULL);
+    model m;
+    model_make(&m, NET, ctx->rank, ctx->rank);
+    td_ddp *ddp = ddp_make(pg, &m, NULL);
+    TD_CHECK_OK(td_ddp_join_begin(ddp, true, true));
+    int done = 0;
+    td_status st = TD_OK;
+    for (int it = 0; it < 5 + ctx->rank && st == TD_OK; it++) {
+        st = ddp_step(ddp, &m, ctx->rank, it);
+        if (st == TD_OK) {
+            sgd(&m);
+            done++;
+        }
+    }
+    if (ctx->rank == 0) {
+        TD_CHECK_OK(st);
+        TD_CHECK_ERR(td_ddp_join_end(ddp), TD_ERR_INVALID, "Rank 0 exhausted all inputs.");
+    } else {
+        TD_CHECK_EQ(st, TD_ERR_INVALID);
+        TD_CHECK_CONTAINS(td_last_error(), "Detected at least one rank that exhausted inputs. Throwing across all ranks.");
+        TD_CHECK_OK(td_ddp_join_end(ddp));
+    }
+    TD_CHECK_EQ(done, 5);
+    td_ddp_free(ddp);
+    model_free(&m);
+    pg_test_done(ctx, pg);
+}
+
 TD_TEST_MAIN()

@@ -126,6 +126,35 @@ TD_API td_status td_ddp_allreduce_hook(void *state, td_ddp_bucket *bucket, td_fu
 TD_API td_status td_ddp_fp16_compress_hook(void *state, td_ddp_bucket *bucket, td_future **out);
 TD_API td_status td_ddp_bf16_compress_hook(void *state, td_ddp_bucket *bucket, td_future **out);
 
+/* ---- post-local SGD and model averaging -------------------------------------------------------- */
+
+/* post_localSGD_hook's state (PostLocalSGDState): before start_local_sgd_iter backward passes the
+ * hook averages over process_group (NULL: the model's group) and counts iterations (at the last
+ * bucket); from then on over subgroup only (NULL: process_group, the one-host case of
+ * dist.new_subgroups()), or not at all when post_local_gradient_allreduce is false. Initialize with
+ * TD_POST_LOCAL_SGD_STATE_INIT(subgroup, start) and pass its address as the hook's state. */
+typedef struct td_post_local_sgd_state {
+    td_pg *process_group;
+    td_pg *subgroup;
+    int64_t start_local_sgd_iter;
+    bool post_local_gradient_allreduce;
+    int64_t iter;
+} td_post_local_sgd_state;
+#define TD_POST_LOCAL_SGD_STATE_INIT(subgroup, start) {NULL, (subgroup), (start), true, 0}
+TD_API td_status td_ddp_post_local_sgd_hook(void *state, td_ddp_bucket *bucket, td_future **out);
+
+/* PeriodicModelAverager(period, warmup_steps, process_group): td_model_average_parameters counts a
+ * step and, when step >= warmup_steps and (step - warmup_steps) % period == 0, replaces each
+ * parameter by its average over the group (NULL: the default group); returns whether it averaged
+ * in *averaged (may be NULL). "Arg ``period`` must be a positive value." */
+typedef struct td_model_averager {
+    int64_t period, warmup_steps, step;
+    td_pg *process_group;
+} td_model_averager;
+#define TD_MODEL_AVERAGER_INIT(period, warmup) {(period), (warmup), 0, NULL}
+TD_API td_status td_model_average_parameters(td_model_averager *averager, td_tensor *const *params, int n,
+                                             bool *averaged);
+
 /* ---- logging --------------------------------------------------------------------------------- */
 
 /* _get_ddp_logging_data(): printed once per 100 iterations under TDIST_DEBUG=INFO as well. */

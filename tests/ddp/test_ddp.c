@@ -270,11 +270,12 @@ static void release_outs(td_tensor **outs, int n)
 
 /* The reference gradients of iteration `it`: rank 0's initial model, each rank's loss, averaged.
  * want[i] is NULL for a parameter no rank's graph reached. */
-static void reference(int kind, int ws, int it, int iters_accumulated, td_tensor **want)
+static void reference_over(int kind, const int *ranks, int nranks, int it, int iters_accumulated, td_tensor **want)
 {
     model r;
     model_make(&r, kind, 0, 0);
-    for (int k = 0; k < ws; k++) {
+    for (int q = 0; q < nranks; q++) {
+        int k = ranks[q];
         for (int j = 0; j < iters_accumulated; j++) {
             td_tensor *outs[4];
             int no;
@@ -288,10 +289,32 @@ static void reference(int kind, int ws, int it, int iters_accumulated, td_tensor
         td_tensor *g = td_autograd_get_grad(r.p[i]);
         want[i] = NULL;
         if (g)
-            TD_CHECK_OK(td_tensor_div_scalar(g, td_scalar_int(ws), &want[i]));
+            TD_CHECK_OK(td_tensor_div_scalar(g, td_scalar_int(nranks), &want[i]));
         td_tensor_release(g);
     }
     model_free(&r);
+}
+
+static void reference(int kind, int ws, int it, int iters_accumulated, td_tensor **want)
+{
+    int ranks[8];
+    for (int k = 0; k < ws; k++)
+        ranks[k] = k;
+    reference_over(kind, ranks, ws, it, iters_accumulated, want);
+}
+
+static void check_grads_over(model *m, const int *ranks, int nranks, int it, double tol, const char *what)
+{
+    td_tensor *want[MAXP];
+    reference_over(m->kind, ranks, nranks, it, 1, want);
+    for (int i = 0; i < m->n; i++) {
+        td_tensor *g = td_autograd_get_grad(m->p[i]);
+        if (want[i])
+            TD_CHECK_MSG(g && td_tensor_allclose(g, want[i], tol, tol, false),
+                         "%s: %s differs from the reference (iteration %d)", what, m->names[i], it);
+        td_tensor_release(g);
+        td_tensor_release(want[i]);
+    }
 }
 
 static void check_grads(model *m, int ws, int it, int accumulated, double tol, const char *what)
@@ -765,6 +788,80 @@ TD_PG_TEST_ON(join_throw_on_early_termination, 3, DDP_BACKENDS, .timeout_s = 60)
     }
     TD_CHECK_EQ(done, 5);
     td_ddp_free(ddp);
+    model_free(&m);
+    pg_test_done(ctx, pg);
+}
+
+/* ---- post-local SGD and model averaging ------------------------------------------------------- */
+
+/* Four ranks, subgroups {0, 1} and {2, 3}: two iterations averaged over all, then over the subgroup. */
+TD_PG_TEST_ON(post_local_sgd_hook, 4, DDP_BACKENDS, .timeout_s = 60)
+{
+    td_pg *pg = pg_test_init(ctx, NULL);
+    int lo[] = {0, 1}, hi[] = {2, 3};
+    td_pg *g_lo = NULL, *g_hi = NULL;
+    TD_CHECK_OK(td_pg_new_group(pg, lo, 2, NULL, &g_lo));
+    TD_CHECK_OK(td_pg_new_group(pg, hi, 2, NULL, &g_hi));
+    td_pg *mine = ctx->rank < 2 ? g_lo : g_hi;
+    model m;
+    model_make(&m, NET, ctx->rank, ctx->rank);
+    td_ddp *ddp = ddp_make(pg, &m, NULL);
+    td_post_local_sgd_state st = TD_POST_LOCAL_SGD_STATE_INIT(mine, 2);
+    TD_CHECK_OK(td_ddp_register_comm_hook(ddp, &st, td_ddp_post_local_sgd_hook));
+    int all[] = {0, 1, 2, 3};
+    for (int it = 0; it < 4; it++) {
+        TD_CHECK_OK(ddp_step(ddp, &m, ctx->rank, it));
+        if (it < 2)
+            check_grads_over(&m, all, 4, it, 1e-9, "post-local SGD, global phase");
+        else
+            check_grads_over(&m, ctx->rank < 2 ? lo : hi, 2, it, 1e-9, "post-local SGD, local phase");
+        zero_grads(&m);
+    }
+    TD_CHECK_EQ(st.iter, 2);
+    td_ddp_free(ddp);
+    model_free(&m);
+    td_pg_destroy(g_lo);
+    td_pg_destroy(g_hi);
+    pg_test_done(ctx, pg);
+}
+
+/* PeriodicModelAverager(period 2, warmup 1) over local SGD steps that drift apart per rank. */
+TD_PG_TEST_ON(periodic_model_averager, 3, DDP_BACKENDS, .timeout_s = 60)
+{
+    td_pg *pg = pg_test_init(ctx, NULL);
+    model m;
+    model_make(&m, NET, 0, 0);
+    td_model_averager avg = TD_MODEL_AVERAGER_INIT(2, 1);
+    avg.process_group = pg;
+    for (int step = 0; step < 5; step++) {
+        td_tensor *outs[4];
+        int no;
+        td_tensor *loss = forward(&m, ctx->rank, step, outs, &no);
+        TD_CHECK_OK(td_autograd_backward(loss, NULL, false));
+        td_tensor_release(loss);
+        release_outs(outs, no);
+        sgd(&m);
+        td_tensor *want = NULL; /* the group average of fc1 before averaging */
+        TD_CHECK_OK(td_tensor_clone(m.p[0], &want));
+        TD_CHECK_OK(td_pg_all_reduce(pg, want, TD_OP_AVG, NULL));
+        bool averaged = false;
+        TD_CHECK_OK(td_model_average_parameters(&avg, m.p, m.n, &averaged));
+        TD_CHECK_EQ(averaged, step == 1 || step == 3);
+        td_tensor *r0 = NULL;
+        TD_CHECK_OK(td_tensor_clone(m.p[0], &r0));
+        TD_CHECK_OK(td_pg_broadcast(pg, r0, 0, NULL));
+        if (averaged) {
+            TD_CHECK(td_tensor_allclose(m.p[0], want, 1e-12, 1e-12, false));
+            TD_CHECK(td_tensor_equal(m.p[0], r0));
+        } else if (ctx->rank != 0 && step > 0) {
+            TD_CHECK(!td_tensor_equal(m.p[0], r0)); /* drifted apart since */
+        }
+        td_tensor_release(want);
+        td_tensor_release(r0);
+    }
+    td_model_averager bad = TD_MODEL_AVERAGER_INIT(0, 0);
+    TD_CHECK_ERR(td_model_average_parameters(&bad, m.p, m.n, NULL), TD_ERR_INVALID,
+                 "Arg ``period`` must be a positive value.");
     model_free(&m);
     pg_test_done(ctx, pg);
 }

@@ -155,6 +155,131 @@ typedef struct td_model_averager {
 TD_API td_status td_model_average_parameters(td_model_averager *averager, td_tensor *const *params, int n,
                                              bool *averaged);
 
+/* ---- SyncBatchNorm ------------------------------------------------------------------------------ */
+
+/* torch.nn.SyncBatchNorm's training-mode forward: x [N, C, *] normalized per channel with the mean
+ * and biased variance of every rank's batch together (one all_reduce over pg, NULL: the default
+ * group), scaled by weight and shifted by bias ([C] each, may be NULL: affine false); running_mean
+ * and running_var ([C], may be NULL) move by momentum toward the global mean and unbiased variance.
+ * Records its backward (one more all_reduce), which gives x the gradient of the global batch's loss
+ * and weight and bias their local gradients (DDP averages those). Every rank calls it in the same
+ * order, in the forward and, through the backward, in the backward. */
+TD_API td_status td_sync_batch_norm(td_pg *pg, td_tensor *x, td_tensor *weight, td_tensor *bias,
+                                    td_tensor *running_mean, td_tensor *running_var, double momentum, double eps,
+                                    td_tensor **out);
+
+/* ---- post-local SGD and model averaging -------------------------------------------------------- */
+
+/* post_localSGD_hook's state (PostLocalSGDState): before start_local_sgd_iter backward passes the
+ * hook averages over process_group (NULL: the model's group) and counts iterations (at the last
+ * bucket); from then on over subgroup only (NULL: process_group, the one-host case of
+ * dist.new_subgroups()), or not at all when post_local_gradient_allreduce is false. Initialize with
+ * TD_POST_LOCAL_SGD_STATE_INIT(subgroup, start) and pass its address as the hook's state. */
+typedef struct td_post_local_sgd_state {
+    td_pg *process_group;
+    td_pg *subgroup;
+    int64_t start_local_sgd_iter;
+    bool post_local_gradient_allreduce;
+    int64_t iter;
+} td_post_local_sgd_state;
+#define TD_POST_LOCAL_SGD_STATE_INIT(subgroup, start) {NULL, (subgroup), (start), true, 0}
+TD_API td_status td_ddp_post_local_sgd_hook(void *state, td_ddp_bucket *bucket, td_future **out);
+
+/* PeriodicModelAverager(period, warmup_steps, process_group): td_model_average_parameters counts a
+ * step and, when step >= warmup_steps and (step - warmup_steps) % period == 0, replaces each
+ * parameter by its average over the group (NULL: the default group); returns whether it averaged
+ * in *averaged (may be NULL). "Arg ``period`` must be a positive value." */
+typedef struct td_model_averager {
+    int64_t period, warmup_steps, step;
+    td_pg *process_group;
+} td_model_averager;
+#define TD_MODEL_AVERAGER_INIT(period, warmup) {(period), (warmup), 0, NULL}
+TD_API td_status td_model_average_parameters(td_model_averager *averager, td_tensor *const *params, int n,
+                                             bool *averaged);
+
+/* ---- SyncBatchNorm ------------------------------------------------------------------------------ */
+
+/* torch.nn.SyncBatchNorm's training-mode forward: x [N, C, *] normalized per channel with the mean
+ * and biased variance of every rank's batch together (one all_reduce over pg, NULL: the default
+ * group), scaled by weight and shifted by bias ([C] each, may be NULL: affine false); running_mean
+ * and running_var ([C], may be NULL) move by momentum toward the global mean and unbiased variance.
+ * Records its backward (one more all_reduce), which gives x the gradient of the global batch's loss
+ * and weight and bias their local gradients (DDP averages those). Every rank calls it in the same
+ * order, in the forward and, through the backward, in the backward. */
+TD_API td_status td_sync_batch_norm(td_pg *pg, td_tensor *x, td_tensor *weight, td_tensor *bias,
+                                    td_tensor *running_mean, td_tensor *running_var, double momentum, double eps,
+                                    td_tensor **out);
+
+/* ---- PowerSGD comm hook and DistributedSampler -------------------------------------------------- */
+
+/* PowerSGDState and powerSGD_hook (torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook):
+ *     td_powersgd_state *ps = NULL;
+ *     td_powersgd_state_new(NULL, 1, 10, 2.0, true, true, 0.0, 0, &ps);
+ *     td_ddp_register_comm_hook(ddp, ps, td_ddp_powersgd_hook);
+ *     ... train; td_ddp_free(ddp); td_powersgd_state_free(ps);
+ * Before start_powerSGD_iter backward passes the hook is allreduce_hook. From then on each bucket
+ * gets error feedback (the residual of the last compression is added first), is viewed per
+ * parameter as a matrix [size(0), numel / size(0)], and each matrix worth compressing
+ * ((rows + cols) * rank * min_compression_rate < rows * cols, rank = min(rows, cols,
+ * matrix_approximation_rank)) is replaced by its rank-r approximation P Q^T: P = M Q, all_reduce P,
+ * Gram-Schmidt on P, Q = M^T P, all_reduce Q, M = P Q^T / world size. The others (biases and small
+ * tensors) are averaged by one all_reduce of their concatenation. With warm_start Q is kept from one
+ * iteration to the next; otherwise, and the first time, it is drawn from a normal distribution
+ * seeded from random_seed, the same on every rank (tdist's own generator: the values differ from
+ * torch's). The iteration counter advances when the last bucket of a backward passes.
+ *
+ * Threads: the hook issues every collective on the thread that runs the backward, in bucket order
+ * (the same sequence on every rank, whatever the backend); it waits for the all_reduces of the
+ * uncompressed tensors and of P inside the hook (both small), and returns a future that completes
+ * when the all_reduce of Q has and the bucket holds the decompressed average. Compressed buckets
+ * must be float32 or float64. */
+typedef struct td_powersgd_state td_powersgd_state;
+
+/* pg (borrowed; NULL: each bucket's DDP group) must outlive the state. matrix_approximation_rank >=
+ * 1; start_powerSGD_iter > 1 when use_error_feedback or warm_start (the buckets are rebuilt after the
+ * first iteration: "Expect `start_powerSGD_iter` > 1 if `use_error_feedback` or `warm_start` is
+ * enabled, because PowerSGD can only be applied after the first two iterations in DDP.");
+ * orthogonalization_epsilon >= 0 (0: a column of zeros stays zeros, with an error logged). torch's
+ * defaults: 1, 1000, 2.0, true, true, 0.0, 0. */
+TD_API td_status td_powersgd_state_new(td_pg *pg, int matrix_approximation_rank, int64_t start_powerSGD_iter,
+                                       double min_compression_rate, bool use_error_feedback, bool warm_start,
+                                       double orthogonalization_epsilon, uint64_t random_seed,
+                                       td_powersgd_state **out);
+/* Frees the state (NULL is ignored). Free the td_ddp first: its buckets' futures must have completed. */
+TD_API void td_powersgd_state_free(td_powersgd_state *state);
+/* The comm hook (state: a td_powersgd_state *). */
+TD_API td_status td_ddp_powersgd_hook(void *state, td_ddp_bucket *bucket, td_future **out);
+
+/* The iteration counter (backward passes seen), and compression_stats(): the elements before and
+ * after compression summed over every compressed call so far, and their ratio (0 while none). */
+TD_API int64_t td_powersgd_state_iter(const td_powersgd_state *state);
+TD_API td_status td_powersgd_state_compression_stats(const td_powersgd_state *state, double *rate,
+                                                     int64_t *numel_before, int64_t *numel_after);
+/* A copy (a new 1-D tensor) of one bucket's memory: the local error of the last compression
+ * (error_dict), or the P or Q of the last iteration (p_memory_dict, q_memory_dict); between
+ * iterations only. TD_ERR_INVALID when the bucket has none yet. */
+typedef enum td_powersgd_memory {
+    TD_POWERSGD_ERROR = 0,
+    TD_POWERSGD_P = 1,
+    TD_POWERSGD_Q = 2
+} td_powersgd_memory;
+TD_API td_status td_powersgd_state_memory(const td_powersgd_state *state, int bucket_index, td_powersgd_memory which,
+                                          td_tensor **out);
+
+/* torch.utils.data.DistributedSampler: the dataset indices rank takes in epoch. Without drop_last
+ * every rank gets ceil(dataset_len / num_replicas) indices, the list padded by repeating it from
+ * its start; with drop_last floor(dataset_len / num_replicas), the tail dropped. Rank r takes
+ * elements r, r + num_replicas, ... of the (shuffled) list. shuffle permutes 0 .. dataset_len-1
+ * with a generator seeded by seed + epoch: the same on every rank and process, different from one
+ * epoch to the next, but not torch's randperm. out holds td_distributed_sampler_num_samples()
+ * indices (NULL: only *n_out is set). A rank outside [0, num_replicas - 1] fails with "Invalid rank
+ * 4, rank should be in the interval [0, 3]". */
+TD_API td_status td_distributed_sampler_num_samples(int64_t dataset_len, int num_replicas, bool drop_last,
+                                                    int64_t *out);
+TD_API td_status td_distributed_sampler_indices(int64_t dataset_len, int num_replicas, int rank, bool shuffle,
+                                                int64_t seed, int64_t epoch, bool drop_last, int64_t *out,
+                                                int64_t *n_out);
+
 /* ---- logging --------------------------------------------------------------------------------- */
 
 /* _get_ddp_logging_data(): printed once per 100 iterations under TDIST_DEBUG=INFO as well. */

@@ -168,48 +168,6 @@ TD_API td_status td_sync_batch_norm(td_pg *pg, td_tensor *x, td_tensor *weight, 
                                     td_tensor *running_mean, td_tensor *running_var, double momentum, double eps,
                                     td_tensor **out);
 
-/* ---- post-local SGD and model averaging -------------------------------------------------------- */
-
-/* post_localSGD_hook's state (PostLocalSGDState): before start_local_sgd_iter backward passes the
- * hook averages over process_group (NULL: the model's group) and counts iterations (at the last
- * bucket); from then on over subgroup only (NULL: process_group, the one-host case of
- * dist.new_subgroups()), or not at all when post_local_gradient_allreduce is false. Initialize with
- * TD_POST_LOCAL_SGD_STATE_INIT(subgroup, start) and pass its address as the hook's state. */
-typedef struct td_post_local_sgd_state {
-    td_pg *process_group;
-    td_pg *subgroup;
-    int64_t start_local_sgd_iter;
-    bool post_local_gradient_allreduce;
-    int64_t iter;
-} td_post_local_sgd_state;
-#define TD_POST_LOCAL_SGD_STATE_INIT(subgroup, start) {NULL, (subgroup), (start), true, 0}
-TD_API td_status td_ddp_post_local_sgd_hook(void *state, td_ddp_bucket *bucket, td_future **out);
-
-/* PeriodicModelAverager(period, warmup_steps, process_group): td_model_average_parameters counts a
- * step and, when step >= warmup_steps and (step - warmup_steps) % period == 0, replaces each
- * parameter by its average over the group (NULL: the default group); returns whether it averaged
- * in *averaged (may be NULL). "Arg ``period`` must be a positive value." */
-typedef struct td_model_averager {
-    int64_t period, warmup_steps, step;
-    td_pg *process_group;
-} td_model_averager;
-#define TD_MODEL_AVERAGER_INIT(period, warmup) {(period), (warmup), 0, NULL}
-TD_API td_status td_model_average_parameters(td_model_averager *averager, td_tensor *const *params, int n,
-                                             bool *averaged);
-
-/* ---- SyncBatchNorm ------------------------------------------------------------------------------ */
-
-/* torch.nn.SyncBatchNorm's training-mode forward: x [N, C, *] normalized per channel with the mean
- * and biased variance of every rank's batch together (one all_reduce over pg, NULL: the default
- * group), scaled by weight and shifted by bias ([C] each, may be NULL: affine false); running_mean
- * and running_var ([C], may be NULL) move by momentum toward the global mean and unbiased variance.
- * Records its backward (one more all_reduce), which gives x the gradient of the global batch's loss
- * and weight and bias their local gradients (DDP averages those). Every rank calls it in the same
- * order, in the forward and, through the backward, in the backward. */
-TD_API td_status td_sync_batch_norm(td_pg *pg, td_tensor *x, td_tensor *weight, td_tensor *bias,
-                                    td_tensor *running_mean, td_tensor *running_var, double momentum, double eps,
-                                    td_tensor **out);
-
 /* ---- PowerSGD comm hook and DistributedSampler -------------------------------------------------- */
 
 /* PowerSGDState and powerSGD_hook (torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook):
@@ -230,9 +188,9 @@ TD_API td_status td_sync_batch_norm(td_pg *pg, td_tensor *x, td_tensor *weight, 
  *
  * Threads: the hook issues every collective on the thread that runs the backward, in bucket order
  * (the same sequence on every rank, whatever the backend); it waits for the all_reduces of the
- * uncompressed tensors and of P inside the hook (both small), and returns a future that completes
- * when the all_reduce of Q has and the bucket holds the decompressed average. Compressed buckets
- * must be float32 or float64. */
+ * uncompressed tensors and of P inside the hook (both small next to the bucket), and returns a
+ * future that completes when the all_reduce of Q has and the bucket holds the decompressed
+ * average. Compressed buckets must be float32 or float64. */
 typedef struct td_powersgd_state td_powersgd_state;
 
 /* pg (borrowed; NULL: each bucket's DDP group) must outlive the state. matrix_approximation_rank >=

@@ -866,4 +866,117 @@ TD_PG_TEST_ON(periodic_model_averager, 3, DDP_BACKENDS, .timeout_s = 60)
     pg_test_done(ctx, pg);
 }
 
+/* ---- SyncBatchNorm ------------------------------------------------------------------------------ */
+
+/* Batch norm over the whole [N, C, L] batch from composed autograd ops (the reference). */
+static td_tensor *ref_batch_norm(td_tensor *x, td_tensor *w, td_tensor *b, int64_t c, td_tensor **mean_out,
+                                 td_tensor **var_out)
+{
+    td_tensor *mean0 = NULL, *mean = NULL, *xc = NULL, *sq = NULL, *v0 = NULL, *var = NULL, *ve = NULL, *sd = NULL;
+    td_tensor *xn = NULL, *wv = NULL, *bv = NULL, *y1 = NULL, *y = NULL;
+    TD_CHECK_OK(td_autograd_mean_dim(x, 0, true, &mean0));
+    TD_CHECK_OK(td_autograd_mean_dim(mean0, 2, true, &mean));
+    TD_CHECK_OK(td_autograd_sub(x, mean, &xc));
+    TD_CHECK_OK(td_autograd_mul(xc, xc, &sq));
+    TD_CHECK_OK(td_autograd_mean_dim(sq, 0, true, &v0));
+    TD_CHECK_OK(td_autograd_mean_dim(v0, 2, true, &var));
+    TD_CHECK_OK(td_autograd_add_scalar(var, 1e-5, &ve));
+    TD_CHECK_OK(td_autograd_pow_scalar(ve, 0.5, &sd));
+    TD_CHECK_OK(td_autograd_div(xc, sd, &xn));
+    TD_CHECK_OK(td_autograd_view(w, TD_SHAPE(1, c, 1), &wv));
+    TD_CHECK_OK(td_autograd_view(b, TD_SHAPE(1, c, 1), &bv));
+    TD_CHECK_OK(td_autograd_mul(xn, wv, &y1));
+    TD_CHECK_OK(td_autograd_add(y1, bv, &y));
+    *mean_out = td_tensor_retain(mean);
+    *var_out = td_tensor_retain(var);
+    td_tensor *all[] = {mean0, mean, xc, sq, v0, var, ve, sd, xn, wv, bv, y1};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        td_tensor_release(all[i]);
+    return y;
+}
+
+static td_tensor *leaf_of(td_tensor *t)
+{
+    TD_CHECK_OK(td_autograd_set_requires_grad(t, true));
+    return t;
+}
+
+/* ONLY_SBN_NET: SyncBatchNorm(2, momentum=0.99) on each rank's [4, 2, 3] batch: outputs, the input
+ * gradient, the summed weight and bias gradients and the running statistics equal batch norm over
+ * the concatenated batch. */
+DDP_TEST_WORLDS(sync_batch_norm, .timeout_s = 60)
+{
+    td_pg *pg = pg_test_init(ctx, NULL);
+    const int64_t n = 4, c = 2, l = 3;
+    int ws = ctx->world_size;
+    td_tensor *x = leaf_of(flat_values(TD_FLOAT64, TD_SHAPE(n, c, l), 200 + ctx->rank, 2.0));
+    td_tensor *w = leaf_of(flat_values(TD_FLOAT64, TD_SHAPE(c), 300, 1.0));
+    td_tensor *b = leaf_of(flat_values(TD_FLOAT64, TD_SHAPE(c), 400, 1.0));
+    td_tensor *rm = flat_values(TD_FLOAT64, TD_SHAPE(c), 500, 0.1), *rv = NULL, *y = NULL, *prod = NULL, *loss = NULL;
+    TD_CHECK_OK(td_tensor_full(TD_FLOAT64, TD_SHAPE(c), 1.0, &rv));
+    td_tensor *coef = flat_values(TD_FLOAT64, TD_SHAPE(n, c, l), 600 + ctx->rank, 1.0);
+    TD_CHECK_OK(td_sync_batch_norm(pg, x, w, b, rm, rv, 0.99, 1e-5, &y));
+    TD_CHECK_OK(td_autograd_mul(y, coef, &prod));
+    TD_CHECK_OK(td_autograd_sum(prod, &loss));
+    TD_CHECK_OK(td_autograd_backward(loss, NULL, false));
+
+    /* The reference over every rank's batch. */
+    td_tensor *xs[4], *cs[4], *xall = NULL, *call = NULL, *rmean = NULL, *rvar = NULL;
+    for (int r = 0; r < ws; r++) {
+        xs[r] = flat_values(TD_FLOAT64, TD_SHAPE(n, c, l), 200 + r, 2.0);
+        cs[r] = flat_values(TD_FLOAT64, TD_SHAPE(n, c, l), 600 + r, 1.0);
+    }
+    TD_CHECK_OK(td_tensor_cat((const td_tensor *const *)xs, ws, 0, &xall));
+    TD_CHECK_OK(td_tensor_cat((const td_tensor *const *)cs, ws, 0, &call));
+    xall = leaf_of(xall);
+    td_tensor *w0 = leaf_of(flat_values(TD_FLOAT64, TD_SHAPE(c), 300, 1.0));
+    td_tensor *b0 = leaf_of(flat_values(TD_FLOAT64, TD_SHAPE(c), 400, 1.0));
+    td_tensor *yref = ref_batch_norm(xall, w0, b0, c, &rmean, &rvar), *pref = NULL, *lref = NULL;
+    TD_CHECK_OK(td_autograd_mul(yref, call, &pref));
+    TD_CHECK_OK(td_autograd_sum(pref, &lref));
+    TD_CHECK_OK(td_autograd_backward(lref, NULL, false));
+
+    td_tensor *yrows = NULL, *gall = td_autograd_get_grad(xall), *grows = NULL, *gx = td_autograd_get_grad(x);
+    TD_CHECK_OK(td_tensor_narrow(yref, 0, ctx->rank * n, n, &yrows));
+    TD_CHECK_OK(td_tensor_narrow(gall, 0, ctx->rank * n, n, &grows));
+    TD_CHECK_MSG(td_tensor_allclose(y, yrows, 1e-9, 1e-9, false), "SyncBatchNorm's output differs");
+    TD_CHECK_MSG(gx && td_tensor_allclose(gx, grows, 1e-9, 1e-9, false), "SyncBatchNorm's input gradient differs");
+    td_tensor *params[2] = {w, b}, *refs[2] = {w0, b0};
+    for (int i = 0; i < 2; i++) {
+        td_tensor *g = td_autograd_get_grad(params[i]), *sum = NULL, *want = td_autograd_get_grad(refs[i]);
+        TD_CHECK_OK(td_tensor_clone(g, &sum));
+        TD_CHECK_OK(td_pg_all_reduce(pg, sum, TD_OP_SUM, NULL));
+        TD_CHECK_MSG(td_tensor_allclose(sum, want, 1e-9, 1e-9, false), "the %s gradients do not add up",
+                     i ? "bias" : "weight");
+        td_tensor *rel[] = {g, sum, want};
+        for (int k = 0; k < 3; k++)
+            td_tensor_release(rel[k]);
+    }
+    double count = (double)(ws * n * l);
+    for (int64_t k = 0; k < c; k++) {
+        int64_t i3[3] = {0, k, 0};
+        double mu = 0, var = 0, got_m = 0, got_v = 0, rm0 = 0;
+        td_tensor *rm_init = flat_values(TD_FLOAT64, TD_SHAPE(c), 500, 0.1);
+        TD_CHECK_OK(td_tensor_get_f64(rm_init, &k, &rm0));
+        td_tensor_release(rm_init);
+        TD_CHECK_OK(td_tensor_get_f64(rmean, i3, &mu));
+        TD_CHECK_OK(td_tensor_get_f64(rvar, i3, &var));
+        TD_CHECK_OK(td_tensor_get_f64(rm, &k, &got_m));
+        TD_CHECK_OK(td_tensor_get_f64(rv, &k, &got_v));
+        TD_CHECK(fabs(got_m - (0.01 * rm0 + 0.99 * mu)) < 1e-12);
+        TD_CHECK(fabs(got_v - (0.01 * 1.0 + 0.99 * var * count / (count - 1))) < 1e-12);
+    }
+    TD_CHECK_ERR(td_sync_batch_norm(pg, w, NULL, NULL, NULL, NULL, 0.1, 1e-5, &prod), TD_ERR_INVALID,
+                 "expected at least 2D input (got 1D input)");
+    td_tensor *all[] = {x, w, b, rm, rv, y, prod, loss, coef, xall, call, rmean, rvar, w0, b0, yref, pref, lref,
+                        yrows, gall, grows, gx};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        td_tensor_release(all[i]);
+    for (int r = 0; r < ws; r++) {
+        td_tensor_release(xs[r]);
+        td_tensor_release(cs[r]);
+    }
+    pg_test_done(ctx, pg);
+}
+
 TD_TEST_MAIN()

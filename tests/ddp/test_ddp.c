@@ -367,6 +367,17 @@ static td_ddp *ddp_make(td_pg *pg, model *m, const td_ddp_options *o)
     return ddp;
 }
 
+/* iters DDP steps from iteration `first`, each checked against the reference and its gradients
+ * cleared. */
+static void steps_checked(td_ddp *ddp, model *m, int rank, int ws, int first, int iters, double tol, const char *what)
+{
+    for (int it = first; it < first + iters; it++) {
+        TD_CHECK_OK(ddp_step(ddp, m, rank, it));
+        check_grads(m, ws, it, 1, tol, what);
+        zero_grads(m);
+    }
+}
+
 /* ---- gradients against the reference --------------------------------------------------------- */
 
 #define DDP_TEST_WORLDS(tname, ...)                                                                 \
@@ -393,11 +404,7 @@ DDP_TEST_WORLDS(net_matches_reference, .timeout_s = 120)
     for (int i = 0; i < m.n; i++)
         TD_CHECK_MSG(td_tensor_equal(m.p[i], r0.p[i]), "%s is not rank 0's after construction", m.names[i]);
     model_free(&r0);
-    for (int it = 0; it < 3; it++) {
-        TD_CHECK_OK(ddp_step(ddp, &m, ctx->rank, it));
-        check_grads(&m, ctx->world_size, it, 1, 1e-9, "Net");
-        zero_grads(&m);
-    }
+    steps_checked(ddp, &m, ctx->rank, ctx->world_size, 0, 3, 1e-9, "Net");
     td_ddp_logging_data log;
     TD_CHECK_OK(td_ddp_logging(ddp, &log));
     TD_CHECK_EQ(log.iteration, 3);
@@ -415,12 +422,8 @@ TD_PG_TEST_ON(batch_norm_net_buffers, 3, DDP_BACKENDS, .timeout_s = 60)
     model m;
     model_make(&m, BN, ctx->rank, ctx->rank);
     td_ddp *ddp = ddp_make(pg, &m, NULL);
-    for (int it = 0; it < 2; it++) {
-        /* The running stats each rank moved last iteration are replaced by rank 0's. */
-        TD_CHECK_OK(ddp_step(ddp, &m, ctx->rank, it));
-        check_grads(&m, ctx->world_size, it, 1, 1e-9, "BatchNormNet");
-        zero_grads(&m);
-    }
+    /* Each forward first replaces the running stats every rank moved by rank 0's. */
+    steps_checked(ddp, &m, ctx->rank, ctx->world_size, 0, 2, 1e-9, "BatchNormNet");
     /* Rank 0's running mean after two of its own updates from its initial buffers. */
     td_tensor *rm = NULL;
     TD_CHECK_OK(td_tensor_clone(m.buf[0], &rm));
@@ -529,11 +532,7 @@ TD_PG_TEST_ON(find_unused_parameters, 3, DDP_BACKENDS, .timeout_s = 60)
     td_ddp_options o = TD_DDP_OPTIONS_INIT;
     o.find_unused_parameters = true;
     td_ddp *ddp = ddp_make(pg, &m, &o);
-    for (int it = 0; it < 2; it++) {
-        TD_CHECK_OK(ddp_step(ddp, &m, ctx->rank, it));
-        check_grads(&m, ctx->world_size, it, 1, 1e-9, "UnusedParamTwoLinLayerNet");
-        zero_grads(&m);
-    }
+    steps_checked(ddp, &m, ctx->rank, ctx->world_size, 0, 2, 1e-9, "UnusedParamTwoLinLayerNet");
     /* Outputs (a, b), loss from a alone. */
     TD_CHECK_OK(td_ddp_pre_forward(ddp));
     td_tensor *x = batch(m.dt, ctx->rank, 0, 6, 10), *a = linear(x, m.p[0]), *b = linear(x, m.p[1]), *loss = NULL;
@@ -562,11 +561,7 @@ DDP_TEST_WORLDS(control_flow_unused, .timeout_s = 60)
     td_ddp_options o = TD_DDP_OPTIONS_INIT;
     o.find_unused_parameters = true;
     td_ddp *ddp = ddp_make(pg, &m, &o);
-    for (int it = 0; it < 4; it++) {
-        TD_CHECK_OK(ddp_step(ddp, &m, ctx->rank, it));
-        check_grads(&m, ctx->world_size, it, 1, 1e-9, "ControlFlowToyModel");
-        zero_grads(&m);
-    }
+    steps_checked(ddp, &m, ctx->rank, ctx->world_size, 0, 4, 1e-9, "ControlFlowToyModel");
     td_ddp_free(ddp);
     model_free(&m);
     pg_test_done(ctx, pg);
@@ -686,11 +681,7 @@ TD_PG_TEST_ON(comm_hooks, 3, DDP_BACKENDS, .timeout_s = 120)
         if (h == 1)
             TD_CHECK_ERR(td_ddp_register_comm_hook(ddp, NULL, td_ddp_allreduce_hook), TD_ERR_INVALID,
                          "register_comm_hook or register_builtin_comm_hook can only be called once.");
-        for (int it = 0; it < 2; it++) {
-            TD_CHECK_OK(ddp_step(ddp, &m, ctx->rank, it));
-            check_grads(&m, ctx->world_size, it, 1, tol[h], names[h]);
-            zero_grads(&m);
-        }
+        steps_checked(ddp, &m, ctx->rank, ctx->world_size, 0, 2, tol[h], names[h]);
         td_ddp_logging_data log;
         TD_CHECK_OK(td_ddp_logging(ddp, &log));
         if (h == 4)

@@ -367,6 +367,22 @@ static td_ddp *ddp_make(td_pg *pg, model *m, const td_ddp_options *o)
     return ddp;
 }
 
+/* A case's group, model (kind, from this rank's own initial values) and DDP over them. */
+static td_pg *setup(td_test_ctx *ctx, int kind, const td_ddp_options *o, model *m, td_ddp **ddp)
+{
+    td_pg *pg = pg_test_init(ctx, NULL);
+    model_make(m, kind, ctx->rank, ctx->rank);
+    *ddp = ddp_make(pg, m, o);
+    return pg;
+}
+
+static void teardown(td_test_ctx *ctx, td_pg *pg, model *m, td_ddp *ddp)
+{
+    td_ddp_free(ddp);
+    model_free(m);
+    pg_test_done(ctx, pg);
+}
+
 /* iters DDP steps from iteration `first`, each checked against the reference and its gradients
  * cleared. */
 static void steps_checked(td_ddp *ddp, model *m, int rank, int ws, int first, int iters, double tol, const char *what)
@@ -392,13 +408,12 @@ static void steps_checked(td_ddp *ddp, model *m, int rank, int ws, int first, in
  * rebuild, and one more; each rank starts from its own values and DDP makes them rank 0's. */
 DDP_TEST_WORLDS(net_matches_reference, .timeout_s = 120)
 {
-    td_pg *pg = pg_test_init(ctx, NULL);
-    model m;
-    model_make(&m, NET, ctx->rank, ctx->rank);
     td_ddp_options o = TD_DDP_OPTIONS_INIT;
     o.bucket_cap_bytes = 1200; /* fc3 + fc2 in one bucket, fc1 in another... */
     o.first_bucket_bytes = 800;
-    td_ddp *ddp = ddp_make(pg, &m, &o);
+    model m;
+    td_ddp *ddp = NULL;
+    td_pg *pg = setup(ctx, NET, &o, &m, &ddp);
     model r0;
     model_make(&r0, NET, 0, 0);
     for (int i = 0; i < m.n; i++)
@@ -411,17 +426,14 @@ DDP_TEST_WORLDS(net_matches_reference, .timeout_s = 120)
     TD_CHECK(!log.has_error);
     TD_CHECK(log.rebuilt);
     TD_CHECK(log.num_buckets >= 2);
-    td_ddp_free(ddp);
-    model_free(&m);
-    pg_test_done(ctx, pg);
+    teardown(ctx, pg, &m, ddp);
 }
 
 TD_PG_TEST_ON(batch_norm_net_buffers, 3, DDP_BACKENDS, .timeout_s = 60)
 {
-    td_pg *pg = pg_test_init(ctx, NULL);
     model m;
-    model_make(&m, BN, ctx->rank, ctx->rank);
-    td_ddp *ddp = ddp_make(pg, &m, NULL);
+    td_ddp *ddp = NULL;
+    td_pg *pg = setup(ctx, BN, NULL, &m, &ddp);
     /* Each forward first replaces the running stats every rank moved by rank 0's. */
     steps_checked(ddp, &m, ctx->rank, ctx->world_size, 0, 2, 1e-9, "BatchNormNet");
     /* Rank 0's running mean after two of its own updates from its initial buffers. */
@@ -433,17 +445,14 @@ TD_PG_TEST_ON(batch_norm_net_buffers, 3, DDP_BACKENDS, .timeout_s = 60)
     TD_CHECK_OK(td_ddp_pre_forward(ddp));
     TD_CHECK_MSG(td_tensor_equal(rm, m.buf[0]), "the running mean was not broadcast from rank 0");
     td_tensor_release(rm);
-    td_ddp_free(ddp);
-    model_free(&m);
-    pg_test_done(ctx, pg);
+    teardown(ctx, pg, &m, ddp);
 }
 
 TD_PG_TEST_ON(large_net, 2, DDP_BACKENDS, .timeout_s = 120)
 {
-    td_pg *pg = pg_test_init(ctx, NULL);
     model m;
-    model_make(&m, LARGE, ctx->rank, ctx->rank);
-    td_ddp *ddp = ddp_make(pg, &m, NULL);
+    td_ddp *ddp = NULL;
+    td_pg *pg = setup(ctx, LARGE, NULL, &m, &ddp);
     TD_CHECK_OK(ddp_step(ddp, &m, ctx->rank, 0));
     check_grads(&m, ctx->world_size, 0, 1, 1e-5, "LargeNet");
     td_ddp_logging_data log;
@@ -451,9 +460,7 @@ TD_PG_TEST_ON(large_net, 2, DDP_BACKENDS, .timeout_s = 120)
     /* 12 MB of fc2+fc1 float32: the 1 MiB first bucket then the rest under 25 MiB. */
     TD_CHECK_EQ(log.num_buckets, 2);
     TD_CHECK_EQ(log.bucket_bytes[0], 500 * 2000 * 4);
-    td_ddp_free(ddp);
-    model_free(&m);
-    pg_test_done(ctx, pg);
+    teardown(ctx, pg, &m, ddp);
 }
 
 /* ---- unused parameters and the unfinished-reduction error ------------------------------------ */
@@ -468,12 +475,11 @@ static const char *const suggest_debug = "set the environment variable TORCH_DIS
  * backward leaves its bucket unreduced and the next step fails, on every rank. */
 TD_PG_TEST_ON(unused_param_error, 2, DDP_BACKENDS, .timeout_s = 60)
 {
-    td_pg *pg = pg_test_init(ctx, NULL);
-    model m;
-    model_make(&m, UNUSED, ctx->rank, ctx->rank);
     td_ddp_options o = TD_DDP_OPTIONS_INIT;
     o.bucket_cap_bytes = o.first_bucket_bytes = 1; /* one parameter per bucket: a and b still reduce */
-    td_ddp *ddp = ddp_make(pg, &m, &o);
+    model m;
+    td_ddp *ddp = NULL;
+    td_pg *pg = setup(ctx, UNUSED, &o, &m, &ddp);
     TD_CHECK_OK(ddp_step(ddp, &m, ctx->rank, 0));
     td_status st = td_ddp_pre_forward(ddp);
     TD_CHECK_EQ(st, TD_ERR_INVALID);
@@ -487,9 +493,7 @@ TD_PG_TEST_ON(unused_param_error, 2, DDP_BACKENDS, .timeout_s = 60)
     TD_CHECK(log.has_error);
     TD_CHECK_CONTAINS(log.error, unfinished);
     TD_CHECK_EQ(log.iteration, 0);
-    td_ddp_free(ddp);
-    model_free(&m);
-    pg_test_done(ctx, pg);
+    teardown(ctx, pg, &m, ddp);
 }
 
 /* Under DETAIL the error names the parameters; under INFO their indices. */
@@ -526,12 +530,11 @@ TD_PG_TEST_ON(unused_param_error_detail, 2, DDP_BACKENDS, .timeout_s = 60)
  * that ignores one of the outputs (b) leaves b unreduced, and the error says the flag is on. */
 TD_PG_TEST_ON(find_unused_parameters, 3, DDP_BACKENDS, .timeout_s = 60)
 {
-    td_pg *pg = pg_test_init(ctx, NULL);
-    model m;
-    model_make(&m, UNUSED, ctx->rank, ctx->rank);
     td_ddp_options o = TD_DDP_OPTIONS_INIT;
     o.find_unused_parameters = true;
-    td_ddp *ddp = ddp_make(pg, &m, &o);
+    model m;
+    td_ddp *ddp = NULL;
+    td_pg *pg = setup(ctx, UNUSED, &o, &m, &ddp);
     steps_checked(ddp, &m, ctx->rank, ctx->world_size, 0, 2, 1e-9, "UnusedParamTwoLinLayerNet");
     /* Outputs (a, b), loss from a alone. */
     TD_CHECK_OK(td_ddp_pre_forward(ddp));
@@ -546,25 +549,20 @@ TD_PG_TEST_ON(find_unused_parameters, 3, DDP_BACKENDS, .timeout_s = 60)
     td_tensor *all[] = {x, a, b, loss};
     for (size_t i = 0; i < 4; i++)
         td_tensor_release(all[i]);
-    td_ddp_free(ddp);
-    model_free(&m);
-    pg_test_done(ctx, pg);
+    teardown(ctx, pg, &m, ddp);
 }
 
 /* ControlFlowToyModel: lin2 is used on even ranks at even iterations only, so it is locally unused
  * on some ranks and globally unused at odd iterations (its .grad is then left unset). */
 DDP_TEST_WORLDS(control_flow_unused, .timeout_s = 60)
 {
-    td_pg *pg = pg_test_init(ctx, NULL);
-    model m;
-    model_make(&m, CONTROL, ctx->rank, ctx->rank);
     td_ddp_options o = TD_DDP_OPTIONS_INIT;
     o.find_unused_parameters = true;
-    td_ddp *ddp = ddp_make(pg, &m, &o);
+    model m;
+    td_ddp *ddp = NULL;
+    td_pg *pg = setup(ctx, CONTROL, &o, &m, &ddp);
     steps_checked(ddp, &m, ctx->rank, ctx->world_size, 0, 4, 1e-9, "ControlFlowToyModel");
-    td_ddp_free(ddp);
-    model_free(&m);
-    pg_test_done(ctx, pg);
+    teardown(ctx, pg, &m, ddp);
 }
 
 /* EmbeddingNetDifferentParams: a different parameter count on rank 1, then different shapes. */
@@ -607,10 +605,9 @@ TD_PG_TEST_ON(model_differs_across_ranks, 2, DDP_BACKENDS, .timeout_s = 60)
 /* Two iterations under no_sync accumulate locally; the third reduces all three. */
 TD_PG_TEST_ON(no_sync_accumulates, 3, DDP_BACKENDS, .timeout_s = 60)
 {
-    td_pg *pg = pg_test_init(ctx, NULL);
     model m;
-    model_make(&m, NET, ctx->rank, ctx->rank);
-    td_ddp *ddp = ddp_make(pg, &m, NULL);
+    td_ddp *ddp = NULL;
+    td_pg *pg = setup(ctx, NET, NULL, &m, &ddp);
     TD_CHECK_OK(td_ddp_set_require_sync(ddp, false));
     TD_CHECK_OK(ddp_step(ddp, &m, ctx->rank, 0));
     TD_CHECK_OK(ddp_step(ddp, &m, ctx->rank, 1));
@@ -620,20 +617,17 @@ TD_PG_TEST_ON(no_sync_accumulates, 3, DDP_BACKENDS, .timeout_s = 60)
     td_ddp_logging_data log;
     TD_CHECK_OK(td_ddp_logging(ddp, &log));
     TD_CHECK_EQ(log.iteration, 1);
-    td_ddp_free(ddp);
-    model_free(&m);
-    pg_test_done(ctx, pg);
+    teardown(ctx, pg, &m, ddp);
 }
 
 /* .grad is a view into the bucket after the first reduction, and stays right across the rebuild. */
 TD_PG_TEST_ON(gradient_as_bucket_view, 2, DDP_BACKENDS, .timeout_s = 60)
 {
-    td_pg *pg = pg_test_init(ctx, NULL);
-    model m;
-    model_make(&m, NET, ctx->rank, ctx->rank);
     td_ddp_options o = TD_DDP_OPTIONS_INIT;
     o.gradient_as_bucket_view = true;
-    td_ddp *ddp = ddp_make(pg, &m, &o);
+    model m;
+    td_ddp *ddp = NULL;
+    td_pg *pg = setup(ctx, NET, &o, &m, &ddp);
     for (int it = 0; it < 3; it++) {
         TD_CHECK_OK(ddp_step(ddp, &m, ctx->rank, it));
         check_grads(&m, ctx->world_size, it, 1, 1e-9, "Net, gradient_as_bucket_view");
@@ -648,9 +642,7 @@ TD_PG_TEST_ON(gradient_as_bucket_view, 2, DDP_BACKENDS, .timeout_s = 60)
             td_tensor_release(g);
         }
     }
-    td_ddp_free(ddp);
-    model_free(&m);
-    pg_test_done(ctx, pg);
+    teardown(ctx, pg, &m, ddp);
 }
 
 /* A user hook: all_reduce AVG of the bucket (the group averages), returning its own future. */
@@ -755,10 +747,9 @@ DDP_TEST_WORLDS(join_uneven_inputs, .timeout_s = 120)
  * inputs.", the others their next pre_forward with the "Detected ..." error; all completed 5. */
 TD_PG_TEST_ON(join_throw_on_early_termination, 3, DDP_BACKENDS, .timeout_s = 60)
 {
-    td_pg *pg = pg_test_init(ctx, NULL);
     model m;
-    model_make(&m, NET, ctx->rank, ctx->rank);
-    td_ddp *ddp = ddp_make(pg, &m, NULL);
+    td_ddp *ddp = NULL;
+    td_pg *pg = setup(ctx, NET, NULL, &m, &ddp);
     TD_CHECK_OK(td_ddp_join_begin(ddp, true, true));
     int done = 0;
     td_status st = TD_OK;
@@ -778,9 +769,7 @@ TD_PG_TEST_ON(join_throw_on_early_termination, 3, DDP_BACKENDS, .timeout_s = 60)
         TD_CHECK_OK(td_ddp_join_end(ddp));
     }
     TD_CHECK_EQ(done, 5);
-    td_ddp_free(ddp);
-    model_free(&m);
-    pg_test_done(ctx, pg);
+    teardown(ctx, pg, &m, ddp);
 }
 
 /* ---- post-local SGD and model averaging ------------------------------------------------------- */

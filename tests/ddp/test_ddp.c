@@ -946,8 +946,10 @@ DDP_TEST_WORLDS(sync_batch_norm, .timeout_s = 60)
         TD_CHECK(fabs(got_m - (0.01 * rm0 + 0.99 * mu)) < 1e-12);
         TD_CHECK(fabs(got_v - (0.01 * 1.0 + 0.99 * var * count / (count - 1))) < 1e-12);
     }
-    TD_CHECK_ERR(td_sync_batch_norm(pg, w, NULL, NULL, NULL, NULL, 0.1, 1e-5, &prod), TD_ERR_INVALID,
+    td_tensor *bad = NULL;
+    TD_CHECK_ERR(td_sync_batch_norm(pg, w, NULL, NULL, NULL, NULL, 0.1, 1e-5, &bad), TD_ERR_INVALID,
                  "expected at least 2D input (got 1D input)");
+    TD_CHECK(bad == NULL);
     td_tensor *all[] = {x, w, b, rm, rv, y, prod, loss, coef, xall, call, rmean, rvar, w0, b0, yref, pref, lref,
                         yrows, gall, grows, gx};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)

@@ -1,9 +1,9 @@
-/* The examples' MLP (examples/mlp.h: DIM -> H -> H -> CLASSES, ReLU, softmax cross-entropy) built
- * from tdist/autograd.h's ops, for the MLP test and bench/autograd: its parameters are leaves that
- * view one flat float32 tensor laid out as mlp.c's model_bind lays out its buffer, so both models
- * start from the same model_init. */
-#ifndef TDIST_TESTS_AG_MLP_H
-#define TDIST_TESTS_AG_MLP_H
+/* ag_mlp.h: the examples' MLP (mlp.h: DIM -> H -> H -> CLASSES, ReLU, softmax cross-entropy) built
+ * from tdist/autograd.h's ops, for ddp_train (its default, DDP path), the autograd MLP test and
+ * bench/autograd: its parameters are leaves that view one flat float32 tensor laid out as mlp.c's
+ * model_bind lays out its buffer, so both models start from the same model_init. */
+#ifndef TDIST_EXAMPLES_AG_MLP_H
+#define TDIST_EXAMPLES_AG_MLP_H
 
 #include <tdist/autograd.h>
 

@@ -1,7 +1,7 @@
 /* autograd_bench: one training step's forward + backward of the examples' MLP (examples/mlp.c:
  * 16-96-96-4, ReLU, softmax cross-entropy, a batch of 32) three ways, on one thread:
  *   hand-written  mlp.c's backward() per sample (it runs the forward too), as ddp_train does;
- *   autograd      tests/autograd/ag_mlp.h through tdist/autograd.h: forward, backward, grads cleared;
+ *   autograd      examples/ag_mlp.h through tdist/autograd.h: forward, backward, grads cleared;
  *   (backward)    the autograd step's backward alone.
  * Prints the median microseconds per step over REPS timed steps after a warm-up, and the ratio to
  * the hand-written step. bench/autograd/run.sh runs it beside PyTorch (torch_mlp.py).

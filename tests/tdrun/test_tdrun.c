@@ -461,22 +461,30 @@ TD_TEST(example_rpc_work_queue_through_tdrun, .timeout_s = 60)
     proc_free(&p);
 }
 
-/* The demo job, smaller: it must converge and keep the ranks' parameters bit-identical. */
+/* The demo job, smaller: it must converge and keep the ranks' parameters bit-identical, through
+ * DDP on autograd (one bucket per layer) and through the hand-written backward (--manual). */
 TD_TEST(example_ddp_train_through_tdrun, .timeout_s = 120)
 {
-    proc p;
-    char *argv[] = {TDRUN_BIN, "--standalone", "--quiet", "--nproc-per-node", "3", DDP_TRAIN_BIN, "--samples",
-                    "12000", "--epochs", "4", "--target", "0.75", NULL};
-    run_tdrun(&p, argv, 100000);
-    TD_CHECK_MSG(p.code == 0, "tdrun exited %d:\n%s", p.code, p.out.data);
-    TD_CHECK_CONTAINS(p.out.data, "[rank0]: epoch  4/4 [####################] loss ");
-    TD_CHECK_CONTAINS(p.out.data, "all 3 ranks hold identical parameters");
-    for (int r = 0; r < 3; r++) {
-        char want[80];
-        snprintf(want, sizeof want, "[rank%d]: rank %d: parameters bit-identical to rank 0's", r, r);
-        TD_CHECK_CONTAINS(p.out.data, want);
+    for (int manual = 0; manual < 2; manual++) {
+        proc p;
+        char *argv[] = {TDRUN_BIN, "--standalone", "--quiet", "--nproc-per-node", "3", DDP_TRAIN_BIN, "--samples",
+                        "12000", "--epochs", "4", "--target", "0.75", manual ? "--manual" : NULL, NULL};
+        run_tdrun(&p, argv, 100000);
+        TD_CHECK_MSG(p.code == 0, "tdrun exited %d:\n%s", p.code, p.out.data);
+        TD_CHECK_CONTAINS(p.out.data, manual ? "steps/epoch of 96, hand-written backward + all_reduce\n"
+                                             : "steps/epoch of 96, autograd + DDP\n");
+        TD_CHECK_CONTAINS(p.out.data, "[rank0]: epoch  4/4 [####################] loss ");
+        TD_CHECK_CONTAINS(p.out.data, "all 3 ranks hold identical parameters");
+        if (!manual)
+            TD_CHECK_CONTAINS(p.out.data, "[rank0]: DDP: 3 buckets (1.5, 36.4, 6.4 KiB), rebuilt in gradient order, "
+                                          "500 steps on 3 ranks: communication ");
+        for (int r = 0; r < 3; r++) {
+            char want[80];
+            snprintf(want, sizeof want, "[rank%d]: rank %d: parameters bit-identical to rank 0's", r, r);
+            TD_CHECK_CONTAINS(p.out.data, want);
+        }
+        proc_free(&p);
     }
-    proc_free(&p);
 }
 
 /* The parameter server (issue 19), smaller: the server owns the model through an RRef, two

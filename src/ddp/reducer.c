@@ -410,13 +410,16 @@ static td_status ddp_mark_ready(td_ddp *d, int i)
     ddp_bucket *bk = &d->buckets[p->bucket];
     bk->pending--;
     while (d->next_bucket < d->num_buckets && d->buckets[d->next_bucket].pending == 0) {
+        /* The backward ends when the last bucket is ready, before its launch: a launch that lets
+         * the group's worker run the collective before this thread gets the core back must not
+         * count as communication hidden behind the backward (one bucket would show some). */
+        if (d->next_bucket == d->num_buckets - 1)
+            d->last_launch_ns = clock_now_ns();
         TD_TRY(ddp_launch(d, &d->buckets[d->next_bucket]));
         d->next_bucket++;
     }
-    if (d->next_bucket == d->num_buckets) {
-        d->last_launch_ns = clock_now_ns();
+    if (d->next_bucket == d->num_buckets)
         return ddp_finalize(d);
-    }
     return TD_OK;
 }
 

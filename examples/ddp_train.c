@@ -49,7 +49,7 @@ static int check(td_status st, const char *what)
     return 0;
 }
 
-/* The step's averaged gradient reached every rank: what one mode or the other does per step. */
+/* What a training step needs in either mode, and the timings it adds up. */
 typedef struct trainer {
     bool manual;
     int batch;
@@ -120,7 +120,8 @@ static int train_step(trainer *tr, td_pg *pg, const float *x, const int *y, cons
     return 0;
 }
 
-/* Drops "--manual" from argv (train_config_parse reads flags in pairs); returns whether it was there. */
+/* Drops a flag without a value (--manual) from argv, since train_config_parse reads flags in pairs;
+ * returns whether it was there. */
 static bool take_flag(int *argc, char **argv, const char *flag)
 {
     bool found = false;

@@ -115,8 +115,8 @@ static void net_sgd(net *m, float lr)
         td_tensor *g = td_autograd_get_grad(m->param[i]);
         if (!g)
             continue;
-        float *p = td_tensor_data(m->param[i]), *v = m->vel[i];
-        const float *gv = td_tensor_data(g);
+        float *restrict p = td_tensor_data(m->param[i]), *restrict v = m->vel[i];
+        const float *restrict gv = td_tensor_data(g); /* restrict: the loop vectorizes, as torch's does */
         int64_t n = td_tensor_numel(m->param[i]);
         for (int64_t k = 0; k < n; k++) {
             v[k] = 0.9f * v[k] + gv[k];

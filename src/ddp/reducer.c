@@ -255,6 +255,9 @@ td_status ddp_launch(td_ddp *d, ddp_bucket *bk)
 }
 
 /* t /= n in place (the bucket's view of a gradient, or a comm hook's buffer). */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("O3"))) /* gcc vectorizes the division loops only at -O3 */
+#endif
 td_status ddp_divide(td_tensor *t, int n)
 {
     if (n == 1)

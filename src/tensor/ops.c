@@ -601,8 +601,9 @@ static td_status gather_wide(const td_tensor *t, wide **out)
  * that a register tile of MM_MR x MM_NR outputs is updated per step along k. The arithmetic is the
  * wide path's, in the same order (each output element sums a[i][p] * b[p][j] over p in double,
  * multiply then add, rounded once into the result's dtype), so the results are bit-identical on
- * every CPU; only the layout and the vector width differ. The tile kernel is built for the
- * baseline ISA and for AVX2, picked at run time; no FMA, which would round differently. */
+ * every CPU; only the layout and the vector width differ. A float32/float64 b with contiguous rows
+ * is read in place (its values converted exactly) instead of packed. The tile kernel is built for
+ * the baseline ISA and for AVX2, picked at run time; no FMA, which would round differently. */
 #define MM_MR 4
 #define MM_NR 8
 
@@ -682,45 +683,60 @@ static inline void mm_store(double *dst, const mm_v4 *acc, int64_t w)
 
 #define MM_BCAST(x) ((mm_v4){(x), (x), (x), (x)})
 
-/* c [n x m] (row-major doubles) = a [n x k] @ the panels of b. */
-#define DEF_MM_TILES(sfx, ATTR)                                                                          \
-    ATTR static void mm_tiles##sfx(const double *a, const double *bp, int64_t n, int64_t k, int64_t m,   \
-                                   double *c)                                                            \
+typedef float mm_f4 __attribute__((vector_size(4 * sizeof(float))));
+
+/* Row p of a panel (columns j0 .. j0 + MM_NR - 1) as two vectors of doubles: from rows of doubles
+ * (a packed panel, or a float64 b whose rows are contiguous) or of floats (converted exactly). */
+#define MM_ROW_DOUBLE(b0, b1, b, p, ldb) (MM_LOAD(b0, (b) + (p) * (ldb)), MM_LOAD(b1, (b) + (p) * (ldb) + 4))
+#define MM_ROW_FLOAT(b0, b1, b, p, ldb)                                                                  \
+    do {                                                                                                 \
+        mm_f4 lo_, hi_;                                                                                  \
+        memcpy(&lo_, (b) + (p) * (ldb), sizeof lo_);                                                     \
+        memcpy(&hi_, (b) + (p) * (ldb) + 4, sizeof hi_);                                                 \
+        b0 = __builtin_convertvector(lo_, mm_v4);                                                        \
+        b1 = __builtin_convertvector(hi_, mm_v4);                                                        \
+    } while (0)
+
+/* c[:, j0 .. j0 + w) (row-major doubles, n x m) = a [n x k] @ one panel of b, whose row p starts at
+ * b + p * ldb (BT: double or float). */
+#define DEF_MM_PANEL(name, ATTR, BT, ROW)                                                                \
+    ATTR static void name(const double *a, const BT *b, int64_t ldb, int64_t n, int64_t k, int64_t m,   \
+                          int64_t j0, int64_t w, double *c)                                              \
     {                                                                                                    \
-        for (int64_t j0 = 0; j0 < m; j0 += MM_NR, bp += k * MM_NR) {                                     \
-            int64_t w = m - j0 < MM_NR ? m - j0 : MM_NR, i = 0;                                          \
-            for (; i + MM_MR <= n; i += MM_MR) {                                                         \
-                const double *a0 = a + i * k, *a1 = a0 + k, *a2 = a1 + k, *a3 = a2 + k;                  \
-                mm_v4 acc[MM_MR][2] = {{{0}}};                                                           \
-                for (int64_t p = 0; p < k; p++) {                                                        \
-                    mm_v4 b0, b1;                                                                        \
-                    MM_LOAD(b0, bp + p * MM_NR), MM_LOAD(b1, bp + p * MM_NR + 4);                        \
-                    mm_v4 x0 = MM_BCAST(a0[p]), x1 = MM_BCAST(a1[p]);                                    \
-                    mm_v4 x2 = MM_BCAST(a2[p]), x3 = MM_BCAST(a3[p]);                                    \
-                    acc[0][0] += x0 * b0, acc[0][1] += x0 * b1;                                          \
-                    acc[1][0] += x1 * b0, acc[1][1] += x1 * b1;                                          \
-                    acc[2][0] += x2 * b0, acc[2][1] += x2 * b1;                                          \
-                    acc[3][0] += x3 * b0, acc[3][1] += x3 * b1;                                          \
-                }                                                                                        \
-                for (int r = 0; r < MM_MR; r++)                                                          \
-                    mm_store(c + (i + r) * m + j0, acc[r], w);                                           \
+        int64_t i = 0;                                                                                   \
+        for (; i + MM_MR <= n; i += MM_MR) {                                                             \
+            const double *a0 = a + i * k, *a1 = a0 + k, *a2 = a1 + k, *a3 = a2 + k;                      \
+            mm_v4 acc[MM_MR][2] = {{{0}}};                                                               \
+            for (int64_t p = 0; p < k; p++) {                                                            \
+                mm_v4 b0, b1;                                                                            \
+                ROW(b0, b1, b, p, ldb);                                                                  \
+                mm_v4 x0 = MM_BCAST(a0[p]), x1 = MM_BCAST(a1[p]);                                        \
+                mm_v4 x2 = MM_BCAST(a2[p]), x3 = MM_BCAST(a3[p]);                                        \
+                acc[0][0] += x0 * b0, acc[0][1] += x0 * b1;                                              \
+                acc[1][0] += x1 * b0, acc[1][1] += x1 * b1;                                              \
+                acc[2][0] += x2 * b0, acc[2][1] += x2 * b1;                                              \
+                acc[3][0] += x3 * b0, acc[3][1] += x3 * b1;                                              \
             }                                                                                            \
-            for (; i < n; i++) {                                                                         \
-                const double *a0 = a + i * k;                                                            \
-                mm_v4 acc[2] = {{0}};                                                                    \
-                for (int64_t p = 0; p < k; p++) {                                                        \
-                    mm_v4 x0 = MM_BCAST(a0[p]), b0, b1;                                                  \
-                    MM_LOAD(b0, bp + p * MM_NR), MM_LOAD(b1, bp + p * MM_NR + 4);                        \
-                    acc[0] += x0 * b0, acc[1] += x0 * b1;                                                \
-                }                                                                                        \
-                mm_store(c + i * m + j0, acc, w);                                                        \
+            for (int r = 0; r < MM_MR; r++)                                                              \
+                mm_store(c + (i + r) * m + j0, acc[r], w);                                               \
+        }                                                                                                \
+        for (; i < n; i++) {                                                                             \
+            const double *a0 = a + i * k;                                                                \
+            mm_v4 acc[2] = {{0}};                                                                        \
+            for (int64_t p = 0; p < k; p++) {                                                            \
+                mm_v4 x0 = MM_BCAST(a0[p]), b0, b1;                                                      \
+                ROW(b0, b1, b, p, ldb);                                                                  \
+                acc[0] += x0 * b0, acc[1] += x0 * b1;                                                    \
             }                                                                                            \
+            mm_store(c + i * m + j0, acc, w);                                                            \
         }                                                                                                \
     }
 
-DEF_MM_TILES(_base, )
+DEF_MM_PANEL(mm_panel_double_base, , double, MM_ROW_DOUBLE)
+DEF_MM_PANEL(mm_panel_float_base, , float, MM_ROW_FLOAT)
 #if defined(__x86_64__) && defined(__GNUC__)
-DEF_MM_TILES(_avx2, __attribute__((target("avx2"))))
+DEF_MM_PANEL(mm_panel_double_avx2, __attribute__((target("avx2"))), double, MM_ROW_DOUBLE)
+DEF_MM_PANEL(mm_panel_float_avx2, __attribute__((target("avx2"))), float, MM_ROW_FLOAT)
 
 static bool mm_have_avx2(void)
 {
@@ -730,27 +746,42 @@ static bool mm_have_avx2(void)
         cached = v = __builtin_cpu_supports("avx2") ? 1 : 0;
     return v;
 }
+#define MM_PANEL(kind, ...) (mm_have_avx2() ? mm_panel_##kind##_avx2(__VA_ARGS__) : mm_panel_##kind##_base(__VA_ARGS__))
+#else
+#define MM_PANEL(kind, ...) mm_panel_##kind##_base(__VA_ARGS__)
 #endif
 
 static td_status matmul_real(const td_tensor *a, const td_tensor *b, int64_t n, int64_t k, int64_t m, td_tensor *res)
 {
     bool direct = res->dtype == TD_FLOAT64; /* res is contiguous: the kernel writes it */
-    int64_t mp = (m + MM_NR - 1) / MM_NR * MM_NR;
+    /* A float32 or float64 b with contiguous rows is read in place, full panels at least: packing a
+     * large b costs as much as the product when a has few rows (a batch through a wide layer). */
+    bool b_rows = (b->dtype == TD_FLOAT32 || b->dtype == TD_FLOAT64) && b->ndim == 2 && b->strides[1] == 1;
+    int64_t mp = b_rows ? MM_NR : (m + MM_NR - 1) / MM_NR * MM_NR; /* b_rows: one panel of scratch */
     size_t na = (size_t)(n * k), nb, nc = direct ? 0 : (size_t)(n * m), total;
     if (__builtin_mul_overflow((size_t)k, (size_t)mp, &nb) || __builtin_add_overflow(na, nb, &total) ||
         __builtin_add_overflow(total, nc + 1, &total) || total > SIZE_MAX / sizeof(double))
         return error_fmt(TD_ERR_INVALID, "matmul: the operands have too many elements");
     double *buf;
     TD_TRY(alloc_try(total * sizeof(double), "matmul operands", (void **)&buf));
-    double *c = direct ? (double *)tensor_data_of(res) : buf + na + nb;
+    double *c = direct ? (double *)tensor_data_of(res) : buf + na + nb, *bp = buf + na;
     gather_rows(a, n, k, buf);
-    gather_panels(b, k, m, buf + na);
-#if defined(__x86_64__) && defined(__GNUC__)
-    if (mm_have_avx2())
-        mm_tiles_avx2(buf, buf + na, n, k, m, c);
-    else
-#endif
-        mm_tiles_base(buf, buf + na, n, k, m, c);
+    if (!b_rows)
+        gather_panels(b, k, m, bp);
+    for (int64_t j0 = 0; j0 < m; j0 += MM_NR) {
+        int64_t w = m - j0 < MM_NR ? m - j0 : MM_NR;
+        if (b_rows && w == MM_NR && b->dtype == TD_FLOAT32) {
+            MM_PANEL(float, buf, (const float *)tensor_data_of(b) + j0, b->strides[0], n, k, m, j0, w, c);
+        } else if (b_rows && w == MM_NR) {
+            MM_PANEL(double, buf, (const double *)tensor_data_of(b) + j0, b->strides[0], n, k, m, j0, w, c);
+        } else if (b_rows) { /* the last, partial panel: packed and zero-padded */
+            memset(bp, 0, (size_t)(k * MM_NR) * sizeof(double));
+            gather_block(b, 0, j0, k, w, true, bp, MM_NR, 1);
+            MM_PANEL(double, buf, bp, MM_NR, n, k, m, j0, w, c);
+        } else {
+            MM_PANEL(double, buf, bp + (j0 / MM_NR) * k * MM_NR, MM_NR, n, k, m, j0, w, c);
+        }
+    }
     if (res->dtype == TD_FLOAT32) {
         float *out = tensor_data_of(res);
         for (size_t j = 0; j < nc; j++)

@@ -21,6 +21,10 @@
  * different graphs run concurrently from different threads, and passes that share leaves
  * accumulate into their .grad under the leaf's lock.
  *
+ * Across processes (tdist/mp.h queues and spawn arguments) a tensor keeps its data (shared), its
+ * requires_grad and its kind (plain or Parameter); its .grad, hooks and graph stay behind, and a
+ * non-leaf that requires grad is refused at send time (send its td_autograd_detach instead).
+ *
  * Not here yet: gradients of gradients (create_graph), in-place ops and their version checks,
  * sparse gradients, forward-mode AD, anomaly detection. */
 #ifndef TDIST_AUTOGRAD_H
@@ -58,6 +62,14 @@ TD_API td_status td_autograd_set_grad(td_tensor *t, td_tensor *grad);
 TD_API td_status td_autograd_retain_grad(td_tensor *t);
 /* detach(): a new tensor on t's storage that is a leaf not requiring grad. */
 TD_API td_status td_autograd_detach(td_tensor *t, td_tensor **out);
+/* nn.Parameter(data, requires_grad): a new leaf on data's storage (data's view, without its .grad
+ * or graph) whose kind is Parameter. An integer or bool Parameter must pass requires_grad=false
+ * ("Only Tensors of floating point and complex dtype can require gradients"). Results of ops on a
+ * Parameter, its views and detach() are plain tensors; td_autograd_set_requires_grad keeps the
+ * kind. */
+TD_API td_status td_autograd_parameter(td_tensor *data, bool requires_grad, td_tensor **out);
+/* type(t) is Parameter. */
+TD_API bool td_autograd_is_parameter(const td_tensor *t);
 
 /* ---- grad mode ------------------------------------------------------------------------------ */
 

@@ -15,7 +15,10 @@
  * Queues. A td_mp_queue carries td_values between processes; tensors travel as shared-memory
  * handles, never as bytes (a tensor not yet shared is moved into shared memory by the put). A
  * process that receives a storage it already holds gets the same td_storage back, and views sent
- * together rebuild on one storage. Create a queue before starting the processes that use it: they
+ * together rebuild on one storage. A tensor keeps its requires_grad and its kind (plain or
+ * Parameter, tdist/autograd.h) but not its .grad, hooks or graph: a non-leaf that requires grad is
+ * refused (TD_ERR_INVALID, "Cowardly refusing to serialize non-leaf tensor which requires_grad,
+ * ..."; send its td_autograd_detach). Create a queue before starting the processes that use it: they
  * inherit it (fork) or receive it in their arguments (spawn): put td_mp_queue_value(q) into them.
  *
  * Processes. Entry points are registered by name (TD_MP_ENTRY) so that both start methods can

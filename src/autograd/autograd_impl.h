@@ -2,12 +2,14 @@
  * engine entry that distributed autograd will call.
  *
  * A tensor taking part in autograd carries an ag_meta (hung on td_tensor's `autograd` extension
- * slot, freed with the tensor): its requires_grad flag as a leaf, its .grad, its grad_fn (the node
- * that produced it, and which of that node's outputs it is) and, for a leaf, its AccumulateGrad
- * node. A node (td_autograd_node) is refcounted; it holds references to the nodes its gradients go
- * to (its next edges) and to the tensors it saved for backward, which are data-only aliases (views
- * without autograd metadata), so the graph has no cycles: a tensor owns its grad_fn, never the
- * other way round. An AccumulateGrad node reaches its leaf through an ag_weak box that the leaf's
+ * slot, freed with the tensor): its .grad, its grad_fn (the node that produced it, and which of
+ * that node's outputs it is) and, for a leaf, its AccumulateGrad node. Its requires_grad flag as a
+ * leaf, its Parameter kind and whether it is a non-leaf live on the tensor itself
+ * (td_tensor.grad_flags, tensor/strided.h), where mp reads and sets what travels between
+ * processes; a leaf that arrived that way gets its ag_meta on first use. A node (td_autograd_node)
+ * is refcounted; it holds references to the nodes its gradients go to (its next edges) and to the
+ * tensors it saved for backward, which are data-only aliases (views without autograd metadata), so
+ * the graph has no cycles: a tensor owns its grad_fn, never the other way round. An AccumulateGrad node reaches its leaf through an ag_weak box that the leaf's
  * metadata clears when the leaf goes. */
 #ifndef TDIST_AUTOGRAD_IMPL_H
 #define TDIST_AUTOGRAD_IMPL_H
@@ -101,7 +103,6 @@ struct td_autograd_node {
 typedef struct ag_meta {
     tensor_ext ext;
     pthread_mutex_t lock; /* grad, accumulator, weak */
-    bool requires_grad;   /* as a leaf */
     bool retains_grad;
     td_tensor *grad;
     td_autograd_node *grad_fn; /* retained; NULL for a leaf */

@@ -196,8 +196,7 @@ ag_meta *ag_meta_get(td_tensor *t)
 
 bool ag_requires_grad(const td_tensor *t)
 {
-    ag_meta *m = t ? ag_meta_of(t) : NULL;
-    return m && (m->requires_grad || m->grad_fn);
+    return t && (tensor_grad_flags(t) & (TENSOR_REQUIRES_GRAD | TENSOR_NON_LEAF));
 }
 
 static ag_weak *meta_weak(ag_meta *m, td_tensor *t)
@@ -234,12 +233,11 @@ static td_autograd_node *leaf_accumulator(td_tensor *t, ag_meta *m)
 ag_edge ag_gradient_edge(td_tensor *t)
 {
     ag_meta *m = ag_meta_of(t);
-    if (!m)
-        return (ag_edge){NULL, 0};
-    if (m->grad_fn)
+    if (m && m->grad_fn)
         return (ag_edge){ag_node_retain(m->grad_fn), m->output_nr};
-    if (m->requires_grad)
-        return (ag_edge){leaf_accumulator(t, m), 0};
+    /* A leaf that arrived from another process has the flag and no metadata yet. */
+    if (tensor_grad_flags(t) & TENSOR_REQUIRES_GRAD)
+        return (ag_edge){leaf_accumulator(t, ag_meta_get(t)), 0};
     return (ag_edge){NULL, 0};
 }
 
@@ -259,12 +257,7 @@ td_status td_autograd_set_requires_grad(td_tensor *t, bool requires_grad)
     }
     if (requires_grad && !td_dtype_is_floating(t->dtype) && !td_dtype_is_complex(t->dtype))
         return error_fmt(TD_ERR_INVALID, "only Tensors of floating point and complex dtype can require gradients");
-    if (!m && !requires_grad)
-        return TD_OK;
-    m = ag_meta_get(t);
-    pthread_mutex_lock(&m->lock);
-    m->requires_grad = requires_grad;
-    pthread_mutex_unlock(&m->lock);
+    tensor_update_grad_flags(t, TENSOR_REQUIRES_GRAD, requires_grad);
     return TD_OK;
 }
 
@@ -319,6 +312,23 @@ td_status td_autograd_detach(td_tensor *t, td_tensor **out)
     return TD_OK;
 }
 
+td_status td_autograd_parameter(td_tensor *data, bool requires_grad, td_tensor **out)
+{
+    if (!data || !out)
+        return error_fmt(TD_ERR_INVALID, "td_autograd_parameter: %s is NULL", !data ? "data" : "out");
+    *out = NULL;
+    /* PyTorch's Parameter constructor passes requires_grad to the new tensor (AutogradMeta's
+     * check, hence its capital "Only"), so an integer Parameter needs requires_grad=false. */
+    if (requires_grad && !td_dtype_is_floating(data->dtype) && !td_dtype_is_complex(data->dtype))
+        return error_fmt(TD_ERR_INVALID, "Only Tensors of floating point and complex dtype can require gradients");
+    td_tensor *p = tensor_new_view(data, data->offset, data->ndim, data->sizes, data->strides);
+    tensor_init_grad_flags(p, TENSOR_PARAMETER | (requires_grad ? TENSOR_REQUIRES_GRAD : 0u));
+    *out = p;
+    return TD_OK;
+}
+
+bool td_autograd_is_parameter(const td_tensor *t) { return t && (tensor_grad_flags(t) & TENSOR_PARAMETER); }
+
 td_autograd_node *td_autograd_grad_fn(const td_tensor *t)
 {
     ag_meta *m = t ? ag_meta_of(t) : NULL;
@@ -346,13 +356,15 @@ td_autograd_node *ag_record(const ag_node_ops *ops, td_tensor *const *inputs, in
     ag_meta *m = ag_meta_get(out);
     m->grad_fn = node;
     m->output_nr = 0;
+    tensor_update_grad_flags(out, TENSOR_NON_LEAF, true);
     return node;
 }
 
 void ag_save(td_autograd_node *node, const td_tensor *t)
 {
-    td_tensor *alias = ag_meta_of(t) ? tensor_new_view(t, t->offset, t->ndim, t->sizes, t->strides)
-                                   : td_tensor_retain((td_tensor *)t);
+    bool plain = !ag_meta_of(t) && !tensor_grad_flags(t);
+    td_tensor *alias = plain ? td_tensor_retain((td_tensor *)t)
+                             : tensor_new_view(t, t->offset, t->ndim, t->sizes, t->strides);
     node->saved[node->num_saved++] = alias;
     node->has_saved = true;
 }
@@ -362,7 +374,8 @@ void ag_save(td_autograd_node *node, const td_tensor *t)
 /* Whether nobody but the holder of this one reference can see t's memory. */
 static bool exclusive(const td_tensor *t)
 {
-    return !ag_meta_of(t) && ref_count((td_ref *)&t->refcount) == 1 && ref_count(&t->storage->refcount) == 1;
+    return !ag_meta_of(t) && !tensor_grad_flags(t) && ref_count((td_ref *)&t->refcount) == 1 &&
+           ref_count(&t->storage->refcount) == 1;
 }
 
 /* dst += src in place when both are dense row-major of one dtype and shape; false otherwise. */
@@ -586,6 +599,7 @@ td_status td_autograd_function_record(const td_autograd_function *fn, void *ctx,
         ag_meta *m = ag_meta_get(outputs[i]);
         m->grad_fn = i == 0 ? node : ag_node_retain(node);
         m->output_nr = i;
+        tensor_update_grad_flags(outputs[i], TENSOR_NON_LEAF, true);
     }
     if (node_out)
         *node_out = node;

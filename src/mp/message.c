@@ -20,6 +20,7 @@
 #include "mp/share.h"
 #include "tensor/handle.h"
 #include "tensor/storage.h"
+#include "tensor/strided.h"
 
 /* ---- objects inside values ---------------------------------------------------------------- */
 
@@ -123,16 +124,40 @@ static td_value *int_tuple(int n, const int64_t *v)
     return t;
 }
 
+/* The autograd metadata that travels: requires_grad and the kind (tensor/strided.h). Never .grad,
+ * hooks or graph, which belong to this process's autograd; so a non-leaf, whose requires_grad
+ * means a graph, is refused before anything of it is shared, with PyTorch's words. */
+static td_status enc_grad_flags(const td_tensor *t, uint32_t *wire)
+{
+    uint32_t flags = tensor_grad_flags(t);
+    if (flags & TENSOR_NON_LEAF)
+        return error_fmt(TD_ERR_INVALID,
+                         "Cowardly refusing to serialize non-leaf tensor which requires_grad, since autograd does not "
+                         "support crossing process boundaries.  If you just want to transfer the data, call detach() "
+                         "on the tensor before serializing (e.g., putting it on the queue).");
+    *wire = (flags & TENSOR_REQUIRES_GRAD ? MP_TENSOR_REQUIRES_GRAD : 0u) |
+            (flags & TENSOR_PARAMETER ? MP_TENSOR_PARAMETER : 0u);
+    return TD_OK;
+}
+
 static td_status enc_tensor(enc *e, td_tensor *t, td_value **out)
 {
     uintptr_t idx = (uintptr_t)map_get(&e->tensors_memo, &t, sizeof t);
     if (!idx) {
+        uint32_t flags = 0;
+        TD_TRY(enc_grad_flags(t, &flags));
         int64_t sidx;
         TD_TRY(enc_storage(e, td_tensor_storage(t), &sidx));
         int nd = td_tensor_ndim(t);
-        td_value *entry = td_value_tuple_of(5, td_value_int(sidx), td_value_int(td_tensor_offset(t)),
-                                            td_value_int(td_tensor_dtype(t)), int_tuple(nd, td_tensor_sizes(t)),
-                                            int_tuple(nd, td_tensor_strides(t)));
+        /* The flags field only when set: messages of plain tensors stay what they were. */
+        td_value *entry = td_value_tuple_new(flags ? 6 : 5);
+        td_value_set(entry, 0, td_value_int(sidx));
+        td_value_set(entry, 1, td_value_int(td_tensor_offset(t)));
+        td_value_set(entry, 2, td_value_int(td_tensor_dtype(t)));
+        td_value_set(entry, 3, int_tuple(nd, td_tensor_sizes(t)));
+        td_value_set(entry, 4, int_tuple(nd, td_tensor_strides(t)));
+        if (flags)
+            td_value_set(entry, 5, td_value_int(flags));
         td_value_list_append(e->tensors, entry);
         idx = td_value_len(e->tensors);
         map_put(&e->tensors_memo, &t, sizeof t, (void *)idx);
@@ -574,10 +599,13 @@ static td_status int_list(const td_value *v, int64_t *out, int *n)
 
 static td_status dec_tensor(dec *d, const td_value *e, td_tensor **out)
 {
-    int64_t sidx, offset, dtype;
-    if (td_value_kind_of(e) != TD_VAL_TUPLE || td_value_len(e) != 5 || !get_int(e, 0, &sidx) || !get_int(e, 1, &offset) ||
-        !get_int(e, 2, &dtype))
-        return bad("a tensor entry is not (storage, offset, dtype, sizes, strides)");
+    int64_t sidx, offset, dtype, flags = 0;
+    size_t arity = td_value_kind_of(e) == TD_VAL_TUPLE ? td_value_len(e) : 0;
+    if ((arity != 5 && arity != 6) || !get_int(e, 0, &sidx) || !get_int(e, 1, &offset) || !get_int(e, 2, &dtype) ||
+        (arity == 6 && !get_int(e, 5, &flags)))
+        return bad("a tensor entry is not (storage, offset, dtype, sizes, strides[, autograd flags])");
+    if (arity == 6 && (flags <= 0 || flags > (MP_TENSOR_REQUIRES_GRAD | MP_TENSOR_PARAMETER)))
+        return bad("a tensor's autograd flags are not 1 (requires_grad), 2 (Parameter) or 3 (both)");
     if (sidx < 0 || (uint64_t)sidx >= d->nstorages)
         return bad("a tensor names a storage that is not in the message");
     if (dtype < 0 || dtype >= TD_DTYPE_COUNT)
@@ -591,8 +619,16 @@ static td_status dec_tensor(dec *d, const td_value *e, td_tensor **out)
     for (int i = 0; i < nd; i++)
         if (sizes[i] < 0)
             return bad("a tensor has a negative size");
+    bool differentiable = td_dtype_is_floating((td_dtype)dtype) || td_dtype_is_complex((td_dtype)dtype);
+    if ((flags & MP_TENSOR_REQUIRES_GRAD) && !differentiable)
+        return bad("a tensor that requires grad has a dtype that cannot (only floating point and complex ones can)");
     /* td_tensor_from_storage checks the view against the storage with overflow checks. */
-    return td_tensor_from_storage(d->storages[sidx], offset, (td_dtype)dtype, td_shape_of(nd, sizes), strides, out);
+    TD_TRY(td_tensor_from_storage(d->storages[sidx], offset, (td_dtype)dtype, td_shape_of(nd, sizes), strides, out));
+    /* All flags at once, before anyone sees the tensor: no transient state (an int64 Parameter
+     * briefly requiring grad) for a check to trip on. */
+    tensor_init_grad_flags(*out, (flags & MP_TENSOR_REQUIRES_GRAD ? TENSOR_REQUIRES_GRAD : 0u) |
+                                     (flags & MP_TENSOR_PARAMETER ? TENSOR_PARAMETER : 0u));
+    return TD_OK;
 }
 
 static td_status dec_object(dec *d, const td_value *e, td_value **out)

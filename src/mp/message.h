@@ -7,6 +7,9 @@
  * file_descriptor storages, queues and events) ride along as SCM_RIGHTS. A body larger than the
  * inline limit travels in an unlinked shared-memory segment whose fd is the last one attached.
  *
+ * A tensor travels with its requires_grad flag and kind (plain or Parameter), never its .grad, hooks
+ * or graph; a non-leaf that requires grad fails the encoding with PyTorch's "Cowardly refusing ...".
+ *
  * Encoding is synchronous: it shares every storage that is not yet shared, takes the in-flight
  * references of file_system ones, and retains what the message points at until it is sent or
  * freed (freeing an unsent message gives the in-flight references back). Decoding trusts nothing:
@@ -36,6 +39,11 @@ typedef struct mp_object_class mp_object_class;
 #define TD_MP_MSG_MAX_FDS 253              /* the kernel's SCM_MAX_FD */
 #define TD_MP_MSG_MAX_SPILL ((uint64_t)1 << 34)
 #define TD_MP_MSG_FLAG_SPILLED 1u
+
+/* A tensor entry's optional sixth field (docs/protocols.md): the autograd metadata that travels.
+ * A non-leaf that requires grad is refused by the encoder; .grad, hooks and graph never travel. */
+#define MP_TENSOR_REQUIRES_GRAD 1
+#define MP_TENSOR_PARAMETER 2
 
 typedef struct td_mp_msg {
     td_buf data;                  /* header + inline body */

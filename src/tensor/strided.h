@@ -26,6 +26,14 @@ typedef struct tensor_ext {
     void (*free)(struct tensor_ext *ext);
 } tensor_ext;
 
+/* The autograd facts of one tensor object that travel with it between processes (mp, which sits
+ * between this layer and autograd, reads and sets them), as bits of td_tensor.grad_flags. The rest
+ * of autograd's state (.grad, grad_fn, hooks) stays in the extension above and never travels.
+ * Views and copies do not inherit them. */
+#define TENSOR_REQUIRES_GRAD 1u /* a leaf that requires grad: autograd's own flag, not a copy */
+#define TENSOR_NON_LEAF 2u      /* made by a recorded op: set once, by autograd, with its grad_fn */
+#define TENSOR_PARAMETER 4u     /* the kind: an nn.Parameter rather than a plain tensor */
+
 struct td_tensor {
     td_ref refcount;
     td_storage *storage; /* retained */
@@ -35,7 +43,26 @@ struct td_tensor {
     int64_t sizes[TD_MAX_DIMS];
     int64_t strides[TD_MAX_DIMS]; /* elements */
     tensor_ext *autograd;         /* NULL until autograd attaches its metadata (set once, atomically) */
+    uint32_t grad_flags;          /* TENSOR_* bits above; read and written atomically (below) */
 };
+
+static inline uint32_t tensor_grad_flags(const td_tensor *t)
+{
+    return __atomic_load_n(&t->grad_flags, __ATOMIC_ACQUIRE);
+}
+/* All the flags of a tensor nobody else sees yet, in one store (never a state between two). */
+static inline void tensor_init_grad_flags(td_tensor *t, uint32_t flags)
+{
+    __atomic_store_n(&t->grad_flags, flags, __ATOMIC_RELEASE);
+}
+/* Sets (on) or clears the given bits, leaving the others. */
+static inline void tensor_update_grad_flags(td_tensor *t, uint32_t bits, bool on)
+{
+    if (on)
+        __atomic_fetch_or(&t->grad_flags, bits, __ATOMIC_ACQ_REL);
+    else
+        __atomic_fetch_and(&t->grad_flags, ~bits, __ATOMIC_ACQ_REL);
+}
 
 /* Elements of a shape; -1 for a negative size or an overflow. */
 static inline int64_t strided_numel(int ndim, const int64_t *sizes)

@@ -747,6 +747,40 @@ TD_TEST(flag_redirects_and_tee, .timeout_s = 60)
     expect_run(a4, 2, "--redirects and --tee need --log-dir");
 }
 
+/* --local-ranks-filter 0,2: ranks 0 and 2 on the console, rank 1 not, though its log file under
+ * --log-dir is still written (-t 3: files and console). */
+TD_TEST(flag_local_ranks_filter, .timeout_s = 60)
+{
+    char logdir[4096];
+    snprintf(logdir, sizeof logdir, "%s/flogs", ctx->tmpdir);
+    proc p;
+    char *argv[] = {TDRUN_BIN, "--standalone", "--nproc-per-node", "3", "--local_ranks_filter", "0,2", "--log-dir",
+                    logdir, "-t", "3", WORKER_BIN, "out", NULL};
+    run_tdrun(&p, argv, 30000);
+    TD_CHECK_MSG(p.code == 0, "tdrun exited %d:\n%s", p.code, p.out.data);
+    TD_CHECK_CONTAINS(p.out.data, "[rank0]: OUT of rank 0");
+    TD_CHECK_CONTAINS(p.out.data, "[rank2]: ERR of rank 2");
+    TD_CHECK_MSG(strstr(p.out.data, "of rank 1") == NULL, "rank 1 reached the console:\n%s", p.out.data);
+    char *run_dir = line_after(p.out.data, "logs under ");
+    TD_CHECK(run_dir != NULL);
+    char path[4400];
+    snprintf(path, sizeof path, "%s/attempt_0/1/stdout.log", run_dir);
+    FILE *f = fopen(path, "r");
+    TD_CHECK_MSG(f != NULL, "no %s", path);
+    char line[128] = "";
+    TD_CHECK(f && fgets(line, sizeof line, f) != NULL);
+    if (f)
+        fclose(f);
+    TD_CHECK_MSG(strcmp(line, "OUT of rank 1\n") == 0, "rank 1's stdout.log holds '%s'", line);
+    free(run_dir);
+    proc_free(&p);
+    TD_CHECK(nftw(logdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS) == 0);
+    char *a2[] = {TDRUN_BIN, "--standalone", "--local-ranks-filter", "0,x", WORKER_BIN, "out", NULL};
+    expect_run(a2, 2, "--local-ranks-filter");
+    char *a3[] = {TDRUN_BIN, "--standalone", "--local-ranks-filter", ",", WORKER_BIN, "out", NULL};
+    expect_run(a3, 2, "--local-ranks-filter must list local ranks");
+}
+
 /* Two runs into one --log-dir keep both runs' logs, each under <run id>_XXXXXX. */
 TD_TEST(flag_log_dir_per_run, .timeout_s = 60)
 {

@@ -39,9 +39,32 @@ void tdrun_usage(FILE *f)
           "  --redirects N|R:N,...     with --log-dir: send stdout (1), stderr (2) or both (3) to the\n"
           "                            files only, for all ranks or per local rank\n"
           "  --tee N|R:N,...           the same, but to the files and the console\n"
+          "  --local-ranks-filter R,...  only these local ranks' output on the console (their\n"
+          "                            files under --log-dir are written as usual)\n"
           "  --quiet                   no tdrun status lines\n"
           "  -h, --help                this text\n",
           f);
+}
+
+/* --local-ranks-filter "0,2": every other local rank's output is kept off the console. */
+static td_status parse_ranks_filter(const char *s, bool *hidden)
+{
+    bool shown[TDRUN_MAX_LOCAL] = {false};
+    char *copy = strdup(s), *save = NULL;
+    td_status st = TD_OK;
+    int n = 0;
+    for (char *item = strtok_r(copy, ",", &save); item && st == TD_OK; item = strtok_r(NULL, ",", &save), n++) {
+        int64_t rank;
+        st = env_parse_int("--local-ranks-filter", item, 0, TDRUN_MAX_LOCAL - 1, &rank);
+        if (st == TD_OK)
+            shown[rank] = true;
+    }
+    free(copy);
+    if (st == TD_OK && n == 0)
+        st = error_fmt(TD_ERR_INVALID, "--local-ranks-filter must list local ranks (\"0,2\"), got '%s'", s);
+    for (int i = 0; st == TD_OK && i < TDRUN_MAX_LOCAL; i++)
+        hidden[i] = !shown[i];
+    return st;
 }
 
 /* "3" applies to every local rank; "0:1,2:3" per local rank. */
@@ -211,7 +234,7 @@ static void random_run_id(char *out, size_t size)
 }
 
 enum { NPROC = 256, NNODES, NODE_RANK, MADDR, MPORT, RDZV, STANDALONE, RESTARTS, MONITOR, TERM, LOGDIR, REDIRECTS,
-       TEE, QUIET, EXIT_BARRIER, RDZV_BACKEND, RDZV_ID, RDZV_CONF, ROLE, NO_PYTHON, VERSION };
+       TEE, QUIET, RANKS_FILTER, EXIT_BARRIER, RDZV_BACKEND, RDZV_ID, RDZV_CONF, ROLE, NO_PYTHON, VERSION };
 static const struct option longopts[] = {
     {"nproc-per-node", required_argument, NULL, NPROC},
     {"nnodes", required_argument, NULL, NNODES},
@@ -233,6 +256,7 @@ static const struct option longopts[] = {
     {"redirects", required_argument, NULL, REDIRECTS},
     {"tee", required_argument, NULL, TEE},
     {"quiet", no_argument, NULL, QUIET},
+    {"local-ranks-filter", required_argument, NULL, RANKS_FILTER},
     {"exit-barrier-timeout", required_argument, NULL, EXIT_BARRIER},
     {"version", no_argument, NULL, VERSION},
     {"help", no_argument, NULL, 'h'},
@@ -369,6 +393,9 @@ td_status tdrun_parse_options(int argc, char **argv, tdrun_options *o)
             break;
         case QUIET:
             o->quiet = true;
+            break;
+        case RANKS_FILTER:
+            TD_TRY(parse_ranks_filter(optarg, o->console_hidden));
             break;
         case EXIT_BARRIER:
             TD_TRY(env_parse_duration_ms("--exit-barrier-timeout", optarg, 1000, &o->exit_barrier_timeout_ms));

@@ -33,6 +33,7 @@ typedef struct tdrun_options {
                              * --log-dir, else a temporary directory removed at the end; set by main */
     int redirects[TDRUN_MAX_LOCAL]; /* per local rank: bit 1 stdout, bit 2 stderr go to files only */
     int tee[TDRUN_MAX_LOCAL];       /* per local rank: same bits, to files and the console */
+    bool console_hidden[TDRUN_MAX_LOCAL]; /* --local-ranks-filter: local ranks kept off the console */
     bool quiet;             /* no tdrun status lines (the workers' output still shows) */
     char **argv;            /* program and its arguments */
 } tdrun_options;

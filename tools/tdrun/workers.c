@@ -261,7 +261,7 @@ static td_status start_worker(tdrun_group *g, worker *w, const char *addr, int p
         int bits = (i == OUT) ? 1 : 2;
         int redirect = o->redirects[w->local_rank] & bits;
         int tee = o->tee[w->local_rank] & bits;
-        w->s[i] = (stream){.fd = pipes[i][0], .log_fd = -1, .console = !redirect};
+        w->s[i] = (stream){.fd = pipes[i][0], .log_fd = -1, .console = !redirect && !o->console_hidden[w->local_rank]};
         if (o->log_dir && (redirect || tee)) {
             snprintf(w->log_path[i], sizeof w->log_path[i], "%s/%s.log", dir, i == OUT ? "stdout" : "stderr");
             w->s[i].log_fd = open(w->log_path[i], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

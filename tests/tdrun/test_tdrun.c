@@ -687,6 +687,12 @@ TD_TEST(flag_no_python, .timeout_s = 30)
 {
     char *a1[] = {TDRUN_BIN, "--standalone", "--no_python", WORKER_BIN, "torchenv", NULL};
     expect_run(a1, 0, "[rank0]: TORCHENV");
+    char *a2[] = {TDRUN_BIN, "--standalone", "--run_path", WORKER_BIN, "torchenv", NULL};
+    expect_run(a2, 0, "[rank0]: TORCHENV");
+    char *a3[] = {TDRUN_BIN, "--standalone", "-m", "trainer", NULL};
+    expect_run(a3, 2, "-m/--module runs a Python module");
+    char *a4[] = {TDRUN_BIN, "--standalone", "--module", WORKER_BIN, NULL};
+    expect_run(a4, 2, "tdrun ... python3 -m MODULE ARGS");
 }
 
 TD_TEST(flag_nnodes_range, .timeout_s = 30)

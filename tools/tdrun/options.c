@@ -41,6 +41,7 @@ void tdrun_usage(FILE *f)
           "  --tee N|R:N,...           the same, but to the files and the console\n"
           "  --local-ranks-filter R,...  only these local ranks' output on the console (their\n"
           "                            files under --log-dir are written as usual)\n"
+          "  --no-python, --run-path   accepted, no effect (the program runs itself)\n"
           "  --quiet                   no tdrun status lines\n"
           "  -h, --help                this text\n",
           f);
@@ -234,7 +235,7 @@ static void random_run_id(char *out, size_t size)
 }
 
 enum { NPROC = 256, NNODES, NODE_RANK, MADDR, MPORT, RDZV, STANDALONE, RESTARTS, MONITOR, TERM, LOGDIR, REDIRECTS,
-       TEE, QUIET, RANKS_FILTER, EXIT_BARRIER, RDZV_BACKEND, RDZV_ID, RDZV_CONF, ROLE, NO_PYTHON, VERSION };
+       TEE, QUIET, RANKS_FILTER, EXIT_BARRIER, RDZV_BACKEND, RDZV_ID, RDZV_CONF, ROLE, NO_PYTHON, RUN_PATH, MODULE, VERSION };
 static const struct option longopts[] = {
     {"nproc-per-node", required_argument, NULL, NPROC},
     {"nnodes", required_argument, NULL, NNODES},
@@ -248,6 +249,8 @@ static const struct option longopts[] = {
     {"rdzv-conf", required_argument, NULL, RDZV_CONF},
     {"role", required_argument, NULL, ROLE},
     {"no-python", no_argument, NULL, NO_PYTHON},
+    {"run-path", no_argument, NULL, RUN_PATH},
+    {"module", no_argument, NULL, MODULE},
     {"standalone", no_argument, NULL, STANDALONE},
     {"max-restarts", required_argument, NULL, RESTARTS},
     {"monitor-interval", required_argument, NULL, MONITOR},
@@ -262,7 +265,7 @@ static const struct option longopts[] = {
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
-static const char shortopts[] = "+hr:t:";
+static const char shortopts[] = "+hmr:t:";
 
 /* torchrun accepts --nproc_per_node as well as --nproc-per-node. Every flag before the program is
  * rewritten to dashes; a flag's value given as the next word ("--nproc_per_node 2") is skipped, so
@@ -343,7 +346,12 @@ td_status tdrun_parse_options(int argc, char **argv, tdrun_options *o)
             TD_TRY(set_name("--role", optarg, o->role, sizeof o->role));
             break;
         case NO_PYTHON:
-            break; /* tdrun always runs the program itself */
+        case RUN_PATH:
+            break; /* tdrun always runs the program itself, as a path or found in PATH */
+        case 'm':
+        case MODULE:
+            return error_fmt(TD_ERR_INVALID, "-m/--module runs a Python module, and tdrun runs programs: give the "
+                                             "interpreter as the program (tdrun ... python3 -m MODULE ARGS)");
         case VERSION:
             printf("tdrun (tdist) %s\n", TDRUN_VERSION);
             exit(0);

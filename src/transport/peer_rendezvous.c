@@ -18,7 +18,9 @@
 #include "base/alloc.h"
 #include "base/buf.h"
 #include "base/clock.h"
+#include "base/env.h"
 #include "base/error.h"
+#include "base/log.h"
 
 static void conn_reset(td_rdv_conn *c)
 {
@@ -109,13 +111,49 @@ td_status rdv_publish(td_rdv *v, const char *value, const char *addr_name)
     return st;
 }
 
+/* A warning naming the ranks whose entries are not in the store yet, while this rank waits. */
+static void rdv_progress(td_rdv *v, const char *addr_name, int64_t waited_ms)
+{
+    char list[256] = "";
+    size_t used = 0;
+    int missing = 0;
+    for (int r = 0; r < v->size; r++) {
+        char key[256];
+        addr_key(v, r, key, sizeof key);
+        const char *keys[1] = {key};
+        bool ready = true;
+        if (td_store_check(v->o->store, keys, 1, &ready) != TD_OK || ready)
+            continue;
+        if (missing++ < 16 && used < sizeof list)
+            used += (size_t)snprintf(list + used, sizeof list - used, "%s%d", used ? ", " : "", rdv_grank(v, r));
+    }
+    if (missing)
+        TD_LOG_WARN("rank %d: waiting for %d of %d ranks to publish their %s (%s%s), %lld s so far",
+                    rdv_grank(v, v->rank), missing, v->size, addr_name, list, missing > 16 ? ", ..." : "",
+                    (long long)(waited_ms / 1000));
+}
+
 td_status rdv_read(td_rdv *v, int r, const char *addr_name, char *text, size_t size)
 {
     char key[256];
     addr_key(v, r, key, sizeof key);
     const char *keys[1] = {key};
-    int64_t left = deadline_left_ms(v->deadline);
-    td_status st = td_store_wait(v->o->store, keys, 1, left == INT64_MAX ? 0 : (left > 0 ? left : 1));
+    /* Waits in slices of TDIST_RDZV_PROGRESS (5 s; 0: one wait), warning after each which ranks are
+     * still missing: a rank that never starts otherwise shows only as the timeout, minutes later. */
+    int64_t every = 0, waited = 0;
+    if (env_get_duration_ms("TDIST_RDZV_PROGRESS", 5000, 1000, &every) != TD_OK)
+        every = 5000;
+    td_status st;
+    for (;;) {
+        int64_t left = deadline_left_ms(v->deadline);
+        bool sliced = every > 0 && left > every;
+        int64_t ms = sliced ? every : left == INT64_MAX ? 0 : (left > 0 ? left : 1);
+        st = td_store_wait(v->o->store, keys, 1, ms);
+        if (st != TD_ERR_TIMEOUT || !sliced)
+            break;
+        waited += every;
+        rdv_progress(v, addr_name, waited);
+    }
     if (st != TD_OK)
         return error_prefix(st, "waiting for rank %d to publish its %s in the store", rdv_grank(v, r), addr_name);
     void *val = NULL;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "pg_util.h"
 
@@ -516,6 +517,47 @@ TD_PG_TEST(trace_events, 2, .timeout_s = 60)
     TD_CHECK_EQ(log.n, 6);
     TD_CHECK(log.ev[0].ndim == 3 && log.ev[0].shape0 == 10);
     td_tensor_release(t);
+    pg_test_done(ctx, pg);
+}
+
+/* A rank that starts late: while rank 0 waits for it at the transports' rendezvous it warns every
+ * TDIST_RDZV_PROGRESS naming the rank that is missing (issue 22), then the group forms. */
+TD_TEST(rendezvous_names_missing_ranks, .world_size = 2, .params = "tcp,shm", .static_skip = pg_test_skip_unavailable,
+        .setup = pg_test_setup, .timeout_s = 60)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/rank%d.err", ctx->tmpdir, ctx->rank);
+    int saved = -1;
+    if (ctx->rank == 1) {
+        struct timespec d = {1, 500000000}; /* 1.5 s late */
+        nanosleep(&d, NULL);
+    } else {
+        TD_CHECK(setenv("TDIST_RDZV_PROGRESS", "0.2", 1) == 0);
+        fflush(stderr);
+        saved = dup(2);
+        FILE *f = fopen(path, "w");
+        TD_CHECK(f != NULL && saved >= 0);
+        dup2(fileno(f), 2);
+        fclose(f);
+    }
+    pg_test_opts po = {.init_url = pg_test_url(ctx, "late")}; /* a file store: nothing waits before the transports */
+    td_pg *pg = pg_test_init(ctx, &po);
+    if (ctx->rank == 0) {
+        fflush(stderr);
+        dup2(saved, 2);
+        close(saved);
+        unsetenv("TDIST_RDZV_PROGRESS");
+        FILE *f = fopen(path, "r");
+        char text[8192] = "";
+        size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+        text[n] = '\0';
+        if (f)
+            fclose(f);
+        unlink(path);
+        TD_CHECK_CONTAINS(text, "rank 0: waiting for 1 of 2 ranks to publish their");
+        TD_CHECK_CONTAINS(text, "address (1), ");
+    }
+    TD_CHECK_OK(td_pg_barrier(pg, NULL));
     pg_test_done(ctx, pg);
 }
 

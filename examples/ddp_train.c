@@ -33,13 +33,6 @@
 #include "mlp.h"
 
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static int check(td_status st, const char *what)
 {
     if (st != TD_OK) {
@@ -71,22 +64,22 @@ typedef struct trainer {
 static int train_step(trainer *tr, td_pg *pg, const float *x, const int *y, const int *idx, float *params, float *vel,
                       double lr, double *loss_sum)
 {
-    double t0 = now_s();
+    double t0 = mlp_now_s();
     if (tr->manual) {
         float *grads = td_tensor_data(tr->grads_t), *a1 = tr->scratch;
         memset(grads, 0, sizeof(float) * tr->np);
         for (int b = 0; b < tr->batch; b++)
             *loss_sum += backward(tr->m, tr->g, x + (size_t)idx[b] * DIM, y[idx[b]], 1.0f / tr->batch, a1,
                                   a1 + tr->m->h, a1 + 2 * tr->m->h, a1 + 3 * tr->m->h);
-        double t1 = now_s();
+        double t1 = mlp_now_s();
         if (check(td_pg_all_reduce(pg, tr->grads_t, TD_OP_AVG, NULL), "all_reduce"))
             return 1;
-        double t2 = now_s();
+        double t2 = mlp_now_s();
         for (size_t i = 0; i < tr->np; i++) {
             vel[i] = 0.9f * vel[i] + grads[i];
             params[i] -= (float)lr * vel[i];
         }
-        tr->t_compute += (t1 - t0) + (now_s() - t2);
+        tr->t_compute += (t1 - t0) + (mlp_now_s() - t2);
         tr->t_comm += t2 - t1;
         return 0;
     }
@@ -116,7 +109,7 @@ static int train_step(trainer *tr, td_pg *pg, const float *x, const int *y, cons
     tr->comm_ns += log.comm_ns;
     tr->hidden_ns += log.comm_hidden_ns;
     ag_mlp_sgd(&tr->net, vel, (float)lr); /* on the raw data; clears the gradients */
-    tr->t_compute += now_s() - t0;
+    tr->t_compute += mlp_now_s() - t0;
     return 0;
 }
 
@@ -205,7 +198,7 @@ int main(int argc, char **argv)
         order[i] = i;
     uint64_t shuffle = cfg.seed;
     for (int epoch = 1; epoch <= cfg.epochs; epoch++) {
-        double t_epoch = now_s();
+        double t_epoch = mlp_now_s();
         for (int i = cfg.samples - 1; i > 0; i--) { /* the same permutation on every rank */
             int j = (int)(rng_next(&shuffle) % (uint64_t)(i + 1));
             int t = order[i];
@@ -235,7 +228,7 @@ int main(int argc, char **argv)
                 bar[i] = i < filled ? '#' : '.';
             bar[20] = '\0';
             printf("epoch %2d/%d [%s] loss %.4f  test accuracy %5.1f%%  %.2fs\n", epoch, cfg.epochs, bar, loss,
-                   acc * 100, now_s() - t_epoch);
+                   acc * 100, mlp_now_s() - t_epoch);
             fflush(stdout);
         }
     }

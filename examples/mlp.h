@@ -24,6 +24,9 @@ typedef struct train_config {
 } train_config;
 void train_config_parse(int argc, char **argv, train_config *c);
 
+/* Monotonic seconds, for the examples' timings. */
+double mlp_now_s(void);
+
 /* splitmix64: the same stream on every rank and every machine. */
 uint64_t rng_next(uint64_t *s);
 

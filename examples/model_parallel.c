@@ -36,13 +36,6 @@ enum { N_TEST = 4000, N_PARAMS = 6 };
             return try_st_;         \
     } while (0)
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* ---- what the stages serve -------------------------------------------------------------------- */
 
 /* The owner's tensor an RRef argument names (borrowed from the owner's value). */
@@ -257,10 +250,10 @@ static int bench(int steps)
              check(gather_batch(x, y, NULL, cfg.batch * 2, &xb, &yb), "batch");
     double *ms = malloc(sizeof(double) * (size_t)steps);
     for (int i = 0; i < steps + 20 && !rc; i++) {
-        double t0 = now_s(), loss = 0;
+        double t0 = mlp_now_s(), loss = 0;
         rc = check(train_step(&m, opt, xb, yb, &loss), "train step");
         if (i >= 20)
-            ms[i - 20] = (now_s() - t0) * 1e3;
+            ms[i - 20] = (mlp_now_s() - t0) * 1e3;
     }
     if (!rc) {
         for (int i = 1; i < steps; i++) /* insertion sort: a few hundred values */
@@ -301,10 +294,10 @@ static int train(void)
     for (int i = 0; i < cfg.samples; i++)
         order[i] = i;
     uint64_t shuffle = cfg.seed;
-    double acc = 0, t0 = now_s();
+    double acc = 0, t0 = mlp_now_s();
     long steps = 0;
     for (int epoch = 1; epoch <= cfg.epochs && !rc; epoch++) {
-        double t_epoch = now_s(), loss_sum = 0;
+        double t_epoch = mlp_now_s(), loss_sum = 0;
         /* ddp_train's schedule: the learning rate drops to 0.3x for the last quarter of the epochs. */
         rc = check(td_dist_optimizer_set_lr(opt, cfg.lr * (epoch > cfg.epochs * 3 / 4 ? 0.3 : 1.0)), "set_lr");
         for (int i = cfg.samples - 1; i > 0; i--) { /* ddp_train's permutation */
@@ -326,11 +319,11 @@ static int train(void)
             rc = 1;
         else
             printf("epoch %2d/%d loss %.4f  test accuracy %5.1f%%  %.2fs\n", epoch, cfg.epochs,
-                   loss_sum / steps_per_epoch, acc * 100, now_s() - t_epoch);
+                   loss_sum / steps_per_epoch, acc * 100, mlp_now_s() - t_epoch);
         fflush(stdout);
     }
     if (!rc) {
-        double elapsed = now_s() - t0;
+        double elapsed = mlp_now_s() - t0;
         printf("model_parallel: %ld steps in %.2fs (%.3f ms per step)\n", steps, elapsed, 1e3 * elapsed / (double)steps);
         if (acc < cfg.target) {
             printf("FAILED: test accuracy %.1f%% is below the %.0f%% target\n", acc * 100, cfg.target * 100);

@@ -52,13 +52,6 @@ static struct {
     float *scratch;
 } ps = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* The parameters the RRef holds (a new reference to the server's tensor). */
 static td_tensor *ps_params(const td_value *rref_value)
 {
@@ -82,10 +75,10 @@ static void report_epoch(const model *m, int epoch)
         bar[i] = i < filled ? '#' : '.';
     bar[20] = '\0';
     printf("epoch %2d/%d [%s] loss %.4f  test accuracy %5.1f%%  %.2fs\n", epoch, cfg.epochs, bar, loss,
-           ps.accuracy * 100, now_s() - ps.epoch_start);
+           ps.accuracy * 100, mlp_now_s() - ps.epoch_start);
     fflush(stdout);
     ps.loss_sum = 0;
-    ps.epoch_start = now_s();
+    ps.epoch_start = mlp_now_s();
 }
 
 /* update_and_fetch_model(ps_rref, grads, loss_sum): an async function on the server. */
@@ -244,7 +237,7 @@ static int serve(int world)
     model_init(&m, cfg.seed);
     ps.scratch = malloc(sizeof(float) * (size_t)cfg.hidden * 2);
     ps.step_done = td_future_new();
-    ps.epoch_start = now_s();
+    ps.epoch_start = mlp_now_s();
     printf("param_server: 1 server, %d trainers, %d samples, MLP %d-%d-%d-%d (%zu parameters), %d steps/epoch of %d\n",
            ps.trainers, cfg.samples, DIM, cfg.hidden, cfg.hidden, CLASSES, np, ps.steps_per_epoch,
            cfg.batch * ps.trainers);
@@ -255,7 +248,7 @@ static int serve(int world)
     int rc = check(td_rref_create(NULL, params_v, &ps_rref), "td_rref_create");
     td_value_release(params_v);
     td_future **runs = calloc((size_t)world, sizeof *runs);
-    double t0 = now_s();
+    double t0 = mlp_now_s();
     for (int t = 1; t < world && !rc; t++) {
         td_value *args = td_value_tuple_of(1, td_rref_value(ps_rref));
         rc = check(td_rpc_async(NULL, td_rpc_to_id(t), "run_trainer", args, NULL, TD_RPC_NO_TIMEOUT, &runs[t]),
@@ -268,7 +261,7 @@ static int serve(int world)
         td_future_release(runs[t]);
     }
     free(runs);
-    double elapsed = now_s() - t0;
+    double elapsed = mlp_now_s() - t0;
     if (!rc) {
         printf("param_server: %ld steps in %.2fs (%.3f ms per step)\n", ps.step, elapsed, 1e3 * elapsed / (double)ps.step);
         if (ps.accuracy < cfg.target) {

@@ -35,13 +35,6 @@ typedef struct net {
     float *vel[2 * MAX_LAYERS];
 } net;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void check(td_status st, const char *what)
 {
     if (st != TD_OK) {
@@ -185,18 +178,18 @@ int main(int argc, char **argv)
     double phase[3] = {0, 0, 0}; /* seconds in the forward, the backward call, the optimizer */
     for (int i = -warmup; i < steps; i++) {
         if (i == 0)
-            t_loop = now_s();
-        double t0 = now_s();
+            t_loop = mlp_now_s();
+        double t0 = mlp_now_s();
         check(td_ddp_pre_forward(ddp), "pre_forward");
         td_tensor *loss = net_loss(&m, xt, yt);
         check(td_ddp_post_forward(ddp, &loss, 1), "post_forward");
-        double t1 = now_s();
+        double t1 = mlp_now_s();
         check(td_autograd_backward(loss, NULL, false), "backward");
         td_tensor_release(loss);
-        double t2 = now_s();
+        double t2 = mlp_now_s();
         net_sgd(&m, 0.01f);
         if (i >= 0) {
-            double t3 = now_s();
+            double t3 = mlp_now_s();
             ms[i] = (t3 - t0) * 1e3;
             phase[0] += t1 - t0;
             phase[1] += t2 - t1;
@@ -208,7 +201,7 @@ int main(int argc, char **argv)
             sums[2] += (double)log.comm_hidden_ns;
         }
     }
-    t_loop = now_s() - t_loop;
+    t_loop = mlp_now_s() - t_loop;
     td_ddp_logging_data log;
     check(td_ddp_logging(ddp, &log), "logging");
     td_tensor *all;

@@ -12,13 +12,6 @@
 #include "ddp/ddp_impl.h"
 #include "pg/pg_impl.h"
 
-/* The average of buf over pg, started asynchronously (default._allreduce_fut). */
-static td_status averaging_allreduce(td_pg *pg, td_tensor *buf, td_future **out)
-{
-    TD_TRY(ddp_divide(buf, td_pg_size(pg)));
-    return td_pg_all_reduce(pg, buf, TD_OP_SUM, out);
-}
-
 td_status td_ddp_post_local_sgd_hook(void *state, td_ddp_bucket *bucket, td_future **out)
 {
     td_post_local_sgd_state *s = state;
@@ -29,13 +22,13 @@ td_status td_ddp_post_local_sgd_hook(void *state, td_ddp_bucket *bucket, td_futu
     if (s->iter < s->start_local_sgd_iter) {
         if (td_ddp_bucket_is_last(bucket))
             s->iter++;
-        return averaging_allreduce(global, buf, out);
+        return ddp_average_async(global, buf, out);
     }
     if (!s->post_local_gradient_allreduce) { /* the local gradients as they are */
         *out = td_future_completed(td_value_tensor(buf));
         return TD_OK;
     }
-    return averaging_allreduce(s->subgroup ? s->subgroup : global, buf, out);
+    return ddp_average_async(s->subgroup ? s->subgroup : global, buf, out);
 }
 
 td_status td_model_average_parameters(td_model_averager *a, td_tensor *const *params, int n, bool *averaged)
@@ -52,29 +45,18 @@ td_status td_model_average_parameters(td_model_averager *a, td_tensor *const *pa
     td_pg *pg = pg_or_default(a->process_group);
     if (!pg)
         return error_fmt(TD_ERR_INVALID, "td_model_average_parameters: no process group given and no default group");
+    for (int i = 0; i < n; i++) /* before any collective starts: none is left half-issued */
+        if (!params[i])
+            return error_fmt(TD_ERR_INVALID, "td_model_average_parameters: parameter %d is NULL", i);
     td_future **fs = calloc((size_t)(n ? n : 1), sizeof *fs);
     if (!fs)
         return error_fmt(TD_ERR_NOMEM, "td_model_average_parameters: out of memory");
     td_status st = TD_OK;
     bool prev = td_autograd_set_grad_enabled(false);
-    int started = 0;
-    for (; started < n && st == TD_OK; started++) { /* all in flight at once */
-        if (!params[started]) {
-            st = error_fmt(TD_ERR_INVALID, "td_model_average_parameters: parameter %d is NULL", started);
-            break;
-        }
-        st = averaging_allreduce(pg, params[started], &fs[started]);
-        if (st != TD_OK)
-            break;
-    }
-    for (int i = 0; i < started; i++) {
-        if (!fs[i])
-            continue;
-        td_status w = td_future_wait(fs[i], -1);
-        if (w != TD_OK && st == TD_OK)
-            st = error_set(w, td_future_error(fs[i]));
-        td_future_release(fs[i]);
-    }
+    for (int i = 0; i < n && st == TD_OK; i++) /* all in flight at once */
+        st = ddp_average_async(pg, params[i], &fs[i]);
+    for (int i = 0; i < n; i++)
+        st = ddp_settle(fs[i], st);
     td_autograd_set_grad_enabled(prev);
     free(fs);
     if (st == TD_OK && averaged)

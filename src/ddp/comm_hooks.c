@@ -15,14 +15,17 @@ static td_pg *ddp_hook_group(void *state, td_ddp_bucket *bucket)
     return state ? (td_pg *)state : td_ddp_bucket_group(bucket);
 }
 
+td_status ddp_average_async(td_pg *pg, td_tensor *buf, td_future **out)
+{
+    TD_TRY(ddp_divide(buf, td_pg_size(pg)));
+    return td_pg_all_reduce(pg, buf, TD_OP_SUM, out);
+}
+
 td_status td_ddp_allreduce_hook(void *state, td_ddp_bucket *bucket, td_future **out)
 {
     if (!bucket || !out)
         return error_fmt(TD_ERR_INVALID, "td_ddp_allreduce_hook: bucket and out must not be NULL");
-    td_pg *pg = ddp_hook_group(state, bucket);
-    td_tensor *buf = td_ddp_bucket_buffer(bucket);
-    TD_TRY(ddp_divide(buf, td_pg_size(pg)));
-    return td_pg_all_reduce(pg, buf, TD_OP_SUM, out);
+    return ddp_average_async(ddp_hook_group(state, bucket), td_ddp_bucket_buffer(bucket), out);
 }
 
 typedef struct ddp_compressed {

@@ -93,6 +93,12 @@ td_status ddp_maybe_rebuild(td_ddp *d);              /* the pending bucket rebui
 td_status ddp_sync_buffers(td_ddp *d, int src);      /* broadcast_buffers from src */
 td_status ddp_broadcast_all(td_pg *pg, td_tensor *const *ts, int n, int src);
 td_status ddp_divide(td_tensor *t, int n);             /* t /= n in place */
+/* Waits for work (NULL: nothing) and releases it; returns first, or work's failure (set as the
+ * thread's error) when first is TD_OK: the one wait loop of every "start all, wait all". */
+td_status ddp_settle(td_future *work, td_status first);
+/* comm_hooks.c: buf /= pg's size, then an asynchronous all_reduce SUM of buf (allreduce_hook's
+ * reduction, shared by post-local SGD and the model averager). */
+td_status ddp_average_async(td_pg *pg, td_tensor *buf, td_future **out);
 
 /* join.c. td_ddp_pre_forward calls notify (the active rank's notice, and the early-termination
  * check), buffer_source (the rank buffers come from: 0, or under Join the highest active rank),

@@ -155,20 +155,10 @@ static td_status ddp_join_shadow_backward(td_ddp *d)
             st = td_pg_all_reduce(d->pg, used, TD_OP_SUM, &used_work);
     }
     for (int b = 0; b < started && b < nb; b++) {
-        if (shadow[b].work) {
-            td_status w = td_future_wait(shadow[b].work, -1);
-            if (w != TD_OK && st == TD_OK)
-                st = error_set(w, td_future_error(shadow[b].work));
-        }
-        td_future_release(shadow[b].work);
+        st = ddp_settle(shadow[b].work, st);
         td_tensor_release(shadow[b].buffer);
     }
-    if (used_work) {
-        td_status w = td_future_wait(used_work, -1);
-        if (w != TD_OK && st == TD_OK)
-            st = error_set(w, td_future_error(used_work));
-        td_future_release(used_work);
-    }
+    st = ddp_settle(used_work, st);
     td_tensor_release(used);
     free(shadow);
     /* Shadowed iterations start no timing of their own. */

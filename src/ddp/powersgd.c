@@ -398,18 +398,6 @@ static td_status powersgd_decompress(td_future *parent, void *arg, td_value **re
     return st;
 }
 
-/* Waits for work (may be NULL) and drops it. */
-static td_status powersgd_wait(td_future *work)
-{
-    if (!work)
-        return TD_OK;
-    td_status st = td_future_wait(work, 0);
-    if (st != TD_OK)
-        st = error_set(st, td_future_error(work));
-    td_future_release(work);
-    return st;
-}
-
 /* Splits the bucket's parameters into compressed matrices (with their P / Q slices) and the
  * uncompressed rest, counting the compression statistics. */
 static void powersgd_plan(td_powersgd_state *s, td_ddp_bucket *bucket, powersgd_job *j, int64_t **unc_offsets,
@@ -562,7 +550,7 @@ static td_status powersgd_compress(td_powersgd_state *s, td_pg *pg, td_ddp_bucke
         st = td_pg_all_reduce(pg, unc, TD_OP_SUM, &unc_work);
     if (st == TD_OK && j->n_mats > 0)
         st = td_pg_all_reduce(pg, j->p, TD_OP_SUM, &p_work);
-    td_status w = powersgd_wait(unc_work);
+    td_status w = ddp_settle(unc_work, TD_OK);
     if (st == TD_OK)
         st = w;
     if (st == TD_OK && unc) {
@@ -570,7 +558,7 @@ static td_status powersgd_compress(td_powersgd_state *s, td_pg *pg, td_ddp_bucke
         if (st == TD_OK)
             st = powersgd_gather_uncompressed(buffer, unc, unc_offsets, unc_numels, n_unc, false);
     }
-    w = powersgd_wait(p_work);
+    w = ddp_settle(p_work, TD_OK);
     if (st == TD_OK)
         st = w;
 

@@ -188,33 +188,37 @@ static td_status ddp_verify_model(td_ddp *d)
     return st;
 }
 
+td_status ddp_settle(td_future *work, td_status first)
+{
+    if (!work)
+        return first;
+    td_status st = td_future_wait(work, -1);
+    if (st != TD_OK && first == TD_OK)
+        first = error_set(st, td_future_error(work));
+    td_future_release(work);
+    return first;
+}
+
 /* Broadcasts ts from src, all in flight at once. */
 td_status ddp_broadcast_all(td_pg *pg, td_tensor *const *ts, int n, int src)
 {
-    td_future **fs = TD_NEW_ARRAY(td_future *, n ? n : 1);
+    td_future **fs = TD_NEW_ARRAY(td_future *, n ? n : 1); /* zeroed: one not started stays NULL */
     td_status st = TD_OK;
-    int started = 0;
-    for (; started < n && st == TD_OK; started++)
-        st = td_pg_broadcast(pg, ts[started], src, &fs[started]);
-    if (st != TD_OK)
-        started--;
-    for (int i = 0; i < started; i++) {
-        td_status w = td_future_wait(fs[i], -1);
-        if (w != TD_OK && st == TD_OK)
-            st = error_set(w, td_future_error(fs[i]));
-        td_future_release(fs[i]);
-    }
+    for (int i = 0; i < n && st == TD_OK; i++)
+        st = td_pg_broadcast(pg, ts[i], src, &fs[i]);
+    for (int i = 0; i < n; i++)
+        st = ddp_settle(fs[i], st);
     free(fs);
     return st;
 }
 
 /* ---- the backward ---------------------------------------------------------------------------- */
 
-static void ddp_set_error(td_ddp *d, td_status st)
+/* Records the thread's last error in the logging record. */
+static void ddp_set_error(td_ddp *d)
 {
     d->has_error = true;
     snprintf(d->error, sizeof d->error, "%s", td_last_error());
-    (void)st;
 }
 
 /* Adds the bucket's reduced values (the comm hook's result when it gave one) into place. */
@@ -351,12 +355,7 @@ static td_status ddp_finalize(td_ddp *d)
         if (s != TD_OK && st == TD_OK)
             st = s;
     }
-    if (used_work) {
-        td_status s = td_future_wait(used_work, -1);
-        if (s != TD_OK && st == TD_OK)
-            st = error_set(s, td_future_error(used_work));
-        td_future_release(used_work);
-    }
+    st = ddp_settle(used_work, st);
     int64_t done = clock_now_ns();
     if (st == TD_OK)
         st = ddp_write_back(d, used ? td_tensor_data(used) : NULL);
@@ -372,7 +371,7 @@ static td_status ddp_finalize(td_ddp *d)
     d->log_hidden_ns = hidden < 0 ? 0 : hidden > d->log_comm_ns ? d->log_comm_ns : hidden;
     d->iteration++;
     if (st != TD_OK)
-        ddp_set_error(d, st);
+        ddp_set_error(d);
     if (d->iteration % 100 == 0)
         TD_LOG_INFO("DDP: iteration %" PRId64 ", %d buckets, backward %.3f ms, communication %.3f ms, %.0f%% "
                     "hidden behind the backward",
@@ -457,7 +456,7 @@ static td_status ddp_autograd_hook(td_tensor *leaf, void *ctx)
     if (st == TD_OK)
         st = ddp_mark_ready(d, h->param);
     if (st != TD_OK)
-        ddp_set_error(d, st);
+        ddp_set_error(d);
     pthread_mutex_unlock(&d->mu);
     return st;
 }
@@ -705,7 +704,7 @@ static td_status ddp_unfinished_error(td_ddp *d)
     }
 #undef DDP_APPEND
     td_status st = error_set(TD_ERR_INVALID, msg);
-    ddp_set_error(d, st);
+    ddp_set_error(d);
     return st;
 }
 
@@ -795,7 +794,7 @@ td_status td_ddp_pre_forward(td_ddp *d)
         st = ddp_join_sync_flag(d);
     if (st != TD_OK) {
         pthread_mutex_lock(&d->mu);
-        ddp_set_error(d, st);
+        ddp_set_error(d);
         pthread_mutex_unlock(&d->mu);
     }
     return st;

@@ -61,12 +61,11 @@ static td_status sbn_f64(const td_tensor *t, td_tensor **out)
     return st;
 }
 
-/* A new tensor of dtype dt and shape `like` from n doubles. */
-static td_status sbn_from(const double *v, const td_tensor *like, td_dtype dt, td_tensor **out)
+/* A new tensor of dtype dt and that shape from its doubles v. */
+static td_status sbn_from(const double *v, td_shape shape, td_dtype dt, td_tensor **out)
 {
     td_tensor *d = NULL;
-    TD_TRY(td_tensor_empty(TD_FLOAT64, td_tensor_shape(like), &d));
-    memcpy(td_tensor_data(d), v, sizeof(double) * (size_t)td_tensor_numel(like));
+    TD_TRY(td_tensor_from_buffer(TD_FLOAT64, shape, v, &d));
     td_status st = td_tensor_to(d, dt, out);
     td_tensor_release(d);
     return st;
@@ -83,7 +82,7 @@ static td_status sbn_backward(void *p, td_tensor *const *grad_outputs, int num_o
     int64_t n = s->n, c = s->c, l = s->l;
     double *red = calloc((size_t)(2 * c), sizeof(double));
     double *local_dy = calloc((size_t)c, sizeof(double)), *local_dyx = calloc((size_t)c, sizeof(double));
-    td_tensor *dy = NULL, *sums = NULL, *dx = NULL;
+    td_tensor *dy = NULL, *sums = NULL;
     td_status st = (red && local_dy && local_dyx) ? TD_OK : error_fmt(TD_ERR_NOMEM, "SyncBatchNorm: out of memory");
     if (st == TD_OK && grad_outputs[0])
         st = sbn_f64(grad_outputs[0], &dy);
@@ -122,29 +121,13 @@ static td_status sbn_backward(void *p, td_tensor *const *grad_outputs, int num_o
                 }
             }
         if (st == TD_OK)
-            st = sbn_from(gx, s->x, s->x_dtype, &dx);
+            st = sbn_from(gx, td_tensor_shape(s->x), s->x_dtype, &grad_inputs[s->x_index]);
         free(gx);
-        if (st == TD_OK) {
-            td_tensor *v = NULL;
-            st = td_tensor_view(dx, td_tensor_shape(grad_outputs[0] ? grad_outputs[0] : s->x), &v);
-            grad_inputs[s->x_index] = v;
-        }
     }
-    if (st == TD_OK && s->w_index >= 0) {
-        td_tensor *shape = NULL;
-        st = td_tensor_empty(TD_FLOAT64, TD_SHAPE(c), &shape);
-        if (st == TD_OK)
-            st = sbn_from(local_dyx, shape, s->w_dtype, &grad_inputs[s->w_index]);
-        td_tensor_release(shape);
-    }
-    if (st == TD_OK && s->b_index >= 0) {
-        td_tensor *shape = NULL;
-        st = td_tensor_empty(TD_FLOAT64, TD_SHAPE(c), &shape);
-        if (st == TD_OK)
-            st = sbn_from(local_dy, shape, s->w_dtype, &grad_inputs[s->b_index]);
-        td_tensor_release(shape);
-    }
-    td_tensor_release(dx);
+    if (st == TD_OK && s->w_index >= 0)
+        st = sbn_from(local_dyx, TD_SHAPE(c), s->w_dtype, &grad_inputs[s->w_index]);
+    if (st == TD_OK && s->b_index >= 0)
+        st = sbn_from(local_dy, TD_SHAPE(c), s->w_dtype, &grad_inputs[s->b_index]);
     td_tensor_release(dy);
     td_tensor_release(sums);
     free(red);
@@ -160,7 +143,7 @@ static const td_autograd_function sbn_function = {
     .destroy = sbn_destroy,
 };
 
-static td_status sbn_check(const td_tensor *x, const td_tensor *v, const char *what, int64_t c)
+static td_status sbn_check(const td_tensor *v, const char *what, int64_t c)
 {
     if (!v)
         return TD_OK;
@@ -168,7 +151,6 @@ static td_status sbn_check(const td_tensor *x, const td_tensor *v, const char *w
         return error_fmt(TD_ERR_INVALID, "SyncBatchNorm: %s must have shape [%lld]", what, (long long)c);
     if (!td_dtype_is_floating(td_tensor_dtype(v)))
         return error_fmt(TD_ERR_INVALID, "SyncBatchNorm: %s must be a floating point tensor", what);
-    (void)x;
     return TD_OK;
 }
 
@@ -189,10 +171,10 @@ td_status td_sync_batch_norm(td_pg *pg, td_tensor *x, td_tensor *weight, td_tens
     int64_t n = td_tensor_sizes(x)[0], c = td_tensor_sizes(x)[1], l = 1;
     for (int d = 2; d < nd; d++)
         l *= td_tensor_sizes(x)[d];
-    TD_TRY(sbn_check(x, weight, "weight", c));
-    TD_TRY(sbn_check(x, bias, "bias", c));
-    TD_TRY(sbn_check(x, running_mean, "running_mean", c));
-    TD_TRY(sbn_check(x, running_var, "running_var", c));
+    TD_TRY(sbn_check(weight, "weight", c));
+    TD_TRY(sbn_check(bias, "bias", c));
+    TD_TRY(sbn_check(running_mean, "running_mean", c));
+    TD_TRY(sbn_check(running_var, "running_var", c));
 
     sbn_ctx *s = TD_NEW(sbn_ctx);
     *s = (sbn_ctx){.pg = pg, .n = n, .c = c, .l = l, .x_index = -1, .w_index = -1, .b_index = -1,
@@ -260,13 +242,8 @@ td_status td_sync_batch_norm(td_pg *pg, td_tensor *x, td_tensor *weight, td_tens
                     yv[at] = v * (s->weight ? s->weight[k] : 1.0) + (bv ? bv[k] : 0.0);
                 }
     }
-    if (st == TD_OK) {
-        td_tensor *flat = NULL;
-        st = sbn_from(yv, s->x, td_tensor_dtype(x), &flat);
-        if (st == TD_OK)
-            st = td_tensor_view(flat, td_tensor_shape(x), &y);
-        td_tensor_release(flat);
-    }
+    if (st == TD_OK)
+        st = sbn_from(yv, td_tensor_shape(x), td_tensor_dtype(x), &y);
     if (st == TD_OK && (running_mean || running_var)) { /* under no_grad, in place */
         bool prev = td_autograd_set_grad_enabled(false);
         for (int64_t k = 0; st == TD_OK && k < c; k++) {

@@ -620,12 +620,15 @@ td_status store_core_process(td_store_core *core, td_store_conn *c)
 {
     size_t off = 0;
     td_status s = TD_OK;
+    /* A connection that has not received a byte yet has no input storage: parse an empty string
+     * rather than offset a null pointer (undefined behaviour). */
+    const uint8_t *in = c->in.data ? (const uint8_t *)c->in.data : (const uint8_t *)"";
     while (!c->closing && !store_conn_backlogged(c)) {
-        if (!c->hello_done && (s = check_preauth((const uint8_t *)c->in.data + off, c->in.len - off)) != TD_OK)
+        if (!c->hello_done && (s = check_preauth(in + off, c->in.len - off)) != TD_OK)
             break;
         td_store_request req;
         size_t used = 0, frame = 0;
-        s = store_parse_request((const uint8_t *)c->in.data + off, c->in.len - off, &core->lim, &core->ks,
+        s = store_parse_request(in + off, c->in.len - off, &core->lim, &core->ks,
                                    &core->vs, &req, &used, &frame);
         if (s != TD_OK || used == 0) {
             c->want = frame;

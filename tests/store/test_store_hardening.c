@@ -27,6 +27,7 @@
 #include <tdist/testing.h>
 
 #include "store/store_proto.h"
+#include "store/tcp_core.h"
 #include "store/tcp_store.h"
 #include "util.h"
 
@@ -444,6 +445,22 @@ TD_TEST(multi_get_over_the_reply_limit_is_refused_through_the_client, .timeout_s
     free(v);
     td_store_release(c);
     td_store_release(master);
+}
+
+/* Found by fuzz/fuzz_store_request: processing a connection before any byte arrived offset the
+ * null pointer of its empty input buffer (undefined behaviour, fatal under UBSan). */
+TD_TEST(processing_a_connection_with_no_input_yet_does_nothing, .timeout_s = 30)
+{
+    (void)ctx;
+    td_store_limits lim = {.max_key = 64, .max_value = 4096};
+    for (int with_token = 0; with_token < 2; with_token++) {
+        td_store_core *core = store_core_new(&lim, with_token ? "tk" : NULL);
+        td_store_conn *c = store_core_attach(core, NULL);
+        TD_CHECK_OK(store_core_process(core, c));
+        TD_CHECK(store_core_pop_dirty(core) == NULL);
+        store_core_detach(core, c);
+        store_core_free(core);
+    }
 }
 
 TD_TEST_MAIN()

@@ -10,7 +10,11 @@
  *     random points;
  *  3. store_check_reply_header and store_parse_values over the same bytes.
  * Every connection's first chunk is prefixed with a valid HELLO half of the time, so the fuzzer
- * gets past the handshake into the commands. */
+ * gets past the handshake into the commands. A chunk whose control byte has bits 0x1c set is not
+ * sent as it is but describes a large request the target builds (SET or APPEND of a value up to
+ * about 1 MiB, MULTI_GET or MULTI_SET of up to 8191 copies of one key): the core runs with a
+ * 1 MiB value limit and a 4 MiB reply limit, so a small input reaches large values, replies over
+ * the limit (refused with an ERROR) and large queued output. */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -23,6 +27,10 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static const td_store_limits kLimits = {.max_key = 64, .max_value = 4096};
+/* The core's: values up to 1 MiB, replies up to 4 MiB. */
+static const td_store_limits kCoreLimits = {.max_key = 64, .max_value = 1 << 20};
+#define CORE_MAX_REPLY ((uint64_t)4 << 20)
+#define BIG_CHUNK 0x1c
 
 static void parse_stream(const uint8_t *data, size_t size)
 {
@@ -60,9 +68,42 @@ static void add_hello(td_buf *in)
     store_msg_end(in, off);
 }
 
+/* Appends the large request that g (n bytes) describes: g[0] the command, g[1] the key's byte,
+ * g[2..3] a size (KiB of value, or a count of keys), g[4] the value's byte. */
+static void add_big(td_buf *in, const uint8_t *g, size_t n)
+{
+    if (n < 5)
+        return;
+    static const uint8_t cmds[] = {TD_STORE_CMD_SET, TD_STORE_CMD_APPEND, TD_STORE_CMD_MULTI_GET,
+                                   TD_STORE_CMD_MULTI_SET, TD_STORE_CMD_COMPARE_SET};
+    uint8_t cmd = cmds[g[0] % sizeof cmds];
+    char key[2] = {'k', (char)g[1]};
+    size_t amount = (size_t)(g[2] | (g[3] << 8));
+    size_t off = store_msg_begin(in, cmd);
+    if (cmd == TD_STORE_CMD_MULTI_GET || cmd == TD_STORE_CMD_MULTI_SET) {
+        size_t count = amount % 8192;
+        buf_put_u32(in, (uint32_t)count);
+        for (size_t i = 0; i < count; i++) {
+            store_put_key(in, NULL, key, sizeof key);
+            if (cmd == TD_STORE_CMD_MULTI_SET)
+                store_put_value(in, &g[4], 1);
+        }
+    } else {
+        /* Up to 1100 KiB: a little over the value limit, which the parser refuses. */
+        size_t len = (amount % 1101) * 1024;
+        store_put_key(in, NULL, key, sizeof key);
+        if (cmd == TD_STORE_CMD_COMPARE_SET)
+            store_put_value(in, "", 0);
+        buf_put_u64(in, (uint64_t)len);
+        memset(buf_extend(in, len), g[4], len);
+    }
+    store_msg_end(in, off);
+}
+
 static void drive_core(const uint8_t *data, size_t size)
 {
-    td_store_core *core = store_core_new(&kLimits, size > 0 && (data[0] & 1) ? "tk" : NULL);
+    td_store_core *core = store_core_new(&kCoreLimits, size > 0 && (data[0] & 1) ? "tk" : NULL);
+    store_core_set_max_reply(core, CORE_MAX_REPLY);
     td_store_conn *conns[3];
     bool fresh[3];
     for (int i = 0; i < 3; i++) {
@@ -79,7 +120,10 @@ static void drive_core(const uint8_t *data, size_t size)
         if (fresh[i] && (ctl & 0x40))
             add_hello(in);
         fresh[i] = false;
-        buf_append(in, data + off, len);
+        if ((ctl & BIG_CHUNK) == BIG_CHUNK)
+            add_big(in, data + off, len);
+        else
+            buf_append(in, data + off, len);
         off += len;
         if (store_core_process(core, conns[i]) != TD_OK || (ctl & 0x80)) {
             /* Rejected (or the client hung up): the server drops the connection. */

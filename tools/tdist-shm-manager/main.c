@@ -14,12 +14,8 @@
  *
  * Trust: the socket is abstract (no file permissions), so the daemon checks each client's
  * credentials (SO_PEERCRED) at accept and closes, with one log line, a client whose uid is not its
- * own. A client's pid is the kernel's (SO_PEERCRED), not the one its HELLO claims. A client may
- * hold (and so have dropped at its disconnect) only names it registered itself: HOLD is accepted
- * for a name that carries the client's own pid (it is the creator) or that the client's process
- * maps (/proc/<pid>/maps: it opened the segment); DROP only for a name the client holds; FORGET
- * only for a name that no longer exists. Anything else is refused with a log line and changes
- * nothing, so a stranger cannot make the daemon drop references it never held.
+ * own. What a client may then hold, drop and forget is checked by the bookkeeping in
+ * src/mp/shm_manager_server.c (shm_manager.h, "daemon"), which this loop calls with each datagram.
  *
  * Usage: tdist-shm-manager [--socket NAME]   (default: tdist-shm-manager.v1.<uid>) */
 #include <errno.h>
@@ -29,8 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -42,17 +36,11 @@
 #include "tensor/segment.h"
 #include "mp/shm_manager.h"
 
-typedef struct client {
-    int fd;
-    pid_t pid; /* from SO_PEERCRED at accept */
-    td_map holds; /* name -> (uintptr_t) references held */
-    unsigned refused; /* messages refused (logged one by one up to MAX_REFUSAL_LOGS) */
-} client;
+static TD_VEC(shmm_client *) clients;
 
-#define MAX_REFUSAL_LOGS 8
+static void log_line(const char *line) { fprintf(stderr, "[tdist-shm-manager %d] %s\n", (int)getpid(), line); }
 
-static TD_VEC(client *) clients;
-static td_map known; /* every name some client held and that may still exist -> (void *)1 */
+static shmm_server server = {.known = TD_MAP_INIT, .log = log_line};
 
 static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void logf_(const char *fmt, ...)
@@ -60,114 +48,25 @@ static void logf_(const char *fmt, ...)
     char buf[512];
     va_list ap;
     va_start(ap, fmt);
-    int n = snprintf(buf, sizeof buf, "[tdist-shm-manager %d] ", (int)getpid());
-    vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
+    vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "%s\n", buf);
-}
-
-/* Drops one reference on behalf of a dead client; removes the name at 0. */
-static void drop_reference(const char *name)
-{
-    td_segment seg;
-    if (segment_open(name, TD_SHM_HEADER_SIZE, &seg) != TD_OK)
-        return; /* already gone */
-    td_shm_header *h = seg.base;
-    if (h->magic == TD_SHM_HEADER_MAGIC && shm_header_decref(h)) {
-        segment_unlink(name);
-        map_remove(&known, name, strlen(name));
-        logf_("removed %s", name);
-    }
-    segment_unmap(&seg);
+    log_line(buf);
 }
 
 static void client_close(size_t i)
 {
-    client *c = clients.items[i];
-    td_map_entry *e;
-    size_t n = 0;
-    for (size_t it = 0; (e = map_next(&c->holds, &it));) {
-        for (uintptr_t k = (uintptr_t)e->value; k > 0; k--)
-            drop_reference(e->key);
-        n += (uintptr_t)e->value;
-    }
-    if (n)
-        logf_("client pid %d went away holding %zu references", (int)c->pid, n);
-    if (c->refused > MAX_REFUSAL_LOGS)
-        logf_("client pid %d: %u messages refused in all", (int)c->pid, c->refused);
-    map_free(&c->holds, NULL);
+    shmm_client *c = clients.items[i];
+    shmm_server_client_gone(&server, c);
     close(c->fd);
     free(c);
     TD_VEC_SWAP_REMOVE(&clients, i);
 }
 
-static void hold_add(client *c, const char *name, int delta)
-{
-    size_t len = strlen(name);
-    intptr_t v = (intptr_t)(uintptr_t)map_get(&c->holds, name, len) + delta;
-    if (v <= 0)
-        map_remove(&c->holds, name, len);
-    else
-        map_put(&c->holds, name, len, (void *)(uintptr_t)v);
-}
-
-static void refuse(client *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void refuse(client *c, const char *fmt, ...)
-{
-    if (++c->refused > MAX_REFUSAL_LOGS)
-        return;
-    char buf[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    logf_("refused from client pid %d: %s", (int)c->pid, buf);
-}
-
-/* Whether process pid maps the segment `name` (/proc/<pid>/maps shows /dev/shm/<name>, possibly
- * "(deleted)"). */
-static bool process_maps(pid_t pid, const char *name)
-{
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/maps", (int)pid);
-    FILE *f = fopen(path, "re");
-    if (!f)
-        return false;
-    char want[TD_SEGMENT_NAME_MAX + 16];
-    int wlen = snprintf(want, sizeof want, "/dev/shm/%s", name);
-    char line[4096];
-    bool found = false;
-    while (!found && fgets(line, sizeof line, f)) {
-        const char *p = strstr(line, want);
-        if (p && (p[wlen] == '\n' || p[wlen] == ' ' || p[wlen] == '\0'))
-            found = true;
-    }
-    fclose(f);
-    return found;
-}
-
-/* Whether the name exists in /dev/shm. */
-static bool segment_exists(const char *name)
-{
-    int fd = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
-    if (fd >= 0) {
-        close(fd);
-        return true;
-    }
-    return errno != ENOENT;
-}
-
 /* Handles one datagram; false when the client must be dropped. */
-static bool client_message(client *c, const td_shmm_msg *m, ssize_t n)
+static bool client_message(shmm_client *c, const td_shmm_msg *m, size_t n)
 {
-    if (n < (ssize_t)offsetof(td_shmm_msg, name) || m->version != TD_SHMM_VERSION || m->name_len >= TD_SEGMENT_NAME_MAX ||
-        (ssize_t)(offsetof(td_shmm_msg, name) + m->name_len) > n)
-        return false;
-    char name[TD_SEGMENT_NAME_MAX];
-    memcpy(name, m->name, m->name_len);
-    name[m->name_len] = '\0';
-    if (m->op == TD_SHMM_HELLO) {
-        /* The pid a HELLO claims is not trusted: c->pid came from the kernel. */
+    shmm_verdict v = shmm_server_message(&server, c, m, n);
+    if (v == SHMM_WELCOME) {
         td_shmm_msg w;
         memset(&w, 0, sizeof w);
         w.op = TD_SHMM_WELCOME;
@@ -175,46 +74,7 @@ static bool client_message(client *c, const td_shmm_msg *m, ssize_t n)
         w.pid = (uint32_t)getpid();
         return send(c->fd, &w, offsetof(td_shmm_msg, name), MSG_NOSIGNAL | MSG_DONTWAIT) >= 0;
     }
-    if (!segment_name_valid(name))
-        return false;
-    switch (m->op) {
-    case TD_SHMM_HOLD:
-        /* The creator registers its name (which carries its pid) before creating it; any other
-         * process sends HOLD after mapping the segment. */
-        if (segment_name_pid(name) != c->pid && !process_maps(c->pid, name)) {
-            refuse(c, "HOLD of %s, which it did not create and does not map", name);
-            return true;
-        }
-        hold_add(c, name, 1);
-        map_put(&known, name, strlen(name), (void *)1);
-        return true;
-    case TD_SHMM_DROP:
-        if (!map_get(&c->holds, name, strlen(name))) {
-            refuse(c, "DROP of %s, which it does not hold", name);
-            return true;
-        }
-        hold_add(c, name, -1);
-        return true;
-    case TD_SHMM_FORGET:
-        if (segment_exists(name)) {
-            refuse(c, "FORGET of %s, which still exists", name);
-            return true;
-        }
-        map_remove(&known, name, strlen(name));
-        return true;
-    default:
-        return false;
-    }
-}
-
-static void sweep(void)
-{
-    td_map_entry *e;
-    for (size_t it = 0; (e = map_next(&known, &it));) {
-        if (segment_unlink(e->key) == TD_OK)
-            logf_("removed %s (left by messages never received)", e->key);
-    }
-    map_free(&known, NULL);
+    return v == SHMM_KEEP;
 }
 
 int main(int argc, char **argv)
@@ -279,14 +139,14 @@ int main(int argc, char **argv)
             short re = pfds.items[i + 1].revents;
             if (!re)
                 continue;
-            client *c = clients.items[i];
+            shmm_client *c = clients.items[i];
             bool keep = true;
             for (;;) {
                 td_shmm_msg m;
                 ssize_t n = recv(c->fd, &m, sizeof m, MSG_DONTWAIT);
                 if (n < 0 && (errno == EAGAIN || errno == EINTR))
                     break;
-                if (n <= 0 || !client_message(c, &m, n)) {
+                if (n <= 0 || !client_message(c, &m, (size_t)n)) {
                     keep = false;
                     break;
                 }
@@ -310,7 +170,7 @@ int main(int argc, char **argv)
                           (unsigned)cred.uid, (unsigned)geteuid());
                     close(cfd);
                 } else {
-                    client *c = calloc(1, sizeof *c);
+                    shmm_client *c = calloc(1, sizeof *c);
                     c->fd = cfd;
                     c->pid = cred.pid;
                     TD_VEC_PUSH(&clients, c);
@@ -322,7 +182,7 @@ int main(int argc, char **argv)
     close(lfd);
     while (clients.len)
         client_close(clients.len - 1);
-    sweep();
+    shmm_server_sweep(&server);
     TD_VEC_FREE(&clients);
     TD_VEC_FREE(&pfds);
     logf_("no clients for %lld ms: exiting", (long long)idle_ms);

@@ -86,7 +86,7 @@ void rdv_free(td_rdv *v, bool keep_fds)
 
 /* ---- the store entries -------------------------------------------------------------------------- */
 
-static void addr_key(const td_rdv *v, int r, char *out, size_t size)
+void rdv_entry_key(const td_rdv *v, int r, char *out, size_t size)
 {
     snprintf(out, size, "%s%lld/addr/%d", v->prefix, (long long)v->generation, r);
 }
@@ -104,7 +104,7 @@ td_status rdv_generation(td_rdv *v)
 td_status rdv_publish(td_rdv *v, const char *value, const char *addr_name)
 {
     char key[256];
-    addr_key(v, v->rank, key, sizeof key);
+    rdv_entry_key(v, v->rank, key, sizeof key);
     td_status st = td_store_set_str(v->o->store, key, value);
     if (st != TD_OK)
         error_prefix(st, "publishing rank %d's %s in the store", rdv_grank(v, v->rank), addr_name);
@@ -119,7 +119,7 @@ static void rdv_progress(td_rdv *v, const char *addr_name, int64_t waited_ms)
     int missing = 0;
     for (int r = 0; r < v->size; r++) {
         char key[256];
-        addr_key(v, r, key, sizeof key);
+        rdv_entry_key(v, r, key, sizeof key);
         const char *keys[1] = {key};
         bool ready = true;
         if (td_store_check(v->o->store, keys, 1, &ready) != TD_OK || ready)
@@ -136,7 +136,7 @@ static void rdv_progress(td_rdv *v, const char *addr_name, int64_t waited_ms)
 td_status rdv_read(td_rdv *v, int r, const char *addr_name, char *text, size_t size)
 {
     char key[256];
-    addr_key(v, r, key, sizeof key);
+    rdv_entry_key(v, r, key, sizeof key);
     const char *keys[1] = {key};
     /* Waits in slices of TDIST_RDZV_PROGRESS (5 s; 0: one wait), warning after each which ranks are
      * still missing: a rank that never starts otherwise shows only as the timeout, minutes later. */

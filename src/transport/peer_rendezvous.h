@@ -60,6 +60,8 @@ void rdv_free(td_rdv *v, bool keep_fds);
 
 static inline int rdv_grank(const td_rdv *v, int r) { return v->o->global_ranks ? v->o->global_ranks[r] : r; }
 
+/* The store key of rank r's entry, "<prefix><generation>/addr/<r>". */
+void rdv_entry_key(const td_rdv *v, int r, char *out, size_t size);
 /* Counts this rank's generation in the store. */
 td_status rdv_generation(td_rdv *v);
 /* Publishes this rank's entry. addr_name names it in errors ("tcp address"). */

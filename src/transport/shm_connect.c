@@ -26,7 +26,7 @@
 #include "transport/peer_rendezvous.h"
 #include "transport/samehost.h"
 
-#define NAME_MAX_LEN 96
+#define NAME_MAX_LEN TD_SHM_ENTRY_NAME_MAX
 
 typedef struct setup {
     td_rdv v;
@@ -84,20 +84,19 @@ static int read_hello(td_rdv_conn *c)
 
 static td_status read_entry(setup *s, int r, char *sock_name, size_t name_size)
 {
-    char text[512], hid[TD_HOST_ID_MAX], name[NAME_MAX_LEN];
+    char text[512];
     TD_TRY(rdv_read(&s->v, r, "shm transport address", text, sizeof text));
-    unsigned long long nonce = 0;
-    int pid = 0;
-    if (sscanf(text, "%191s %95s %llx %d", hid, name, &nonce, &pid) != 4)
-        return error_fmt(TD_ERR_INVALID, "rank %d's shm transport address in the store is malformed", grank_of(s, r));
+    td_shm_entry e;
+    TD_TRY(shm_entry_parse(text, grank_of(s, r), &e));
+    const char *hid = e.host_id;
     if (strcmp(hid, s->host_id) != 0 || strcmp(hid, "-") == 0)
         return error_fmt(TD_ERR_INVALID,
                         "The shm backend needs every rank of the group on one host, but rank %d is on another host "
                         "(host id %s; rank %d's is %s). Use the auto backend, which uses shared memory within each "
                         "host and tcp between hosts",
                         grank_of(s, r), hid, grank_of(s, s->v.rank), s->host_id);
-    s->peer_nonce[r] = nonce;
-    snprintf(sock_name, name_size, "%s", name);
+    s->peer_nonce[r] = e.nonce;
+    snprintf(sock_name, name_size, "%s", e.sock_name);
     return TD_OK;
 }
 

@@ -3,7 +3,11 @@
  * live in memory shared by processes of one host and use its byte order. */
 #include "transport/shm_proto.h"
 
+#include <stdio.h>
 #include <string.h>
+
+#include "base/error.h"
+#include "base/host.h"
 
 #include "transport/wire.h"
 
@@ -151,4 +155,15 @@ uint64_t shm_name_hash(const char *name)
     for (const char *p = name ? name : ""; *p; p++)
         h = (h ^ (unsigned char)*p) * UINT64_C(1099511628211);
     return h;
+}
+
+_Static_assert(TD_SHM_ENTRY_HOST_ID_MAX == TD_HOST_ID_MAX, "an entry holds any host id");
+
+td_status shm_entry_parse(const char *text, int grank, td_shm_entry *e)
+{
+    unsigned long long nonce = 0;
+    if (sscanf(text, "%191s %95s %llx %d", e->host_id, e->sock_name, &nonce, &e->pid) != 4)
+        return error_fmt(TD_ERR_INVALID, "rank %d's shm transport address in the store is malformed", grank);
+    e->nonce = nonce;
+    return TD_OK;
 }

@@ -87,4 +87,22 @@ bool shm_seg_header_check(const td_shm_seg_header *h, uint32_t rank, uint32_t wo
 
 uint64_t shm_name_hash(const char *name);
 
+/* ---- a rank's entry in the store -----------------------------------------------------------
+ * What shm_connect.c publishes and reads back: "<host id> <socket name> <nonce, hex> <pid>"
+ * (docs/protocols.md). Fuzzed by fuzz/fuzz_rdv_address.c. */
+
+#define TD_SHM_ENTRY_HOST_ID_MAX 192 /* TD_HOST_ID_MAX */
+#define TD_SHM_ENTRY_NAME_MAX 96
+
+typedef struct td_shm_entry {
+    char host_id[TD_SHM_ENTRY_HOST_ID_MAX];
+    char sock_name[TD_SHM_ENTRY_NAME_MAX];
+    uint64_t nonce;
+    int pid;
+} td_shm_entry;
+
+/* Decodes rank grank's entry (NUL-terminated text): TD_ERR_INVALID, with a message naming the
+ * rank, when it is malformed. */
+td_status shm_entry_parse(const char *text, int grank, td_shm_entry *e);
+
 #endif

@@ -192,21 +192,15 @@ static td_status read_address(setup *s, int r, char **host, int *port, uint64_t 
 {
     char text[513];
     TD_TRY(rdv_read(&s->v, r, "tcp address", text, sizeof text));
-    char addr[TD_ADDR_STRLEN + 1], hid[160] = "", uname[64] = "-";
-    unsigned long long nn = 0;
-    if (sscanf(text, "%96s %llx %159s %63s", addr, &nn, hid, uname) < 2)
-        return error_fmt(TD_ERR_INVALID, "rank %d's tcp address in the store is malformed", grank_of(s, r));
-    *nonce = nn;
+    td_tcp_entry e;
+    TD_TRY(tcp_entry_parse(text, grank_of(s, r), &e));
+    *nonce = e.nonce;
     /* Same host: offer its UNIX socket (the caller falls back to TCP if it does not answer). */
-    bool local = s->use_unix && s->host_id[0] && strcmp(hid, s->host_id) == 0 && strcmp(uname, "-") != 0;
-    snprintf(unix_name, unix_size, "%s", local ? uname : "");
-    td_status st = net_split_hostport(addr, host, port);
-    if (st == TD_OK && *port < 0) {
-        free(*host);
-        *host = NULL;
-        st = error_fmt(TD_ERR_INVALID, "rank %d's tcp address '%s' has no port", grank_of(s, r), addr);
-    }
-    return st;
+    bool local = s->use_unix && s->host_id[0] && strcmp(e.host_id, s->host_id) == 0 && strcmp(e.unix_name, "-") != 0;
+    snprintf(unix_name, unix_size, "%s", local ? e.unix_name : "");
+    *host = e.host; /* the caller frees it */
+    *port = e.port;
+    return TD_OK;
 }
 
 /* A connection to a peer's UNIX socket, non-blocking, or -1. */
@@ -414,8 +408,8 @@ static td_status cma_probe(setup *s)
         td_status st = net_recv_all(s->v.fds[r], m, sizeof m, s->v.deadline);
         if (st != TD_OK)
             return error_prefix(st, "reading rank %d's single-copy probe", rdv_grank(&s->v, r));
-        uint64_t v[3] = {wire_get64(m), wire_get64(m + 8), wire_get64(m + 16)};
-        bool ok = v[0] == TD_TCP_CMA_PROBE_MAGIC && s->info[r].pid > 0 && samehost_word_is(s->info[r].pid, v[1], v[2]);
+        uint64_t addr, value;
+        bool ok = tcp_probe_parse(m, &addr, &value) && s->info[r].pid > 0 && samehost_word_is(s->info[r].pid, addr, value);
         if (!ok)
             TD_LOG_DEBUG("tcp transport of rank %d cannot read rank %d's memory (%s): messages go by the socket",
                          rdv_grank(&s->v, s->v.rank), rdv_grank(&s->v, r), strerror(errno));

@@ -3,7 +3,12 @@
  * point into them after checking every length against what is there and against the limits. */
 #include "transport/tcp_proto.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "base/error.h"
+#include "net/addr.h"
 
 #include "transport/transport.h"
 #include "transport/wire.h"
@@ -219,4 +224,41 @@ size_t tcp_fin_encode(uint8_t *p, uint64_t cookie, td_status status)
     wire_put64(p + 1, cookie);
     wire_put32(p + 9, (uint32_t)(int32_t)status);
     return 13;
+}
+
+bool tcp_probe_parse(const uint8_t *m, uint64_t *addr, uint64_t *value)
+{
+    *addr = wire_get64(m + 8);
+    *value = wire_get64(m + 16);
+    return wire_get64(m) == TD_TCP_CMA_PROBE_MAGIC;
+}
+
+_Static_assert(TD_ADDR_STRLEN == 96, "the entry's sscanf widths follow TD_ADDR_STRLEN");
+
+td_status tcp_entry_parse(const char *text, int grank, td_tcp_entry *e)
+{
+    char addr[TD_ADDR_STRLEN + 1];
+    unsigned long long nonce = 0;
+    e->host = NULL;
+    e->port = -1;
+    e->host_id[0] = '\0';
+    snprintf(e->unix_name, sizeof e->unix_name, "-");
+    if (sscanf(text, "%96s %llx %159s %63s", addr, &nonce, e->host_id, e->unix_name) < 2)
+        return error_fmt(TD_ERR_INVALID, "rank %d's tcp address in the store is malformed", grank);
+    e->nonce = nonce;
+    td_status st = net_split_hostport(addr, &e->host, &e->port);
+    if (st != TD_OK)
+        return error_prefix(st, "rank %d's tcp address in the store", grank);
+    if (e->port < 0) {
+        free(e->host);
+        e->host = NULL;
+        st = error_fmt(TD_ERR_INVALID, "rank %d's tcp address '%s' has no port", grank, addr);
+    }
+    return st;
+}
+
+void tcp_entry_free(td_tcp_entry *e)
+{
+    free(e->host);
+    e->host = NULL;
 }

@@ -100,4 +100,25 @@ size_t tcp_rts_encode(uint8_t *p, uint64_t tag, uint64_t cookie, uint64_t guard_
                          const uint64_t *addr, const uint64_t *len, int iovcnt);
 size_t tcp_fin_encode(uint8_t *p, uint64_t cookie, td_status status);
 
+/* The single-copy probe (tcp_connect.c): TD_TCP_CMA_PROBE_SIZE bytes naming a word of the
+ * sender's (its address) and the value it holds. False when the magic is wrong. */
+bool tcp_probe_parse(const uint8_t *m, uint64_t *addr, uint64_t *value);
+
+/* ---- a rank's entry in the store -----------------------------------------------------------
+ * What tcp_connect.c publishes and reads back: "<host:port> <nonce, hex> [<host id> [<UNIX socket
+ * name, or ->]]" (docs/protocols.md). Fuzzed by fuzz/fuzz_rdv_address.c. */
+
+typedef struct td_tcp_entry {
+    char *host; /* malloc'd (tcp_entry_free) */
+    int port;
+    uint64_t nonce;
+    char host_id[160];  /* "" when absent */
+    char unix_name[64]; /* "-" when absent */
+} td_tcp_entry;
+
+/* Decodes rank grank's entry (NUL-terminated text): TD_ERR_INVALID, with a message naming the
+ * rank, when it is malformed or its address has no port; nothing to free then. */
+td_status tcp_entry_parse(const char *text, int grank, td_tcp_entry *e);
+void tcp_entry_free(td_tcp_entry *e);
+
 #endif

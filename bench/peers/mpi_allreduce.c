@@ -5,8 +5,9 @@
  *   mpicc -O2 -o mpi_allreduce mpi_allreduce.c -lm
  *   mpirun -np 4 ./mpi_allreduce --min 8 --max 64M --csv
  *
- * For each size: the check (every rank fills 1 + (3 * rank + i) % 4 and counts the wrong elements
- * of the sum, summed over the ranks), then one timed call whose slowest-rank time sets the warm-up
+ * Sizes go from --min to --max, times --factor or plus --step (-i, as nccl-tests). For each size:
+ * the check (every rank fills 1 + (3 * rank + i) % 4 and counts the wrong elements of the sum,
+ * summed over the ranks), then one timed call whose slowest-rank time sets the warm-up
  * (about 50 ms worth, 1 to 1000 calls), the warm-up timed to estimate a call, then --time seconds
  * of calls (at least --min-iters) in --batches batches, each after MPI_Barrier; the time is the
  * median over batches of the slowest rank's mean per call. --thread-multiple initializes MPI with
@@ -24,6 +25,7 @@
 typedef struct opts {
     uint64_t min, max;
     double factor, time_s;
+    uint64_t step; /* --step / -i: sizes grow by this many bytes instead of by --factor */
     long iters, warmup, min_iters;
     int batches, check, csv, header;
     const char *impl;
@@ -61,6 +63,7 @@ static void parse(int argc, char **argv, opts *o)
         if (!strcmp(a, "--min") || !strcmp(a, "-b")) o->min = parse_size(v);
         else if (!strcmp(a, "--max") || !strcmp(a, "-e")) o->max = parse_size(v);
         else if (!strcmp(a, "--factor") || !strcmp(a, "-f")) o->factor = atof(v);
+        else if (!strcmp(a, "--step") || !strcmp(a, "-i")) o->step = parse_size(v);
         else if (!strcmp(a, "--time")) o->time_s = atof(v);
         else if (!strcmp(a, "--iters")) o->iters = atol(v);
         else if (!strcmp(a, "--warmup") || !strcmp(a, "-w")) o->warmup = atol(v);
@@ -113,7 +116,8 @@ int main(int argc, char **argv)
     int rank, world;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world);
-    opts o = {8, 64u << 20, 2.0, 0.3, 0, -1, 5, 10, 1, 0, 1, "openmpi"};
+    opts o = {.min = 8, .max = 64u << 20, .factor = 2.0, .time_s = 0.3, .iters = 0, .warmup = -1, .min_iters = 5,
+              .batches = 10, .check = 1, .csv = 0, .header = 1, .impl = "openmpi"};
     parse(argc, argv, &o);
     size_t maxcount = o.max / 4 > 0 ? o.max / 4 : 1;
     float *buf = calloc(maxcount, sizeof *buf);
@@ -204,7 +208,7 @@ int main(int argc, char **argv)
         }
         if (req >= o.max)
             break;
-        double next = floor((double)req * o.factor + 0.5);
+        double next = o.step ? (double)req + (double)o.step : floor((double)req * o.factor + 0.5);
         req = next <= (double)req ? req + 1 : (uint64_t)next;
         if (req > o.max)
             break;

@@ -159,6 +159,21 @@ TD_TEST(all_reduce_sizes, .params = "tcp,threaded", .timeout_s = 180)
     free_result(&r);
 }
 
+/* --step (nccl-tests' -i): sizes grow by a fixed number of bytes, as bench/shm/sweep.sh uses. */
+TD_TEST(step_sizes, .timeout_s = 120)
+{
+    const char *args[] = {"-n", "2", "--backend", "threaded", "--min", "1K", "--max", "4K", "--step", "1K",
+                          "--csv", QUICK, NULL};
+    run_result r = run_bench(ctx, args);
+    TD_CHECK_MSG(r.code == 0, "exit code %d\nstdout:\n%s\nstderr:\n%s", r.code, r.out, r.err);
+    csv_row rows[8];
+    int n = parse_csv(&r, rows, 8, 1.0);
+    TD_CHECK_EQ(n, 4); /* 1, 2, 3 and 4 KiB */
+    for (int i = 0; i < n; i++)
+        TD_CHECK_EQ(rows[i].size, 1024LL * (i + 1));
+    free_result(&r);
+}
+
 static double factor_of(const char *op, int n)
 {
     if (strcmp(op, "all_reduce") == 0)
@@ -251,6 +266,7 @@ TD_TEST(bad_arguments_exit_2, .timeout_s = 60)
         {{"--min", "1M", "--max", "1K", NULL}, "--min is larger than --max"},
         {{"-n", "2", "--op", "broadcast", "--root", "2", NULL}, "--root 2 is not a rank of a world of 2"},
         {{"-n", "1", "--op", "send_recv", NULL}, "send_recv needs at least 2 ranks"},
+        {{"--step", "0", NULL}, "--step wants a size of at least one byte, got '0'"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         run_result r = run_bench(ctx, cases[i].args);

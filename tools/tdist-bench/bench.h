@@ -41,6 +41,7 @@ typedef struct bench_options {
     int root;
     uint64_t min_bytes, max_bytes;
     double factor;        /* size multiplier from one row to the next (> 1) */
+    uint64_t step_bytes;  /* -i: when > 0, sizes grow by this many bytes instead (nccl-tests' -i) */
     int64_t iters;        /* 0: adapt to time_s */
     int64_t warmup;       /* -1: adapt */
     double time_s;        /* measuring time per size when iters is 0 */

@@ -2,7 +2,7 @@
  *
  *   tdist-bench -n 4 --op all_reduce --backend tcp --dtype f32 --min 8 --max 64M
  *
- * prints, for each size from --min to --max (times --factor), the size, element count, time per
+ * prints, for each size from --min to --max (times --factor, or plus --step), the size, element count, time per
  * call, algorithm bandwidth, bus bandwidth (nccl-tests' factors) and the number of wrong elements
  * (measure.c says how time is measured; collective.c how results are checked). --csv prints the
  * same rows for machines.
@@ -44,7 +44,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: tdist-bench [-n N] [--op OP] [--backend NAME] [--dtype T] [--reduce-op OP] [--root R]\n"
-            "                   [--min SIZE] [--max SIZE] [--factor F] [--iters N] [--warmup N] [--time S]\n"
+            "                   [--min SIZE] [--max SIZE] [--factor F | --step SIZE] [--iters N] [--warmup N] [--time S]\n"
             "                   [--min-iters N] [--batches N] [--check 0|1] [--csv] [--no-header]\n"
             "                   [--algo SPEC] [--no-spawn] [--timeout T] [--impl NAME]\n"
             "  -n, --nranks N     ranks to start (default 2); under a launcher, the world it gives\n"
@@ -57,6 +57,7 @@ static void usage(FILE *f)
             "  -b, --min SIZE     smallest size in bytes, K/M/G suffixes (default 8)\n"
             "  -e, --max SIZE     largest size (default 64M)\n"
             "  -f, --factor F     size multiplier from one row to the next (default 2)\n"
+            "  -i, --step SIZE    sizes grow by SIZE bytes instead (nccl-tests' -i), K/M/G suffixes\n"
             "  --iters N          timed calls per size (default: as many as --time allows)\n"
             "  -w, --warmup N     warm-up calls per size (default: about 50 ms worth)\n"
             "  --time S           seconds of timed calls per size when --iters is not given (default 0.3)\n"
@@ -155,6 +156,9 @@ static void parse(int argc, char **argv, bench_options *o)
                 bad_usage("%s", td_last_error());
         } else if ((v = flag_value(argc, argv, &i, "--factor", "-f"))) {
             o->factor = double_arg("--factor", v, 1.0000001);
+        } else if ((v = flag_value(argc, argv, &i, "--step", "-i"))) {
+            if (env_parse_size("--step", v, &o->step_bytes) != TD_OK || o->step_bytes == 0)
+                bad_usage("--step wants a size of at least one byte, got '%s'", v);
         } else if ((v = flag_value(argc, argv, &i, "--iters", NULL))) {
             o->iters = int_arg("--iters", v, 1, INT32_MAX);
         } else if ((v = flag_value(argc, argv, &i, "--warmup", "-w"))) {

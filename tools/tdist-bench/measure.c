@@ -227,7 +227,7 @@ int bench_run_rank(const bench_options *o, td_pg *pg)
         }
         if (o->op == BENCH_BARRIER || req >= o->max_bytes)
             break;
-        double next = floor((double)req * o->factor + 0.5);
+        double next = o->step_bytes ? (double)req + (double)o->step_bytes : floor((double)req * o->factor + 0.5);
         req = next <= (double)req ? req + 1 : (uint64_t)next;
         if (req > o->max_bytes)
             break;

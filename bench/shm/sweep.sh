@@ -7,10 +7,11 @@
 #  - the two programs are interleaved per size, not per sweep: for every repeat, world and size,
 #    one run of each back to back (tdist first on odd repeats, MPI first on even ones), so the two
 #    numbers of a pair were taken within about a second of each other;
-#  - each pair is preceded by a probe of the host's memory bandwidth (shm_membw: memcpy of 32 MiB
-#    operands by 2 threads, best of 2 rounds), which tags the state the pair ran in;
+#  - each pair is preceded by a probe of how far apart the host has put the two CPUs (shm_xcore:
+#    a cache line's round trip between them and the rate at which one reads what the other wrote),
+#    which tags the state the pair ran in (docs/performance.md explains why it matters);
 #  - the summary gives per size the best and the median of each program over the repeats, the
-#    ratio of the medians, the median of the paired ratios, and how the ratio moves with the probe.
+#    ratio of the medians, the median of the paired ratios, and both programs by probe state.
 # Writes into bench/results/shm_sweep/ (or $RESULTS): sweep.csv (every run), sweep.md (the tables),
 # sweep_busbw.png (median and best bus bandwidth against size), sweep_ratio.png (paired ratios).
 #
@@ -25,8 +26,8 @@ secs=${3:-0.2}
 worlds=${WORLDS:-2 4}
 results=${RESULTS:-bench/results/shm_sweep}
 bin=$build/tools/tdist-bench/tdist-bench
-membw=$build/bench/shm/shm_membw
-cmake --build "$build" --target tdist-bench shm_membw >/dev/null
+xcore=$build/bench/shm/shm_xcore
+cmake --build "$build" --target tdist-bench shm_xcore >/dev/null
 
 source bench/peers/setup.sh
 mkdir -p "$results"
@@ -41,7 +42,7 @@ commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD -- src include 2>/dev/null || commit="$commit + uncommitted changes in src/ or include/"
 extra=(${EXTRA_ENV:-})
 csv=$results/sweep.csv
-echo "rep,world,size,membw_gbs,impl,time_us,busbw_gbs,wrong" > "$csv"
+echo "rep,world,size,rtt_ns,xfer_gbs,impl,time_us,busbw_gbs,wrong" > "$csv"
 start=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 
@@ -55,7 +56,7 @@ one() { # impl world size -> "time_us,busbw_gbs,wrong"
 for rep in $(seq "$reps"); do
   for w in $worlds; do
     for s in "${sizes[@]}"; do
-      probe=$("$membw" 32 2 2 | awk -F, '$1 == "memcpy" && $2 == 2 {print $3}')
+      probe=$("$xcore")
       if [ $((rep % 2)) = 1 ]; then order="tdist openmpi"; else order="openmpi tdist"; fi
       for impl in $order; do
         echo "$rep,$w,$s,$probe,$impl,$(one "$impl" "$w" "$s")" >> "$csv"

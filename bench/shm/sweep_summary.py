@@ -27,7 +27,7 @@ for r in rows:
     runs.setdefault((w, s, r["impl"]), []).append(float(r["busbw_gbs"]))
     times.setdefault((w, s, r["impl"]), []).append(float(r["time_us"]))
     wrong += int(r["wrong"]) if r["wrong"].isdigit() else 0
-    by_rep.setdefault((r["rep"], w, s), {})[r["impl"]] = (float(r["time_us"]), float(r["membw_gbs"]))
+    by_rep.setdefault((r["rep"], w, s), {})[r["impl"]] = (float(r["time_us"]), float(r["rtt_ns"]))
 for (rep, w, s), d in by_rep.items():
     if all(i in d for i in IMPLS):
         pairs.setdefault((w, s), []).append((d["openmpi"][0] / d["tdist"][0], d["tdist"][1]))
@@ -84,27 +84,26 @@ for w in worlds:
                           human(worst[1]), need, "met" if worst[0] >= need else "missed"))
     out.append("")
 
-# The explanation's measurement: the pairs of 4-32 MiB split by the host's memory bandwidth.
-out.append("### The ratio against the host's memory bandwidth (pairs from 4 to 32 MiB)")
+# The explanation's measurement: the pairs split by the probe. A round trip under NEAR_NS means the
+# two CPUs are near each other (70-280 ns measured); at 500-900 ns they are apart.
+NEAR_NS = 400
+out.append("### By the host's placement of the two CPUs (probed before each pair)")
 out.append("")
-out.append("| world | probe (memcpy GB/s, 2 threads) | pairs | tdist median GB/s | MPI median GB/s | paired ratio, median |")
-out.append("| ---: | --- | ---: | ---: | ---: | ---: |")
+out.append("| world | sizes | CPUs (cache-line round trip) | pairs | tdist median GB/s | MPI median GB/s | paired ratio, median | paired ratio, lowest |")
+out.append("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |")
 for w in worlds:
-    sel = []
-    for (rep, ww, s), d in by_rep.items():
-        if ww == w and 4 << 20 <= s <= 32 << 20 and all(i in d for i in IMPLS):
-            sel.append((d["tdist"][1], s, d["tdist"][0], d["openmpi"][0]))
-    if len(sel) < 3:
-        continue
-    sel.sort()
-    third = len(sel) // 3
-    for name, part in (("lowest third", sel[:third]), ("middle third", sel[third:2 * third]),
-                       ("highest third", sel[2 * third:])):
-        f = 2 * (w - 1) / w
-        tb = statistics.median(s / (t * 1e-6) / 1e9 * f for _, s, t, _ in part)
-        mb = statistics.median(s / (m * 1e-6) / 1e9 * f for _, s, _, m in part)
-        out.append("| %d | %s (%.1f-%.1f) | %d | %.2f | %.2f | %.2f |" % (
-            w, name, part[0][0], part[-1][0], len(part), tb, mb, statistics.median(m / t for _, _, t, m in part)))
+    f = 2 * (w - 1) / w
+    for lo, hi in ((2 << 20, 3 << 20), (4 << 20, 32 << 20), (33 << 20, 1 << 40)):
+        for name, near in (("sharing a cache (< %d ns)" % NEAR_NS, True), ("apart (>= %d ns)" % NEAR_NS, False)):
+            part = [(s, d["tdist"][0], d["openmpi"][0]) for (rep, ww, s), d in by_rep.items()
+                    if ww == w and lo <= s <= hi and all(i in d for i in IMPLS) and (d["tdist"][1] < NEAR_NS) == near]
+            if not part:
+                continue
+            tb = statistics.median(s / (t * 1e-6) / 1e9 * f for s, t, _ in part)
+            mb = statistics.median(s / (m * 1e-6) / 1e9 * f for s, _, m in part)
+            ratios = [m / t for _, t, m in part]
+            out.append("| %d | %s-%s | %s | %d | %.2f | %.2f | %.2f | %.2f |" % (
+                w, human(lo), human(min(hi, sizes[-1])), name, len(part), tb, mb, statistics.median(ratios), min(ratios)))
 out.append("")
 out.append("### Targets (issue 25)")
 out.append("")

@@ -14,6 +14,9 @@
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include <unistd.h>
 
 #include "base/clock.h"
@@ -369,6 +372,105 @@ td_status samehost_wait_arrival(samehost_set *set, int r, uint64_t e, const same
     if (c != 0)
         return c > 0 ? TD_OK : TD_ERR_INVALID;
     return set->owner.wait_failed(set->owner.arg, missing, e, deadline_ns, start);
+}
+
+/* ---- writes a peer will read -------------------------------------------------------------------- */
+
+_Static_assert(sizeof(samehost_arrival) == SAMEHOST_LINE, "an arrival is one cache line");
+
+td_status samehost_writes_init(samehost_writes *w)
+{
+    *w = (samehost_writes){.forced = -1};
+    const char *v = env_get_str("TDIST_SHM_WRITES", NULL);
+    if (!v || !strcmp(v, "auto"))
+        return TD_OK;
+    if (strcmp(v, "cached") != 0 && strcmp(v, "around") != 0)
+        return error_fmt(TD_ERR_INVALID, "TDIST_SHM_WRITES must be auto, cached or around, got '%s'", v);
+    w->forced = !strcmp(v, "around");
+    return TD_OK;
+}
+
+bool samehost_writes_begin(samehost_set *set, size_t bytes)
+{
+    samehost_writes *w = &set->writes;
+    if (w->forced >= 0)
+        return w->stream = w->forced;
+    if (bytes < SAMEHOST_TUNED_MIN)
+        return w->stream = false;
+    uint64_t j = w->chunks++;
+    if (j < SAMEHOST_WARM_UP)
+        return w->stream = false;
+    if (set->rank == 0 && (w->cost[0] == 0 || w->cost[1] == 0)) {
+        w->stream = w->cost[0] != 0; /* each way once, through the caches first */
+        return w->stream;
+    }
+    uint64_t plan = atomic_load_explicit(&set->members[0].arrival->writes_plan, memory_order_relaxed);
+    uint64_t period = plan >> 1;
+    bool best = plan & 1;
+    w->stream = period && j % period == period - 1 ? !best : best;
+    return w->stream;
+}
+
+/* Rank 0: a moving average of each way's cost per byte, and the plan that follows from them. A
+ * slow sample moves the average a quarter of the way and at most to twice what it was (a chunk
+ * during which a rank lost its CPU should not condemn its way for long); a fast one half the way
+ * (nothing makes a chunk look faster than its way can be). */
+void samehost_writes_end(samehost_set *set, size_t bytes, int64_t ns)
+{
+    samehost_writes *w = &set->writes;
+    if (set->rank != 0 || w->forced >= 0 || bytes < SAMEHOST_TUNED_MIN || ns <= 0 ||
+        w->chunks <= SAMEHOST_WARM_UP)
+        return;
+    double c = (double)ns / (double)bytes, *avg = &w->cost[w->stream];
+    if (*avg == 0)
+        *avg = c;
+    else if (c < *avg)
+        *avg += (c - *avg) * 0.5;
+    else
+        *avg += ((c > 2 * *avg ? 2 * *avg : c) - *avg) * 0.25;
+    if (w->cost[0] == 0 || w->cost[1] == 0)
+        return;
+    bool best = w->cost[1] < w->cost[0];
+    double ratio = best ? w->cost[0] / w->cost[1] : w->cost[1] / w->cost[0];
+    uint64_t period = ratio > 1.3 ? SAMEHOST_EXPLORE_FAR : SAMEHOST_EXPLORE;
+    atomic_store_explicit(&set->members[0].arrival->writes_plan, period << 1 | best, memory_order_relaxed);
+}
+
+void samehost_copy(void *dst, const void *src, size_t n, bool stream)
+{
+#if defined(__SSE2__)
+    if (stream && n >= 256) {
+        char *d = dst;
+        const char *p = src;
+        size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+        memcpy(d, p, head);
+        d += head;
+        p += head;
+        n -= head;
+        size_t body = n & ~(size_t)63;
+        for (size_t i = 0; i < body; i += 64) {
+            __m128i a = _mm_loadu_si128((const __m128i *)(p + i)), b = _mm_loadu_si128((const __m128i *)(p + i + 16));
+            __m128i c = _mm_loadu_si128((const __m128i *)(p + i + 32)), e = _mm_loadu_si128((const __m128i *)(p + i + 48));
+            _mm_stream_si128((__m128i *)(d + i), a);
+            _mm_stream_si128((__m128i *)(d + i + 16), b);
+            _mm_stream_si128((__m128i *)(d + i + 32), c);
+            _mm_stream_si128((__m128i *)(d + i + 48), e);
+        }
+        memcpy(d + body, p + body, n - body);
+        return;
+    }
+#endif
+    (void)stream;
+    memcpy(dst, src, n);
+}
+
+void samehost_copy_done(bool stream)
+{
+#if defined(__SSE2__)
+    if (stream)
+        _mm_sfence();
+#endif
+    (void)stream;
 }
 
 /* ---- single-copy reads -------------------------------------------------------------------------- */

@@ -12,6 +12,8 @@
  *   the segment set                the shared segments (tensor/segment.h) of the ranks of a host,
  *                                  with two pairs of slots and an arrival counter per rank: the
  *                                  memory that the direct collectives read and write
+ *   writes a peer will read        copies through the caches or around them, whichever the
+ *                                  placement of the two CPUs makes cheaper, measured as it runs
  *   single-copy reads              process_vm_readv straight from a peer's memory
  *
  * Whoever owns the segments (today the shm transport, which creates, exchanges and watches them)
@@ -115,6 +117,7 @@ typedef struct samehost_arrival {
     uint64_t desc_epoch[2];
     uint64_t what[2];
     uint64_t count[2];
+    _Atomic uint64_t writes_plan; /* rank 0's samehost_writes plan: period << 1 | around */
 } samehost_arrival;
 
 typedef struct samehost_desc {
@@ -147,7 +150,45 @@ typedef struct samehost_owner {
     td_status (*wait_failed)(void *arg, int missing, uint64_t e, int64_t deadline_ns, int64_t start_ns);
 } samehost_owner;
 
-typedef struct samehost_set {
+/* ---- writes a peer will read -------------------------------------------------------------------
+ * Data written into a slot is read next by another CPU. When the two CPUs share a cache, stores
+ * through the cache are cheapest: the peer reads the lines from the shared cache. When the host has
+ * put them apart (a virtual machine's two vCPUs on different core complexes: a cache line's round
+ * trip between them takes 500 ns instead of 70-280), each such store first has to take the line
+ * back from the peer's cache, and streaming stores that go around the caches make the same
+ * all_reduce up to 1.4x faster, while they make it 1.7x slower on CPUs that share a cache
+ * (docs/performance.md, "The 4-32 MiB sweep"). The placement changes while a job runs, so the ranks
+ * measure: every rank numbers the tuned chunks alike and writes chunk j the way rank 0's plan says
+ * (the cheaper way, and how often to take the other one to keep both figures current); rank 0
+ * times its work on each chunk, waits left out (its writes, and its reads of what the others wrote
+ * the same way, which is where streamed writes cost: the reader then finds the lines in memory,
+ * not in a cache), per byte, and updates the plan. The plan is advice: a rank that reads an old
+ * one writes a chunk the other way, which costs time and nothing else. */
+#define SAMEHOST_EXPLORE 16       /* take the other way for one chunk in this many ... */
+#define SAMEHOST_EXPLORE_FAR 64   /* ... or in this many when it costs over 1.3x the chosen way */
+#define SAMEHOST_TUNED_MIN ((size_t)256 << 10) /* smaller chunks always go through the caches */
+#define SAMEHOST_WARM_UP 8 /* the first tuned chunks (first touches of the slots) go through them, untimed */
+typedef struct samehost_writes {
+    int forced;       /* TDIST_SHM_WRITES: -1 auto (measured), 0 through the caches, 1 around them */
+    double cost[2];   /* rank 0: work ns per byte of a chunk through the caches [0], around them [1] */
+    uint64_t chunks;  /* tuned chunks begun (the same count on every rank) */
+    bool stream;      /* the current chunk's way */
+} samehost_writes;
+
+typedef struct samehost_set samehost_set;
+/* From TDIST_SHM_WRITES (auto, cached or around; a rank's own choice, not checked across ranks). */
+td_status samehost_writes_init(samehost_writes *w);
+/* Begins a chunk of bytes: whether its slot writes go around the caches. */
+bool samehost_writes_begin(samehost_set *set, size_t bytes);
+/* Rank 0: the chunk took ns of work (samehost_writes_begin to here, waits left out). */
+void samehost_writes_end(samehost_set *set, size_t bytes, int64_t ns);
+/* Copies n bytes to dst, around the caches when stream (then samehost_copy_done before anyone is
+ * told that they are there). */
+void samehost_copy(void *dst, const void *src, size_t n, bool stream);
+/* Orders the streamed copies before the stores that follow (an arrival). */
+void samehost_copy_done(bool stream);
+
+struct samehost_set {
     int rank, size;
     const int *global_ranks;   /* size entries, for messages; NULL: the group ranks */
     size_t small_bytes, slot_bytes;
@@ -155,7 +196,8 @@ typedef struct samehost_set {
     uint64_t epoch;            /* the last epoch begun; every direct collective shares it */
     samehost_spin *spin;
     samehost_owner owner;
-} samehost_set;
+    samehost_writes writes;    /* how this rank writes its slots (one collective at a time) */
+};
 
 /* Rank r's (r may be this rank) small or large slot of parity e % 2. */
 static inline char *samehost_small(const samehost_set *set, int r, uint64_t e)

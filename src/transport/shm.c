@@ -856,6 +856,8 @@ td_status shm_transport_start(int rank, int size, const int *global_ranks, td_se
         }
     }
     td_status s = samehost_spin_init(&t->spin, size);
+    if (s == TD_OK)
+        s = samehost_writes_init(&t->set.writes);
     if (s != TD_OK)
         goto fail;
     t->watch_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

@@ -23,6 +23,8 @@
  *   TDIST_SHM_SLOT     bytes of each large slot: the chunk of the direct collectives (default 1M)
  *   TDIST_SHM_SMALL    bytes of each small slot (default 64K)
  *   TDIST_SHM_SPIN_US  how long a waiting thread spins before sleeping (default 20; adaptive)
+ *   TDIST_SHM_WRITES   how the direct collectives write their slots: auto (measured, the default),
+ *                      cached or around (streaming stores); may differ between ranks
  */
 #ifndef TDIST_TRANSPORT_SHM_H
 #define TDIST_TRANSPORT_SHM_H

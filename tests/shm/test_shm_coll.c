@@ -2,11 +2,11 @@
  * over the shm transport, between real rank processes, for world sizes 1 to 4: each direct
  * algorithm forced (and the automatic choice), sizes 0, 1, odd, and many times a slot (the slots
  * are cut to 4 KiB so that chunking runs on small data), several dtypes and reduce ops (AVG and
- * PREMUL_SUM included), every root, aliased in-place buffers. Results are checked against
- * references each rank computes locally, and inexact floating-point all_reduce results must be
- * bit-identical on every rank. Also: ranks that disagree about a collective fail at once, a rank
- * killed mid-collective fails the others within 2 s naming it, a stalled rank times out, and four
- * ranks on one core make progress. */
+ * PREMUL_SUM included), every root, aliased in-place buffers, slot writes through the caches, around
+ * them and as measured. Results are checked against references each rank computes locally, and
+ * inexact floating-point all_reduce results must be bit-identical on every rank. Also: ranks that
+ * disagree about a collective fail at once, a rank killed mid-collective fails the others within
+ * 2 s naming it, a stalled rank times out, and four ranks on one core make progress. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,18 +25,23 @@ static td_status run_forced(td_coll_ctx *c, const td_coll *op, td_algo forced)
     return shm_coll_run(c, op);
 }
 
-/* Slots of 4 KiB (the small ones 1 KiB): chunking runs on small data. */
-static cc_world open_cw(td_test_ctx *ctx, const char *algo)
+/* Slots of 4 KiB (the small ones 1 KiB): chunking runs on small data. writes: this rank's
+ * TDIST_SHM_WRITES, or NULL. */
+static cc_world open_cw_writes(td_test_ctx *ctx, const char *algo, const char *writes)
 {
     setenv("TDIST_SHM_SLOT", "4K", 1);
     setenv("TDIST_SHM_SMALL", "1K", 1);
+    if (writes)
+        setenv("TDIST_SHM_WRITES", writes, 1);
     cc_world w = {0};
     w.tw = shm_test_open(ctx, 0);
     unsetenv("TDIST_SHM_SLOT");
     unsetenv("TDIST_SHM_SMALL");
+    unsetenv("TDIST_SHM_WRITES");
     cc_world_init(&w, 4096, 2048, algo, run_forced);
     return w;
 }
+static cc_world open_cw(td_test_ctx *ctx, const char *algo) { return open_cw_writes(ctx, algo, NULL); }
 
 static const cc_combo combos[] = {
     {TD_FLOAT32, TD_OP_SUM},  {TD_FLOAT32, TD_OP_MAX}, {TD_FLOAT64, TD_OP_PRODUCT}, {TD_INT32, TD_OP_MIN},
@@ -88,6 +93,38 @@ CC_COLL_TEST(all_reduce_bit_identical, .timeout_s = 120)
 {
     cc_world w = open_cw(ctx, NULL);
     cc_case_all_reduce_bit_identical(&w, reduce_algos, 3);
+    cc_world_close(&w);
+}
+
+/* Slot writes around the caches (streaming stores, chunks reduced on the stack) on every rank:
+ * the same results, the same bits. */
+static void all_reduce_written(td_test_ctx *ctx, const char *writes)
+{
+    cc_world w = open_cw_writes(ctx, NULL, writes);
+    static const td_algo shm_only[] = {TD_ALGO_SHM};
+    cc_case_all_reduce(&w, shm_only, 1, combos, NCOMBOS, sizes, NSIZES);
+    cc_case_all_reduce_bit_identical(&w, shm_only, 1);
+    cc_world_close(&w);
+}
+CC_COLL_TEST(all_reduce_written_around_the_caches, .timeout_s = 120) { all_reduce_written(ctx, "around"); }
+/* The way is each rank's own: even ranks around the caches, odd ones through them. */
+CC_COLL_TEST(all_reduce_written_both_ways, .timeout_s = 120)
+{
+    all_reduce_written(ctx, ctx->rank % 2 ? "cached" : "around");
+}
+
+/* The measured choice (default 1 MiB slots, chunks the tuner times): 40 all_reduces of 2.5 MB,
+ * in which rank 0 tries both ways and the others follow its plan, each result checked. */
+CC_COLL_TEST(all_reduce_ways_measured, .timeout_s = 120)
+{
+    cc_world w = {0};
+    w.tw = shm_test_open(ctx, 0);
+    cc_world_init(&w, (size_t)1 << 20, (size_t)64 << 10, NULL, run_forced);
+    static const td_algo shm_only[] = {TD_ALGO_SHM};
+    static const cc_combo sum[] = {{TD_FLOAT32, TD_OP_SUM}};
+    static const size_t big[] = {655360};
+    for (int k = 0; k < 40; k++)
+        cc_case_all_reduce(&w, shm_only, 1, sum, 1, big, 1);
     cc_world_close(&w);
 }
 

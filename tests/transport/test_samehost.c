@@ -166,6 +166,109 @@ static two_ranks *two_ranks_new(void)
     return w;
 }
 
+/* ---- writes a peer will read -------------------------------------------------------------------- */
+
+/* samehost_copy copies exactly either way, for every alignment of head and tail. */
+TD_TEST(copies_through_and_around_the_caches)
+{
+    enum { N = 4096 + 256 };
+    char *src = aligned_alloc(64, N), *dst = aligned_alloc(64, N);
+    for (int i = 0; i < N; i++)
+        src[i] = (char)(i * 7 + 3);
+    static const size_t lens[] = {0, 1, 255, 256, 257, 1000, 4096};
+    for (int stream = 0; stream < 2; stream++) {
+        for (size_t k = 0; k < sizeof lens / sizeof *lens; k++) {
+            for (size_t shift = 0; shift < 20; shift += 3) {
+                memset(dst, 0x55, N);
+                samehost_copy(dst + shift, src + 1, lens[k], stream);
+                samehost_copy_done(stream);
+                TD_CHECK_MSG(memcmp(dst + shift, src + 1, lens[k]) == 0, "stream %d, %zu bytes at +%zu", stream, lens[k],
+                             shift);
+                for (size_t i = 0; i < shift; i++)
+                    TD_CHECK_EQ(dst[i], 0x55);
+                for (size_t i = shift + lens[k]; i < N; i++)
+                    TD_CHECK_EQ(dst[i], 0x55);
+            }
+        }
+    }
+    free(src);
+    free(dst);
+}
+
+/* Rank 0 tries each way once, then keeps the cheaper one, publishes a plan that rank 1 follows
+ * chunk for chunk (the same chunks explore the other way), and follows a change of placement;
+ * one wild sample moves a way's figure at most to twice what it was. Costs are fed in, not timed. */
+TD_TEST(writes_follow_the_measured_cheaper_way)
+{
+    two_ranks *w = two_ranks_new();
+    for (int r = 0; r < 2; r++)
+        TD_CHECK_OK(samehost_writes_init(&w->set[r].writes));
+    const size_t big = SAMEHOST_TUNED_MIN;
+    /* Small chunks: always through the caches, and not counted. */
+    TD_CHECK(!samehost_writes_begin(&w->set[0], big - 1));
+    TD_CHECK_EQ(w->set[0].writes.chunks, 0);
+    /* The warm-up: through the caches, untimed. */
+    for (int j = 0; j < SAMEHOST_WARM_UP; j++) {
+        TD_CHECK(!samehost_writes_begin(&w->set[0], big));
+        TD_CHECK(!samehost_writes_begin(&w->set[1], big));
+        samehost_writes_end(&w->set[0], big, 1000 * (int64_t)big);
+    }
+    TD_CHECK(w->set[0].writes.cost[0] == 0);
+    /* Each way once at rank 0 (rank 1 has no plan yet: through the caches). */
+    TD_CHECK(!samehost_writes_begin(&w->set[0], big));
+    TD_CHECK(!samehost_writes_begin(&w->set[1], big));
+    samehost_writes_end(&w->set[0], big, (int64_t)big); /* 1 ns per byte through the caches */
+    TD_CHECK(samehost_writes_begin(&w->set[0], big));
+    TD_CHECK(!samehost_writes_begin(&w->set[1], big));
+    samehost_writes_end(&w->set[0], big, 3 * (int64_t)big); /* 3 ns per byte around them */
+    samehost_writes_end(&w->set[1], big, 1); /* rank 1 learns nothing */
+    TD_CHECK(w->set[1].writes.cost[0] == 0 && w->set[1].writes.cost[1] == 0);
+    /* Through the caches, around them on one chunk in 64 (it costs 3x), the same chunks on both. */
+    int around = 0;
+    for (int j = SAMEHOST_WARM_UP + 2; j < SAMEHOST_WARM_UP + 2 + 128; j++) {
+        bool a = samehost_writes_begin(&w->set[0], big);
+        bool b = samehost_writes_begin(&w->set[1], big);
+        TD_CHECK_MSG(a == b, "chunk %d: rank 0 %d, rank 1 %d", j, a, b);
+        TD_CHECK_EQ(a, j % SAMEHOST_EXPLORE_FAR == SAMEHOST_EXPLORE_FAR - 1);
+        around += a;
+        samehost_writes_end(&w->set[0], big, (int64_t)big * (a ? 3 : 1));
+    }
+    TD_CHECK_EQ(around, 2);
+    /* The placement changes: through the caches now costs 5 ns per byte. A single sample moves the
+     * average at most to twice what it was; a few make around the caches the cheaper way. */
+    double before = w->set[0].writes.cost[0];
+    TD_CHECK(!samehost_writes_begin(&w->set[0], big));
+    samehost_writes_end(&w->set[0], big, 1000 * (int64_t)big);
+    TD_CHECK(w->set[0].writes.cost[0] <= 2 * before + 1e-9);
+    for (int k = 0; k < 20; k++) {
+        bool a = samehost_writes_begin(&w->set[0], big);
+        samehost_writes_end(&w->set[0], big, (int64_t)big * (a ? 3 : 5));
+    }
+    int later = 0;
+    for (int k = 0; k < 64; k++)
+        later += samehost_writes_begin(&w->set[1], big);
+    TD_CHECK_MSG(later >= 60, "rank 1 wrote %d of 64 chunks around the caches after the change", later);
+    free(w);
+}
+
+/* TDIST_SHM_WRITES pins the way (for every size) or is refused with a clear message. */
+TD_TEST(writes_pinned_by_the_environment)
+{
+    two_ranks *w = two_ranks_new();
+    setenv("TDIST_SHM_WRITES", "around", 1);
+    TD_CHECK_OK(samehost_writes_init(&w->set[0].writes));
+    TD_CHECK(samehost_writes_begin(&w->set[0], 64));
+    TD_CHECK(samehost_writes_begin(&w->set[0], SAMEHOST_TUNED_MIN));
+    setenv("TDIST_SHM_WRITES", "cached", 1);
+    TD_CHECK_OK(samehost_writes_init(&w->set[0].writes));
+    TD_CHECK(!samehost_writes_begin(&w->set[0], SAMEHOST_TUNED_MIN));
+    setenv("TDIST_SHM_WRITES", "sideways", 1);
+    TD_CHECK_ERR(samehost_writes_init(&w->set[0].writes), TD_ERR_INVALID,
+                 "TDIST_SHM_WRITES must be auto, cached or around, got 'sideways'");
+    unsetenv("TDIST_SHM_WRITES");
+    free(w);
+}
+
 TD_TEST(arrivals_and_slots)
 {
     two_ranks *w = two_ranks_new();

@@ -7,10 +7,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "coll/coll_impl.h"
 #include "transport/samehost.h"
@@ -19,7 +17,9 @@
  * the slices (two steps per chunk) move and reduce less. The crossover falls with the world size
  * because every rank reads all n inputs in the one step (bench/shm measures it). */
 static size_t flat_max(int n) { return n <= 2 ? (size_t)8 << 10 : n == 3 ? (size_t)2 << 10 : (size_t)1 << 10; }
-/* From this size on, results are written around the caches (see copy_out). */
+/* From this size on, results are written around the caches: for messages larger than the caches
+ * the stores then bypass them (no read of the destination's lines first), which saves a third of
+ * the memory traffic of a copy. */
 #define STREAM_MIN ((size_t)16 << 20)
 
 /* One direct collective as it runs. */
@@ -155,49 +155,53 @@ static td_status reduce_flat(shm_run *run, int root)
     return TD_OK;
 }
 
-/* Copies n bytes into dst, which nobody will read soon: for messages larger than the caches the
- * stores bypass them (no read of the destination's lines first), which saves a third of the
- * memory traffic of a copy. */
-static void copy_out(void *dst, const void *src, size_t n, bool stream)
+/* Rank 0's stopwatch over a tuned chunk's work, its waits left out: what it writes and what it
+ * reads of the others' writes, all of them the way samehost_writes_begin chose for the chunk. */
+typedef struct work_clock {
+    bool on;
+    int64_t start, total;
+} work_clock;
+static void work_start(work_clock *w)
 {
-#if defined(__SSE2__)
-    if (stream && n >= 256) {
-        char *d = dst;
-        const char *p = src;
-        size_t head = (16 - ((uintptr_t)d & 15)) & 15;
-        memcpy(d, p, head);
-        d += head;
-        p += head;
-        n -= head;
-        size_t body = n & ~(size_t)63;
-        for (size_t i = 0; i < body; i += 64) {
-            __m128i a = _mm_loadu_si128((const __m128i *)(p + i)), b = _mm_loadu_si128((const __m128i *)(p + i + 16));
-            __m128i c = _mm_loadu_si128((const __m128i *)(p + i + 32)), e = _mm_loadu_si128((const __m128i *)(p + i + 48));
-            _mm_stream_si128((__m128i *)(d + i), a);
-            _mm_stream_si128((__m128i *)(d + i + 16), b);
-            _mm_stream_si128((__m128i *)(d + i + 32), c);
-            _mm_stream_si128((__m128i *)(d + i + 48), e);
-        }
-        memcpy(d + body, p + body, n - body);
-        return;
-    }
-#endif
-    (void)stream;
-    memcpy(dst, src, n);
+    if (w->on)
+        w->start = clock_now_ns();
+}
+static void work_stop(work_clock *w)
+{
+    if (w->on)
+        w->total += clock_now_ns() - w->start;
 }
 
-static void copy_out_done(bool stream)
+/* Rank q's input of the slice at byte offset off of epoch e's chunk: the own one from the buffer. */
+static const char *slice_src(shm_run *run, int q, uint64_t e, const char *own, size_t off)
 {
-#if defined(__SSE2__)
-    if (stream)
-        _mm_sfence(); /* the streamed stores are visible before the collective returns */
-#endif
-    (void)stream;
+    return q == run->rank ? own : samehost_slot(run->set, q, e) + off;
+}
+
+/* dst = slice of rank 0 op slice of rank 1 op ... (count elements at byte offset off of epoch e's
+ * chunk, own: this rank's from its buffer), written into a slot through the caches or around them
+ * (then in blocks reduced on the stack and streamed out). */
+static void reduce_into_slot(shm_run *run, char *dst, uint64_t e, const char *own, size_t off, size_t count,
+                             bool stream)
+{
+    size_t es = run->elem_size;
+    _Alignas(64) char block[8192];
+    size_t per = stream ? sizeof block / es : count;
+    for (size_t i = 0; i < count; i += per) {
+        size_t n = count - i < per ? count - i : per, at = i * es;
+        char *out = stream ? block : dst + at;
+        run->reduce(out, slice_src(run, 0, e, own, off) + at, slice_src(run, 1, e, own, off) + at, n);
+        for (int q = 2; q < run->size; q++)
+            run->reduce(out, out, slice_src(run, q, e, own, off) + at, n);
+        if (stream)
+            samehost_copy(dst + at, block, n * es, true);
+    }
 }
 
 /* The slices of an all_reduce (root < 0) or reduce. Each rank puts in its slot the parts of its
  * input that the others reduce (its own slice it reads from its buffer), reduces its slice of
- * everyone's input in rank order into its other slot, and copies the reduced slices out. */
+ * everyone's input in rank order into its other slot, and copies the reduced slices out. Its slot
+ * writes go through the caches or around them as the set's measurements say (samehost_writes). */
 static td_status reduce_slices(shm_run *run, int root)
 {
     char *buf = run->op->out;
@@ -214,20 +218,22 @@ static td_status reduce_slices(shm_run *run, int root)
         size_t lo, hi;
         slice_of(run, cn, run->rank, &lo, &hi);
         char *slot = samehost_slot(run->set, run->rank, e);
-        TD_TRY(put_input(run, slot, in, lo));
-        TD_TRY(put_input(run, slot + hi * es, in + hi * es, cn - hi));
+        bool around = samehost_writes_begin(run->set, cn * es);
+        work_clock work = {.on = run->rank == 0 && cn * es >= SAMEHOST_TUNED_MIN};
+        work_start(&work);
+        samehost_copy(slot, in, lo * es, around);
+        samehost_copy(slot + hi * es, in + hi * es, (cn - hi) * es, around);
+        samehost_copy_done(around);
+        work_stop(&work);
         arrive(run, e);
         TD_TRY(wait_all(run, e));
         /* The reduced slice goes into the other slot (everyone is past the epoch that used it). */
         char *dst = samehost_slot(run->set, run->rank, e + 1) + lo * es;
-        if (hi > lo) {
-            const char *src[2];
-            for (int q = 0; q < 2; q++)
-                src[q] = q == run->rank ? in + lo * es : samehost_slot(run->set, q, e) + lo * es;
-            run->reduce(dst, src[0], src[1], hi - lo);
-            for (int q = 2; q < run->size; q++)
-                run->reduce(dst, dst, q == run->rank ? in + lo * es : samehost_slot(run->set, q, e) + lo * es, hi - lo);
-        }
+        work_start(&work);
+        if (hi > lo)
+            reduce_into_slot(run, dst, e, in + lo * es, lo * es, hi - lo, around);
+        samehost_copy_done(around);
+        work_stop(&work);
         uint64_t e2;
         TD_TRY(begin(run, &e2, false));
         arrive(run, e2);
@@ -237,13 +243,17 @@ static td_status reduce_slices(shm_run *run, int root)
                 slice_of(run, cn, q, &lo, &hi);
                 if (q != run->rank)
                     TD_TRY(wait_peer(run, q, e2));
+                work_start(&work);
                 if (hi > lo)
-                    copy_out(in + lo * es, samehost_slot(run->set, q, e2) + lo * es, (hi - lo) * es, stream);
+                    samehost_copy(in + lo * es, samehost_slot(run->set, q, e2) + lo * es, (hi - lo) * es, stream);
+                work_stop(&work);
             }
         }
+        if (work.on)
+            samehost_writes_end(run->set, cn * es, work.total);
         off += cn;
     } while (off < count);
-    copy_out_done(stream && gathers);
+    samehost_copy_done(stream && gathers);
     return TD_OK;
 }
 

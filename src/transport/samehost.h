@@ -165,7 +165,7 @@ typedef struct samehost_owner {
  * not in a cache), per byte, and updates the plan. The plan is advice: a rank that reads an old
  * one writes a chunk the other way, which costs time and nothing else. */
 #define SAMEHOST_EXPLORE 16       /* take the other way for one chunk in this many ... */
-#define SAMEHOST_EXPLORE_FAR 64   /* ... or in this many when it costs over 1.3x the chosen way */
+#define SAMEHOST_EXPLORE_FAR 256  /* ... or in this many when it costs over 1.3x the chosen way */
 #define SAMEHOST_TUNED_MIN ((size_t)256 << 10) /* smaller chunks always go through the caches */
 #define SAMEHOST_WARM_UP 8 /* the first tuned chunks (first touches of the slots) go through them, untimed */
 typedef struct samehost_writes {

@@ -223,9 +223,10 @@ TD_TEST(writes_follow_the_measured_cheaper_way)
     samehost_writes_end(&w->set[0], big, 3 * (int64_t)big); /* 3 ns per byte around them */
     samehost_writes_end(&w->set[1], big, 1); /* rank 1 learns nothing */
     TD_CHECK(w->set[1].writes.cost[0] == 0 && w->set[1].writes.cost[1] == 0);
-    /* Through the caches, around them on one chunk in 64 (it costs 3x), the same chunks on both. */
+    /* Through the caches, around them on one chunk in SAMEHOST_EXPLORE_FAR (it costs 3x), the same
+     * chunks on both. */
     int around = 0;
-    for (int j = SAMEHOST_WARM_UP + 2; j < SAMEHOST_WARM_UP + 2 + 128; j++) {
+    for (int j = SAMEHOST_WARM_UP + 2; j < SAMEHOST_WARM_UP + 2 + 2 * SAMEHOST_EXPLORE_FAR; j++) {
         bool a = samehost_writes_begin(&w->set[0], big);
         bool b = samehost_writes_begin(&w->set[1], big);
         TD_CHECK_MSG(a == b, "chunk %d: rank 0 %d, rank 1 %d", j, a, b);
@@ -247,7 +248,10 @@ TD_TEST(writes_follow_the_measured_cheaper_way)
     int later = 0;
     for (int k = 0; k < 64; k++)
         later += samehost_writes_begin(&w->set[1], big);
-    TD_CHECK_MSG(later >= 60, "rank 1 wrote %d of 64 chunks around the caches after the change", later);
+    /* (All but the chunks that try the other way: one in SAMEHOST_EXPLORE while the figures are
+     * close, as they are just after the change.) */
+    TD_CHECK_MSG(later >= 64 - 64 / SAMEHOST_EXPLORE, "rank 1 wrote %d of 64 chunks around the caches after the change",
+                 later);
     free(w);
 }
 

@@ -33,36 +33,6 @@
 
 #if ATOMIC_INT_LOCK_FREE != 2
 #error "the file_system strategy needs a lock-free atomic int in shared memory"
-/* ---- daemon (tools/tdist-shm-manager; shm_manager_server.c) --------------------------------
- * The bookkeeping, without the sockets: the daemon owns the connections and calls these with
- * each datagram it receives (fuzz/fuzz_shm_manager.c calls them with its own). */
-
-typedef struct shmm_client {
-    int fd;         /* the daemon's connection (not used here) */
-    pid_t pid;      /* from SO_PEERCRED at accept: the kernel's, never the HELLO's */
-    td_map holds;   /* name -> (uintptr_t) references held */
-    unsigned refused; /* messages refused (logged one by one up to 8) */
-} shmm_client;
-
-typedef struct shmm_server {
-    td_map known;                  /* every name some client held and that may still exist */
-    void (*log)(const char *line); /* one line per event; NULL: silent */
-} shmm_server;
-
-typedef enum shmm_verdict {
-    SHMM_KEEP = 0,    /* applied, or refused with a log line: the connection stays */
-    SHMM_WELCOME = 1, /* a HELLO: the daemon answers WELCOME */
-    SHMM_CLOSE = -1,  /* malformed: the daemon drops the connection */
-} shmm_verdict;
-
-/* Checks and applies one datagram of n bytes from client c. */
-shmm_verdict shmm_server_message(shmm_server *s, shmm_client *c, const void *data, size_t n);
-/* Client c went away: drops the references it still held (removing names that reach 0) and
- * empties its table. Does not close c->fd. */
-void shmm_server_client_gone(shmm_server *s, shmm_client *c);
-/* Removes every name still known and empties the table (the daemon's exit). */
-void shmm_server_sweep(shmm_server *s);
-
 #endif
 
 typedef struct td_shm_header {

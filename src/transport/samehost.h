@@ -156,7 +156,7 @@ typedef struct samehost_owner {
  * put them apart (a virtual machine's two vCPUs on different core complexes: a cache line's round
  * trip between them takes 500 ns instead of 70-280), each such store first has to take the line
  * back from the peer's cache, and streaming stores that go around the caches make the same
- * all_reduce up to 1.4x faster, while they make it 1.7x slower on CPUs that share a cache
+ * all_reduce 1.3-1.7x faster, while they make it 1.7x slower on CPUs that share a cache
  * (docs/performance.md, "The 4-32 MiB sweep"). The placement changes while a job runs, so the ranks
  * measure: every rank numbers the tuned chunks alike and writes chunk j the way rank 0's plan says
  * (the cheaper way, and how often to take the other one to keep both figures current); rank 0

@@ -67,6 +67,8 @@ machine="$(nproc) cores ($cpu), $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576
 
 $py - "$results" "$reps" "$secs" "$backend" "$torch_version" "$mpi_version" "$machine" "$load_before" "$load_after" "$start" "${mpirun_cmd[*]}" "$commit" "$buildtype" <<'PY'
 import csv, os, statistics, sys
+sys.path.insert(0, "bench/peers")
+from tables import busbw, human
 results, reps, secs, backend, torch_v, mpi_v, machine, load0, load1, start, mpirun, commit, buildtype = sys.argv[1:]
 rows = list(csv.DictReader(open(os.path.join(results, "allreduce_peers.csv"))))
 impls = [("tdist-" + backend, "tdist " + backend), ("gloo", "Gloo"), ("openmpi", "Open MPI")]
@@ -86,15 +88,6 @@ def rep_range(n, size):
     return "%.2f-%.2f" % (min(ratios), max(ratios)) if ratios else "-"
 worlds = sorted({k[1] for k in med})
 sizes = sorted({k[2] for k in med})
-
-def busbw(us, size, n):
-    return size / (us * 1e-6) / 1e9 * 2 * (n - 1) / n
-
-def human(b):
-    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if b >= f:
-            return "%g %s" % (b / f, unit)
-    return "%d B" % b
 
 def fmt_bw(x):
     return "%.3f" % x if x < 10 else "%.2f" % x

@@ -5,6 +5,8 @@
 #
 #   python3 bench/shm/summarize.py RESULTS_DIR REPEATS
 import csv, os, statistics, sys
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "peers"))
+from tables import busbw, human
 results, reps = sys.argv[1], sys.argv[2]
 cols = "impl,op,world,dtype,redop,root,size,count,time_us,algbw_gbs,busbw_gbs,wrong,iters,rep".split(",")
 rows = list(csv.DictReader(open(os.path.join(results, "allreduce_peers.csv"))))
@@ -18,15 +20,6 @@ for l in open(os.path.join(results, "membw.csv")):
     loop, threads, operand, traffic = l.strip().split(",")
     mem[(loop, int(threads))] = (float(operand), float(traffic))
 cpus = max(t for _, t in mem)
-
-def busbw(us, size, n):
-    return size / (us * 1e-6) / 1e9 * 2 * (n - 1) / n
-
-def human(b):
-    for unit, f in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if b >= f:
-            return "%g %s" % (b / f, unit)
-    return "%d B" % b
 
 impls = ["tdist-shm", "tdist-shm-backend", "openmpi", "gloo"]
 out = ["float32 all_reduce (SUM, in place), one host. Time per call in µs (median over %s runs of each "

@@ -1,7 +1,8 @@
 """Tables and plots of bench/shm/sweep.sh's run (issue 25): per world and size, the best and the
 median bus bandwidth of tdist shm and Open MPI over the repeats, the ratio of the medians, the
 median and lowest of the paired ratios (the two runs of a pair are back to back), the targets, and
-the ratio against the host's memory bandwidth measured before each pair.
+both programs split by the host's placement of the two CPUs, probed before each pair
+(bench/shm/xcore.c: a cache line's round trip between them).
 
     python3 bench/shm/sweep_summary.py RESULTS_DIR [REPEATS SECONDS COMMIT MACHINE START LOAD0 LOAD1 EXTRA MPIRUN]
 """
@@ -10,6 +11,9 @@ import os
 import statistics
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "peers"))
+from tables import busbw, human  # noqa: E402
 
 results = sys.argv[1]
 meta = sys.argv[2:] + [""] * 10
@@ -33,13 +37,6 @@ for (rep, w, s), d in by_rep.items():
         pairs.setdefault((w, s), []).append((d["openmpi"][0] / d["tdist"][0], d["tdist"][1]))
 worlds = sorted({k[0] for k in runs})
 sizes = sorted({k[1] for k in runs})
-
-
-def human(b):
-    for unit, f in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if b >= f:
-            return "%g %s" % (b / f, unit)
-    return "%d B" % b
 
 
 out = ["float32 all_reduce, in place; bus bandwidth in GB/s (nccl-tests: size / time x 2(n-1)/n; each run "
@@ -92,15 +89,14 @@ out.append("")
 out.append("| world | sizes | CPUs (cache-line round trip) | pairs | tdist median GB/s | MPI median GB/s | paired ratio, median | paired ratio, lowest |")
 out.append("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |")
 for w in worlds:
-    f = 2 * (w - 1) / w
     for lo, hi in ((2 << 20, 3 << 20), (4 << 20, 32 << 20), (33 << 20, 1 << 40)):
         for name, near in (("sharing a cache (< %d ns)" % NEAR_NS, True), ("apart (>= %d ns)" % NEAR_NS, False)):
             part = [(s, d["tdist"][0], d["openmpi"][0]) for (rep, ww, s), d in by_rep.items()
                     if ww == w and lo <= s <= hi and all(i in d for i in IMPLS) and (d["tdist"][1] < NEAR_NS) == near]
             if not part:
                 continue
-            tb = statistics.median(s / (t * 1e-6) / 1e9 * f for s, t, _ in part)
-            mb = statistics.median(s / (m * 1e-6) / 1e9 * f for s, _, m in part)
+            tb = statistics.median(busbw(t, s, w) for s, t, _ in part)
+            mb = statistics.median(busbw(m, s, w) for s, _, m in part)
             ratios = [m / t for _, t, m in part]
             out.append("| %d | %s-%s | %s | %d | %.2f | %.2f | %.2f | %.2f |" % (
                 w, human(lo), human(min(hi, sizes[-1])), name, len(part), tb, mb, statistics.median(ratios), min(ratios)))

@@ -24,7 +24,6 @@
 
 static _Alignas(64) _Atomic long g_flag;
 static char *g_buf;
-static int g_cpu_b;
 
 static double now(void)
 {
@@ -51,8 +50,6 @@ static void await(long v)
 static void *second(void *arg)
 {
     (void)arg;
-    if (pin(g_cpu_b) != 0)
-        return NULL;
     for (long i = 0; i < ROUND_TRIPS; i++) {
         await(2 * i + 1);
         atomic_store_explicit(&g_flag, 2 * i + 2, memory_order_release);
@@ -85,16 +82,30 @@ int main(int argc, char **argv)
         fprintf(stderr, "xcore: needs two CPUs\n");
         return 2;
     }
-    g_cpu_b = cpus[1];
     g_buf = aligned_alloc(64, XFER_BYTES);
     if (!g_buf || pin(cpus[0]) != 0) {
         fprintf(stderr, "xcore: cannot allocate or pin to CPU %d\n", cpus[0]);
         return 1;
     }
     memset(g_buf, 0, XFER_BYTES);
+    /* The second thread starts on its CPU or not at all (a thread that failed to pin itself
+     * would leave this one waiting for its answers forever). */
+    cpu_set_t b;
+    CPU_ZERO(&b);
+    CPU_SET(cpus[1], &b);
+    pthread_attr_t attr;
     pthread_t t;
-    if (pthread_create(&t, NULL, second, NULL) != 0)
+    int rc = pthread_attr_init(&attr);
+    if (rc == 0)
+        rc = pthread_attr_setaffinity_np(&attr, sizeof b, &b);
+    if (rc == 0)
+        rc = pthread_create(&t, &attr, second, NULL);
+    pthread_attr_destroy(&attr);
+    if (rc != 0) {
+        fprintf(stderr, "xcore: cannot start a thread on CPU %d: %s\n", cpus[1], strerror(rc));
+        free(g_buf);
         return 1;
+    }
     double t0 = now();
     for (long i = 0; i < ROUND_TRIPS; i++) {
         atomic_store_explicit(&g_flag, 2 * i + 1, memory_order_release);

@@ -393,6 +393,7 @@ td_status samehost_writes_init(samehost_writes *w)
 bool samehost_writes_begin(samehost_set *set, size_t bytes)
 {
     samehost_writes *w = &set->writes;
+    w->timed = false;
     if (w->forced >= 0)
         return w->stream = w->forced;
     if (bytes < SAMEHOST_TUNED_MIN)
@@ -400,7 +401,8 @@ bool samehost_writes_begin(samehost_set *set, size_t bytes)
     uint64_t j = w->chunks++;
     if (j < SAMEHOST_WARM_UP)
         return w->stream = false;
-    if (set->rank == 0 && (w->cost[0] == 0 || w->cost[1] == 0)) {
+    w->timed = set->rank == 0;
+    if (w->timed && (w->cost[0] == 0 || w->cost[1] == 0)) {
         w->stream = w->cost[0] != 0; /* each way once, through the caches first */
         return w->stream;
     }
@@ -418,8 +420,7 @@ bool samehost_writes_begin(samehost_set *set, size_t bytes)
 void samehost_writes_end(samehost_set *set, size_t bytes, int64_t ns)
 {
     samehost_writes *w = &set->writes;
-    if (set->rank != 0 || w->forced >= 0 || bytes < SAMEHOST_TUNED_MIN || ns <= 0 ||
-        w->chunks <= SAMEHOST_WARM_UP)
+    if (!w->timed || ns <= 0)
         return;
     double c = (double)ns / (double)bytes, *avg = &w->cost[w->stream];
     if (*avg == 0)

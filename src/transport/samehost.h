@@ -173,14 +173,16 @@ typedef struct samehost_writes {
     double cost[2];   /* rank 0: work ns per byte of a chunk through the caches [0], around them [1] */
     uint64_t chunks;  /* tuned chunks begun (the same count on every rank) */
     bool stream;      /* the current chunk's way */
+    bool timed;       /* rank 0 learns from the current chunk: the caller times its work */
 } samehost_writes;
 
 typedef struct samehost_set samehost_set;
 /* From TDIST_SHM_WRITES (auto, cached or around; a rank's own choice, not checked across ranks). */
 td_status samehost_writes_init(samehost_writes *w);
-/* Begins a chunk of bytes: whether its slot writes go around the caches. */
+/* Begins a chunk of bytes: whether its slot writes go around the caches. When it sets
+ * set->writes.timed, the caller times its work on the chunk for samehost_writes_end. */
 bool samehost_writes_begin(samehost_set *set, size_t bytes);
-/* Rank 0: the chunk took ns of work (samehost_writes_begin to here, waits left out). */
+/* The timed chunk of bytes took ns of work (samehost_writes_begin to here, waits left out). */
 void samehost_writes_end(samehost_set *set, size_t bytes, int64_t ns);
 /* Copies n bytes to dst, around the caches when stream (then samehost_copy_done before anyone is
  * told that they are there). */

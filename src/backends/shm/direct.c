@@ -219,7 +219,7 @@ static td_status reduce_slices(shm_run *run, int root)
         slice_of(run, cn, run->rank, &lo, &hi);
         char *slot = samehost_slot(run->set, run->rank, e);
         bool around = samehost_writes_begin(run->set, cn * es);
-        work_clock work = {.on = run->rank == 0 && cn * es >= SAMEHOST_TUNED_MIN};
+        work_clock work = {.on = run->set->writes.timed};
         work_start(&work);
         samehost_copy(slot, in, lo * es, around);
         samehost_copy(slot + hi * es, in + hi * es, (cn - hi) * es, around);

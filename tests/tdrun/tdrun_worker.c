@@ -5,7 +5,8 @@
  *   fail RANK CODE      RANK exits CODE after 300 ms; the others wait to be stopped and say so
  *   restart N           rank 0 fails until TDIST_RESTART_COUNT reaches N, then everyone succeeds
  *   sleep DIR           write DIR/<rank>.pid, then sleep until killed
- *   store               join the job's store through env:// and count the ranks that joined
+ *   store [RANK N]      join the job's store through env:// and count the ranks that joined; with
+ *                       RANK and N, rank RANK first exits 1 before joining while TDIST_RESTART_COUNT < N
  *   torchenv            print torchrun's other variables (TORCHELASTIC_*, ROLE_*, GROUP_*) on one line
  *   errfile RANK KIND   RANK writes TORCHELASTIC_ERROR_FILE (KIND json: torchrun's layout with a
  *                       two-line py_callstack; text: plain text) and exits 1; the others wait
@@ -175,6 +176,12 @@ int main(int argc, char **argv)
             pause();
     }
     if (strcmp(mode, "store") == 0) {
+        int count = env_int("TDIST_RESTART_COUNT");
+        if (argc > 3 && rank == atoi(argv[2]) && count < atoi(argv[3])) {
+            snprintf(line, sizeof line, "failing before rendezvous in attempt %d\n", count);
+            say(line);
+            return 1;
+        }
         td_store *store = NULL;
         int r = -1, world = -1;
         if (td_rendezvous("env://", -1, -1, 30000, &store, &r, &world) != TD_OK) {
@@ -194,7 +201,7 @@ int main(int argc, char **argv)
             return 2;
         }
         td_store_add(store, "joined", 0, &joined);
-        printf("STORE rank=%d world=%d joined=%lld\n", r, world, (long long)joined);
+        printf("STORE rank=%d world=%d joined=%lld attempt=%d\n", r, world, (long long)joined, count);
         fflush(stdout);
         /* Leave only after everyone has read the count (rank 0's store may be hosted elsewhere,
          * but the key must stay readable until all have seen it). */

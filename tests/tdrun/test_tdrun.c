@@ -389,17 +389,23 @@ TD_TEST(sigkill_of_tdrun_leaves_no_worker, .timeout_s = 60)
     proc_free(&p);
 }
 
+/* Waits for a host node's "store listening" line and writes its port into port. */
+static void host_port(proc *host, char port[16])
+{
+    const char *marker = "store listening on 127.0.0.1:";
+    TD_CHECK_MSG(proc_read_until(host, marker, 30000), "the host node never reported its store:\n%s",
+                 host->out.data ? host->out.data : "");
+    snprintf(port, 16, "%d", atoi(strstr(host->out.data, marker) + strlen(marker)));
+}
+
 TD_TEST(two_nodes_on_one_machine, .timeout_s = 90)
 {
     proc node0, node1;
     char *argv0[] = {TDRUN_BIN, "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port",
                      "0", "--nproc-per-node", "2", WORKER_BIN, "store", NULL};
     proc_start(&node0, argv0);
-    const char *marker = "store listening on 127.0.0.1:";
-    TD_CHECK_MSG(proc_read_until(&node0, marker, 30000), "node 0 never reported its store:\n%s",
-                 node0.out.data ? node0.out.data : "");
     char port[16];
-    snprintf(port, sizeof port, "%d", atoi(strstr(node0.out.data, marker) + strlen(marker)));
+    host_port(&node0, port);
     char *argv1[] = {TDRUN_BIN, "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port",
                      port, "--nproc-per-node", "2", WORKER_BIN, "store", NULL};
     proc_start(&node1, argv1);
@@ -414,6 +420,109 @@ TD_TEST(two_nodes_on_one_machine, .timeout_s = 90)
     }
     proc_free(&node0);
     proc_free(&node1);
+}
+
+/* Two nodes restart together: a worker of node 1 fails before rendezvous in the first round, while
+ * node 0's workers wait for it at the store. Node 1 ends the round through the job's store, node 0
+ * stops its waiting workers at once, and both nodes run round 1, where all four ranks meet. */
+TD_TEST(two_nodes_restart_together, .timeout_s = 120)
+{
+    proc node0, node1;
+    char *argv0[] = {TDRUN_BIN, "--nnodes", "2", "--node-rank", "0", "--master-port", "0", "--max-restarts", "2",
+                     "--nproc-per-node", "2", WORKER_BIN, "store", "3", "1", NULL};
+    proc_start(&node0, argv0);
+    char port[16];
+    host_port(&node0, port);
+    char *argv1[] = {TDRUN_BIN, "--nnodes", "2", "--node-rank", "1", "--master-port", port, "--max-restarts", "2",
+                     "--nproc-per-node", "2", WORKER_BIN, "store", "3", "1", NULL};
+    proc_start(&node1, argv1);
+    proc_finish(&node1, 60000);
+    proc_finish(&node0, 60000);
+    TD_CHECK_MSG(node0.code == 0 && node1.code == 0, "node 0 exited %d, node 1 exited %d:\n%s\n---\n%s", node0.code,
+                 node1.code, node0.out.data, node1.out.data);
+    TD_CHECK_CONTAINS(node1.out.data, "[rank3]: failing before rendezvous in attempt 0");
+    TD_CHECK_EQ(count_lines_with(node1.out.data, "Root Cause"), 1);
+    TD_CHECK_CONTAINS(node0.out.data, "node 0: stopped the workers: another node's worker failed (node 1: rank 3 "
+                                      "(local rank 1) exited with 1)");
+    TD_CHECK_CONTAINS(node0.out.data, "restarting the workers (restart 1 of 2)");
+    TD_CHECK_CONTAINS(node1.out.data, "restarting the workers (restart 1 of 2)");
+    for (int r = 0; r < 4; r++) {
+        char want[96];
+        snprintf(want, sizeof want, "[rank%d]: STORE rank=%d world=4 joined=4 attempt=1", r, r);
+        TD_CHECK_CONTAINS(r < 2 ? node0.out.data : node1.out.data, want);
+    }
+    /* Node 0's first-round workers were stopped, not left to time out at the store. */
+    TD_CHECK_MSG(!strstr(node0.out.data, "failed:"), "a worker of node 0 failed:\n%s", node0.out.data);
+    proc_free(&node0);
+    proc_free(&node1);
+
+    /* Without restarts left the job ends on both nodes, and node 0 says why. */
+    char *argv2[] = {TDRUN_BIN, "--nnodes", "2", "--node-rank", "0", "--master-port", "0", "--nproc-per-node", "2",
+                     WORKER_BIN, "store", "3", "1", NULL};
+    proc_start(&node0, argv2);
+    host_port(&node0, port);
+    char *argv3[] = {TDRUN_BIN, "--nnodes", "2", "--node-rank", "1", "--master-port", port, "--nproc-per-node", "2",
+                     WORKER_BIN, "store", "3", "1", NULL};
+    proc_start(&node1, argv3);
+    proc_finish(&node1, 30000);
+    proc_finish(&node0, 30000);
+    TD_CHECK_MSG(node0.code == 1 && node1.code == 1, "node 0 exited %d, node 1 exited %d:\n%s\n---\n%s", node0.code,
+                 node1.code, node0.out.data, node1.out.data);
+    TD_CHECK_CONTAINS(node0.out.data, "another node's worker failed (node 1: rank 3 (local rank 1) exited with 1)");
+    TD_CHECK_CONTAINS(node0.out.data, "node 0: no restarts left (--max-restarts 0)");
+    TD_CHECK_MSG(!strstr(node0.out.data, "failed:"), "a worker of node 0 failed:\n%s", node0.out.data);
+    proc_free(&node0);
+    proc_free(&node1);
+}
+
+/* Nodes started with different --nproc-per-node (or the same --node-rank) fail at once, all of
+ * them, naming both sides, instead of waiting at the rendezvous for ranks that will never come. */
+TD_TEST(disagreeing_nodes_fail_fast, .timeout_s = 60)
+{
+    proc node0, node1;
+    char *argv0[] = {TDRUN_BIN, "--nnodes", "2", "--node-rank", "0", "--master-port", "0", "--nproc-per-node", "2",
+                     WORKER_BIN, "store", NULL};
+    proc_start(&node0, argv0);
+    char port[16];
+    host_port(&node0, port);
+    char *argv1[] = {TDRUN_BIN, "--nnodes", "2", "--node-rank", "1", "--master-port", port, "--nproc-per-node", "3",
+                     WORKER_BIN, "store", NULL};
+    proc_start(&node1, argv1);
+    /* The bound: both fail within 5 s. */
+    proc_finish(&node1, 5000);
+    proc_finish(&node0, 5000);
+    TD_CHECK_MSG(node0.code == 1 && node1.code == 1, "node 0 exited %d, node 1 exited %d:\n%s\n---\n%s", node0.code,
+                 node1.code, node0.out.data, node1.out.data);
+    const char *want = "the nodes disagree about the job: node 1 was started with --nnodes 2 --nproc-per-node 3 "
+                       "--max-restarts 0 (world size 6), node 0 with --nnodes 2 --nproc-per-node 2 --max-restarts 0 "
+                       "(world size 4); start every node with the same three";
+    TD_CHECK_CONTAINS(node1.out.data, want);
+    TD_CHECK_CONTAINS(node0.out.data, want);
+    TD_CHECK_CONTAINS(node0.out.data, "node 0: stopped the workers");
+    proc_free(&node0);
+    proc_free(&node1);
+
+    /* Two nodes given the same --node-rank. */
+    proc node1b;
+    char *argv2[] = {TDRUN_BIN, "--nnodes", "3", "--node-rank", "0", "--master-port", "0", WORKER_BIN, "store", NULL};
+    proc_start(&node0, argv2);
+    host_port(&node0, port);
+    char *argv3[] = {TDRUN_BIN, "--nnodes", "3", "--node-rank", "1", "--master-port", port, WORKER_BIN, "store", NULL};
+    proc_start(&node1, argv3);
+    TD_CHECK_MSG(proc_read_until(&node1, "node 1 of 3: starting", 10000), "node 1 never started:\n%s",
+                 node1.out.data ? node1.out.data : "");
+    proc_start(&node1b, argv3);
+    proc_finish(&node1b, 5000);
+    proc_finish(&node1, 5000);
+    proc_finish(&node0, 5000);
+    TD_CHECK_MSG(node0.code == 1 && node1.code == 1 && node1b.code == 1, "exit codes %d %d %d:\n%s\n---\n%s\n---\n%s",
+                 node0.code, node1.code, node1b.code, node0.out.data, node1.out.data, node1b.out.data);
+    TD_CHECK_CONTAINS(node1b.out.data, "node 1: --node-rank 1 is already taken by another node (tdrun pid ");
+    TD_CHECK_CONTAINS(node0.out.data, "--node-rank 1 is already taken");
+    TD_CHECK_CONTAINS(node1.out.data, "--node-rank 1 is already taken");
+    proc_free(&node0);
+    proc_free(&node1);
+    proc_free(&node1b);
 }
 
 TD_TEST(bad_flags_are_reported, .timeout_s = 30)

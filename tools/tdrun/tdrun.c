@@ -10,7 +10,9 @@
  * When a worker fails, the others are stopped (SIGTERM, SIGKILL after a grace period), a summary in
  * torchrun's layout names the first failure, and tdrun exits 1 - unless --max-restarts allows
  * another attempt, in which case the whole local group starts again with TDIST_RESTART_COUNT
- * raised. SIGINT, SIGTERM and SIGHUP sent to tdrun reach every worker; tdrun then exits with
+ * raised. With several nodes, the nodes agree on the job's shape and restart together (job.c): a
+ * failure on one node ends the round on every node. SIGINT, SIGTERM and SIGHUP sent to tdrun
+ * reach every worker (and, with several nodes, stop the other nodes' too); tdrun then exits with
  * 128 + the signal number. */
 #include <errno.h>
 #include <ftw.h>
@@ -230,51 +232,6 @@ static td_status make_run_dir(tdrun_options *o)
     return TD_OK;
 }
 
-/* After the local workers succeeded, wait until every node's did, as torchrun's agents do. The host
- * node (node 0 unless --rdzv-conf is_host says otherwise) serves the store, so it must also be the
- * last to leave: each other node acknowledges that it saw the barrier complete, and the host exits
- * only after all of them did. */
-static int exit_barrier(const tdrun_options *o, td_store *store, int port)
-{
-    if (o->nnodes == 1)
-        return 0;
-    td_store *client = store ? td_store_retain(store) : NULL;
-    if (!client) {
-        td_tcp_store_options so = TD_TCP_STORE_OPTIONS_INIT;
-        so.host = o->master_addr;
-        so.port = port;
-        so.wait_for_workers = false;
-        so.timeout_ms = o->exit_barrier_timeout_ms;
-        if (td_tcp_store_create(&so, &client) != TD_OK) {
-            fprintf(stderr, "tdrun: exit barrier: cannot reach the store at %s:%d: %s\n", o->master_addr, port,
-                    td_last_error());
-            return 1;
-        }
-    }
-    td_store_set_timeout(client, o->exit_barrier_timeout_ms);
-    const char *done[] = {"/tdrun/exit_barrier/done"};
-    const char *all_left[] = {"/tdrun/exit_barrier/all_left"};
-    int64_t n = 0;
-    td_status st = td_store_add(client, "/tdrun/exit_barrier/arrived", 1, &n);
-    if (st == TD_OK && n == o->nnodes)
-        st = td_store_set_str(client, done[0], "1");
-    if (st == TD_OK) {
-        say("workers done; waiting for the other nodes (%lld of %d finished)", (long long)n, o->nnodes);
-        st = td_store_wait(client, done, 1, TD_STORE_TIMEOUT_DEFAULT);
-    }
-    if (st == TD_OK && !o->is_host) {
-        st = td_store_add(client, "/tdrun/exit_barrier/left", 1, &n);
-        if (st == TD_OK && n == o->nnodes - 1)
-            st = td_store_set_str(client, all_left[0], "1");
-    } else if (st == TD_OK) {
-        st = td_store_wait(client, all_left, 1, TD_STORE_TIMEOUT_DEFAULT);
-    }
-    if (st != TD_OK)
-        fprintf(stderr, "tdrun: exit barrier: %s\n", td_last_error());
-    td_store_release(client);
-    return st == TD_OK ? 0 : 1;
-}
-
 int main(int argc, char **argv)
 {
     /* Before any thread exists, so every thread inherits the blocked mask and the signals reach
@@ -325,8 +282,20 @@ int main(int argc, char **argv)
             o.master_addr, port);
     }
     td_store_set_timeout(store, o.read_timeout_ms);
+    tdrun_job job;
+    if (tdrun_job_join(&job, &o, store, port) != TD_OK) {
+        fprintf(stderr, "tdrun: %s\n", td_last_error());
+        job.aborted = true;
+        tdrun_job_linger(&job);
+        tdrun_job_leave(&job);
+        td_store_release(store);
+        return 1;
+    }
     if (make_run_dir(&o) != TD_OK) {
         fprintf(stderr, "tdrun: %s\n", td_last_error());
+        tdrun_job_abort(&job, "node %d: %s", o.node_rank, td_last_error());
+        tdrun_job_linger(&job);
+        tdrun_job_leave(&job);
         td_store_release(store);
         return 1;
     }
@@ -335,35 +304,61 @@ int main(int argc, char **argv)
 
     int rc = 0;
     for (int attempt = 0;; attempt++) {
+        job.round = attempt;
         tdrun_group *g = NULL;
         if (tdrun_group_start(&o, o.master_addr, port, attempt, &g) != TD_OK) {
             fprintf(stderr, "tdrun: %s\n", td_last_error());
+            tdrun_job_abort(&job, "node %d could not start its workers: %s", o.node_rank, td_last_error());
             rc = 1;
             break;
         }
-        bool failed = false;
+        bool failed = false, ended = false;
         int signo = 0;
         tdrun_exit first;
-        tdrun_group_monitor(g, &failed, &first, &signo);
+        tdrun_group_monitor(g, &job, &failed, &first, &signo, &ended);
         if (signo) {
             say("received SIG%s: stopped the workers", sigabbrev_np(signo) ? sigabbrev_np(signo) : "?");
             tdrun_group_free(g);
+            tdrun_job_abort(&job, "node %d's tdrun received SIG%s", o.node_rank,
+                            sigabbrev_np(signo) ? sigabbrev_np(signo) : "?");
             rc = 128 + signo;
             break;
         }
-        if (!failed) {
+        if (!failed && !ended) {
             tdrun_group_free(g);
-            rc = exit_barrier(&o, store, port);
+            int b = tdrun_job_exit_barrier(&job, say);
+            if (b != 2) {
+                rc = b;
+                break;
+            }
+            ended = true;
+        } else if (failed) {
+            print_failure(&o, g, &first);
+            tdrun_group_free(g);
+            tdrun_job_end_round(&job, "node %d: rank %d (local rank %d) exited with %d", o.node_rank, first.rank,
+                                first.local_rank, first.code);
+        } else {
+            tdrun_group_free(g);
+        }
+        if (ended && job.aborted) {
+            fprintf(stderr, "tdrun: node %d: stopped the workers: %s\n", o.node_rank, job.why);
+            rc = 1;
             break;
         }
-        print_failure(&o, g, &first);
-        tdrun_group_free(g);
+        if (ended)
+            fprintf(stderr, "tdrun: node %d: stopped the workers: another node's worker failed (%s)\n", o.node_rank,
+                    job.why);
         if (attempt >= o.max_restarts) {
+            if (ended)
+                fprintf(stderr, "tdrun: node %d: no restarts left (--max-restarts %d)\n", o.node_rank, o.max_restarts);
             rc = 1;
             break;
         }
         say("restarting the workers (restart %d of %d)", attempt + 1, o.max_restarts);
     }
+    if (rc != 0)
+        tdrun_job_linger(&job); /* let the other nodes read why the job ends */
+    tdrun_job_leave(&job);
     td_store_release(store);
     if (!o.log_dir)
         nftw(o.run_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);

@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include <tdist/status.h>
+#include <tdist/store.h>
 
 #define TDRUN_MAX_LOCAL 256
 
@@ -43,6 +44,37 @@ typedef struct tdrun_options {
 td_status tdrun_parse_options(int argc, char **argv, tdrun_options *o);
 void tdrun_usage(FILE *f);
 
+/* The job across nodes (job.c): with --nnodes > 1 the agents agree through the job's store on the
+ * job's shape, on each restart round and on the exit barrier. With one node every call is a no-op. */
+typedef struct tdrun_job {
+    const tdrun_options *o;
+    td_store *store;        /* the job's store; NULL with one node */
+    int port;               /* the store's port */
+    int round;              /* the restart count the current workers run with */
+    bool aborted;           /* another node stopped the job (or its store was lost) */
+    bool store_lost;        /* the host's store no longer answers */
+    int64_t next_poll_ns;
+    char why[1024];         /* what ended the round or the job, as another node said it */
+} tdrun_job;
+
+/* Checks that no other node has this --node-rank and that every node has the same --nnodes,
+ * --nproc-per-node and --max-restarts; a disagreement fails here (and stops the other nodes). */
+td_status tdrun_job_join(tdrun_job *j, const tdrun_options *o, td_store *store, int port);
+void tdrun_job_leave(tdrun_job *j);
+/* For the monitor, at most once per --monitor-interval: true when another node ended this round
+ * (restart requested) or the job (j->aborted); j->why says why. */
+bool tdrun_job_poll(tdrun_job *j);
+/* This node's worker failed: asks every node to end round j->round (the first reason stays). */
+void tdrun_job_end_round(tdrun_job *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* This node stops for good: the others stop too. */
+void tdrun_job_abort(tdrun_job *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* On the host, before leaving: waits (a few seconds at most) until the other nodes have read why
+ * the round or the job ended. */
+void tdrun_job_linger(tdrun_job *j);
+/* After this node's workers succeeded, waits for every node's: 0 all done, 1 an error (printed),
+ * 2 another node's failure restarts this round (j->why says which). */
+int tdrun_job_exit_barrier(tdrun_job *j, void (*say)(const char *fmt, ...));
+
 /* How one worker ended. */
 typedef struct tdrun_exit {
     int local_rank;
@@ -59,9 +91,10 @@ typedef struct tdrun_group tdrun_group;
 td_status tdrun_group_start(const tdrun_options *o, const char *master_addr, int master_port, int restart_count,
                             tdrun_group **out);
 /* Runs until every worker exited (TD_OK with *failed = false), one failed (*failed = true, *first
- * describes it; the others are then stopped), or a signal arrived (*signo set; the workers are
- * stopped). */
-td_status tdrun_group_monitor(tdrun_group *g, bool *failed, tdrun_exit *first, int *signo);
+ * describes it; the others are then stopped), a signal arrived (*signo set; the workers are
+ * stopped), or the job (job may be NULL) says another node ended the round (*ended = true; the
+ * workers are stopped). */
+td_status tdrun_group_monitor(tdrun_group *g, tdrun_job *job, bool *failed, tdrun_exit *first, int *signo, bool *ended);
 /* SIGTERM every live worker, SIGKILL after the grace period, reap them all. */
 void tdrun_group_stop(tdrun_group *g, int sig);
 /* The log file of a local rank's stderr (or stdout), or NULL without --log-dir. */

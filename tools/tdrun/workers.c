@@ -9,7 +9,8 @@
  * is error.json in that same directory (under a temporary run directory without --log-dir).
  *
  * The monitor polls the pipes and a signalfd (SIGCHLD, SIGINT, SIGTERM, SIGHUP), reaps exits, and
- * on the first failure stops the rest: SIGTERM, then SIGKILL after --term-timeout. */
+ * on the first failure stops the rest: SIGTERM, then SIGKILL after --term-timeout. In a multi-node
+ * job it also asks the job (job.c) whether another node ended the round, and then stops them too. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -393,14 +394,20 @@ static int poll_once(tdrun_group *g, int sigfd, int timeout_ms)
     return caught;
 }
 
-td_status tdrun_group_monitor(tdrun_group *g, bool *failed, tdrun_exit *first, int *signo)
+td_status tdrun_group_monitor(tdrun_group *g, tdrun_job *job, bool *failed, tdrun_exit *first, int *signo, bool *ended)
 {
     tdrun_signals_open();
     *failed = false;
     *signo = 0;
+    *ended = false;
     for (;;) {
         int sig = poll_once(g, g_sigfd, (int)g->o->monitor_interval_ms);
         worker *f = reap(g);
+        if (!f && !sig && job && tdrun_job_poll(job)) {
+            *ended = true;
+            tdrun_group_stop(g, SIGTERM);
+            return TD_OK;
+        }
         if (f) {
             *failed = true;
             *first = (tdrun_exit){f->local_rank, f->rank, f->pid, f->code, clock_wall_ns()};

@@ -30,6 +30,11 @@
 /* Room in a request body beyond its keys and values, for lengths, counts and integers. */
 #define TD_STORE_BODY_SLACK 4096
 #define TD_STORE_MAX_KEYS_PER_REQUEST (1u << 20)
+/* Keys the client keeps beside c10d's "init/" counter for its world-size check (tcp_store.c): the
+ * first handle's world size, and why a handle disagreed with it. NUM_KEYS does not count them, so
+ * num_keys stays c10d's. User keys travel as "/"+key and cannot meet them. */
+#define TD_STORE_INIT_WORLD_KEY "init/world_size"
+#define TD_STORE_INIT_ERROR_KEY "init/error"
 /* Default busy-wait before sleeping, client and server (TDIST_STORE_SPIN_US; net/io.h). */
 #define TD_STORE_DEFAULT_SPIN_US 50
 

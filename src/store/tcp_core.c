@@ -169,7 +169,15 @@ td_store_conn *store_core_pop_dirty(td_store_core *core)
 
 size_t store_core_num_conns(const td_store_core *core) { return core->conns.len; }
 td_store_conn *store_core_conn(const td_store_core *core, size_t i) { return core->conns.items[i]; }
-size_t store_core_num_keys(const td_store_core *core) { return core->values.len; }
+/* The keys c10d would count: all but the client's own world-size bookkeeping (store_proto.h). */
+size_t store_core_num_keys(const td_store_core *core)
+{
+    static const char *const hidden[] = {TD_STORE_INIT_WORLD_KEY, TD_STORE_INIT_ERROR_KEY};
+    size_t n = core->values.len;
+    for (size_t i = 0; i < sizeof hidden / sizeof *hidden; i++)
+        n -= map_get(&core->values, hidden[i], strlen(hidden[i])) != NULL;
+    return n;
+}
 size_t store_core_num_parked(const td_store_core *core) { return core->parked; }
 
 /* ---- replies ------------------------------------------------------------------------------------ */
@@ -572,7 +580,7 @@ static td_status handle(td_store_core *core, td_store_conn *c, const td_store_re
         reply_u8(core, c, all_present(core, r->keys, r->nkeys));
         break;
     case TD_STORE_CMD_NUM_KEYS:
-        reply_i64(core, c, (int64_t)core->values.len);
+        reply_i64(core, c, (int64_t)store_core_num_keys(core));
         break;
     case TD_STORE_CMD_WAIT:
     case TD_STORE_CMD_MULTI_GET:

@@ -558,12 +558,11 @@ static td_status tc_add(td_store *s, const char *key, int64_t delta, int64_t *re
     return add_raw(T(s), KEY_PREFIX, key, delta, result);
 }
 
-static td_status tc_compare_set(td_store *s, const char *key, const void *expected, size_t expected_len,
-                                const void *desired, size_t desired_len, void **value, size_t *len)
+static td_status compare_set_raw(tcp_store *t, const char *prefix, const char *key, const void *expected,
+                                 size_t expected_len, const void *desired, size_t desired_len, void **value, size_t *len)
 {
-    tcp_store *t = T(s);
     key_request q = {.cmd = TD_STORE_CMD_COMPARE_SET,
-                     .prefix = KEY_PREFIX,
+                     .prefix = prefix,
                      .key = key,
                      .nval = 2,
                      .val = {expected, desired},
@@ -571,6 +570,12 @@ static td_status tc_compare_set(td_store *s, const char *key, const void *expect
                      .max_body = t->lim.max_value,
                      .owned = true};
     return value_call(t, &q, value, len);
+}
+
+static td_status tc_compare_set(td_store *s, const char *key, const void *expected, size_t expected_len,
+                                const void *desired, size_t desired_len, void **value, size_t *len)
+{
+    return compare_set_raw(T(s), KEY_PREFIX, key, expected, expected_len, desired, desired_len, value, len);
 }
 
 static td_status tc_delete_key(td_store *s, const char *key, bool *deleted)
@@ -750,6 +755,53 @@ bool tcp_store_server_stats(td_store *store, td_store_server_stats *stats)
     return true;
 }
 
+/* The message a rank that disagrees about the world size left in TD_STORE_INIT_ERROR_KEY, or NULL (malloc'd).
+ * A COMPARE_SET whose expected and desired value is one NUL byte, which no message equals, reads
+ * the key without blocking and without writing it. */
+static td_status init_error(tcp_store *t, char **msg)
+{
+    *msg = NULL;
+    void *v = NULL;
+    size_t n = 0;
+    TD_TRY(compare_set_raw(t, "", TD_STORE_INIT_ERROR_KEY, "", 1, "", 1, &v, &n));
+    if (!(n == 1 && ((char *)v)[0] == '\0'))
+        *msg = alloc_printf("%.*s", (int)n, (char *)v);
+    free(v);
+    return TD_OK;
+}
+
+/* Ranks started with different world sizes would wait for each other until the timeout (30 minutes
+ * by default): every handle compares its world size with the first one's before it counts itself
+ * in. One that differs fails at once and leaves its message where the master, polling for the
+ * others, reads it and fails too; the master going away then fails the ranks that already joined. */
+static td_status agree_world_size(tcp_store *t, int world_size)
+{
+    char mine[32];
+    snprintf(mine, sizeof mine, "%d", world_size);
+    void *v = NULL;
+    size_t n = 0;
+    TD_TRY(compare_set_raw(t, "", TD_STORE_INIT_WORLD_KEY, "", 0, mine, strlen(mine), &v, &n));
+    bool same = n == strlen(mine) && memcmp(v, mine, n) == 0;
+    char theirs[32];
+    snprintf(theirs, sizeof theirs, "%.*s", (int)(n < 20 ? n : 20), (char *)v);
+    free(v);
+    if (same)
+        return TD_OK;
+    td_status st = error_fmt(TD_ERR_INVALID,
+                             "the ranks disagree about the world size: a rank started with world size %d joined the "
+                             "store at %s, where the first rank to join had world size %s; give every rank the same "
+                             "world size (WORLD_SIZE, or the URL's world_size)",
+                             world_size, t->where, theirs);
+    char *msg = alloc_strdup(td_last_error());
+    void *old = NULL;
+    size_t old_len = 0;
+    if (compare_set_raw(t, "", TD_STORE_INIT_ERROR_KEY, "", 0, msg, strlen(msg), &old, &old_len) == TD_OK)
+        free(old);
+    error_set(st, msg);
+    free(msg);
+    return st;
+}
+
 td_status tcp_store_workers_step(td_store *store, int world_size, int64_t start_ns, int64_t timeout_ms,
                                     int64_t *joined, bool *done)
 {
@@ -760,6 +812,13 @@ td_status tcp_store_workers_step(td_store *store, int world_size, int64_t start_
     if (*joined >= world_size) {
         *done = true;
         return TD_OK;
+    }
+    char *disagreement = NULL;
+    TD_TRY(init_error(T(store), &disagreement));
+    if (disagreement) {
+        td_status st = error_fmt(TD_ERR_INVALID, "%s", disagreement);
+        free(disagreement);
+        return st;
     }
     int64_t elapsed_ms = (clock_now_ns() - start_ns) / 1000000;
     if (timeout_ms > 0 && elapsed_ms >= timeout_ms)
@@ -772,6 +831,7 @@ td_status tcp_store_workers_step(td_store *store, int world_size, int64_t start_
 static td_status wait_for_workers(tcp_store *t, bool master, int world_size)
 {
     int64_t joined = 0;
+    TD_TRY(agree_world_size(t, world_size));
     TD_TRY(add_raw(t, "", INIT_KEY, 1, &joined));
     if (!master)
         return TD_OK;

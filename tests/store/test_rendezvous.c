@@ -232,6 +232,54 @@ TD_TEST(env_url_four_ranks, .world_size = 4, .timeout_s = 60)
     finish_tcp(ctx, s, pre);
 }
 
+/* Ranks given different world sizes (ranks 0 and 1 say 3, rank 2 says 4) fail within 5 s instead
+ * of waiting for each other until the store's timeout: the rank that disagrees with the first one
+ * to join fails at once, rank 0 (the master, waiting for the others) reads why and fails, and a rank
+ * that had already joined fails as soon as the master's server is gone. Who joins first is up to
+ * the scheduler, so each rank accepts either side of the message. */
+TD_TEST(world_sizes_disagree_fail_fast, .world_size = 3, .timeout_s = 60)
+{
+    int port;
+    td_store *pre = pre_master(ctx, &port);
+    char url[128];
+    snprintf(url, sizeof url, "tcp://127.0.0.1:%d", port);
+    int world = ctx->rank == 2 ? 4 : 3;
+    int64_t t0 = clock_now_ms();
+    td_store *s = NULL;
+    int r, w;
+    td_status st = td_rendezvous(url, ctx->rank, world, 30000, &s, &r, &w);
+    const char *want = "the ranks disagree about the world size: a rank started with world size ";
+    if (st == TD_OK) {
+        /* Only a rank that agrees with the first to join gets here (not the master, which waits
+         * for everyone): its next call fails once the master is gone. */
+        TD_CHECK_MSG(ctx->rank == 1, "rank %d joined a world of %d", ctx->rank, w);
+        const char *keys[] = {"never"};
+        st = td_store_wait(s, keys, 1, 30000);
+        TD_CHECK_MSG(st == TD_ERR_PEER_LOST, "after the master failed: %s (%s)", td_status_str(st), td_last_error());
+        td_store_release(s);
+    } else {
+        TD_CHECK_MSG(st == TD_ERR_INVALID, "rank %d: %s (%s)", ctx->rank, td_status_str(st), td_last_error());
+        TD_CHECK_CONTAINS(td_last_error(), want);
+        const char *other = strstr(td_last_error(), want) + strlen(want);
+        TD_CHECK_MSG(strncmp(other, "4 joined the store at 127.0.0.1:", 32) == 0 ||
+                         strncmp(other, "3 joined the store at 127.0.0.1:", 32) == 0,
+                     "rank %d: %s", ctx->rank, td_last_error());
+        TD_CHECK_CONTAINS(td_last_error(), "give every rank the same world size (WORLD_SIZE, or the URL's world_size)");
+    }
+    if (ctx->rank == 2)
+        publish_int(ctx, "disagreed", 1);
+    if (ctx->rank == 0) {
+        /* The master's server goes only after rank 2 has met it (as it would with the master's
+         * own, unshared store, which ends with its failed rendezvous). */
+        TD_CHECK_EQ(read_published_int(ctx, "disagreed"), 1);
+        unpublish(ctx, "disagreed");
+        unpublish(ctx, "port");
+        td_store_release(pre);
+    }
+    int64_t took = clock_now_ms() - t0;
+    TD_CHECK_MSG(took < 5000, "rank %d took %lld ms to fail", ctx->rank, (long long)took);
+}
+
 /* world_size 0, no fixed size (PyTorch's world_size=None, for RPC's dynamic groups): rank 0's
  * TCPStore master returns without waiting for anyone, and a FileStore outlives its last user. */
 TD_TEST(no_fixed_world_size, .timeout_s = 60)

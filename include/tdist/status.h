@@ -48,6 +48,13 @@ TD_API const char *td_last_error(void);
 /* A static name for a status code, e.g. "TD_ERR_TIMEOUT". */
 TD_API const char *td_status_str(td_status status);
 
+/* Records why this process fails (printf-style) in torchrun's error file, the path in
+ * TORCHELASTIC_ERROR_FILE, which tdrun and torchrun print as a failed worker's traceback. Call it
+ * before exiting on a failure; it replaces an earlier record and does nothing without the
+ * variable. The library itself records a process group's first failure there (a peer lost, a
+ * timeout, an abort) without replacing a record that exists. */
+TD_API td_status td_record_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* Version of the library this program runs against, e.g. "0.1.0". */
 TD_API const char *td_version(void);
 

@@ -74,6 +74,22 @@ void buf_append_str(td_buf *b, const char *s) { buf_append(b, s, strlen(s)); }
 
 void buf_putc(td_buf *b, char c) { *(char *)buf_extend(b, 1) = c; }
 
+void buf_put_json(td_buf *b, const char *s)
+{
+    buf_putc(b, '"');
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '"' || *c == '\\') {
+            buf_putc(b, '\\');
+            buf_putc(b, (char)*c);
+        } else if (*c < 0x20) {
+            buf_printf(b, "\\u%04x", *c);
+        } else {
+            buf_putc(b, (char)*c);
+        }
+    }
+    buf_putc(b, '"');
+}
+
 void buf_printf(td_buf *b, const char *fmt, ...)
 {
     va_list ap;

@@ -28,6 +28,8 @@ void buf_append(td_buf *b, const void *data, size_t len);
 void buf_append_str(td_buf *b, const char *s);
 void buf_putc(td_buf *b, char c);
 void buf_printf(td_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Appends s as a JSON string: quoted, with '"', '\\' and control characters escaped. */
+void buf_put_json(td_buf *b, const char *s);
 /* Grows len by n and returns the start of the new (uninitialized) bytes. */
 void *buf_extend(td_buf *b, size_t n);
 void buf_clear(td_buf *b);

@@ -24,6 +24,7 @@
 #include "base/alloc.h"
 #include "base/clock.h"
 #include "base/env.h"
+#include "base/errfile.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "base/thread.h"
@@ -346,6 +347,10 @@ void pg_fail_locked(td_pg *pg, td_status status, const char *message)
     pg->failed = status;
     atomic_fetch_or(&pg->gate, PG_GATE_CLOSED);
     pg->failed_msg = alloc_strdup(message);
+    /* A real failure (not a group being destroyed): the launcher's summary shows it if the process
+     * then exits non-zero. */
+    if (status != TD_ERR_CLOSED && message)
+        errfile_record(message);
     pthread_cond_broadcast(&pg->cv);
 }
 

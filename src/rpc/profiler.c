@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/buf.h"
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/ref.h"
@@ -511,16 +512,10 @@ void rpc_prof_record_op(td_profiler *p, const char *name, int64_t start_ns, cons
 
 static void json_string(FILE *f, const char *s)
 {
-    fputc('"', f);
-    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-        if (*c == '"' || *c == '\\')
-            fprintf(f, "\\%c", *c);
-        else if (*c < 0x20)
-            fprintf(f, "\\u%04x", *c);
-        else
-            fputc(*c, f);
-    }
-    fputc('"', f);
+    td_buf b = TD_BUF_INIT;
+    buf_put_json(&b, s);
+    fwrite(b.data, 1, b.len, f);
+    buf_free(&b);
 }
 
 td_status td_profiler_export_chrome_trace(td_profiler *p, const char *path)

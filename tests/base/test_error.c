@@ -1,12 +1,15 @@
 /* The thread-local error message (base/error.h): formatting, errno, prefixes, truncation, and that
- * each thread keeps its own message. Also holds the binary's TD_TEST_MAIN. */
+ * each thread keeps its own message; torchrun's error file (base/errfile.h). Also holds the binary's TD_TEST_MAIN. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <tdist/testing.h>
 
+#include "base/errfile.h"
 #include "base/error.h"
 
 TD_TEST(error_sets_message_and_returns_code)
@@ -152,6 +155,53 @@ TD_TEST(messages_are_per_thread)
     TD_CHECK_STR_EQ(a.seen_after, "message of A");
     TD_CHECK_STR_EQ(b.seen_after, "message of B");
     TD_CHECK_STR_EQ(td_last_error(), "main thread's message");
+}
+
+static char *read_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    static char text[4096];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    return text;
+}
+
+/* torchrun's error file: td_record_error writes torchrun's JSON (escaped) and replaces an earlier
+ * record; the library's own record (errfile_record) never replaces one and keeps the thread's
+ * error; without TORCHELASTIC_ERROR_FILE nothing is written. */
+TD_TEST(error_file_records)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/error.json", ctx->tmpdir);
+    unsetenv("TORCHELASTIC_ERROR_FILE");
+    TD_CHECK_OK(td_record_error("nowhere"));
+    TD_CHECK(read_file(path) == NULL);
+
+    setenv("TORCHELASTIC_ERROR_FILE", path, 1);
+    error_fmt(TD_ERR_PEER_LOST, "the thread's own failure");
+    errfile_record("rank 1 \"lost\"\nsecond line");
+    TD_CHECK_STR_EQ(td_last_error(), "the thread's own failure");
+    char *text = read_file(path);
+    TD_CHECK(text != NULL);
+    TD_CHECK_CONTAINS(text, "{\"message\": {\"message\": \"rank 1 \\\"lost\\\"\\u000asecond line\", "
+                            "\"extraInfo\": {\"py_callstack\": \"rank 1 \\\"lost\\\"\\u000asecond line\", "
+                            "\"timestamp\": \"");
+    errfile_record("a later failure");
+    TD_CHECK_CONTAINS(read_file(path), "rank 1");
+
+    TD_CHECK_OK(td_record_error("bad batch %d", 7));
+    text = read_file(path);
+    TD_CHECK_CONTAINS(text, "\"message\": \"bad batch 7\"");
+    TD_CHECK(strstr(text, "rank 1") == NULL);
+
+    setenv("TORCHELASTIC_ERROR_FILE", "/nonexistent-dir/error.json", 1);
+    TD_CHECK_EQ(td_record_error("x"), TD_ERR_IO);
+    TD_CHECK_CONTAINS(td_last_error(), "writing the error file /nonexistent-dir/error.json");
+    unsetenv("TORCHELASTIC_ERROR_FILE");
+    unlink(path);
 }
 
 TD_TEST_MAIN()

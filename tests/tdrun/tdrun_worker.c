@@ -11,6 +11,9 @@
  *   errfile RANK KIND   RANK writes TORCHELASTIC_ERROR_FILE (KIND json: torchrun's layout with a
  *                       two-line py_callstack; text: plain text) and exits 1; the others wait
  *   out                 one stdout and one stderr line
+ *   pgtimeout           a process group with a 1 s timeout whose rank 1 never joins rank 0's
+ *                       all_reduce: rank 0 fails, leaving the library's record in its error file
+ *   record              td_record_error("bad batch 7 of rank R") on rank 1, which exits 1
  *   log                 log through tdist's log (with and without its rank, one message in PyTorch's
  *                       "[Rank R]" form) beside a plain line */
 #include <signal.h>
@@ -19,7 +22,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <tdist/pg.h>
 #include <tdist/store.h>
+#include <tdist/tensor.h>
 
 #include "base/log.h"
 
@@ -163,6 +168,37 @@ int main(int argc, char **argv)
         snprintf(line, sizeof line, "DONE restart=%d\n", count);
         say(line);
         return 0;
+    }
+    if (strcmp(mode, "pgtimeout") == 0) {
+        td_pg_options o = TD_PG_OPTIONS_INIT;
+        o.backend = "tcp";
+        o.timeout_ms = 1000;
+        if (td_init_process_group(&o) != TD_OK) {
+            fprintf(stderr, "init failed: %s\n", td_last_error());
+            return 2;
+        }
+        if (rank != 0) {
+            for (;;)
+                pause();
+        }
+        td_tensor *t = NULL;
+        td_tensor_full(TD_FLOAT32, TD_SHAPE(4), 1.0, &t);
+        td_status st = td_pg_all_reduce(td_default_pg(), t, TD_OP_SUM, NULL);
+        td_tensor_release(t);
+        fprintf(stderr, "all_reduce: %s\n", td_status_str(st));
+        return st == TD_OK ? 0 : 1; /* no td_record_error: the library recorded the failure */
+    }
+    if (strcmp(mode, "record") == 0) {
+        if (rank != 1) {
+            for (int i = 0; i < 600; i++)
+                usleep(100 * 1000);
+            return 1;
+        }
+        if (td_record_error("bad batch %d of rank %d", 7, rank) != TD_OK) {
+            fprintf(stderr, "td_record_error: %s\n", td_last_error());
+            return 2;
+        }
+        return 1;
     }
     if (strcmp(mode, "sleep") == 0 && argc > 2) {
         char path[4096];

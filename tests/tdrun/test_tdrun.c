@@ -713,6 +713,23 @@ TD_TEST(error_file_round_trip, .timeout_s = 60)
     TD_CHECK(nftw(logdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS) == 0);
 }
 
+/* The library writes the error file: a C program's td_record_error, and on its own a process
+ * group's failure (here the watchdog's timeout), which the summary then shows as the traceback. */
+TD_TEST(library_writes_the_error_file, .timeout_s = 60)
+{
+    char *argv[] = {TDRUN_BIN, "--standalone", "--nproc-per-node", "2", WORKER_BIN, "record", NULL};
+    expect_run(argv, 1, "  traceback : bad batch 7 of rank 1\n");
+
+    proc p;
+    char *argv2[] = {TDRUN_BIN, "--standalone", "--nproc-per-node", "2", WORKER_BIN, "pgtimeout", NULL};
+    run_tdrun(&p, argv2, 30000);
+    TD_CHECK_MSG(p.code == 1, "tdrun exited %d:\n%s", p.code, p.out.data);
+    TD_CHECK_CONTAINS(p.out.data, "  rank      : 0 (local_rank: 0)\n");
+    TD_CHECK_CONTAINS(p.out.data, "  traceback : [Rank 0] Watchdog caught collective operation timeout");
+    TD_CHECK_CONTAINS(p.out.data, "/attempt_0/0/error.json\n");
+    proc_free(&p);
+}
+
 TD_TEST(flag_rdzv_backend, .timeout_s = 60)
 {
     char *a1[] = {TDRUN_BIN, "--standalone", "--rdzv-backend", "c10d", WORKER_BIN, "torchenv", NULL};

@@ -1,5 +1,5 @@
 /* Failures (spec/c10d.md C5, C6, C7, C10, C13): a rank killed in the middle of an all_reduce, a
- * stalled rank running into the group's timeout, collectives that differ between ranks under
+ * stopped (SIGSTOP) or stalled rank running into the group's timeout, collectives that differ between ranks under
  * TDIST_DEBUG=DETAIL, monitored_barrier naming the ranks that did not come, a failing rank thread
  * waking the others, and the INFO log. After each failure a new group works in the same process. */
 #include <ctype.h>
@@ -70,10 +70,68 @@ TD_TEST(peer_killed_mid_all_reduce, .world_size = 3, .params = TD_PG_SPAWNED_BAC
     fclose(fp);
     TD_CHECK_MSG(failed_at - killed_at < 2000, "survivor failed %lld ms after the kill: %s",
                  (long long)(failed_at - killed_at), msg);
+    /* For docs/testing.md's figures (bench/faults/kill_stop.sh); the bound above only catches a hang. */
+    printf("KILL_LATENCY backend=%s rank=%d ms=%lld\n", pg_test_backend(ctx), ctx->rank,
+           (long long)(failed_at - killed_at));
+    fflush(stdout);
     /* The group stays failed, with the same error. */
     TD_CHECK_ERR(td_pg_barrier(pg, NULL), TD_ERR_PEER_LOST, msg);
     td_tensor_release(t);
     pg_test_done(ctx, pg);
+}
+
+/* ---- a stopped rank (SIGSTOP): alive, silent, so the group's timeout ------------------------- */
+
+/* A stopped rank keeps its sockets and its pid: nothing tells the others it is gone, so their
+ * collective runs into the group's timeout and fails with the watchdog's message (not a peer-lost
+ * error, and not a hang). Rank 0 then wakes it (SIGCONT) and both leave. */
+TD_TEST(peer_stopped_hits_the_timeout, .world_size = 2, .params = TD_PG_SPAWNED_BACKENDS,
+        .static_skip = pg_test_skip_unavailable, .timeout_s = 90)
+{
+    pg_test_opts o = {.timeout_ms = 2000};
+    td_pg *pg = pg_test_init(ctx, &o);
+    td_tensor *t = ones(TD_FLOAT32, 1024);
+    TD_CHECK_OK(td_pg_all_reduce(pg, t, TD_OP_SUM, NULL));
+    char path[1024];
+    snprintf(path, sizeof path, "%s/stopped_pid", ctx->tmpdir);
+    if (ctx->rank == 1) {
+        FILE *fp = fopen(path, "w");
+        TD_CHECK(fp != NULL);
+        fprintf(fp, "%d\n", (int)getpid());
+        fclose(fp);
+        raise(SIGSTOP);
+        /* Woken after rank 0's all_reduce timed out and its group went away: leave too (a late
+         * all_reduce could still find rank 0's first bytes waiting; test_pg_fail's stalled rank
+         * case covers that). */
+    } else {
+        int pid = 0;
+        for (int i = 0; i < 500 && pid == 0; i++) {
+            FILE *fp = fopen(path, "r");
+            if (fp) {
+                if (fscanf(fp, "%d", &pid) != 1)
+                    pid = 0;
+                fclose(fp);
+            }
+            if (!pid)
+                usleep(10000);
+        }
+        TD_CHECK_MSG(pid > 0, "rank 1 never wrote its pid");
+        int64_t t0 = now_ms();
+        td_status st = td_pg_all_reduce(pg, t, TD_OP_SUM, NULL);
+        int64_t took = now_ms() - t0;
+        TD_CHECK_ERR(st, TD_ERR_TIMEOUT, "[Rank 0] Watchdog caught collective operation timeout: ");
+        TD_CHECK_CONTAINS(td_last_error(), "Timeout(ms)=2000) ran for ");
+        TD_CHECK_MSG(took >= 1900 && took < 15000, "the all_reduce failed after %lld ms", (long long)took);
+        printf("STOP_TIMEOUT backend=%s ms=%lld\n", pg_test_backend(ctx), (long long)took);
+        fflush(stdout);
+        pg_test_done(ctx, pg);
+        pg = NULL;
+        TD_CHECK(kill(pid, SIGCONT) == 0);
+    }
+    td_tensor_release(t);
+    if (pg)
+        pg_test_done(ctx, pg);
+    unlink(path);
 }
 
 /* ---- a peer that sends more than its receiver asked for (issue 23, 6) ------------------------- */

@@ -32,10 +32,13 @@ run_one() { # side build case world rep
   local side=$1 build=$2 case=$3 w=$4 rep=$5 out
   case $case in
     alone) out=$("$build/bench/shm/shm_coll_bench" -n "$w" "${common[@]}") ;;
-    *) out=$("$build/tools/tdist-bench/tdist-bench" -n "$w" --backend "$case" --op all_reduce --dtype f32 \
+    # --nranks: the spelling of the number of ranks that builds from before and after -n became
+    # nccl-tests' iteration count both take.
+    *) out=$("$build/tools/tdist-bench/tdist-bench" --nranks "$w" --backend "$case" --op all_reduce --dtype f32 \
                "${common[@]}" --csv --no-header) ;;
   esac
-  # CSV columns as tools/tdist-bench prints them: ...,size (7),count,time_us (9),...
+  # CSV columns as tools/tdist-bench prints them: ...,size (7),count,time_us (9),... (the same in
+  # builds with and without the in-place columns, which come after them)
   grep -v '^impl' <<< "$out" | awk -F, -v s="$side" -v c="$case" -v w="$w" -v r="$rep" \
     '{print s "," c "," w "," $7 "," $9 "," r}' >> "$csv"
   echo "bench/ab: $side ($build), $case, world $w, run $rep" >&2

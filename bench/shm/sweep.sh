@@ -49,7 +49,7 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 one() { # impl world size -> "time_us,busbw_gbs,wrong"
   local args=(--min "$3" --max "$3" --time "$secs" --csv --no-header)
   case $1 in
-    tdist) env "${extra[@]}" "$bin" -n "$2" --backend shm --op all_reduce --dtype f32 "${args[@]}" ;;
+    tdist) env "${extra[@]}" "$bin" --nproc "$2" --backend shm --op all_reduce --dtype f32 "${args[@]}" ;;
     openmpi) "${mpirun_cmd[@]}" -np "$2" "$mpibin" "${args[@]}" ;;
   esac | awk -F, '{print $9 "," $11 "," $12}'
 }

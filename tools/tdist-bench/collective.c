@@ -1,11 +1,13 @@
 /* tdist-bench: one collective at one size. A bench_case owns two buffers of the largest size (so
  * that resizing only makes views and no timed operation allocates), makes the tensor views each
- * collective takes, runs it blocking through the public pg API, and checks it: every rank fills its
- * inputs with values that depend on the rank and the element index (small integers, exact in every
- * dtype, bfloat16 included), and the check recomputes, element by element, what the collective must
- * have produced, as nccl-tests does. Integer results are compared exactly (with the dtype's
- * wrap-around); floating results within a relative tolerance of the dtype's precision, since the
- * order of a reduction may change an AVG's or PREMUL_SUM's last bit. */
+ * collective takes, in either of nccl-tests' two forms where tdist's API has it (out of place: the
+ * result in a buffer apart from the input; in place: the result over the input), runs it blocking
+ * through the public pg API, and checks it: every rank fills its inputs with values that depend on
+ * the rank and the element index (small integers, exact in every dtype, bfloat16 included), and
+ * the check recomputes, element by element, what the collective must have produced, as nccl-tests
+ * does. Integer results are compared exactly (with the dtype's wrap-around); floating results
+ * within a relative tolerance of the dtype's precision, since the order of a reduction may change
+ * an AVG's or PREMUL_SUM's last bit. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +25,7 @@ struct bench_case {
     td_pg *pg;
     int rank, world;
     size_t esize;
-    td_storage *a, *b; /* inputs live in a, outputs in b */
+    td_storage *a, *b; /* inputs live in a, outputs in b (in place: both in one of them) */
     int64_t c;         /* elements per chunk: per rank for the split collectives, else the tensor */
     td_tensor *in, *out;
     td_tensor **ins, **outs; /* world chunk views: scatter's inputs, gather's outputs */
@@ -75,6 +77,50 @@ double bench_busbw_factor(bench_op op, int n)
 bool bench_op_reduces(bench_op op)
 {
     return op == BENCH_ALL_REDUCE || op == BENCH_REDUCE || op == BENCH_REDUCE_SCATTER;
+}
+
+bool bench_op_has(bench_op op, bench_placement placement)
+{
+    switch (op) {
+    case BENCH_ALL_REDUCE:
+    case BENCH_BROADCAST:
+    case BENCH_REDUCE:
+        return placement == BENCH_IN_PLACE;
+    case BENCH_ALL_GATHER:
+    case BENCH_REDUCE_SCATTER:
+    case BENCH_ALL_TO_ALL:
+        return true;
+    default:
+        return placement == BENCH_OUT_OF_PLACE;
+    }
+}
+
+const char *bench_placement_name(bench_placement placement)
+{
+    return placement == BENCH_IN_PLACE ? "in-place" : "out-of-place";
+}
+
+const char *bench_placement_note(bench_op op)
+{
+    switch (op) {
+    case BENCH_ALL_REDUCE:
+    case BENCH_BROADCAST:
+    case BENCH_REDUCE:
+        return "in place only (the call writes into its one tensor)";
+    case BENCH_ALL_GATHER:
+        return "both; in place, the input is this rank's chunk of the output";
+    case BENCH_REDUCE_SCATTER:
+        return "both; in place, the output is this rank's chunk of the input";
+    case BENCH_ALL_TO_ALL:
+        return "both; in place, output and input are one buffer";
+    case BENCH_GATHER:
+    case BENCH_SCATTER:
+        return "out of place only (the root's side is a list of chunk tensors)";
+    case BENCH_SEND_RECV:
+        return "out of place only (a send buffer and a receive buffer)";
+    default:
+        return "none (no data; the time is in the out-of-place set)";
+    }
 }
 
 static bool splits(bench_op op)
@@ -262,9 +308,11 @@ void bench_case_destroy(bench_case *c)
     free(c);
 }
 
-td_status bench_case_resize(bench_case *c, uint64_t requested, uint64_t *bytes, int64_t *count)
+td_status bench_case_resize(bench_case *c, uint64_t requested, bench_placement placement, uint64_t *bytes,
+                            int64_t *count)
 {
     drop_views(c);
+    bool in_place = placement == BENCH_IN_PLACE;
     const bench_options *o = c->o;
     int n = c->world;
     int64_t total = (int64_t)(requested / c->esize);
@@ -293,8 +341,8 @@ td_status bench_case_resize(bench_case *c, uint64_t requested, uint64_t *bytes, 
         VIEW(c->b, 0, k, &c->out);
         break;
     case BENCH_ALL_GATHER:
-        VIEW(c->a, 0, k, &c->in);
         VIEW(c->b, 0, n * k, &c->out);
+        VIEW(in_place ? c->b : c->a, in_place ? c->rank * k : 0, k, &c->in);
         break;
     case BENCH_GATHER:
         VIEW(c->a, 0, k, &c->in);
@@ -310,11 +358,11 @@ td_status bench_case_resize(bench_case *c, uint64_t requested, uint64_t *bytes, 
         break;
     case BENCH_REDUCE_SCATTER:
         VIEW(c->a, 0, n * k, &c->in);
-        VIEW(c->b, 0, k, &c->out);
+        VIEW(in_place ? c->a : c->b, in_place ? c->rank * k : 0, k, &c->out);
         break;
     case BENCH_ALL_TO_ALL:
         VIEW(c->a, 0, n * k, &c->in);
-        VIEW(c->b, 0, n * k, &c->out);
+        VIEW(in_place ? c->a : c->b, 0, n * k, &c->out);
         break;
     default:
         break;
@@ -378,10 +426,11 @@ static void fill_input(const bench_case *c, td_tensor *t, int64_t first)
 
 void bench_case_fill(bench_case *c)
 {
-    if (c->in)
-        fill_input(c, c->in, 0);
+    /* Output first: in place, the input lies inside it (or holds it). */
     if (c->out)
         memset(td_tensor_data(c->out), 0, td_tensor_nbytes(c->out));
+    if (c->in)
+        fill_input(c, c->in, 0);
 }
 
 int64_t bench_case_wrong(bench_case *c)

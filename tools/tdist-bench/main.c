@@ -1,21 +1,24 @@
-/* tdist-bench: collective benchmarks in the manner of nccl-tests.
+/* tdist-bench: collective benchmarks in the manner of nccl-tests, with its flags.
  *
- *   tdist-bench -n 4 --op all_reduce --backend tcp --dtype f32 --min 8 --max 64M
+ *   tdist-bench --nproc 4 --op all_reduce --dtype float -b 8 -e 64M -f 2 [-n 100 -w 5] [--csv]
  *
- * prints, for each size from --min to --max (times --factor, or plus --step), the size, element count, time per
- * call, algorithm bandwidth, bus bandwidth (nccl-tests' factors) and the number of wrong elements
- * (measure.c says how time is measured; collective.c how results are checked). --csv prints the
- * same rows for machines.
+ * prints, for each size from -b to -e (times -f, or plus -i), the size, element count and, in two
+ * column sets as nccl-tests prints them, out of place and in place: the time per call, algorithm
+ * bandwidth, bus bandwidth (nccl-tests' factors), number of wrong elements and timed calls; "N/A"
+ * fills the set of a form that tdist's API does not have for the op (collective.c says which;
+ * measure.c how time is measured). --csv prints the same rows for machines. The flags mean what
+ * nccl-tests' do (-n timed iterations, -w warm-up iterations, -c check, -o reduction, -d datatype,
+ * -r root); the number of ranks is --nproc. This file parses the command line and starts the ranks.
  *
  * Where the ranks come from:
  *  - under a launcher (RANK and WORLD_SIZE set by tdrun or torchrun, OMPI_COMM_WORLD_RANK/SIZE by
  *    mpirun) or with --no-spawn, this process is one rank and meets the others through env://;
  *  - otherwise tdist-bench is its own launcher: it starts a TCPStore on a free port and runs
- *    /proc/self/exe -n times (fork + execve, building every environment before the fork since the
- *    store's thread exists by then), with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
+ *    /proc/self/exe --nproc times (fork + execve, building every environment before the fork since
+ *    the store's thread exists by then), with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
  *    TDIST_USE_AGENT_STORE=1, so every rank is a client of that store. It waits for them; when one
  *    fails it stops the others and says which failed and how;
- *  - with --backend threaded the ranks are -n threads of this process, over one HashStore.
+ *  - with --backend threaded the ranks are --nproc threads of this process, over one HashStore.
  * Rank 0 prints. Exit code: 0; 1 a rank failed; 2 a bad command line; 3 wrong elements found. */
 #include <errno.h>
 #include <signal.h>
@@ -43,33 +46,46 @@ extern char **environ;
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: tdist-bench [-n N] [--op OP] [--backend NAME] [--dtype T] [--reduce-op OP] [--root R]\n"
-            "                   [--min SIZE] [--max SIZE] [--factor F | --step SIZE] [--iters N] [--warmup N] [--time S]\n"
-            "                   [--min-iters N] [--batches N] [--check 0|1] [--csv] [--no-header]\n"
-            "                   [--algo SPEC] [--no-spawn] [--timeout T] [--impl NAME]\n"
-            "  -n, --nranks N     ranks to start (default 2); under a launcher, the world it gives\n"
-            "  --op OP            all_reduce (default), broadcast, reduce, all_gather, gather, scatter,\n"
-            "                     reduce_scatter, all_to_all, barrier, send_recv (ping-pong of ranks 0 and 1)\n"
-            "  --backend NAME     tcp (default), threaded, or any registered backend\n"
-            "  --dtype T          f32 (default), f16, bf16, f64, i8, i16, i32, i64, u8, bool\n"
-            "  --reduce-op OP     sum (default), product, min, max, band, bor, bxor, avg, premul_sum (x0.5)\n"
-            "  --root R           root of broadcast, reduce, gather, scatter (default 0)\n"
-            "  -b, --min SIZE     smallest size in bytes, K/M/G suffixes (default 8)\n"
-            "  -e, --max SIZE     largest size (default 64M)\n"
-            "  -f, --factor F     size multiplier from one row to the next (default 2)\n"
-            "  -i, --step SIZE    sizes grow by SIZE bytes instead (nccl-tests' -i), K/M/G suffixes\n"
-            "  --iters N          timed calls per size (default: as many as --time allows)\n"
-            "  -w, --warmup N     warm-up calls per size (default: about 50 ms worth)\n"
-            "  --time S           seconds of timed calls per size when --iters is not given (default 0.3)\n"
-            "  --min-iters N      fewest timed calls per size (default 5)\n"
-            "  --batches N        timed batches per size; the time is their median (default 10)\n"
-            "  -c, --check 0|1    check every result and count wrong elements (default 1)\n"
-            "  --csv              comma-separated rows with a header line\n"
-            "  --no-header        no header or summary lines\n"
-            "  --algo SPEC        TDIST_ALGO for the ranks (ring, rd, rhd, tree, ... or all_reduce=ring,...)\n"
-            "  --no-spawn         run as one rank even without RANK/WORLD_SIZE in the environment\n"
-            "  --timeout T        the group's timeout: seconds, or 500ms, 5m (default 300)\n"
-            "  --impl NAME        the first CSV column (default tdist-<backend>)\n"
+            "usage: tdist-bench [--nproc N] [--op OP] [--backend NAME] [-d T] [-o OP] [-r R] [-b SIZE] [-e SIZE]\n"
+            "                   [-f F | -i SIZE] [-n N] [-w N] [--time S] [--min-iters N] [--batches N] [-c 0|1]\n"
+            "                   [--csv] [--no-header] [--algo SPEC] [--no-spawn] [--timeout T] [--impl NAME]\n"
+            "The one-letter flags mean what nccl-tests' do; every long flag also takes --flag=value.\n"
+            "  --nproc, --nranks N    ranks to start (default 2); under a launcher, the world it gives\n"
+            "  --op OP                the collective: all_reduce (default), broadcast, reduce, all_gather, gather,\n"
+            "                         scatter, reduce_scatter, all_to_all, barrier, send_recv (ping-pong of ranks\n"
+            "                         0 and 1); a reduction (sum, prod, ...) sets -o instead, as nccl-tests' --op\n"
+            "  --backend NAME         auto (default: shm within a host), tcp, shm, threaded, or any registered backend\n"
+            "  -d, --datatype, --dtype T\n"
+            "                         float32/float (default), float16/half, bfloat16, float64/double, int8, int16,\n"
+            "                         int32, int64, uint8, bool (or f32, f16, bf16, f64, i8..i64, u8)\n"
+            "  -o, --reduce-op OP     sum (default), prod, min, max, avg, band, bor, bxor, premul_sum (x0.5), or all\n"
+            "                         (a row for each of sum, prod, min, max, avg the dtype and backend take)\n"
+            "  -r, --root R           root of broadcast, reduce, gather, scatter (default 0)\n"
+            "  -b, --minbytes, --min SIZE   smallest size in bytes, K/M/G suffixes (default 8)\n"
+            "  -e, --maxbytes, --max SIZE   largest size (default 64M)\n"
+            "  -f, --stepfactor, --factor F size multiplier from one row to the next (default 2)\n"
+            "  -i, --stepbytes, --step SIZE sizes grow by SIZE bytes instead, K/M/G suffixes\n"
+            "  -n, --iters N          timed calls per size and form (default: as many as --time allows)\n"
+            "  -w, --warmup_iters, --warmup N   warm-up calls per size and form (default: about 50 ms worth)\n"
+            "  --time S               seconds of timed calls per size when -n is not given (default 0.3)\n"
+            "  --min-iters N          fewest timed calls per size (default 5)\n"
+            "  --batches N            timed batches per size; the time is their median (default 10)\n"
+            "  -c, --check 0|1        check every result and count wrong elements (default 1)\n"
+            "  --csv                  comma-separated rows with a header line\n"
+            "  --no-header            no header or summary lines\n"
+            "  --algo SPEC            TDIST_ALGO for the ranks (ring, rd, rhd, tree, ... or all_reduce=ring,...)\n"
+            "  --no-spawn             run as one rank even without RANK/WORLD_SIZE in the environment\n"
+            "  --timeout T            the group's timeout: seconds, or 500ms, 5m (default 300)\n"
+            "  --impl NAME            the first CSV column (default tdist-<backend>)\n"
+            "Forms: each size runs out of place and in place where tdist's API has the form, and prints a column\n"
+            "set for each (time, algbw, busbw, #wrong, iters), N/A where it has not: all_reduce, broadcast and\n"
+            "reduce are in place only (one tensor); all_gather (in place: the input is this rank's chunk of the\n"
+            "output), reduce_scatter (the output is this rank's chunk of the input) and all_to_all (one buffer)\n"
+            "have both; gather, scatter, send_recv and barrier are out of place only.\n"
+            "CSV: impl,op,world,dtype,redop,root,size,count,time_us,algbw_gbs,busbw_gbs,wrong,iters hold the\n"
+            "out-of-place form, or the in-place one for an op without the other, as `placement` (the next column)\n"
+            "says; inplace_time_us,inplace_algbw_gbs,inplace_busbw_gbs,inplace_wrong,inplace_iters the in-place\n"
+            "form of an op that has both (N/A otherwise).\n"
             "Exit code: 0 ok, 1 a rank failed, 2 bad usage, 3 wrong elements.\n");
 }
 
@@ -86,20 +102,41 @@ static void bad_usage(const char *fmt, ...)
     exit(2);
 }
 
-/* --name value, --name=value, or the short alias; NULL when argv[*i] is not this flag. */
-static const char *flag_value(int argc, char **argv, int *i, const char *name, const char *alias)
+/* The value of a flag given as --name value, --name=value (long spellings) or -x value, where
+ * names lists the flag's spellings (NULL-terminated); NULL when argv[*i] is none of them. *typed
+ * gets the spelling used, for messages. */
+static const char *flag_value(int argc, char **argv, int *i, const char *const *names, const char **typed)
 {
     const char *a = argv[*i];
-    size_t n = strlen(name);
-    const char *v = NULL;
-    if (strncmp(a, name, n) == 0 && a[n] == '=')
-        return a + n + 1;
-    if (strcmp(a, name) == 0 || (alias && strcmp(a, alias) == 0)) {
-        if (*i + 1 >= argc)
-            bad_usage("%s needs a value", a);
-        v = argv[++*i];
+    for (; *names; names++) {
+        size_t n = strlen(*names);
+        if (strncmp(a, *names, n) != 0)
+            continue;
+        if (a[n] == '=' && (*names)[1] == '-') {
+            *typed = *names;
+            return a + n + 1;
+        }
+        if (a[n] == '\0') {
+            if (*i + 1 >= argc)
+                bad_usage("%s needs a value", a);
+            *typed = *names;
+            return argv[++*i];
+        }
     }
-    return v;
+    return NULL;
+}
+
+/* A reduce op by name, or nccl-tests' "all"; false when v is neither. */
+static bool redop_arg(const char *v, bench_options *o)
+{
+    if (strcmp(v, "all") == 0) {
+        o->all_redops = true;
+        return true;
+    }
+    if (td_reduce_op_from_name(v, &o->redop) != TD_OK)
+        return false;
+    o->all_redops = false;
+    return true;
 }
 
 static int64_t int_arg(const char *what, const char *v, int64_t min, int64_t max)
@@ -121,8 +158,9 @@ static double double_arg(const char *what, const char *v, double min)
 
 static void parse(int argc, char **argv, bench_options *o)
 {
+#define FLAG(...) flag_value(argc, argv, &i, (const char *const[]){__VA_ARGS__, NULL}, &flag)
     for (int i = 1; i < argc; i++) {
-        const char *v;
+        const char *v, *flag = NULL;
         const char *a = argv[i];
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             usage(stdout);
@@ -133,61 +171,72 @@ static void parse(int argc, char **argv, bench_options *o)
             o->header = false;
         } else if (strcmp(a, "--no-spawn") == 0) {
             o->no_spawn = true;
-        } else if ((v = flag_value(argc, argv, &i, "--nranks", "-n"))) {
-            o->nranks = (int)int_arg("--nranks", v, 1, 4096);
-        } else if ((v = flag_value(argc, argv, &i, "--op", NULL))) {
-            if (!bench_op_from_name(v, &o->op))
-                bad_usage("unknown --op '%s'", v);
-        } else if ((v = flag_value(argc, argv, &i, "--backend", NULL))) {
+        } else if ((v = FLAG("--nproc", "--nranks"))) {
+            o->nranks = (int)int_arg(flag, v, 1, 4096);
+        } else if ((v = FLAG("--op"))) {
+            if (!bench_op_from_name(v, &o->op) && !redop_arg(v, o))
+                bad_usage("unknown --op '%s': expected a collective (all_reduce, broadcast, reduce, all_gather, gather, "
+                          "scatter, reduce_scatter, all_to_all, barrier, send_recv) or, as nccl-tests' --op, a "
+                          "reduction (sum, prod, min, max, avg, all)",
+                          v);
+        } else if ((v = FLAG("--backend"))) {
+            if (!td_backend_available(v))
+                bad_usage("unknown --backend '%s': no backend of that name is registered (auto, tcp, shm, threaded, "
+                          "and mpi or nccl where built)",
+                          v);
             o->backend = v;
-        } else if ((v = flag_value(argc, argv, &i, "--dtype", "-d"))) {
+        } else if ((v = FLAG("--dtype", "--datatype", "-d"))) {
             if (td_dtype_from_name(v, &o->dtype) != TD_OK || td_dtype_is_complex(o->dtype))
-                bad_usage("unsupported --dtype '%s' (real dtypes only)", v);
-        } else if ((v = flag_value(argc, argv, &i, "--reduce-op", "-o"))) {
-            if (td_reduce_op_from_name(v, &o->redop) != TD_OK)
-                bad_usage("unknown --reduce-op '%s'", v);
-        } else if ((v = flag_value(argc, argv, &i, "--root", "-r"))) {
-            o->root = (int)int_arg("--root", v, 0, 4095);
-        } else if ((v = flag_value(argc, argv, &i, "--min", "-b"))) {
-            if (env_parse_size("--min", v, &o->min_bytes) != TD_OK)
+                bad_usage("unsupported %s '%s' (real dtypes only: float, half, bfloat16, double, int8, int16, int32, "
+                          "int64, uint8, bool)",
+                          flag, v);
+        } else if ((v = FLAG("--reduce-op", "-o"))) {
+            if (!redop_arg(v, o))
+                bad_usage("unknown %s '%s': expected sum, prod, min, max, avg, band, bor, bxor, premul_sum or all", flag,
+                          v);
+        } else if ((v = FLAG("--root", "-r"))) {
+            o->root = (int)int_arg(flag, v, 0, 4095);
+        } else if ((v = FLAG("--min", "--minbytes", "-b"))) {
+            if (env_parse_size(flag, v, &o->min_bytes) != TD_OK)
                 bad_usage("%s", td_last_error());
-        } else if ((v = flag_value(argc, argv, &i, "--max", "-e"))) {
-            if (env_parse_size("--max", v, &o->max_bytes) != TD_OK)
+        } else if ((v = FLAG("--max", "--maxbytes", "-e"))) {
+            if (env_parse_size(flag, v, &o->max_bytes) != TD_OK)
                 bad_usage("%s", td_last_error());
-        } else if ((v = flag_value(argc, argv, &i, "--factor", "-f"))) {
-            o->factor = double_arg("--factor", v, 1.0000001);
-        } else if ((v = flag_value(argc, argv, &i, "--step", "-i"))) {
-            if (env_parse_size("--step", v, &o->step_bytes) != TD_OK || o->step_bytes == 0)
-                bad_usage("--step wants a size of at least one byte, got '%s'", v);
-        } else if ((v = flag_value(argc, argv, &i, "--iters", NULL))) {
-            o->iters = int_arg("--iters", v, 1, INT32_MAX);
-        } else if ((v = flag_value(argc, argv, &i, "--warmup", "-w"))) {
-            o->warmup = int_arg("--warmup", v, 0, INT32_MAX);
-        } else if ((v = flag_value(argc, argv, &i, "--time", NULL))) {
-            o->time_s = double_arg("--time", v, 0);
-        } else if ((v = flag_value(argc, argv, &i, "--min-iters", NULL))) {
-            o->min_iters = int_arg("--min-iters", v, 1, INT32_MAX);
-        } else if ((v = flag_value(argc, argv, &i, "--batches", NULL))) {
-            o->batches = (int)int_arg("--batches", v, 1, 1000);
-        } else if ((v = flag_value(argc, argv, &i, "--check", "-c"))) {
+        } else if ((v = FLAG("--factor", "--stepfactor", "-f"))) {
+            o->factor = double_arg(flag, v, 1.0000001);
+        } else if ((v = FLAG("--step", "--stepbytes", "-i"))) {
+            if (env_parse_size(flag, v, &o->step_bytes) != TD_OK || o->step_bytes == 0)
+                bad_usage("%s wants a size of at least one byte, got '%s'", flag, v);
+        } else if ((v = FLAG("--iters", "-n"))) {
+            o->iters = int_arg(flag, v, 1, INT32_MAX);
+        } else if ((v = FLAG("--warmup", "--warmup_iters", "-w"))) {
+            o->warmup = int_arg(flag, v, 0, INT32_MAX);
+        } else if ((v = FLAG("--time"))) {
+            o->time_s = double_arg(flag, v, 0);
+        } else if ((v = FLAG("--min-iters"))) {
+            o->min_iters = int_arg(flag, v, 1, INT32_MAX);
+        } else if ((v = FLAG("--batches"))) {
+            o->batches = (int)int_arg(flag, v, 1, 1000);
+        } else if ((v = FLAG("--check", "-c"))) {
             bool b;
-            if (env_parse_bool("--check", v, &b) != TD_OK)
+            if (env_parse_bool(flag, v, &b) != TD_OK)
                 bad_usage("%s", td_last_error());
             o->check = b;
-        } else if ((v = flag_value(argc, argv, &i, "--algo", NULL))) {
+        } else if ((v = FLAG("--algo"))) {
             o->algo = v;
-        } else if ((v = flag_value(argc, argv, &i, "--timeout", NULL))) {
-            if (env_parse_duration_ms("--timeout", v, 1000, &o->timeout_ms) != TD_OK)
+        } else if ((v = FLAG("--timeout"))) {
+            if (env_parse_duration_ms(flag, v, 1000, &o->timeout_ms) != TD_OK)
                 bad_usage("%s", td_last_error());
-        } else if ((v = flag_value(argc, argv, &i, "--impl", NULL))) {
+        } else if ((v = FLAG("--impl"))) {
             o->impl = v;
         } else {
             bad_usage("unknown argument '%s'", a);
         }
     }
+#undef FLAG
     if (o->min_bytes > o->max_bytes)
         bad_usage("%s", "--min is larger than --max");
-    if (bench_op_reduces(o->op) && td_reduce_check(o->redop, o->dtype) != TD_OK)
+    if (bench_op_reduces(o->op) && !o->all_redops && td_reduce_check(o->redop, o->dtype) != TD_OK)
         bad_usage("%s", td_last_error());
 }
 
@@ -202,7 +251,7 @@ static td_pg_options pg_options(const bench_options *o)
 static int check_world(const bench_options *o, int world)
 {
     if (o->nranks && o->nranks != world) {
-        fprintf(stderr, "tdist-bench: -n %d, but the launcher started %d ranks\n", o->nranks, world);
+        fprintf(stderr, "tdist-bench: --nproc %d, but the launcher started %d ranks\n", o->nranks, world);
         return 2;
     }
     if (o->op == BENCH_SEND_RECV && world < 2) {
@@ -469,9 +518,10 @@ int main(int argc, char **argv)
     bench_options o = {
         .nranks = 0,
         .op = BENCH_ALL_REDUCE,
-        .backend = "tcp",
+        .backend = "auto",
         .dtype = TD_FLOAT32,
         .redop = TD_SUM,
+        .all_redops = false,
         .root = 0,
         .min_bytes = 8,
         .max_bytes = 64u << 20,

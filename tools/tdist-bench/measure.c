@@ -6,14 +6,19 @@
  *      ceil(50 ms / t1) calls (1 to 1000), unless --warmup says how many;
  *   2. the warm-up calls, timed together; their mean (slowest rank) estimates one call, and sets
  *      the iterations: --time divided by it, at least --min-iters (unless --iters says how many);
- *   3. the iterations in --batches batches of k calls: a barrier, then k blocking calls back to
- *      back; each rank's batch time divided by k is its mean per call in that batch;
+ *   3. the iterations (-n/--iters, or as many as --time allows) in --batches batches split as evenly
+ *      as can be (the first ones take one call more): a barrier, then the batch's k blocking calls
+ *      back to back; each rank's batch time divided by k is its mean per call in that batch;
  *   4. per batch the slowest rank's mean (an all_reduce MAX), and the reported time is the median
  *      over the batches.
  * So the time is a median over batches of the slowest rank's mean per call. A batch starts at a
  * barrier, and ranks leave a barrier a few microseconds apart; k calls per batch spread that
  * skew over k (for small messages k is in the thousands). Every rank computes the same counts from
- * the same agreed values, so the ranks never disagree on how many calls to make. */
+ * the same agreed values, so the ranks never disagree on how many calls to make.
+ *
+ * A size is measured in each form the op has (bench_op_has): out of place, then in place, each
+ * with its own check and timing. Rank 0 prints a row per size (per reduce op with -o all) with
+ * both column sets, as nccl-tests does, "N/A" in the set of a form the op lacks. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -26,12 +31,19 @@
 
 #define MAX_ITERS 10000000
 
-typedef struct row {
-    uint64_t bytes;
-    int64_t count;
+/* One form of one size: its time, check and calls. */
+typedef struct figures {
     double time_us;
     int64_t wrong; /* -1: not checked */
     int64_t iters;
+} figures;
+
+typedef struct row {
+    uint64_t bytes;
+    int64_t count;
+    td_reduce_op redop;
+    bool has[BENCH_PLACEMENTS]; /* the forms measured */
+    figures form[BENCH_PLACEMENTS];
 } row;
 
 static double secs(void) { return (double)clock_now_ns() * 1e-9; }
@@ -70,15 +82,15 @@ static int64_t clamp64(double v, int64_t lo, int64_t hi)
     return (int64_t)ceil(v);
 }
 
-static td_status measure(const bench_options *o, td_pg *pg, bench_case *c, row *r)
+static td_status measure(const bench_options *o, td_pg *pg, bench_case *c, figures *f)
 {
-    r->wrong = -1;
+    f->wrong = -1;
     if (o->check) {
         bench_case_fill(c);
         TD_TRY(bench_case_run(c));
         double w = (double)bench_case_wrong(c);
         TD_TRY(agree(pg, &w, 1, TD_OP_SUM));
-        r->wrong = (int64_t)w;
+        f->wrong = (int64_t)w;
     }
     double t0 = secs();
     TD_TRY(bench_case_run(c));
@@ -94,12 +106,12 @@ static td_status measure(const bench_options *o, td_pg *pg, bench_case *c, row *
     }
     int64_t iters = o->iters > 0 ? o->iters : clamp64(o->time_s / fmax(est, 1e-9), o->min_iters, MAX_ITERS);
     int batches = iters < o->batches ? (int)iters : o->batches;
-    int64_t k = (iters + batches - 1) / batches;
     double *times = calloc((size_t)batches, sizeof *times);
     if (!times)
         return error_fmt(TD_ERR_NOMEM, "tdist-bench: out of memory");
     td_status s = TD_OK;
     for (int b = 0; b < batches && s == TD_OK; b++) {
+        int64_t k = iters / batches + (b < iters % batches);
         s = td_pg_barrier(pg, NULL);
         if (s != TD_OK)
             break;
@@ -112,16 +124,36 @@ static td_status measure(const bench_options *o, td_pg *pg, bench_case *c, row *
     if (s == TD_OK) {
         qsort(times, (size_t)batches, sizeof *times, cmp_double);
         double med = batches % 2 ? times[batches / 2] : 0.5 * (times[batches / 2 - 1] + times[batches / 2]);
-        r->time_us = med * 1e6;
-        r->iters = k * batches;
+        f->time_us = med * 1e6;
+        f->iters = iters;
     }
     free(times);
     return s;
 }
 
-static const char *redop_text(const bench_options *o)
+/* One size in every form the op has. */
+static td_status measure_row(const bench_options *o, td_pg *pg, bench_case *c, uint64_t requested, row *r)
 {
-    return bench_op_reduces(o->op) ? td_reduce_op_name(o->redop) : "none";
+    for (int p = 0; p < BENCH_PLACEMENTS; p++) {
+        r->has[p] = bench_op_has(o->op, (bench_placement)p);
+        if (!r->has[p])
+            continue;
+        TD_TRY(bench_case_resize(c, requested, (bench_placement)p, &r->bytes, &r->count));
+        TD_TRY(measure(o, pg, c, &r->form[p]));
+    }
+    return TD_OK;
+}
+
+/* The form whose figures fill the CSV's time_us..iters columns: out of place where the op has it
+ * (what tdist-bench measured before it measured both), else in place. */
+static bench_placement primary_form(bench_op op)
+{
+    return bench_op_has(op, BENCH_OUT_OF_PLACE) ? BENCH_OUT_OF_PLACE : BENCH_IN_PLACE;
+}
+
+static const char *redop_text(const bench_options *o, td_reduce_op redop)
+{
+    return bench_op_reduces(o->op) ? td_reduce_op_name(redop) : "none";
 }
 
 static bool rooted(bench_op op)
@@ -141,54 +173,111 @@ static const char *busbw_formula(bench_op op)
     }
 }
 
+/* The time reported for one form (one way for send_recv's round trip) and its bandwidths. */
+static void bandwidths(const bench_options *o, int world, uint64_t bytes, const figures *f, double *time_us,
+                       double *algbw, double *busbw)
+{
+    *time_us = o->op == BENCH_SEND_RECV ? f->time_us / 2 : f->time_us;
+    *algbw = *time_us > 0 ? (double)bytes / (*time_us * 1e-6) / 1e9 : 0;
+    *busbw = *algbw * bench_busbw_factor(o->op, world);
+}
+
+static const char *wrong_text(const figures *f, char *buf, size_t size)
+{
+    if (f->wrong < 0)
+        return "N/A";
+    snprintf(buf, size, "%" PRId64, f->wrong);
+    return buf;
+}
+
+#define SET_COLUMNS " %11s %12s %12s %8s %9s" /* time, algbw, busbw, #wrong, iters */
+#define SET_WIDTH 57                            /* the characters SET_COLUMNS prints */
+#define LEAD_WIDTH 49                           /* "# " or "  ", then size .. root */
+
 static void print_header(const bench_options *o, int world)
 {
     if (!o->header)
         return;
     if (o->csv) {
-        printf("impl,op,world,dtype,redop,root,size,count,time_us,algbw_gbs,busbw_gbs,wrong,iters\n");
+        printf("impl,op,world,dtype,redop,root,size,count,time_us,algbw_gbs,busbw_gbs,wrong,iters,"
+               "placement,inplace_time_us,inplace_algbw_gbs,inplace_busbw_gbs,inplace_wrong,inplace_iters\n");
         return;
     }
     const char *algo = getenv("TDIST_ALGO");
     printf("# tdist-bench: %s, %d ranks, backend %s, dtype %s, reduce op %s, root %d, TDIST_ALGO %s\n",
-           bench_op_name(o->op), world, o->backend, td_dtype_name(o->dtype), redop_text(o), rooted(o->op) ? o->root : -1,
+           bench_op_name(o->op), world, o->backend, td_dtype_name(o->dtype),
+           o->all_redops && bench_op_reduces(o->op) ? "all" : redop_text(o, o->redop), rooted(o->op) ? o->root : -1,
            algo && *algo ? algo : "auto");
     if (o->op == BENCH_SEND_RECV)
         printf("# time: half a ping-pong round trip between ranks 0 and 1 (median of %d batches)\n", o->batches);
     else
         printf("# time: median of %d batches of the slowest rank's mean time per call (barrier before each batch)\n",
                o->batches);
-    printf("# algbw = size / time; busbw = algbw x %s (nccl-tests); GB/s = 1e9 bytes/s\n#\n", busbw_formula(o->op));
-    printf("# %10s %12s %9s %7s %5s %11s %12s %12s %8s %9s\n", "size", "count", "type", "redop", "root", "time(us)",
-           "algbw(GB/s)", "busbw(GB/s)", "#wrong", "iters");
+    if (o->warmup >= 0)
+        printf("# warm-up: %" PRId64 " calls per size and form\n", o->warmup);
+    else
+        printf("# warm-up: about 50 ms of calls per size and form (1 to 1000)\n");
+    printf("# algbw = size / time; busbw = algbw x %s (nccl-tests); GB/s = 1e9 bytes/s\n", busbw_formula(o->op));
+    printf("# forms: %s; N/A where the op has no such form\n#\n", bench_placement_note(o->op));
+    /* The two set names centred over their columns, as nccl-tests labels them. */
+    int out_len = (int)strlen("out-of-place"), in_len = (int)strlen("in-place");
+    printf("#%*s%*s%*s\n", LEAD_WIDTH - 1, "", (SET_WIDTH + out_len) / 2, "out-of-place",
+           SET_WIDTH - (SET_WIDTH + out_len) / 2 + (SET_WIDTH + in_len) / 2, "in-place");
+    printf("# %10s %12s %9s %7s %5s" SET_COLUMNS SET_COLUMNS "\n", "size", "count", "type", "redop", "root", "time(us)",
+           "algbw(GB/s)", "busbw(GB/s)", "#wrong", "iters", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "iters");
     fflush(stdout);
 }
 
 static void print_row(const bench_options *o, int world, const row *r)
 {
-    double t = r->time_us;
-    if (o->op == BENCH_SEND_RECV)
-        t /= 2; /* one way */
-    double algbw = t > 0 ? (double)r->bytes / (t * 1e-6) / 1e9 : 0;
-    double busbw = algbw * bench_busbw_factor(o->op, world);
     int root = rooted(o->op) ? o->root : -1;
+    const char *redop = redop_text(o, r->redop);
     char wrong[32];
-    if (r->wrong < 0)
-        snprintf(wrong, sizeof wrong, "N/A");
-    else
-        snprintf(wrong, sizeof wrong, "%" PRId64, r->wrong);
-    if (o->csv)
-        printf("%s,%s,%d,%s,%s,%d,%" PRIu64 ",%" PRId64 ",%.3f,%.6f,%.6f,%s,%" PRId64 "\n", o->impl, bench_op_name(o->op),
-               world, td_dtype_name(o->dtype), redop_text(o), root, r->bytes, r->count, t, algbw, busbw, wrong,
-               r->iters);
-    else
-        printf("  %10" PRIu64 " %12" PRId64 " %9s %7s %5d %11.2f %12.3f %12.3f %8s %9" PRId64 "\n", r->bytes, r->count,
-               td_dtype_name(o->dtype), redop_text(o), root, t, algbw, busbw, wrong, r->iters);
+    double t, algbw, busbw;
+    if (o->csv) {
+        bench_placement main_form = primary_form(o->op);
+        const figures *f = &r->form[main_form];
+        bandwidths(o, world, r->bytes, f, &t, &algbw, &busbw);
+        printf("%s,%s,%d,%s,%s,%d,%" PRIu64 ",%" PRId64 ",%.3f,%.6f,%.6f,%s,%" PRId64 ",%s", o->impl,
+               bench_op_name(o->op), world, td_dtype_name(o->dtype), redop, root, r->bytes, r->count, t, algbw, busbw,
+               wrong_text(f, wrong, sizeof wrong), f->iters, bench_placement_name(main_form));
+        f = &r->form[BENCH_IN_PLACE];
+        if (main_form != BENCH_IN_PLACE && r->has[BENCH_IN_PLACE]) {
+            bandwidths(o, world, r->bytes, f, &t, &algbw, &busbw);
+            printf(",%.3f,%.6f,%.6f,%s,%" PRId64 "\n", t, algbw, busbw, wrong_text(f, wrong, sizeof wrong), f->iters);
+        } else {
+            printf(",N/A,N/A,N/A,N/A,N/A\n");
+        }
+        fflush(stdout);
+        return;
+    }
+    printf("  %10" PRIu64 " %12" PRId64 " %9s %7s %5d", r->bytes, r->count, td_dtype_name(o->dtype), redop, root);
+    for (int p = 0; p < BENCH_PLACEMENTS; p++) {
+        const figures *f = &r->form[p];
+        if (!r->has[p]) {
+            printf(SET_COLUMNS, "N/A", "N/A", "N/A", "N/A", "N/A");
+            continue;
+        }
+        bandwidths(o, world, r->bytes, f, &t, &algbw, &busbw);
+        printf(" %11.2f %12.3f %12.3f %8s %9" PRId64, t, algbw, busbw, wrong_text(f, wrong, sizeof wrong), f->iters);
+    }
+    printf("\n");
     fflush(stdout);
 }
 
-int bench_run_rank(const bench_options *o, td_pg *pg)
+/* -o all: every reduce op of nccl-tests' set that the dtype and the backend take. */
+static const td_reduce_op every_redop[] = {TD_SUM, TD_PRODUCT, TD_MIN, TD_MAX, TD_AVG};
+
+static bool redop_runs(const bench_options *o, td_pg *pg, td_reduce_op redop)
 {
+    return td_reduce_check(redop, o->dtype) == TD_OK &&
+           td_pg_supports(pg, bench_op_name(o->op), o->dtype, redop) == TD_OK;
+}
+
+int bench_run_rank(const bench_options *options, td_pg *pg)
+{
+    bench_options run = *options; /* the case reads run.redop, which -o all changes row by row */
+    const bench_options *o = &run;
     int rank = td_pg_rank(pg), world = td_pg_size(pg);
     bench_case *c = NULL;
     td_status s = bench_case_create(o, pg, &c);
@@ -199,25 +288,36 @@ int bench_run_rank(const bench_options *o, td_pg *pg)
     }
     if (rank == 0)
         print_header(o, world);
+    bool all = o->all_redops && bench_op_reduces(o->op);
+    const td_reduce_op *redops = all ? every_redop : &options->redop;
+    int nredops = all ? (int)(sizeof every_redop / sizeof *every_redop) : 1;
     int64_t total_wrong = 0;
     double busbw_sum = 0;
-    int rows = 0;
+    int figures_measured = 0;
     uint64_t last = UINT64_MAX;
     uint64_t req = o->op == BENCH_BARRIER ? 0 : o->min_bytes;
     for (;;) {
-        row r = {0};
-        s = bench_case_resize(c, req, &r.bytes, &r.count);
-        if (s == TD_OK && r.bytes != last) {
-            s = measure(o, pg, c, &r);
-            if (s == TD_OK && rank == 0) {
-                print_row(o, world, &r);
-                double t = o->op == BENCH_SEND_RECV ? r.time_us / 2 : r.time_us;
-                busbw_sum += t > 0 ? (double)r.bytes / (t * 1e-6) / 1e9 * bench_busbw_factor(o->op, world) : 0;
-                rows++;
+        uint64_t bytes;
+        int64_t count;
+        s = bench_case_resize(c, req, primary_form(o->op), &bytes, &count);
+        for (int i = 0; s == TD_OK && bytes != last && i < nredops; i++) {
+            if (all && !redop_runs(o, pg, redops[i]))
+                continue;
+            run.redop = redops[i];
+            row r = {.redop = run.redop};
+            s = measure_row(o, pg, c, req, &r);
+            for (int p = 0; s == TD_OK && p < BENCH_PLACEMENTS; p++) {
+                if (!r.has[p])
+                    continue;
+                double t, algbw, busbw;
+                bandwidths(o, world, r.bytes, &r.form[p], &t, &algbw, &busbw);
+                busbw_sum += busbw;
+                figures_measured++;
+                if (r.form[p].wrong > 0)
+                    total_wrong += r.form[p].wrong;
             }
-            if (r.wrong > 0)
-                total_wrong += r.wrong;
-            last = r.bytes;
+            if (s == TD_OK && rank == 0)
+                print_row(o, world, &r);
         }
         if (s != TD_OK) {
             fprintf(stderr, "tdist-bench: [rank %d] %s of %" PRIu64 " bytes failed: %s\n", rank, bench_op_name(o->op),
@@ -225,6 +325,7 @@ int bench_run_rank(const bench_options *o, td_pg *pg)
             bench_case_destroy(c);
             return 1;
         }
+        last = bytes;
         if (o->op == BENCH_BARRIER || req >= o->max_bytes)
             break;
         double next = o->step_bytes ? (double)req + (double)o->step_bytes : floor((double)req * o->factor + 0.5);
@@ -235,7 +336,8 @@ int bench_run_rank(const bench_options *o, td_pg *pg)
     if (rank == 0 && !o->csv && o->header) {
         printf("# wrong elements: %" PRId64 " (%s)\n", total_wrong, o->check ? (total_wrong ? "FAILED" : "OK") : "not checked");
         if (o->op != BENCH_BARRIER)
-            printf("# average bus bandwidth: %.3f GB/s\n#\n", rows ? busbw_sum / rows : 0.0);
+            printf("# average bus bandwidth: %.3f GB/s (over every form and size)\n#\n",
+                   figures_measured ? busbw_sum / figures_measured : 0.0);
         fflush(stdout);
     }
     bench_case_destroy(c);

@@ -3,15 +3,16 @@
 measures (tools/tdist-bench/measure.c), with the same sizes, options and output columns, so that
 bench/peers/run.sh can put the two side by side.
 
-    python3 gloo_allreduce.py -n 4 --min 8 --max 64M --csv
+    python3 gloo_allreduce.py --nproc 4 --min 8 --max 64M --csv
 
 float32 SUM in place on CPU tensors, blocking dist.all_reduce calls. For each size: the check (every
 rank fills 1 + (3 * rank + i) % 4, and the wrong elements of the sum are counted and summed over
 the ranks), then one timed call whose slowest-rank time sets the warm-up (about 50 ms worth,
 1 to 1000 calls), the warm-up timed to estimate a call, then --time seconds of calls (at least
---min-iters) in --batches batches, each after a barrier; the time is the median over batches of
-the slowest rank's mean per call. The parent hosts a TCPStore on a free port; the ranks are started
-with torch.multiprocessing.spawn and meet through it.
+--min-iters; -n/--iters sets the number, as in tdist-bench and nccl-tests) in --batches batches as
+even as can be, each after a barrier; the time is the median over batches of the slowest rank's
+mean per call. The parent hosts a TCPStore on a free port; the ranks are started with
+torch.multiprocessing.spawn and meet through it. --nproc (--nranks) is the number of ranks.
 """
 import argparse
 import datetime
@@ -31,11 +32,11 @@ def parse_size(s):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("-n", "--nranks", type=int, default=2)
+    p.add_argument("--nproc", "--nranks", dest="nranks", type=int, default=2)
     p.add_argument("-b", "--min", type=parse_size, default=8)
     p.add_argument("-e", "--max", type=parse_size, default=64 << 20)
     p.add_argument("-f", "--factor", type=float, default=2.0)
-    p.add_argument("--iters", type=int, default=0)
+    p.add_argument("-n", "--iters", type=int, default=0)
     p.add_argument("-w", "--warmup", type=int, default=-1)
     p.add_argument("--time", type=float, default=0.3)
     p.add_argument("--min-iters", type=int, default=5)
@@ -122,9 +123,9 @@ def worker(rank, world, port, o):
             est = agree([(time.perf_counter() - t0) / warmup], dist.ReduceOp.MAX)[0]
         iters = o.iters if o.iters > 0 else min(10000000, max(o.min_iters, math.ceil(o.time / max(est, 1e-9))))
         batches = min(iters, o.batches)
-        k = (iters + batches - 1) // batches
         times = []
-        for _ in range(batches):
+        for b in range(batches):
+            k = iters // batches + (b < iters % batches)  # the first batches take the rest
             dist.barrier()
             t0 = time.perf_counter()
             run(t, k)
@@ -138,10 +139,10 @@ def worker(rank, world, port, o):
             w = "N/A" if wrong < 0 else str(wrong)
             if o.csv:
                 print("%s,all_reduce,%d,float32,SUM,-1,%d,%d,%.3f,%.6f,%.6f,%s,%d"
-                      % (o.impl, world, nbytes, count, us, algbw, busbw, w, k * batches))
+                      % (o.impl, world, nbytes, count, us, algbw, busbw, w, iters))
             else:
                 print("  %10d %12d %9s %7s %5d %11.2f %12.3f %12.3f %8s %9d"
-                      % (nbytes, count, "float32", "SUM", -1, us, algbw, busbw, w, k * batches))
+                      % (nbytes, count, "float32", "SUM", -1, us, algbw, busbw, w, iters))
             sys.stdout.flush()
     if rank == 0 and not o.csv and not o.no_header:
         print("# wrong elements: %d (%s)" % (total_wrong, "FAILED" if total_wrong else "OK"))

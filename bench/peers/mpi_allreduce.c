@@ -9,8 +9,9 @@
  * the check (every rank fills 1 + (3 * rank + i) % 4 and counts the wrong elements of the sum,
  * summed over the ranks), then one timed call whose slowest-rank time sets the warm-up
  * (about 50 ms worth, 1 to 1000 calls), the warm-up timed to estimate a call, then --time seconds
- * of calls (at least --min-iters) in --batches batches, each after MPI_Barrier; the time is the
- * median over batches of the slowest rank's mean per call. --thread-multiple initializes MPI with
+ * of calls (at least --min-iters; -n/--iters sets the number, as in tdist-bench and nccl-tests) in
+ * --batches batches as even as can be, each after MPI_Barrier; the time is the median over batches
+ * of the slowest rank's mean per call. --thread-multiple initializes MPI with
  * MPI_Init_thread(MPI_THREAD_MULTIPLE) instead of MPI_Init, the level tdist's mpi backend asks for,
  * to show what that level alone costs. Standalone on purpose: it uses nothing of tdist, so the same
  * program serves any MPI comparison. */
@@ -65,7 +66,7 @@ static void parse(int argc, char **argv, opts *o)
         else if (!strcmp(a, "--factor") || !strcmp(a, "-f")) o->factor = atof(v);
         else if (!strcmp(a, "--step") || !strcmp(a, "-i")) o->step = parse_size(v);
         else if (!strcmp(a, "--time")) o->time_s = atof(v);
-        else if (!strcmp(a, "--iters")) o->iters = atol(v);
+        else if (!strcmp(a, "--iters") || !strcmp(a, "-n")) o->iters = atol(v);
         else if (!strcmp(a, "--warmup") || !strcmp(a, "-w")) o->warmup = atol(v);
         else if (!strcmp(a, "--min-iters")) o->min_iters = atol(v);
         else if (!strcmp(a, "--batches")) o->batches = atoi(v);
@@ -180,8 +181,8 @@ int main(int argc, char **argv)
             }
             long iters = o.iters > 0 ? o.iters : clampl(o.time_s / fmax(est, 1e-9), o.min_iters, 10000000);
             int batches = iters < o.batches ? (int)iters : o.batches;
-            long k = (iters + batches - 1) / batches;
             for (int b = 0; b < batches; b++) {
+                long k = iters / batches + (b < iters % batches); /* the first batches take the rest */
                 MPI_Barrier(MPI_COMM_WORLD);
                 t0 = MPI_Wtime();
                 run(buf, count, k);
@@ -199,10 +200,10 @@ int main(int argc, char **argv)
                     snprintf(w, sizeof w, "%ld", wrong);
                 if (o.csv)
                     printf("%s,all_reduce,%d,float32,SUM,-1,%llu,%d,%.3f,%.6f,%.6f,%s,%ld\n", o.impl, world,
-                           (unsigned long long)nbytes, count, us, algbw, algbw * factor, w, k * batches);
+                           (unsigned long long)nbytes, count, us, algbw, algbw * factor, w, iters);
                 else
                     printf("  %10llu %12d %9s %7s %5d %11.2f %12.3f %12.3f %8s %9ld\n", (unsigned long long)nbytes,
-                           count, "float32", "SUM", -1, us, algbw, algbw * factor, w, k * batches);
+                           count, "float32", "SUM", -1, us, algbw, algbw * factor, w, iters);
                 fflush(stdout);
             }
         }

@@ -43,7 +43,7 @@ run_one() { # impl world rep
   local impl=$1 w=$2 rep=$3 out="$raw/$1.$2.$3.csv"
   case $impl in
     tdist) "$bin" --nproc "$w" --backend "$backend" --op all_reduce --dtype f32 "${common[@]}" > "$out" ;;
-    gloo) $py bench/peers/gloo_allreduce.py -n "$w" "${common[@]}" > "$out" ;;
+    gloo) $py bench/peers/gloo_allreduce.py --nproc "$w" "${common[@]}" > "$out" ;;
     mpi) "${mpirun_cmd[@]}" -np "$w" "$mpibin" "${common[@]}" > "$out" ;;
   esac
   # The 13 columns all three print; tdist-bench's placement and in-place columns after them are

@@ -398,21 +398,34 @@ static void host_port(proc *host, char port[16])
     snprintf(port, 16, "%d", atoi(strstr(host->out.data, marker) + strlen(marker)));
 }
 
+/* Two tdrun nodes on this machine: starts the host node, puts its store's port in place of the
+ * word "PORT" in other_argv, starts the other node and waits for both (the other first, each up to
+ * timeout_ms); fails the test unless they exit with want_host and want_other. */
+static void run_two_nodes(proc *host, char *const host_argv[], proc *other, char *other_argv[], int64_t timeout_ms,
+                          int want_host, int want_other)
+{
+    static char port[16];
+    proc_start(host, host_argv);
+    host_port(host, port);
+    for (char **a = other_argv; *a; a++)
+        if (strcmp(*a, "PORT") == 0)
+            *a = port;
+    proc_start(other, other_argv);
+    proc_finish(other, timeout_ms);
+    proc_finish(host, timeout_ms);
+    TD_CHECK_MSG(host->code == want_host && other->code == want_other,
+                 "the host node exited %d, the other %d:\n%s\n---\n%s", host->code, other->code, host->out.data,
+                 other->out.data);
+}
+
 TD_TEST(two_nodes_on_one_machine, .timeout_s = 90)
 {
     proc node0, node1;
     char *argv0[] = {TDRUN_BIN, "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port",
                      "0", "--nproc-per-node", "2", WORKER_BIN, "store", NULL};
-    proc_start(&node0, argv0);
-    char port[16];
-    host_port(&node0, port);
     char *argv1[] = {TDRUN_BIN, "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port",
-                     port, "--nproc-per-node", "2", WORKER_BIN, "store", NULL};
-    proc_start(&node1, argv1);
-    proc_finish(&node1, 60000);
-    proc_finish(&node0, 60000);
-    TD_CHECK_MSG(node0.code == 0 && node1.code == 0, "node 0 exited %d, node 1 exited %d:\n%s\n---\n%s", node0.code,
-                 node1.code, node0.out.data, node1.out.data);
+                     "PORT", "--nproc-per-node", "2", WORKER_BIN, "store", NULL};
+    run_two_nodes(&node0, argv0, &node1, argv1, 60000, 0, 0);
     for (int r = 0; r < 4; r++) {
         char want[64];
         snprintf(want, sizeof want, "[rank%d]: STORE rank=%d world=4 joined=4", r, r);
@@ -430,16 +443,9 @@ TD_TEST(two_nodes_restart_together, .timeout_s = 120)
     proc node0, node1;
     char *argv0[] = {TDRUN_BIN, "--nnodes", "2", "--node-rank", "0", "--master-port", "0", "--max-restarts", "2",
                      "--nproc-per-node", "2", WORKER_BIN, "store", "3", "1", NULL};
-    proc_start(&node0, argv0);
-    char port[16];
-    host_port(&node0, port);
-    char *argv1[] = {TDRUN_BIN, "--nnodes", "2", "--node-rank", "1", "--master-port", port, "--max-restarts", "2",
+    char *argv1[] = {TDRUN_BIN, "--nnodes", "2", "--node-rank", "1", "--master-port", "PORT", "--max-restarts", "2",
                      "--nproc-per-node", "2", WORKER_BIN, "store", "3", "1", NULL};
-    proc_start(&node1, argv1);
-    proc_finish(&node1, 60000);
-    proc_finish(&node0, 60000);
-    TD_CHECK_MSG(node0.code == 0 && node1.code == 0, "node 0 exited %d, node 1 exited %d:\n%s\n---\n%s", node0.code,
-                 node1.code, node0.out.data, node1.out.data);
+    run_two_nodes(&node0, argv0, &node1, argv1, 60000, 0, 0);
     TD_CHECK_CONTAINS(node1.out.data, "[rank3]: failing before rendezvous in attempt 0");
     TD_CHECK_EQ(count_lines_with(node1.out.data, "Root Cause"), 1);
     TD_CHECK_CONTAINS(node0.out.data, "node 0: stopped the workers: another node's worker failed (node 1: rank 3 "
@@ -459,15 +465,9 @@ TD_TEST(two_nodes_restart_together, .timeout_s = 120)
     /* Without restarts left the job ends on both nodes, and node 0 says why. */
     char *argv2[] = {TDRUN_BIN, "--nnodes", "2", "--node-rank", "0", "--master-port", "0", "--nproc-per-node", "2",
                      WORKER_BIN, "store", "3", "1", NULL};
-    proc_start(&node0, argv2);
-    host_port(&node0, port);
-    char *argv3[] = {TDRUN_BIN, "--nnodes", "2", "--node-rank", "1", "--master-port", port, "--nproc-per-node", "2",
+    char *argv3[] = {TDRUN_BIN, "--nnodes", "2", "--node-rank", "1", "--master-port", "PORT", "--nproc-per-node", "2",
                      WORKER_BIN, "store", "3", "1", NULL};
-    proc_start(&node1, argv3);
-    proc_finish(&node1, 30000);
-    proc_finish(&node0, 30000);
-    TD_CHECK_MSG(node0.code == 1 && node1.code == 1, "node 0 exited %d, node 1 exited %d:\n%s\n---\n%s", node0.code,
-                 node1.code, node0.out.data, node1.out.data);
+    run_two_nodes(&node0, argv2, &node1, argv3, 30000, 1, 1);
     TD_CHECK_CONTAINS(node0.out.data, "another node's worker failed (node 1: rank 3 (local rank 1) exited with 1)");
     TD_CHECK_CONTAINS(node0.out.data, "node 0: no restarts left (--max-restarts 0)");
     TD_CHECK_MSG(!strstr(node0.out.data, "failed:"), "a worker of node 0 failed:\n%s", node0.out.data);
@@ -482,17 +482,10 @@ TD_TEST(disagreeing_nodes_fail_fast, .timeout_s = 60)
     proc node0, node1;
     char *argv0[] = {TDRUN_BIN, "--nnodes", "2", "--node-rank", "0", "--master-port", "0", "--nproc-per-node", "2",
                      WORKER_BIN, "store", NULL};
-    proc_start(&node0, argv0);
-    char port[16];
-    host_port(&node0, port);
-    char *argv1[] = {TDRUN_BIN, "--nnodes", "2", "--node-rank", "1", "--master-port", port, "--nproc-per-node", "3",
+    char *argv1[] = {TDRUN_BIN, "--nnodes", "2", "--node-rank", "1", "--master-port", "PORT", "--nproc-per-node", "3",
                      WORKER_BIN, "store", NULL};
-    proc_start(&node1, argv1);
     /* The bound: both fail within 5 s. */
-    proc_finish(&node1, 5000);
-    proc_finish(&node0, 5000);
-    TD_CHECK_MSG(node0.code == 1 && node1.code == 1, "node 0 exited %d, node 1 exited %d:\n%s\n---\n%s", node0.code,
-                 node1.code, node0.out.data, node1.out.data);
+    run_two_nodes(&node0, argv0, &node1, argv1, 5000, 1, 1);
     const char *want = "the nodes disagree about the job: node 1 was started with --nnodes 2 --nproc-per-node 3 "
                        "--max-restarts 0 (world size 6), node 0 with --nnodes 2 --nproc-per-node 2 --max-restarts 0 "
                        "(world size 4); start every node with the same three";
@@ -504,6 +497,7 @@ TD_TEST(disagreeing_nodes_fail_fast, .timeout_s = 60)
 
     /* Two nodes given the same --node-rank. */
     proc node1b;
+    char port[16];
     char *argv2[] = {TDRUN_BIN, "--nnodes", "3", "--node-rank", "0", "--master-port", "0", WORKER_BIN, "store", NULL};
     proc_start(&node0, argv2);
     host_port(&node0, port);
@@ -778,19 +772,9 @@ TD_TEST(flag_rdzv_conf, .timeout_s = 60)
     proc node0, node1;
     char *argv1[] = {TDRUN_BIN, "--nnodes", "2", "--node-rank", "1", "--master-port", "0", "--rdzv-conf",
                      "is_host=true", "--nproc-per-node", "1", WORKER_BIN, "store", NULL};
-    proc_start(&node1, argv1);
-    const char *marker = "store listening on 127.0.0.1:";
-    TD_CHECK_MSG(proc_read_until(&node1, marker, 30000), "node 1 never reported its store:\n%s",
-                 node1.out.data ? node1.out.data : "");
-    char port[16];
-    snprintf(port, sizeof port, "%d", atoi(strstr(node1.out.data, marker) + strlen(marker)));
-    char *argv0[] = {TDRUN_BIN, "--nnodes", "2", "--node-rank", "0", "--master-port", port, "--rdzv_conf",
+    char *argv0[] = {TDRUN_BIN, "--nnodes", "2", "--node-rank", "0", "--master-port", "PORT", "--rdzv_conf",
                      "is_host=false", "--nproc-per-node", "1", WORKER_BIN, "store", NULL};
-    proc_start(&node0, argv0);
-    proc_finish(&node0, 60000);
-    proc_finish(&node1, 60000);
-    TD_CHECK_MSG(node0.code == 0 && node1.code == 0, "node 0 exited %d, node 1 exited %d:\n%s\n---\n%s", node0.code,
-                 node1.code, node0.out.data, node1.out.data);
+    run_two_nodes(&node1, argv1, &node0, argv0, 60000, 0, 0);
     TD_CHECK_CONTAINS(node0.out.data, "[rank0]: STORE rank=0 world=2 joined=2");
     TD_CHECK_CONTAINS(node1.out.data, "[rank1]: STORE rank=1 world=2 joined=2");
     proc_free(&node0);

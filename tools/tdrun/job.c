@@ -43,15 +43,19 @@ static void shape_of(const tdrun_options *o, char *out, size_t size)
              o->nproc_per_node, o->max_restarts);
 }
 
-/* Asks every node to stop (the first reason stays) and counts this node out of the job. */
-static void publish_abort(tdrun_job *j, const char *why)
+/* Writes why at key unless a reason is there already (the first stays), then counts this node out
+ * at out_key. */
+static void publish(tdrun_job *j, const char *key, const char *out_key, const char *why)
 {
     void *v = NULL;
     size_t n = 0;
-    if (td_store_compare_set(j->store, ABORT_KEY, "", 0, why, strlen(why), &v, &n) == TD_OK)
-        td_store_add(j->store, ABORT_KEY "/out", 1, NULL);
+    if (td_store_compare_set(j->store, key, "", 0, why, strlen(why), &v, &n) == TD_OK)
+        td_store_add(j->store, out_key, 1, NULL);
     free(v);
 }
+
+/* Asks every node to stop and counts this node out of the job. */
+static void publish_abort(tdrun_job *j, const char *why) { publish(j, ABORT_KEY, ABORT_KEY "/out", why); }
 
 td_status tdrun_job_join(tdrun_job *j, const tdrun_options *o, td_store *store, int port)
 {
@@ -172,27 +176,7 @@ bool tdrun_job_poll(tdrun_job *j)
     return false;
 }
 
-void tdrun_job_end_round(tdrun_job *j, const char *fmt, ...)
-{
-    if (!j->store)
-        return;
-    char why[sizeof j->why];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof why, fmt, ap);
-    va_end(ap);
-    char key[96];
-    key_of(key, sizeof key, j->round, "restart");
-    void *v = NULL;
-    size_t n = 0;
-    if (td_store_compare_set(j->store, key, "", 0, why, strlen(why), &v, &n) == TD_OK) {
-        free(v);
-        key_of(key, sizeof key, j->round, "out");
-        count_out(j, key);
-    }
-}
-
-void tdrun_job_abort(tdrun_job *j, const char *fmt, ...)
+void tdrun_job_end(tdrun_job *j, bool whole_job, const char *fmt, ...)
 {
     if (!j->store || j->store_lost)
         return;
@@ -201,7 +185,14 @@ void tdrun_job_abort(tdrun_job *j, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
-    publish_abort(j, why);
+    if (whole_job) {
+        publish_abort(j, why);
+        return;
+    }
+    char key[96], out[96];
+    key_of(key, sizeof key, j->round, "restart");
+    key_of(out, sizeof out, j->round, "out");
+    publish(j, key, out, why);
 }
 
 /* Waits until `key` counts every node, or LINGER_MS passed. */

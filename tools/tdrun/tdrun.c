@@ -293,7 +293,7 @@ int main(int argc, char **argv)
     }
     if (make_run_dir(&o) != TD_OK) {
         fprintf(stderr, "tdrun: %s\n", td_last_error());
-        tdrun_job_abort(&job, "node %d: %s", o.node_rank, td_last_error());
+        tdrun_job_end(&job, true, "node %d: %s", o.node_rank, td_last_error());
         tdrun_job_linger(&job);
         tdrun_job_leave(&job);
         td_store_release(store);
@@ -308,7 +308,7 @@ int main(int argc, char **argv)
         tdrun_group *g = NULL;
         if (tdrun_group_start(&o, o.master_addr, port, attempt, &g) != TD_OK) {
             fprintf(stderr, "tdrun: %s\n", td_last_error());
-            tdrun_job_abort(&job, "node %d could not start its workers: %s", o.node_rank, td_last_error());
+            tdrun_job_end(&job, true, "node %d could not start its workers: %s", o.node_rank, td_last_error());
             rc = 1;
             break;
         }
@@ -319,7 +319,7 @@ int main(int argc, char **argv)
         if (signo) {
             say("received SIG%s: stopped the workers", sigabbrev_np(signo) ? sigabbrev_np(signo) : "?");
             tdrun_group_free(g);
-            tdrun_job_abort(&job, "node %d's tdrun received SIG%s", o.node_rank,
+            tdrun_job_end(&job, true, "node %d's tdrun received SIG%s", o.node_rank,
                             sigabbrev_np(signo) ? sigabbrev_np(signo) : "?");
             rc = 128 + signo;
             break;
@@ -335,7 +335,7 @@ int main(int argc, char **argv)
         } else if (failed) {
             print_failure(&o, g, &first);
             tdrun_group_free(g);
-            tdrun_job_end_round(&job, "node %d: rank %d (local rank %d) exited with %d", o.node_rank, first.rank,
+            tdrun_job_end(&job, false, "node %d: rank %d (local rank %d) exited with %d", o.node_rank, first.rank,
                                 first.local_rank, first.code);
         } else {
             tdrun_group_free(g);

@@ -64,10 +64,9 @@ void tdrun_job_leave(tdrun_job *j);
 /* For the monitor, at most once per --monitor-interval: true when another node ended this round
  * (restart requested) or the job (j->aborted); j->why says why. */
 bool tdrun_job_poll(tdrun_job *j);
-/* This node's worker failed: asks every node to end round j->round (the first reason stays). */
-void tdrun_job_end_round(tdrun_job *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* This node stops for good: the others stop too. */
-void tdrun_job_abort(tdrun_job *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Ends round j->round on every node (this node's worker failed), or with whole_job the job (this
+ * node stops for good, so the others stop too); the first reason given stays. */
+void tdrun_job_end(tdrun_job *j, bool whole_job, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* On the host, before leaving: waits (a few seconds at most) until the other nodes have read why
  * the round or the job ended. */
 void tdrun_job_linger(tdrun_job *j);

@@ -182,6 +182,17 @@ TD_API td_status td_pg_scatter_object_list(td_pg *pg, td_value **out, td_value *
 
 /* ---- the default group (torch.distributed's module-level API) ------------------------------- */
 
+/* The default group belongs to the process, with one exception: each rank thread of a threaded
+ * test (TD_TEST(..., .threads = true), tdist/testing.h) has its own, as PyTorch's
+ * MultiThreadedTestCase gives each rank thread a thread-local world. On a rank thread,
+ * td_init_process_group, td_destroy_process_group, td_is_initialized, td_default_pg,
+ * td_get_rank, td_get_world_size, td_new_group and every td_pg_ call with a NULL group act on
+ * that rank's default group, and what the rank leaves there is destroyed when its thread ends.
+ * Any other thread, including one a rank thread starts (and tdist's own worker threads), uses the
+ * process's default group, as a new Python thread gets an empty thread-local world: pass such a
+ * thread the rank's group explicitly (td_default_pg() read on the rank thread). Groups made with
+ * td_new_group are best destroyed on the thread that made them. */
+
 /* PyTorch's errors: a second init fails with "trying to initialize the default process group
  * twice!"; use before init with "Default process group has not been initialized, please make sure
  * to call init_process_group."; a store with an init_method with "Cannot specify both init_method

@@ -17,7 +17,9 @@
  * control socket and output continuously, kills all ranks as soon as one fails, enforces the
  * per-test timeout (asking hung ranks for their thread stacks first), reaps every child and gives
  * the verdict with PyTorch's decision table and messages ("Process 2 exited with error code 10 and
- * exception: ..."). With .threads = true the ranks are threads of one child process instead.
+ * exception: ..."). With .threads = true the ranks are threads of one child process instead, each
+ * with its own default group (td_init_process_group and the calls that name no group act on the
+ * rank thread's own; threads a rank starts see the process's: see tdist/pg.h).
  *
  * Inside a body, a failed check ends the rank: a process rank sends its message to the parent and
  * exits with code 10; a thread rank records it and unwinds its thread, and the other ranks are told

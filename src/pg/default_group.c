@@ -1,27 +1,35 @@
 /* The default group: torch.distributed's module-level API (init_process_group, get_rank,
  * new_group, destroy_process_group) as a convenience over explicit td_pg handles.
  *
- * It is the one piece of process-global state of the pg layer: a pointer to the default group and
- * the list of groups td_new_group made from it, which td_destroy_process_group destroys with it
- * (newest first, as c10d shuts down its groups). Passing NULL as the group to any td_pg_ call means
- * the default group. Programs hosting several worlds in one process (the threaded harness) use
- * explicit handles instead.
+ * It is the one piece of global state of the pg layer: a world (pg_impl.h's pg_world), that is a
+ * pointer to the default group and the list of groups td_new_group made from it, which
+ * td_destroy_process_group destroys with it (newest first, as c10d shuts down its groups). Passing
+ * NULL as the group to any td_pg_ call means the default group. The process has one world; a rank
+ * thread of the threaded test harness has its own (pg_thread_world_begin / _end, called by
+ * src/testing/thread_ranks.c), so that code using the default group runs with ranks as threads,
+ * as PyTorch's MultiThreadedTestCase swaps in a thread-local world. Every other thread, including
+ * those a rank thread starts, uses the process's world.
  *
  * It sits on top of pg.c: it makes and destroys groups through pg.c, and tells pg.c which group a
- * NULL argument means (pg_set_default_group); nothing below calls into this file. td_pg_destroy
- * lives here because destroying the default group destroys its subgroups with it. */
+ * NULL argument means (pg_set_default_group, pg_set_thread_world); nothing below calls into this
+ * file. td_pg_destroy lives here because destroying the default group destroys its subgroups with
+ * it. */
 #include <pthread.h>
 #include <stdlib.h>
 
+#include "base/alloc.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "base/vec.h"
 #include "pg/pg_impl.h"
 
-static pthread_mutex_t g_init_mu = PTHREAD_MUTEX_INITIALIZER; /* serializes init and destroy */
-static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;      /* guards the two below */
-static td_pg *g_default;     /* pg.c has it too, for the calls that name no group */
-static TD_VEC(td_pg *) g_groups;
+/* The process's world: init and destroy are serialized, g_mu guards g_process (whose default
+ * group pg.c has too, for the calls that name no group). A rank thread's own world takes neither
+ * lock: only its thread touches it, and its peers initialize at the same time (a rendezvous that
+ * holds a process-wide lock would wait for ranks that wait for the lock). */
+static pthread_mutex_t g_init_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pg_world g_process;
 
 static td_status not_initialized(void)
 {
@@ -29,64 +37,113 @@ static td_status not_initialized(void)
                                      "init_process_group.");
 }
 
+/* The calling thread's world, locked when it is the process's. */
+static pg_world *world_lock(void)
+{
+    pg_world *own = pg_thread_world();
+    if (own)
+        return own;
+    pthread_mutex_lock(&g_mu);
+    return &g_process;
+}
+
+static void world_unlock(pg_world *w)
+{
+    if (w == &g_process)
+        pthread_mutex_unlock(&g_mu);
+}
+
+/* Serializes init and destroy of the process's world; nothing for a thread's own. */
+static bool init_lock(void)
+{
+    bool process = pg_thread_world() == NULL;
+    if (process)
+        pthread_mutex_lock(&g_init_mu);
+    return process;
+}
+
+static void init_unlock(bool process)
+{
+    if (process)
+        pthread_mutex_unlock(&g_init_mu);
+}
+
 td_status td_init_process_group(const td_pg_options *options)
 {
-    pthread_mutex_lock(&g_init_mu);
+    bool process = init_lock();
     if (pg_default_group()) {
-        pthread_mutex_unlock(&g_init_mu);
+        init_unlock(process);
         return error_fmt(TD_ERR_ALREADY, "trying to initialize the default process group twice!");
     }
     td_pg *pg;
     td_status st = td_pg_create(options, &pg);
     if (st == TD_OK) {
-        pthread_mutex_lock(&g_mu);
-        g_default = pg;
-        pg_set_default_group(pg);
-        pthread_mutex_unlock(&g_mu);
+        pg_world *w = world_lock();
+        w->default_pg = pg;
+        if (process)
+            pg_set_default_group(pg);
+        world_unlock(w);
     }
-    pthread_mutex_unlock(&g_init_mu);
+    init_unlock(process);
     return st;
 }
 
 void td_destroy_process_group(void)
 {
-    pthread_mutex_lock(&g_init_mu);
-    pthread_mutex_lock(&g_mu);
-    td_pg *def = g_default;
-    g_default = NULL;
-    pg_set_default_group(NULL);
-    td_pg **groups = g_groups.items;
-    size_t n = g_groups.len;
-    g_groups.items = NULL;
-    g_groups.len = g_groups.cap = 0;
-    pthread_mutex_unlock(&g_mu);
+    bool process = init_lock();
+    pg_world *w = world_lock();
+    td_pg *def = w->default_pg;
+    w->default_pg = NULL;
+    if (process)
+        pg_set_default_group(NULL);
+    td_pg **groups = w->groups.items;
+    size_t n = w->groups.len;
+    w->groups.items = NULL;
+    w->groups.len = w->groups.cap = 0;
+    world_unlock(w);
     for (size_t i = n; i-- > 0;)
         pg_destroy_now(groups[i]);
     free(groups);
     if (def)
         pg_destroy_now(def);
-    pthread_mutex_unlock(&g_init_mu);
+    init_unlock(process);
+}
+
+void pg_thread_world_begin(void)
+{
+    if (!pg_thread_world())
+        pg_set_thread_world(alloc_zeroed(1, sizeof(pg_world)));
+}
+
+void pg_thread_world_end(void)
+{
+    pg_world *own = pg_thread_world();
+    if (!own)
+        return;
+    td_destroy_process_group(); /* what the thread left: its default group and subgroups */
+    pg_set_thread_world(NULL);
+    free(own);
 }
 
 /* For td_pg_destroy: true when pg is the default group, which was then destroyed with its
  * subgroups; otherwise pg is forgotten by the default group's list (if there) and false. */
 static bool claim_destroy(td_pg *pg)
 {
-    pthread_mutex_lock(&g_mu);
-    if (pg == g_default) {
-        pthread_mutex_unlock(&g_mu);
+    pg_world *w = world_lock();
+    if (pg == w->default_pg) {
+        world_unlock(w);
         td_destroy_process_group();
         return true;
     }
-    for (size_t i = 0; i < g_groups.len; i++) {
-        if (g_groups.items[i] == pg) {
-            for (size_t j = i + 1; j < g_groups.len; j++)
-                g_groups.items[j - 1] = g_groups.items[j];
-            g_groups.len--;
+    for (size_t i = 0; i < w->groups.len; i++) {
+        if (w->groups.items[i] == pg) {
+            for (size_t j = i + 1; j < w->groups.len; j++)
+                w->groups.items[j - 1] = w->groups.items[j];
+            w->groups.len--;
             break;
         }
     }
-    pthread_mutex_unlock(&g_mu);
+    world_unlock(w);
     return false;
 }
 
@@ -113,9 +170,9 @@ td_status td_new_group(const int *ranks, int n, const td_pg_options *options, td
         return not_initialized();
     td_pg *pg;
     TD_TRY(td_pg_new_group(def, ranks, n, options, &pg));
-    pthread_mutex_lock(&g_mu);
-    TD_VEC_PUSH(&g_groups, pg);
-    pthread_mutex_unlock(&g_mu);
+    pg_world *w = world_lock();
+    TD_VEC_PUSH(&w->groups, pg);
+    world_unlock(w);
     if (out)
         *out = pg;
     return TD_OK;

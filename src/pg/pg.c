@@ -1315,10 +1315,21 @@ void pg_destroy_now(td_pg *pg)
 
 /* ---- queries ------------------------------------------------------------------------------- */
 
-/* What a NULL group argument means; default_group.c, above this file, sets it. */
+/* What a NULL group argument means; default_group.c, above this file, sets both. A harness rank
+ * thread has a world of its own (its default group is only ever read and set by that thread);
+ * every other thread uses the process's. One thread-local read on the collective path. */
 static _Atomic(td_pg *) default_group;
+static __thread pg_world *tl_world;
 
-td_pg *pg_default_group(void) { return atomic_load_explicit(&default_group, memory_order_acquire); }
+pg_world *pg_thread_world(void) { return tl_world; }
+
+void pg_set_thread_world(pg_world *world) { tl_world = world; }
+
+td_pg *pg_default_group(void)
+{
+    pg_world *own = tl_world;
+    return own ? own->default_pg : atomic_load_explicit(&default_group, memory_order_acquire);
+}
 
 void pg_set_default_group(td_pg *pg) { atomic_store_explicit(&default_group, pg, memory_order_release); }
 

@@ -224,9 +224,27 @@ static inline td_status pg_check_usable(td_pg *g, const char *opname)
         return TD_OK;
     return pg_not_usable(g, opname);
 }
-/* The group a call names: NULL means the default group (NULL when there is none), which
- * default_group.c sets. */
+/* The default group's world, what torch.distributed's _World holds: the default group and the
+ * groups td_new_group made from it (destroyed with it, newest first). The process has one
+ * (default_group.c, under its lock); a rank thread of the threaded test harness has its own
+ * (pg_thread_world_begin), which only that thread touches, as PyTorch's MultiThreadedTestCase
+ * installs a ThreadLocalWorld. */
+typedef struct pg_world {
+    td_pg *default_pg;
+    TD_VEC(td_pg *) groups;
+} pg_world;
+/* The calling thread's own world, NULL for every thread but a harness rank thread. */
+pg_world *pg_thread_world(void);
+void pg_set_thread_world(pg_world *world);
+/* default_group.c: gives the calling thread a world of its own (the threaded harness, at the start
+ * of a rank thread); _end destroys what is left in it (its default group and subgroups) and returns
+ * the thread to the process's world. */
+void pg_thread_world_begin(void);
+void pg_thread_world_end(void);
+/* The group a call names: NULL means the default group of the calling thread's world (NULL when
+ * there is none), which default_group.c sets: the thread's own world's, else the process's. */
 td_pg *pg_default_group(void);
+/* Sets the process's default group (default_group.c; a thread's own world holds its own). */
 void pg_set_default_group(td_pg *pg);
 static inline td_pg *pg_or_default(td_pg *pg) { return pg ? pg : pg_default_group(); }
 /* Both: *out gets the group. */

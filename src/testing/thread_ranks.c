@@ -6,9 +6,13 @@
  * "Thread R exited with exception:\n<message>\n" and unwinds the thread with longjmp; a skip
  * records its code. The first failure or skip marks the test aborted and calls the abort hooks
  * once, so that ranks blocked in a collective of the threaded backend wake up (c10d's
- * ProcessLocalGroup.exception_handle). After all threads are joined the process reports with the
- * threaded decision table (C13): errors (in the order they happened) -> exit 10 with their text;
- * else a TEST_SKIPS code -> that exit code; else (also for any other code, trap T16) a pass. */
+ * ProcessLocalGroup.exception_handle). Each rank thread has its own default group (pg_impl.h's
+ * pg_world, as c10d's ThreadLocalWorld): td_init_process_group and the calls that name no group
+ * act on the rank's own, and whatever the rank left in it is destroyed when its thread ends, also
+ * after a failed check, so that its peers see it leave. After all threads are joined the process
+ * reports with the threaded decision table (C13): errors (in the order they happened) -> exit 10
+ * with their text; else a TEST_SKIPS code -> that exit code; else (also for any other code, trap
+ * T16) a pass. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdatomic.h>
@@ -20,6 +24,7 @@
 #include "base/alloc.h"
 #include "base/log.h"
 #include "base/vec.h"
+#include "pg/pg_impl.h"
 #include "testing/harness.h"
 
 typedef struct rank_thread {
@@ -143,8 +148,11 @@ static void *rank_main(void *arg)
     tl_self = self;
     stacks_set_thread_rank(self->ctx.rank);
     log_set_rank(self->ctx.rank);
+    pg_thread_world_begin();
     if (setjmp(self->unwind) == 0)
         g_thr.test_case->fn(&self->ctx);
+    /* Also after a failed check: the group the rank left goes, and its peers see it leave. */
+    pg_thread_world_end();
     tl_self = NULL;
     atomic_store(&self->finished, true);
     return NULL;

@@ -122,11 +122,168 @@ TD_TEST(default_group, .world_size = 2, .params = TD_PG_PROCESS_BACKENDS, .stati
     default_group_body(ctx);
 }
 
-/* The threaded backend hosts one rank per process only in process mode (the default group is
- * process-global, so threaded mode cannot run this). */
+/* The threaded backend with one rank in a process, whose default group is the process's. */
 TD_TEST(default_group_single, .world_size = 1, .params = TD_PG_THREAD_BACKENDS, .timeout_s = 60)
 {
     default_group_body(ctx);
+}
+
+/* In threaded mode each rank thread has its own default group (c10d's ThreadLocalWorld): the same
+ * body, ranks as threads. */
+TD_TEST(default_group_threaded, .world_size = 3, .threads = true, .params = TD_PG_THREAD_BACKENDS, .timeout_s = 60)
+{
+    default_group_body(ctx);
+}
+
+/* What a thread a rank starts sees: the process's default group (none in threaded mode). */
+typedef struct default_seen {
+    bool initialized;
+    int rank, world_size;
+    td_pg *pg;
+} default_seen;
+
+static void *see_default(void *arg)
+{
+    default_seen *seen = arg;
+    seen->initialized = td_is_initialized();
+    seen->rank = td_get_rank();
+    seen->world_size = td_get_world_size();
+    seen->pg = td_default_pg();
+    return NULL;
+}
+
+static default_seen seen_from_new_thread(void)
+{
+    default_seen seen = {0};
+    pthread_t t;
+    TD_CHECK(pthread_create(&t, NULL, see_default, &seen) == 0);
+    TD_CHECK(pthread_join(t, NULL) == 0);
+    return seen;
+}
+
+static void *destroy_default(void *arg)
+{
+    (void)arg;
+    td_destroy_process_group();
+    return NULL;
+}
+
+static td_pg *g_rank_defaults[4]; /* each rank thread's default group, to compare */
+
+/* Every default-group call on four rank threads at once: each has its own group, the collectives
+ * with a NULL group run on it, new_group works from it, and a thread the rank starts sees none. */
+TD_TEST(default_group_per_rank_thread, .world_size = 4, .threads = true, .params = TD_PG_THREAD_BACKENDS,
+        .timeout_s = 60)
+{
+    int ws = ctx->world_size, rank = ctx->rank;
+    TD_CHECK(!td_is_initialized());
+    td_pg_options o = pg_test_options(ctx, NULL);
+    TD_CHECK_OK(td_init_process_group(&o));
+    TD_CHECK(td_is_initialized());
+    TD_CHECK_EQ(td_get_rank(), rank);
+    TD_CHECK_EQ(td_get_world_size(), ws);
+    TD_CHECK_EQ(td_pg_rank(NULL), rank);
+    TD_CHECK_STR_EQ(td_pg_backend(NULL), "threaded");
+    TD_CHECK_ERR(td_init_process_group(&o), TD_ERR_ALREADY, "trying to initialize the default process group twice!");
+
+    td_tensor *t = ones(TD_FLOAT32, 4);
+    TD_CHECK_OK(td_pg_all_reduce(NULL, t, TD_OP_SUM, NULL));
+    TD_CHECK_NEAR(sum_of(t), 4.0 * ws, 0);
+    td_tensor *b = NULL;
+    TD_CHECK_OK(td_tensor_full(TD_FLOAT32, TD_SHAPE(3), (double)(rank + 10), &b));
+    TD_CHECK_OK(td_pg_broadcast(NULL, b, 2, NULL));
+    TD_CHECK_NEAR(sum_of(b), 3.0 * 12, 0);
+    g_rank_defaults[rank] = td_default_pg();
+    TD_CHECK_OK(td_pg_barrier(NULL, NULL));
+    for (int r = 0; r < ws; r++) /* four groups, one per rank thread */
+        TD_CHECK(r == rank || g_rank_defaults[r] != g_rank_defaults[rank]);
+    TD_CHECK_OK(td_pg_barrier(NULL, NULL)); /* nobody reads the array after this */
+
+    default_seen seen = seen_from_new_thread();
+    TD_CHECK(!seen.initialized);
+    TD_CHECK_EQ(seen.rank, -1);
+    TD_CHECK_EQ(seen.world_size, -1);
+    TD_CHECK(seen.pg == NULL);
+
+    int evens[] = {0, 2};
+    td_pg *sub = NULL;
+    TD_CHECK_OK(td_new_group(evens, 2, NULL, &sub));
+    td_tensor *s = ones(TD_FLOAT32, 2);
+    if (rank % 2 == 0) {
+        TD_CHECK_EQ(td_pg_rank(sub), rank / 2);
+        TD_CHECK_OK(td_pg_all_reduce(sub, s, TD_OP_SUM, NULL));
+        TD_CHECK_NEAR(sum_of(s), 4.0, 0);
+    } else {
+        TD_CHECK_EQ(td_pg_rank(sub), -1);
+    }
+    TD_CHECK_OK(td_pg_barrier(NULL, NULL));
+    td_destroy_process_group(); /* takes sub with it */
+    TD_CHECK(!td_is_initialized());
+    TD_CHECK_EQ(td_get_rank(), -1);
+    TD_CHECK_ERR(td_pg_barrier(NULL, NULL), TD_ERR_NOT_INIT, NOT_INIT_MSG);
+    td_tensor_release(t);
+    td_tensor_release(b);
+    td_tensor_release(s);
+}
+
+/* A rank thread that ends without destroying its default group: the harness destroys it when the
+ * thread ends (the case's leak check sees no worker thread left). */
+TD_TEST(default_group_left_to_the_harness, .world_size = 2, .threads = true, .params = TD_PG_THREAD_BACKENDS,
+        .timeout_s = 60)
+{
+    td_pg_options o = pg_test_options(ctx, NULL);
+    TD_CHECK_OK(td_init_process_group(&o));
+    td_pg *sub = NULL;
+    TD_CHECK_OK(td_new_group(NULL, 0, NULL, &sub));
+    TD_CHECK_OK(td_pg_barrier(NULL, NULL));
+}
+
+/* A rank thread that fails a check leaves its default group, which the harness destroys as the
+ * thread unwinds: the ranks waiting for it in a collective fail instead of hanging. */
+TD_TEST(inner_default_group_rank_fails, .world_size = 3, .threads = true, .params = TD_PG_THREAD_BACKENDS,
+        .timeout_s = 30, .hidden = true)
+{
+    td_pg_options o = pg_test_options(ctx, NULL);
+    TD_CHECK_OK(td_init_process_group(&o));
+    TD_CHECK_OK(td_pg_barrier(NULL, NULL));
+    if (ctx->rank == 1)
+        TD_FAIL("rank 1 gives up");
+    td_tensor *t = ones(TD_FLOAT32, 4);
+    td_status st = td_pg_all_reduce(NULL, t, TD_OP_SUM, NULL);
+    td_tensor_release(t);
+    TD_CHECK(st != TD_OK);
+    td_destroy_process_group();
+}
+
+TD_TEST(default_group_rank_thread_fails, .timeout_s = 60, .static_skip = pg_test_skip_unavailable,
+        .params = TD_PG_THREAD_BACKENDS)
+{
+    td_test_result r;
+    TD_CHECK_OK(td_test_run("inner_default_group_rank_fails/threaded", &r));
+    TD_CHECK_EQ(r.verdict, TD_TEST_FAIL);
+    TD_CHECK_CONTAINS(r.message, "Thread 1 exited with exception:\n");
+    TD_CHECK_CONTAINS(r.message, "rank 1 gives up");
+    TD_CHECK(strstr(r.message, "Thread 0") == NULL); /* the others' collectives failed, as they expected */
+    TD_CHECK(strstr(r.message, "Thread 2") == NULL);
+    td_test_result_free(&r);
+}
+
+/* An ordinary process keeps the process-wide default group: a thread the body starts sees the
+ * group the main thread made, and can destroy it. */
+TD_TEST(default_group_process_wide, .world_size = 2, .params = "tcp", .timeout_s = 60)
+{
+    td_pg_options o = pg_test_options(ctx, NULL);
+    TD_CHECK_OK(td_init_process_group(&o));
+    default_seen seen = seen_from_new_thread();
+    TD_CHECK(seen.initialized);
+    TD_CHECK_EQ(seen.rank, ctx->rank);
+    TD_CHECK_EQ(seen.world_size, ctx->world_size);
+    TD_CHECK(seen.pg == td_default_pg());
+    TD_CHECK_OK(td_pg_barrier(NULL, NULL));
+    pthread_t t;
+    TD_CHECK(pthread_create(&t, NULL, destroy_default, NULL) == 0);
+    TD_CHECK(pthread_join(t, NULL) == 0);
+    TD_CHECK(!td_is_initialized());
 }
 
 /* The threaded backend needs its ranks in one process: ranks in two processes get a clear error

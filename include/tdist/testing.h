@@ -201,6 +201,38 @@ TD_API void td_test_check_err_(td_status got, td_status want, const char *substr
 TD_API void td_test_check_str_(const char *a, const char *b, bool contains, const char *ea, const char *eb,
                                const char *file, int line);
 
+/* ---- subtests (c10d's run_subtests) ------------------------------------------------------- */
+
+struct td_pg; /* tdist/pg.h */
+
+/* One dimension of a subtest configuration: a name and its values, shown in the combination's
+ * label ("dtype=f32"). A test keeps the typed values in its own arrays, in the same order, and
+ * picks them with td_subtest.index. */
+typedef struct td_subtest_dim {
+    const char *name;
+    const char *const *values;
+    int count;
+} td_subtest_dim;
+
+/* The combination a subtest runs with. Valid during the callback. */
+typedef struct td_subtest {
+    const td_subtest_dim *dims;
+    int ndims;
+    const int *index;  /* index[d]: which value of dims[d] (dims[d].values[index[d]]) */
+    int number;        /* 0 .. count-1, in itertools.product's order: the last dimension fastest */
+    int count;         /* how many combinations: the product of the counts (1 for no dimension) */
+    const char *label; /* "dtype=f32, size=4" ("" for no dimension) */
+} td_subtest;
+
+/* Runs fn once per combination of the dimensions' values, in this rank, then a barrier on group
+ * (NULL: the default group when one is initialized, else no barrier), as c10d's run_subtests runs
+ * test_fn under subTest(**kwargs) and c10d.barrier() after each: one spawn and one group serve
+ * every combination. Every rank must call it with the same dimensions. A failed check inside fn
+ * ends the rank as usual, its message starting "subtest (<label>): "; the combinations after it
+ * are not run. The running combination is also the thread's breadcrumb (stacks of a hung case). */
+TD_API void td_test_run_subtests(td_test_ctx *ctx, struct td_pg *group, const td_subtest_dim *dims, int ndims,
+                                 void (*fn)(td_test_ctx *ctx, const td_subtest *sub, void *arg), void *arg);
+
 /* ---- running cases from code (the harness's own meta-tests use this) ---------------------- */
 
 typedef enum td_test_verdict { TD_TEST_PASS = 0, TD_TEST_FAIL = 1, TD_TEST_SKIP = 2 } td_test_verdict;

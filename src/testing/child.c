@@ -41,6 +41,9 @@ static struct {
 void td_test_fail(const char *file, int line, const char *fmt, ...)
 {
     td_buf m = TD_BUF_INIT;
+    const char *subtest = harness_subtest_label();
+    if (subtest)
+        buf_printf(&m, "subtest (%s): ", subtest);
     buf_printf(&m, "%s:%d: ", file, line);
     va_list ap;
     va_start(ap, fmt);

@@ -6,6 +6,7 @@
  *   thread_ranks.c ranks as threads of one child process
  *   cases.c       case registry, skip table, the harness's log lines (both sides use it)
  *   ctl.c         the control-channel frames between parent and rank, and a rank's failed exit
+ *   subtests.c    td_test_run_subtests (c10d's run_subtests) and the running combination's label
  *
  * Calls go down this list's dependency order: entry.c uses supervisor.c and child.c, child.c uses
  * thread_ranks.c, and all of them use cases.c, ctl.c and the helpers below.
@@ -106,6 +107,11 @@ void harness_threaded_add_hook(void (*fn)(void *), void *arg);
 void harness_threaded_remove_hook(void (*fn)(void *), void *arg);
 /* Appends "ranks still running" for a traceback request in threaded mode; false in process mode. */
 bool harness_threaded_pending(td_buf *out);
+
+/* ---- subtests (subtests.c) ----------------------------------------------------------------- */
+
+/* The label of the subtest the calling thread is running ("dtype=f32, size=4"), NULL outside one. */
+const char *harness_subtest_label(void);
 
 /* ---- leak checks ------------------------------------------------------------------------- */
 

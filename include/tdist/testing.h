@@ -114,10 +114,41 @@ typedef struct td_test_case {
      * runtimes the body starts and that stay until exit, such as MPI's (the pg tests create and
      * destroy one mpi group here). */
     void (*setup)(td_test_ctx *ctx);
+    /* Shared spawn (c10d's MultiProcContinousTest): cases naming the same suite that run one after
+     * another with the same world size share one set of rank processes. See "Suites" below. */
+    const char *suite;
     struct td_test_case *next; /* registry link, set by td_test_register */
 } td_test_case;
 
 TD_API void td_test_register(td_test_case *c);
+
+/* Suites: consecutive selected cases with the same .suite and world size (process ranks only) run
+ * in ONE set of rank processes: each rank runs the suite's setup once (e.g. td_init_process_group:
+ * one rendezvous for all of them), then each case's body in turn, each with its own temp dir
+ * (ctx->tmpdir, a subdirectory of the suite's; TMPDIR is the suite's) and its own leak check of fds
+ * and threads, then the teardown. Every case gets its own verdict. A rank that fails or skips ends
+ * its process as in any case, so the case it was in gets the verdict of the usual decision table,
+ * the suite's ranks are stopped, and the cases after it run in a fresh spawn (setup again): a
+ * failing case fails only itself. Files left in a case's dir fail that case; /dev/shm segments and
+ * processes are checked once per spawn, and with the suite's own dir and a failing teardown they
+ * count against the last case run in it. A suite case run alone (td_test_run, --td-external) runs
+ * with its suite's setup and teardown. */
+typedef struct td_test_suite {
+    const char *name;
+    void (*setup)(td_test_ctx *ctx);    /* in each rank before the first case; ctx->name is the suite's */
+    void (*teardown)(td_test_ctx *ctx); /* in each rank after the last case of the spawn */
+    struct td_test_suite *next;         /* registry link */
+} td_test_suite;
+
+TD_API void td_test_register_suite(td_test_suite *s);
+
+/* Declares a suite's setup and teardown (optional: cases may share a spawn without them). */
+#define TD_TEST_SUITE(sname, ...)                                          \
+    __attribute__((constructor)) static void td_test_suite_reg_##sname(void) \
+    {                                                                      \
+        static td_test_suite s = {.name = #sname, __VA_ARGS__};            \
+        td_test_register_suite(&s);                                        \
+    }
 
 /* Declares and registers a case; the body sees `td_test_ctx *ctx`. Options are td_test_case
  * fields as designated initializers. */
@@ -255,6 +286,10 @@ typedef struct td_test_result {
 /* Runs one registered case (by name, "<name>/<param>" for a parameter) under the supervisor and
  * fills *result (free with td_test_result_free). Returns TD_ERR_NOT_FOUND for an unknown name. */
 TD_API td_status td_test_run(const char *name, td_test_result *result);
+/* Runs n instances in order as the command line does: consecutive cases of one suite share a
+ * spawn (results[i].spawned is the number of processes started for instance i: 0 for a case that
+ * ran in the ranks of an earlier one). TD_ERR_NOT_FOUND (nothing run) for an unknown name. */
+TD_API td_status td_test_run_list(const char *const *names, int n, td_test_result *results);
 TD_API void td_test_result_free(td_test_result *result);
 
 #ifdef __cplusplus

@@ -1,5 +1,6 @@
 /* The case registry: TD_TEST registers each case from a constructor; a case with .params expands
- * to one instance per parameter, named "<case>/<param>". Also what both sides of the harness share:
+ * to one instance per parameter, named "<case>/<param>"; TD_TEST_SUITE registers a suite's setup
+ * and teardown. Also what both sides of the harness share:
  * a case's world size, timeout and store path, and the harness's log lines. The command line that
  * runs cases is entry.c. */
 #include <ctype.h>
@@ -29,6 +30,22 @@ void td_test_register(td_test_case *c)
     else
         g_head = c;
     g_tail = c;
+}
+
+static td_test_suite *g_suites;
+
+void td_test_register_suite(td_test_suite *s)
+{
+    s->next = g_suites;
+    g_suites = s;
+}
+
+const td_test_suite *harness_find_suite(const char *name)
+{
+    for (td_test_suite *s = name ? g_suites : NULL; s; s = s->next)
+        if (strcmp(s->name, name) == 0)
+            return s;
+    return NULL;
 }
 
 static const char *const skip_messages[] = {

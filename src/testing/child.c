@@ -11,7 +11,9 @@
  * the same way without a parent: no control channel (a failure's message is logged on stderr,
  * which the launcher shows), the case's static skip checked here, and a watchdog thread in place
  * of the supervisor's timeout that logs the rank's stacks and exits 10. A case's setup hook runs
- * before the leak baseline in both modes. */
+ * before the leak baseline in both modes. A case of a suite runs inside its suite's setup and
+ * teardown, and a suite's batch (--td-cases) runs its cases one after another in this process,
+ * telling the parent of each one passed (TD_CTL_CASE_DONE). */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -114,6 +116,34 @@ bool td_test_aborted(const td_test_ctx *ctx) { return ctx && ctx->threaded && ha
 
 /* ---- the event listener ------------------------------------------------------------------- */
 
+/* A suite rank's wait for the parent's TD_CTL_CASE_ACK after each case (the listener reads it). */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool enabled; /* the listener runs */
+    bool closed;  /* the channel is gone: nobody will answer */
+    uint32_t acked;
+} g_ack = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static void ack_update(bool closed)
+{
+    pthread_mutex_lock(&g_ack.mu);
+    if (closed)
+        g_ack.closed = true;
+    else
+        g_ack.acked++;
+    pthread_cond_broadcast(&g_ack.cv);
+    pthread_mutex_unlock(&g_ack.mu);
+}
+
+static void ack_wait(uint32_t count)
+{
+    pthread_mutex_lock(&g_ack.mu);
+    while (g_ack.enabled && !g_ack.closed && g_ack.acked < count)
+        pthread_cond_wait(&g_ack.cv, &g_ack.mu);
+    pthread_mutex_unlock(&g_ack.mu);
+}
+
 static void *listener_main(void *arg)
 {
     (void)arg;
@@ -139,6 +169,10 @@ static void *listener_main(void *arg)
             harness_log(NULL, "Event listener of process %d stops: %s", g_child.rank, td_last_error());
             break;
         }
+        if (type == TD_CTL_CASE_ACK) {
+            ack_update(false);
+            continue;
+        }
         harness_log(NULL, "Received event %u on process %d", type, g_child.rank);
         if (type != TD_CTL_GET_TRACEBACK)
             continue;
@@ -152,6 +186,7 @@ static void *listener_main(void *arg)
             harness_log(NULL, "Process %d sent traceback", g_child.rank);
         buf_free(&text);
     }
+    ack_update(true);
     buf_free(&payload);
     return NULL;
 }
@@ -191,6 +226,103 @@ static void *watchdog_main(void *arg)
     return NULL;
 }
 
+/* ---- running cases ------------------------------------------------------------------------- */
+
+/* The context of one instance in dir (which the context's strings own, with the parameter). */
+static void ctx_init(td_test_ctx *ctx, const char *name, const char *param, size_t plen, const char *dir, int rank,
+                     int world_size, bool threaded)
+{
+    char *store = harness_store_path(dir);
+    *ctx = (td_test_ctx){
+        .rank = rank,
+        .world_size = world_size,
+        .name = name,
+        .param = alloc_strndup(param, plen),
+        .tmpdir = dir,
+        .store_path = store,
+        .init_url = alloc_printf("file://%s", store),
+        .threaded = threaded,
+    };
+}
+
+static void ctx_free(td_test_ctx *ctx)
+{
+    free((char *)ctx->param);
+    free((char *)ctx->store_path);
+    free((char *)ctx->init_url);
+}
+
+/* A process case: its setup hook, then the body between two leak snapshots. */
+static void run_case(td_test_case *c, td_test_ctx *ctx)
+{
+    if (c->setup)
+        c->setup(ctx);
+    td_leak_snapshot before = {0};
+    if (!c->no_leak_check)
+        leak_snapshot_take(&before);
+    c->fn(ctx);
+    if (!c->no_leak_check) {
+        char *leak = leak_check(&before, leak_grace_ms(c));
+        leak_snapshot_free(&before);
+        if (leak)
+            harness_fail_process(leak);
+    }
+}
+
+/* A suite's batch in this rank (testing.h, "Suites"): the suite's setup, each case in turn in its
+ * own dir (<dir>/<index> when the supervisor runs a batch, else dir itself), each passed case
+ * reported to the parent, then the teardown, with a leak check around the whole. A failure or skip
+ * ends the process as in any case. */
+static void run_suite(const td_harness_child_args *a, td_test_case *first, td_test_ctx *suite_ctx)
+{
+    const td_test_suite *fixture = harness_find_suite(first->suite);
+    td_leak_snapshot before = {0};
+    if (!first->no_leak_check)
+        leak_snapshot_take(&before);
+    suite_ctx->name = first->suite;
+    if (fixture && fixture->setup)
+        fixture->setup(suite_ctx);
+    const char *list = a->suite_cases ? a->suite_cases : a->name;
+    uint32_t index = 0;
+    for (const char *p = list; *p; index++) {
+        size_t n = strcspn(p, ",");
+        char *name = alloc_strndup(p, n);
+        p += n + (p[n] == ',');
+        td_test_case *c;
+        const char *param;
+        size_t plen;
+        if (!harness_find(name, &c, &param, &plen))
+            harness_fail_process(alloc_printf("no test case named '%s' in this binary", name));
+        char *dir = a->suite_cases ? alloc_printf("%s/%u", a->dir, index) : alloc_strdup(a->dir);
+        td_test_ctx ctx;
+        ctx_init(&ctx, name, param, plen, dir, a->rank, a->world_size, false);
+        if (a->suite_cases) /* under the supervisor: no watchdog thread reads the name */
+            g_child.name = name;
+        run_case(c, &ctx);
+        ctx_free(&ctx);
+        free(dir);
+        if (a->suite_cases)
+            g_child.name = a->name;
+        free(name);
+        unsigned char le[4] = {(unsigned char)index, (unsigned char)(index >> 8), (unsigned char)(index >> 16),
+                               (unsigned char)(index >> 24)};
+        fflush(stdout); /* the parent reads what the case printed before its report */
+        fflush(stderr);
+        if (g_child.ctl >= 0 && ctl_send(g_child.ctl, TD_CTL_CASE_DONE, le, sizeof le) != TD_OK)
+            harness_fail_process(alloc_printf("could not report case %u of the suite: %s", index, td_last_error()));
+        ack_wait(index + 1);
+    }
+    suite_ctx->name = first->suite;
+    if (fixture && fixture->teardown)
+        fixture->teardown(suite_ctx);
+    if (!first->no_leak_check) {
+        char *leak = leak_check(&before, leak_grace_ms(first));
+        leak_snapshot_free(&before);
+        if (leak)
+            harness_fail_process(alloc_printf("suite %s, after its teardown: %s", first->suite, leak));
+    }
+}
+
 /* ---- main of a rank ----------------------------------------------------------------------- */
 
 int harness_child_main(const td_harness_child_args *a)
@@ -224,19 +356,8 @@ int harness_child_main(const td_harness_child_args *a)
     if (!c->threads)
         stacks_set_thread_rank(a->rank);
 
-    char *param_copy = alloc_strndup(param, plen);
-    char *store = harness_store_path(a->dir);
-    char *url = alloc_printf("file://%s", store);
-    td_test_ctx ctx = {
-        .rank = a->rank,
-        .world_size = a->world_size,
-        .name = a->name,
-        .param = param_copy,
-        .tmpdir = a->dir,
-        .store_path = store,
-        .init_url = url,
-        .threaded = c->threads,
-    };
+    td_test_ctx ctx;
+    ctx_init(&ctx, a->name, param, plen, a->dir, a->rank, a->world_size, c->threads);
 
     pthread_t listener;
     bool listening = false, watching = false;
@@ -252,27 +373,19 @@ int harness_child_main(const td_harness_child_args *a)
             harness_log(NULL, "%s; the case's timeout is left to the launcher", td_last_error());
     } else if (pipe2(g_child.stop, O_CLOEXEC) == 0) {
         harness_note(NULL, "Starting event listener thread for rank %d", a->rank);
+        g_ack.enabled = true; /* before the thread starts: it may clear it (closed) */
         listening = thread_start(&listener, "td-listener", listener_main, NULL) == TD_OK;
+        g_ack.enabled = listening;
         if (!listening)
             harness_log(NULL, "%s; hung-rank stacks will not be available", td_last_error());
     }
 
-    if (c->threads) {
+    if (c->threads)
         harness_threaded_main(c, &ctx, a->ctl_fd);
-    } else {
-        if (c->setup)
-            c->setup(&ctx);
-        td_leak_snapshot before = {0};
-        if (!c->no_leak_check)
-            leak_snapshot_take(&before);
-        c->fn(&ctx);
-        if (!c->no_leak_check) {
-            char *leak = leak_check(&before, leak_grace_ms(c));
-            leak_snapshot_free(&before);
-            if (leak)
-                harness_fail_process(leak);
-        }
-    }
+    else if (c->suite)
+        run_suite(a, c, &ctx);
+    else
+        run_case(c, &ctx);
 
     if (listening) {
         (void)!write(g_child.stop[1], "x", 1);
@@ -291,9 +404,7 @@ int harness_child_main(const td_harness_child_args *a)
     }
     if (!external)
         close(g_child.ctl);
-    free(param_copy);
-    free(store);
-    free(url);
+    ctx_free(&ctx);
     fflush(stdout);
     fflush(stderr);
     return 0;

@@ -34,6 +34,8 @@ enum {
     TD_CTL_TRACEBACK = 2,     /* rank -> parent: text of the stacks */
     TD_CTL_ERROR = 3,         /* rank -> parent: the failure message, sent before exit code 10 */
     TD_CTL_PENDING = 4,       /* threaded rank -> parent: space-separated thread ranks still running */
+    TD_CTL_CASE_DONE = 5,     /* suite rank -> parent: u32 (LE) index of the case it just passed */
+    TD_CTL_CASE_ACK = 6,      /* parent -> suite rank: the report was read (the output before it too) */
 };
 #define TD_CTL_HEADER 5u
 #define TD_CTL_MAX_PAYLOAD (64u << 20) /* a larger length is a protocol error */
@@ -67,8 +69,21 @@ int harness_world_size(const td_test_case *c);
 /* "<dir>/store" and "file://<dir>/store", the FileStore rendezvous of a test dir (new strings). */
 char *harness_store_path(const char *dir);
 
-/* Runs one instance under the supervisor (the body of td_test_run). */
-void harness_supervise(td_test_case *c, const char *param, const char *instance, td_test_result *r);
+/* The registered suite of that name (setup and teardown), or NULL. */
+const td_test_suite *harness_find_suite(const char *name);
+
+/* A selected instance of a case. */
+typedef struct harness_instance {
+    td_test_case *c;
+    const char *name;  /* "case" or "case/param" */
+    const char *param; /* "" when none */
+} harness_instance;
+
+/* How many instances from list[0] share one spawn: consecutive cases of the same suite and world
+ * size (1 for a case without a suite). */
+int harness_batch_len(const harness_instance *list, int n);
+/* Runs one batch (harness_batch_len) under the supervisor: one result per instance. */
+void harness_supervise(const harness_instance *list, int n, td_test_result *results);
 /* True when TDIST_TEST_SANDCASTLE says skips pass. */
 bool harness_sandcastle(void);
 /* One harness log line: to stderr and, when log is not NULL, appended to it. */
@@ -85,6 +100,7 @@ typedef struct td_harness_child_args {
     int world_size;
     const char *dir;
     int ctl_fd; /* -1: started by an external launcher (--td-external), no supervisor */
+    const char *suite_cases; /* a suite's batch: its instance names, comma-separated (NULL: name) */
 } td_harness_child_args;
 
 /* The whole life of a rank process (or of the threaded child); returns main's exit code. */

@@ -16,7 +16,14 @@
  * A rank that the harness killed is recorded as TD_TEST_NOT_EXITED, never as a racy signal code
  * (trap T4). Besides exit code 10, a rank that dies by a signal or exits non-zero with a non-skip
  * code also stops the others, after a short settling delay so that ranks finishing on their own
- * keep their real exit codes (trap T5); the verdict texts stay those of the table. */
+ * keep their real exit codes (trap T5); the verdict texts stay those of the table.
+ *
+ * A suite's batch (testing.h, "Suites") is one spawn for several cases: each rank reports every
+ * case it passed (TD_CTL_CASE_DONE) and starts the next only when the parent says all ranks passed
+ * it (TD_CTL_CASE_ACK), so the ranks are always in the same case: each case's output, elapsed time
+ * and timeout are its own, and when a rank fails, skips or hangs, the case they are in gets the
+ * table's verdict and the cases after it run in a fresh spawn (supervise_spawn returns how many it
+ * judged). */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -59,17 +66,22 @@ typedef struct rank_proc {
     bool tb_asked;
     int code;
     bool exited, killed;
+    int done; /* a suite's batch: how many of its cases this rank reported passed */
 } rank_proc;
 
 typedef struct sup {
-    td_test_case *test_case;
+    td_test_case *test_case; /* the case started, then the one being judged */
     const char *name;
     td_test_result *result;
+    const harness_instance *const *cases; /* what the ranks run: one case, or a suite's batch */
+    int ncases;
+    char *case_list; /* a batch: the names for --td-cases; NULL for one case */
     rank_proc *ranks;
     int nranks;
     pid_t pgid;
     bool quiet;
-    td_buf log, output;
+    td_buf log;
+    td_buf *outputs; /* per case: the ranks' lines while they ran it */
     int64_t start_ns;
     int64_t timeout_ms;
 } sup;
@@ -136,11 +148,12 @@ static void emit_line(sup *s, rank_proc *p, int stream, const char *data, size_t
             fflush(stdout);
         write_fully(stream == 0 ? STDOUT_FILENO : STDERR_FILENO, line.data, line.len);
     }
-    buf_append(&s->output, line.data, line.len);
-    if (s->output.len > OUTPUT_CAP + OUTPUT_CAP / 4) {
-        size_t drop = s->output.len - OUTPUT_CAP;
-        const char *nl = memchr(s->output.data + drop, '\n', s->output.len - drop);
-        buf_consume(&s->output, nl ? (size_t)(nl - s->output.data) + 1 : drop);
+    td_buf *out = &s->outputs[p->done < s->ncases ? p->done : s->ncases - 1];
+    buf_append(out, line.data, line.len);
+    if (out->len > OUTPUT_CAP + OUTPUT_CAP / 4) {
+        size_t drop = out->len - OUTPUT_CAP;
+        const char *nl = memchr(out->data + drop, '\n', out->len - drop);
+        buf_consume(out, nl ? (size_t)(nl - out->data) + 1 : drop);
     }
     buf_free(&line);
 }
@@ -179,6 +192,8 @@ static char *copy_payload(const char *data, size_t len)
     return m;
 }
 
+static void drain_fd(sup *s, rank_proc *p, int which);
+
 static void on_frame(void *arg, uint8_t type, const char *data, size_t len)
 {
     frame_ctx *f = arg;
@@ -198,6 +213,20 @@ static void on_frame(void *arg, uint8_t type, const char *data, size_t len)
         free(p->pending);
         p->pending = copy_payload(data, len);
         break;
+    case TD_CTL_CASE_DONE: {
+        const unsigned char *u = (const unsigned char *)data;
+        uint32_t index = len == 4 ? (uint32_t)u[0] | (uint32_t)u[1] << 8 | (uint32_t)u[2] << 16 | (uint32_t)u[3] << 24
+                                  : UINT32_MAX;
+        if (index == (uint32_t)p->done && p->done < f->s->ncases) {
+            /* The rank flushed its output before reporting: it belongs to the case it finished. */
+            drain_fd(f->s, p, 1);
+            drain_fd(f->s, p, 2);
+            p->done++;
+        }
+        else
+            slog(f->s, "Ignoring a report of case %u from process %d, which had reported %d", index, p->rank, p->done);
+        break;
+    }
     default:
         slog(f->s, "Ignoring control message of unknown type %u from process %d", type, p->rank);
         break;
@@ -390,7 +419,7 @@ static td_status spawn_rank(sup *s, rank_proc *p, const char *dir, char **envp_b
     exe[en > 0 ? en : 0] = '\0';
     char *argv[] = {en > 0 ? exe : (char *)"tdist-test", (char *)"--td-child", (char *)s->name,
                     (char *)"--td-rank", rank_s, (char *)"--td-world", world_s, (char *)"--td-dir", (char *)dir,
-                    (char *)"--td-ctl", ctl_s, NULL};
+                    (char *)"--td-ctl", ctl_s, s->case_list ? (char *)"--td-cases" : NULL, s->case_list, NULL};
     /* The per-rank environment; built before fork, as only async-signal-safe calls may follow it. */
     char **envp = alloc_zeroed(nenv + 8, sizeof *envp);
     size_t k = 0;
@@ -469,6 +498,19 @@ fail:
             close(errp[i]);
     }
     return TD_ERR_IO;
+}
+
+/* A suite's batch: every rank finished the case before `next`; each waits for this to start it, so
+ * that the ranks run one case at a time (a rank's failure belongs to the case all are in) and no
+ * line of the next case is in the pipes before the report of the last one is read. */
+static void start_case(sup *s, int next)
+{
+    unsigned char ack[TD_CTL_HEADER] = {0, 0, 0, 0, TD_CTL_CASE_ACK};
+    for (int i = 0; i < s->nranks; i++) {
+        rank_proc *p = &s->ranks[i];
+        if (p->fds[0] >= 0 && send(p->fds[0], ack, sizeof ack, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof ack)
+            slog(s, "Could not start case %d on process %d: %s", next, p->rank, strerror(errno));
+    }
 }
 
 /* ---- timeouts ----------------------------------------------------------------------------- */
@@ -778,36 +820,61 @@ static char *make_test_dir(const char *instance)
     return dir;
 }
 
-void harness_supervise(td_test_case *c, const char *param, const char *instance, td_test_result *r)
+static void result_init(td_test_result *r, const harness_instance *in)
 {
     memset(r, 0, sizeof *r);
     r->message = alloc_strdup("");
+    r->world_size = harness_world_size(in->c);
+    for (int i = 0; i < 64; i++)
+        r->exit_codes[i] = TD_TEST_NOT_EXITED;
+}
+
+/* Leftover files of a case that passed fail it (suites: also the suite's own dir, charged to the
+ * last case judged in the spawn). */
+static void judge_files(sup *s, td_test_result *r, const td_test_case *c, const char *dir)
+{
+    char *files = r->verdict == TD_TEST_PASS && !c->allow_leftovers ? leftover_files(dir) : NULL;
+    if (files) {
+        slog(s, "%s", files);
+        set_verdict(r, TD_TEST_FAIL, files);
+    }
+}
+
+/* One spawn: the ranks run cases[0..n) (one case, or a suite's batch) and each case gets its
+ * verdict in results[]. The cases the ranks finished before the last one judged passed; the case a
+ * rank failed, skipped or hung in gets the decision table's verdict from the exit codes, and so does
+ * the batch's last case when all passed (its teardown and leak check count there). Returns how many
+ * cases were judged: the rest run in a fresh spawn. */
+static int supervise_spawn(const harness_instance *const *cases, int n, td_test_result *const *results)
+{
     int64_t t0 = clock_now_ns();
-    sup s = {.test_case = c, .name = instance, .result = r, .log = TD_BUF_INIT, .output = TD_BUF_INIT};
+    td_test_case *c = cases[0]->c;
+    sup s = {.test_case = c, .name = cases[0]->name, .result = results[0], .cases = cases, .ncases = n,
+             .log = TD_BUF_INIT};
     bool quiet = false;
     env_get_bool("TDIST_TEST_QUIET", false, &quiet);
     s.quiet = quiet;
     s.timeout_ms = harness_timeout_ms(c);
+    s.outputs = alloc_zeroed((size_t)n, sizeof *s.outputs);
+    int64_t *case_end = alloc_zeroed((size_t)n, sizeof *case_end);
+    int judged = 0;
     int ws = harness_world_size(c);
-    r->world_size = ws;
-    for (int i = 0; i < 64; i++)
-        r->exit_codes[i] = TD_TEST_NOT_EXITED;
 
-    const char *reason = c->static_skip ? c->static_skip(param) : NULL;
-    if (reason) {
-        if (harness_sandcastle()) {
-            slog(&s, "Skipping %s on sandcastle for following reason: %s", instance, reason);
-            set_verdict(r, TD_TEST_PASS, NULL);
-        } else {
-            set_verdict(r, TD_TEST_SKIP, alloc_strdup(reason));
-        }
+    char *dir = make_test_dir(c->suite ? c->suite : cases[0]->name);
+    if (!dir) {
+        set_verdict(results[0], TD_TEST_FAIL, alloc_strdup(td_last_error()));
         goto out;
     }
-
-    char *dir = make_test_dir(instance);
-    if (!dir) {
-        set_verdict(r, TD_TEST_FAIL, alloc_strdup(td_last_error()));
-        goto out;
+    if (c->suite) {
+        td_buf list = TD_BUF_INIT;
+        for (int j = 0; j < n; j++) {
+            buf_printf(&list, "%s%s", j ? "," : "", cases[j]->name);
+            char *sub = alloc_printf("%s/%d", dir, j);
+            if (mkdir(sub, 0700) != 0)
+                slog(&s, "Could not create %s: %s", sub, strerror(errno));
+            free(sub);
+        }
+        s.case_list = buf_steal(&list);
     }
     s.nranks = c->threads ? 1 : ws;
     s.ranks = alloc_zeroed((size_t)s.nranks, sizeof *s.ranks);
@@ -828,27 +895,41 @@ void harness_supervise(td_test_case *c, const char *param, const char *instance,
     fflush(stderr);
     s.start_ns = clock_now_ns();
     char *spawn_error = NULL;
+    int spawned = 0;
     for (int i = 0; i < s.nranks; i++) {
         if (spawn_rank(&s, &s.ranks[i], dir, envp, k) != TD_OK) {
             spawn_error = alloc_printf("Could not start process %d: %s", i, td_last_error());
             break;
         }
-        r->spawned++;
+        spawned++;
         snote(&s, "Started process %d with pid %d", i, (int)s.ranks[i].pid);
     }
     free(envp);
 
+    int64_t case_start = s.start_ns; /* of the case the slowest rank is in */
     int64_t deadline = s.start_ns + s.timeout_ms * 1000000;
     int64_t grace_ms = clamp_ms(s.timeout_ms / 4, 500, 3000);
     int64_t settle_ms = clamp_ms(s.timeout_ms / 10, 200, 1000);
     int64_t abort_at = 0;
-    int trigger = -1;
+    int trigger = -1, current = 0;
     if (spawn_error) {
         signal_remaining(&s, SIGKILL, true);
     } else {
         for (;;) {
             poll_once(&s, 100);
             reap(&s, false);
+            int slowest = n;
+            for (int i = 0; i < s.nranks; i++)
+                slowest = s.ranks[i].done < slowest ? s.ranks[i].done : slowest;
+            if (slowest > current) { /* every rank passed the cases before slowest: the next one's timeout */
+                int64_t now = clock_now_ns();
+                while (current < slowest)
+                    case_end[current++] = now;
+                start_case(&s, current);
+                case_start = now;
+                s.timeout_ms = harness_timeout_ms(cases[current < n ? current : n - 1]->c);
+                deadline = now + s.timeout_ms * 1000000;
+            }
             int err_rank = -1;
             for (int i = 0; i < s.nranks && err_rank < 0; i++)
                 if (s.ranks[i].exited && s.ranks[i].code == TD_TEST_ERROR_EXIT_CODE)
@@ -861,7 +942,7 @@ void harness_supervise(td_test_case *c, const char *param, const char *instance,
             }
             if (all_exited(&s))
                 break;
-            if (!c->skip_return_code_check && trigger < 0) {
+            if (!cases[current < n ? current : n - 1]->c->skip_return_code_check && trigger < 0) {
                 for (int i = 0; i < s.nranks && trigger < 0; i++) {
                     const rank_proc *p = &s.ranks[i];
                     if (p->exited && p->code != 0 && !td_skip_message(p->code)) {
@@ -887,9 +968,24 @@ void harness_supervise(td_test_case *c, const char *param, const char *instance,
         }
     }
     char elapsed[64];
-    pyfmt_float((double)(clock_now_ns() - s.start_ns) / 1e9, elapsed, sizeof elapsed);
+    pyfmt_float((double)(clock_now_ns() - case_start) / 1e9, elapsed, sizeof elapsed);
     finish(&s, grace_ms);
 
+    /* The first case some rank did not pass gets the exit codes' verdict (the last one when all did). */
+    int open = n;
+    for (int i = 0; i < s.nranks; i++)
+        open = s.ranks[i].done < open ? s.ranks[i].done : open;
+    judged = open < n ? open : n - 1;
+    for (int j = 0; j < judged; j++) {
+        td_test_result *rj = results[j];
+        for (int i = 0; i < s.nranks; i++)
+            rj->exit_codes[i] = 0;
+        rj->elapsed_s = (double)(case_end[j] - (j ? case_end[j - 1] : s.start_ns)) / 1e9;
+    }
+    td_test_result *r = results[judged];
+    s.test_case = cases[judged]->c;
+    s.name = cases[judged]->name;
+    s.result = r;
     for (int i = 0; i < s.nranks; i++) {
         const rank_proc *p = &s.ranks[i];
         bool by_us = p->killed && (p->code == -SIGTERM || p->code == -SIGKILL);
@@ -897,20 +993,20 @@ void harness_supervise(td_test_case *c, const char *param, const char *instance,
     }
     if (spawn_error)
         set_verdict(r, TD_TEST_FAIL, spawn_error);
-    else if (c->skip_return_code_check)
+    else if (s.test_case->skip_return_code_check)
         check_no_test_errors(&s, elapsed);
     else
         check_return_codes(&s, elapsed);
+    results[0]->spawned = spawned;
 
     /* Leftovers fail a case that passed; after a failure (a crash, a timeout) they are expected. */
     char *procs = leftover_processes(&s); /* always killed */
     char *shm = leftover_shm(&s);         /* always removed */
-    bool judge = r->verdict == TD_TEST_PASS && !c->allow_leftovers;
-    char *files = judge ? leftover_files(dir) : NULL;
-    char *extra[3] = {procs, judge ? shm : NULL, files};
+    bool judge = r->verdict == TD_TEST_PASS && !s.test_case->allow_leftovers;
+    char *extra[2] = {procs, judge ? shm : NULL};
     if (!judge)
         free(shm);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 2; i++) {
         if (!extra[i])
             continue;
         slog(&s, "%s", extra[i]);
@@ -919,6 +1015,16 @@ void harness_supervise(td_test_case *c, const char *param, const char *instance,
         else
             free(extra[i]);
     }
+    if (c->suite) {
+        for (int j = 0; j < n; j++) {
+            char *sub = alloc_printf("%s/%d", dir, j);
+            if (j <= judged)
+                judge_files(&s, results[j], cases[j]->c, sub);
+            remove_tree(sub);
+            free(sub);
+        }
+    }
+    judge_files(&s, r, s.test_case, dir);
     remove_tree(dir);
     free(dir);
     for (int i = 0; i < s.nranks; i++) {
@@ -932,25 +1038,91 @@ void harness_supervise(td_test_case *c, const char *param, const char *instance,
     }
     free(s.ranks);
 out:
-    r->log = buf_steal(&s.log);
-    r->output = buf_steal(&s.output);
-    r->elapsed_s = (double)(clock_now_ns() - t0) / 1e9;
+    r = results[judged];
+    r->elapsed_s = (double)(clock_now_ns() - (judged ? case_end[judged - 1] : t0)) / 1e9;
+    for (int j = 0; j <= judged; j++) {
+        results[j]->log = alloc_strndup(s.log.data ? s.log.data : "", s.log.len);
+        results[j]->output = buf_steal(&s.outputs[j]);
+    }
+    for (int j = 0; j < n; j++)
+        buf_free(&s.outputs[j]);
+    buf_free(&s.log);
+    free(s.outputs);
+    free(s.case_list);
+    free(case_end);
+    return judged + 1;
 }
 
-td_status td_test_run(const char *name, td_test_result *result)
+int harness_batch_len(const harness_instance *list, int n)
 {
-    td_test_case *c;
-    const char *param;
-    size_t plen;
-    if (!name || !harness_find(name, &c, &param, &plen)) {
-        memset(result, 0, sizeof *result);
-        return error_fmt(TD_ERR_NOT_FOUND, "no test case named '%s'", name ? name : "(null)");
-    }
-    char *p = alloc_strndup(param, plen);
-    harness_supervise(c, p, name, result);
-    free(p);
-    return TD_OK;
+    int len = 1;
+    const td_test_case *c = list[0].c;
+    while (c->suite && !c->threads && len < n && list[len].c->suite && strcmp(list[len].c->suite, c->suite) == 0 &&
+           harness_world_size(list[len].c) == harness_world_size(c))
+        len++;
+    return len;
 }
+
+void harness_supervise(const harness_instance *list, int n, td_test_result *results)
+{
+    /* Static skips first: no spawn for them, and the others share one. */
+    const harness_instance **run = alloc_zeroed((size_t)n, sizeof *run);
+    td_test_result **out = alloc_zeroed((size_t)n, sizeof *out);
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        const harness_instance *in = &list[i];
+        td_test_result *r = &results[i];
+        result_init(r, in);
+        const char *reason = in->c->static_skip ? in->c->static_skip(in->param) : NULL;
+        if (!reason) {
+            run[m] = in;
+            out[m++] = r;
+            continue;
+        }
+        td_buf log = TD_BUF_INIT;
+        if (harness_sandcastle()) {
+            harness_log(&log, "Skipping %s on sandcastle for following reason: %s", in->name, reason);
+            set_verdict(r, TD_TEST_PASS, NULL);
+        } else {
+            set_verdict(r, TD_TEST_SKIP, alloc_strdup(reason));
+        }
+        r->log = buf_steal(&log);
+        r->output = alloc_strdup("");
+    }
+    for (int k = 0; k < m;)
+        k += supervise_spawn(run + k, m - k, out + k);
+    free(run);
+    free(out);
+}
+
+td_status td_test_run_list(const char *const *names, int n, td_test_result *results)
+{
+    harness_instance *list = alloc_zeroed((size_t)n + 1, sizeof *list);
+    char **params = alloc_zeroed((size_t)n + 1, sizeof *params);
+    td_status st = TD_OK;
+    for (int i = 0; i < n && st == TD_OK; i++) {
+        const char *param;
+        size_t plen;
+        if (!names[i] || !harness_find(names[i], &list[i].c, &param, &plen))
+            st = error_fmt(TD_ERR_NOT_FOUND, "no test case named '%s'", names[i] ? names[i] : "(null)");
+        else
+            list[i] = (harness_instance){list[i].c, names[i], params[i] = alloc_strndup(param, plen)};
+    }
+    if (st != TD_OK)
+        memset(results, 0, (size_t)n * sizeof *results);
+    for (int k = 0; k < n && st == TD_OK;) {
+        int len = harness_batch_len(list + k, n - k);
+        harness_supervise(list + k, len, results + k);
+        k += len;
+    }
+    for (int i = 0; i < n; i++)
+        free(params[i]);
+    free(params);
+    free(list);
+    return st;
+}
+
+td_status td_test_run(const char *name, td_test_result *result) { return td_test_run_list(&name, 1, result); }
 
 void td_test_result_free(td_test_result *result)
 {

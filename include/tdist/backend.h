@@ -63,6 +63,39 @@ static inline bool td_coll_kind_rooted(td_coll_kind kind)
     return kind == TD_COLL_BROADCAST || kind == TD_COLL_REDUCE || kind == TD_COLL_GATHER || kind == TD_COLL_SCATTER;
 }
 
+/* What every rank must agree on about one collective: its kind, dtype, reduce op (the caller's:
+ * AVG stays AVG here), root and element count, made once per operation by the front end
+ * (td_coll_desc_make) and opaque to backends and transports, which compare descriptors as bytes.
+ * The tcp transport carries it in the header of each message of a collective, the same-host layer
+ * in each arrival, and the mpi backend exchanges it; a rank that finds another's description of
+ * collective #seq different from its own fails with both (td_coll_mismatch_format) instead of
+ * hanging or mixing data. seq is the front end's collective number, equal on ranks that agree. */
+typedef struct td_coll_desc {
+    uint64_t what;  /* kind | dtype << 8 | (reduce op + 1) << 16 | (root + 1) << 32 */
+    uint64_t count; /* elements (0 for all_to_all, whose counts differ between ranks) */
+    uint64_t seq;
+} td_coll_desc;
+
+/* reduce_op: a td_reduce_op, or -1 for a kind that does not reduce; root: -1 for none. */
+static inline td_coll_desc td_coll_desc_make(td_coll_kind kind, td_dtype dtype, int reduce_op, int root,
+                                             uint64_t count, uint64_t seq)
+{
+    td_coll_desc d = {(uint64_t)(uint8_t)kind | (uint64_t)(uint8_t)dtype << 8 | (uint64_t)(uint8_t)(reduce_op + 1) << 16 |
+                          (uint64_t)(uint32_t)(root + 1) << 32,
+                      kind == TD_COLL_ALL_TO_ALL ? 0 : count, seq};
+    return d;
+}
+
+/* Names the collective d describes, as its caller called it: "all_reduce(float32, 100 elements,
+ * sum)", "broadcast(float32, 100 elements, root 0)". Returns what snprintf returns. */
+TD_API int td_coll_desc_format(const td_coll_desc *d, char *out, size_t size);
+/* The message of a disagreement between rank_a, which runs a (named by td_coll_desc_format or the
+ * caller), and rank_b, which runs b: "Ranks disagree about collective #3: rank 0 runs ..., rank 1
+ * runs ...; every rank must run the same collectives with the same sizes" ("a collective" when seq
+ * is 0). */
+TD_API int td_coll_mismatch_format(char *out, size_t size, uint64_t seq, int rank_a, const char *a, int rank_b,
+                                   const char *b);
+
 typedef struct td_coll {
     td_coll_kind kind;
     td_dtype dtype;
@@ -73,6 +106,7 @@ typedef struct td_coll {
     int tag;             /* SEND, RECV */
     uint64_t seq;        /* per-group sequence number of collectives (p2p ops have their own) */
     int64_t deadline_ns; /* CLOCK_MONOTONIC; TD_DEADLINE_NONE (INT64_MAX) for none */
+    td_coll_desc desc;   /* collectives: what every rank must agree on (set by the front end) */
 
     size_t count;        /* elements of in / out (or of each block for the even block kinds) */
     const void *in;

@@ -673,7 +673,8 @@ static td_status detail_check(td_pg *pg, td_work *w)
 }
 
 /* The one call of the backend's submit, by the BUSY holder: the DETAIL check, PREMUL_SUM's
- * scaling, the backend's sequence number, submit. */
+ * scaling, the backend's sequence number and a collective's descriptor (what every rank must agree
+ * on, which the transports check: tdist/backend.h), submit. */
 __attribute__((always_inline)) static inline void pg_submit(td_pg *pg, td_work *w)
 {
     if (__builtin_expect(pg->debug != PG_DEBUG_OFF, 0)) {
@@ -695,8 +696,16 @@ __attribute__((always_inline)) static inline void pg_submit(td_pg *pg, td_work *
     if (__builtin_expect(w->reduce_op.kind == TD_PREMUL_SUM, 0))
         st = premul_inputs(w);
     if (st == TD_OK) {
-        w->coll.seq = w->is_p2p ? ++pg->last_backend_p2p_seq : ++pg->last_backend_seq;
-        st = pg->ops->submit(pg->state, &w->coll, w);
+        td_coll *c = &w->coll;
+        if (w->is_p2p) {
+            c->seq = ++pg->last_backend_p2p_seq;
+        } else {
+            c->seq = ++pg->last_backend_seq;
+            int reduce = td_coll_kind_reduces(c->kind) ? (int)w->reduce_op.kind : -1;
+            c->desc = td_coll_desc_make(c->kind, c->dtype, reduce, td_coll_kind_rooted(c->kind) ? c->root : -1,
+                                        c->count, w->seq);
+        }
+        st = pg->ops->submit(pg->state, c, w);
     }
     if (st != TD_OK)
         pg_work_finish(w, st, -1, alloc_strdup(td_last_error()));

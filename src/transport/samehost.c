@@ -286,10 +286,8 @@ static int check_member(samehost_set *set, int r, uint64_t e, const samehost_des
             char mine[96], theirs[96], msg[TD_XFER_ERROR_MAX + 64];
             d->describe(d->what, d->count, mine, sizeof mine);
             d->describe(what, count, theirs, sizeof theirs);
-            snprintf(msg, sizeof msg,
-                     "Ranks disagree about a collective: rank %d runs %s, rank %d runs %s; every rank must run the "
-                     "same collectives with the same sizes",
-                     set_grank(set, set->rank), mine, set_grank(set, r), theirs);
+            td_coll_mismatch_format(msg, sizeof msg, d->seq, set_grank(set, set->rank), mine, set_grank(set, r),
+                                    theirs);
             set->owner.abort(set->owner.arg, TD_ERR_INVALID, msg);
             error_set(TD_ERR_INVALID, msg);
             return -1;

@@ -123,6 +123,7 @@ typedef struct samehost_arrival {
 typedef struct samehost_desc {
     uint64_t what;  /* the caller's encoding of what runs (kind, dtype, reduce op, root) */
     uint64_t count; /* elements */
+    uint64_t seq;   /* the collective's number, for the mismatch message (0: none); not compared */
     /* Names an operation given by (what, count) for the mismatch message: "all_reduce of 8
      * float32 elements". Not compared, not shared. */
     void (*describe)(uint64_t what, uint64_t count, char *out, size_t size);

@@ -342,8 +342,8 @@ TD_TEST(disagreement_fails_every_rank, .world_size = 3, .timeout_s = 60)
     c.in = c.out = buf;
     w.c.cfg.forced[TD_COLL_ALL_REDUCE] = TD_ALGO_SHM;
     int64_t t0 = clock_now_ns();
-    TD_CHECK_ERR(shm_coll_run(&w.c, &c), TD_ERR_INVALID, "Ranks disagree about a collective");
-    TD_CHECK_CONTAINS(td_last_error(), "all_reduce of 100 float32 elements");
+    TD_CHECK_ERR(shm_coll_run(&w.c, &c), TD_ERR_INVALID, "Ranks disagree about collective #1");
+    TD_CHECK_CONTAINS(td_last_error(), "all_reduce(float32, 100 elements, sum)");
     TD_CHECK(tu_since_s(t0) < 10);
     free(buf);
     tu_barrier(ctx, w.tw.store, "done");

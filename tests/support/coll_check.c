@@ -147,6 +147,7 @@ td_coll cc_coll_of(cc_world *w, td_coll_kind kind, td_dtype dt, size_t count)
     c.op = TD_OP_SUM;
     c.count = count;
     c.seq = ++w->seq;
+    c.desc = td_coll_desc_make(kind, dt, td_coll_kind_reduces(kind) ? TD_SUM : -1, -1, count, c.seq);
     c.deadline_ns = clock_now_ns() + 60 * 1000000000LL;
     return c;
 }

@@ -33,21 +33,11 @@ typedef struct shm_run {
     samehost_desc desc;
 } shm_run;
 
-/* An arrival's description of a collective: kind, dtype, reduce op and root (+1) in one word. */
-static uint64_t desc_what(int kind, int dtype, int op, int root)
-{
-    return (uint64_t)(uint8_t)kind | (uint64_t)(uint8_t)dtype << 8 | (uint64_t)(uint8_t)op << 16 |
-           (uint64_t)(uint32_t)(root + 1) << 32;
-}
-
+/* An arrival's description of a collective is the front end's descriptor (tdist/backend.h). */
 static void desc_describe(uint64_t what, uint64_t count, char *out, size_t size)
 {
-    int kind = (int)(what & 0xff), dtype = (int)((what >> 8) & 0xff);
-    int root = (int)(uint32_t)(what >> 32) - 1;
-    int n = snprintf(out, size, "%s of %llu %s elements", td_coll_kind_name((td_coll_kind)kind),
-                     (unsigned long long)count, td_dtype_name((td_dtype)dtype));
-    if (root >= 0 && n > 0 && (size_t)n < size)
-        snprintf(out + n, size - (size_t)n, " (root %d)", root);
+    td_coll_desc d = {what, count, 0};
+    td_coll_desc_format(&d, out, size);
 }
 
 td_algo shm_coll_choose(const td_coll_ctx *c, const td_coll *op)
@@ -389,10 +379,10 @@ td_status shm_coll_run(td_coll_ctx *c, const td_coll *op)
         .deadline_ns = op->deadline_ns,
     };
     TD_TRY(coll_reduce_fn(op, &run.reduce));
-    int root = td_coll_kind_rooted(op->kind) ? op->root : -1;
     run.desc = (samehost_desc){
-        .what = desc_what((int)op->kind, (int)op->dtype, td_coll_kind_reduces(op->kind) ? (int)op->op.kind : 0, root),
-        .count = op->count,
+        .what = op->desc.what,
+        .count = op->desc.count,
+        .seq = op->desc.seq,
         .describe = desc_describe,
     };
     td_status s;

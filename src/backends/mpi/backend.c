@@ -64,6 +64,9 @@
 #include "tensor/dtype.h"
 
 #define DEFAULT_SPIN_US 50
+#define DEFAULT_CHECK_EVERY 1024
+#define CHECK_FIRST 16 /* collectives of a group that are always checked */
+#define DESC_WORDS 3   /* td_coll_desc as MPI_UINT64_T words */
 
 struct mpi_group {
     MPI_Comm comm;
@@ -71,6 +74,9 @@ struct mpi_group {
     int *global_ranks; /* this group's members, for subgroups made from it */
     bool blocking;     /* collectives run as blocking MPI calls */
     int64_t spin_ns;
+    int64_t check_every; /* the agreement check: every collective past the first CHECK_FIRST whose
+                            number is a multiple (0: none) */
+    uint64_t *descs;     /* DESC_WORDS per rank: the check's all_gather */
     int tag_ub;
     mpi_op *spare;      /* the record of blocking collectives: one at a time, on the submitting thread */
     _Atomic bool abort_seen; /* aborted, for submit's lock-free check */
@@ -221,12 +227,14 @@ static td_status read_config(mpi_group *g)
     int64_t us = DEFAULT_SPIN_US;
     TD_TRY(env_get_int("TDIST_MPI_SPIN_US", DEFAULT_SPIN_US, 0, 1000000, &us));
     g->spin_ns = us * 1000;
+    TD_TRY(env_get_int("TDIST_MPI_CHECK_EVERY", DEFAULT_CHECK_EVERY, 0, INT64_MAX, &g->check_every));
     return TD_OK;
 }
 
 static void group_free(mpi_group *g)
 {
     mpi_op_free(g->spare);
+    free(g->descs);
     free(g->global_ranks);
     free(g->abort_msg);
     pthread_mutex_destroy(&g->mu);
@@ -246,6 +254,7 @@ static td_status create_group(const td_backend_args *a, void **state)
     g->rank = a->rank;
     g->size = a->size;
     g->global_ranks = alloc_or_die((size_t)a->size * sizeof(int));
+    g->descs = alloc_or_die((size_t)a->size * DESC_WORDS * sizeof(uint64_t));
     memcpy(g->global_ranks, a->global_ranks, (size_t)a->size * sizeof(int));
     thread_mutex_init(&g->mu);
     g->tag_ub = 32767; /* the least MPI promises */
@@ -661,6 +670,45 @@ __attribute__((always_inline)) static inline td_status ready(mpi_group *g, const
     return check_types(coll->kind, coll->dtype, coll->op.kind, dt, mop);
 }
 
+/* Collectives that ranks disagree about: MPI sends no header a receiver could compare, and a
+ * mismatch hangs, or lets some ranks succeed (an all_reduce of 100 elements meeting one of 200 ends
+ * on one side and truncates on the other). Before collective #n, when n <= CHECK_FIRST or n is a
+ * multiple of TDIST_MPI_CHECK_EVERY, the ranks all_gather the front end's descriptors (tdist/
+ * backend.h) and every rank fails, naming itself and the first rank that describes the collective
+ * otherwise, before any data moves. The choice depends only on n, the same on every rank, so the
+ * check's own call never meets another collective. It costs one more small MPI call per checked
+ * collective (docs/collectives.md has the figures and the default). Blocking mode only: in
+ * nonblocking mode a blocking check in submit could wait for a rank that is itself waiting for
+ * this one elsewhere, where the mismatched collective would instead fail at the group's timeout. */
+static td_status agree(mpi_group *g, const td_coll *c)
+{
+    if (c->seq > CHECK_FIRST && (g->check_every == 0 || c->seq % (uint64_t)g->check_every != 0))
+        return TD_OK;
+    uint64_t mine[DESC_WORDS] = {c->desc.what, c->desc.count, c->desc.seq};
+    mpi_enter();
+    int rc = MPI_Allgather(mine, DESC_WORDS, MPI_UINT64_T, g->descs, DESC_WORDS, MPI_UINT64_T, g->comm);
+    mpi_leave();
+    if (rc != MPI_SUCCESS) {
+        char *ctx = alloc_printf("mpi backend: %s #%llu: MPI_Allgather (the agreement check)",
+                                 td_coll_kind_name(c->kind), (unsigned long long)c->seq);
+        td_status st = mpi_error(rc, ctx);
+        free(ctx);
+        return st;
+    }
+    for (int r = 0; r < g->size; r++) {
+        const uint64_t *o = g->descs + (size_t)r * DESC_WORDS;
+        if (memcmp(o, mine, sizeof mine) == 0)
+            continue;
+        td_coll_desc theirs = {o[0], o[1], o[2]};
+        char a[96], b[96], msg[512];
+        td_coll_desc_format(&c->desc, a, sizeof a);
+        td_coll_desc_format(&theirs, b, sizeof b);
+        td_coll_mismatch_format(msg, sizeof msg, c->desc.seq, g->global_ranks[g->rank], a, g->global_ranks[r], b);
+        return error_set(TD_ERR_INVALID, msg);
+    }
+    return TD_OK;
+}
+
 /* A blocking collective, run to its end on this thread in the group's own op record (blocking
  * calls of a group come one at a time): the MPI call is made in this frame (post is inlined). */
 static td_status run_blocking(mpi_group *g, const td_coll *coll)
@@ -668,6 +716,7 @@ static td_status run_blocking(mpi_group *g, const td_coll *coll)
     MPI_Datatype dt = MPI_DATATYPE_NULL;
     MPI_Op mop = MPI_OP_NULL;
     TD_TRY(ready(g, coll, &dt, &mop));
+    TD_TRY(agree(g, coll));
     if (!g->spare)
         g->spare = TD_NEW(mpi_op);
     mpi_op *op = g->spare; /* only its scratch buffers serve: coll stays the caller's */

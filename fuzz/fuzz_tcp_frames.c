@@ -69,7 +69,7 @@ static void cma_stream(const uint8_t *in, size_t n, uint8_t *out, size_t *out_le
         uint64_t guard_value = type & 4 ? ~g_guard : g_guard;
         uint8_t *f = out + len;
         size_t pn = tcp_rts_encode(f + TD_TCP_HDR_SIZE, tag, in[off - 1], (uint64_t)(uintptr_t)&g_guard, guard_value,
-                                   addr, plen, pieces);
+                                   NULL, addr, plen, pieces);
         tcp_header_encode(f, TD_TAG_RESERVED, pn);
         len += TD_TCP_HDR_SIZE + pn;
         if (type & 8) {

@@ -89,7 +89,8 @@ static void control(const uint8_t *data, size_t size)
             sum += c.len[i];
         check(c.iovcnt <= TD_TCP_RTS_MAX_IOV && sum == c.total, "RTS pieces do not add up");
         uint8_t again[TD_TCP_RTS_MAX];
-        size_t len = tcp_rts_encode(again, c.tag, c.cookie, c.guard_addr, c.guard_value, c.addr, c.len, c.iovcnt);
+        size_t len = tcp_rts_encode(again, c.tag, c.cookie, c.guard_addr, c.guard_value, &c.desc, c.addr, c.len,
+                                    c.iovcnt);
         check(len == size && memcmp(again, data, size) == 0, "RTS round trip");
     }
     if (c.type == TD_TCP_CTRL_ABORT) {

@@ -58,8 +58,9 @@ bool coll_algo_supports(td_algo algo, td_coll_kind kind);
 
 /* Tags: collective messages have the top bit set, the collective's sequence number and a step;
  * p2p messages carry the user's (non-negative) tag. */
-#define TD_TAG_COLL(seq, step) \
-    ((UINT64_C(1) << 63) | (((uint64_t)(seq) & ((UINT64_C(1) << 39) - 1)) << 24) | ((uint64_t)(step) & 0xFFFFFF))
+#define TD_TAG_COLL(seq, step)                                                                             \
+    (TD_TAG_COLL_BIT | (((uint64_t)(seq) & ((UINT64_C(1) << (63 - TD_TAG_STEP_BITS)) - 1)) << TD_TAG_STEP_BITS) | \
+     ((uint64_t)(step) & ((UINT64_C(1) << TD_TAG_STEP_BITS) - 1)))
 #define TD_TAG_P2P(tag) ((uint64_t)(uint32_t)(tag))
 
 typedef struct td_coll_config {

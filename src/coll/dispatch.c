@@ -269,7 +269,9 @@ td_status coll_execute(td_coll_ctx *c, const td_coll *op, td_algo algo)
         .dl = op->deadline_ns,
     };
     TD_TRY(coll_reduce_fn(op, &run.fn));
+    c->t->coll_desc = &op->desc; /* what this collective's messages carry (transport.h) */
     td_status s = dispatch(&run, algo);
+    c->t->coll_desc = NULL;
     if (s != TD_OK) {
         /* Whatever is still posted must complete before the caller reuses its memory, and the
          * other ranks must not wait for this one until their timeout. */

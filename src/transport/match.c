@@ -178,7 +178,7 @@ static void pool_put(td_match *m, char *buf, size_t len)
     m->pool_bytes += size;
 }
 
-td_unexp *match_unexp_new(td_match *m, uint64_t tag, size_t len)
+td_unexp *match_unexp_new(td_match *m, uint64_t tag, size_t len, const td_coll_desc *desc)
 {
     td_unexp *u = m->free_unexp;
     if (u)
@@ -188,6 +188,10 @@ td_unexp *match_unexp_new(td_match *m, uint64_t tag, size_t len)
     memset(u, 0, m->unexp_size);
     u->tag = tag;
     u->len = len;
+    if (desc) {
+        u->has_desc = true;
+        u->desc = *desc;
+    }
     u->arrival = ++m->arrival;
     return u;
 }
@@ -270,19 +274,71 @@ td_xfer *match_posted(td_match *m, td_match_peer *p, uint64_t tag)
 
 void match_mismatch(td_match *m, td_xfer *x, const td_match_peer *p, uint64_t tag, size_t len, td_done *done)
 {
-    match_completef(m, x, TD_ERR_INVALID, done,
-                       "Message size mismatch: rank %d sent %zu bytes (tag %llu) to a receive of %zu bytes; the "
-                       "sizes must match",
-                       match_grank(m, p->rank), len, (unsigned long long)tag, x->total);
+    int from = match_grank(m, p->rank);
+    if (transport_tag_is_coll(tag)) /* its tag is an internal number: the collective's is named */
+        match_completef(m, x, TD_ERR_INVALID, done,
+                        "Message size mismatch in collective #%llu: rank %d sent %zu bytes to a receive of %zu bytes; "
+                        "the sizes must match",
+                        (unsigned long long)(x->desc ? x->desc->seq : (tag & ~TD_TAG_COLL_BIT) >> TD_TAG_STEP_BITS),
+                        from, len, x->total);
+    else
+        match_completef(m, x, TD_ERR_INVALID, done,
+                        "Message size mismatch: rank %d sent %zu bytes (tag %llu) to a receive of %zu bytes; the "
+                        "sizes must match",
+                        from, len, (unsigned long long)tag, x->total);
 }
 
-bool match_arrived(td_match *m, td_match_peer *p, uint64_t tag, uint64_t len, td_done *done)
+/* What a message or receive without a descriptor counts as. */
+static const td_coll_desc no_desc;
+
+static bool desc_equal(const td_coll_desc *a, const td_coll_desc *b)
+{
+    return memcmp(a ? a : &no_desc, b ? b : &no_desc, sizeof *a) == 0;
+}
+
+bool match_desc_check(td_match *m, td_xfer *x, const td_match_peer *p, const td_coll_desc *desc, td_done *done)
+{
+    if (__builtin_expect(!desc || desc_equal(x->desc, desc), 1))
+        return true;
+    const td_coll_desc *mine = x->desc ? x->desc : &no_desc, *theirs = desc ? desc : &no_desc;
+    char a[96], b[96], msg[TD_XFER_ERROR_MAX];
+    td_coll_desc_format(mine, a, sizeof a);
+    td_coll_desc_format(theirs, b, sizeof b);
+    td_coll_mismatch_format(msg, sizeof msg, mine->seq ? mine->seq : theirs->seq, match_grank(m, m->rank), a,
+                            match_grank(m, p->rank), b);
+    match_complete(m, x, TD_ERR_INVALID, msg, done);
+    return false;
+}
+
+void match_desc_unposted(td_match *m, td_match_peer *p, uint64_t tag, const td_coll_desc *desc, td_done *done)
+{
+    if (!desc || !transport_tag_is_coll(tag))
+        return;
+    uint64_t id = transport_tag_coll_id(tag);
+    td_xfer *prev = NULL, *x = p->posted_head;
+    while (x && transport_tag_coll_id(x->tag) != id) {
+        prev = x;
+        x = x->next;
+    }
+    if (!x || desc_equal(x->desc, desc))
+        return;
+    match_unlink(&p->posted_head, &p->posted_tail, prev, x);
+    set_sender(x, p);
+    match_desc_check(m, x, p, desc, done);
+}
+
+bool match_arrived(td_match *m, td_match_peer *p, uint64_t tag, uint64_t len, const td_coll_desc *desc,
+                   td_done *done)
 {
     p->rx = NULL;
     p->ru = NULL;
     td_xfer *x = match_posted(m, p, tag);
-    if (!x)
+    if (!x) {
+        match_desc_unposted(m, p, tag, desc, done);
         return false;
+    }
+    if (!match_desc_check(m, x, p, desc, done))
+        return true; /* the payload is dropped */
     if (x->total != len)
         match_mismatch(m, x, p, tag, (size_t)len, done); /* the payload is dropped */
     else
@@ -313,11 +369,17 @@ static void take_unexpected(td_match *m, td_match_peer *p, td_unexp *prev, td_un
     if (!u->own)
         p->unexp_bytes -= u->len;
     set_sender(x, p);
+    bool arriving = p->ru == u;
+    if (u->has_desc && !match_desc_check(m, x, p, &u->desc, done)) {
+        if (arriving)
+            p->ru = NULL; /* the rest of the payload is dropped */
+        match_unexp_free(m, u);
+        return;
+    }
     if (u->own) {
         m->take_own(m, p, u, x, done);
         return;
     }
-    bool arriving = p->ru == u;
     if (u->len != x->total) {
         match_mismatch(m, x, p, u->tag, u->len, done);
         if (arriving)
@@ -349,6 +411,16 @@ static td_unexp *find_unexpected(td_match_peer *p, uint64_t tag, td_unexp **prev
     return u;
 }
 
+/* p's first unexpected message of x's collective (another step) that describes it otherwise. */
+static const td_unexp *disagreeing_unexpected(const td_match_peer *p, const td_xfer *x)
+{
+    uint64_t id = transport_tag_coll_id(x->tag);
+    for (const td_unexp *u = p->uq_head; u; u = u->next)
+        if (u->has_desc && transport_tag_coll_id(u->tag) == id && !desc_equal(&u->desc, x->desc))
+            return u;
+    return NULL;
+}
+
 bool match_post_send(td_match *m, td_match_peer *p, td_xfer *x)
 {
     m->pending++;
@@ -367,6 +439,7 @@ td_status match_post_recv(td_match *m, int peer, td_xfer *x, bool peer_gone, td_
     x->order = ++m->order;
     td_match_peer *bp = NULL;
     td_unexp *bprev = NULL, *bu = NULL;
+    const td_unexp *other = NULL;
     if (peer != TD_TRANSPORT_ANY) {
         bp = &m->peers[peer];
         bu = find_unexpected(bp, x->tag, &bprev);
@@ -389,6 +462,9 @@ td_status match_post_recv(td_match *m, int peer, td_xfer *x, bool peer_gone, td_
         m->pending_cb++;
     if (bu) {
         take_unexpected(m, bp, bprev, bu, x, done);
+    } else if (bp && transport_tag_is_coll(x->tag) && (other = disagreeing_unexpected(bp, x)) != NULL) {
+        set_sender(x, bp);
+        match_desc_check(m, x, bp, &other->desc, done);
     } else if (peer != TD_TRANSPORT_ANY) {
         match_push(&bp->posted_head, &bp->posted_tail, x);
         *queued = true;

@@ -2,9 +2,9 @@
  * how bytes move. It holds the send queues, the posted receives (per peer and any-source) and
  * the unexpected messages, matches an arriving message to its receive in posting order, buffers
  * what nobody asked for yet (in a size-class pool that only grows while warming up), completes
- * xfers (callbacks run after the lock is let go), and fails them: on a length mismatch, when a
- * peer closes, and when the transport aborts (timeouts, lost peers), with the messages every
- * transport gives. A transport embeds a td_match, guards it with its mutex (mu), and keeps what
+ * xfers (callbacks run after the lock is let go), and fails them: on a length mismatch or a
+ * collective that the sender describes otherwise (transport.h), when a peer closes, and when the
+ * transport aborts (timeouts, lost peers), with the messages every transport gives. A transport embeds a td_match, guards it with its mutex (mu), and keeps what
  * is really its own: sockets and framing (tcp) or rings and futexes (shm).
  *
  * Matching rules (transport.h): a message from peer p with tag t goes to the earlier-posted of
@@ -48,6 +48,8 @@ typedef struct td_unexp {
     /* The transport's own kind (tcp: an RTS whose payload waits in the sender's memory): the
      * payload is not in buf, extra describes it, and take_own delivers it. */
     bool own;
+    bool has_desc;     /* it came with a collective's descriptor, desc */
+    td_coll_desc desc;
     uint64_t extra[]; /* extra_bytes (match_init) */
 } td_unexp;
 
@@ -135,6 +137,14 @@ static inline void match_push(td_xfer **head, td_xfer **tail, td_xfer *x)
     *tail = x;
 }
 
+static inline void match_push_front(td_xfer **head, td_xfer **tail, td_xfer *x)
+{
+    x->next = *head;
+    *head = x;
+    if (!*tail)
+        *tail = x;
+}
+
 /* Removes x (which must be in the list) given its predecessor. */
 static inline void match_unlink(td_xfer **head, td_xfer **tail, td_xfer *prev, td_xfer *x)
 {
@@ -163,12 +173,24 @@ td_status match_refused(td_match *m, const td_match_peer *p);
 
 /* The posted receive that a message (p, tag) goes to, unlinked, or NULL. */
 td_xfer *match_posted(td_match *m, td_match_peer *p, uint64_t tag);
-/* A message (p, tag, len) reached the front of p's stream: its posted receive becomes p->rx and
- * true is returned, or false with p->rx NULL when there is none. A posted receive of another
- * length fails (the payload is dropped: true with p->rx NULL). p->ru is reset either way. */
-bool match_arrived(td_match *m, td_match_peer *p, uint64_t tag, uint64_t len, td_done *done);
-/* A new unexpected-message record (arrival numbered), not yet queued; no buffer yet. */
-td_unexp *match_unexp_new(td_match *m, uint64_t tag, size_t len);
+/* A message (p, tag, len; desc: the collective's descriptor it carries, NULL where the transport
+ * carries none, which is then not compared) reached the
+ * front of p's stream: its posted receive becomes p->rx and true is returned, or false with p->rx
+ * NULL when there is none (match_desc_unposted has then checked desc against p's receives). A
+ * posted receive of another collective description or of another length fails (the payload is
+ * dropped: true with p->rx NULL). p->ru is reset either way. */
+bool match_arrived(td_match *m, td_match_peer *p, uint64_t tag, uint64_t len, const td_coll_desc *desc,
+                   td_done *done);
+/* Whether a message from p described as desc (a collective's; NULL: not compared) may go to x:
+ * false when x's collective is described otherwise, after failing x with TD_ERR_INVALID and both
+ * descriptions (transport.h). */
+bool match_desc_check(td_match *m, td_xfer *x, const td_match_peer *p, const td_coll_desc *desc, td_done *done);
+/* A message of a collective (tag, desc) that no receive was posted for: fails a receive posted
+ * from p for another step of that collective that describes it otherwise. */
+void match_desc_unposted(td_match *m, td_match_peer *p, uint64_t tag, const td_coll_desc *desc, td_done *done);
+/* A new unexpected-message record (arrival numbered, with the descriptor desc, which may be NULL),
+ * not yet queued; no buffer yet. */
+td_unexp *match_unexp_new(td_match *m, uint64_t tag, size_t len, const td_coll_desc *desc);
 /* Appends u to p's unexpected messages. */
 void match_unexp_queue(td_match *m, td_match_peer *p, td_unexp *u);
 /* Makes room for n more bytes in u's buffer (it follows the bytes that came, so a header that

@@ -302,7 +302,7 @@ static bool drain(shm_transport *t, peer *p, bool drain_all, td_done *done)
                 match_lost(m, q, done, "protocol error: a message longer than the largest allowed");
                 return moved;
             }
-            if (!match_arrived(m, q, tag, len, done)) {
+            if (!match_arrived(m, q, tag, len, NULL, done)) {
                 bool must = drain_all || atomic_load_explicit(&p->in_ctl->sender_blocked, memory_order_relaxed) ||
                             q->posted_head || m->any_head;
                 if (!must)
@@ -313,7 +313,7 @@ static bool drain(shm_transport *t, peer *p, bool drain_all, td_done *done)
                     match_lost(m, q, done, why);
                     return moved;
                 }
-                q->ru = match_unexp_new(m, tag, (size_t)len);
+                q->ru = match_unexp_new(m, tag, (size_t)len, NULL);
                 match_unexp_queue(m, q, q->ru);
             }
             tail += HDR;

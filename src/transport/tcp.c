@@ -198,6 +198,7 @@ static void send_control(peer *p, int type, td_status status, const char *msg)
 }
 
 static bool keep_owed(tcp_transport *t, peer *p);
+static void read_peer(tcp_transport *t, peer *p, td_done *done);
 
 static void abort_locked(td_match *m, td_status status, const char *msg, td_done *done)
 {
@@ -276,10 +277,11 @@ static void set_out(tcp_transport *t, peer *p, bool on)
 
 static bool is_rts(const td_xfer *x) { return (x->kind & XFER_KIND_RTS) != 0; }
 
-/* Bytes x occupies on the wire: header and payload, or header and RTS descriptor. */
+/* Bytes x occupies on the wire: header (with a collective's descriptor) and payload, or header and
+ * RTS. */
 static size_t wire_len(const td_xfer *x)
 {
-    return HDR_SIZE + (is_rts(x) ? TD_TCP_RTS_FIXED + 16 * (size_t)x->iovcnt : x->total);
+    return is_rts(x) ? HDR_SIZE + TD_TCP_RTS_FIXED + 16 * (size_t)x->iovcnt : tcp_header_size(x->tag) + x->total;
 }
 
 /* The frame's first bytes (header; for an RTS also its descriptor) into f; returns their count. */
@@ -287,7 +289,10 @@ static size_t frame_prefix(const tcp_transport *t, const td_xfer *x, uint8_t *f)
 {
     if (!is_rts(x)) {
         tcp_header_encode(f, x->tag, x->total);
-        return HDR_SIZE;
+        if (!transport_tag_is_coll(x->tag))
+            return HDR_SIZE;
+        tcp_desc_encode(f + HDR_SIZE, x->desc);
+        return HDR_SIZE + TD_TCP_DESC_SIZE;
     }
     uint64_t addr[TD_XFER_MAX_IOV], len[TD_XFER_MAX_IOV];
     for (int i = 0; i < x->iovcnt; i++) {
@@ -295,7 +300,7 @@ static size_t frame_prefix(const tcp_transport *t, const td_xfer *x, uint8_t *f)
         len[i] = x->iov[i].iov_len;
     }
     size_t n = tcp_rts_encode(f + HDR_SIZE, x->tag, x->order, (uint64_t)(uintptr_t)&t->guard, t->guard_value,
-                                 addr, len, x->iovcnt);
+                              x->desc, addr, len, x->iovcnt);
     tcp_header_encode(f, TD_TAG_RESERVED, n);
     return HDR_SIZE + n;
 }
@@ -336,7 +341,13 @@ static void flush_sends(tcp_transport *t, peer *p, td_done *done)
                 set_out(t, p, true);
                 return;
             }
-            peer_lost(t, p, done, "sending failed: %s", strerror(errno));
+            int err = errno;
+            /* A peer that failed closes after its abort frame: read what it sent first, so that
+             * its cause, not the broken pipe, is what this rank reports. */
+            if (err == EPIPE || err == ECONNRESET)
+                read_peer(t, p, done);
+            if (!t->match.aborted)
+                peer_lost(t, p, done, "sending failed: %s", strerror(err));
             return;
         }
         size_t left = (size_t)n;
@@ -425,11 +436,13 @@ static void rts_deliver(tcp_transport *t, peer *p, td_xfer *x, const td_tcp_cont
         match_mismatch(&t->match, x, p->queues, c->tag, (size_t)c->total, done);
     } else {
         int err = samehost_read_into(p->pid, x, c->addr, c->len, c->iovcnt);
-        if (!err && !samehost_word_is(p->pid, c->guard_addr, c->guard_value)) {
-            /* The sender aborted meanwhile: what was read may not be the message. Its abort frame
-             * is on the way; the receive fails now. */
-            match_completef(&t->match, x, TD_ERR_PEER_LOST, done,
-                               "Connection to rank %d lost: it failed while its message was read", grank(t, p));
+        if (err != ESRCH && !samehost_word_is(p->pid, c->guard_addr, c->guard_value)) {
+            /* The sender aborted meanwhile (and may have freed the pieces: EFAULT): what was read
+             * may not be the message. Its abort frame (or goodbye, or end of stream) comes next on
+             * this stream and fails the receive with its cause, the one every other rank reports;
+             * until then the receive waits where it was posted. */
+            x->progress = 0;
+            match_push_front(&p->queues->posted_head, &p->queues->posted_tail, x);
             return;
         }
         if (err == ESRCH) {
@@ -470,10 +483,14 @@ static void handle_rts(tcp_transport *t, peer *p, const td_tcp_control *c, td_do
     }
     td_xfer *x = match_posted(&t->match, p->queues, c->tag);
     if (x) {
-        rts_deliver(t, p, x, c, done);
+        /* A receive of a collective described otherwise fails, and its collective's abort fails
+         * the send (no FIN). */
+        if (match_desc_check(&t->match, x, p->queues, &c->desc, done))
+            rts_deliver(t, p, x, c, done);
         return;
     }
-    td_unexp *u = match_unexp_new(&t->match, c->tag, (size_t)c->total);
+    match_desc_unposted(&t->match, p->queues, c->tag, &c->desc, done);
+    td_unexp *u = match_unexp_new(&t->match, c->tag, (size_t)c->total, &c->desc);
     u->own = true;
     memcpy(u->extra, c, sizeof *c);
     match_unexp_queue(&t->match, p->queues, u);
@@ -516,8 +533,9 @@ static void handle_control(tcp_transport *t, peer *p, td_done *done)
         handle_fin(t, p, &c, done);
     } else {
         p->bye = true; /* nothing more comes from it */
-        if (c.status == TD_ERR_PEER_LOST)
-            match_abortf(&t->match, TD_ERR_PEER_LOST, done, "%.*s (reported by rank %d)", (int)c.msg_len, c.msg, g);
+        if (c.status == TD_ERR_PEER_LOST || c.status == TD_ERR_INVALID) /* a lost rank, or collectives ranks
+                                                                           disagree about: the same for all */
+            match_abortf(&t->match, c.status, done, "%.*s (reported by rank %d)", (int)c.msg_len, c.msg, g);
         else
             match_abortf(&t->match, TD_ERR_PEER_LOST, done, "Connection to rank %d lost: rank %d failed: %.*s", g, g,
                             (int)c.msg_len, c.msg);
@@ -536,7 +554,8 @@ static void finish_message(tcp_transport *t, peer *p, td_done *done)
 }
 
 /* A header arrived: pick where its payload goes. False when the stream must be dropped. */
-static bool start_message(tcp_transport *t, peer *p, uint64_t tag, uint64_t len, td_done *done)
+static bool start_message(tcp_transport *t, peer *p, uint64_t tag, uint64_t len, const td_coll_desc *desc,
+                          td_done *done)
 {
     if (tag == TD_TAG_RESERVED) {
         if (len == 0 || len > CTRL_MAX) {
@@ -563,12 +582,12 @@ static bool start_message(tcp_transport *t, peer *p, uint64_t tag, uint64_t len,
     p->rx_tag = tag;
     p->rx_len = (size_t)len;
     p->remaining = (size_t)len;
-    if (!match_arrived(&t->match, p->queues, tag, len, done)) {
+    if (!match_arrived(&t->match, p->queues, tag, len, desc, done)) {
         if (!match_unexp_admit(&t->match, p->queues, len)) {
             peer_lost(t, p, done, "%s", td_last_error());
             return false;
         }
-        td_unexp *u = match_unexp_new(&t->match, tag, (size_t)len);
+        td_unexp *u = match_unexp_new(&t->match, tag, (size_t)len, desc);
         if (len && !match_unexp_room(&t->match, u, 1)) {
             match_unexp_free(&t->match, u);
             peer_lost(t, p, done, "cannot buffer an unexpected message of %llu bytes: %s", (unsigned long long)len,
@@ -606,8 +625,14 @@ static bool consume_stage(tcp_transport *t, peer *p, td_done *done)
                 break;
             uint64_t tag, len;
             tcp_header_decode((const uint8_t *)s, &tag, &len);
-            p->stage_off += HDR_SIZE;
-            if (!start_message(t, p, tag, len, done))
+            size_t hs = tcp_header_size(tag);
+            if (avail < hs)
+                break;
+            td_coll_desc desc;
+            if (hs > HDR_SIZE)
+                tcp_desc_decode((const uint8_t *)s + HDR_SIZE, &desc);
+            p->stage_off += hs;
+            if (!start_message(t, p, tag, len, hs > HDR_SIZE ? &desc : NULL, done))
                 return false;
             continue;
         }

@@ -121,6 +121,25 @@ void tcp_header_decode(const uint8_t *b, uint64_t *tag, uint64_t *len)
     *len = wire_get64(b + 8);
 }
 
+size_t tcp_header_size(uint64_t tag) { return TD_TCP_HDR_SIZE + (transport_tag_is_coll(tag) ? TD_TCP_DESC_SIZE : 0); }
+
+void tcp_desc_encode(uint8_t *b, const td_coll_desc *d)
+{
+    static const td_coll_desc none;
+    if (!d)
+        d = &none;
+    wire_put64(b, d->what);
+    wire_put64(b + 8, d->count);
+    wire_put64(b + 16, d->seq);
+}
+
+void tcp_desc_decode(const uint8_t *b, td_coll_desc *d)
+{
+    d->what = wire_get64(b);
+    d->count = wire_get64(b + 8);
+    d->seq = wire_get64(b + 16);
+}
+
 size_t tcp_control_encode(uint8_t *f, int type, td_status status, const char *msg)
 {
     uint8_t *p = f + TD_TCP_HDR_SIZE;
@@ -171,6 +190,7 @@ bool tcp_control_parse(const uint8_t *p, size_t n, uint64_t max_message, td_tcp_
         c->guard_addr = wire_get64(p + 25);
         c->guard_value = wire_get64(p + 33);
         c->iovcnt = p[41];
+        tcp_desc_decode(p + 42, &c->desc);
         if (c->iovcnt > TD_TCP_RTS_MAX_IOV || n != TD_TCP_RTS_FIXED + 16 * (size_t)c->iovcnt ||
             c->total > max_message)
             return false;
@@ -200,7 +220,7 @@ bool tcp_control_parse(const uint8_t *p, size_t n, uint64_t max_message, td_tcp_
 }
 
 size_t tcp_rts_encode(uint8_t *p, uint64_t tag, uint64_t cookie, uint64_t guard_addr, uint64_t guard_value,
-                         const uint64_t *addr, const uint64_t *len, int iovcnt)
+                      const td_coll_desc *desc, const uint64_t *addr, const uint64_t *len, int iovcnt)
 {
     uint64_t total = 0;
     p[0] = TD_TCP_CTRL_RTS;
@@ -209,6 +229,7 @@ size_t tcp_rts_encode(uint8_t *p, uint64_t tag, uint64_t cookie, uint64_t guard_
     wire_put64(p + 25, guard_addr);
     wire_put64(p + 33, guard_value);
     p[41] = (uint8_t)iovcnt;
+    tcp_desc_encode(p + 42, desc);
     for (int i = 0; i < iovcnt; i++) {
         wire_put64(p + TD_TCP_RTS_FIXED + 16 * i, addr[i]);
         wire_put64(p + TD_TCP_RTS_FIXED + 8 + 16 * i, len[i]);

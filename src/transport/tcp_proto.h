@@ -10,10 +10,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <tdist/backend.h>
 #include <tdist/status.h>
 
 #define TD_TCP_MAGIC 0x50544454u /* bytes "TDTP" */
-#define TD_TCP_VERSION 1
+#define TD_TCP_VERSION 2 /* 2: a collective's frames carry its descriptor */
 #define TD_TCP_HELLO_FIXED 36
 #define TD_TCP_MAX_GROUP_NAME 1024
 #define TD_TCP_MAX_TOKEN 4096
@@ -23,6 +24,7 @@
 #define TD_TCP_REPLY_MAX (TD_TCP_REPLY_FIXED + TD_TCP_MAX_REPLY_MSG)
 
 #define TD_TCP_HDR_SIZE 16
+#define TD_TCP_DESC_SIZE 24 /* a collective's descriptor: u64 what, count, seq */
 #define TD_TCP_CTRL_MAX 1024   /* control frame payloads */
 #define TD_TCP_CTRL_MSG_MAX 512
 #define TD_TCP_CTRL_FRAME_MAX (TD_TCP_HDR_SIZE + 7 + TD_TCP_CTRL_MSG_MAX)
@@ -36,7 +38,7 @@ enum { TD_TCP_CTRL_BYE = 1, TD_TCP_CTRL_ABORT = 2, TD_TCP_CTRL_RTS = 3, TD_TCP_C
 #define TD_TCP_CMA_PROBE_SIZE 24 /* u64 magic, u64 address, u64 value */
 #define TD_TCP_CMA_PROBE_MAGIC UINT64_C(0x45424f5250414d43) /* "CMAPROBE" */
 #define TD_TCP_RTS_MAX_IOV 4
-#define TD_TCP_RTS_FIXED 42
+#define TD_TCP_RTS_FIXED 66
 #define TD_TCP_RTS_MAX (TD_TCP_RTS_FIXED + 16 * TD_TCP_RTS_MAX_IOV)
 
 /* Parse results: the message is complete, more bytes are needed, or it is malformed. */
@@ -71,9 +73,16 @@ typedef struct td_tcp_reply {
 size_t tcp_reply_encode(uint8_t *b, int rank, int status, unsigned flags, const char *msg);
 td_tcp_parse tcp_reply_parse(const uint8_t *b, size_t n, td_tcp_reply *r, size_t *need, const char **why);
 
-/* Frame header: u64 tag, u64 payload length (little-endian). */
+/* Frame header: u64 tag, u64 payload length (little-endian); under a collective's tag
+ * (transport_tag_is_coll) followed by the collective's descriptor (TD_TCP_DESC_SIZE bytes), which
+ * the length does not count. */
 void tcp_header_encode(uint8_t *b, uint64_t tag, uint64_t len);
 void tcp_header_decode(const uint8_t *b, uint64_t *tag, uint64_t *len);
+/* The bytes of a frame's header under tag: TD_TCP_HDR_SIZE, and the descriptor's for a collective. */
+size_t tcp_header_size(uint64_t tag);
+/* A descriptor (NULL: zeros) into / from TD_TCP_DESC_SIZE bytes. */
+void tcp_desc_encode(uint8_t *b, const td_coll_desc *d);
+void tcp_desc_decode(const uint8_t *b, td_coll_desc *d);
 
 typedef struct td_tcp_control {
     int type;
@@ -85,6 +94,7 @@ typedef struct td_tcp_control {
     uint64_t tag, cookie, total;
     uint64_t guard_addr, guard_value; /* RTS: a word of the sender's that holds guard_value while
                                          the pieces may be read (see tcp.c) */
+    td_coll_desc desc; /* RTS: the descriptor of the collective the message belongs to */
     int iovcnt;
     uint64_t addr[TD_TCP_RTS_MAX_IOV], len[TD_TCP_RTS_MAX_IOV];
 } td_tcp_control;
@@ -97,7 +107,7 @@ size_t tcp_control_encode(uint8_t *f, int type, td_status status, const char *ms
 bool tcp_control_parse(const uint8_t *p, size_t n, uint64_t max_message, td_tcp_control *c);
 /* The payload (no header) of an RTS or a FIN into p (TD_TCP_RTS_MAX bytes); returns its size. */
 size_t tcp_rts_encode(uint8_t *p, uint64_t tag, uint64_t cookie, uint64_t guard_addr, uint64_t guard_value,
-                         const uint64_t *addr, const uint64_t *len, int iovcnt);
+                      const td_coll_desc *desc, const uint64_t *addr, const uint64_t *len, int iovcnt);
 size_t tcp_fin_encode(uint8_t *p, uint64_t cookie, td_status status);
 
 /* The single-copy probe (tcp_connect.c): TD_TCP_CMA_PROBE_SIZE bytes naming a word of the

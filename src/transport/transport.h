@@ -38,6 +38,15 @@
  * Tags: the backend gives each collective a distinct tag space (TD_TAG_COLL in coll/coll.h) and
  * user p2p tags their own, so algorithms only pick small step numbers. TD_TAG_RESERVED is the
  * transports' own (control frames) and cannot be posted.
+ *
+ * Collectives that ranks disagree about: a message under a collective's tag carries the
+ * collective's descriptor (td_coll_desc, tdist/backend.h: kind, dtype, reduce op, root, count),
+ * which the poster's transport has as coll_desc while the collective runs. The receiver compares
+ * it with its own for that collective (any receive it posted, or posts, under the same collective
+ * id, whatever the step) and on a difference fails that receive with TD_ERR_INVALID naming both
+ * descriptions (td_coll_mismatch_format); the algorithm's abort then tells the other ranks. A rank
+ * that only sends in a collective cannot learn of a disagreement before its call returns: it
+ * fails at its next operation.
  */
 #ifndef TDIST_TRANSPORT_TRANSPORT_H
 #define TDIST_TRANSPORT_TRANSPORT_H
@@ -48,6 +57,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
+#include <tdist/backend.h>
 #include <tdist/status.h>
 
 #include "base/error.h"
@@ -61,6 +71,15 @@ typedef struct samehost_set samehost_set;
 #define TD_TRANSPORT_ANY (-1)          /* any-source receives */
 #define TD_TAG_RESERVED UINT64_MAX     /* control frames of the transport itself */
 #define TD_XFER_ERROR_MAX 256
+
+/* A collective's tags: the top bit, then the collective's id (its sequence number), then a step in
+ * the low TD_TAG_STEP_BITS bits (coll/coll.h builds them). */
+#define TD_TAG_COLL_BIT (UINT64_C(1) << 63)
+#define TD_TAG_STEP_BITS 24
+
+static inline bool transport_tag_is_coll(uint64_t tag) { return (tag & TD_TAG_COLL_BIT) && tag != TD_TAG_RESERVED; }
+/* The collective a message under tag belongs to (its tag without the step). */
+static inline uint64_t transport_tag_coll_id(uint64_t tag) { return tag >> TD_TAG_STEP_BITS; }
 
 enum { TD_XFER_SEND = 1, TD_XFER_RECV = 2 };
 
@@ -80,6 +99,7 @@ struct td_xfer {
     int kind;
     bool recv_posted; /* sends: the peer's receive is surely posted (transport_isend1_posted) */
     uint64_t tag;
+    const td_coll_desc *desc; /* a collective's message: its descriptor (the transport's coll_desc) */
     int64_t deadline_ns;
     uint64_t order;   /* posting order, for any-source matching */
     struct iovec iov[TD_XFER_MAX_IOV];
@@ -133,6 +153,9 @@ struct td_transport {
     /* The memory its ranks share on one host (samehost.h), for algorithms that use it directly
      * instead of sending messages (the shm backend's); NULL when the transport has none. */
     samehost_set *samehost;
+    /* The descriptor of the collective running on this transport (coll_execute sets it for the
+     * run; NULL: none), which transport_prepare gives the xfers under collective tags. */
+    const td_coll_desc *coll_desc;
 };
 
 /* What a transport's set-up through a store takes: the first member (setup) of each transport's
@@ -169,6 +192,7 @@ static inline td_status transport_prepare(td_transport *t, int peer, uint64_t ta
     x->kind = kind;
     x->recv_posted = recv_posted;
     x->tag = tag;
+    x->desc = transport_tag_is_coll(tag) ? t->coll_desc : NULL;
     x->deadline_ns = deadline_ns;
     x->order = 0;
     x->total = 0;

@@ -176,8 +176,8 @@ TD_TEST(goodbye_keeps_owed_fin)
     const uint64_t tag = (UINT64_C(1) << 63) | 5, cookie = 42;
     uint64_t addr = (uint64_t)(uintptr_t)src, len = N;
     uint8_t frame[TD_TCP_HDR_SIZE + TD_TCP_RTS_MAX];
-    size_t plen = tcp_rts_encode(frame + TD_TCP_HDR_SIZE, tag, cookie, (uint64_t)(uintptr_t)&guard, guard, &addr,
-                                    &len, 1);
+    size_t plen = tcp_rts_encode(frame + TD_TCP_HDR_SIZE, tag, cookie, (uint64_t)(uintptr_t)&guard, guard, NULL,
+                                 &addr, &len, 1);
     tcp_header_encode(frame, TD_TAG_RESERVED, plen);
     td_xfer rx;
     memset(&rx, 0, sizeof rx);

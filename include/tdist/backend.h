@@ -80,9 +80,9 @@ typedef struct td_coll_desc {
 static inline td_coll_desc td_coll_desc_make(td_coll_kind kind, td_dtype dtype, int reduce_op, int root,
                                              uint64_t count, uint64_t seq)
 {
-    td_coll_desc d = {(uint64_t)(uint8_t)kind | (uint64_t)(uint8_t)dtype << 8 | (uint64_t)(uint8_t)(reduce_op + 1) << 16 |
-                          (uint64_t)(uint32_t)(root + 1) << 32,
-                      kind == TD_COLL_ALL_TO_ALL ? 0 : count, seq};
+    uint64_t what = (uint64_t)(uint8_t)kind | (uint64_t)(uint8_t)dtype << 8 | (uint64_t)(uint8_t)(reduce_op + 1) << 16 |
+                    (uint64_t)(uint32_t)(root + 1) << 32;
+    td_coll_desc d = {what, kind == TD_COLL_ALL_TO_ALL ? 0 : count, seq};
     return d;
 }
 

@@ -95,7 +95,8 @@ td_status coll_ctx_init(td_coll_ctx *c, td_transport *t, const td_coll_config *c
 void coll_ctx_free(td_coll_ctx *c);
 
 /* Runs op (not SEND / RECV) with algo (AUTO: the forced one, else chosen by size). op->seq tags
- * the messages; op->deadline_ns bounds the whole operation. */
+ * the messages and op->desc goes with them (the transport's coll_desc for the run: transport.h);
+ * op->deadline_ns bounds the whole operation. */
 td_status coll_execute(td_coll_ctx *c, const td_coll *op, td_algo algo);
 /* The reduce kernel op needs in *fn (NULL for the kinds that do not reduce); TD_ERR_INVALID with
  * td_reduce_kernel's message when the (op, dtype) pair has none. */

@@ -4,8 +4,9 @@
  * what nobody asked for yet (in a size-class pool that only grows while warming up), completes
  * xfers (callbacks run after the lock is let go), and fails them: on a length mismatch or a
  * collective that the sender describes otherwise (transport.h), when a peer closes, and when the
- * transport aborts (timeouts, lost peers), with the messages every transport gives. A transport embeds a td_match, guards it with its mutex (mu), and keeps what
- * is really its own: sockets and framing (tcp) or rings and futexes (shm).
+ * transport aborts (timeouts, lost peers), with the messages every transport gives. A transport
+ * embeds a td_match, guards it with its mutex (mu), and keeps what is really its own: sockets and
+ * framing (tcp) or rings and futexes (shm).
  *
  * Matching rules (transport.h): a message from peer p with tag t goes to the earlier-posted of
  * p's first receive with tag t and the first any-source receive with tag t; a receive posted

@@ -99,7 +99,6 @@ struct td_xfer {
     int kind;
     bool recv_posted; /* sends: the peer's receive is surely posted (transport_isend1_posted) */
     uint64_t tag;
-    const td_coll_desc *desc; /* a collective's message: its descriptor (the transport's coll_desc) */
     int64_t deadline_ns;
     uint64_t order;   /* posting order, for any-source matching */
     struct iovec iov[TD_XFER_MAX_IOV];
@@ -107,6 +106,7 @@ struct td_xfer {
     size_t total;
     size_t progress;
     td_xfer *next;
+    const td_coll_desc *desc; /* a collective's message: its descriptor (the transport's coll_desc) */
 };
 
 static inline bool xfer_done(td_xfer *x)

@@ -2,14 +2,14 @@
 # bench/ab: two builds of tdist against each other in one run, for a change that must keep the
 # figures (a restructuring). The shared host's speed drifts by more than such a change between runs
 # an hour apart (2x at some sizes), so comparing with figures recorded earlier says little; here the
-# two builds alternate (A B, then B A), REPEATS times, for each case: td_pg_all_reduce on the tcp
-# and on the shm backend (tdist-bench) and the shm backend alone (shm_coll_bench), world sizes 2 and
+# two builds alternate (A B, then B A), REPEATS times, for each case: td_pg_all_reduce on the tcp,
+# shm or auto backend (tdist-bench) and the shm backend alone (shm_coll_bench), world sizes 2 and
 # 4, float32 SUM from MIN to MAX. Prints, per case and size, each build's median time per call over
 # the repeats and B / A - 1 (negative: B is faster). Each program measures as tools/tdist-bench does
 # (median over batches of the slowest rank's mean per call).
 #
 #   bash bench/ab/run.sh BUILD_A BUILD_B [REPEATS (3)] [SECONDS per size (0.3)]
-# Environment: WORLDS ("2 4"), MIN (8), MAX (64M), FACTOR (8), CASES ("tcp shm alone"),
+# Environment: WORLDS ("2 4"), MIN (8), MAX (64M), FACTOR (8), CASES ("tcp shm alone"; also auto),
 # OUT (a CSV of every measurement; default: a temporary file, removed).
 set -euo pipefail
 a=${1:?BUILD_A}
@@ -19,8 +19,10 @@ secs=${4:-0.3}
 worlds=${WORLDS:-2 4}
 cases=${CASES:-tcp shm alone}
 common=(--min "${MIN:-8}" --max "${MAX:-64M}" --factor "${FACTOR:-8}" --time "$secs")
+bins=tools/tdist-bench/tdist-bench
+[[ " $cases " == *" alone "* ]] && bins="$bins bench/shm/shm_coll_bench"
 for build in "$a" "$b"; do
-  for bin in tools/tdist-bench/tdist-bench bench/shm/shm_coll_bench; do
+  for bin in $bins; do
     [ -x "$build/$bin" ] || { echo "bench/ab: $build/$bin is missing (build the tdist-bench and shm_coll_bench targets)" >&2; exit 2; }
   done
 done
@@ -64,14 +66,14 @@ t = defaultdict(list)
 for r in csv.DictReader(open(path)):
     t[(r["case"], int(r["world"]), int(r["size"]), r["side"])].append(float(r["time_us"]))
 names = {"tcp": "td_pg_all_reduce, tcp backend", "shm": "td_pg_all_reduce, shm backend",
-         "alone": "shm backend alone (shm_coll_bench)"}
+         "auto": "td_pg_all_reduce, auto backend", "alone": "shm backend alone (shm_coll_bench)"}
 def fmt_size(n):
     for unit, k in (("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= k:
             return f"{n // k} {unit}"
     return f"{n} B"
 print(f"A = {a}, B = {b}; float32 SUM all_reduce, median of {reps} runs, time per call in µs.")
-for case in ("tcp", "shm", "alone"):
+for case in names:
     for w in sorted({k[1] for k in t if k[0] == case}):
         print(f"\n{names[case]}, world size {w}:\n")
         print("| size | A µs | B µs | B / A - 1 |\n| ---: | ---: | ---: | ---: |")

@@ -20,14 +20,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "base/clock.h"
+#include "fuzz_xfers.h"
 #include "tensor/segment.h"
 #include "transport/shm_impl.h"
 #include "transport/shm_proto.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define NRECV 4
+#define NRECV FUZZ_NRECV
 #define PLAN_BYTES (1 + 2 * NRECV + 2)
 #define RING_BYTES 65536
 
@@ -106,20 +106,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
 
-    uint8_t *bufs[NRECV];
-    td_xfer xs[NRECV + 1];
-    bool posted[NRECV + 1] = {false};
-    int64_t dl = clock_now_ns() + 30 * 1000000LL;
-    for (int i = 0; i < NRECV; i++) {
-        bufs[i] = malloc(sizes[i] + 1);
-        xs[i].on_done = NULL;
-        int peer = (plan & 1) && i == NRECV - 1 ? TD_TRANSPORT_ANY : 1;
-        posted[i] = transport_irecv1(t, peer, (uint64_t)i, bufs[i], sizes[i], dl, &xs[i]) == TD_OK;
-    }
-    if (plan & 8) { /* a send of ours goes into the peer's ring while we read ours */
-        xs[NRECV].on_done = NULL;
-        posted[NRECV] = transport_isend1(t, 1, 7, data, size < 100 ? size : 100, dl, &xs[NRECV]) == TD_OK;
-    }
+    /* With plan bit 8, a send of ours goes into the peer's ring while we read ours. */
+    fuzz_xfers f;
+    fuzz_xfers_post(&f, t, sizes, plan & 1, data, (plan & 8) ? (size < 100 ? size : 100) : 0);
     /* The peer writes its ring and publishes the head, as a sender does, then rings our bell. */
     memcpy(in_data, ring, rlen);
     if (plan & 4)
@@ -129,18 +118,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     samehost_bell_ring(bell, SAMEHOST_BELL_IO);
     if (!(plan & 2))
         shutdown(sv[1], SHUT_WR); /* the peer is gone; else the deadline ends the waits */
-    for (int i = 0; i <= NRECV; i++) {
-        if (!posted[i])
-            continue;
-        td_status s = transport_wait(t, &xs[i], dl);
-        if (s != TD_OK && !xs[i].error[0]) {
-            fprintf(stderr, "fuzz_shm_ring: a failure without a message\n");
-            abort();
-        }
-    }
+    fuzz_xfers_wait(&f, t, "fuzz_shm_ring");
     transport_destroy(t);
     close(sv[1]);
-    for (int i = 0; i < NRECV; i++)
-        free(bufs[i]);
+    fuzz_xfers_free(&f);
     return 0;
 }

@@ -21,14 +21,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "base/clock.h"
+#include "fuzz_xfers.h"
 #include "transport/samehost.h"
 #include "transport/tcp.h"
 #include "transport/tcp_proto.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define NRECV 4
+#define NRECV FUZZ_NRECV
 #define STREAM_MAX (64 * 1024)
 #define SOURCE_SIZE (64 * 1024)
 
@@ -132,19 +132,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         free(built);
         return 0;
     }
-    uint8_t *bufs[NRECV];
-    td_xfer xs[NRECV + 1];
-    bool posted[NRECV + 1] = {false};
-    int64_t dl = clock_now_ns() + 30 * 1000000LL;
-    for (int i = 0; i < NRECV; i++) {
-        bufs[i] = malloc(sizes[i] + 1);
-        xs[i].on_done = NULL;
-        int peer = (plan & 1) && i == NRECV - 1 ? TD_TRANSPORT_ANY : 1;
-        posted[i] = transport_irecv1(t, peer, (uint64_t)i, bufs[i], sizes[i], dl, &xs[i]) == TD_OK;
-    }
     /* A send of ours goes out while the stream comes in. */
-    xs[NRECV].on_done = NULL;
-    posted[NRECV] = transport_isend1(t, 1, 7, data, size < 100 ? size : 100, dl, &xs[NRECV]) == TD_OK;
+    fuzz_xfers f;
+    fuzz_xfers_post(&f, t, sizes, plan & 1, data, size < 100 ? size : 100);
     size_t off = 0;
     while (off < slen) {
         ssize_t n = write(sv[1], stream + off, slen - off);
@@ -154,19 +144,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     if (!(plan & 2))
         shutdown(sv[1], SHUT_WR); /* else the stream just stops, and the deadline ends the waits */
-    for (int i = 0; i <= NRECV; i++) {
-        if (!posted[i])
-            continue;
-        td_status s = transport_wait(t, &xs[i], dl);
-        if (s != TD_OK && !xs[i].error[0]) {
-            fprintf(stderr, "fuzz_tcp_frames: a failure without a message\n");
-            abort();
-        }
-    }
+    fuzz_xfers_wait(&f, t, "fuzz_tcp_frames");
     transport_destroy(t);
     close(sv[1]);
-    for (int i = 0; i < NRECV; i++)
-        free(bufs[i]);
+    fuzz_xfers_free(&f);
     free(built);
     return 0;
 }

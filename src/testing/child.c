@@ -27,6 +27,7 @@
 #include "base/alloc.h"
 #include "base/clock.h"
 #include "base/error.h"
+#include "base/le.h"
 #include "base/thread.h"
 #include "testing/harness.h"
 
@@ -304,8 +305,8 @@ static void run_suite(const td_harness_child_args *a, td_test_case *first, td_te
         if (a->suite_cases)
             g_child.name = a->name;
         free(name);
-        unsigned char le[4] = {(unsigned char)index, (unsigned char)(index >> 8), (unsigned char)(index >> 16),
-                               (unsigned char)(index >> 24)};
+        uint8_t le[4];
+        le_put(le, index, 4);
         fflush(stdout); /* the parent reads what the case printed before its report */
         fflush(stderr);
         if (g_child.ctl >= 0 && ctl_send(g_child.ctl, TD_CTL_CASE_DONE, le, sizeof le) != TD_OK)

@@ -45,6 +45,7 @@
 #include "base/alloc.h"
 #include "base/clock.h"
 #include "base/env.h"
+#include "base/le.h"
 #include "base/error.h"
 #include "testing/harness.h"
 
@@ -214,9 +215,7 @@ static void on_frame(void *arg, uint8_t type, const char *data, size_t len)
         p->pending = copy_payload(data, len);
         break;
     case TD_CTL_CASE_DONE: {
-        const unsigned char *u = (const unsigned char *)data;
-        uint32_t index = len == 4 ? (uint32_t)u[0] | (uint32_t)u[1] << 8 | (uint32_t)u[2] << 16 | (uint32_t)u[3] << 24
-                                  : UINT32_MAX;
+        uint32_t index = len == 4 ? (uint32_t)le_get((const uint8_t *)data, 4) : UINT32_MAX;
         if (index == (uint32_t)p->done && p->done < f->s->ncases) {
             /* The rank flushed its output before reporting: it belongs to the case it finished. */
             drain_fd(f->s, p, 1);

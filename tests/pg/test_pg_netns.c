@@ -187,9 +187,12 @@ TD_TEST(netns_cut_link, .static_skip = netns_skip, .timeout_s = 120)
 
     /* The link: one veth end in each rank's namespace. */
     bool netem = false;
-    TD_CHECK_EQ(sh("ip link add %s type veth peer name %s", ifname[0], ifname[1]), 0);
+    /* Both ends made straight in the ranks' namespaces, so nothing stays in ours if a step fails:
+     * the pair goes with the namespaces when the ranks exit. */
+    TD_CHECK_EQ(sh("ip link add %s netns %d type veth peer name %s netns %d", ifname[0], (int)pid[0], ifname[1],
+                   (int)pid[1]),
+                0);
     for (int r = 0; r < 2; r++) {
-        TD_CHECK_EQ(sh("ip link set %s netns %d", ifname[r], (int)pid[r]), 0);
         TD_CHECK_EQ(sh("nsenter -t %d -n sh -c 'ip addr add %s.%d/24 dev %s && ip link set %s up && ip link set lo up'",
                        (int)pid[r], subnet, r + 1, ifname[r], ifname[r]),
                     0);

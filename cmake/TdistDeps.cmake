@@ -1,6 +1,9 @@
 # Optional dependencies. Each TDIST_WITH_X is AUTO (use it when found), ON (fail when missing)
 # or OFF. The result is TDIST_HAVE_X, which src/ uses to add the matching sources.
 find_package(Threads REQUIRED)
+# libcrypto (OpenSSL) is required: connection handshakes prove the job secret with HMAC-SHA256
+# (src/net/auth.c). Debian: libssl-dev.
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 
 function(tdist_resolve_option opt found)
   if(${opt} STREQUAL "ON" AND NOT ${found})

@@ -20,7 +20,7 @@ install(FILES ${PROJECT_BINARY_DIR}/tdistConfig.cmake ${PROJECT_BINARY_DIR}/tdis
 
 file(RELATIVE_PATH TDIST_PC_TO_PREFIX "/root/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/root")
 # pkg-config --static: the static library's private dependencies, MPI's libraries included.
-set(TDIST_PC_LIBS_PRIVATE "-lpthread -lm -lrt -ldl")
+set(TDIST_PC_LIBS_PRIVATE "-lpthread -lm -lrt -ldl ${OPENSSL_CRYPTO_LIBRARY}")
 if(TDIST_HAVE_MPI)
   foreach(lib IN LISTS MPI_C_LIBRARIES)
     string(APPEND TDIST_PC_LIBS_PRIVATE " ${lib}")

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages that building and testing tdist need, when they are missing:
-# the toolchain, clang and its runtime (fuzzing), pkg-config (the install test) and Open MPI (the
-# mpi backend and its tests under mpirun). As root it runs apt-get; otherwise it prints the command
+# the toolchain, clang and its runtime (fuzzing), pkg-config (the install test), libcrypto's headers
+# (connection authentication) and Open MPI (the mpi backend and its tests under mpirun). As root it runs apt-get; otherwise it prints the command
 # to run. Benchmark peers (python3-torch, gnuplot) are installed by the bench scripts, never here.
 set -euo pipefail
 
-packages=(cmake make gcc g++ pkg-config clang libclang-rt-14-dev libopenmpi-dev openmpi-bin)
+packages=(cmake make gcc g++ pkg-config clang libclang-rt-14-dev libopenmpi-dev openmpi-bin libssl-dev)
 
 missing=()
 for p in "${packages[@]}"; do

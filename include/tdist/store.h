@@ -115,7 +115,10 @@ TD_API int64_t td_store_get_timeout(td_store *store);
  *    handle's next call.
  *  - same-host clients connect through a unix socket beside the TCP port (TDIST_STORE_UNIX=0: off).
  *  - if the server dies, every pending and later call fails at once with TD_ERR_PEER_LOST.
- *  - with TDIST_AUTH_TOKEN (or auth_token) set, the server refuses clients without the same token. */
+ *  - with TDIST_AUTH_TOKEN (or auth_token) set, server and client prove to each other that they hold
+ *    that secret (challenge-response with HMAC-SHA256; the secret never travels), and either side
+ *    refuses a peer without it: a server with a secret refuses clients without the same one, and a
+ *    client with one refuses a server without it. tdrun sets a random one for each job. */
 typedef struct td_tcp_store_options {
     const char *host;        /* master: address to bind (NULL or "": all interfaces); others: the
                                 master's address (NULL: 127.0.0.1). IPv4, IPv6 or a host name. */
@@ -125,7 +128,7 @@ typedef struct td_tcp_store_options {
     int64_t timeout_ms;      /* the store's timeout; also bounds connecting and waiting for workers */
     bool wait_for_workers;   /* see above; needs world_size >= 1 */
     bool multi_tenant;       /* masters of one process on the same port share one server */
-    const char *auth_token;  /* NULL: $TDIST_AUTH_TOKEN, if set */
+    const char *auth_token;  /* the job's secret; NULL: $TDIST_AUTH_TOKEN, if set; "": none */
     size_t max_key_len;      /* server and client limit; 0: $TDIST_STORE_MAX_KEY or 64 KiB */
     size_t max_value_len;    /* 0: $TDIST_STORE_MAX_VALUE or 512 MiB */
     /* Master only, may be NULL: called once the server listens, before the master waits for

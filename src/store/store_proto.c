@@ -43,7 +43,7 @@ uint64_t store_max_body(const td_store_limits *lim)
 const char *store_cmd_name(int cmd)
 {
     static const char *const names[] = {"?", "HELLO", "SET", "GET", "ADD", "COMPARE_SET", "DELETE_KEY", "CHECK",
-                                        "NUM_KEYS", "WAIT", "CANCEL", "APPEND", "MULTI_GET", "MULTI_SET", "PING"};
+                                        "NUM_KEYS", "WAIT", "CANCEL", "APPEND", "MULTI_GET", "MULTI_SET", "PING", "AUTH"};
     return cmd >= 1 && cmd <= TD_STORE_CMD_MAX_ ? names[cmd] : "unknown";
 }
 
@@ -150,25 +150,31 @@ static bool rd_count(cursor *c, size_t min_bytes_each, size_t *n)
     return true;
 }
 
+/* A HELLO's nonce or an AUTH's proof: u32 length (at most TD_STORE_MAX_AUTH_FIELD) + bytes. */
+static bool rd_auth_field(cursor *c, const char *too_long, td_store_slice *out)
+{
+    uint32_t n;
+    if (!rd_u32(c, &n))
+        return false;
+    if (n > TD_STORE_MAX_AUTH_FIELD) {
+        c->why = too_long;
+        return false;
+    }
+    if (!take(c, n, &out->data))
+        return false;
+    out->len = n;
+    return true;
+}
+
 static bool parse_body(cursor *c, uint8_t cmd, td_store_slice_vec *ks, td_store_slice_vec *vs, td_store_request *r)
 {
     uint64_t u;
     switch (cmd) {
-    case TD_STORE_CMD_HELLO: {
-        if (!rd_u32(c, &r->magic) || !rd_u32(c, &r->version))
-            return false;
-        uint32_t n;
-        if (!rd_u32(c, &n))
-            return false;
-        if (n > TD_STORE_MAX_TOKEN) {
-            c->why = "the auth token is longer than 4096 bytes";
-            return false;
-        }
-        if (!take(c, n, &r->token.data))
-            return false;
-        r->token.len = n;
-        return true;
-    }
+    case TD_STORE_CMD_HELLO:
+        return rd_u32(c, &r->magic) && rd_u32(c, &r->version) &&
+               rd_auth_field(c, "the HELLO nonce is longer than 64 bytes", &r->auth);
+    case TD_STORE_CMD_AUTH:
+        return rd_auth_field(c, "the AUTH proof is longer than 64 bytes", &r->auth);
     case TD_STORE_CMD_SET:
     case TD_STORE_CMD_APPEND:
         return rd_key(c, &r->key) && rd_value(c, &r->value);

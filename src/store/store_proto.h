@@ -5,8 +5,9 @@
  *   key    u32 length + bytes        (at most max_key bytes)
  *   value  u64 length + bytes        (at most max_value bytes)
  *   i64, u32, u8                     little-endian
- * A connection starts with HELLO (magic, version, auth token); the server answers with its version
- * and limits, or an ERROR and a close.
+ * A connection starts with HELLO (magic, version, the client's nonce); the server answers with its
+ * version, limits and, when it holds the job's secret, its own nonce and proof of the secret, which
+ * the client checks before proving its own with AUTH (net/auth.h); or an ERROR and a close.
  *
  * store_parse_request is a pure function over bytes (the server and fuzz/fuzz_store_request.c
  * both drive it): it never trusts a length before checking it against the bytes present and the
@@ -24,9 +25,10 @@
 #include "base/vec.h"
 
 #define TD_STORE_PROTO_MAGIC 0x54534454u /* "TDST" as little-endian bytes */
-#define TD_STORE_PROTO_VERSION 1u
+#define TD_STORE_PROTO_VERSION 2u /* 2: challenge-response (HELLO nonce, AUTH) instead of a token */
 #define TD_STORE_HEADER_LEN 9
-#define TD_STORE_MAX_TOKEN 4096
+/* A HELLO's nonce or an AUTH's proof: this long at most (both are 32 bytes today). */
+#define TD_STORE_MAX_AUTH_FIELD 64
 /* Room in a request body beyond its keys and values, for lengths, counts and integers. */
 #define TD_STORE_BODY_SLACK 4096
 #define TD_STORE_MAX_KEYS_PER_REQUEST (1u << 20)
@@ -53,7 +55,8 @@ enum td_store_cmd {
     TD_STORE_CMD_MULTI_GET = 12, /* parks until every key exists */
     TD_STORE_CMD_MULTI_SET = 13,
     TD_STORE_CMD_PING = 14,
-    TD_STORE_CMD_MAX_ = 14,
+    TD_STORE_CMD_AUTH = 15,     /* the client's proof of the secret, after HELLO */
+    TD_STORE_CMD_MAX_ = 15,
 };
 
 enum td_store_reply_kind {
@@ -89,7 +92,7 @@ typedef struct td_store_request {
     td_store_slice expected; /* COMPARE_SET */
     int64_t delta;           /* ADD */
     uint32_t magic, version; /* HELLO */
-    td_store_slice token;    /* HELLO */
+    td_store_slice auth;     /* HELLO: the client's nonce; AUTH: its proof */
     size_t nkeys;            /* CHECK WAIT MULTI_GET MULTI_SET */
     td_store_slice *keys;    /* into the scratch vector given to the parser */
     td_store_slice *values;  /* MULTI_SET */

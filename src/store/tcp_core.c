@@ -39,7 +39,9 @@ struct td_store_conn {
     td_buf out;
     size_t out_off;   /* bytes of out already sent */
     size_t want;      /* frame size of the partial request in `in`, when known */
-    bool hello_done;
+    bool hello_done; /* HELLO accepted */
+    bool authed;     /* and the client proved the secret (or the server has none) */
+    uint8_t client_nonce[AUTH_NONCE_LEN], server_nonce[AUTH_NONCE_LEN];
     bool closing;
     bool dirty;
     uint8_t parked;   /* 0, or the command waiting: GET, WAIT or MULTI_GET */
@@ -51,8 +53,7 @@ struct td_store_conn {
 struct td_store_core {
     td_store_limits lim;
     uint64_t max_reply;
-    char *token;
-    size_t token_len;
+    auth_key key;
     td_map values;  /* key -> sval* */
     td_map waiters; /* key -> conn_vec* */
     conn_vec conns;
@@ -61,17 +62,15 @@ struct td_store_core {
     td_store_slice_vec ks, vs; /* parser scratch */
 };
 
-td_store_core *store_core_new(const td_store_limits *lim, const char *token)
+td_store_core *store_core_new(const td_store_limits *lim, const auth_key *key)
 {
     td_store_core *c = TD_NEW(td_store_core);
     c->lim = *lim;
     c->max_reply = TD_STORE_DEFAULT_MAX_REPLY;
     if (lim->max_value + TD_STORE_BODY_SLACK > c->max_reply)
         c->max_reply = lim->max_value + TD_STORE_BODY_SLACK;
-    if (token && *token) {
-        c->token = alloc_strdup(token);
-        c->token_len = strlen(token);
-    }
+    if (key)
+        c->key = *key;
     return c;
 }
 
@@ -106,7 +105,6 @@ void store_core_free(td_store_core *core)
     map_free(&core->waiters, free_waitlist);
     TD_VEC_FREE(&core->ks);
     TD_VEC_FREE(&core->vs);
-    free(core->token);
     free(core);
 }
 
@@ -146,11 +144,11 @@ void store_conn_output_done(td_store_conn *conn, size_t n)
 }
 
 bool store_conn_closing(const td_store_conn *conn) { return conn->closing; }
-bool store_conn_authenticated(const td_store_conn *conn) { return conn->hello_done; }
+bool store_conn_authenticated(const td_store_conn *conn) { return conn->authed; }
 
 size_t store_conn_preauth_room(const td_store_conn *conn)
 {
-    if (conn->hello_done)
+    if (conn->authed)
         return SIZE_MAX;
     size_t max = TD_STORE_HEADER_LEN + TD_STORE_HELLO_MAX_BODY;
     return conn->in.len < max ? max - conn->in.len : 0;
@@ -446,13 +444,12 @@ static void shown_key(td_store_slice k, char *out, size_t size)
     out[n] = '\0';
 }
 
-static bool token_matches(const td_store_core *core, td_store_slice t)
+/* Refuses the handshake: an ERROR the client reads, then the close. */
+static td_status refuse(td_store_core *core, td_store_conn *c, td_status code, const char *msg)
 {
-    /* Constant time in the token's contents. */
-    unsigned diff = (unsigned)(t.len ^ core->token_len);
-    for (size_t i = 0; i < core->token_len; i++)
-        diff |= (unsigned)(core->token[i] ^ (i < t.len ? t.data[i] : 0));
-    return diff == 0;
+    reply_error(core, c, code, msg);
+    c->closing = true;
+    return TD_OK;
 }
 
 static td_status handle_hello(td_store_core *core, td_store_conn *c, const td_store_request *r)
@@ -465,25 +462,43 @@ static td_status handle_hello(td_store_core *core, td_store_conn *c, const td_st
         char msg[160];
         snprintf(msg, sizeof msg, "unsupported TCPStore protocol version %u; this server speaks version %u",
                  r->version, TD_STORE_PROTO_VERSION);
-        reply_error(core, c, TD_ERR_UNSUPPORTED, msg);
-        c->closing = true;
-        return TD_OK;
+        return refuse(core, c, TD_ERR_UNSUPPORTED, msg);
     }
-    if (core->token && !token_matches(core, r->token)) {
-        reply_error(core, c, TD_ERR_INVALID,
-                    r->token.len ? "authentication failed: the client's auth token (TDIST_AUTH_TOKEN) does not match "
-                                   "the server's"
-                                 : "authentication failed: the server requires an auth token; set TDIST_AUTH_TOKEN to "
-                                   "the job's token on every rank");
-        c->closing = true;
-        return TD_OK;
-    }
+    if (r->auth.len != AUTH_NONCE_LEN)
+        return refuse(core, c, TD_ERR_INVALID, "HELLO without a 32-byte client nonce");
     c->hello_done = true;
+    c->authed = !core->key.on;
     size_t off = reply_begin(core, c, TD_STORE_REPLY_OK);
     buf_put_u32(&c->out, TD_STORE_PROTO_VERSION);
     buf_put_u64(&c->out, core->lim.max_key);
     buf_put_u64(&c->out, core->lim.max_value);
+    buf_put_u8(&c->out, core->key.on);
+    if (core->key.on) {
+        /* The challenge, and this server's proof that it holds the secret: over the client's fresh
+         * nonce, so a recorded answer proves nothing to another client. */
+        memcpy(c->client_nonce, r->auth.data, AUTH_NONCE_LEN);
+        auth_nonce(c->server_nonce);
+        auth_part parts[2] = {{c->client_nonce, AUTH_NONCE_LEN}, {c->server_nonce, AUTH_NONCE_LEN}};
+        uint8_t mac[AUTH_MAC_LEN];
+        auth_prove(&core->key, "tdist store server", parts, 2, mac);
+        buf_append(&c->out, c->server_nonce, AUTH_NONCE_LEN);
+        buf_append(&c->out, mac, AUTH_MAC_LEN);
+    }
     store_msg_end(&c->out, off);
+    return TD_OK;
+}
+
+/* The client's proof, over this connection's server nonce (fresh) and its own. */
+static td_status handle_auth(td_store_core *core, td_store_conn *c, const td_store_request *r)
+{
+    if (!c->hello_done || c->authed)
+        return error_fmt(TD_ERR_INVALID, "AUTH %s", c->authed ? "on an authenticated connection" : "before HELLO");
+    auth_part parts[2] = {{c->server_nonce, AUTH_NONCE_LEN}, {c->client_nonce, AUTH_NONCE_LEN}};
+    if (r->auth.len != AUTH_MAC_LEN || !auth_check(&core->key, "tdist store client", parts, 2, r->auth.data))
+        return refuse(core, c, TD_ERR_INVALID,
+                      "authentication failed: the client's TDIST_AUTH_TOKEN does not match the server's");
+    c->authed = true;
+    reply_empty(core, c, TD_STORE_REPLY_OK);
     return TD_OK;
 }
 
@@ -491,8 +506,10 @@ static td_status handle(td_store_core *core, td_store_conn *c, const td_store_re
 {
     if (r->cmd == TD_STORE_CMD_HELLO)
         return handle_hello(core, c, r);
-    if (!c->hello_done)
-        return error_fmt(TD_ERR_INVALID, "%s request before HELLO", store_cmd_name(r->cmd));
+    if (r->cmd == TD_STORE_CMD_AUTH)
+        return handle_auth(core, c, r);
+    if (!c->authed)
+        return error_fmt(TD_ERR_INVALID, "%s request before the handshake", store_cmd_name(r->cmd));
     if (r->cmd == TD_STORE_CMD_CANCEL) {
         unpark(core, c);
         reply_empty(core, c, TD_STORE_REPLY_CANCELED);
@@ -606,21 +623,23 @@ static td_status handle(td_store_core *core, td_store_conn *c, const td_store_re
     return TD_OK;
 }
 
-/* Before HELLO: only a HELLO of at most TD_STORE_HELLO_MAX_BODY bytes, judged from its first byte
- * and its header, so that no body of another request is ever received or buffered. */
-static td_status check_preauth(const uint8_t *p, size_t len)
+/* Before the handshake is done: only HELLO, then AUTH, each of at most TD_STORE_HELLO_MAX_BODY
+ * bytes, judged from the first byte and the header, so that no body of another request is ever
+ * received or buffered from a client that has not proved the secret. */
+static td_status check_preauth(const td_store_conn *c, const uint8_t *p, size_t len)
 {
     if (len < 1)
         return TD_OK;
-    if (p[0] != TD_STORE_CMD_HELLO)
-        return error_fmt(TD_ERR_INVALID, "%s request before HELLO (only HELLO is accepted before the handshake)",
+    uint8_t next = c->hello_done ? TD_STORE_CMD_AUTH : TD_STORE_CMD_HELLO;
+    if (p[0] != next)
+        return error_fmt(TD_ERR_INVALID, "%s request before the handshake (only HELLO, then AUTH, are accepted)",
                          store_cmd_name(p[0]));
     if (len < TD_STORE_HEADER_LEN)
         return TD_OK;
     uint64_t body = store_get_u64(p + 1);
     if (body > TD_STORE_HELLO_MAX_BODY)
-        return error_fmt(TD_ERR_INVALID, "HELLO of %llu bytes is larger than a handshake may be (%u bytes)",
-                         (unsigned long long)body, TD_STORE_HELLO_MAX_BODY);
+        return error_fmt(TD_ERR_INVALID, "%s of %llu bytes is larger than a handshake may be (%u bytes)",
+                         store_cmd_name(p[0]), (unsigned long long)body, TD_STORE_HELLO_MAX_BODY);
     return TD_OK;
 }
 
@@ -632,7 +651,7 @@ td_status store_core_process(td_store_core *core, td_store_conn *c)
      * rather than offset a null pointer (undefined behaviour). */
     const uint8_t *in = c->in.data ? (const uint8_t *)c->in.data : (const uint8_t *)"";
     while (!c->closing && !store_conn_backlogged(c)) {
-        if (!c->hello_done && (s = check_preauth(in + off, c->in.len - off)) != TD_OK)
+        if (!c->authed && (s = check_preauth(c, in + off, c->in.len - off)) != TD_OK)
             break;
         td_store_request req;
         size_t used = 0, frame = 0;

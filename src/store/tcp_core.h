@@ -15,22 +15,24 @@
 #include <tdist/status.h>
 
 #include "base/buf.h"
+#include "net/auth.h"
 #include "store/store_proto.h"
 
 typedef struct td_store_core td_store_core;
 typedef struct td_store_conn td_store_conn;
 
-/* Before HELLO a connection may send only HELLO, and its body may be at most this many bytes (magic,
- * version, token length and a token of at most TD_STORE_MAX_TOKEN): anything else is refused from
- * the header, before any body is received. */
-#define TD_STORE_HELLO_MAX_BODY (12u + TD_STORE_MAX_TOKEN)
+/* Until it has authenticated, a connection may send only HELLO and then (when the server holds a
+ * secret) AUTH, each body at most this many bytes (magic, version, a length and a nonce or proof of
+ * at most TD_STORE_MAX_AUTH_FIELD): anything else is refused from the header, before any body is
+ * received. */
+#define TD_STORE_HELLO_MAX_BODY (12u + TD_STORE_MAX_AUTH_FIELD)
 /* Default largest reply the server builds for one request (TDIST_STORE_MAX_REPLY): 1 GiB, or max
  * value + 4 KiB when that is larger, so that any one value can always be read back. */
 #define TD_STORE_DEFAULT_MAX_REPLY ((uint64_t)1 << 30)
 
-/* token: the shared secret clients must present (NULL or "": none). The reply limit starts at
- * TD_STORE_DEFAULT_MAX_REPLY (or max value + 4 KiB if larger). */
-td_store_core *store_core_new(const td_store_limits *lim, const char *token);
+/* key: the job's secret clients must prove they hold (key->on false, or NULL: none). The reply
+ * limit starts at TD_STORE_DEFAULT_MAX_REPLY (or max value + 4 KiB if larger). */
+td_store_core *store_core_new(const td_store_limits *lim, const auth_key *key);
 /* A reply (GET, COMPARE_SET, MULTI_GET) whose body would be larger than max_reply bytes is not
  * built: the client gets an ERROR naming the limit and the connection stays. */
 void store_core_set_max_reply(td_store_core *core, uint64_t max_reply);
@@ -55,12 +57,12 @@ td_status store_core_process(td_store_core *core, td_store_conn *conn);
 /* Pending output; store_conn_output_done drops n sent bytes. */
 const uint8_t *store_conn_output(const td_store_conn *conn, size_t *len);
 void store_conn_output_done(td_store_conn *conn, size_t n);
-/* The connection must be closed once its output is sent (it was refused at HELLO). */
+/* The connection must be closed once its output is sent (it was refused in the handshake). */
 bool store_conn_closing(const td_store_conn *conn);
-/* HELLO was accepted on this connection (the handshake is done). */
+/* The handshake is done: HELLO accepted and, when the server holds a secret, AUTH's proof checked. */
 bool store_conn_authenticated(const td_store_conn *conn);
-/* How many more bytes may be received before the connection authenticates (the rest of a HELLO of
- * at most TD_STORE_HELLO_MAX_BODY); SIZE_MAX once it has. */
+/* How many more bytes may be received before the connection authenticates (the rest of a HELLO or
+ * AUTH of at most TD_STORE_HELLO_MAX_BODY); SIZE_MAX once it has. */
 size_t store_conn_preauth_room(const td_store_conn *conn);
 /* Reading should pause: the peer is not taking its answers. */
 bool store_conn_backlogged(const td_store_conn *conn);

@@ -50,7 +50,7 @@ typedef struct srv_conn {
     int fd;
     uint32_t events;
     bool dead;
-    bool pending;  /* on the pending list: no HELLO yet */
+    bool pending;  /* on the pending list: handshake not done yet */
     int64_t deadline_ms; /* for the handshake */
     struct srv_conn *prev, *next; /* the pending list, oldest first */
     td_store_conn *core;
@@ -154,11 +154,11 @@ static void evict_oldest_pending(td_store_server *s, const char *why)
 static int expire_handshakes(td_store_server *s)
 {
     if (!s->pending_head)
-        return -1; /* no clock read per batch when every connection is past HELLO */
+        return -1; /* no clock read per batch when every connection is past the handshake */
     int64_t now = clock_now_ms();
     while (s->pending_head && s->pending_head->deadline_ms <= now) {
         char why[160];
-        snprintf(why, sizeof why, "no HELLO within %lld ms of connecting (TDIST_STORE_HANDSHAKE_TIMEOUT)",
+        snprintf(why, sizeof why, "no handshake within %lld ms of connecting (TDIST_STORE_HANDSHAKE_TIMEOUT)",
                  (long long)s->handshake_ms);
         kill_handshake(s, s->pending_head, why);
     }
@@ -203,7 +203,7 @@ static void flush(td_store_server *s, srv_conn *c)
         p = store_conn_output(c->core, &len);
     }
     if (len == 0 && store_conn_closing(c->core)) {
-        kill_conn(s, c, true, "refused at HELLO (wrong protocol version or auth token)");
+        kill_conn(s, c, true, "refused in the handshake (a wrong protocol version, or no proof of the job's secret)");
         return;
     }
     bool was_paused = !(c->events & EPOLLIN);
@@ -235,7 +235,8 @@ static void on_readable(td_store_server *s, srv_conn *c)
     td_buf *in = store_conn_input(c->core);
     size_t want = store_conn_input_want(c->core);
     size_t chunk = want > READ_CHUNK ? want : READ_CHUNK;
-    /* Before HELLO, no more than a HELLO's worth is ever received (the core judges the header). */
+    /* Before the handshake, no more than a HELLO's or AUTH's worth is ever received (the core judges
+     * the header). */
     size_t room = store_conn_preauth_room(c->core);
     if (room == 0) {
         kill_conn(s, c, true, "more than a HELLO's worth of bytes before the handshake");
@@ -313,7 +314,7 @@ static void accept_all(td_store_server *s, int lfd)
             continue;
         }
         c->core = store_core_attach(s->core, c);
-        /* Until HELLO: on the pending list, with a deadline; over the cap, the oldest goes. */
+        /* Until the handshake is done: on the pending list, with a deadline; over the cap, the oldest goes. */
         c->pending = true;
         c->deadline_ms = clock_now_ms() + s->handshake_ms;
         c->prev = s->pending_tail;
@@ -452,13 +453,14 @@ td_status store_server_start(const td_store_server_options *o, td_store_server *
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && (int64_t)(rl.rlim_cur / 2) < max_pending)
         max_pending = rl.rlim_cur / 2 > 8 ? (int64_t)(rl.rlim_cur / 2) : 8;
+    auth_key key;
+    TD_TRY(auth_key_init(o->auth_token, &key));
     td_store_server *s = TD_NEW(td_store_server);
     s->handshake_ms = handshake_ms;
     s->max_pending = (size_t)max_pending;
     s->listen_fd = s->local_fd = s->epoll_fd = s->wake_fd = s->reserve_fd = -1;
     net_spin_init(&s->spin, spin * 1000);
-    const char *token = o->auth_token ? o->auth_token : env_get_str("TDIST_AUTH_TOKEN", NULL);
-    s->core = store_core_new(&lim, token);
+    s->core = store_core_new(&lim, &key);
     if (max_reply)
         store_core_set_max_reply(s->core, max_reply);
     td_status st = net_listen(o->host, o->port, 0, &s->listen_fd, &s->port);

@@ -23,8 +23,8 @@ typedef struct td_store_server_options {
      * larger), $TDIST_STORE_HANDSHAKE_TIMEOUT (5 s) and $TDIST_STORE_MAX_PENDING (1024, and at most
      * half the open-files limit), and their defaults when those are unset. */
     uint64_t max_reply_len;       /* largest reply built for one request */
-    int64_t handshake_timeout_ms; /* a connection without HELLO by then is closed */
-    int64_t max_pending;          /* connections that have not sent HELLO yet; beyond, the oldest goes */
+    int64_t handshake_timeout_ms; /* a connection not past the handshake by then is closed */
+    int64_t max_pending;          /* connections not past the handshake; beyond, the oldest goes */
 } td_store_server_options;
 
 td_status store_server_start(const td_store_server_options *options, td_store_server **server);
@@ -40,7 +40,7 @@ typedef struct td_store_server_stats {
     uint64_t accepted_local; /* of which through the same-host socket */
     uint64_t dropped;     /* connections closed for a malformed, oversize or refused request, or
                            * no handshake in time, or evicted over the pending cap */
-    uint64_t pending;     /* open now and not past HELLO yet */
+    uint64_t pending;     /* open now and not past the handshake yet */
     uint64_t keys;
     uint64_t parked;      /* requests waiting for keys */
 } td_store_server_stats;

@@ -26,6 +26,7 @@
 #include "base/log.h"
 #include "base/thread.h"
 #include "net/addr.h"
+#include "net/auth.h"
 #include "net/io.h"
 #include "net/socket.h"
 #include "store/store_impl.h"
@@ -122,7 +123,7 @@ typedef struct tcp_store {
     char *host;
     int port;
     char where[TD_ADDR_STRLEN + 64];
-    char *token;
+    auth_key key; /* the job's secret, proved in each connection's handshake */
     bool local; /* try the same-host socket before TCP */
     td_net_spin spin;
     uint32_t unacked;         /* answers of sets not read yet (they come before any later answer) */
@@ -243,29 +244,75 @@ static td_status remote_error(tcp_store *t, const reply *r, const char *op)
     return error_fmt((td_status)code, "TCPStore %s: %.*s", op, (int)(r->len - 4), (const char *)r->body + 4);
 }
 
+/* An ERROR answer to HELLO or AUTH: the server refused the connection. */
+static td_status handshake_refused(tcp_store *t, const reply *r)
+{
+    td_status code = r->len >= 4 ? (td_status)(int32_t)store_get_u32(r->body) : TD_ERR_REMOTE;
+    return error_fmt(code < 0 && code >= TD_ERR_INTERNAL ? code : TD_ERR_REMOTE,
+                     "TCPStore server at %s refused the connection: %.*s", t->where,
+                     (int)(r->len >= 4 ? r->len - 4 : 0), r->len >= 4 ? (const char *)r->body + 4 : "");
+}
+
+/* The handshake (docs/protocols.md, "TCPStore protocol"): HELLO with a fresh nonce; a server that
+ * holds the secret answers with its nonce and its proof, which is checked before this client sends
+ * its own proof (AUTH), so the secret is proved both ways and never travels. */
 static td_status hello(tcp_store *t, int64_t deadline)
 {
+    uint8_t nonce[AUTH_NONCE_LEN];
+    auth_nonce(nonce);
     t->out.len = 0;
     size_t off = store_msg_begin(&t->out, TD_STORE_CMD_HELLO);
     buf_put_u32(&t->out, TD_STORE_PROTO_MAGIC);
     buf_put_u32(&t->out, TD_STORE_PROTO_VERSION);
-    size_t tlen = t->token ? strlen(t->token) : 0;
-    buf_put_u32(&t->out, (uint32_t)tlen);
-    buf_append(&t->out, t->token ? t->token : "", tlen);
+    buf_put_u32(&t->out, AUTH_NONCE_LEN);
+    buf_append(&t->out, nonce, AUTH_NONCE_LEN);
     store_msg_end(&t->out, off);
     TD_TRY(net_send_all(t->fd, t->out.data, t->out.len, deadline));
     reply r;
-    TD_TRY(read_reply(t, deadline, 64, false, &r));
-    if (r.kind == TD_STORE_REPLY_ERROR) {
-        td_status code = r.len >= 4 ? (td_status)(int32_t)store_get_u32(r.body) : TD_ERR_REMOTE;
-        return error_fmt(code < 0 && code >= TD_ERR_INTERNAL ? code : TD_ERR_REMOTE,
-                        "TCPStore server at %s refused the connection: %.*s", t->where,
-                        (int)(r.len >= 4 ? r.len - 4 : 0), r.len >= 4 ? (const char *)r.body + 4 : "");
-    }
-    if (r.kind != TD_STORE_REPLY_OK || r.len != 20)
+    TD_TRY(read_reply(t, deadline, 128, false, &r));
+    if (r.kind == TD_STORE_REPLY_ERROR)
+        return handshake_refused(t, &r);
+    enum { FIXED = 21, WITH_AUTH = FIXED + AUTH_NONCE_LEN + AUTH_MAC_LEN };
+    if (r.kind != TD_STORE_REPLY_OK || r.len < FIXED || r.len != (r.body[20] ? WITH_AUTH : FIXED))
         return error_fmt(TD_ERR_IO, "TCPStore: %s did not answer like a tdist TCPStore server", t->where);
     t->lim.max_key = store_get_u64(r.body + 4);
     t->lim.max_value = store_get_u64(r.body + 12);
+    bool server_auth = r.body[20] != 0;
+    if (!server_auth && !t->key.on)
+        return TD_OK;
+    if (!server_auth)
+        return error_fmt(TD_ERR_INVALID,
+                         "authentication failed: the TCPStore server at %s does not authenticate (it has no "
+                         "TDIST_AUTH_TOKEN) but this process has one; start it with the job's secret",
+                         t->where);
+    if (!t->key.on)
+        return error_fmt(TD_ERR_INVALID,
+                         "authentication failed: the TCPStore server at %s requires the job's secret; set "
+                         "TDIST_AUTH_TOKEN to it on every rank",
+                         t->where);
+    uint8_t server_nonce[AUTH_NONCE_LEN];
+    memcpy(server_nonce, r.body + FIXED, AUTH_NONCE_LEN);
+    auth_part parts[2] = {{nonce, AUTH_NONCE_LEN}, {server_nonce, AUTH_NONCE_LEN}};
+    if (!auth_check(&t->key, "tdist store server", parts, 2, r.body + FIXED + AUTH_NONCE_LEN))
+        return error_fmt(TD_ERR_INVALID,
+                         "authentication failed: the TCPStore server at %s could not prove it holds this "
+                         "process's TDIST_AUTH_TOKEN (the secrets differ)",
+                         t->where);
+    uint8_t mac[AUTH_MAC_LEN];
+    parts[0] = (auth_part){server_nonce, AUTH_NONCE_LEN};
+    parts[1] = (auth_part){nonce, AUTH_NONCE_LEN};
+    auth_prove(&t->key, "tdist store client", parts, 2, mac);
+    t->out.len = 0;
+    off = store_msg_begin(&t->out, TD_STORE_CMD_AUTH);
+    buf_put_u32(&t->out, AUTH_MAC_LEN);
+    buf_append(&t->out, mac, AUTH_MAC_LEN);
+    store_msg_end(&t->out, off);
+    TD_TRY(net_send_all(t->fd, t->out.data, t->out.len, deadline));
+    TD_TRY(read_reply(t, deadline, 1024, false, &r));
+    if (r.kind == TD_STORE_REPLY_ERROR)
+        return handshake_refused(t, &r);
+    if (r.kind != TD_STORE_REPLY_OK || r.len != 0)
+        return error_fmt(TD_ERR_IO, "TCPStore: %s did not answer AUTH like a tdist TCPStore server", t->where);
     return TD_OK;
 }
 
@@ -720,7 +767,6 @@ static void tc_destroy(td_store *s)
     buf_free(&t->in);
     pthread_mutex_destroy(&t->mu);
     free(t->host);
-    free(t->token);
     free(t);
 }
 
@@ -868,18 +914,15 @@ td_status td_tcp_store_create(const td_tcp_store_options *o, td_store **store)
     if (!o->is_master && o->port == 0)
         return error_fmt(TD_ERR_INVALID, "td_tcp_store_create: a client needs the master's port (port 0 only means "
                                         "'pick one' on the master)");
+    auth_key key;
+    TD_TRY(auth_key_init(o->auth_token, &key));
     tcp_store *t = TD_NEW(tcp_store);
     store_init(&t->base, &tcp_store_ops, o->timeout_ms);
     thread_mutex_init(&t->mu);
     t->fd = -1;
     t->host = alloc_strdup(o->host && *o->host ? o->host : "127.0.0.1");
     t->port = o->port;
-    const char *token = o->auth_token ? o->auth_token : env_get_str("TDIST_AUTH_TOKEN", NULL);
-    t->token = token ? alloc_strdup(token) : NULL;
-    if (t->token && strlen(t->token) > TD_STORE_MAX_TOKEN) {
-        tc_destroy(&t->base);
-        return error_fmt(TD_ERR_INVALID, "TDIST_AUTH_TOKEN is longer than %d bytes", TD_STORE_MAX_TOKEN);
-    }
+    t->key = key;
     int64_t deadline = deadline_after_ms(o->timeout_ms);
     td_status s;
     t->local = true;

@@ -2,7 +2,7 @@
  * server: the tdist-store program (whose RSS is read from /proc/<pid>/status) or the in-process one.
  *   - a MULTI_GET of 60,000 copies of a 64 KiB value (a 3.7 GiB reply) gets an ERROR naming the
  *     reply limit; the server lives, its RSS stays flat, and it serves a normal client;
- *   - with an auth token, a 500 MiB SET header before HELLO is refused from its header: the body is
+ *   - with a secret, a 500 MiB SET header before the handshake is refused from its header: the body is
  *     never received (RSS flat) and the log names the peer;
  *   - connections that do not send HELLO within TDIST_STORE_HANDSHAKE_TIMEOUT are closed, and an
  *     authenticated idle one is not;
@@ -49,14 +49,15 @@ static int raw_connect(int port)
 
 static void raw_send(int fd, const void *p, size_t n) { TD_CHECK(send(fd, p, n, MSG_NOSIGNAL) == (ssize_t)n); }
 
-static void raw_hello(int fd, const char *token)
+/* A HELLO with a fixed nonce: enough for a server without a secret. */
+static void raw_hello(int fd)
 {
     td_buf b = TD_BUF_INIT;
     size_t off = store_msg_begin(&b, TD_STORE_CMD_HELLO);
     buf_put_u32(&b, TD_STORE_PROTO_MAGIC);
     buf_put_u32(&b, TD_STORE_PROTO_VERSION);
-    buf_put_u32(&b, (uint32_t)strlen(token));
-    buf_append_str(&b, token);
+    buf_put_u32(&b, AUTH_NONCE_LEN);
+    memset(buf_extend(&b, AUTH_NONCE_LEN), 0x5a, AUTH_NONCE_LEN);
     store_msg_end(&b, off);
     raw_send(fd, b.data, b.len);
     buf_free(&b);
@@ -236,7 +237,7 @@ TD_TEST(multi_get_of_60000_copies_gets_an_error_and_the_server_lives, .timeout_s
     size_t rss0 = tool_rss(&t);
 
     int fd = raw_connect(t.port);
-    raw_hello(fd, "");
+    raw_hello(fd);
     expect_reply_ok(fd);
     /* 60,000 x (8 + 64 KiB): a 3.7 GiB reply, asked for in a 360 KB request. */
     td_buf b = TD_BUF_INIT;
@@ -322,7 +323,7 @@ TD_TEST(pre_hello_500mib_set_is_refused_from_its_header, .timeout_s = 120)
     td_store_release(good);
     char *log = stop_tool(&t);
     TD_CHECK_CONTAINS(log, "closing the connection from 127.0.0.1:");
-    TD_CHECK_CONTAINS(log, "SET request before HELLO");
+    TD_CHECK_CONTAINS(log, "SET request before the handshake");
     TD_CHECK_CONTAINS(log, "larger than a handshake may be");
     free(log);
 }
@@ -346,7 +347,7 @@ TD_TEST(many_idle_connections_do_not_keep_a_real_client_out, .timeout_s = 120)
     int authed[30];
     for (int i = 0; i < 30; i++) {
         authed[i] = raw_connect(t.port);
-        raw_hello(authed[i], "");
+        raw_hello(authed[i]);
         expect_reply_ok(authed[i]);
     }
     int *idle = malloc(sizeof *idle * (size_t)nidle);
@@ -393,7 +394,7 @@ TD_TEST(idle_connections_are_closed_after_the_handshake_timeout, .timeout_s = 60
         raw_send(slow[i], part, sizeof part);
     }
     int authed = raw_connect(port);
-    raw_hello(authed, "");
+    raw_hello(authed);
     expect_reply_ok(authed);
     for (int i = 0; i < 5; i++) {
         double t1 = wait_closed(silent[i], 10), t2 = wait_closed(slow[i], 10);
@@ -454,7 +455,9 @@ TD_TEST(processing_a_connection_with_no_input_yet_does_nothing, .timeout_s = 30)
     (void)ctx;
     td_store_limits lim = {.max_key = 64, .max_value = 4096};
     for (int with_token = 0; with_token < 2; with_token++) {
-        td_store_core *core = store_core_new(&lim, with_token ? "tk" : NULL);
+        auth_key key;
+        TD_CHECK_OK(auth_key_init(with_token ? "tk" : "", &key));
+        td_store_core *core = store_core_new(&lim, &key);
         td_store_conn *c = store_core_attach(core, NULL);
         TD_CHECK_OK(store_core_process(core, c));
         TD_CHECK(store_core_pop_dirty(core) == NULL);

@@ -1,7 +1,7 @@
 /* TCPStore specifics (spec/c10d.md C4, T21, T23, T35): the master and its clients with
  * wait_for_workers and its timeout message, many concurrent clients and server-side waits, a
- * server killed under load, hostile bytes from raw sockets, the auth token and the version
- * handshake, IPv6, connect retry and its message, and the standalone tdist-store program. */
+ * server killed under load, hostile bytes from raw sockets, the job secret's proofs both ways
+ * (recorded proofs refused, the secret never on the wire) and the version handshake, IPv6, connect retry and its message, and the standalone tdist-store program. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <ifaddrs.h>
@@ -22,6 +22,7 @@
 #include <tdist/store.h>
 #include <tdist/testing.h>
 
+#include "net/auth.h"
 #include "store/store_proto.h"
 #include "store/tcp_store.h"
 #include "util.h"
@@ -470,14 +471,18 @@ static int raw_connect(int port)
 
 static void raw_send(int fd, const void *p, size_t n) { TD_CHECK(send(fd, p, n, MSG_NOSIGNAL) == (ssize_t)n); }
 
-static void raw_hello(int fd, uint32_t magic, uint32_t version, const char *token)
+/* A HELLO with the given nonce (32 bytes), or a fixed one. */
+static void raw_hello_nonce(int fd, uint32_t magic, uint32_t version, const uint8_t *nonce)
 {
     td_buf b = TD_BUF_INIT;
     size_t off = store_msg_begin(&b, TD_STORE_CMD_HELLO);
     buf_put_u32(&b, magic);
     buf_put_u32(&b, version);
-    buf_put_u32(&b, (uint32_t)strlen(token));
-    buf_append_str(&b, token);
+    buf_put_u32(&b, AUTH_NONCE_LEN);
+    if (nonce)
+        buf_append(&b, nonce, AUTH_NONCE_LEN);
+    else
+        memset(buf_extend(&b, AUTH_NONCE_LEN), 0x5a, AUTH_NONCE_LEN);
     store_msg_end(&b, off);
     raw_send(fd, b.data, b.len);
     buf_free(&b);
@@ -524,7 +529,7 @@ TD_TEST(garbage_and_oversize_requests_close_only_their_connection, .timeout_s = 
 
     /* A partial request that never completes must not hold anyone up. */
     int slow = raw_connect(port);
-    raw_hello(slow, TD_STORE_PROTO_MAGIC, TD_STORE_PROTO_VERSION, "");
+    raw_hello_nonce(slow, TD_STORE_PROTO_MAGIC, TD_STORE_PROTO_VERSION, NULL);
     uint8_t partial[TD_STORE_HEADER_LEN + 10] = {TD_STORE_CMD_SET, 0xe8, 0x03};
     raw_send(slow, partial, sizeof partial);
 
@@ -535,14 +540,14 @@ TD_TEST(garbage_and_oversize_requests_close_only_their_connection, .timeout_s = 
     still_serving(good, 1);
     /* 2: an oversize body length after a good HELLO */
     fd = raw_connect(port);
-    raw_hello(fd, TD_STORE_PROTO_MAGIC, TD_STORE_PROTO_VERSION, "");
+    raw_hello_nonce(fd, TD_STORE_PROTO_MAGIC, TD_STORE_PROTO_VERSION, NULL);
     uint8_t huge[TD_STORE_HEADER_LEN] = {TD_STORE_CMD_SET, 0, 0, 0, 0, 0, 1, 0, 0}; /* 2^40 bytes */
     raw_send(fd, huge, sizeof huge);
     expect_closed(fd, buf, sizeof buf);
     still_serving(good, 2);
     /* 3: a HELLO with the wrong magic */
     fd = raw_connect(port);
-    raw_hello(fd, 0x12345678, TD_STORE_PROTO_VERSION, "");
+    raw_hello_nonce(fd, 0x12345678, TD_STORE_PROTO_VERSION, NULL);
     expect_closed(fd, buf, sizeof buf);
     /* 4: a request before HELLO */
     fd = raw_connect(port);
@@ -555,7 +560,7 @@ TD_TEST(garbage_and_oversize_requests_close_only_their_connection, .timeout_s = 
     expect_closed(fd, buf, sizeof buf);
     /* 5: a key length that runs past its request */
     fd = raw_connect(port);
-    raw_hello(fd, TD_STORE_PROTO_MAGIC, TD_STORE_PROTO_VERSION, "");
+    raw_hello_nonce(fd, TD_STORE_PROTO_MAGIC, TD_STORE_PROTO_VERSION, NULL);
     b.len = 0;
     off = store_msg_begin(&b, TD_STORE_CMD_GET);
     buf_put_u32(&b, 1u << 20);
@@ -565,7 +570,7 @@ TD_TEST(garbage_and_oversize_requests_close_only_their_connection, .timeout_s = 
     expect_closed(fd, buf, sizeof buf);
     /* 6: a request other than CANCEL while a GET is parked */
     fd = raw_connect(port);
-    raw_hello(fd, TD_STORE_PROTO_MAGIC, TD_STORE_PROTO_VERSION, "");
+    raw_hello_nonce(fd, TD_STORE_PROTO_MAGIC, TD_STORE_PROTO_VERSION, NULL);
     b.len = 0;
     off = store_msg_begin(&b, TD_STORE_CMD_GET);
     store_put_key(&b, "", "absent", 6);
@@ -591,7 +596,7 @@ TD_TEST(version_handshake_refuses_other_versions, .timeout_s = 60)
     td_store *master = tcp_master(ctx, 1, 30000);
     unpublish(ctx, "port");
     int fd = raw_connect(td_tcp_store_port(master));
-    raw_hello(fd, TD_STORE_PROTO_MAGIC, 99, "");
+    raw_hello_nonce(fd, TD_STORE_PROTO_MAGIC, 99, NULL);
     char buf[512];
     size_t n = expect_closed(fd, buf, sizeof buf - 1);
     TD_CHECK(n > TD_STORE_HEADER_LEN + 4);
@@ -601,7 +606,7 @@ TD_TEST(version_handshake_refuses_other_versions, .timeout_s = 60)
     td_store_release(master);
 }
 
-TD_TEST(auth_token_required_and_checked, .timeout_s = 60)
+static td_store *auth_master(const char *secret)
 {
     td_tcp_store_options o = TD_TCP_STORE_OPTIONS_INIT;
     o.host = "127.0.0.1";
@@ -609,33 +614,183 @@ TD_TEST(auth_token_required_and_checked, .timeout_s = 60)
     o.is_master = true;
     o.world_size = 1;
     o.timeout_ms = 30000;
-    o.auth_token = "s3cret";
+    o.auth_token = secret;
     td_store *master = NULL;
     TD_CHECK_OK(td_tcp_store_create(&o, &master));
-    o.is_master = false;
-    o.port = td_tcp_store_port(master);
+    return master;
+}
+
+static td_status auth_client(int port, const char *secret, td_store **c)
+{
+    td_tcp_store_options o = TD_TCP_STORE_OPTIONS_INIT;
+    o.host = "127.0.0.1";
+    o.port = port;
     o.world_size = -1;
+    o.timeout_ms = 10000;
+    o.auth_token = secret;
+    *c = NULL;
+    return td_tcp_store_create(&o, c);
+}
+
+TD_TEST(secret_proved_both_ways, .timeout_s = 60)
+{
+    td_store *master = auth_master("s3cret");
+    int port = td_tcp_store_port(master);
     td_store *c = NULL;
-    o.auth_token = "wrong";
-    TD_CHECK_ERR(td_tcp_store_create(&o, &c), TD_ERR_INVALID, "authentication failed");
-    TD_CHECK_CONTAINS(td_last_error(), "refused the connection");
-    TD_CHECK_CONTAINS(td_last_error(), "does not match");
-    o.auth_token = "";
-    TD_CHECK_ERR(td_tcp_store_create(&o, &c), TD_ERR_INVALID, "requires an auth token");
+    /* The server cannot prove a secret the client does not share: the client refuses first. */
+    TD_CHECK_ERR(auth_client(port, "wrong", &c), TD_ERR_INVALID, "authentication failed");
+    TD_CHECK_CONTAINS(td_last_error(), "could not prove it holds this process's TDIST_AUTH_TOKEN");
+    TD_CHECK_ERR(auth_client(port, "", &c), TD_ERR_INVALID, "requires the job's secret; set TDIST_AUTH_TOKEN");
     /* From the environment, as ranks get it. */
     setenv("TDIST_AUTH_TOKEN", "s3cret", 1);
-    o.auth_token = NULL;
-    TD_CHECK_OK(td_tcp_store_create(&o, &c));
+    TD_CHECK_OK(auth_client(port, NULL, &c));
     unsetenv("TDIST_AUTH_TOKEN");
     TD_CHECK_OK(td_store_set_str(c, "k", "v"));
     char *t = get_str(master, "k");
     TD_CHECK_STR_EQ(t, "v");
     free(t);
+    td_store_release(c);
+    td_store_release(master);
+    /* A client with a secret does not trust a server without one. */
+    master = auth_master("");
+    TD_CHECK_ERR(auth_client(td_tcp_store_port(master), "s3cret", &c), TD_ERR_INVALID,
+                 "does not authenticate (it has no TDIST_AUTH_TOKEN) but this process has one");
+    td_store_release(master);
+}
+
+/* Reads one reply (header and body) into buf; returns the body length. */
+static size_t raw_reply(int fd, uint8_t *buf, size_t size)
+{
+    size_t got = 0, need = TD_STORE_HEADER_LEN;
+    while (got < need) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        TD_CHECK_MSG(poll(&p, 1, 20000) == 1, "no reply within 20 s");
+        ssize_t n = recv(fd, buf + got, need - got, 0);
+        TD_CHECK_MSG(n > 0, "the server closed the connection");
+        got += (size_t)n;
+        if (got == TD_STORE_HEADER_LEN) {
+            need += (size_t)store_get_u64(buf + 1);
+            TD_CHECK(need <= size);
+        }
+    }
+    return need - TD_STORE_HEADER_LEN;
+}
+
+static void raw_auth(int fd, const uint8_t mac[AUTH_MAC_LEN])
+{
+    td_buf b = TD_BUF_INIT;
+    size_t off = store_msg_begin(&b, TD_STORE_CMD_AUTH);
+    buf_put_u32(&b, AUTH_MAC_LEN);
+    buf_append(&b, mac, AUTH_MAC_LEN);
+    store_msg_end(&b, off);
+    raw_send(fd, b.data, b.len);
+    buf_free(&b);
+}
+
+/* HELLO with nonce; returns the server's nonce from its answer (which must ask for proof). */
+static void raw_challenge(int fd, const uint8_t nonce[AUTH_NONCE_LEN], uint8_t server_nonce[AUTH_NONCE_LEN])
+{
+    raw_hello_nonce(fd, TD_STORE_PROTO_MAGIC, TD_STORE_PROTO_VERSION, nonce);
+    uint8_t r[256];
+    size_t n = raw_reply(fd, r, sizeof r);
+    TD_CHECK_EQ(r[0], TD_STORE_REPLY_OK);
+    TD_CHECK_EQ(n, (size_t)(21 + AUTH_NONCE_LEN + AUTH_MAC_LEN));
+    TD_CHECK_EQ(r[TD_STORE_HEADER_LEN + 20], 1);
+    memcpy(server_nonce, r + TD_STORE_HEADER_LEN + 21, AUTH_NONCE_LEN);
+    /* The secret is nowhere in the answer. */
+    TD_CHECK(memmem(r, TD_STORE_HEADER_LEN + n, "s3cret", 6) == NULL);
+}
+
+/* A proof recorded on one connection is worth nothing on another (the server's nonce is fresh),
+ * and nothing but AUTH is taken before it: the attacks on a server that holds a secret. */
+TD_TEST(recorded_proofs_and_requests_before_auth_are_refused, .timeout_s = 60)
+{
+    td_store *master = auth_master("s3cret");
+    int port = td_tcp_store_port(master);
+    auth_key key;
+    TD_CHECK_OK(auth_key_init("s3cret", &key));
+    uint8_t nonce[AUTH_NONCE_LEN], sn1[AUTH_NONCE_LEN], sn2[AUTH_NONCE_LEN], mac[AUTH_MAC_LEN];
+    memset(nonce, 7, sizeof nonce);
+    /* A genuine handshake, done by hand with the key: admitted. */
+    int fd1 = raw_connect(port);
+    raw_challenge(fd1, nonce, sn1);
+    auth_part parts[2] = {{sn1, AUTH_NONCE_LEN}, {nonce, AUTH_NONCE_LEN}};
+    auth_prove(&key, "tdist store client", parts, 2, mac);
+    raw_auth(fd1, mac);
+    uint8_t r[1024];
+    TD_CHECK_EQ(raw_reply(fd1, r, sizeof r), (size_t)0);
+    TD_CHECK_EQ(r[0], TD_STORE_REPLY_OK);
+    /* Its proof replayed on a second connection with the same client nonce: refused. */
+    int fd2 = raw_connect(port);
+    raw_challenge(fd2, nonce, sn2);
+    TD_CHECK(memcmp(sn1, sn2, AUTH_NONCE_LEN) != 0);
+    raw_auth(fd2, mac);
+    char buf[512];
+    size_t n = expect_closed(fd2, buf, sizeof buf - 1);
+    buf[n] = '\0';
+    TD_CHECK(n > TD_STORE_HEADER_LEN + 4);
+    TD_CHECK_EQ((uint8_t)buf[0], TD_STORE_REPLY_ERROR);
+    TD_CHECK_CONTAINS(buf + TD_STORE_HEADER_LEN + 4, "does not match the server's");
+    /* A SET after HELLO but before AUTH: closed from its header. */
+    int fd3 = raw_connect(port);
+    raw_challenge(fd3, nonce, sn2);
+    uint8_t set[TD_STORE_HEADER_LEN] = {TD_STORE_CMD_SET, 0, 0, 0, 0, 0, 1, 0, 0};
+    raw_send(fd3, set, sizeof set);
+    expect_closed(fd3, buf, sizeof buf);
+    close(fd1);
     td_store_server_stats st;
     TD_CHECK(tcp_store_server_stats(master, &st));
     TD_CHECK_EQ(st.dropped, 2);
-    td_store_release(c);
     td_store_release(master);
+}
+
+typedef struct capture {
+    int listen_fd;
+    uint8_t got[4096];
+    size_t len;
+} capture;
+
+/* Accepts one connection, keeps what it sends until it closes or 4 KiB, then closes. */
+static void *capture_hello(void *p)
+{
+    capture *c = p;
+    int fd = accept(c->listen_fd, NULL, NULL);
+    if (fd < 0)
+        return NULL;
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    while (c->len < sizeof c->got && poll(&pf, 1, 500) == 1) {
+        ssize_t n = recv(fd, c->got + c->len, sizeof c->got - c->len, 0);
+        if (n <= 0)
+            break;
+        c->len += (size_t)n;
+    }
+    close(fd);
+    return NULL;
+}
+
+/* What a client with a secret sends to whoever listens at the store's address: a HELLO with a
+ * nonce, and not the secret. */
+TD_TEST(the_secret_never_travels, .timeout_s = 60)
+{
+    (void)ctx;
+    capture c = {.listen_fd = socket(AF_INET, SOCK_STREAM, 0)};
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t alen = sizeof a;
+    TD_CHECK(bind(c.listen_fd, (struct sockaddr *)&a, sizeof a) == 0);
+    TD_CHECK(listen(c.listen_fd, 4) == 0);
+    TD_CHECK(getsockname(c.listen_fd, (struct sockaddr *)&a, &alen) == 0);
+    pthread_t th;
+    TD_CHECK(pthread_create(&th, NULL, capture_hello, &c) == 0);
+    setenv("TDIST_STORE_UNIX", "0", 1);
+    td_store *s = NULL;
+    TD_CHECK(auth_client(ntohs(a.sin_port), "s3cret-that-must-not-travel", &s) != TD_OK);
+    unsetenv("TDIST_STORE_UNIX");
+    pthread_join(th, NULL);
+    close(c.listen_fd);
+    TD_CHECK_EQ(c.len, (size_t)(TD_STORE_HEADER_LEN + 12 + AUTH_NONCE_LEN));
+    TD_CHECK_EQ(c.got[0], TD_STORE_CMD_HELLO);
+    TD_CHECK(memmem(c.got, c.len, "s3cret", 6) == NULL);
 }
 
 TD_TEST(ipv6_loopback, .timeout_s = 60)
@@ -772,6 +927,7 @@ static void *mute_main(void *p)
     buf_put_u32(&b, TD_STORE_PROTO_VERSION);
     buf_put_u64(&b, 1 << 16);
     buf_put_u64(&b, 1 << 20);
+    buf_put_u8(&b, 0); /* no secret */
     store_msg_end(&b, off);
     raw_send(m->conn_fd, b.data, b.len);
     buf_free(&b);

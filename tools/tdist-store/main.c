@@ -35,7 +35,8 @@ static void usage(FILE *f)
             "  --wait-for-workers  wait until --world-size clients joined; exit 1 if they do not in time\n"
             "  --max-key SIZE      longest key accepted (default 64K, or TDIST_STORE_MAX_KEY)\n"
             "  --max-value SIZE    largest value accepted (default 512M, or TDIST_STORE_MAX_VALUE)\n"
-            "Clients must present TDIST_AUTH_TOKEN when it is set in this program's environment.\n"
+            "When TDIST_AUTH_TOKEN is set in this program's environment, clients must prove they hold the\n"
+            "same secret (it never travels; see docs/protocols.md, \"Authentication\").\n"
             "Prints 'tdist-store listening on HOST:PORT'; exits 0 on SIGTERM or SIGINT.\n");
 }
 

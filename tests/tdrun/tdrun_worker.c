@@ -64,6 +64,25 @@ int main(int argc, char **argv)
                env_str("TDIST_USE_AGENT_STORE"));
         return 0;
     }
+    if (strcmp(mode, "secret") == 0) {
+        /* The job's secret: its length and a prefix (the test compares ranks and runs), and a
+         * client without it refused by the job's store. */
+        const char *sec = getenv("TDIST_AUTH_TOKEN");
+        printf("SECRET len=%zu id=%.8s\n", sec ? strlen(sec) : (size_t)0, sec ? sec : "");
+        td_tcp_store_options so = TD_TCP_STORE_OPTIONS_INIT;
+        so.host = getenv("MASTER_ADDR");
+        so.port = env_int("MASTER_PORT");
+        so.timeout_ms = 10000;
+        so.auth_token = "";
+        td_store *stranger = NULL;
+        if (td_tcp_store_create(&so, &stranger) == TD_OK) {
+            printf("STRANGER admitted\n");
+            td_store_release(stranger);
+        } else {
+            printf("STRANGER refused: %s\n", td_last_error());
+        }
+        return 0;
+    }
     if (strcmp(mode, "torchenv") == 0) {
         /* The error file must be a path of its own in a directory that exists. */
         const char *ef = getenv("TORCHELASTIC_ERROR_FILE");

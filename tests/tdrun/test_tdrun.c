@@ -129,6 +129,44 @@ TD_TEST(worker_environment, .timeout_s = 60)
     proc_free(&p);
 }
 
+/* Runs tdrun --standalone with 2 "secret" workers; returns the job secret's id both printed. */
+static void run_secret_job(char id[9], size_t *len)
+{
+    proc p;
+    char *argv[] = {TDRUN_BIN, "--standalone", "--nproc-per-node", "2", WORKER_BIN, "secret", NULL};
+    run_tdrun(&p, argv, 30000);
+    TD_CHECK_MSG(p.code == 0, "tdrun exited %d:\n%s", p.code, p.out.data);
+    char *l0 = strstr(p.out.data, "[rank0]: SECRET len=");
+    char *l1 = strstr(p.out.data, "[rank1]: SECRET len=");
+    TD_CHECK_MSG(l0 && l1, "no SECRET lines in:\n%s", p.out.data);
+    char id1[9] = "";
+    TD_CHECK(sscanf(l0, "[rank0]: SECRET len=%zu id=%8s", len, id) == 2);
+    TD_CHECK(sscanf(l1, "[rank1]: SECRET len=%*u id=%8s", id1) == 1);
+    TD_CHECK_STR_EQ(id, id1);
+    TD_CHECK_EQ(count_lines_with(p.out.data, "STRANGER refused: "), 2);
+    TD_CHECK_CONTAINS(p.out.data, "requires the job's secret");
+    proc_free(&p);
+}
+
+/* A single-node job gets a random secret of its own, the same on every worker and new for each
+ * job; a client without it is refused by the job's store. A given TDIST_AUTH_TOKEN is kept. */
+TD_TEST(each_job_gets_its_own_secret, .timeout_s = 90)
+{
+    char a[9], b[9];
+    size_t la = 0, lb = 0;
+    unsetenv("TDIST_AUTH_TOKEN");
+    run_secret_job(a, &la);
+    run_secret_job(b, &lb);
+    TD_CHECK_EQ(la, (size_t)64);
+    TD_CHECK_EQ(lb, (size_t)64);
+    TD_CHECK_MSG(strcmp(a, b) != 0, "two jobs got the same secret (%s)", a);
+    setenv("TDIST_AUTH_TOKEN", "given-secret", 1);
+    run_secret_job(a, &la);
+    unsetenv("TDIST_AUTH_TOKEN");
+    TD_CHECK_EQ(la, strlen("given-secret"));
+    TD_CHECK_STR_EQ(a, "given-se");
+}
+
 TD_TEST(output_lines_prefixed_and_whole, .timeout_s = 60)
 {
     proc p;
@@ -425,14 +463,26 @@ TD_TEST(two_nodes_on_one_machine, .timeout_s = 90)
                      "0", "--nproc-per-node", "2", WORKER_BIN, "store", NULL};
     char *argv1[] = {TDRUN_BIN, "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port",
                      "PORT", "--nproc-per-node", "2", WORKER_BIN, "store", NULL};
-    run_two_nodes(&node0, argv0, &node1, argv1, 60000, 0, 0);
-    for (int r = 0; r < 4; r++) {
-        char want[64];
-        snprintf(want, sizeof want, "[rank%d]: STORE rank=%d world=4 joined=4", r, r);
-        TD_CHECK_CONTAINS(r < 2 ? node0.out.data : node1.out.data, want);
+    /* Without a secret given to both nodes, the job runs unauthenticated and says so; with one,
+     * every node and worker proves it. */
+    for (int with_secret = 0; with_secret < 2; with_secret++) {
+        if (with_secret)
+            setenv("TDIST_AUTH_TOKEN", "shared-by-both-nodes", 1);
+        else
+            unsetenv("TDIST_AUTH_TOKEN");
+        argv1[8] = "PORT";
+        run_two_nodes(&node0, argv0, &node1, argv1, 60000, 0, 0);
+        unsetenv("TDIST_AUTH_TOKEN");
+        for (int r = 0; r < 4; r++) {
+            char want[64];
+            snprintf(want, sizeof want, "[rank%d]: STORE rank=%d world=4 joined=4", r, r);
+            TD_CHECK_CONTAINS(r < 2 ? node0.out.data : node1.out.data, want);
+        }
+        TD_CHECK_EQ(strstr(node0.out.data, "2-node job is not authenticated") != NULL, !with_secret);
+        TD_CHECK_EQ(strstr(node1.out.data, "2-node job is not authenticated") != NULL, !with_secret);
+        proc_free(&node0);
+        proc_free(&node1);
     }
-    proc_free(&node0);
-    proc_free(&node1);
 }
 
 /* Two nodes restart together: a worker of node 1 fails before rendezvous in the first round, while

@@ -13,7 +13,14 @@
  * raised. With several nodes, the nodes agree on the job's shape and restart together (job.c): a
  * failure on one node ends the round on every node. SIGINT, SIGTERM and SIGHUP sent to tdrun
  * reach every worker (and, with several nodes, stop the other nodes' too); tdrun then exits with
- * 128 + the signal number. */
+ * 128 + the signal number.
+ *
+ * A job is authenticated by default: a single-node tdrun without TDIST_AUTH_TOKEN makes a random
+ * secret for the job and puts it in its own environment before it hosts the store, so the store,
+ * the workers' stores, transports and RPC agents all admit only the job's processes
+ * (docs/protocols.md, "Authentication"). Several nodes cannot share a secret one of them made up:
+ * they use the TDIST_AUTH_TOKEN they were given, and run unauthenticated, with a warning, without
+ * one. TDIST_AUTH_TOKEN set to the empty string turns authentication off. */
 #include <errno.h>
 #include <ftw.h>
 #include <signal.h>
@@ -30,6 +37,7 @@
 #include "base/buf.h"
 #include "base/clock.h"
 #include "base/error.h"
+#include "net/auth.h"
 #include "tdrun.h"
 
 static const tdrun_options *g_opts;
@@ -232,6 +240,26 @@ static td_status make_run_dir(tdrun_options *o)
     return TD_OK;
 }
 
+/* The job's secret (see the top of this file). */
+static void job_secret(const tdrun_options *o)
+{
+    if (getenv("TDIST_AUTH_TOKEN"))
+        return; /* given (the empty string: authentication off) */
+    if (o->nnodes > 1) {
+        fprintf(stderr, "tdrun: warning: this %d-node job is not authenticated: any process that reaches its store "
+                        "or workers can join. Give every node the same secret, e.g. "
+                        "TDIST_AUTH_TOKEN=$(openssl rand -hex 32)\n",
+                o->nnodes);
+        return;
+    }
+    uint8_t bytes[AUTH_NONCE_LEN];
+    auth_nonce(bytes);
+    char hex[2 * AUTH_NONCE_LEN + 1];
+    for (int i = 0; i < AUTH_NONCE_LEN; i++)
+        snprintf(hex + 2 * i, 3, "%02x", bytes[i]);
+    setenv("TDIST_AUTH_TOKEN", hex, 1);
+}
+
 int main(int argc, char **argv)
 {
     /* Before any thread exists, so every thread inherits the blocked mask and the signals reach
@@ -249,6 +277,7 @@ int main(int argc, char **argv)
         return 2;
     }
 
+    job_secret(&o);
     td_store *store = NULL;
     int port = o.master_port;
     if (o.is_host) {

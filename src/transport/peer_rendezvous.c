@@ -1,6 +1,8 @@
 /* The transports' common set-up steps through a store (peer_rendezvous.h): generation counting,
  * publishing and reading the ranks' entries, and the handshake's poll loop with its bookkeeping of
- * connections awaiting an answer and accepted ones not yet identified. The tcp and shm set-ups
+ * connections awaiting an answer and accepted ones not yet identified, and the proofs of the job
+ * secret in hellos and answers with their refusal messages, so that both transports word an
+ * authentication failure alike (net/auth.h does the cryptography). The tcp and shm set-ups
  * (tcp_connect.c, shm_connect.c) plug their hellos in; they listen and connect on the same-host
  * layer's abstract UNIX-domain sockets (samehost.h). */
 #include "transport/peer_rendezvous.h"
@@ -48,9 +50,10 @@ static void conn_close(td_rdv_conn *c)
 }
 
 void rdv_init(td_rdv *v, const td_transport_setup *o, const char *what, const char *default_prefix,
-                 size_t out_bytes, size_t pend_bytes)
+                 size_t out_bytes, size_t pend_bytes, const auth_key *auth)
 {
     memset(v, 0, sizeof *v);
+    v->auth = *auth;
     v->o = o;
     v->what = what;
     v->prefix = o->key_prefix ? o->key_prefix : default_prefix;
@@ -82,6 +85,7 @@ void rdv_free(td_rdv *v, bool keep_fds)
     free(v->fds);
     v->out = NULL;
     v->fds = NULL;
+    explicit_bzero(&v->auth, sizeof v->auth); /* no copy of the key outlives the set-up */
 }
 
 /* ---- the store entries -------------------------------------------------------------------------- */
@@ -201,6 +205,62 @@ int rdv_answered(td_rdv *v, int r)
     c->fd = c->passed_fd = -1;
     conn_close(c);
     return passed;
+}
+
+/* ---- proofs of the job secret ------------------------------------------------------------------- */
+
+void rdv_auth_prove(const td_rdv *v, const char *label, const auth_part *parts, int n, uint8_t mac[AUTH_MAC_LEN])
+{
+    if (v->auth.on)
+        auth_prove(&v->auth, label, parts, n, mac);
+    else
+        memset(mac, 0, AUTH_MAC_LEN);
+}
+
+bool rdv_auth_check_hello(const td_rdv *v, bool claims, const char *label, const auth_part *parts, int n,
+                          const uint8_t mac[AUTH_MAC_LEN], char *msg, size_t msg_size)
+{
+    int me = rdv_grank(v, v->rank);
+    if (v->auth.on && !claims)
+        snprintf(msg, msg_size,
+                 "authentication failed: rank %d requires the job's secret (TDIST_AUTH_TOKEN) and the connecting rank "
+                 "has none",
+                 me);
+    else if (v->auth.on && !auth_check(&v->auth, label, parts, n, mac))
+        snprintf(msg, msg_size, "authentication failed: the connecting rank's TDIST_AUTH_TOKEN does not match rank %d's",
+                 me);
+    else if (!v->auth.on && claims)
+        /* Refused too, though nothing is at stake here: the connector would refuse this rank's
+         * unproven answer, and the group is better off failing on both sides at once. */
+        snprintf(msg, msg_size,
+                 "authentication failed: rank %d does not authenticate (it has no TDIST_AUTH_TOKEN) but the connecting "
+                 "rank has one",
+                 me);
+    else
+        return true;
+    return false;
+}
+
+td_status rdv_auth_check_answer(const td_rdv *v, int r, bool claims, const char *label, const auth_part *parts, int n,
+                                const uint8_t *mac)
+{
+    int peer = rdv_grank(v, r);
+    if (v->auth.on && !claims)
+        return error_fmt(TD_ERR_INVALID,
+                         "authentication failed: rank %d does not authenticate (it has no TDIST_AUTH_TOKEN) but this "
+                         "rank has one",
+                         peer);
+    if (!mac)
+        return TD_OK;
+    if (!v->auth.on && claims)
+        return error_fmt(TD_ERR_INVALID,
+                         "authentication failed: rank %d requires the job's secret (TDIST_AUTH_TOKEN) and this rank "
+                         "has none",
+                         peer);
+    if (v->auth.on && !auth_check(&v->auth, label, parts, n, mac))
+        return error_fmt(TD_ERR_INVALID,
+                         "authentication failed: rank %d could not prove it holds this job's TDIST_AUTH_TOKEN", peer);
+    return TD_OK;
 }
 
 static td_status missing_msg(td_rdv *v)

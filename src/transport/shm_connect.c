@@ -315,7 +315,8 @@ td_status shm_transport_create(const td_shm_options *o, td_transport **out)
     }
     td_status st = TD_OK;
     if (g->size > 1) {
-        rdv_init(&s.v, g, "shm transport", "shm/", TD_SHM_HELLO_SIZE, TD_SHM_HELLO_SIZE);
+        auth_key none = {0}; /* the shm transport's hellos carry no proofs yet */
+        rdv_init(&s.v, g, "shm transport", "shm/", TD_SHM_HELLO_SIZE, TD_SHM_HELLO_SIZE, &none);
         s.v.arg = &s;
         s.v.on_answer = handle_answer;
         s.v.on_pending = handle_pending;

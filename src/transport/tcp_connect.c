@@ -8,7 +8,10 @@
  * connection; over the UNIX socket when the host ids match, else TCP) and sends a hello;
  * meanwhile it accepts the lower ranks' connections, checks their hellos and answers each with an
  * accept or a refusal, and reads the answers to its own hellos, all in the rendezvous' poll loop,
- * bounded by the group's timeout. The handshake is in docs/protocols.md, "tcp transport".
+ * bounded by the group's timeout. With a job secret (TDIST_AUTH_TOKEN) each hello and each accept
+ * proves it holds the secret without sending it (peer_rendezvous.h), so both ends of every
+ * connection know the other belongs to the job. The handshake is in docs/protocols.md, "tcp
+ * transport".
  * Sockets then go to the progress engine (tcp_transport_from_fds in tcp.c). */
 #include "transport/tcp.h"
 
@@ -140,7 +143,8 @@ typedef struct setup {
     td_rdv v;
     const td_tcp_options *o;
     const char *group;
-    const char *token;
+    uint8_t *hello_nonce;     /* per higher rank: the fresh nonce of our hello (AUTH_NONCE_LEN bytes) */
+    uint64_t *peer_nonce;     /* per higher rank: the nonce it published, which our hello answered */
     bool use_unix;            /* UNIX-domain sockets to peers on this host */
     bool use_cma;             /* and single-copy transfers over them (process_vm_readv) */
     bool *asked_cma;          /* per higher rank: our hello offered them */
@@ -152,29 +156,42 @@ typedef struct setup {
 
 static int grank_of(const setup *s, int r) { return rdv_grank(&s->v, r); }
 
-static size_t hello_encode(const setup *s, int to, uint64_t nonce, bool cma, uint8_t *b)
+#define HELLO_LABEL "tdist tcp hello"
+#define ACCEPT_LABEL "tdist tcp accept"
+
+/* Our hello to rank `to`, whose published nonce is `nonce`, with a fresh nonce of ours and the
+ * proof over all of it (zeros without a secret). */
+static size_t hello_encode(setup *s, int to, uint64_t nonce, bool cma, uint8_t *b)
 {
+    uint8_t *mine = s->hello_nonce + (size_t)to * AUTH_NONCE_LEN;
+    auth_nonce(mine);
     td_tcp_hello h = {
         .version = TD_TCP_VERSION,
-        .flags = cma ? TD_TCP_FLAG_CMA : 0,
+        .flags = (uint16_t)((cma ? TD_TCP_FLAG_CMA : 0) | (s->v.auth.on ? TD_TCP_FLAG_AUTH : 0)),
         .from = (uint32_t)s->v.rank,
         .to = (uint32_t)to,
         .world = (uint32_t)s->v.size,
         .nonce = nonce,
         .group = s->group,
         .group_len = (uint32_t)strlen(s->group),
-        .token = s->token,
-        .token_len = s->token ? (uint32_t)strlen(s->token) : 0,
     };
-    return tcp_hello_encode(b, &h);
+    memcpy(h.conn_nonce, mine, AUTH_NONCE_LEN);
+    size_t len = tcp_hello_encode(b, &h);
+    auth_part part = {b, len - AUTH_MAC_LEN};
+    rdv_auth_prove(&s->v, HELLO_LABEL, &part, 1, b + len - AUTH_MAC_LEN);
+    return len;
 }
 
-static bool token_equal(const char *a, size_t alen, const char *b, size_t blen)
+/* The accept's proof: the connector's fresh nonce (its challenge), and who answers it in which
+ * group (the listener's rank and published nonce). */
+static void accept_parts(const uint8_t *conn_nonce, int rank, uint64_t nonce, uint8_t rank_bytes[4],
+                         uint8_t nonce_bytes[8], auth_part parts[3])
 {
-    unsigned char diff = (unsigned char)(alen != blen);
-    for (size_t i = 0; i < alen && i < blen; i++)
-        diff |= (unsigned char)(a[i] ^ b[i]);
-    return diff == 0;
+    wire_put32(rank_bytes, (uint32_t)rank);
+    wire_put64(nonce_bytes, nonce);
+    parts[0] = (auth_part){conn_nonce, AUTH_NONCE_LEN};
+    parts[1] = (auth_part){rank_bytes, 4};
+    parts[2] = (auth_part){nonce_bytes, 8};
 }
 
 /* Whether fd is a UNIX-domain socket (a peer on this host). */
@@ -216,7 +233,7 @@ static int unix_connect(const char *name)
 
 static td_status connect_up(setup *s, int r)
 {
-    uint8_t *hello = alloc_or_die(TD_TCP_HELLO_FIXED + strlen(s->group) + (s->token ? strlen(s->token) : 0));
+    uint8_t *hello = alloc_or_die(TD_TCP_HELLO_FIXED + strlen(s->group) + TD_TCP_HELLO_TAIL);
     td_status st;
     for (;;) {
         char *host = NULL;
@@ -246,6 +263,7 @@ static td_status connect_up(setup *s, int r)
         }
         bool unix_sock = uname[0] && fd_is_unix(fd);
         s->asked_cma[r] = s->use_cma && unix_sock;
+        s->peer_nonce[r] = nonce;
         size_t len = hello_encode(s, r, nonce, s->asked_cma[r], hello);
         st = net_send_all(fd, hello, len, s->v.deadline);
         if (st != TD_OK) {
@@ -262,10 +280,11 @@ static td_status connect_up(setup *s, int r)
 
 /* ---- answering the lower ranks ---------------------------------------------------------------- */
 
-static void send_reply(int fd, int rank, int status, unsigned flags, const char *msg, int64_t deadline)
+static void send_reply(int fd, int rank, int status, unsigned flags, const char *msg, const uint8_t *proof,
+                       int64_t deadline)
 {
     uint8_t b[TD_TCP_REPLY_MAX];
-    size_t len = tcp_reply_encode(b, rank, status, flags, msg);
+    size_t len = tcp_reply_encode(b, rank, status, flags, msg, proof);
     /* Short: the peer is waiting for it, and a stuck stray must not stall the set-up. */
     int64_t dl = clock_now_ns() + 1000000000LL;
     net_send_all(fd, b, len, dl < deadline ? dl : deadline);
@@ -288,15 +307,17 @@ static void check_hello(setup *s, int i)
     }
     char msg[TD_TCP_MAX_REPLY_MSG];
     msg[0] = '\0';
-    size_t my_tl = s->token ? strlen(s->token) : 0;
     int rank = s->v.rank, size = s->v.size;
+    /* The proof covers every byte of the hello before it, the nonce this rank published included:
+     * it counts only together with the check of that nonce below (stale address). Nothing about
+     * this rank but its version reaches a connector before the proof passed. */
+    auth_part signed_part = {p->buf, need - AUTH_MAC_LEN};
     if (h.version != TD_TCP_VERSION)
         snprintf(msg, sizeof msg, "rank %d speaks tcp transport protocol version %d, the connecting side %u",
                  grank_of(s, rank), TD_TCP_VERSION, h.version);
-    else if (!token_equal(h.token, h.token_len, s->token ? s->token : "", my_tl))
-        snprintf(msg, sizeof msg,
-                 "authentication failed: the auth token (TDIST_AUTH_TOKEN) does not match rank %d's",
-                 grank_of(s, rank));
+    else if (!rdv_auth_check_hello(&s->v, h.flags & TD_TCP_FLAG_AUTH, HELLO_LABEL, &signed_part, 1, h.proof, msg,
+                                   sizeof msg))
+        ; /* msg says why */
     else if (h.world != (uint32_t)size || h.group_len != strlen(s->group) ||
              memcmp(h.group, s->group, h.group_len) != 0)
         snprintf(msg, sizeof msg,
@@ -310,15 +331,20 @@ static void check_hello(setup *s, int i)
     else if (s->v.fds[h.from] >= 0)
         snprintf(msg, sizeof msg, "rank %u is already connected", h.from);
     int fd = p->fd;
+    unsigned auth_flag = s->v.auth.on ? TD_TCP_FLAG_AUTH : 0;
     if (msg[0]) {
         TD_LOG_WARN("tcp transport of rank %d refused a connection: %s", grank_of(s, rank), msg);
         snprintf(s->v.last_refusal, sizeof s->v.last_refusal, "%s", msg);
-        send_reply(fd, rank, TD_TCP_REPLY_REFUSED, 0, msg, s->v.deadline);
+        send_reply(fd, rank, TD_TCP_REPLY_REFUSED, auth_flag, msg, NULL, s->v.deadline);
         rdv_drop(&s->v, i);
         return;
     }
     bool cma = (h.flags & TD_TCP_FLAG_CMA) && s->use_cma && fd_is_unix(fd);
-    send_reply(fd, rank, TD_TCP_REPLY_OK, cma ? TD_TCP_FLAG_CMA : 0, NULL, s->v.deadline);
+    uint8_t proof[AUTH_MAC_LEN], rank_bytes[4], nonce_bytes[8];
+    auth_part parts[3];
+    accept_parts(h.conn_nonce, rank, s->v.nonce, rank_bytes, nonce_bytes, parts);
+    rdv_auth_prove(&s->v, ACCEPT_LABEL, parts, 3, proof);
+    send_reply(fd, rank, TD_TCP_REPLY_OK, (cma ? TD_TCP_FLAG_CMA : 0) | auth_flag, NULL, proof, s->v.deadline);
     s->agreed_cma[h.from] = cma;
     rdv_take(&s->v, i, (int)h.from);
 }
@@ -359,9 +385,22 @@ static td_status read_reply(td_rdv *v, int r)
         if (pr == TD_TCP_PARSE_BAD)
             return error_fmt(TD_ERR_INVALID, "rank %d answered the tcp transport hello: %s", grank_of(s, r), why);
         if (pr == TD_TCP_PARSE_OK) {
+            bool claims = rep.flags & TD_TCP_FLAG_AUTH;
+            /* A refusal of this version from a rank without a secret, to a hello with a proof, was
+             * for that (the listener checks the proof first): say it from this side. */
+            if (rep.status != TD_TCP_REPLY_OK && rep.version == TD_TCP_VERSION)
+                TD_TRY(rdv_auth_check_answer(v, r, claims, ACCEPT_LABEL, NULL, 0, NULL));
             if (rep.status != TD_TCP_REPLY_OK)
                 return error_fmt(TD_ERR_INVALID, "rank %d refused the connection from rank %d: %.*s", grank_of(s, r),
                                 grank_of(s, v->rank), (int)rep.msg_len, rep.msg);
+            if (rep.version != TD_TCP_VERSION)
+                return error_fmt(TD_ERR_INVALID, "rank %d speaks tcp transport protocol version %u, rank %d %d",
+                                 grank_of(s, r), rep.version, grank_of(s, v->rank), TD_TCP_VERSION);
+            uint8_t rank_bytes[4], nonce_bytes[8];
+            auth_part parts[3];
+            accept_parts(s->hello_nonce + (size_t)r * AUTH_NONCE_LEN, r, s->peer_nonce[r], rank_bytes, nonce_bytes,
+                         parts);
+            TD_TRY(rdv_auth_check_answer(v, r, claims, ACCEPT_LABEL, parts, 3, rep.proof));
             s->agreed_cma[r] = s->asked_cma[r] && (rep.flags & TD_TCP_FLAG_CMA);
             rdv_answered(v, r);
             return TD_OK;
@@ -490,12 +529,12 @@ td_status tcp_transport_create(const td_tcp_options *o, td_transport **out)
     setup s = {0};
     s.o = o;
     s.group = g->group_name ? g->group_name : "";
-    s.token = env_get_str("TDIST_AUTH_TOKEN", NULL);
     if (strlen(s.group) > TD_TCP_MAX_GROUP_NAME)
         return error_fmt(TD_ERR_INVALID, "group name is longer than %d bytes", TD_TCP_MAX_GROUP_NAME);
-    if (s.token && strlen(s.token) > TD_TCP_MAX_TOKEN)
-        return error_fmt(TD_ERR_INVALID, "TDIST_AUTH_TOKEN is longer than %d bytes", TD_TCP_MAX_TOKEN);
+    auth_key key;
+    TD_TRY(auth_key_init(NULL, &key)); /* also in a world of one: a bad secret fails every rank alike */
     if (g->size == 1) {
+        explicit_bzero(&key, sizeof key);
         int none = -1;
         return tcp_transport_from_fds(g->rank, 1, &none, g->global_ranks, out);
     }
@@ -504,13 +543,16 @@ td_status tcp_transport_create(const td_tcp_options *o, td_transport **out)
     TD_TRY(env_get_bool("TDIST_TCP_CMA", true, &cma_env));
     s.use_unix = o->same_host == TD_TCP_SAME_HOST_UNIX || (o->same_host == TD_TCP_SAME_HOST_DEFAULT && unix_env);
     s.use_cma = s.use_unix && (o->cma == TD_TCP_CMA_ON || (o->cma == TD_TCP_CMA_DEFAULT && cma_env));
-    rdv_init(&s.v, g, "tcp transport", "tcp/", TD_TCP_REPLY_MAX, TD_TCP_HELLO_MAX);
+    rdv_init(&s.v, g, "tcp transport", "tcp/", TD_TCP_REPLY_MAX, TD_TCP_HELLO_MAX, &key);
+    explicit_bzero(&key, sizeof key);
     s.v.arg = &s;
     s.v.on_answer = read_reply;
     s.v.on_pending = read_pending;
     s.asked_cma = TD_NEW_ARRAY(bool, (size_t)g->size);
     s.agreed_cma = TD_NEW_ARRAY(bool, (size_t)g->size);
     s.info = TD_NEW_ARRAY(td_tcp_peer_info, (size_t)g->size);
+    s.hello_nonce = alloc_zeroed((size_t)g->size, AUTH_NONCE_LEN);
+    s.peer_nonce = TD_NEW_ARRAY(uint64_t, (size_t)g->size);
     snprintf(s.unix_name, sizeof s.unix_name, "-");
 
     int listen_fds[2] = {-1, -1}; /* TCP, UNIX-domain */
@@ -533,6 +575,8 @@ td_status tcp_transport_create(const td_tcp_options *o, td_transport **out)
             close(listen_fds[l]);
     free(s.asked_cma);
     free(s.agreed_cma);
+    free(s.hello_nonce);
+    free(s.peer_nonce);
     bool handed = st == TD_OK; /* the engine takes the sockets, also when it fails */
     if (handed)
         st = tcp_transport_from_fds_ex(g->rank, g->size, s.v.fds, g->global_ranks, s.info, out);

@@ -25,12 +25,13 @@ size_t tcp_hello_encode(uint8_t *b, const td_tcp_hello *h)
     wire_put32(b + 16, h->world);
     wire_put64(b + 20, h->nonce);
     wire_put32(b + 28, h->group_len);
-    wire_put32(b + 32, h->token_len);
+    uint8_t *p = b + TD_TCP_HELLO_FIXED;
     if (h->group_len)
-        memcpy(b + TD_TCP_HELLO_FIXED, h->group, h->group_len);
-    if (h->token_len)
-        memcpy(b + TD_TCP_HELLO_FIXED + h->group_len, h->token, h->token_len);
-    return TD_TCP_HELLO_FIXED + h->group_len + h->token_len;
+        memcpy(p, h->group, h->group_len);
+    p += h->group_len;
+    memcpy(p, h->conn_nonce, AUTH_NONCE_LEN);
+    memcpy(p + AUTH_NONCE_LEN, h->proof, AUTH_MAC_LEN);
+    return TD_TCP_HELLO_FIXED + h->group_len + TD_TCP_HELLO_TAIL;
 }
 
 td_tcp_parse tcp_hello_parse(const uint8_t *b, size_t n, td_tcp_hello *h, size_t *need, const char **why)
@@ -44,28 +45,34 @@ td_tcp_parse tcp_hello_parse(const uint8_t *b, size_t n, td_tcp_hello *h, size_t
         *need = TD_TCP_HELLO_FIXED;
         return TD_TCP_PARSE_MORE;
     }
-    uint32_t gl = wire_get32(b + 28), tl = wire_get32(b + 32);
-    if (gl > TD_TCP_MAX_GROUP_NAME || tl > TD_TCP_MAX_TOKEN) {
-        *why = "the hello's group name or token is over the limit";
-        return TD_TCP_PARSE_BAD;
-    }
-    *need = TD_TCP_HELLO_FIXED + (size_t)gl + tl;
-    if (n < *need)
-        return TD_TCP_PARSE_MORE;
+    memset(h, 0, sizeof *h);
     h->version = wire_get16(b + 4);
     h->flags = wire_get16(b + 6);
     h->from = wire_get32(b + 8);
     h->to = wire_get32(b + 12);
     h->world = wire_get32(b + 16);
     h->nonce = wire_get64(b + 20);
+    if (h->version != TD_TCP_VERSION) {
+        /* Another version's tail has another layout; what is here is enough to refuse it. */
+        *need = TD_TCP_HELLO_FIXED;
+        return TD_TCP_PARSE_OK;
+    }
+    uint32_t gl = wire_get32(b + 28);
+    if (gl > TD_TCP_MAX_GROUP_NAME) {
+        *why = "the hello's group name is over the limit";
+        return TD_TCP_PARSE_BAD;
+    }
+    *need = TD_TCP_HELLO_FIXED + (size_t)gl + TD_TCP_HELLO_TAIL;
+    if (n < *need)
+        return TD_TCP_PARSE_MORE;
     h->group = (const char *)b + TD_TCP_HELLO_FIXED;
     h->group_len = gl;
-    h->token = h->group + gl;
-    h->token_len = tl;
+    memcpy(h->conn_nonce, b + TD_TCP_HELLO_FIXED + gl, AUTH_NONCE_LEN);
+    memcpy(h->proof, b + TD_TCP_HELLO_FIXED + gl + AUTH_NONCE_LEN, AUTH_MAC_LEN);
     return TD_TCP_PARSE_OK;
 }
 
-size_t tcp_reply_encode(uint8_t *b, int rank, int status, unsigned flags, const char *msg)
+size_t tcp_reply_encode(uint8_t *b, int rank, int status, unsigned flags, const char *msg, const uint8_t *proof)
 {
     size_t ml = wire_msg_len(msg, TD_TCP_MAX_REPLY_MSG);
     wire_put32(b, TD_TCP_MAGIC);
@@ -76,7 +83,12 @@ size_t tcp_reply_encode(uint8_t *b, int rank, int status, unsigned flags, const 
     wire_put32(b + 12, (uint32_t)ml);
     if (ml)
         memcpy(b + TD_TCP_REPLY_FIXED, msg, ml);
-    return TD_TCP_REPLY_FIXED + ml;
+    /* The proof trails the message, so that a peer of version 2 still reads a refusal's words. */
+    if (proof)
+        memcpy(b + TD_TCP_REPLY_FIXED + ml, proof, AUTH_MAC_LEN);
+    else
+        memset(b + TD_TCP_REPLY_FIXED + ml, 0, AUTH_MAC_LEN);
+    return TD_TCP_REPLY_FIXED + ml + AUTH_MAC_LEN;
 }
 
 td_tcp_parse tcp_reply_parse(const uint8_t *b, size_t n, td_tcp_reply *r, size_t *need, const char **why)
@@ -95,15 +107,19 @@ td_tcp_parse tcp_reply_parse(const uint8_t *b, size_t n, td_tcp_reply *r, size_t
         *why = "malformed handshake answer (message over the limit)";
         return TD_TCP_PARSE_BAD;
     }
-    *need = TD_TCP_REPLY_FIXED + (size_t)ml;
+    uint16_t version = wire_get16(b + 4);
+    *need = TD_TCP_REPLY_FIXED + (size_t)ml + (version == TD_TCP_VERSION ? AUTH_MAC_LEN : 0);
     if (n < *need)
         return TD_TCP_PARSE_MORE;
-    r->version = wire_get16(b + 4);
+    memset(r, 0, sizeof *r);
+    r->version = version;
     r->status = b[6];
     r->flags = b[7];
     r->rank = wire_get32(b + 8);
     r->msg = (const char *)b + TD_TCP_REPLY_FIXED;
     r->msg_len = ml;
+    if (version == TD_TCP_VERSION)
+        memcpy(r->proof, b + TD_TCP_REPLY_FIXED + ml, AUTH_MAC_LEN);
     return TD_TCP_PARSE_OK;
 }
 

@@ -13,15 +13,19 @@
 #include <tdist/backend.h>
 #include <tdist/status.h>
 
+#include "net/auth.h"
+
 #define TD_TCP_MAGIC 0x50544454u /* bytes "TDTP" */
-#define TD_TCP_VERSION 2 /* 2: a collective's frames carry its descriptor */
-#define TD_TCP_HELLO_FIXED 36
+#define TD_TCP_VERSION 3 /* 2: a collective's frames carry its descriptor; 3: proofs replace the token */
+#define TD_TCP_HELLO_FIXED 32 /* magic .. group_len */
 #define TD_TCP_MAX_GROUP_NAME 1024
-#define TD_TCP_MAX_TOKEN 4096
-#define TD_TCP_HELLO_MAX (TD_TCP_HELLO_FIXED + TD_TCP_MAX_GROUP_NAME + TD_TCP_MAX_TOKEN)
+/* After the group name: the connector's fresh nonce, then its proof over every byte before it. */
+#define TD_TCP_HELLO_TAIL (AUTH_NONCE_LEN + AUTH_MAC_LEN)
+#define TD_TCP_HELLO_MAX (TD_TCP_HELLO_FIXED + TD_TCP_MAX_GROUP_NAME + TD_TCP_HELLO_TAIL)
 #define TD_TCP_REPLY_FIXED 16
 #define TD_TCP_MAX_REPLY_MSG 512
-#define TD_TCP_REPLY_MAX (TD_TCP_REPLY_FIXED + TD_TCP_MAX_REPLY_MSG)
+/* After the message: the listener's proof (zeros in a refusal). */
+#define TD_TCP_REPLY_MAX (TD_TCP_REPLY_FIXED + TD_TCP_MAX_REPLY_MSG + AUTH_MAC_LEN)
 
 #define TD_TCP_HDR_SIZE 16
 #define TD_TCP_DESC_SIZE 24 /* a collective's descriptor: u64 what, count, seq */
@@ -34,6 +38,8 @@ enum { TD_TCP_CTRL_BYE = 1, TD_TCP_CTRL_ABORT = 2, TD_TCP_CTRL_RTS = 3, TD_TCP_C
 /* Hello and answer flags. */
 #define TD_TCP_FLAG_CMA 1u /* hello: the connecting side would read and be read with process_vm_readv;
                               answer: agreed (a same-host socket, both sides willing): probe next */
+#define TD_TCP_FLAG_AUTH 2u /* the sender holds the job secret (hello: its proof is real; answer: an
+                               accept's proof is real) */
 
 #define TD_TCP_CMA_PROBE_SIZE 24 /* u64 magic, u64 address, u64 value */
 #define TD_TCP_CMA_PROBE_MAGIC UINT64_C(0x45424f5250414d43) /* "CMAPROBE" */
@@ -51,14 +57,17 @@ typedef struct td_tcp_hello {
     uint64_t nonce;
     const char *group; /* not NUL-terminated; points into the parsed bytes */
     uint32_t group_len;
-    const char *token;
-    uint32_t token_len;
+    uint8_t conn_nonce[AUTH_NONCE_LEN]; /* the connector's, fresh for this hello */
+    uint8_t proof[AUTH_MAC_LEN];        /* over the hello's bytes before it */
 } td_tcp_hello;
 
-/* Writes the hello into b (TD_TCP_HELLO_FIXED + group_len + token_len bytes); returns its size. */
+/* Writes the hello into b (TD_TCP_HELLO_FIXED + group_len + TD_TCP_HELLO_TAIL bytes); returns its
+ * size. The proof is its last AUTH_MAC_LEN bytes and covers all bytes before them. */
 size_t tcp_hello_encode(uint8_t *b, const td_tcp_hello *h);
 /* Parses the first n bytes of a hello. MORE: *need is how many bytes are needed in all (as far as
- * known yet). BAD: a wrong magic or a length over the limits (*why names it). */
+ * known yet). BAD: a wrong magic or a length over the limits (*why names it). A hello of another
+ * version is complete once its fixed part is in (the rest may be laid out otherwise: the caller
+ * refuses it), with only version, flags, from, to, world and nonce set. */
 td_tcp_parse tcp_hello_parse(const uint8_t *b, size_t n, td_tcp_hello *h, size_t *need, const char **why);
 
 typedef struct td_tcp_reply {
@@ -67,10 +76,15 @@ typedef struct td_tcp_reply {
     uint32_t rank;
     const char *msg;
     uint32_t msg_len;
+    uint8_t proof[AUTH_MAC_LEN]; /* an accept's: the listener holds the secret */
 } td_tcp_reply;
 
-/* msg may be NULL; it is cut to TD_TCP_MAX_REPLY_MSG. b holds TD_TCP_REPLY_MAX bytes. */
-size_t tcp_reply_encode(uint8_t *b, int rank, int status, unsigned flags, const char *msg);
+/* msg may be NULL; it is cut to TD_TCP_MAX_REPLY_MSG. proof NULL: zeros. b holds TD_TCP_REPLY_MAX
+ * bytes. */
+size_t tcp_reply_encode(uint8_t *b, int rank, int status, unsigned flags, const char *msg,
+                        const uint8_t *proof);
+/* Parses an answer as tcp_hello_parse a hello; one of another version is complete without the
+ * proof (which it may not have), and its proof reads as zeros. */
 td_tcp_parse tcp_reply_parse(const uint8_t *b, size_t n, td_tcp_reply *r, size_t *need, const char **why);
 
 /* Frame header: u64 tag, u64 payload length (little-endian); under a collective's tag

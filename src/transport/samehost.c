@@ -1,5 +1,5 @@
-/* The same-host layer (samehost.h): abstract UNIX-domain sockets and fds passed over them,
- * doorbells on shared futex words, the spinning policy of waiters, the arrivals of the segment set
+/* The same-host layer (samehost.h): abstract UNIX-domain sockets, fds passed over them and the
+ * check that a peer on one runs as this user, doorbells on shared futex words, the spinning policy of waiters, the arrivals of the segment set
  * that the direct collectives run on, and single-copy reads from a peer's memory. Its users are
  * the shm transport, the shm backend's direct collectives and the tcp transport's local path; it
  * knows none of them. */
@@ -122,6 +122,20 @@ ssize_t samehost_recv_fd(int sock, void *buf, size_t len, int *fd, bool *extra)
     if (mh.msg_flags & MSG_CTRUNC)
         *extra = true;
     return n;
+}
+
+bool samehost_peer_same_user(int sock, uid_t *uid, pid_t *pid)
+{
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || len != sizeof cred) {
+        *uid = (uid_t)-1;
+        *pid = 0;
+        return false;
+    }
+    *uid = cred.uid;
+    *pid = cred.pid;
+    return cred.uid == geteuid();
 }
 
 /* ---- doorbells ---------------------------------------------------------------------------------- */

@@ -55,6 +55,13 @@ ssize_t samehost_send_fd(int sock, const void *buf, size_t len, int fd);
  * returns (errno set when negative; fds are looked at only when it is positive). */
 ssize_t samehost_recv_fd(int sock, void *buf, size_t len, int *fd, bool *extra);
 
+/* Whether the process at the other end of UNIX-domain socket sock runs as this process's effective
+ * uid, as the kernel recorded it when the connection was made (SO_PEERCRED). Memory is shared
+ * only within one user: an abstract socket admits any local process, and a segment's fd hands
+ * over all of it. *uid and *pid get the peer's ((uid_t)-1 and 0 when the kernel cannot say,
+ * which counts as another user). */
+bool samehost_peer_same_user(int sock, uid_t *uid, pid_t *pid);
+
 /* ---- doorbells ---------------------------------------------------------------------------------
  * A process's doorbell: the futex word its sleeping threads wait on, and who sleeps. Waiting
  * threads (a poller, a direct collective) wait for bit SAMEHOST_BELL_WAITER; the owner's own

@@ -7,6 +7,10 @@
  * higher rank and sends a hello with its segment's fd attached (SCM_RIGHTS); the higher rank checks
  * it (the nonce it published proves the sender read the store) and answers with its own hello and
  * fd, or a refusal that says why, all in the rendezvous' poll loop bounded by the group's timeout.
+ * A segment's fd hands over all of a rank's memory traffic, so it goes only to a process of this
+ * user (SO_PEERCRED, checked on both ends: an abstract socket admits anyone) and, with a job secret
+ * (TDIST_AUTH_TOKEN), only to one whose hello proved it holds the secret; the answer proves it
+ * back (peer_rendezvous.h).
  * Then each rank maps its peers' segments, checks their headers, and hands all of it to the engine
  * (shm.c). */
 #include "transport/shm_impl.h"
@@ -36,6 +40,7 @@ typedef struct setup {
     td_segment seg;
     char host_id[TD_HOST_ID_MAX];
     uint64_t *peer_nonce;
+    uint8_t *hello_nonce; /* per higher rank: the fresh nonce of our hello (AUTH_NONCE_LEN bytes) */
     shm_peer_setup *peers;
 } setup;
 
@@ -43,12 +48,21 @@ static int grank_of(const setup *s, int r) { return rdv_grank(&s->v, r); }
 
 /* ---- hellos on the socket ---------------------------------------------------------------------- */
 
+#define HELLO_LABEL "tdist shm hello"
+#define ACCEPT_LABEL "tdist shm accept"
+
 /* Sends a hello (with fd attached when fd >= 0) in one message; the socket is blocking for it,
- * and a hello always fits in an empty socket buffer. */
-static td_status send_hello(int sock, const td_shm_hello *h, int fd)
+ * and a hello always fits in an empty socket buffer. A hello or an answer (challenge: the
+ * connector's nonce, which the answer's proof also covers) gets its proof here; a refusal none. */
+static td_status send_hello(const setup *s, int sock, const td_shm_hello *h, int fd, const uint8_t *challenge)
 {
     uint8_t b[TD_SHM_HELLO_SIZE];
     shm_hello_encode(b, h);
+    if (h->type == TD_SHM_HELLO) {
+        auth_part parts[2] = {{b, TD_SHM_HELLO_PROOF_AT}, {challenge, AUTH_NONCE_LEN}};
+        rdv_auth_prove(&s->v, challenge ? ACCEPT_LABEL : HELLO_LABEL, parts, challenge ? 2 : 1,
+                       b + TD_SHM_HELLO_PROOF_AT);
+    }
     for (;;) {
         ssize_t n = samehost_send_fd(sock, b, sizeof b, fd);
         if (n == (ssize_t)sizeof b)
@@ -102,10 +116,13 @@ static td_status read_entry(setup *s, int r, char *sock_name, size_t name_size)
 
 /* ---- hellos ------------------------------------------------------------------------------------ */
 
-static td_shm_hello my_hello(const setup *s, int to, int type, const char *msg)
+/* A hello from this rank; one of type TD_SHM_HELLO gets a fresh nonce (into *nonce_out, when not
+ * NULL). */
+static td_shm_hello my_hello(const setup *s, int to, int type, const char *msg, uint8_t *nonce_out)
 {
     td_shm_hello h = {
         .type = type,
+        .flags = s->v.auth.on ? TD_SHM_FLAG_AUTH : 0,
         .from = (uint32_t)s->v.rank,
         .to = (uint32_t)to,
         .world = (uint32_t)s->v.size,
@@ -117,6 +134,11 @@ static td_shm_hello my_hello(const setup *s, int to, int type, const char *msg)
         .msg = msg,
         .msg_len = msg ? strlen(msg) : 0,
     };
+    if (type == TD_SHM_HELLO) {
+        auth_nonce(h.auth_nonce);
+        if (nonce_out)
+            memcpy(nonce_out, h.auth_nonce, AUTH_NONCE_LEN);
+    }
     return h;
 }
 
@@ -138,38 +160,79 @@ static const char *hello_problem(const setup *s, const td_shm_hello *h, int expe
     return NULL;
 }
 
+/* Refuses pending connection i with msg, which the connector reports; why goes to the log and the
+ * set-up's timeout message. */
+static void refuse(setup *s, int i, uint32_t from, const char *why)
+{
+    td_rdv *v = &s->v;
+    char msg[TD_SHM_HELLO_MSG_MAX];
+    snprintf(msg, sizeof msg, "rank %d refused the connection: %s", grank_of(s, v->rank), why);
+    TD_LOG_WARN("shm transport of rank %d refused a connection: %s", grank_of(s, v->rank), why);
+    snprintf(v->last_refusal, sizeof v->last_refusal, "from rank %u: %s", from, why);
+    td_shm_hello no = my_hello(s, (int)from, TD_SHM_REFUSE, msg, NULL);
+    no.nonce = 0;
+    send_hello(s, v->pend[i].fd, &no, -1, NULL);
+    rdv_drop(v, i);
+}
+
 /* A lower rank's hello on an accepted connection: answer it, or drop it. */
 static void handle_pending(td_rdv *v, int i)
 {
     setup *s = v->arg;
     td_rdv_conn *c = &v->pend[i];
     int rc = read_hello(c);
+    const char *why = NULL;
+    if (rc == 0 && !shm_hello_prefix_ok(c->buf, c->got, &why)) {
+        /* A peer of another version waits for an answer of its own size: close at once. */
+        TD_LOG_WARN("shm transport of rank %d dropped a connection: %s", grank_of(s, v->rank), why);
+        rdv_drop(v, i);
+        return;
+    }
     if (rc == 0)
         return;
     td_shm_hello h;
-    const char *why = NULL;
-    if (rc < 0 || !shm_hello_parse(c->buf, c->got, &h, &why) || h.type != TD_SHM_HELLO || h.nonce != v->nonce) {
+    if (rc < 0 || !shm_hello_parse(c->buf, c->got, &h, &why) || h.type != TD_SHM_HELLO) {
+        if (why)
+            TD_LOG_WARN("shm transport of rank %d dropped a connection: %s", grank_of(s, v->rank), why);
+        rdv_drop(v, i);
+        return;
+    }
+    /* First of all, before the nonce says whether it read our entry: a process of another user
+     * gets nothing of ours, and is told why. */
+    uid_t uid;
+    pid_t pid;
+    if (!samehost_peer_same_user(c->fd, &uid, &pid)) {
+        char msg[160];
+        snprintf(msg, sizeof msg,
+                 "the connecting process (pid %d) runs as uid %ld and rank %d as uid %ld; the shm transport shares "
+                 "memory only between processes of one user",
+                 (int)pid, uid == (uid_t)-1 ? -1L : (long)uid, grank_of(s, v->rank), (long)geteuid());
+        refuse(s, i, h.from, msg);
+        return;
+    }
+    if (h.nonce != v->nonce) {
         /* Not a peer of this group that read our entry: a stray. */
         rdv_drop(v, i);
         return;
     }
-    const char *problem = hello_problem(s, &h, -1);
+    char auth_msg[TD_SHM_HELLO_MSG_MAX];
+    auth_part signed_part = {c->buf, TD_SHM_HELLO_PROOF_AT};
+    const char *problem = NULL;
+    if (!rdv_auth_check_hello(v, h.flags & TD_SHM_FLAG_AUTH, HELLO_LABEL, &signed_part, 1, h.proof, auth_msg,
+                              sizeof auth_msg))
+        problem = auth_msg;
+    if (!problem)
+        problem = hello_problem(s, &h, -1);
     if (!problem && c->passed_fd < 0)
         problem = "its segment's fd did not come with it";
     if (!problem && v->fds[h.from] >= 0)
         problem = "that rank is already connected";
     if (problem) {
-        char msg[TD_SHM_HELLO_MSG_MAX];
-        snprintf(msg, sizeof msg, "rank %d refused the connection: %s", grank_of(s, v->rank), problem);
-        snprintf(v->last_refusal, sizeof v->last_refusal, "from rank %u: %s", h.from, problem);
-        td_shm_hello no = my_hello(s, (int)h.from, TD_SHM_REFUSE, msg);
-        no.nonce = 0;
-        send_hello(c->fd, &no, -1);
-        rdv_drop(v, i);
+        refuse(s, i, h.from, problem);
         return;
     }
-    td_shm_hello yes = my_hello(s, (int)h.from, TD_SHM_HELLO, NULL);
-    if (send_hello(c->fd, &yes, s->seg.fd) != TD_OK) {
+    td_shm_hello yes = my_hello(s, (int)h.from, TD_SHM_HELLO, NULL, NULL);
+    if (send_hello(s, c->fd, &yes, s->seg.fd, h.auth_nonce) != TD_OK) {
         rdv_drop(v, i);
         return;
     }
@@ -201,8 +264,15 @@ static td_status handle_answer(td_rdv *v, int r)
     const char *why = NULL;
     if (!shm_hello_parse(c->buf, c->got, &h, &why))
         return error_fmt(TD_ERR_INVALID, "rank %d answered the shm transport hello with %s", grank_of(s, r), why);
-    if (h.type == TD_SHM_REFUSE)
+    bool claims = h.flags & TD_SHM_FLAG_AUTH;
+    if (h.type == TD_SHM_REFUSE) {
+        /* A rank without a secret refuses a hello with a proof for that first: say it from here. */
+        TD_TRY(rdv_auth_check_answer(v, r, claims, ACCEPT_LABEL, NULL, 0, NULL));
         return error_fmt(TD_ERR_INVALID, "%.*s", (int)h.msg_len, h.msg ? h.msg : "");
+    }
+    auth_part parts[2] = {{c->buf, TD_SHM_HELLO_PROOF_AT},
+                          {s->hello_nonce + (size_t)r * AUTH_NONCE_LEN, AUTH_NONCE_LEN}};
+    TD_TRY(rdv_auth_check_answer(v, r, claims, ACCEPT_LABEL, parts, 2, h.proof));
     const char *problem = h.nonce != v->nonce ? "it did not read this rank's store entry" : hello_problem(s, &h, r);
     if (!problem && c->passed_fd < 0)
         problem = "its segment's fd did not come with it";
@@ -283,8 +353,19 @@ static td_status rendezvous(setup *s, int *lfd)
             break;
         }
         rdv_await(v, r, fd);
-        td_shm_hello h = my_hello(s, r, TD_SHM_HELLO, NULL);
-        st = send_hello(fd, &h, s->seg.fd);
+        /* Our fd goes with the hello: only to a listener of this user (whoever holds the name). */
+        uid_t uid;
+        pid_t pid;
+        if (!samehost_peer_same_user(fd, &uid, &pid)) {
+            st = error_fmt(TD_ERR_INVALID,
+                           "rank %d's shm transport socket is held by a process (pid %d) of uid %ld, and rank %d runs "
+                           "as uid %ld; the shm transport shares memory only between processes of one user",
+                           grank_of(s, r), (int)pid, uid == (uid_t)-1 ? -1L : (long)uid, grank_of(s, v->rank),
+                           (long)geteuid());
+            break;
+        }
+        td_shm_hello h = my_hello(s, r, TD_SHM_HELLO, NULL, s->hello_nonce + (size_t)r * AUTH_NONCE_LEN);
+        st = send_hello(s, fd, &h, s->seg.fd, NULL);
         if (st != TD_OK)
             error_prefix(st, "rank %d", grank_of(s, r));
     }
@@ -298,29 +379,36 @@ td_status shm_transport_create(const td_shm_options *o, td_transport **out)
     const td_transport_setup *g = &o->setup;
     if (g->size < 1 || g->rank < 0 || g->rank >= g->size)
         return error_fmt(TD_ERR_INVALID, "invalid rank %d for a group of %d", g->rank, g->size);
+    auth_key key;
+    TD_TRY(auth_key_init(NULL, &key)); /* before anything is made: a bad secret fails at once */
     setup s;
     memset(&s, 0, sizeof s);
     s.group_hash = shm_name_hash(g->group_name);
     s.seg = (td_segment)TD_SEGMENT_INIT;
-    TD_TRY(shm_layout_from_env(g->size, &s.layout));
-    shm_offsets off;
-    shm_layout_offsets(g->size, &s.layout, &off);
-    s.seg_size = off.total;
-    TD_TRY(segment_create("shm", s.seg_size, true, true, &s.seg));
+    td_status st = shm_layout_from_env(g->size, &s.layout);
+    if (st == TD_OK) {
+        shm_offsets off;
+        shm_layout_offsets(g->size, &s.layout, &off);
+        s.seg_size = off.total;
+        st = segment_create("shm", s.seg_size, true, true, &s.seg);
+    }
+    if (st != TD_OK) {
+        explicit_bzero(&key, sizeof key);
+        return st;
+    }
     init_segment(&s, g->rank, g->size);
     s.peers = TD_NEW_ARRAY(shm_peer_setup, (size_t)g->size);
     for (int r = 0; r < g->size; r++) {
         s.peers[r].sock = -1;
         s.peers[r].seg = (td_segment)TD_SEGMENT_INIT;
     }
-    td_status st = TD_OK;
     if (g->size > 1) {
-        auth_key none = {0}; /* the shm transport's hellos carry no proofs yet */
-        rdv_init(&s.v, g, "shm transport", "shm/", TD_SHM_HELLO_SIZE, TD_SHM_HELLO_SIZE, &none);
+        rdv_init(&s.v, g, "shm transport", "shm/", TD_SHM_HELLO_SIZE, TD_SHM_HELLO_SIZE, &key);
         s.v.arg = &s;
         s.v.on_answer = handle_answer;
         s.v.on_pending = handle_pending;
         s.peer_nonce = TD_NEW_ARRAY(uint64_t, (size_t)g->size);
+        s.hello_nonce = alloc_zeroed((size_t)g->size, AUTH_NONCE_LEN);
         host_identity(s.host_id, sizeof s.host_id);
         if (!s.host_id[0])
             snprintf(s.host_id, sizeof s.host_id, "-");
@@ -334,7 +422,9 @@ td_status shm_transport_create(const td_shm_options *o, td_transport **out)
             close(lfd);
         rdv_free(&s.v, false);
         free(s.peer_nonce);
+        free(s.hello_nonce);
     }
+    explicit_bzero(&key, sizeof key);
     if (st != TD_OK) {
         for (int r = 0; r < g->size; r++) {
             if (s.peers[r].sock >= 0)

@@ -11,14 +11,16 @@
 
 #include "transport/wire.h"
 
-/* Hello: u32 magic, u16 version, u16 type, u32 from, to, world, pid, u64 nonce, seg_size,
- * ring_bytes, small_bytes, slot_bytes, group_hash, u16 msg_len, u16 0, msg (the rest). */
+/* Hello: u32 magic, u8 version, u8 0, u8 type, u8 flags, u32 from, to, world, pid, u64 nonce,
+ * seg_size, ring_bytes, small_bytes, slot_bytes, group_hash, auth nonce[32], proof[32], u16
+ * msg_len, msg, zeros to the end. */
 void shm_hello_encode(uint8_t *b, const td_shm_hello *h)
 {
     memset(b, 0, TD_SHM_HELLO_SIZE);
     wire_put32(b, TD_SHM_MAGIC);
     b[4] = TD_SHM_VERSION;
     b[6] = (uint8_t)h->type;
+    b[7] = (uint8_t)h->flags;
     wire_put32(b + 8, h->from);
     wire_put32(b + 12, h->to);
     wire_put32(b + 16, h->world);
@@ -29,12 +31,31 @@ void shm_hello_encode(uint8_t *b, const td_shm_hello *h)
     wire_put64(b + 48, h->layout.small_bytes);
     wire_put64(b + 56, h->layout.slot_bytes);
     wire_put64(b + 64, h->group_hash);
+    memcpy(b + TD_SHM_HELLO_NONCE_AT, h->auth_nonce, AUTH_NONCE_LEN);
+    memcpy(b + TD_SHM_HELLO_PROOF_AT, h->proof, AUTH_MAC_LEN);
     size_t ml = h->msg ? h->msg_len : 0;
     if (ml > TD_SHM_HELLO_MSG_MAX)
         ml = TD_SHM_HELLO_MSG_MAX;
-    wire_put16(b + 72, (uint16_t)ml);
+    wire_put16(b + TD_SHM_HELLO_MSG_AT - 2, (uint16_t)ml);
     if (ml)
-        memcpy(b + 72 + 2, h->msg, ml);
+        memcpy(b + TD_SHM_HELLO_MSG_AT, h->msg, ml);
+}
+
+_Static_assert(TD_SHM_HELLO_PROOF_AT == TD_SHM_HELLO_NONCE_AT + AUTH_NONCE_LEN, "the proof follows the nonce");
+_Static_assert(TD_SHM_HELLO_MSG_AT == TD_SHM_HELLO_PROOF_AT + AUTH_MAC_LEN + 2, "then the message's length");
+_Static_assert(TD_SHM_HELLO_MSG_AT + TD_SHM_HELLO_MSG_MAX <= TD_SHM_HELLO_SIZE, "a message fits the hello");
+
+bool shm_hello_prefix_ok(const uint8_t *b, size_t n, const char **why)
+{
+    if (n >= 4 && wire_get32(b) != TD_SHM_MAGIC) {
+        *why = "not a tdist shm transport hello (bad magic)";
+        return false;
+    }
+    if (n >= 6 && (b[4] != TD_SHM_VERSION || b[5] != 0)) {
+        *why = "a shm transport hello of another protocol version";
+        return false;
+    }
+    return true;
 }
 
 bool shm_hello_parse(const uint8_t *b, size_t n, td_shm_hello *h, const char **why)
@@ -44,17 +65,16 @@ bool shm_hello_parse(const uint8_t *b, size_t n, td_shm_hello *h, const char **w
         *why = "a hello of the wrong size";
         return false;
     }
-    if (wire_get32(b) != TD_SHM_MAGIC) {
-        *why = "not a tdist shm transport hello (bad magic)";
+    if (!shm_hello_prefix_ok(b, n, why))
         return false;
-    }
-    if (b[4] != TD_SHM_VERSION || b[5] != 0) {
-        *why = "a shm transport hello of another protocol version";
-        return false;
-    }
     h->type = b[6];
-    if ((h->type != TD_SHM_HELLO && h->type != TD_SHM_REFUSE) || b[7] != 0) {
+    if (h->type != TD_SHM_HELLO && h->type != TD_SHM_REFUSE) {
         *why = "a shm transport hello of an unknown type";
+        return false;
+    }
+    h->flags = b[7];
+    if (h->flags & ~TD_SHM_FLAG_AUTH) {
+        *why = "a shm transport hello with unknown flags";
         return false;
     }
     h->from = wire_get32(b + 8);
@@ -67,12 +87,14 @@ bool shm_hello_parse(const uint8_t *b, size_t n, td_shm_hello *h, const char **w
     h->layout.small_bytes = wire_get64(b + 48);
     h->layout.slot_bytes = wire_get64(b + 56);
     h->group_hash = wire_get64(b + 64);
-    size_t ml = wire_get16(b + 72);
+    memcpy(h->auth_nonce, b + TD_SHM_HELLO_NONCE_AT, AUTH_NONCE_LEN);
+    memcpy(h->proof, b + TD_SHM_HELLO_PROOF_AT, AUTH_MAC_LEN);
+    size_t ml = wire_get16(b + TD_SHM_HELLO_MSG_AT - 2);
     if (ml > TD_SHM_HELLO_MSG_MAX) {
         *why = "a shm transport hello with an over-long message";
         return false;
     }
-    h->msg = ml ? (const char *)b + 74 : NULL;
+    h->msg = ml ? (const char *)b + TD_SHM_HELLO_MSG_AT : NULL;
     h->msg_len = ml;
     return true;
 }

@@ -14,9 +14,14 @@
 
 #include <tdist/status.h>
 
+#include "net/auth.h"
+
 #define TD_SHM_MAGIC 0x48534454u /* bytes "TDSH" */
-#define TD_SHM_VERSION 1
-#define TD_SHM_HELLO_SIZE 256
+#define TD_SHM_VERSION 2 /* 2: hellos carry a nonce and a proof of the job secret */
+#define TD_SHM_HELLO_SIZE 320
+#define TD_SHM_HELLO_NONCE_AT 72
+#define TD_SHM_HELLO_PROOF_AT 104 /* the proof covers every byte before it */
+#define TD_SHM_HELLO_MSG_AT 138
 #define TD_SHM_HELLO_MSG_MAX 180
 #define TD_SHM_CTRL_HDR 8
 #define TD_SHM_CTRL_MSG_MAX 248
@@ -25,6 +30,7 @@
 #define TD_SHM_MAX_MESSAGE (UINT64_C(1) << 40)
 
 enum { TD_SHM_HELLO = 1, TD_SHM_REFUSE = 2 };
+#define TD_SHM_FLAG_AUTH 1u /* the sender holds the job secret (a hello's proof is real) */
 enum { TD_SHM_CTRL_BYE = 1, TD_SHM_CTRL_ABORT = 2 };
 
 typedef enum td_shm_parse { TD_SHM_PARSE_OK = 0, TD_SHM_PARSE_MORE = 1, TD_SHM_PARSE_BAD = -1 } td_shm_parse;
@@ -38,20 +44,28 @@ typedef struct td_shm_layout {
 
 typedef struct td_shm_hello {
     int type;          /* TD_SHM_HELLO or TD_SHM_REFUSE */
+    unsigned flags;    /* TD_SHM_FLAG_AUTH */
     uint32_t from, to, world;
     uint32_t pid;      /* the sender's pid as it sees itself (for messages only) */
     uint64_t nonce;    /* the nonce the receiving side published (proves the sender read the store) */
     uint64_t seg_size; /* bytes of the segment whose fd comes with the hello */
     td_shm_layout layout;
     uint64_t group_hash; /* FNV-1a of the group's name */
+    uint8_t auth_nonce[AUTH_NONCE_LEN]; /* the sender's, fresh for this hello */
+    uint8_t proof[AUTH_MAC_LEN];        /* over the hello's first TD_SHM_HELLO_PROOF_AT bytes (and,
+                                           in an answer, the connector's auth_nonce) */
     const char *msg;   /* REFUSE: why (not NUL-terminated) */
     size_t msg_len;
 } td_shm_hello;
 
 /* Writes a hello (or refusal) of exactly TD_SHM_HELLO_SIZE bytes into b. */
 void shm_hello_encode(uint8_t *b, const td_shm_hello *h);
-/* Parses TD_SHM_HELLO_SIZE bytes; false with *why for a wrong magic, version, type or length. */
+/* Parses TD_SHM_HELLO_SIZE bytes; false with *why for a wrong magic, version, type, flags or length. */
 bool shm_hello_parse(const uint8_t *b, size_t n, td_shm_hello *h, const char **why);
+/* Whether the first n bytes of a hello (any number) can still start one of this version: false,
+ * with *why, once its magic or version is in and wrong, so that a peer of another version is
+ * told at once instead of waiting for bytes it will never send. */
+bool shm_hello_prefix_ok(const uint8_t *b, size_t n, const char **why);
 
 typedef struct td_shm_control {
     int type;

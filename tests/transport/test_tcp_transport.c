@@ -2,9 +2,11 @@
  * over TCP and over UNIX-domain sockets (param "tcp" / "unix"): set-up through a FileStore for
  * worlds 2 to 4 (IPv4 and IPv6), messages of every size with iovecs, tag
  * matching out of order, any-source receives, unexpected messages, length mismatches, a peer
- * killed with SIGKILL, timeouts, aborts, orderly closes, refused handshakes, and no fd or thread
+ * killed with SIGKILL, timeouts, aborts, orderly closes, refused handshakes, the job secret's
+ * proofs (mismatch, one side only, an impostor, the secret's absence from the wire), and no fd or thread
  * left after destroy (the harness checks both after every case). The cases every transport passes
  * are written once in tests/support/transport_util.c; the shm transport runs them too. */
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,7 +20,13 @@
 
 #include "../support/transport_util.h"
 #include "base/clock.h"
+#include "base/host.h"
+#include "net/auth.h"
+#include "net/io.h"
+#include "net/socket.h"
+#include "transport/samehost.h"
 #include "transport/tcp.h"
+#include "transport/tcp_proto.h"
 
 #define BOTH .params = "unix,tcp"
 
@@ -140,32 +148,242 @@ TD_TEST(orderly_close, .world_size = 3, BOTH)
 TD_TEST(setup_timeout, .world_size = 2, BOTH) { tu_case_setup_timeout(ctx, create); }
 TD_TEST(create_destroy_repeatedly, .world_size = 3, BOTH) { tu_case_create_destroy_repeatedly(ctx, create); }
 
-/* A rank with another auth token is refused with a clear message; the refusing rank times out
- * naming the refusal. */
-TD_TEST(auth_token_mismatch, .world_size = 2, BOTH)
+/* ---- the job secret (TDIST_AUTH_TOKEN) ---------------------------------------------------------
+ * Rank 0 connects to rank 1 and proves the secret in its hello; rank 1 proves it back in its
+ * accept. A failure fails rank 0 at once with the message and rank 1 at its timeout, naming the
+ * refusal; nobody hangs. */
+
+static void auth_refused(td_test_ctx *ctx, const char *secret0, const char *secret1, const char *want0,
+                         const char *want1)
 {
-    setenv("TDIST_AUTH_TOKEN", ctx->rank == 0 ? "secret-a" : "secret-b", 1);
+    const char *mine = ctx->rank == 0 ? secret0 : secret1;
+    if (mine)
+        setenv("TDIST_AUTH_TOKEN", mine, 1);
+    else
+        unsetenv("TDIST_AUTH_TOKEN");
     td_store *store = tu_store_open(ctx->store_path);
     td_transport_setup g = tu_setup(ctx, store, 3000, "g");
     td_transport *t = NULL;
-    if (ctx->rank == 0)
-        TD_CHECK_ERR(create(ctx, &g, &t), TD_ERR_INVALID,
-                     "rank 1 refused the connection from rank 0: authentication failed");
-    else
-        TD_CHECK_ERR(create(ctx, &g, &t), TD_ERR_TIMEOUT, "no connection yet with rank 0; last refused");
+    int64_t t0 = clock_now_ns();
+    if (ctx->rank == 0) {
+        TD_CHECK_ERR(create(ctx, &g, &t), TD_ERR_INVALID, want0);
+        TD_CHECK_MSG(tu_since_s(t0) < 2.5, "rank 0 took %.1f s to fail", tu_since_s(t0));
+    } else {
+        TD_CHECK_ERR(create(ctx, &g, &t), TD_ERR_TIMEOUT, "no connection yet with rank 0; last refused connection: ");
+        TD_CHECK_CONTAINS(td_last_error(), want1);
+    }
     unsetenv("TDIST_AUTH_TOKEN");
     tu_barrier(ctx, store, "done");
     tu_store_close(ctx, store, ctx->store_path);
 }
 
-/* The same token on both sides is accepted. */
-TD_TEST(auth_token_match, .world_size = 2, BOTH)
+TD_TEST(auth_secret_mismatch, .world_size = 2, BOTH)
+{
+    const char *why = "authentication failed: the connecting rank's TDIST_AUTH_TOKEN does not match rank 1's";
+    char want0[256];
+    snprintf(want0, sizeof want0, "rank 1 refused the connection from rank 0: %s", why);
+    auth_refused(ctx, "secret-a", "secret-b", want0, why);
+}
+
+TD_TEST(auth_secret_listener_only, .world_size = 2, BOTH)
+{
+    const char *why =
+        "authentication failed: rank 1 requires the job's secret (TDIST_AUTH_TOKEN) and the connecting rank has none";
+    char want0[256];
+    snprintf(want0, sizeof want0, "rank 1 refused the connection from rank 0: %s", why);
+    auth_refused(ctx, NULL, "secret-b", want0, why);
+}
+
+TD_TEST(auth_secret_connector_only, .world_size = 2, BOTH)
+{
+    auth_refused(ctx, "secret-a", NULL,
+                 "authentication failed: rank 1 does not authenticate (it has no TDIST_AUTH_TOKEN) but this rank has one",
+                 "authentication failed: rank 1 does not authenticate (it has no TDIST_AUTH_TOKEN) but the connecting "
+                 "rank has one");
+}
+
+/* The same secret on every rank is accepted. */
+TD_TEST(auth_secret_match, .world_size = 3, BOTH)
 {
     setenv("TDIST_AUTH_TOKEN", "shared-secret", 1);
     tu_world w = open_world(ctx, NULL, 0);
     unsetenv("TDIST_AUTH_TOKEN");
     tu_all_pairs(ctx, w.t, 10);
     tu_world_close(&w);
+}
+
+#define WIRE_SECRET "tdist-wire-secret-5f3c9a1e-never-on-the-wire"
+
+/* A connection to rank 1 as its entry names it: its UNIX socket under "unix", else TCP. */
+static int connect_entry(const td_test_ctx *ctx, const td_tcp_entry *e)
+{
+    int fd = -1;
+    if (strcmp(ctx->param, "unix") == 0) {
+        TD_CHECK_MSG(strcmp(e->unix_name, "-") != 0, "rank 1 published no UNIX socket");
+        fd = samehost_unix_connect(e->unix_name);
+        TD_CHECK(fd >= 0);
+    } else {
+        TD_CHECK_OK(net_connect(e->host, e->port, tu_after_ms(10000), &fd));
+    }
+    TD_CHECK_OK(net_set_nonblocking(fd, true));
+    return fd;
+}
+
+/* Reads a whole answer into b (TD_TCP_REPLY_MAX bytes). */
+static size_t read_answer(int fd, uint8_t *b, td_tcp_reply *rep)
+{
+    size_t got = 0;
+    for (;;) {
+        size_t need = 0;
+        const char *why = NULL;
+        td_tcp_parse pr = tcp_reply_parse(b, got, rep, &need, &why);
+        TD_CHECK_MSG(pr != TD_TCP_PARSE_BAD, "malformed answer: %s", why);
+        if (pr == TD_TCP_PARSE_OK)
+            return need;
+        TD_CHECK_OK(net_recv_all(fd, b + got, need - got, tu_after_ms(10000)));
+        got = need;
+    }
+}
+
+/* An impostor that read rank 1's entry (address and nonce) but lacks the secret sends forged
+ * hellos: no proof, a made-up proof, and a real proof over other bytes (taken from a genuine hello
+ * whose nonce it then changed). Each is refused, no answer carries the secret, and the real group
+ * forms after them. */
+TD_TEST(auth_impostor_refused, .world_size = 2, BOTH)
+{
+    setenv("TDIST_AUTH_TOKEN", WIRE_SECRET, 1);
+    if (ctx->rank == 1) {
+        tu_world w = open_world(ctx, NULL, 0);
+        tu_all_pairs(ctx, w.t, 100);
+        tu_world_close(&w);
+        unsetenv("TDIST_AUTH_TOKEN");
+        return;
+    }
+    td_store *store = tu_store_open(ctx->store_path);
+    const char *key = "tcp/1/addr/1";
+    TD_CHECK_OK(td_store_wait(store, &key, 1, 30000));
+    char *text = NULL;
+    size_t n = 0;
+    TD_CHECK_OK(td_store_get(store, key, (void **)&text, &n));
+    text = realloc(text, n + 1);
+    text[n] = '\0';
+    td_tcp_entry e;
+    TD_CHECK_OK(tcp_entry_parse(text, 1, &e));
+    free(text);
+    auth_key real;
+    TD_CHECK_OK(auth_key_init(WIRE_SECRET, &real));
+    static const struct {
+        uint16_t flags;
+        int proof; /* 0 zeros, 1 made up, 2 genuine then the nonce changed */
+        const char *want;
+    } forged[] = {
+        {0, 0, "rank 1 requires the job's secret (TDIST_AUTH_TOKEN) and the connecting rank has none"},
+        {TD_TCP_FLAG_AUTH, 1, "the connecting rank's TDIST_AUTH_TOKEN does not match rank 1's"},
+        {TD_TCP_FLAG_AUTH, 2, "the connecting rank's TDIST_AUTH_TOKEN does not match rank 1's"},
+    };
+    for (size_t k = 0; k < sizeof forged / sizeof forged[0]; k++) {
+        td_tcp_hello h = {.version = TD_TCP_VERSION, .flags = forged[k].flags, .from = 0, .to = 1, .world = 2,
+                          .nonce = e.nonce, .group = "test", .group_len = 4};
+        auth_nonce(h.conn_nonce);
+        if (forged[k].proof == 1)
+            auth_nonce(h.proof);
+        uint8_t b[TD_TCP_HELLO_MAX];
+        size_t len = tcp_hello_encode(b, &h);
+        if (forged[k].proof == 2) {
+            auth_part part = {b, len - AUTH_MAC_LEN};
+            auth_prove(&real, "tdist tcp hello", &part, 1, b + len - AUTH_MAC_LEN);
+            b[TD_TCP_HELLO_FIXED + h.group_len] ^= 1; /* the connector's nonce */
+        }
+        int fd = connect_entry(ctx, &e);
+        TD_CHECK_OK(net_send_all(fd, b, len, tu_after_ms(10000)));
+        uint8_t ab[TD_TCP_REPLY_MAX];
+        td_tcp_reply rep;
+        size_t alen = read_answer(fd, ab, &rep);
+        close(fd);
+        TD_CHECK_EQ(rep.status, TD_TCP_REPLY_REFUSED);
+        TD_CHECK(rep.flags & TD_TCP_FLAG_AUTH);
+        char msg[TD_TCP_MAX_REPLY_MSG + 1];
+        memcpy(msg, rep.msg, rep.msg_len);
+        msg[rep.msg_len] = '\0';
+        TD_CHECK_CONTAINS(msg, forged[k].want);
+        TD_CHECK(memmem(ab, alen, WIRE_SECRET, strlen(WIRE_SECRET)) == NULL);
+    }
+    tcp_entry_free(&e);
+    explicit_bzero(&real, sizeof real);
+    td_store_release(store);
+    tu_world w = open_world(ctx, NULL, 0);
+    tu_all_pairs(ctx, w.t, 100);
+    tu_world_close(&w);
+    unsetenv("TDIST_AUTH_TOKEN");
+}
+
+/* The secret never travels: rank 1 is a plain socket published as its address, which receives
+ * rank 0's real hello (neither the secret nor the key made of it is in its bytes) and answers with
+ * an accept whose proof is rank 0's own proof reflected: rank 0 refuses it. */
+TD_TEST(auth_secret_not_on_wire, .world_size = 2, BOTH)
+{
+    td_store *store = tu_store_open(ctx->store_path);
+    if (ctx->rank == 0) {
+        setenv("TDIST_AUTH_TOKEN", WIRE_SECRET, 1);
+        td_transport_setup g = tu_setup(ctx, store, 10000, "g");
+        td_transport *t = NULL;
+        TD_CHECK_ERR(create(ctx, &g, &t), TD_ERR_INVALID,
+                     "authentication failed: rank 1 could not prove it holds this job's TDIST_AUTH_TOKEN");
+        unsetenv("TDIST_AUTH_TOKEN");
+        tu_barrier(ctx, store, "done");
+        tu_store_close(ctx, store, ctx->store_path);
+        return;
+    }
+    bool unix_sock = strcmp(ctx->param, "unix") == 0;
+    int lfd = -1, port = 0, ufd = -1;
+    TD_CHECK_OK(net_listen("127.0.0.1", 0, 4, &lfd, &port));
+    char host_id[256] = "-", name[64] = "-";
+    if (unix_sock) {
+        host_identity(host_id, sizeof host_id);
+        TD_CHECK(host_id[0]);
+        snprintf(name, sizeof name, "tdist-test-capture-%d", (int)getpid());
+        ufd = samehost_unix_listen(name, 4);
+        TD_CHECK(ufd >= 0);
+    }
+    uint64_t nonce = UINT64_C(0x5eed0fc0ffee0042);
+    char entry[512];
+    snprintf(entry, sizeof entry, "127.0.0.1:%d %llx %s %s", port, (unsigned long long)nonce, host_id, name);
+    TD_CHECK_OK(td_store_set_str(store, "tcp/1/addr/1", entry));
+    int listener = unix_sock ? ufd : lfd;
+    TD_CHECK_OK(net_wait(listener, POLLIN, tu_after_ms(20000)));
+    int fd = accept(listener, NULL, NULL);
+    TD_CHECK(fd >= 0);
+    uint8_t b[TD_TCP_HELLO_MAX];
+    size_t got = 0, need = 0;
+    td_tcp_hello h;
+    for (;;) {
+        const char *why = NULL;
+        td_tcp_parse pr = tcp_hello_parse(b, got, &h, &need, &why);
+        TD_CHECK_MSG(pr != TD_TCP_PARSE_BAD, "malformed hello: %s", why);
+        if (pr == TD_TCP_PARSE_OK)
+            break;
+        TD_CHECK_OK(net_recv_all(fd, b + got, need - got, tu_after_ms(10000)));
+        got = need;
+    }
+    TD_CHECK_EQ(h.version, TD_TCP_VERSION);
+    TD_CHECK(h.flags & TD_TCP_FLAG_AUTH);
+    TD_CHECK_EQ(h.nonce, nonce);
+    TD_CHECK(memmem(b, need, WIRE_SECRET, strlen(WIRE_SECRET)) == NULL);
+    TD_CHECK(memmem(b, need, WIRE_SECRET, 8) == NULL);
+    auth_key k;
+    TD_CHECK_OK(auth_key_init(WIRE_SECRET, &k));
+    TD_CHECK(memmem(b, need, k.key, sizeof k.key) == NULL);
+    static const uint8_t zeros[AUTH_MAC_LEN];
+    TD_CHECK(memcmp(h.proof, zeros, AUTH_MAC_LEN) != 0);
+    uint8_t ab[TD_TCP_REPLY_MAX];
+    size_t alen = tcp_reply_encode(ab, 1, TD_TCP_REPLY_OK, TD_TCP_FLAG_AUTH, NULL, h.proof);
+    TD_CHECK_OK(net_send_all(fd, ab, alen, tu_after_ms(10000)));
+    tu_barrier(ctx, store, "done");
+    close(fd);
+    close(lfd);
+    if (ufd >= 0)
+        close(ufd);
+    tu_store_close(ctx, store, ctx->store_path);
 }
 
 /* ---- single-copy transfers (sends to surely posted receives, 64 KiB and up, over UNIX-domain

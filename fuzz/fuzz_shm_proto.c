@@ -24,17 +24,25 @@ static void hello(const uint8_t *data, size_t size)
 {
     td_shm_hello h;
     const char *why = NULL;
+    bool prefix_ok = true;
     for (size_t n = 0; n <= size && n <= TD_SHM_HELLO_SIZE; n++) {
+        const char *pwhy = NULL;
+        bool ok_now = shm_hello_prefix_ok(data, n, &pwhy);
+        check(ok_now || pwhy != NULL, "a prefix refused without a reason");
+        check(ok_now || !prefix_ok || n >= 4, "a prefix refused before its magic is in");
+        check(!ok_now || prefix_ok, "a refused prefix accepted again with more bytes");
+        prefix_ok = ok_now;
         if (!shm_hello_parse(data, n, &h, &why)) {
             check(why != NULL, "a refusal without a reason");
             continue;
         }
         check(n == TD_SHM_HELLO_SIZE, "a hello of another size accepted");
+        check(prefix_ok, "a hello accepted whose start was refused");
         check(h.msg_len <= TD_SHM_HELLO_MSG_MAX, "message over its limit");
         uint8_t again[TD_SHM_HELLO_SIZE];
         shm_hello_encode(again, &h);
         /* Bytes after the message are padding, written as zeros. */
-        size_t used = 74 + h.msg_len;
+        size_t used = TD_SHM_HELLO_MSG_AT + h.msg_len;
         check(memcmp(again, data, used) == 0, "hello round trip");
     }
 }

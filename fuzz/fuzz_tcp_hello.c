@@ -1,7 +1,9 @@
 /* libFuzzer target for the tcp transport's handshake parsers (src/transport/tcp_proto.c): the
  * input is what a connecting stranger (hello) or a listening peer (reply) sent. Each parser runs
  * on every prefix of the input, as the bytes would trickle in; it must never read outside them,
- * must ask for more only up to its limit, and what it accepts must encode back to the same bytes.
+ * must ask for more only up to its limit, and what it accepts must encode back to the same bytes
+ * (a hello of another version is complete after its fixed part; an answer's proof trails its
+ * message).
  * The control-frame parser (goodbye, abort, RTS, FIN) runs on the same bytes. */
 #include <stdint.h>
 #include <stdio.h>
@@ -36,17 +38,19 @@ static void hello(const uint8_t *data, size_t size)
             continue;
         }
         check(need <= n, "complete before its bytes are in");
+        if (h.version != TD_TCP_VERSION) {
+            check(need == TD_TCP_HELLO_FIXED && h.group_len == 0, "another version's hello read past its fixed part");
+            return;
+        }
         volatile char sink = 0;
         if (h.group_len)
             sink ^= h.group[h.group_len - 1];
-        if (h.token_len)
-            sink ^= h.token[h.token_len - 1];
+        sink ^= (char)(h.conn_nonce[AUTH_NONCE_LEN - 1] ^ h.proof[AUTH_MAC_LEN - 1]);
         (void)sink;
         uint8_t *again = malloc(TD_TCP_HELLO_MAX);
         size_t len = tcp_hello_encode(again, &h);
         check(len == need, "re-encoded hello has another size");
-        /* Byte 6 (flags) is reserved and written as zero. */
-        check(memcmp(again, data, 6) == 0 && memcmp(again + 8, data + 8, len - 8) == 0, "hello round trip");
+        check(memcmp(again, data, len) == 0, "hello round trip");
         free(again);
         return;
     }
@@ -67,10 +71,26 @@ static void reply(const uint8_t *data, size_t size)
             check(need > n && need <= TD_TCP_REPLY_MAX, "asks for more than an answer can hold");
             continue;
         }
+        check(need <= n, "complete before its bytes are in");
         volatile char sink = 0;
         if (rep.msg_len)
             sink ^= rep.msg[rep.msg_len - 1];
         (void)sink;
+        if (rep.version != TD_TCP_VERSION) {
+            check(need == TD_TCP_REPLY_FIXED + rep.msg_len, "another version's answer read past its message");
+            return;
+        }
+        check(need == TD_TCP_REPLY_FIXED + rep.msg_len + AUTH_MAC_LEN, "an answer without its proof");
+        char *msg = malloc(rep.msg_len + 1);
+        memcpy(msg, rep.msg, rep.msg_len);
+        msg[rep.msg_len] = '\0';
+        /* A message with a NUL inside encodes shorter; otherwise the answer is the input again. */
+        if (strlen(msg) == rep.msg_len) {
+            uint8_t again[TD_TCP_REPLY_MAX];
+            size_t len = tcp_reply_encode(again, (int)rep.rank, rep.status, rep.flags, msg, rep.proof);
+            check(len == need && memcmp(again, data, len) == 0, "answer round trip");
+        }
+        free(msg);
         return;
     }
 }

@@ -2,7 +2,9 @@
  * sends, a header and the bytes after it. The header is read against a payload limit; when it is
  * accepted it must write back to the same bytes, and the payload (the header's payload_len bytes
  * of what follows, when there are that many) is decoded as views of a storage, then taken apart as
- * the header's type says, and a call's arguments are bound as a function would bind them. Nothing
+ * the header's type says, and a call's arguments are bound as a function would bind them; a control
+ * message of a hello's or an answer's size is read as one (rpc_hello_read, rpc_answer_read), which
+ * must write back the same bytes when it accepts them. Nothing
  * may crash, leak or read out of bounds, and every failure is TD_ERR_INVALID (a failed binding is
  * the function's TypeError, TD_ERR_REMOTE). */
 #include <stdint.h>
@@ -50,6 +52,32 @@ static void check_call(const td_value *payload)
     td_value_release(again);
 }
 
+/* The hello and its answer are raw bytes, not td_values: what the listener and the connector read
+ * before anything else. */
+static void check_control(const rpc_header *h, const uint8_t *payload)
+{
+    td_status st;
+    if (h->payload_len == RPC_HELLO_PAYLOAD) {
+        rpc_hello hello;
+        uint8_t again[RPC_HELLO_PAYLOAD];
+        st = rpc_hello_read(payload, &hello);
+        check(st == TD_OK || st == TD_ERR_INVALID, "rpc_hello_read returned an unexpected status");
+        if (st == TD_OK) {
+            rpc_hello_write(&hello, again);
+            check(memcmp(again, payload, sizeof again) == 0, "an accepted hello does not write back the same bytes");
+        }
+    } else if (h->payload_len == RPC_ANSWER_PAYLOAD) {
+        rpc_answer ans;
+        uint8_t again[RPC_ANSWER_PAYLOAD];
+        st = rpc_answer_read(payload, &ans);
+        check(st == TD_OK || st == TD_ERR_INVALID, "rpc_answer_read returned an unexpected status");
+        if (st == TD_OK) {
+            rpc_answer_write(&ans, again);
+            check(memcmp(again, payload, sizeof again) == 0, "an accepted answer does not write back the same bytes");
+        }
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < RPC_HEADER_BYTES)
@@ -66,6 +94,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t rest = size - RPC_HEADER_BYTES;
     if (h.payload_len > rest)
         return 0;
+    if (h.type == RPC_MSG_CONTROL)
+        check_control(&h, data + RPC_HEADER_BYTES);
     td_storage *s;
     if (td_storage_new(rest, &s) != TD_OK)
         return 0;

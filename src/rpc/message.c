@@ -1,7 +1,7 @@
 /* The RPC message envelope (message.h; docs/protocols.md, "RPC messages"): the fixed header's wire
  * form and its checks, outgoing messages as iovecs (the header, then the td_value codec's pieces,
  * which point into the payload's tensors), payload decoding as views of the received storage, and
- * the shapes of call and error payloads. The agent frames every message it sends or receives with
+ * the shapes of call and error payloads, and the fixed forms of the hello and its answer. The agent frames every message it sends or receives with
  * these functions; nothing here does I/O or keeps state. */
 #include "rpc/message.h"
 
@@ -32,6 +32,8 @@ enum {
     HEADER_END = 88,
 };
 _Static_assert(HEADER_END == RPC_HEADER_BYTES, "RPC_HEADER_BYTES must match the header layout");
+_Static_assert(8 + RPC_AUTH_NONCE_BYTES + RPC_AUTH_PROOF_BYTES == RPC_HELLO_PAYLOAD, "the hello's layout");
+_Static_assert(8 + RPC_AUTH_PROOF_BYTES == RPC_ANSWER_PAYLOAD, "the answer's layout");
 
 static const char *msg_type_name(unsigned type)
 {
@@ -109,6 +111,53 @@ td_status rpc_header_read(const void *in, uint64_t max_payload, rpc_header *h)
     h->autograd_context = (int64_t)le_get(p + OFF_AUTOGRAD_CONTEXT, 8);
     h->autograd_message = (int64_t)le_get(p + OFF_AUTOGRAD_MESSAGE, 8);
     h->payload_len = payload_len;
+    return TD_OK;
+}
+
+/* ---- the hello and its answer --------------------------------------------------------------- */
+
+void rpc_hello_write(const rpc_hello *h, uint8_t out[RPC_HELLO_PAYLOAD])
+{
+    le_put(out, h->auth_flags, 4);
+    le_put(out + 4, 0, 4);
+    memcpy(out + 8, h->nonce, RPC_AUTH_NONCE_BYTES);
+    memcpy(out + 8 + RPC_AUTH_NONCE_BYTES, h->proof, RPC_AUTH_PROOF_BYTES);
+}
+
+td_status rpc_hello_read(const uint8_t in[RPC_HELLO_PAYLOAD], rpc_hello *h)
+{
+    uint32_t flags = (uint32_t)le_get(in, 4), reserved = (uint32_t)le_get(in + 4, 4);
+    if (flags & ~(uint32_t)RPC_AUTH_HAS_SECRET)
+        return error_fmt(TD_ERR_INVALID, "RPC hello has unknown auth flags 0x%x (known flags: 0x%x)", (unsigned)flags,
+                         (unsigned)RPC_AUTH_HAS_SECRET);
+    if (reserved != 0)
+        return error_fmt(TD_ERR_INVALID, "RPC hello has reserved field 0x%x at payload byte 4; it must be 0",
+                         (unsigned)reserved);
+    h->auth_flags = flags;
+    memcpy(h->nonce, in + 8, RPC_AUTH_NONCE_BYTES);
+    memcpy(h->proof, in + 8 + RPC_AUTH_NONCE_BYTES, RPC_AUTH_PROOF_BYTES);
+    return TD_OK;
+}
+
+void rpc_answer_write(const rpc_answer *a, uint8_t out[RPC_ANSWER_PAYLOAD])
+{
+    le_put(out, a->status, 4);
+    le_put(out + 4, a->auth_flags, 4);
+    memcpy(out + 8, a->proof, RPC_AUTH_PROOF_BYTES);
+}
+
+td_status rpc_answer_read(const uint8_t in[RPC_ANSWER_PAYLOAD], rpc_answer *a)
+{
+    uint32_t status = (uint32_t)le_get(in, 4), flags = (uint32_t)le_get(in + 4, 4);
+    if (status > RPC_ANSWER_STATUS_MAX)
+        return error_fmt(TD_ERR_INVALID, "RPC hello answered with unknown status %u (known: 0..%d)", (unsigned)status,
+                         RPC_ANSWER_STATUS_MAX);
+    if (flags & ~(uint32_t)RPC_AUTH_HAS_SECRET)
+        return error_fmt(TD_ERR_INVALID, "RPC hello answered with unknown auth flags 0x%x (known flags: 0x%x)",
+                         (unsigned)flags, (unsigned)RPC_AUTH_HAS_SECRET);
+    a->status = status;
+    a->auth_flags = flags;
+    memcpy(a->proof, in + 8, RPC_AUTH_PROOF_BYTES);
     return TD_OK;
 }
 

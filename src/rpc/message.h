@@ -6,8 +6,10 @@
  *   call      payload (function name: string, args: tuple, kwargs: dict)
  *   reply     payload the function's result (none for None)
  *   error     payload a TD_REC_ERROR record (type name, message)
- *   control   the agent's own; today only the hello that opens a connection: no payload, the
- *             listener's nonce in id (docs/protocols.md)
+ *   control   the agent's own; today only the hello that opens a connection (the listener's
+ *             nonce in id; the payload rpc_hello: the connector's nonce and its proof of the job's
+ *             secret) and the listener's answer to it (rpc_answer: admitted or why not, and the
+ *             listener's own proof) (docs/protocols.md, "Connections and the hello")
  *
  * The header is little-endian and fixed-size (RPC_HEADER_BYTES). A reader trusts nothing in it: the
  * magic, version, type and flags are checked, and the payload length is bounded by the caller's
@@ -25,7 +27,7 @@
 #include <tdist/value.h>
 
 #define RPC_MAGIC 0x43505254u /* "TRPC" read as little-endian bytes */
-#define RPC_VERSION 1
+#define RPC_VERSION 2 /* 2: the hello carries proofs of the job's secret and is answered */
 #define RPC_HEADER_BYTES 88
 
 typedef enum rpc_msg_type {
@@ -63,6 +65,47 @@ void rpc_header_write(const rpc_header *h, void *out);
  * known flags, and payload_len <= max_payload. Fails with TD_ERR_INVALID and a message naming what
  * is wrong. */
 td_status rpc_header_read(const void *in, uint64_t max_payload, rpc_header *h);
+
+/* ---- the hello and its answer (control messages with raw payloads, not td_values) ---- */
+
+#define RPC_HELLO_PAYLOAD 72  /* u32 auth flags, u32 reserved, nonce[32], proof[32] */
+#define RPC_ANSWER_PAYLOAD 40 /* u32 status, u32 auth flags, proof[32] */
+#define RPC_AUTH_NONCE_BYTES 32
+#define RPC_AUTH_PROOF_BYTES 32
+
+enum {
+    RPC_AUTH_HAS_SECRET = 1u << 0, /* the sender holds a secret (TDIST_AUTH_TOKEN) */
+};
+
+/* What the listener answers: the connection is admitted, or why it is refused (then closed). A
+ * refusal for any other reason (not this world's nonce, a worker id already connected) gets no
+ * answer, only the close. */
+typedef enum rpc_answer_status {
+    RPC_ANSWER_ADMITTED = 0,
+    RPC_ANSWER_NEEDS_SECRET = 1,   /* the listener has a secret; the hello proves none */
+    RPC_ANSWER_WRONG_SECRET = 2,   /* the hello's proof does not check under the listener's secret */
+    RPC_ANSWER_HAS_NO_SECRET = 3,  /* the listener has no secret; the hello says it has one */
+    RPC_ANSWER_STATUS_MAX = 3,
+} rpc_answer_status;
+
+typedef struct rpc_hello {
+    uint32_t auth_flags;                    /* RPC_AUTH_* */
+    uint8_t nonce[RPC_AUTH_NONCE_BYTES];    /* the connector's, fresh for this connection */
+    uint8_t proof[RPC_AUTH_PROOF_BYTES];    /* zeros without a secret */
+} rpc_hello;
+
+typedef struct rpc_answer {
+    uint32_t status;                        /* rpc_answer_status */
+    uint32_t auth_flags;                    /* RPC_AUTH_*, the listener's */
+    uint8_t proof[RPC_AUTH_PROOF_BYTES];    /* admitted with a secret: the listener's proof; else zeros */
+} rpc_answer;
+
+void rpc_hello_write(const rpc_hello *h, uint8_t out[RPC_HELLO_PAYLOAD]);
+/* Fails with TD_ERR_INVALID on unknown flags or a nonzero reserved field. */
+td_status rpc_hello_read(const uint8_t in[RPC_HELLO_PAYLOAD], rpc_hello *h);
+void rpc_answer_write(const rpc_answer *a, uint8_t out[RPC_ANSWER_PAYLOAD]);
+/* Fails with TD_ERR_INVALID on an unknown status or flags. */
+td_status rpc_answer_read(const uint8_t in[RPC_ANSWER_PAYLOAD], rpc_answer *a);
 
 /* A message ready to send: the header, then the payload's pieces as iovecs that point into the
  * payload's tensors (no tensor data is copied). */

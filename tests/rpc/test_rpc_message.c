@@ -147,9 +147,10 @@ TD_TEST(header_rejections)
     TD_CHECK_ERR(rpc_header_read(bad, UINT64_MAX, &back), TD_ERR_INVALID, "bad magic");
 
     memcpy(bad, good, sizeof bad);
-    put_at(bad + 4, 2, 2);
+    /* Version 1 (a hello without proofs, never answered) is an older tdist's. */
+    put_at(bad + 4, 1, 2);
     TD_CHECK_ERR(rpc_header_read(bad, UINT64_MAX, &back), TD_ERR_INVALID, NULL);
-    TD_CHECK_STR_EQ(td_last_error(), "RPC message of version 2; this tdist speaks version 1");
+    TD_CHECK_STR_EQ(td_last_error(), "RPC message of version 1; this tdist speaks version 2");
     put_at(bad + 4, 0, 2);
     TD_CHECK_ERR(rpc_header_read(bad, UINT64_MAX, &back), TD_ERR_INVALID, "RPC message of version 0;");
 
@@ -486,6 +487,48 @@ TD_TEST(corrupt_payload)
     td_storage_release(s);
     rpc_outgoing_free(m);
     td_value_release(p);
+}
+
+/* The hello and its answer (docs/protocols.md, "Connections and the hello"): fixed little-endian
+ * layouts that round-trip, and readers that refuse unknown flags, statuses and reserved bits. */
+TD_TEST(hello_and_answer_forms)
+{
+    rpc_hello hello = {.auth_flags = RPC_AUTH_HAS_SECRET}, hback;
+    for (int i = 0; i < RPC_AUTH_NONCE_BYTES; i++)
+        hello.nonce[i] = (uint8_t)i;
+    for (int i = 0; i < RPC_AUTH_PROOF_BYTES; i++)
+        hello.proof[i] = (uint8_t)(0x80 + i);
+    uint8_t hw[RPC_HELLO_PAYLOAD];
+    rpc_hello_write(&hello, hw);
+    TD_CHECK_EQ(le_at(hw, 4), RPC_AUTH_HAS_SECRET);
+    TD_CHECK_EQ(le_at(hw + 4, 4), 0);
+    TD_CHECK(memcmp(hw + 8, hello.nonce, 32) == 0 && memcmp(hw + 40, hello.proof, 32) == 0);
+    TD_CHECK_OK(rpc_hello_read(hw, &hback));
+    TD_CHECK(memcmp(&hback, &hello, sizeof hello) == 0);
+    put_at(hw, 2, 4);
+    TD_CHECK_ERR(rpc_hello_read(hw, &hback), TD_ERR_INVALID, "RPC hello has unknown auth flags 0x2");
+    put_at(hw, 0, 4);
+    put_at(hw + 4, 1, 4);
+    TD_CHECK_ERR(rpc_hello_read(hw, &hback), TD_ERR_INVALID, "reserved field");
+
+    rpc_answer ans = {.status = RPC_ANSWER_ADMITTED, .auth_flags = RPC_AUTH_HAS_SECRET}, aback;
+    memset(ans.proof, 0x5a, sizeof ans.proof);
+    uint8_t aw[RPC_ANSWER_PAYLOAD];
+    rpc_answer_write(&ans, aw);
+    TD_CHECK_EQ(le_at(aw, 4), 0);
+    TD_CHECK_EQ(le_at(aw + 4, 4), 1);
+    TD_CHECK_OK(rpc_answer_read(aw, &aback));
+    TD_CHECK(memcmp(&aback, &ans, sizeof ans) == 0);
+    for (unsigned st = RPC_ANSWER_NEEDS_SECRET; st <= RPC_ANSWER_STATUS_MAX; st++) {
+        put_at(aw, st, 4);
+        TD_CHECK_OK(rpc_answer_read(aw, &aback));
+        TD_CHECK_EQ(aback.status, st);
+    }
+    put_at(aw, RPC_ANSWER_STATUS_MAX + 1, 4);
+    TD_CHECK_ERR(rpc_answer_read(aw, &aback), TD_ERR_INVALID, "unknown status 4");
+    put_at(aw, 0, 4);
+    put_at(aw + 4, 0x10, 4);
+    TD_CHECK_ERR(rpc_answer_read(aw, &aback), TD_ERR_INVALID, "unknown auth flags 0x10");
 }
 
 TD_TEST_MAIN()

@@ -7,6 +7,10 @@
  * worker publishes its name, addresses, host identity and hello nonce under "worker/<id>", reads
  * everyone's, and fails on a name taken twice (every worker sees the whole table, so every worker
  * fails). Each connects to the workers with a higher id; create returns once every channel is up.
+ * Channels admit only holders of the job's secret (channel.c): a worker whose secret differs fails
+ * its init with the reason when it connects, and one that it should have connected to fails too,
+ * RPC_AUTH_GRACE_MS after refusing it, unless an admitted connection from that id came meanwhile
+ * (a refused hello may be an impostor's, which must not stop the world from starting).
  *
  * A call (td_rpc_async) is encoded at once, so argument errors return at the call site; it is
  * registered as pending (id -> future, peer, deadline) before it is sent, then written on the
@@ -93,6 +97,8 @@ void rpc_agent_release(td_rpc_agent *a)
     if (ag && atomic_load(&a->dist_autograd))
         ag->agent_free(a);
     free(a->peers);
+    free(a->hello_nonces.items);
+    explicit_bzero(&a->auth, sizeof a->auth); /* the key stands for the secret: leave no copy */
     pthread_mutex_destroy(&a->mu);
     pthread_cond_destroy(&a->cv);
     free(a);
@@ -779,19 +785,35 @@ static td_status meet(td_rpc_agent *a, const char *addr, const char *unix_name, 
                                a->peers[i].info.name, i, j);
     int64_t deadline = deadline_after_ms(join_timeout_ms);
     for (int j = (int)a->self.id + 1; st == TD_OK && j < n; j++)
-        st = rpc_io_connect(a, j, ents[j].addr, ents[j].host, ents[j].uname, ents[j].nonce, deadline);
+        st = rpc_io_connect(a, j, ents[j].addr, ents[j].host, ents[j].uname, ents[j].nonce, deadline, NULL);
     if (st == TD_OK) {
+        int64_t wait_start = clock_now_ns();
+        char refused[sizeof a->peers[0].auth_reason] = "";
         pthread_mutex_lock(&a->mu);
-        while (a->connected < n - 1) {
+        while (a->connected < n - 1 && !refused[0]) {
             bool lost = false;
-            for (int i = 0; i < n; i++)
+            int64_t wake = deadline;
+            for (int i = 0; i < n; i++) {
                 lost |= a->peers[i].lost;
-            if (lost || !thread_cond_wait_until(&a->cv, &a->mu, deadline))
+                if (a->peers[i].chan || !a->peers[i].auth_refused_ns)
+                    continue;
+                int64_t since = a->peers[i].auth_refused_ns > wait_start ? a->peers[i].auth_refused_ns : wait_start;
+                int64_t end = since + (int64_t)RPC_AUTH_GRACE_MS * 1000000;
+                if (clock_now_ns() >= end)
+                    snprintf(refused, sizeof refused, "%s", a->peers[i].auth_reason);
+                else if (end < wake)
+                    wake = end;
+            }
+            if (lost || refused[0])
+                break;
+            if (!thread_cond_wait_until(&a->cv, &a->mu, wake) && wake == deadline)
                 break;
         }
         int connected = a->connected;
         pthread_mutex_unlock(&a->mu);
-        if (connected < n - 1)
+        if (connected < n - 1 && refused[0])
+            st = error_fmt(TD_ERR_INVALID, "RPC worker %s: %s", a->self.name, refused);
+        else if (connected < n - 1)
             st = error_fmt(TD_ERR_TIMEOUT, "RPC worker %s: only %d of the %d other workers connected within %lld ms",
                            a->self.name, connected, n - 1, (long long)join_timeout_ms);
     }
@@ -1008,7 +1030,14 @@ static td_status dynamic_join(td_rpc_agent *a, const char *addr, const char *uni
         td_value *args = td_value_tuple_of(2, td_value_string(a->self.name), td_value_int(a->self.id));
         for (int k = 0; k < n; k++) {
             int id = ids[k];
-            td_status cs = rpc_io_connect(a, id, ents[id].addr, ents[id].host, ents[id].uname, ents[id].nonce, deadline);
+            bool auth_refused = false;
+            td_status cs = rpc_io_connect(a, id, ents[id].addr, ents[id].host, ents[id].uname, ents[id].nonce, deadline,
+                                          &auth_refused);
+            if (auth_refused) {
+                /* Not a member that died: this worker's secret is not the group's. */
+                st = cs;
+                break;
+            }
             if (cs == TD_OK)
                 cs = td_rpc_sync(a, td_rpc_to_id(id), RPC_JOIN_FN, args, NULL, timeout_ms, NULL);
             if (cs != TD_OK) {
@@ -1024,6 +1053,16 @@ static td_status dynamic_join(td_rpc_agent *a, const char *addr, const char *uni
             }
         }
         td_value_release(args);
+        if (st != TD_OK) {
+            /* Refused for its secret: out of the group again, so that later newcomers do not
+             * count it as a member that died (the error stays the refusal's). */
+            char msg[TD_ERROR_MAX];
+            snprintf(msg, sizeof msg, "%s", td_last_error());
+            snprintf(key, sizeof key, "worker/%lld", (long long)a->self.id);
+            if (members_write(a, ids, n) != TD_OK || td_store_delete_key(a->store, key, NULL) != TD_OK)
+                TD_LOG_WARN("RPC agent %s: cannot take itself out of the group: %s", a->self.name, td_last_error());
+            st = error_set(st, msg);
+        }
     }
     token_release(a);
     free(ids);
@@ -1126,7 +1165,12 @@ td_status td_rpc_agent_create(const char *name, int rank, int world_size, const 
             return error_fmt(TD_ERR_INVALID, "TDIST_RPC_MAX_PAYLOAD must be at least 1K, got %s", max_env);
     }
 
+    auth_key auth;
+    TD_TRY(auth_key_init(NULL, &auth));
+
     td_rpc_agent *a = TD_NEW(td_rpc_agent);
+    a->auth = auth;
+    explicit_bzero(&auth, sizeof auth);
     ref_init(&a->ref);
     thread_mutex_init(&a->mu);
     thread_cond_init(&a->cv);

@@ -42,6 +42,7 @@
 #include "base/map.h"
 #include "base/ref.h"
 #include "base/vec.h"
+#include "net/auth.h"
 #include "rpc/message.h"
 #include "transport/samehost.h"
 
@@ -52,6 +53,7 @@
 #define RPC_DYNAMIC_MAX_ID 1024              /* ids of a dynamic group's members are below this */
 #define RPC_DYNAMIC_CONNECT_MS 1000           /* a newcomer's longest wait to reach one member */
 #define RPC_HELLO_MS 10000                    /* an accepted connection's time to say hello */
+#define RPC_AUTH_GRACE_MS 3000                /* joining: a refused worker's time to connect after all */
 #define RPC_STAGE_BYTES 4096                  /* a channel's read-ahead buffer */
 #define RPC_SPIN_US_DEFAULT 50                 /* the spin budget (TDIST_RPC_SPIN_US) */
 
@@ -62,7 +64,9 @@ typedef struct rpc_channel {
     int peer;                 /* the peer's id; -1 until its hello arrived (accepted connections) */
     bool is_unix;
     int64_t opened_ns;        /* an accepted connection must send its hello within RPC_HELLO_MS */
+    char where[64];           /* accepted: the peer's address, for the log of a refusal */
     /* Written by the I/O thread only. */
+    size_t hello_have;        /* accepted, until bound: bytes of the hello read (into stage) */
     uint8_t hdr[RPC_HEADER_BYTES];
     size_t hdr_have;
     rpc_header header;
@@ -136,6 +140,11 @@ typedef struct rpc_peer {
     bool lost;          /* its channel failed or closed: calls to it fail at once */
     bool member;        /* in the group now (static: always; dynamic: joined and not left) */
     char lost_reason[256];
+    /* Joining: when a hello claiming this id was refused for its proof of the secret, and why (in
+     * this worker's words). Joining fails on it only if the worker still has not connected
+     * RPC_AUTH_GRACE_MS later, so that an impostor's hello cannot fail a world's start. */
+    int64_t auth_refused_ns;
+    char auth_reason[256];
 } rpc_peer;
 
 typedef struct rpc_pending {
@@ -160,6 +169,11 @@ struct td_rpc_agent {
     bool tcp_only;
     uint64_t max_payload;
     uint64_t nonce;          /* what connecting peers must send in their hello */
+    auth_key auth;           /* the job's secret as a key (net/auth.h), read once at creation */
+    /* The connector nonces of the hellos whose proof checked (I/O thread only): a recorded hello
+     * replayed to this agent (whose nonce stays the same) is refused, also for an id that a
+     * dynamic group's member left free again. */
+    TD_VEC(struct rpc_seen_nonce { uint8_t bytes[RPC_AUTH_NONCE_BYTES]; }) hello_nonces;
     char host_id[192];       /* base/host.h: equal ids mean the same host */
     int connected;           /* channels bound to a peer */
 
@@ -266,9 +280,11 @@ void dist_ag_install(void);
 td_status rpc_io_open(td_rpc_agent *a, const char *listen_host, char *addr_out, size_t addr_size,
                       char *unix_name_out, size_t unix_size);
 td_status rpc_io_start(td_rpc_agent *a);
-/* Connects to peer id and sends the hello with the peer's nonce; registers the channel. */
+/* Connects to peer id, sends the hello with the peer's nonce and this worker's proof of the secret,
+ * and reads the answer (checking the peer's proof); registers the channel. *auth_refused (may be
+ * NULL) tells a failure of authentication (the secrets disagree) from one of reaching the peer. */
 td_status rpc_io_connect(td_rpc_agent *a, int peer, const char *addr, const char *host_id, const char *unix_name,
-                         uint64_t nonce, int64_t deadline_ns);
+                         uint64_t nonce, int64_t deadline_ns, bool *auth_refused);
 /* Stops and joins the I/O thread, then shuts every channel down (fds closed later, by
  * rpc_io_close, once no thread can send). */
 void rpc_io_stop(td_rpc_agent *a);

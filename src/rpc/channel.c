@@ -5,7 +5,17 @@
  * UNIX-domain sockets (transport/samehost.h), others over TCP with TCP_NODELAY (net/); tcp_only
  * forces TCP. Each agent listens on both, and the lower id of each pair connects to the higher and
  * sends a hello first: a CONTROL header carrying its id and the nonce the listener published in
- * the store, so a connection that did not come through this world's store is refused.
+ * the store, so a connection that did not come through this world's store is refused, and a
+ * payload proving the job's secret (TDIST_AUTH_TOKEN, net/auth.h) without sending it: an HMAC over
+ * both ids, the listener's nonce (its challenge, fresh for each agent) and a nonce the connector
+ * draws for this connection. The store entry alone (readable to more processes than hold the
+ * secret: an abstract socket's name shows in /proc/net/unix) is no longer enough to connect. The
+ * listener reads no more than a hello's bytes until the hello checked, then answers it: admitted,
+ * with its own proof over the connector's nonce (so the connector knows it reached a holder of the
+ * secret too), or why not, and closes. The connector waits for that answer before it uses the
+ * channel, so a worker whose secret differs fails its init with the reason instead of a timeout.
+ * The answer is the only thing the I/O thread sends: a few bytes on a fresh connection whose peer
+ * sent nothing else and waits for them, which a non-blocking send always takes whole.
  *
  * The I/O thread waits in epoll on the listeners, a wake-up eventfd and every channel. It reads
  * what is there without blocking, through the channel's read-ahead stage (so that a header and a
@@ -31,6 +41,7 @@
 #include "base/clock.h"
 #include "base/env.h"
 #include "base/error.h"
+#include "base/le.h"
 #include "base/log.h"
 #include "base/thread.h"
 #include "net/addr.h"
@@ -39,6 +50,45 @@
 #include "rpc/agent_impl.h"
 #include "tensor/storage.h"
 #include "transport/samehost.h"
+
+_Static_assert(RPC_AUTH_NONCE_BYTES == AUTH_NONCE_LEN && RPC_AUTH_PROOF_BYTES == AUTH_MAC_LEN,
+              "the hello's nonce and proof are net/auth.h's");
+
+#define HELLO_WIRE (RPC_HEADER_BYTES + RPC_HELLO_PAYLOAD)
+#define ANSWER_WIRE (RPC_HEADER_BYTES + RPC_ANSWER_PAYLOAD)
+_Static_assert(HELLO_WIRE <= RPC_STAGE_BYTES, "the hello is read into the stage");
+
+#define HELLO_LABEL "tdist rpc hello"
+#define ACCEPT_LABEL "tdist rpc accept"
+
+/* What the proofs cover, in the order of docs/protocols.md ("Connections and the hello"): the
+ * connector's over both ids, the listener's nonce and its own; the listener's over the
+ * connector's nonce, its id and its nonce. Integers as little-endian bytes. */
+typedef struct proof_ints {
+    uint8_t connector[4], listener[4], listener_nonce[8];
+} proof_ints;
+
+static void proof_ints_set(proof_ints *b, int connector, int listener, uint64_t listener_nonce)
+{
+    le_put(b->connector, (uint32_t)connector, 4);
+    le_put(b->listener, (uint32_t)listener, 4);
+    le_put(b->listener_nonce, listener_nonce, 8);
+}
+
+static void hello_parts(const proof_ints *b, const uint8_t *nonce, auth_part parts[4])
+{
+    parts[0] = (auth_part){b->connector, 4};
+    parts[1] = (auth_part){b->listener, 4};
+    parts[2] = (auth_part){b->listener_nonce, 8};
+    parts[3] = (auth_part){nonce, RPC_AUTH_NONCE_BYTES};
+}
+
+static void accept_parts(const proof_ints *b, const uint8_t *nonce, auth_part parts[3])
+{
+    parts[0] = (auth_part){nonce, RPC_AUTH_NONCE_BYTES};
+    parts[1] = (auth_part){b->listener, 4};
+    parts[2] = (auth_part){b->listener_nonce, 8};
+}
 
 /* epoll tags of what is not a channel. */
 static char tag_tcp_listen, tag_unix_listen, tag_wake;
@@ -157,9 +207,69 @@ static void channel_register(td_rpc_agent *a, rpc_channel *ch)
     }
 }
 
-td_status rpc_io_connect(td_rpc_agent *a, int peer, const char *addr, const char *host_id, const char *unix_name,
-                         uint64_t nonce, int64_t deadline_ns)
+/* Reads the listener's answer to the hello (exactly its bytes: what the listener sends after it
+ * is the I/O thread's to read) and checks it: admitted, and when this worker has a secret, proven
+ * by the listener's proof over this connection's nonce. */
+static td_status hello_answered(td_rpc_agent *a, int fd, int peer, const proof_ints *ints, const rpc_hello *hello,
+                                int64_t deadline_ns, bool *auth_refused)
 {
+    const char *name = a->peers[peer].info.name;
+    uint8_t buf[ANSWER_WIRE];
+    td_status st = net_recv_all(fd, buf, sizeof buf, deadline_ns);
+    if (st == TD_ERR_PEER_LOST)
+        return error_fmt(TD_ERR_PEER_LOST,
+                         "worker %s (id %d) closed the connection without answering the hello (it refused it; its "
+                         "log says why)",
+                         name, peer);
+    if (st != TD_OK)
+        return error_prefix(st, "waiting for the answer to the hello");
+    rpc_header h;
+    rpc_answer ans;
+    st = rpc_header_read(buf, RPC_ANSWER_PAYLOAD, &h);
+    if (st == TD_OK && (h.type != RPC_MSG_CONTROL || h.sender != (uint32_t)peer ||
+                        h.id != le_get(ints->listener_nonce, 8) || h.payload_len != RPC_ANSWER_PAYLOAD))
+        st = error_fmt(TD_ERR_INVALID, "the answer does not come from worker id %d of this world", peer);
+    if (st == TD_OK)
+        st = rpc_answer_read(buf + RPC_HEADER_BYTES, &ans);
+    if (st != TD_OK)
+        return error_prefix(st, "a malformed answer to the hello");
+    uint32_t status = ans.status;
+    if (status == RPC_ANSWER_ADMITTED && a->auth.on) {
+        /* A listener that admits a secret holder must prove the same secret: otherwise this
+         * worker reached something that only read the store. */
+        auth_part parts[3];
+        accept_parts(ints, hello->nonce, parts);
+        if (!(ans.auth_flags & RPC_AUTH_HAS_SECRET))
+            status = RPC_ANSWER_HAS_NO_SECRET;
+        else if (!auth_check(&a->auth, ACCEPT_LABEL, parts, 3, ans.proof))
+            status = RPC_ANSWER_WRONG_SECRET;
+    }
+    if (status != RPC_ANSWER_ADMITTED && auth_refused)
+        *auth_refused = true;
+    switch (status) {
+    case RPC_ANSWER_ADMITTED:
+        return TD_OK;
+    case RPC_ANSWER_NEEDS_SECRET:
+        return error_fmt(TD_ERR_INVALID,
+                         "authentication failed: worker %s (id %d) requires the job's secret (TDIST_AUTH_TOKEN) and "
+                         "the connecting worker has none",
+                         name, peer);
+    case RPC_ANSWER_WRONG_SECRET:
+        return error_fmt(TD_ERR_INVALID, "authentication failed: TDIST_AUTH_TOKEN does not match worker %s's (id %d)",
+                         name, peer);
+    default:
+        return error_fmt(TD_ERR_INVALID,
+                         "authentication failed: worker %s (id %d) does not authenticate (it has no "
+                         "TDIST_AUTH_TOKEN) but this worker has one",
+                         name, peer);
+    }
+}
+
+td_status rpc_io_connect(td_rpc_agent *a, int peer, const char *addr, const char *host_id, const char *unix_name,
+                         uint64_t nonce, int64_t deadline_ns, bool *auth_refused)
+{
+    if (auth_refused)
+        *auth_refused = false;
     int fd = -1;
     bool is_unix = false;
     if (!a->tcp_only && a->host_id[0] && strcmp(host_id, a->host_id) == 0 && strcmp(unix_name, "-") != 0) {
@@ -186,10 +296,23 @@ td_status rpc_io_connect(td_rpc_agent *a, int peer, const char *addr, const char
             return error_prefix(st, "RPC agent %s connecting to %s (id %d) at %s", a->self.name,
                                 a->peers[peer].info.name, peer, addr);
     }
-    rpc_header h = {.type = RPC_MSG_CONTROL, .sender = (uint32_t)a->self.id, .id = nonce};
-    uint8_t buf[RPC_HEADER_BYTES];
+    rpc_hello hello = {.auth_flags = a->auth.on ? RPC_AUTH_HAS_SECRET : 0};
+    auth_nonce(hello.nonce);
+    proof_ints ints;
+    proof_ints_set(&ints, (int)a->self.id, peer, nonce);
+    auth_part parts[4];
+    if (a->auth.on) {
+        hello_parts(&ints, hello.nonce, parts);
+        auth_prove(&a->auth, HELLO_LABEL, parts, 4, hello.proof);
+    }
+    rpc_header h = {.type = RPC_MSG_CONTROL, .sender = (uint32_t)a->self.id, .id = nonce,
+                    .payload_len = RPC_HELLO_PAYLOAD};
+    uint8_t buf[HELLO_WIRE];
     rpc_header_write(&h, buf);
+    rpc_hello_write(&hello, buf + RPC_HEADER_BYTES);
     td_status st = net_send_all(fd, buf, sizeof buf, deadline_ns);
+    if (st == TD_OK)
+        st = hello_answered(a, fd, peer, &ints, &hello, deadline_ns, auth_refused);
     if (st != TD_OK) {
         close(fd);
         return error_prefix(st, "RPC agent %s greeting %s (id %d)", a->self.name, a->peers[peer].info.name, peer);
@@ -240,37 +363,195 @@ static void channel_fail(td_rpc_agent *a, rpc_channel *ch, const char *reason)
         rpc_channel_free(ch);
 }
 
-/* The first message on an accepted connection: binds it to its peer or refuses it. */
-static bool channel_hello(td_rpc_agent *a, rpc_channel *ch)
+/* Refuses an accepted connection: the log names where it came from and why. */
+static void refuse(td_rpc_agent *a, rpc_channel *ch, const char *why)
 {
+    TD_LOG_WARN("RPC agent %s: refused a connection from %s: %s", a->self.name, ch->where, why);
+    channel_fail(a, ch, "refused");
+}
+
+/* Whether worker id `from` may bind a new channel (a->mu held). In a static world each id binds
+ * once; a dynamic group's newcomer takes a slot that no member holds, also one a member left (its
+ * old channel, if still open, no longer counts: its failure is ignored once it is not the slot's). */
+static bool slot_open(const td_rpc_agent *a, int from)
+{
+    const rpc_peer *p = &a->peers[from];
+    return (p->chan == NULL && !p->lost) || (a->dynamic && !p->member);
+}
+
+/* The I/O thread's only send (see the top of this file): fails rather than wait. */
+static bool answer_send(td_rpc_agent *a, rpc_channel *ch, const rpc_answer *ans)
+{
+    rpc_header h = {.type = RPC_MSG_CONTROL, .sender = (uint32_t)a->self.id, .id = a->nonce,
+                    .payload_len = RPC_ANSWER_PAYLOAD};
+    uint8_t buf[ANSWER_WIRE];
+    rpc_header_write(&h, buf);
+    rpc_answer_write(ans, buf + RPC_HEADER_BYTES);
+    ssize_t n;
+    errno = 0;
+    do
+        n = send(ch->fd, buf, sizeof buf, MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+    return n == (ssize_t)sizeof buf;
+}
+
+/* A hello that did not prove the secret as this worker needs: answers why (so that a worker of the
+ * job with another secret fails its init saying so), logs and closes. While this worker joins, the
+ * refusal is kept for the claimed id: joining fails on it if no admitted channel from that id
+ * follows (rpc_peer.auth_refused_ns). */
+static void auth_refuse(td_rpc_agent *a, rpc_channel *ch, int from, rpc_answer *ans)
+{
+    char why[256];
+    if (ans->status == RPC_ANSWER_NEEDS_SECRET)
+        snprintf(why, sizeof why,
+                 "authentication failed: worker id %d connected without the job's secret (TDIST_AUTH_TOKEN), which "
+                 "this worker requires",
+                 from);
+    else if (ans->status == RPC_ANSWER_WRONG_SECRET)
+        snprintf(why, sizeof why, "authentication failed: worker id %d's TDIST_AUTH_TOKEN does not match this worker's",
+                 from);
+    else
+        snprintf(why, sizeof why, "authentication failed: worker id %d has a TDIST_AUTH_TOKEN but this worker has none",
+                 from);
+    pthread_mutex_lock(&a->mu);
+    if (!a->ready && !a->dynamic && a->peers[from].chan == NULL) {
+        a->peers[from].auth_refused_ns = clock_now_ns();
+        snprintf(a->peers[from].auth_reason, sizeof a->peers[from].auth_reason, "%s", why);
+        pthread_cond_broadcast(&a->cv);
+    }
+    pthread_mutex_unlock(&a->mu);
+    answer_send(a, ch, ans); /* best effort: the connector learns why, or sees the close */
+    refuse(a, ch, why);
+}
+
+static bool nonce_seen(const td_rpc_agent *a, const uint8_t *nonce)
+{
+    for (size_t i = 0; i < a->hello_nonces.len; i++)
+        if (memcmp(a->hello_nonces.items[i].bytes, nonce, RPC_AUTH_NONCE_BYTES) == 0)
+            return true;
+    return false;
+}
+
+/* The hello's header is whole: refuses it at once unless it is a hello of this world for this
+ * worker, before its payload is read. */
+static bool hello_header(td_rpc_agent *a, rpc_channel *ch)
+{
+    char why[TD_ERROR_MAX];
+    if (rpc_header_read(ch->stage, RPC_HELLO_PAYLOAD, &ch->header) != TD_OK) {
+        snprintf(why, sizeof why, "malformed hello: %s", td_last_error());
+        refuse(a, ch, why);
+        return false;
+    }
     const rpc_header *h = &ch->header;
     int from = (int)h->sender;
     /* In a static world the lower id connects; in a dynamic group the newcomer connects to every
      * member, whatever the ids. */
-    if (h->type != RPC_MSG_CONTROL || h->id != a->nonce || h->payload_len != 0 ||
+    if (h->type != RPC_MSG_CONTROL || h->id != a->nonce || h->payload_len != RPC_HELLO_PAYLOAD ||
         h->sender >= (uint32_t)a->world_size || (a->dynamic ? from == a->self.id : from >= a->self.id)) {
-        TD_LOG_WARN("RPC agent %s: refused a connection whose hello does not come from this world", a->self.name);
+        refuse(a, ch, "its hello does not come from this world");
         return false;
     }
+    return true;
+}
+
+/* The whole hello is in: checks its proof, answers it and binds the channel to its peer, or
+ * refuses it. */
+static bool channel_hello(td_rpc_agent *a, rpc_channel *ch)
+{
+    int from = (int)ch->header.sender;
+    rpc_hello hello;
+    if (rpc_hello_read(ch->stage + RPC_HEADER_BYTES, &hello) != TD_OK) {
+        char why[TD_ERROR_MAX];
+        snprintf(why, sizeof why, "malformed hello: %s", td_last_error());
+        refuse(a, ch, why);
+        return false;
+    }
+    rpc_answer ans = {.status = RPC_ANSWER_ADMITTED, .auth_flags = a->auth.on ? RPC_AUTH_HAS_SECRET : 0};
+    bool claims = hello.auth_flags & RPC_AUTH_HAS_SECRET;
+    proof_ints ints;
+    proof_ints_set(&ints, from, (int)a->self.id, a->nonce);
+    auth_part parts[4];
+    hello_parts(&ints, hello.nonce, parts);
+    if (a->auth.on && !claims)
+        ans.status = RPC_ANSWER_NEEDS_SECRET;
+    else if (!a->auth.on && claims)
+        ans.status = RPC_ANSWER_HAS_NO_SECRET;
+    else if (a->auth.on && !auth_check(&a->auth, HELLO_LABEL, parts, 4, hello.proof))
+        ans.status = RPC_ANSWER_WRONG_SECRET;
+    if (ans.status != RPC_ANSWER_ADMITTED) {
+        auth_refuse(a, ch, from, &ans);
+        return false;
+    }
+    if (a->auth.on) {
+        if (nonce_seen(a, hello.nonce)) {
+            refuse(a, ch, "it replays a hello this worker admitted before");
+            return false;
+        }
+        struct rpc_seen_nonce seen;
+        memcpy(seen.bytes, hello.nonce, sizeof seen.bytes);
+        TD_VEC_PUSH(&a->hello_nonces, seen);
+    }
     pthread_mutex_lock(&a->mu);
-    bool ok = a->peers[from].chan == NULL && !a->peers[from].lost;
-    /* A newcomer takes a slot that no member holds, also one a member left (its old channel, if
-     * still open, no longer counts: its failure is ignored once it is not the slot's). Its name
-     * comes with its join call. */
-    if (a->dynamic && !a->peers[from].member) {
-        ok = true;
-        a->peers[from].lost = false;
+    bool ok = slot_open(a, from);
+    pthread_mutex_unlock(&a->mu);
+    char why[128];
+    snprintf(why, sizeof why, "worker id %d is connected already", from);
+    if (ok) {
+        if (a->auth.on) {
+            auth_part acc[3];
+            accept_parts(&ints, hello.nonce, acc);
+            auth_prove(&a->auth, ACCEPT_LABEL, acc, 3, ans.proof);
+        }
+        /* Answered before it is bound: once bound, other threads may send on it, and the answer
+         * must come first. Only this thread binds accepted channels, so the slot stays open. */
+        if (!answer_send(a, ch, &ans)) {
+            snprintf(why, sizeof why, "answering its hello failed: %s", errno ? strerror(errno) : "a short send");
+            ok = false;
+        }
     }
     if (ok) {
-        a->peers[from].chan = ch;
-        ch->peer = from;
-        a->connected++;
-        pthread_cond_broadcast(&a->cv);
+        pthread_mutex_lock(&a->mu);
+        ok = slot_open(a, from);
+        if (ok) {
+            if (a->dynamic && !a->peers[from].member)
+                a->peers[from].lost = false;
+            a->peers[from].chan = ch;
+            ch->peer = from;
+            a->connected++;
+            pthread_cond_broadcast(&a->cv);
+        }
+        pthread_mutex_unlock(&a->mu);
     }
-    pthread_mutex_unlock(&a->mu);
     if (!ok)
-        TD_LOG_WARN("RPC agent %s: refused a second connection from worker id %d", a->self.name, from);
+        refuse(a, ch, why);
     return ok;
+}
+
+/* An accepted connection not yet bound: reads its hello into the stage, never more than the
+ * hello's bytes (a stranger gets no larger buffer and no payload storage), and checks its header
+ * as soon as that is whole. True once the hello bound the channel (the caller reads on); false to
+ * wait for more, or when the channel failed. */
+static bool hello_read(td_rpc_agent *a, rpc_channel *ch)
+{
+    while (ch->hello_have < HELLO_WIRE) {
+        size_t want = (ch->hello_have < RPC_HEADER_BYTES ? RPC_HEADER_BYTES : HELLO_WIRE) - ch->hello_have;
+        ssize_t n = recv(ch->fd, ch->stage + ch->hello_have, want, 0);
+        if (n == 0) {
+            channel_fail(a, ch, "connection closed by peer");
+            return false;
+        }
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                channel_fail(a, ch, "reading the hello failed");
+            return false;
+        }
+        ch->hello_have += (size_t)n;
+        if (ch->hello_have == RPC_HEADER_BYTES && !hello_header(a, ch))
+            return false;
+    }
+    return channel_hello(a, ch);
 }
 
 /* The header of the message being read is complete: checks it (a hello binds the channel) and
@@ -283,14 +564,6 @@ static bool header_done(td_rpc_agent *a, rpc_channel *ch)
         TD_LOG_WARN("RPC agent %s: closing a connection (worker id %d): %s", a->self.name, ch->peer, why);
         channel_fail(a, ch, why);
         return false;
-    }
-    if (ch->peer < 0) {
-        ch->hdr_have = 0;
-        if (!channel_hello(a, ch)) {
-            channel_fail(a, ch, "refused");
-            return false;
-        }
-        return true;
     }
     if (ch->header.sender != (uint32_t)ch->peer) {
         snprintf(why, sizeof why, "a message claims to come from worker id %u", (unsigned)ch->header.sender);
@@ -332,6 +605,8 @@ static void channel_read(td_rpc_agent *a, rpc_channel *ch)
             channel_fail(a, ch, "failed");
             return;
         }
+        if (ch->peer < 0 && !hello_read(a, ch))
+            return;
         bool reading_header = ch->hdr_have < RPC_HEADER_BYTES;
         if (ch->stage_off < ch->stage_len) {
             const uint8_t *src = ch->stage + ch->stage_off;
@@ -392,10 +667,27 @@ static void channel_read(td_rpc_agent *a, rpc_channel *ch)
     }
 }
 
+/* Where an accepted connection comes from, for the log: the TCP peer, or the process on a
+ * same-host socket (whose address has no name). */
+static void where_set(rpc_channel *ch, const td_addr *from)
+{
+    if (!ch->is_unix) {
+        addr_str(from, ch->where, sizeof ch->where);
+        return;
+    }
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    if (getsockopt(ch->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0)
+        snprintf(ch->where, sizeof ch->where, "process %d on this host (same-host socket)", (int)cred.pid);
+    else
+        snprintf(ch->where, sizeof ch->where, "a same-host socket");
+}
+
 static void accept_all(td_rpc_agent *a, int lfd, bool is_unix)
 {
     for (;;) {
-        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        td_addr from = {.len = sizeof from.ss};
+        int fd = accept4(lfd, (struct sockaddr *)&from.ss, &from.len, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
@@ -405,7 +697,9 @@ static void accept_all(td_rpc_agent *a, int lfd, bool is_unix)
         }
         if (!is_unix)
             net_set_nodelay(fd);
-        channel_register(a, channel_new(fd, -1, is_unix));
+        rpc_channel *ch = channel_new(fd, -1, is_unix);
+        where_set(ch, &from);
+        channel_register(a, ch);
     }
 }
 
@@ -421,7 +715,8 @@ static void close_silent(td_rpc_agent *a, int64_t now)
     }
     pthread_mutex_unlock(&a->mu);
     for (size_t i = 0; i < silent.len; i++) {
-        TD_LOG_WARN("RPC agent %s: closing a connection that sent no hello within %d ms", a->self.name, RPC_HELLO_MS);
+        TD_LOG_WARN("RPC agent %s: closing a connection from %s that sent no hello within %d ms", a->self.name,
+                    silent.items[i]->where, RPC_HELLO_MS);
         channel_fail(a, silent.items[i], "no hello");
     }
     free(silent.items);

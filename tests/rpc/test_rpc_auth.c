@@ -118,6 +118,53 @@ TD_TEST(secrets_disagree, .world_size = 2, .params = "mismatch,connector_has_non
     TD_CHECK_ERR(td_rpc_shutdown(true, 0), TD_ERR_NOT_INIT, NULL);
 }
 
+/* A dynamic group's newcomer whose secret is not the group's fails its join with the reason and
+ * leaves the group as it was: the next newcomer, with the group's secret, joins and finds only the
+ * members. */
+TD_TEST(dynamic_newcomer_wrong_secret, .world_size = 3, .timeout_s = 60)
+{
+    set_secret(ctx->rank == 1 ? "a stale secret" : "the group's secret");
+    rpc_test_register(functions, 1);
+    td_store *s = NULL;
+    TD_CHECK_OK(td_file_store_create(ctx->store_path, ctx->world_size, &s));
+    td_rpc_options o;
+    td_rpc_options_init(&o);
+    o.store = s;
+    char name[32];
+    snprintf(name, sizeof name, "worker%d", ctx->rank);
+    const char *wait_for[] = {NULL, "rank0_up", "tried"};
+    if (wait_for[ctx->rank])
+        TD_CHECK_OK(td_store_wait(s, &wait_for[ctx->rank], 1, 30000));
+    if (ctx->rank == 1) {
+        TD_CHECK_ERR(td_rpc_init(name, ctx->rank, -1, &o), TD_ERR_INVALID,
+                     "authentication failed: TDIST_AUTH_TOKEN does not match worker worker0's (id 0)");
+        TD_CHECK_OK(td_store_set_str(s, "tried", "1"));
+        td_store_release(s);
+        return;
+    }
+    TD_CHECK_OK(td_rpc_init(name, ctx->rank, -1, &o));
+    if (ctx->rank == 0) {
+        TD_CHECK_OK(td_store_set_str(s, "rank0_up", "1"));
+        const char *k = "joined2";
+        TD_CHECK_OK(td_store_wait(s, &k, 1, 30000));
+    } else {
+        TD_CHECK_EQ(add_on(NULL, 0, 20, 22), 42);
+        TD_CHECK_OK(td_store_set_str(s, "joined2", "1"));
+    }
+    td_worker_info infos[4];
+    size_t n = 0;
+    TD_CHECK_OK(td_rpc_worker_infos(NULL, infos, 4, &n));
+    TD_CHECK_EQ(n, 2);
+    int64_t v = 0;
+    TD_CHECK_OK(td_store_add(s, "checked", 1, &v));
+    for (int i = 0; v < 2 && i < 3000; i++) {
+        rpc_test_sleep_ms(10);
+        TD_CHECK_OK(td_store_add(s, "checked", 0, &v));
+    }
+    TD_CHECK_OK(td_rpc_shutdown(true, 0));
+    td_store_release(s);
+}
+
 /* ---- (c) an impostor that read the store --------------------------------------------------------- */
 
 typedef struct agent_start {

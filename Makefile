@@ -4,8 +4,10 @@ JOBS ?= $(shell nproc)
 BUILD ?= build
 CMAKE_FLAGS ?=
 FUZZ_SECONDS ?= 30
+SOAK_MINUTES ?= 30
+SOAK_BACKENDS ?=
 
-.PHONY: all deps build asan tsan demo test bench fuzz clean
+.PHONY: all deps build asan tsan demo test bench soak fuzz clean
 
 all: build
 
@@ -43,6 +45,11 @@ tsan: deps
 
 bench: build
 	@bash bench/run.sh $(BUILD)/plain
+
+# Random collectives on 4 ranks for SOAK_MINUTES on each backend (SOAK_BACKENDS: default all),
+# every result checked, memory flat (bench/soak/run.sh; not part of `make test`: it takes hours).
+soak: build
+	@bash bench/soak/run.sh $(BUILD)/plain $(SOAK_MINUTES) $(SOAK_BACKENDS)
 
 fuzz: deps
 	@bash scripts/fuzz.sh $(BUILD)/fuzz $(FUZZ_SECONDS)

@@ -601,9 +601,10 @@ static void draw_step(soak_rank *s, rng *r, int64_t step, step_plan *p)
         break;
     }
     case C_ALL_REDUCE_COALESCED:
+        /* the tensors are flattened into one buffer: their total stays within --max-elems too */
         p->ncoalesced = 1 + (int)rng_below(r, MAX_COALESCED);
         for (int i = 0; i < p->ncoalesced; i++)
-            p->coalesced[i] = i == 0 ? (count ? count : 1) : draw_count(r, s->o->max_elems / MAX_COALESCED);
+            p->coalesced[i] = draw_count(r, s->o->max_elems / p->ncoalesced);
         p->count = p->coalesced[0];
         break;
     case C_BARRIER:

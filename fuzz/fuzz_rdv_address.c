@@ -43,7 +43,8 @@ static td_status read_entry(const char *prefix, const char *what, size_t bytes, 
 {
     td_transport_setup o = {.store = g_store, .rank = 0, .size = 2, .timeout_ms = 1000};
     td_rdv v;
-    rdv_init(&v, &o, what, prefix, 64, 64);
+    static const auth_key no_secret = {.on = false};
+    rdv_init(&v, &o, what, prefix, 64, 64, &no_secret);
     td_status st = rdv_read(&v, 1, what, text, bytes);
     check(st == TD_OK || st == TD_ERR_INVALID, "reading an entry that is there failed otherwise");
     if (st != TD_OK)
@@ -62,7 +63,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char key[256], text[513];
     const char *prefixes[2] = {"tcp/", "shm/"};
     for (int i = 0; i < 2; i++) {
-        rdv_init(&v, &o, "fuzz", prefixes[i], 64, 64);
+        static const auth_key no_secret = {.on = false};
+        rdv_init(&v, &o, "fuzz", prefixes[i], 64, 64, &no_secret);
         rdv_entry_key(&v, 1, key, sizeof key);
         rdv_free(&v, false);
         if (td_store_set(g_store, key, data, size) != TD_OK)

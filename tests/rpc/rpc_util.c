@@ -1,6 +1,7 @@
 /* Set-up shared by the RPC tests (rpc_util.h). */
 #include "rpc_util.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -166,4 +167,16 @@ void rpc_test_wait_owners_and_forks(int64_t owners, int64_t forks)
     }
     TD_FAIL("Timed out waiting for %lld owners and %lld forks on this worker, got %lld owners and %lld forks",
             (long long)owners, (long long)forks, (long long)got_owners, (long long)got_forks);
+}
+
+int rpc_test_open_fds(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return -1;
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
 }

@@ -29,6 +29,10 @@ td_status rpc_test_callee_id(td_rpc_call *call, const td_value *args, const td_v
 td_status rpc_test_raise(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result);
 td_future *rpc_test_async_raise(td_rpc_call *call, const td_value *args, const td_value *kwargs);
 
+/* How many fds this process has open (-1: /proc/self/fd unreadable), for tests that check that a
+ * failed init or a shutdown gives every one back. */
+int rpc_test_open_fds(void);
+
 /* Registers the n functions (a name already registered in this process is kept). */
 void rpc_test_register(const rpc_test_function *fns, size_t n);
 /* The options dist_init uses: the harness's store URL, leaks of RRefs checked at graceful shutdown

@@ -2,7 +2,6 @@
  * rpc_part2.md C1, C2, C5, C7, C10, C11, C13). Each case is named after the rpc_test.py test it
  * ports. Workers are "worker<rank>" and meet through the harness's FileStore URL; the functions
  * they call are registered in every rank before init, as Python finds them by module and name. */
-#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,18 +35,6 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* How many fds this process has open. */
-static int open_fds(void)
-{
-    int n = 0;
-    DIR *d = opendir("/proc/self/fd");
-    if (!d)
-        return -1;
-    while (readdir(d))
-        n++;
-    closedir(d);
-    return n;
-}
 
 /* ---- the functions workers call -------------------------------------------------------------- */
 
@@ -713,7 +700,7 @@ TD_TEST(refuses_strangers, .world_size = 1, .timeout_s = 60)
     char *colon = strrchr(addr, ':');
     TD_CHECK(colon != NULL);
     int port = atoi(colon + 1);
-    int fds_before = open_fds();
+    int fds_before = rpc_test_open_fds();
     for (int attempt = 0; attempt < 2; attempt++) {
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         TD_CHECK(fd >= 0);
@@ -735,10 +722,10 @@ TD_TEST(refuses_strangers, .world_size = 1, .timeout_s = 60)
         close(fd);
     }
     /* The agent gave the refused connections' fds back at once, not at its shutdown. */
-    int fds_now = open_fds();
+    int fds_now = rpc_test_open_fds();
     for (int i = 0; i < 200 && fds_now > fds_before; i++) {
         rpc_test_sleep_ms(10);
-        fds_now = open_fds();
+        fds_now = rpc_test_open_fds();
     }
     TD_CHECK_EQ(fds_now, fds_before);
     td_value *args = ints(2, 40), *r = NULL;

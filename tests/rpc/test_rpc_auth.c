@@ -6,7 +6,6 @@
  * test listener published as a worker's entry, carries a proof that checks under the documented
  * framing but not the secret's bytes. Each process sets its secret with setenv before its agent
  * starts, as the agent reads it once then. */
-#include <dirent.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,17 +39,6 @@ static void set_secret(const char *secret)
         TD_CHECK(unsetenv("TDIST_AUTH_TOKEN") == 0);
 }
 
-static int open_fds(void)
-{
-    int n = 0;
-    DIR *d = opendir("/proc/self/fd");
-    if (!d)
-        return -1;
-    while (readdir(d))
-        n++;
-    closedir(d);
-    return n;
-}
 
 static int64_t add_on(td_rpc_agent *a, int to, int64_t x, int64_t y)
 {
@@ -108,12 +96,12 @@ TD_TEST(secrets_disagree, .world_size = 2, .params = "mismatch,connector_has_non
     td_rpc_options o = rpc_test_options(ctx);
     char name[32];
     snprintf(name, sizeof name, "worker%d", ctx->rank);
-    int fds_before = open_fds();
+    int fds_before = rpc_test_open_fds();
     double t0 = rpc_test_now_s();
     TD_CHECK_ERR(td_rpc_init(name, ctx->rank, ctx->world_size, &o), TD_ERR_INVALID, want);
     double took = rpc_test_now_s() - t0;
     TD_CHECK_MSG(took < 15.0, "init took %.1f s to fail", took);
-    TD_CHECK_EQ(open_fds(), fds_before);
+    TD_CHECK_EQ(rpc_test_open_fds(), fds_before);
     /* Nothing half-made stays behind: no default agent. */
     TD_CHECK_ERR(td_rpc_shutdown(true, 0), TD_ERR_NOT_INIT, NULL);
 }
@@ -280,7 +268,7 @@ TD_TEST(impostor_inner, .world_size = 1, .timeout_s = 60, .hidden = true)
     TD_CHECK(pthread_create(&t, NULL, agent_start_main, &beta) == 0);
     store_entry e = entry_read(store, "rpc_prefix_1/worker/1");
     TD_CHECK_STR_EQ(e.name, "beta");
-    int fds_before = open_fds();
+    int fds_before = rpc_test_open_fds();
     impostor_try(tcp_connect_to(e.addr), e.nonce, false, RPC_ANSWER_NEEDS_SECRET);
     impostor_try(tcp_connect_to(e.addr), e.nonce, true, RPC_ANSWER_WRONG_SECRET);
     if (strcmp(e.uname, "-") != 0) {
@@ -303,7 +291,7 @@ TD_TEST(impostor_inner, .world_size = 1, .timeout_s = 60, .hidden = true)
     TD_CHECK_EQ(add_on(alpha.agent, 1, 5, 6), 11);
     TD_CHECK_EQ(add_on(beta.agent, 0, 7, 8), 15);
     /* The refused connections' fds went back at once (alpha's own connection is new since). */
-    int fds_now = open_fds();
+    int fds_now = rpc_test_open_fds();
     TD_CHECK_MSG(fds_now <= fds_before + 8, "%d fds open, %d before the impostor", fds_now, fds_before);
     TD_CHECK_OK(td_rpc_agent_shutdown(alpha.agent, false, 0));
     TD_CHECK_OK(td_rpc_agent_shutdown(beta.agent, false, 0));

@@ -497,3 +497,27 @@ void tu_case_create_destroy_repeatedly(td_test_ctx *ctx, tu_create_fn create)
     tu_barrier(ctx, store, "done");
     tu_store_close(ctx, store, ctx->store_path);
 }
+
+void tu_case_auth_refused(td_test_ctx *ctx, tu_create_fn create, const char *secret0, const char *secret1,
+                          const char *want0, const char *want1)
+{
+    const char *mine = ctx->rank == 0 ? secret0 : secret1;
+    if (mine)
+        setenv("TDIST_AUTH_TOKEN", mine, 1);
+    else
+        unsetenv("TDIST_AUTH_TOKEN");
+    td_store *store = tu_store_open(ctx->store_path);
+    td_transport_setup g = tu_setup(ctx, store, 3000, "g");
+    td_transport *t = NULL;
+    int64_t t0 = clock_now_ns();
+    if (ctx->rank == 0) {
+        TD_CHECK_ERR(create(ctx, &g, &t), TD_ERR_INVALID, want0);
+        TD_CHECK_MSG(tu_since_s(t0) < 2.5, "rank 0 took %.1f s to fail", tu_since_s(t0));
+    } else {
+        TD_CHECK_ERR(create(ctx, &g, &t), TD_ERR_TIMEOUT, "no connection yet with rank 0; last refused connection: ");
+        TD_CHECK_CONTAINS(td_last_error(), want1);
+    }
+    unsetenv("TDIST_AUTH_TOKEN");
+    tu_barrier(ctx, store, "done");
+    tu_store_close(ctx, store, ctx->store_path);
+}

@@ -116,5 +116,9 @@ void tu_case_setup_timeout(td_test_ctx *ctx, tu_create_fn create);
 /* 3 ranks: groups made and destroyed again and again on one store; nothing stays behind, and a
  * new group never reads an old one's addresses. */
 void tu_case_create_destroy_repeatedly(td_test_ctx *ctx, tu_create_fn create);
+/* 2 ranks with the job secrets secret0 and secret1 (NULL: none): rank 0, which connects, fails at
+ * once with want0; rank 1 at its timeout, naming the refusal want1. */
+void tu_case_auth_refused(td_test_ctx *ctx, tu_create_fn create, const char *secret0, const char *secret1,
+                          const char *want0, const char *want1);
 
 #endif

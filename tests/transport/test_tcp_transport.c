@@ -153,36 +153,13 @@ TD_TEST(create_destroy_repeatedly, .world_size = 3, BOTH) { tu_case_create_destr
  * accept. A failure fails rank 0 at once with the message and rank 1 at its timeout, naming the
  * refusal; nobody hangs. */
 
-static void auth_refused(td_test_ctx *ctx, const char *secret0, const char *secret1, const char *want0,
-                         const char *want1)
-{
-    const char *mine = ctx->rank == 0 ? secret0 : secret1;
-    if (mine)
-        setenv("TDIST_AUTH_TOKEN", mine, 1);
-    else
-        unsetenv("TDIST_AUTH_TOKEN");
-    td_store *store = tu_store_open(ctx->store_path);
-    td_transport_setup g = tu_setup(ctx, store, 3000, "g");
-    td_transport *t = NULL;
-    int64_t t0 = clock_now_ns();
-    if (ctx->rank == 0) {
-        TD_CHECK_ERR(create(ctx, &g, &t), TD_ERR_INVALID, want0);
-        TD_CHECK_MSG(tu_since_s(t0) < 2.5, "rank 0 took %.1f s to fail", tu_since_s(t0));
-    } else {
-        TD_CHECK_ERR(create(ctx, &g, &t), TD_ERR_TIMEOUT, "no connection yet with rank 0; last refused connection: ");
-        TD_CHECK_CONTAINS(td_last_error(), want1);
-    }
-    unsetenv("TDIST_AUTH_TOKEN");
-    tu_barrier(ctx, store, "done");
-    tu_store_close(ctx, store, ctx->store_path);
-}
 
 TD_TEST(auth_secret_mismatch, .world_size = 2, BOTH)
 {
     const char *why = "authentication failed: the connecting rank's TDIST_AUTH_TOKEN does not match rank 1's";
     char want0[256];
     snprintf(want0, sizeof want0, "rank 1 refused the connection from rank 0: %s", why);
-    auth_refused(ctx, "secret-a", "secret-b", want0, why);
+    tu_case_auth_refused(ctx, create, "secret-a", "secret-b", want0, why);
 }
 
 TD_TEST(auth_secret_listener_only, .world_size = 2, BOTH)
@@ -191,12 +168,12 @@ TD_TEST(auth_secret_listener_only, .world_size = 2, BOTH)
         "authentication failed: rank 1 requires the job's secret (TDIST_AUTH_TOKEN) and the connecting rank has none";
     char want0[256];
     snprintf(want0, sizeof want0, "rank 1 refused the connection from rank 0: %s", why);
-    auth_refused(ctx, NULL, "secret-b", want0, why);
+    tu_case_auth_refused(ctx, create, NULL, "secret-b", want0, why);
 }
 
 TD_TEST(auth_secret_connector_only, .world_size = 2, BOTH)
 {
-    auth_refused(ctx, "secret-a", NULL,
+    tu_case_auth_refused(ctx, create, "secret-a", NULL,
                  "authentication failed: rank 1 does not authenticate (it has no TDIST_AUTH_TOKEN) but this rank has one",
                  "authentication failed: rank 1 does not authenticate (it has no TDIST_AUTH_TOKEN) but the connecting "
                  "rank has one");

@@ -107,6 +107,7 @@ void rpc_agent_release(td_rpc_agent *a)
 static pthread_mutex_t default_mu = PTHREAD_MUTEX_INITIALIZER;
 static td_rpc_agent *default_agent;
 static bool default_starting;
+static bool default_stopping; /* td_rpc_shutdown is under way: the agent stays the default meanwhile */
 
 td_status rpc_agent_get(td_rpc_agent *agent, td_rpc_agent **out)
 {
@@ -1116,11 +1117,21 @@ static td_status dynamic_leave(td_rpc_agent *a, int64_t timeout_ms)
     return st == TD_OK ? TD_OK : error_set(st, msg);
 }
 
-td_status td_rpc_agent_create(const char *name, int rank, int world_size, const td_rpc_options *options,
-                              td_rpc_agent **agent)
+/* Makes a the default agent (td_rpc_init's), before it runs the calls that came while joining:
+ * a function one of them runs may itself call through the default agent, as PyTorch's agent is
+ * current before it starts serving. */
+static void default_publish(td_rpc_agent *a)
 {
-    if (!agent)
-        return error_fmt(TD_ERR_INVALID, "td_rpc_agent_create: agent is NULL");
+    pthread_mutex_lock(&default_mu);
+    default_starting = false;
+    default_agent = a;
+    pthread_mutex_unlock(&default_mu);
+}
+
+/* td_rpc_agent_create; as_default: td_rpc_init's agent, published before it serves (above). */
+static td_status agent_create(const char *name, int rank, int world_size, const td_rpc_options *options,
+                              bool as_default, td_rpc_agent **agent)
+{
     *agent = NULL;
     td_rpc_options o;
     if (options)
@@ -1229,6 +1240,8 @@ td_status td_rpc_agent_create(const char *name, int rank, int world_size, const 
         rpc_agent_release(a);
         return error_set(st, msg);
     }
+    if (as_default)
+        default_publish(a);
     pthread_mutex_lock(&a->mu);
     a->ready = true;
     incoming *early = a->early;
@@ -1254,6 +1267,14 @@ td_status td_rpc_agent_create(const char *name, int rank, int world_size, const 
         TD_LOG_INFO("RPC agent %s (id %d of %d) is up", name, rank, world_size);
     *agent = a;
     return TD_OK;
+}
+
+td_status td_rpc_agent_create(const char *name, int rank, int world_size, const td_rpc_options *options,
+                              td_rpc_agent **agent)
+{
+    if (!agent)
+        return error_fmt(TD_ERR_INVALID, "td_rpc_agent_create: agent is NULL");
+    return agent_create(name, rank, world_size, options, false, agent);
 }
 
 /* ---- graceful shutdown ---------------------------------------------------------------------- */
@@ -1386,11 +1407,11 @@ static td_status check_shutdown_thread(const td_rpc_agent *agent)
     return TD_OK;
 }
 
-td_status td_rpc_agent_shutdown(td_rpc_agent *agent, bool graceful, int64_t timeout_ms)
+/* td_rpc_agent_shutdown; is_default: td_rpc_shutdown's agent, which stays the default agent until
+ * the graceful part is over (as PyTorch resets its current agent only then): a function still
+ * running for another worker may call through it. */
+static td_status agent_shutdown(td_rpc_agent *agent, bool graceful, int64_t timeout_ms, bool is_default)
 {
-    if (!agent)
-        return td_rpc_shutdown(graceful, timeout_ms); /* NULL: the default agent, as everywhere */
-    TD_TRY(check_shutdown_thread(agent));
     td_status st = TD_OK;
     char msg[TD_ERROR_MAX] = "";
     if (graceful) {
@@ -1401,9 +1422,23 @@ td_status td_rpc_agent_shutdown(td_rpc_agent *agent, bool graceful, int64_t time
         if (st != TD_OK)
             snprintf(msg, sizeof msg, "%s", td_last_error());
     }
+    if (is_default) {
+        pthread_mutex_lock(&default_mu);
+        default_agent = NULL;
+        default_stopping = false;
+        pthread_mutex_unlock(&default_mu);
+    }
     agent_teardown(agent);
     rpc_agent_release(agent);
     return st == TD_OK ? TD_OK : error_set(st, msg);
+}
+
+td_status td_rpc_agent_shutdown(td_rpc_agent *agent, bool graceful, int64_t timeout_ms)
+{
+    if (!agent)
+        return td_rpc_shutdown(graceful, timeout_ms); /* NULL: the default agent, as everywhere */
+    TD_TRY(check_shutdown_thread(agent));
+    return agent_shutdown(agent, graceful, timeout_ms, false);
 }
 
 /* ---- the default agent ---------------------------------------------------------------------- */
@@ -1418,27 +1453,28 @@ td_status td_rpc_init(const char *name, int rank, int world_size, const td_rpc_o
     default_starting = true;
     pthread_mutex_unlock(&default_mu);
     td_rpc_agent *a = NULL;
-    td_status st = td_rpc_agent_create(name, rank, world_size, o, &a);
-    pthread_mutex_lock(&default_mu);
-    default_starting = false;
-    default_agent = a;
-    pthread_mutex_unlock(&default_mu);
+    td_status st = agent_create(name, rank, world_size, o, true, &a); /* published there on success */
+    if (st != TD_OK) {
+        pthread_mutex_lock(&default_mu);
+        default_starting = false;
+        pthread_mutex_unlock(&default_mu);
+    }
     return st;
 }
 
 td_status td_rpc_shutdown(bool graceful, int64_t timeout_ms)
 {
     pthread_mutex_lock(&default_mu);
-    td_rpc_agent *a = default_agent;
+    td_rpc_agent *a = default_stopping ? NULL : default_agent; /* a second shutdown finds none */
     td_status refused = a ? check_shutdown_thread(a) : TD_OK;
-    if (refused == TD_OK)
-        default_agent = NULL;
+    if (a && refused == TD_OK)
+        default_stopping = true;
     pthread_mutex_unlock(&default_mu);
     if (!a)
         return error_set(TD_ERR_NOT_INIT, rpc_not_initialized);
     if (refused != TD_OK)
         return refused;
-    return td_rpc_agent_shutdown(a, graceful, timeout_ms);
+    return agent_shutdown(a, graceful, timeout_ms, true);
 }
 
 td_status td_rpc_set_timeout(td_rpc_agent *agent, int64_t timeout_ms)

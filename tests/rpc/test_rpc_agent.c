@@ -89,6 +89,19 @@ static td_status fn_nested(td_rpc_call *call, const td_value *args, const td_val
     return st;
 }
 
+/* nested_default(name): as nested_rpc, through the default agent, as a PyTorch function calling
+ * rpc.rpc_sync does. */
+static td_status fn_nested_default(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
+{
+    (void)call;
+    (void)kwargs;
+    td_value *a = td_value_tuple_of(2, td_value_int(1), td_value_int(1));
+    td_status st = td_rpc_sync(NULL, td_rpc_to_value(td_value_at(args, 0)), "add_ints", a, NULL,
+                               TD_RPC_DEFAULT_TIMEOUT, result);
+    td_value_release(a);
+    return st;
+}
+
 /* chain(ttl): fire-and-forget to the next worker until ttl is 0, whose hop leaves a file. */
 static td_status fn_chain(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
 {
@@ -149,6 +162,7 @@ static void register_functions(void)
         {"callee_id", rpc_test_callee_id, NULL, NULL},       {"caller_name", fn_caller_name, NULL, NULL},
         {"raise_func", rpc_test_raise, NULL, NULL},          {"light_rpc", fn_zero, NULL, NULL},
         {"sleep_ms", fn_sleep, NULL, NULL},            {"nested_rpc", fn_nested, NULL, NULL},
+        {"nested_default", fn_nested_default, NULL, NULL},
         {"chain", fn_chain, NULL, NULL},               {"shutdown_inside", fn_shutdown_inside, NULL, NULL},
         {"async_add", NULL, fn_async_add, NULL},       {"async_raise", NULL, rpc_test_async_raise, NULL},
     };
@@ -588,6 +602,36 @@ TD_TEST(nested_rpc, .world_size = 3, .timeout_s = 60)
     }
     td_value_release(args);
     rpc_down();
+}
+
+/* Every worker calls the others the moment its td_rpc_init returns and shuts down as soon as its
+ * own calls are answered, so calls reach workers still joining and workers already in their
+ * graceful shutdown; the function they run calls back through the default agent, which must be
+ * the agent throughout (it was published only after td_rpc_init returned and withdrawn when
+ * td_rpc_shutdown began: "RPC has not been initialized" came back). Rounds of fresh rendezvous. */
+TD_TEST(calls_reaching_a_joining_worker_see_its_default_agent, .world_size = 3, .timeout_s = 120)
+{
+    char me[32];
+    worker_name(ctx->rank, me, sizeof me);
+    td_value *args = td_value_tuple_of(1, td_value_string(me));
+    for (int round = 0; round < 6; round++) {
+        td_rpc_options o = options(ctx);
+        char url[1100];
+        snprintf(url, sizeof url, "%s_round%d", ctx->init_url, round);
+        o.init_method = url;
+        rpc_up_with(ctx, &o);
+        td_future *f[2];
+        for (int k = 0; k < 2; k++)
+            TD_CHECK_OK(td_rpc_async(NULL, td_rpc_to_id((ctx->rank + 1 + k) % 3), "nested_default", args, NULL,
+                                     TD_RPC_DEFAULT_TIMEOUT, &f[k]));
+        for (int k = 0; k < 2; k++) {
+            TD_CHECK_OK(td_future_wait(f[k], 0));
+            TD_CHECK_EQ(td_value_get_int(td_future_value(f[k])), 2);
+            td_future_release(f[k]);
+        }
+        rpc_down();
+    }
+    td_value_release(args);
 }
 
 /* A self-call that calls itself again, on a pool of one thread: the second call needs a second

@@ -348,7 +348,7 @@ void shm_abandon(const char *name)
 
 td_status shm_import_fd(int fd, size_t nbytes, td_storage **out)
 {
-    uint64_t dev, ino;
+    uint64_t dev = 0, ino = 0;
     td_status st = fd_identity(fd, &dev, &ino);
     if (st != TD_OK) {
         close(fd);

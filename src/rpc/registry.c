@@ -301,7 +301,7 @@ td_status td_rpc_bind(const char *function, const char *params, const td_value *
         size_t required = 0;
         while (required < n && !spec[required].optional)
             required++;
-        char takes[64];
+        char takes[96]; /* two size_t in the longer form */
         if (required < n)
             snprintf(takes, sizeof takes, "from %zu to %zu positional arguments", required, n);
         else

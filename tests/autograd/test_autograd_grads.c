@@ -85,7 +85,7 @@ static void check_n(const char *what, ag_fn fn, const void *arg, const td_shape 
                     double gap)
 {
     uint64_t s = 5;
-    td_tensor *in[8];
+    td_tensor *in[8] = {NULL};
     for (int i = 0; i < n; i++)
         in[i] = ag_randn(shapes[i], lo, hi, gap, true, &s);
     ag_gradcheck(what, fn, arg, in, n);

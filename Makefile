@@ -6,6 +6,7 @@ CMAKE_FLAGS ?=
 FUZZ_SECONDS ?= 30
 SOAK_MINUTES ?= 30
 SOAK_BACKENDS ?=
+TEST_CONFIGS ?=
 
 .PHONY: all deps build asan tsan demo test bench soak fuzz clean
 
@@ -31,17 +32,16 @@ asan: deps $(BUILD)/asan/CMakeCache.txt
 demo: build
 	@bash scripts/demo.sh $(BUILD)/plain
 
-# Plain and ASan+UBSan builds, CTest in both, one summary.
+# Plain, ASan+UBSan and ThreadSanitizer builds, CTest in each, one summary (TEST_CONFIGS picks).
 test: deps
-	@bash scripts/test.sh $(BUILD)
+	@bash scripts/test.sh $(BUILD) $(TEST_CONFIGS)
 
-# The suite under ThreadSanitizer (not part of `make test`: it takes as long again).
-tsan: deps
+$(BUILD)/tsan/CMakeCache.txt:
 	cmake -S . -B $(BUILD)/tsan -DCMAKE_BUILD_TYPE=Debug -DTDIST_WERROR=ON -DTDIST_SANITIZE=thread \
 	  -DTDIST_BUILD_BENCH=OFF $(CMAKE_FLAGS)
+
+tsan: deps $(BUILD)/tsan/CMakeCache.txt
 	cmake --build $(BUILD)/tsan -j $(JOBS)
-	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/mpi/tsan.supp" \
-	  ctest --test-dir $(BUILD)/tsan -j $(JOBS) --output-on-failure --timeout 900
 
 bench: build
 	@bash bench/run.sh $(BUILD)/plain

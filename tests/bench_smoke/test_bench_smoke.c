@@ -419,7 +419,7 @@ static double now_s(void)
  * start). */
 TD_TEST(warmup_flag, .timeout_s = 120)
 {
-    const char *args[] = {"--nproc", "2", "--backend", "threaded", "-b", "1M", "-e", "1M", "-n", "20", "-w", "1000",
+    const char *args[] = {"--nproc", "2", "--backend", "threaded", "-b", "64K", "-e", "64K", "-n", "20", "-w", "1000",
                           "--batches", "5", "-c", "0", NULL};
     double t0 = now_s();
     run_result r = run_ok(ctx, args);

@@ -618,6 +618,9 @@ TD_TEST(example_rpc_work_queue_through_tdrun, .timeout_s = 60)
  * DDP on autograd (one bucket per layer) and through the hand-written backward (--manual). */
 TD_TEST(example_ddp_train_through_tdrun, .timeout_s = 120)
 {
+#ifdef TDIST_TSAN
+    TD_SKIP(TD_SKIP_GENERIC, "under ThreadSanitizer the training takes minutes; test_ddp's cases run its DDP and all_reduce paths there");
+#endif
     for (int manual = 0; manual < 2; manual++) {
         proc p;
         char *argv[] = {TDRUN_BIN, "--standalone", "--quiet", "--nproc-per-node", "3", DDP_TRAIN_BIN, "--samples",
@@ -644,6 +647,9 @@ TD_TEST(example_ddp_train_through_tdrun, .timeout_s = 120)
  * trainers push gradients to its batching async function; it must converge as ddp_train does. */
 TD_TEST(example_param_server_through_tdrun, .timeout_s = 120)
 {
+#ifdef TDIST_TSAN
+    TD_SKIP(TD_SKIP_GENERIC, "under ThreadSanitizer the training takes minutes; the rpc and RRef cases run its paths there");
+#endif
     proc p;
     char *argv[] = {TDRUN_BIN, "--standalone", "--quiet", "--nproc-per-node", "3", PARAM_SERVER_BIN, "--samples",
                     "12000", "--epochs", "4", "--target", "0.75", NULL};

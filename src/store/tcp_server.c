@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -51,6 +52,7 @@ typedef struct srv_conn {
     uint32_t events;
     bool dead;
     bool pending;  /* on the pending list: handshake not done yet */
+    bool spoke;    /* a byte has been read from it */
     int64_t deadline_ms; /* for the handshake */
     struct srv_conn *prev, *next; /* the pending list, oldest first */
     td_store_conn *core;
@@ -143,10 +145,29 @@ static void kill_handshake(td_store_server *s, srv_conn *c, const char *why)
     kill_conn(s, c, false, why);
 }
 
+#define EVICT_SCAN 256 /* pending connections looked at for a silent one */
+
+/* Whether c has sent anything: bytes read already, or bytes waiting in its socket. */
+static bool conn_spoke(const srv_conn *c)
+{
+    int unread = 0;
+    return c->spoke || (ioctl(c->fd, FIONREAD, &unread) == 0 && unread > 0);
+}
+
+/* Makes room by closing a connection without a handshake: the oldest that has sent nothing (a
+ * flood's idle connections), else the oldest. A client in the middle of its handshake - accepted
+ * from the local listener ahead of a TCP flood, say - goes last. */
 static void evict_oldest_pending(td_store_server *s, const char *why)
 {
-    if (s->pending_head)
-        kill_handshake(s, s->pending_head, why);
+    srv_conn *victim = s->pending_head;
+    int looked = 0;
+    for (srv_conn *c = s->pending_head; c && looked < EVICT_SCAN; c = c->next, looked++)
+        if (!conn_spoke(c)) {
+            victim = c;
+            break;
+        }
+    if (victim)
+        kill_handshake(s, victim, why);
 }
 
 /* Closes the connections whose handshake deadline passed; returns the ms until the next one
@@ -262,6 +283,7 @@ static void on_readable(td_store_server *s, srv_conn *c)
         return;
     }
     in->len += (size_t)n;
+    c->spoke = true;
     process_input(s, c);
 }
 

@@ -375,6 +375,52 @@ TD_TEST(many_idle_connections_do_not_keep_a_real_client_out, .timeout_s = 120)
     TD_CHECK_CONTAINS(log, "closed to free a file descriptor");
     free(log);
 }
+
+/* A client halfway through its HELLO when a flood of silent connections runs the program out of
+ * descriptors keeps its connection: the silent ones make room, oldest first (before, the oldest
+ * connection without a handshake went, whatever it had sent - the real client's, when it came in
+ * through the local listener ahead of the flood's queue). */
+TD_TEST(a_client_mid_handshake_outlives_a_flood_of_silent_ones, .timeout_s = 120)
+{
+    setenv("TDIST_STORE_HANDSHAKE_TIMEOUT", "60s", 1);
+    tool t = start_tool(64);
+    unsetenv("TDIST_STORE_HANDSHAKE_TIMEOUT");
+    int talking = raw_connect(t.port);
+    td_buf b = TD_BUF_INIT;
+    size_t off = store_msg_begin(&b, TD_STORE_CMD_HELLO);
+    buf_put_u32(&b, TD_STORE_PROTO_MAGIC);
+    buf_put_u32(&b, TD_STORE_PROTO_VERSION);
+    buf_put_u32(&b, AUTH_NONCE_LEN);
+    memset(buf_extend(&b, AUTH_NONCE_LEN), 0x5a, AUTH_NONCE_LEN);
+    store_msg_end(&b, off);
+    raw_send(talking, b.data, 5); /* part of the header: not a request yet */
+    sleep_s(0.2);
+    enum { NSILENT = 150 }; /* more than the program's 64 descriptors */
+    int silent[NSILENT];
+    for (int i = 0; i < NSILENT; i++)
+        silent[i] = raw_connect(t.port);
+    /* Until the program has taken in the whole flood: all but its last descriptors' worth closed. */
+    bool gone[NSILENT] = {false};
+    int closed = 0;
+    for (double t0 = now_s(); closed < NSILENT - 64 && now_s() - t0 < 60; sleep_s(0.01))
+        for (int i = 0; i < NSILENT; i++)
+            if (!gone[i] && is_closed_now(silent[i])) {
+                gone[i] = true;
+                closed++;
+            }
+    TD_CHECK_MSG(closed >= NSILENT - 64, "only %d of %d silent connections were closed", closed, NSILENT);
+    raw_send(talking, b.data + 5, b.len - 5);
+    buf_free(&b);
+    expect_reply_ok(talking); /* the rest of the HELLO on the same connection: answered */
+    ping(talking);
+    for (int i = 0; i < NSILENT; i++)
+        close(silent[i]);
+    close(talking);
+    TD_CHECK(tool_alive(&t));
+    char *log = stop_tool(&t);
+    TD_CHECK_CONTAINS(log, "closed to free a file descriptor");
+    free(log);
+}
 #endif
 
 /* ---- the in-process server ------------------------------------------------------------------------- */

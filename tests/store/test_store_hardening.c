@@ -49,16 +49,21 @@ static int raw_connect(int port)
 
 static void raw_send(int fd, const void *p, size_t n) { TD_CHECK(send(fd, p, n, MSG_NOSIGNAL) == (ssize_t)n); }
 
-/* A HELLO with a fixed nonce: enough for a server without a secret. */
+/* A HELLO with a fixed nonce, into b: enough for a server without a secret. */
+static void hello_bytes(td_buf *b)
+{
+    size_t off = store_msg_begin(b, TD_STORE_CMD_HELLO);
+    buf_put_u32(b, TD_STORE_PROTO_MAGIC);
+    buf_put_u32(b, TD_STORE_PROTO_VERSION);
+    buf_put_u32(b, AUTH_NONCE_LEN);
+    memset(buf_extend(b, AUTH_NONCE_LEN), 0x5a, AUTH_NONCE_LEN);
+    store_msg_end(b, off);
+}
+
 static void raw_hello(int fd)
 {
     td_buf b = TD_BUF_INIT;
-    size_t off = store_msg_begin(&b, TD_STORE_CMD_HELLO);
-    buf_put_u32(&b, TD_STORE_PROTO_MAGIC);
-    buf_put_u32(&b, TD_STORE_PROTO_VERSION);
-    buf_put_u32(&b, AUTH_NONCE_LEN);
-    memset(buf_extend(&b, AUTH_NONCE_LEN), 0x5a, AUTH_NONCE_LEN);
-    store_msg_end(&b, off);
+    hello_bytes(&b);
     raw_send(fd, b.data, b.len);
     buf_free(&b);
 }
@@ -387,12 +392,7 @@ TD_TEST(a_client_mid_handshake_outlives_a_flood_of_silent_ones, .timeout_s = 120
     unsetenv("TDIST_STORE_HANDSHAKE_TIMEOUT");
     int talking = raw_connect(t.port);
     td_buf b = TD_BUF_INIT;
-    size_t off = store_msg_begin(&b, TD_STORE_CMD_HELLO);
-    buf_put_u32(&b, TD_STORE_PROTO_MAGIC);
-    buf_put_u32(&b, TD_STORE_PROTO_VERSION);
-    buf_put_u32(&b, AUTH_NONCE_LEN);
-    memset(buf_extend(&b, AUTH_NONCE_LEN), 0x5a, AUTH_NONCE_LEN);
-    store_msg_end(&b, off);
+    hello_bytes(&b);
     raw_send(talking, b.data, 5); /* part of the header: not a request yet */
     sleep_s(0.2);
     enum { NSILENT = 150 }; /* more than the program's 64 descriptors */

@@ -60,12 +60,9 @@ static void parse_stream(const uint8_t *data, size_t size)
 
 static void add_hello(td_buf *in)
 {
-    size_t off = store_msg_begin(in, TD_STORE_CMD_HELLO);
-    buf_put_u32(in, TD_STORE_PROTO_MAGIC);
-    buf_put_u32(in, TD_STORE_PROTO_VERSION);
-    buf_put_u32(in, AUTH_NONCE_LEN);
-    memset(buf_extend(in, AUTH_NONCE_LEN), 0x5a, AUTH_NONCE_LEN);
-    store_msg_end(in, off);
+    uint8_t nonce[AUTH_NONCE_LEN];
+    memset(nonce, 0x5a, sizeof nonce);
+    store_put_hello(in, TD_STORE_PROTO_MAGIC, TD_STORE_PROTO_VERSION, nonce, AUTH_NONCE_LEN);
 }
 
 /* Appends the large request that g (n bytes) describes: g[0] the command, g[1] the key's byte,

@@ -261,6 +261,16 @@ td_status store_parse_request(const uint8_t *buf, size_t len, const td_store_lim
     return TD_OK;
 }
 
+void store_put_hello(td_buf *b, uint32_t magic, uint32_t version, const void *nonce, uint32_t nonce_len)
+{
+    size_t off = store_msg_begin(b, TD_STORE_CMD_HELLO);
+    buf_put_u32(b, magic);
+    buf_put_u32(b, version);
+    buf_put_u32(b, nonce_len);
+    buf_append(b, nonce, nonce_len);
+    store_msg_end(b, off);
+}
+
 size_t store_msg_begin(td_buf *b, uint8_t tag)
 {
     size_t off = b->len;

@@ -119,6 +119,8 @@ void store_msg_end(td_buf *b, size_t off);
 void store_put_key(td_buf *b, const char *prefix, const void *key, size_t len);
 void store_put_value(td_buf *b, const void *value, size_t len);
 void store_put_i64(td_buf *b, int64_t v);
+/* A whole HELLO (docs/protocols.md): magic, version and the client's nonce of nonce_len bytes. */
+void store_put_hello(td_buf *b, uint32_t magic, uint32_t version, const void *nonce, uint32_t nonce_len);
 
 /* Checks a reply header: a known kind, and a body no longer than max_body (OK replies) or 64 KiB
  * (others). TD_ERR_IO names what is wrong. */

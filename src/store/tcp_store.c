@@ -261,12 +261,7 @@ static td_status hello(tcp_store *t, int64_t deadline)
     uint8_t nonce[AUTH_NONCE_LEN];
     auth_nonce(nonce);
     t->out.len = 0;
-    size_t off = store_msg_begin(&t->out, TD_STORE_CMD_HELLO);
-    buf_put_u32(&t->out, TD_STORE_PROTO_MAGIC);
-    buf_put_u32(&t->out, TD_STORE_PROTO_VERSION);
-    buf_put_u32(&t->out, AUTH_NONCE_LEN);
-    buf_append(&t->out, nonce, AUTH_NONCE_LEN);
-    store_msg_end(&t->out, off);
+    store_put_hello(&t->out, TD_STORE_PROTO_MAGIC, TD_STORE_PROTO_VERSION, nonce, AUTH_NONCE_LEN);
     TD_TRY(net_send_all(t->fd, t->out.data, t->out.len, deadline));
     reply r;
     TD_TRY(read_reply(t, deadline, 128, false, &r));
@@ -303,7 +298,7 @@ static td_status hello(tcp_store *t, int64_t deadline)
     parts[1] = (auth_part){nonce, AUTH_NONCE_LEN};
     auth_prove(&t->key, "tdist store client", parts, 2, mac);
     t->out.len = 0;
-    off = store_msg_begin(&t->out, TD_STORE_CMD_AUTH);
+    size_t off = store_msg_begin(&t->out, TD_STORE_CMD_AUTH);
     buf_put_u32(&t->out, AUTH_MAC_LEN);
     buf_append(&t->out, mac, AUTH_MAC_LEN);
     store_msg_end(&t->out, off);

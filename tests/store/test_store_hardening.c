@@ -52,12 +52,9 @@ static void raw_send(int fd, const void *p, size_t n) { TD_CHECK(send(fd, p, n, 
 /* A HELLO with a fixed nonce, into b: enough for a server without a secret. */
 static void hello_bytes(td_buf *b)
 {
-    size_t off = store_msg_begin(b, TD_STORE_CMD_HELLO);
-    buf_put_u32(b, TD_STORE_PROTO_MAGIC);
-    buf_put_u32(b, TD_STORE_PROTO_VERSION);
-    buf_put_u32(b, AUTH_NONCE_LEN);
-    memset(buf_extend(b, AUTH_NONCE_LEN), 0x5a, AUTH_NONCE_LEN);
-    store_msg_end(b, off);
+    uint8_t nonce[AUTH_NONCE_LEN];
+    memset(nonce, 0x5a, sizeof nonce);
+    store_put_hello(b, TD_STORE_PROTO_MAGIC, TD_STORE_PROTO_VERSION, nonce, AUTH_NONCE_LEN);
 }
 
 static void raw_hello(int fd)

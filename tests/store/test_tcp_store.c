@@ -474,16 +474,10 @@ static void raw_send(int fd, const void *p, size_t n) { TD_CHECK(send(fd, p, n, 
 /* A HELLO with the given nonce (32 bytes), or a fixed one. */
 static void raw_hello_nonce(int fd, uint32_t magic, uint32_t version, const uint8_t *nonce)
 {
+    uint8_t fixed[AUTH_NONCE_LEN];
+    memset(fixed, 0x5a, sizeof fixed);
     td_buf b = TD_BUF_INIT;
-    size_t off = store_msg_begin(&b, TD_STORE_CMD_HELLO);
-    buf_put_u32(&b, magic);
-    buf_put_u32(&b, version);
-    buf_put_u32(&b, AUTH_NONCE_LEN);
-    if (nonce)
-        buf_append(&b, nonce, AUTH_NONCE_LEN);
-    else
-        memset(buf_extend(&b, AUTH_NONCE_LEN), 0x5a, AUTH_NONCE_LEN);
-    store_msg_end(&b, off);
+    store_put_hello(&b, magic, version, nonce ? nonce : fixed, AUTH_NONCE_LEN);
     raw_send(fd, b.data, b.len);
     buf_free(&b);
 }

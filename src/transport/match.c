@@ -20,13 +20,19 @@
 #include "base/log.h"
 #include "base/thread.h"
 
-#define POOL_KEEP_BYTES ((size_t)256 << 20)
 #define UNEXP_STEP ((size_t)1 << 20)
 #define MATCH_UNEXP_LIMIT_DEFAULT ((int64_t)1 << 30) /* TDIST_MAX_UNEXPECTED_BYTES */
 
 typedef struct pool_buf {
     struct pool_buf *next;
 } pool_buf;
+
+/* Bytes kept in every transport's pool of this process together (at most MATCH_POOL_BUDGET): a
+ * process with many groups, each with its own transports, keeps one budget's worth, not one per
+ * group. */
+static _Atomic size_t g_pool_bytes;
+
+size_t match_pool_bytes(void) { return atomic_load_explicit(&g_pool_bytes, memory_order_relaxed); }
 
 void match_init(td_match *m, const char *name, int rank, int size, const int *global_ranks, int pool_min_class,
                    size_t extra_bytes)
@@ -82,6 +88,7 @@ void match_free(td_match *m)
         for (pool_buf *b = m->pool[c]; b;) {
             pool_buf *next = b->next;
             free(b);
+            atomic_fetch_sub_explicit(&g_pool_bytes, (size_t)1 << c, memory_order_relaxed);
             b = next;
         }
     }
@@ -153,7 +160,7 @@ static char *pool_get(td_match *m, size_t len, size_t *cap)
     if (m->pool[c] && size == ((size_t)1 << c)) {
         pool_buf *b = m->pool[c];
         m->pool[c] = b->next;
-        m->pool_bytes -= size;
+        atomic_fetch_sub_explicit(&g_pool_bytes, size, memory_order_relaxed);
         return (char *)b;
     }
     void *p = NULL;
@@ -162,20 +169,29 @@ static char *pool_get(td_match *m, size_t len, size_t *cap)
     return p;
 }
 
+/* Keeps buf for the next unexpected message of its class while the process's pools hold less than
+ * MATCH_POOL_BUDGET; frees it otherwise, and always when it is larger than MATCH_POOL_LARGEST. */
 static void pool_put(td_match *m, char *buf, size_t len)
 {
     if (!buf)
         return;
     int c = pool_class(m, len);
     size_t size = (size_t)1 << c;
-    if (size != len || m->pool_bytes + size > POOL_KEEP_BYTES) {
+    if (size != len || size > MATCH_POOL_LARGEST) {
         free(buf);
         return;
     }
+    size_t held = atomic_load_explicit(&g_pool_bytes, memory_order_relaxed);
+    do {
+        if (held + size > MATCH_POOL_BUDGET) {
+            free(buf);
+            return;
+        }
+    } while (!atomic_compare_exchange_weak_explicit(&g_pool_bytes, &held, held + size, memory_order_relaxed,
+                                                    memory_order_relaxed));
     pool_buf *b = (pool_buf *)buf;
     b->next = m->pool[c];
     m->pool[c] = b;
-    m->pool_bytes += size;
 }
 
 td_unexp *match_unexp_new(td_match *m, uint64_t tag, size_t len, const td_coll_desc *desc)

@@ -24,6 +24,12 @@
 #include "transport/transport.h"
 
 #define TD_MATCH_POOL_CLASSES 48
+/* The unexpected-message buffers a process keeps for reuse, in all its transports together: a
+ * buffer of a size class is kept for the next message of that class (no fresh pages to fault in)
+ * while the kept ones total at most MATCH_POOL_BUDGET bytes; none larger than MATCH_POOL_LARGEST
+ * is kept. The rest go back to malloc, so a long job's memory stays flat. */
+#define MATCH_POOL_BUDGET ((size_t)32 << 20)
+#define MATCH_POOL_LARGEST ((size_t)8 << 20)
 
 /* A send xfer's kind flag: the transport's own frame (not a user's): never completed, never
  * timed out; the transport reclaims it. */
@@ -93,8 +99,7 @@ struct td_match {
     int pool_min_class;
     size_t unexp_size;
     td_unexp *free_unexp;
-    void *pool[TD_MATCH_POOL_CLASSES];
-    size_t pool_bytes;
+    void *pool[TD_MATCH_POOL_CLASSES]; /* kept buffers of each size class, within MATCH_POOL_BUDGET */
     uint64_t unexp_limit; /* unexpected bytes buffered per peer at most (TDIST_MAX_UNEXPECTED_BYTES) */
     /* counters, for the transports' debug logs */
     uint64_t n_unexpected_msgs, n_copied_out;
@@ -108,6 +113,8 @@ void match_init(td_match *m, const char *name, int rank, int size, const int *gl
  * unexpected messages queued from one peer announce TDIST_MAX_UNEXPECTED_BYTES (1 GiB) at most.
  * When not, td_last_error() says so for the transport to fail the peer with. */
 bool match_unexp_admit(td_match *m, const td_match_peer *p, uint64_t len);
+/* The bytes the process's transports keep in their pools now (at most MATCH_POOL_BUDGET). */
+size_t match_pool_bytes(void);
 /* Frees the queues' buffers, the pools and the peers (every xfer must have completed). */
 void match_free(td_match *m);
 

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "transport/match.h"
 
 /* ---- stores, time, bytes ------------------------------------------------------------------------ */
 
@@ -310,6 +311,42 @@ void tu_case_unexpected(tu_world *w)
     }
     for (int i = 0; i < N; i++)
         free(bufs[i]);
+    tu_barrier(ctx, w->store, "done");
+}
+
+void tu_case_unexpected_pool_bound(tu_world *w)
+{
+    const td_test_ctx *ctx = w->ctx;
+    /* Four messages of each size class from 1 KiB to 8 MiB: 64 MiB arrive before any receive. */
+    enum { LOW = 10, HIGH = 23, COPIES = 4 };
+    const size_t largest = (size_t)1 << HIGH;
+    unsigned char *buf = malloc(largest);
+    TD_CHECK(buf != NULL);
+    if (ctx->rank == 0) {
+        for (size_t j = 0; j < largest; j++)
+            buf[j] = tu_pattern(0, 1, j);
+        for (int k = LOW; k <= HIGH; k++)
+            for (int c = 0; c < COPIES; c++)
+                TD_CHECK_OK(transport_send(w->t, 1, (uint64_t)(k * COPIES + c), buf, (size_t)1 << k,
+                                           tu_after_ms(60000)));
+        TD_CHECK_OK(td_store_set_str(w->store, "sent", "1"));
+    } else {
+        const char *k = "sent";
+        TD_CHECK_OK(td_store_wait(w->store, &k, 1, 60000));
+        for (int e = HIGH; e >= LOW; e--)
+            for (int c = 0; c < COPIES; c++) {
+                size_t len = (size_t)1 << e;
+                memset(buf, 0, len);
+                TD_CHECK_OK(transport_recv(w->t, 0, (uint64_t)(e * COPIES + c), buf, len, tu_after_ms(60000)));
+                for (size_t j = 0; j < len; j += 4093)
+                    TD_CHECK_MSG(buf[j] == tu_pattern(0, 1, j), "message of %zu bytes: byte %zu differs", len, j);
+            }
+        /* Every buffer came back to the pools; they keep the budget's worth, not all 64 MiB. */
+        size_t kept = match_pool_bytes();
+        TD_CHECK_MSG(kept > 0 && kept <= MATCH_POOL_BUDGET, "the pools keep %zu bytes (budget %zu)", kept,
+                     MATCH_POOL_BUDGET);
+    }
+    free(buf);
     tu_barrier(ctx, w->store, "done");
 }
 

@@ -66,6 +66,9 @@ void tu_case_any_source(tu_world *w);
 /* 2 ranks: messages sent before their receive is posted (the sends complete although nothing is
  * posted), large ones included. */
 void tu_case_unexpected(tu_world *w);
+/* 2 ranks: 64 MiB of unexpected messages of every size class up to 8 MiB, then their receives:
+ * the buffers kept for reuse afterwards stay within MATCH_POOL_BUDGET. */
+void tu_case_unexpected_pool_bound(tu_world *w);
 /* 2 ranks: a receive of the wrong size fails alone, naming both sizes, posted before and after
  * the message came; the connection carries on. */
 void tu_case_length_mismatch(tu_world *w);
@@ -94,6 +97,8 @@ void tu_case_callbacks_any_order(tu_world *w);
     TU_CASE_(OPEN, tag_matching_out_of_order, (.world_size = 2, __VA_ARGS__), tu_case_tag_matching(&w))          \
     TU_CASE_(OPEN, any_source, (.world_size = 4, __VA_ARGS__), tu_case_any_source(&w))                           \
     TU_CASE_(OPEN, unexpected_messages, (.world_size = 2, __VA_ARGS__), tu_case_unexpected(&w))                  \
+    TU_CASE_(OPEN, unexpected_buffers_kept_within_a_budget, (.world_size = 2, __VA_ARGS__),                      \
+             tu_case_unexpected_pool_bound(&w))                                                                  \
     TU_CASE_(OPEN, length_mismatch, (.world_size = 2, __VA_ARGS__), tu_case_length_mismatch(&w))                 \
     TU_CASE_(OPEN, peer_killed,                                                                                  \
              (.world_size = 3, .skip_return_code_check = true, .allow_leftovers = true, __VA_ARGS__),            \

@@ -301,6 +301,7 @@ void rpc_agent_channel_failed(td_rpc_agent *a, rpc_channel *ch, const char *reas
 {
     if (atomic_exchange(&ch->dead, true) && ch->peer < 0)
         return;
+    rpc_channel_wake_sender(ch);
     pthread_mutex_lock(&a->mu);
     if (ch->fd >= 0)
         shutdown(ch->fd, SHUT_RDWR);
@@ -1176,6 +1177,10 @@ static td_status agent_create(const char *name, int rank, int world_size, const 
             return error_fmt(TD_ERR_INVALID, "TDIST_RPC_MAX_PAYLOAD must be at least 1K, got %s", max_env);
     }
 
+    /* TDIST_RPC_CMA: single copy between workers of one host, for payload parts of 256 KiB and up. */
+    int64_t cma = 1;
+    TD_TRY(env_get_int("TDIST_RPC_CMA", 1, 0, 1, &cma));
+
     auth_key auth;
     TD_TRY(auth_key_init(NULL, &auth));
 
@@ -1191,6 +1196,7 @@ static td_status agent_create(const char *name, int rank, int world_size, const 
     a->peers = TD_NEW_ARRAY(rpc_peer, world_size);
     atomic_init(&a->default_timeout_ms, o.rpc_timeout_ms);
     a->tcp_only = o.tcp_only;
+    a->piece_min = cma ? RPC_PIECE_MIN_DEFAULT : 0;
     a->ignore_rref_leak = o.ignore_rref_leak;
     a->rrefs = rpc_rref_ctx_new();
     a->max_payload = max_payload;
@@ -1209,6 +1215,8 @@ static td_status agent_create(const char *name, int rank, int world_size, const 
         spin_st = spin_init(&a->spin_io, world_size);
     if (spin_st == TD_OK)
         spin_st = spin_init(&a->spin_call, world_size);
+    if (spin_st == TD_OK)
+        spin_st = spin_init(&a->spin_acked, world_size);
     a->generation = atomic_fetch_add(&agent_generation, 1);
     a->peers[rank].info = self;
 
@@ -1982,13 +1990,14 @@ td_status td_rpc_debug_info(td_rpc_agent *agent, td_value **info)
     rpc_pool_counts(&a->pool, &nthreads, &idle, &queued);
     pthread_mutex_lock(&a->mu);
     long long pending = (long long)a->pending.len, client = a->client_active;
-    long long unix_channels = 0, tcp_channels = 0, nmembers = 0;
+    long long unix_channels = 0, tcp_channels = 0, single_copy = 0, nmembers = 0;
     for (int i = 0; i < a->world_size; i++) {
         nmembers += a->peers[i].member;
         const rpc_channel *ch = a->peers[i].chan;
         if (ch && !a->peers[i].lost) {
             unix_channels += ch->is_unix;
             tcp_channels += !ch->is_unix;
+            single_copy += ch->cma && atomic_load(&ch->cma->side[1 - ch->cma_side].can_read);
         }
     }
     pthread_mutex_unlock(&a->mu);
@@ -2003,6 +2012,9 @@ td_status td_rpc_debug_info(td_rpc_agent *agent, td_value **info)
     put_int(d, "agent.world_size", nmembers);
     put_int(d, "agent.num_unix_channels", unix_channels); /* peers reached over the same-host layer */
     put_int(d, "agent.num_tcp_channels", tcp_channels);
+    /* peers that read this worker's large payload parts from its memory (single copy) */
+    put_int(d, "agent.num_single_copy_channels", single_copy);
+    put_int(d, "agent.single_copy_messages_received", (long long)atomic_load(&a->pieces_received));
     rpc_rref_debug_info(a, d);
     const rpc_autograd_hooks *ag = atomic_load(&rpc_autograd);
     if (ag) {

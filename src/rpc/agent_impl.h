@@ -44,6 +44,7 @@
 #include "base/vec.h"
 #include "net/auth.h"
 #include "rpc/message.h"
+#include "tensor/segment.h"
 #include "transport/samehost.h"
 
 #define RPC_TICK_MS 50                        /* the I/O thread's longest sleep */
@@ -56,8 +57,28 @@
 #define RPC_AUTH_GRACE_MS 3000                /* joining: a refused worker's time to connect after all */
 #define RPC_STAGE_BYTES 4096                  /* a channel's read-ahead buffer */
 #define RPC_SPIN_US_DEFAULT 50                 /* the spin budget (TDIST_RPC_SPIN_US) */
+#define RPC_PIECE_MIN_DEFAULT (256u << 10)     /* payload parts this large go as pieces (TDIST_RPC_CMA_MIN) */
 
 /* ---- channels (channel.c) -------------------------------------------------------------------- */
+
+/* Single copy between two workers of one host (RPC_FLAG_PIECES, message.h): a small segment the
+ * connector creates and passes with its hello, shared by the channel's two ends; side 0 is the
+ * connector's, side 1 the listener's. Each side publishes a word of its memory (probe_addr, which
+ * reads as probe_value); the other side reads it with process_vm_readv and sets its can_read when
+ * that works (same user, no ptrace restriction). A side sends pieces only to a peer that can read
+ * it, then waits, still under its send lock, until the peer has read them: the peer counts the
+ * side's acked up and rings its bell. So the send returns once the peer holds the bytes, as a
+ * blocking write does, and the I/O thread that acknowledges never waits on a lock or a socket. */
+typedef struct rpc_cma_side {
+    _Alignas(SAMEHOST_LINE) _Atomic uint64_t acked; /* this side's messages with pieces that the peer has read */
+    samehost_bell bell;                             /* this side's sender sleeps here for acked */
+    _Atomic uint64_t probe_addr, probe_value;       /* written once, before the other side looks */
+    _Atomic uint32_t can_read;                      /* this side reads the other's memory */
+} rpc_cma_side;
+
+typedef struct rpc_cma {
+    rpc_cma_side side[2];
+} rpc_cma;
 
 typedef struct rpc_channel {
     int fd;
@@ -78,8 +99,18 @@ typedef struct rpc_channel {
     bool drained;
     uint8_t stage[RPC_STAGE_BYTES];
     bool in_epoll;
+    /* Single copy (same-host channels whose hello passed the segment; cma NULL otherwise). */
+    td_segment cma_seg;
+    rpc_cma *cma;
+    int cma_side;             /* 0: this end connected, 1: it accepted */
+    pid_t peer_pid;
+    int hello_fd;             /* accepted, until bound: the segment fd that came with the hello */
+    rpc_pieces pieces;        /* the message being read, when it has RPC_FLAG_PIECES */
+    uint8_t table[RPC_PIECES_WIRE_MAX];
+    size_t table_have, table_need;
     /* Sends, from any thread. */
     pthread_mutex_t send_mu;
+    uint64_t cma_sent;        /* under send_mu: this side's messages sent with pieces */
     _Atomic bool dead;        /* failed or closed: no more sends, no more reads */
 } rpc_channel;
 
@@ -167,6 +198,7 @@ struct td_rpc_agent {
     td_store *store;         /* this world's namespace (a PrefixStore) */
     _Atomic int64_t default_timeout_ms;
     bool tcp_only;
+    size_t piece_min;        /* same-host payload parts this large go as pieces (0: never; TDIST_RPC_CMA) */
     uint64_t max_payload;
     uint64_t nonce;          /* what connecting peers must send in their hello */
     auth_key auth;           /* the job's secret as a key (net/auth.h), read once at creation */
@@ -192,10 +224,12 @@ struct td_rpc_agent {
     int64_t client_active;   /* calls made and not yet completed with their callbacks run */
     int64_t calls_started, calls_done;
     _Atomic int64_t server_active, server_active_async;
+    _Atomic uint64_t pieces_received; /* messages whose large parts this worker read single-copy */
 
     rpc_pool pool;
     samehost_spin spin_io;   /* the I/O thread's, polling epoll before it sleeps */
     samehost_spin spin_call; /* td_rpc_sync's callers', polling the reply's future */
+    samehost_spin spin_acked; /* senders of pieces', polling for the peer's acknowledgement */
     bool executor_held;
     bool ready;              /* created: every worker known and connected (a->mu) */
     struct incoming *early;  /* calls that came before (a->mu; agent.c's) */
@@ -300,5 +334,7 @@ td_status rpc_channel_send(td_rpc_agent *a, rpc_channel *ch, const rpc_outgoing 
 /* Delivers a message to this agent itself through its wire form (copies the payload). */
 td_status rpc_loopback_send(td_rpc_agent *a, const rpc_outgoing *m);
 void rpc_channel_free(rpc_channel *ch);
+/* Wakes a sender of ch that waits for the peer to read its pieces (the channel failed). */
+void rpc_channel_wake_sender(rpc_channel *ch);
 
 #endif

@@ -26,12 +26,22 @@
  * EOF or fails is shut down and its peer's calls failed. Sends come from the calling threads, one
  * writev at a time per channel under its send lock; the I/O thread never sends, so it never
  * blocks on a slow peer. Self-calls skip the socket but not the wire form (rpc_loopback_send).
- * Before it sleeps in epoll, the I/O thread polls for its spin budget (io_wait). */
+ * Before it sleeps in epoll, the I/O thread polls for its spin budget (io_wait).
+ *
+ * Single copy (agent_impl.h, rpc_cma): on a same-host channel the connector passes a small shared
+ * segment with its hello, and each side probes whether it can read the other's memory. A message
+ * with payload parts of 256 KiB and up (TDIST_RPC_CMA=0: never) then travels as its header, a table
+ * of those parts (offset, length, address in the sender), and the payload's other bytes; the I/O
+ * thread reads the parts with process_vm_readv straight into the payload's storage, checks that
+ * the sender has not given up meanwhile (a sender that gives up shuts the socket down before its
+ * memory can go), acknowledges through the segment, and delivers. The sender waits for the
+ * acknowledgement under its send lock, so the send returns once the bytes are the peer's. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -102,6 +112,8 @@ static rpc_channel *channel_new(int fd, int peer, bool is_unix)
     ch->opened_ns = clock_now_ns();
     thread_mutex_init(&ch->send_mu);
     atomic_init(&ch->dead, false);
+    ch->hello_fd = -1;
+    ch->cma_seg = (td_segment)TD_SEGMENT_INIT;
     return ch;
 }
 
@@ -111,9 +123,54 @@ void rpc_channel_free(rpc_channel *ch)
         return;
     if (ch->fd >= 0)
         close(ch->fd);
+    if (ch->hello_fd >= 0)
+        close(ch->hello_fd);
+    if (ch->cma_seg.base)
+        segment_unmap(&ch->cma_seg);
     td_storage_release(ch->payload);
     pthread_mutex_destroy(&ch->send_mu);
     free(ch);
+}
+
+void rpc_channel_wake_sender(rpc_channel *ch)
+{
+    if (ch->cma)
+        samehost_bell_ring(&ch->cma->side[ch->cma_side].bell, SAMEHOST_BELL_WAITER);
+}
+
+/* ---- single copy: the shared segment and the probe ------------------------------------------- */
+
+/* The word of this process's memory that peers read to learn whether they can (any readable word
+ * with a known value would do). */
+static const uint64_t cma_probe_word = UINT64_C(0x74646973742d636d);
+
+#define CMA_SEGMENT_BYTES ((sizeof(rpc_cma) + 4095) & ~(size_t)4095)
+
+/* Publishes side's probe word in the segment, before the other side looks. */
+static void cma_publish(rpc_cma *cma, int side)
+{
+    atomic_store(&cma->side[side].probe_addr, (uint64_t)(uintptr_t)&cma_probe_word);
+    atomic_store(&cma->side[side].probe_value, cma_probe_word);
+}
+
+/* Reads the other side's probe word (published before this side looks): sets this side's
+ * can_read when it reads right. */
+static void cma_probe(td_rpc_agent *a, rpc_channel *ch)
+{
+    rpc_cma_side *other = &ch->cma->side[1 - ch->cma_side];
+    uint64_t addr = atomic_load(&other->probe_addr), value = atomic_load(&other->probe_value);
+    bool ok = addr != 0 && ch->peer_pid > 0 && samehost_word_is(ch->peer_pid, addr, value);
+    if (!ok)
+        TD_LOG_DEBUG("RPC agent %s: cannot read process %d's memory (%s): large payloads go through the socket",
+                     a->self.name, (int)ch->peer_pid, strerror(errno));
+    atomic_store(&ch->cma->side[ch->cma_side].can_read, ok ? 1u : 0u);
+}
+
+static pid_t socket_peer_pid(int fd)
+{
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 ? cred.pid : -1;
 }
 
 bool rpc_io_is_current(const td_rpc_agent *a) { return a->io_started && pthread_equal(pthread_self(), a->io_thread); }
@@ -305,19 +362,46 @@ td_status rpc_io_connect(td_rpc_agent *a, int peer, const char *addr, const char
         hello_parts(&ints, hello.nonce, parts);
         auth_prove(&a->auth, HELLO_LABEL, parts, 4, hello.proof);
     }
+    /* Single copy: a segment for the two ends, passed with the hello. */
+    td_segment seg = TD_SEGMENT_INIT;
+    if (is_unix && a->piece_min > 0) {
+        if (segment_create("rpc", CMA_SEGMENT_BYTES, true, true, &seg) == TD_OK)
+            hello.features |= RPC_HELLO_CMA;
+        else
+            TD_LOG_DEBUG("RPC agent %s: no single-copy segment (%s)", a->self.name, td_last_error());
+    }
     rpc_header h = {.type = RPC_MSG_CONTROL, .sender = (uint32_t)a->self.id, .id = nonce,
                     .payload_len = RPC_HELLO_PAYLOAD};
     uint8_t buf[HELLO_WIRE];
     rpc_header_write(&h, buf);
     rpc_hello_write(&hello, buf + RPC_HEADER_BYTES);
-    td_status st = net_send_all(fd, buf, sizeof buf, deadline_ns);
+    td_status st = TD_OK;
+    if (seg.base) {
+        /* A fresh socket takes the hello's bytes whole. */
+        cma_publish(seg.base, 0);
+        if (samehost_send_fd(fd, buf, sizeof buf, seg.fd) != (ssize_t)sizeof buf)
+            st = error_errno(TD_ERR_PEER_LOST, "sending the hello");
+        close(seg.fd); /* the mapping is all this end keeps */
+        seg.fd = -1;
+    } else {
+        st = net_send_all(fd, buf, sizeof buf, deadline_ns);
+    }
     if (st == TD_OK)
         st = hello_answered(a, fd, peer, &ints, &hello, deadline_ns, auth_refused);
     if (st != TD_OK) {
         close(fd);
+        if (seg.base)
+            segment_unmap(&seg);
         return error_prefix(st, "RPC agent %s greeting %s (id %d)", a->self.name, a->peers[peer].info.name, peer);
     }
     rpc_channel *ch = channel_new(fd, peer, is_unix);
+    if (seg.base) {
+        ch->cma_seg = seg;
+        ch->cma = seg.base;
+        ch->cma_side = 0;
+        ch->peer_pid = socket_peer_pid(fd);
+        cma_probe(a, ch);
+    }
     pthread_mutex_lock(&a->mu);
     a->peers[peer].chan = ch;
     a->connected++;
@@ -502,6 +586,18 @@ static bool channel_hello(td_rpc_agent *a, rpc_channel *ch)
             accept_parts(&ints, hello.nonce, acc);
             auth_prove(&a->auth, ACCEPT_LABEL, acc, 3, ans.proof);
         }
+        /* Single copy: the segment that came with the hello, with this side's probe word in it
+         * before the answer lets the connector look; then the connector's word probed. */
+        if ((hello.features & RPC_HELLO_CMA) && ch->hello_fd >= 0 && a->piece_min > 0 &&
+            segment_map_fd(ch->hello_fd, CMA_SEGMENT_BYTES, &ch->cma_seg) == TD_OK) {
+            close(ch->cma_seg.fd); /* the mapping is all this end keeps */
+            ch->cma_seg.fd = -1;
+            ch->hello_fd = -1;
+            ch->cma = ch->cma_seg.base;
+            ch->cma_side = 1;
+            cma_publish(ch->cma, 1);
+            cma_probe(a, ch);
+        }
         /* Answered before it is bound: once bound, other threads may send on it, and the answer
          * must come first. Only this thread binds accepted channels, so the slot stays open. */
         if (!answer_send(a, ch, &ans)) {
@@ -522,6 +618,10 @@ static bool channel_hello(td_rpc_agent *a, rpc_channel *ch)
         }
         pthread_mutex_unlock(&a->mu);
     }
+    if (ch->hello_fd >= 0) {
+        close(ch->hello_fd);
+        ch->hello_fd = -1;
+    }
     if (!ok)
         refuse(a, ch, why);
     return ok;
@@ -535,7 +635,14 @@ static bool hello_read(td_rpc_agent *a, rpc_channel *ch)
 {
     while (ch->hello_have < HELLO_WIRE) {
         size_t want = (ch->hello_have < RPC_HEADER_BYTES ? RPC_HEADER_BYTES : HELLO_WIRE) - ch->hello_have;
-        ssize_t n = recv(ch->fd, ch->stage + ch->hello_have, want, 0);
+        ssize_t n;
+        if (ch->is_unix) {
+            /* A segment's fd may come with the hello (single copy); one at most is kept. */
+            bool extra = ch->hello_fd >= 0;
+            n = samehost_recv_fd(ch->fd, ch->stage + ch->hello_have, want, &ch->hello_fd, &extra);
+        } else {
+            n = recv(ch->fd, ch->stage + ch->hello_have, want, 0);
+        }
         if (n == 0) {
             channel_fail(a, ch, "connection closed by peer");
             return false;
@@ -554,8 +661,21 @@ static bool hello_read(td_rpc_agent *a, rpc_channel *ch)
     return channel_hello(a, ch);
 }
 
+/* The payload's storage, once the header (and a piece table) is in. */
+static bool payload_alloc(td_rpc_agent *a, rpc_channel *ch)
+{
+    ch->payload_have = 0;
+    if (ch->header.payload_len > 0 && storage_new_uninit((size_t)ch->header.payload_len, &ch->payload) != TD_OK) {
+        char why[TD_ERROR_MAX];
+        snprintf(why, sizeof why, "cannot hold a message: %s", td_last_error());
+        channel_fail(a, ch, why);
+        return false;
+    }
+    return true;
+}
+
 /* The header of the message being read is complete: checks it (a hello binds the channel) and
- * allocates its payload. False when the channel failed. */
+ * allocates its payload, or waits for its piece table. False when the channel failed. */
 static bool header_done(td_rpc_agent *a, rpc_channel *ch)
 {
     char why[TD_ERROR_MAX];
@@ -570,32 +690,114 @@ static bool header_done(td_rpc_agent *a, rpc_channel *ch)
         channel_fail(a, ch, why);
         return false;
     }
-    ch->payload_have = 0;
-    if (ch->header.payload_len > 0 && storage_new_uninit((size_t)ch->header.payload_len, &ch->payload) != TD_OK) {
-        snprintf(why, sizeof why, "cannot hold a message: %s", td_last_error());
-        channel_fail(a, ch, why);
+    ch->pieces.count = 0;
+    ch->pieces.bytes = 0;
+    if (ch->header.flags & RPC_FLAG_PIECES) {
+        if (!ch->cma || !atomic_load(&ch->cma->side[ch->cma_side].can_read)) {
+            TD_LOG_WARN("RPC agent %s: closing the connection of worker id %d: it sent a piece table, which this "
+                        "connection did not agree to",
+                        a->self.name, ch->peer);
+            channel_fail(a, ch, "a piece table on a connection without single copy");
+            return false;
+        }
+        ch->table_have = 0;
+        ch->table_need = RPC_PIECES_HEAD;
+        ch->payload_have = 0;
+        return true;
+    }
+    return payload_alloc(a, ch);
+}
+
+/* Bytes of the piece table of the message being read arrived: reads its count, then its entries,
+ * then allocates the payload. False when the channel failed. */
+static bool table_done(td_rpc_agent *a, rpc_channel *ch)
+{
+    char why[TD_ERROR_MAX];
+    uint32_t count = 0;
+    if (ch->table_need == RPC_PIECES_HEAD) {
+        if (rpc_pieces_count(ch->table, &count) != TD_OK)
+            goto malformed;
+        ch->table_need = RPC_PIECES_HEAD + (size_t)count * RPC_PIECE_BYTES;
+        return true;
+    }
+    count = (uint32_t)((ch->table_need - RPC_PIECES_HEAD) / RPC_PIECE_BYTES);
+    if (rpc_pieces_read(ch->table + RPC_PIECES_HEAD, count, ch->header.payload_len, &ch->pieces) != TD_OK)
+        goto malformed;
+    return payload_alloc(a, ch);
+malformed:
+    snprintf(why, sizeof why, "malformed message: %s", td_last_error());
+    TD_LOG_WARN("RPC agent %s: closing a connection (worker id %d): %s", a->self.name, ch->peer, why);
+    channel_fail(a, ch, why);
+    return false;
+}
+
+static bool reading_table(const rpc_channel *ch)
+{
+    return ch->hdr_have == RPC_HEADER_BYTES && (ch->header.flags & RPC_FLAG_PIECES) && ch->table_have < ch->table_need;
+}
+
+/* Bytes of the payload that travel in the stream: all of it, less the pieces. */
+static uint64_t inline_len(const rpc_channel *ch) { return ch->header.payload_len - ch->pieces.bytes; }
+
+/* Reads the message's pieces from the sender's memory into its storage, makes sure the sender
+ * still waits for them (one that gave up shut the socket down first, and may have let the memory
+ * go), and acknowledges them. False when the channel failed. */
+static bool pieces_read(td_rpc_agent *a, rpc_channel *ch)
+{
+    char why[TD_ERROR_MAX];
+    char *base = td_storage_data(ch->payload);
+    for (uint32_t i = 0; i < ch->pieces.count; i++) {
+        const rpc_piece *q = &ch->pieces.piece[i];
+        int err = samehost_read_span(ch->peer_pid, base + q->offset, q->addr, (size_t)q->len);
+        if (err) {
+            snprintf(why, sizeof why, "reading %llu bytes of worker id %d's memory failed: %s",
+                     (unsigned long long)q->len, ch->peer, strerror(err));
+            TD_LOG_WARN("RPC agent %s: closing the connection of worker id %d: %s", a->self.name, ch->peer, why);
+            channel_fail(a, ch, why);
+            return false;
+        }
+    }
+    struct pollfd p = {.fd = ch->fd, .events = POLLRDHUP};
+    if (poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+        channel_fail(a, ch, "connection closed by peer");
         return false;
     }
+    rpc_cma_side *sender = &ch->cma->side[1 - ch->cma_side];
+    atomic_fetch_add(&a->pieces_received, 1);
+    atomic_fetch_add(&sender->acked, 1);
+    samehost_bell_notify(&sender->bell, SAMEHOST_BELL_WAITER);
     return true;
 }
 
 /* Hands the message being read over once it is whole. */
 static bool message_done(td_rpc_agent *a, rpc_channel *ch)
 {
-    if (ch->hdr_have < RPC_HEADER_BYTES || ch->peer < 0 || ch->payload_have < ch->header.payload_len)
+    if (ch->hdr_have < RPC_HEADER_BYTES || ch->peer < 0 || reading_table(ch) || ch->payload_have < inline_len(ch))
+        return false;
+    if (ch->pieces.count > 0 && !pieces_read(a, ch))
         return false;
     rpc_header h = ch->header;
     td_storage *payload = ch->payload;
     ch->payload = NULL;
     ch->hdr_have = 0;
     ch->payload_have = 0;
+    ch->pieces.count = 0;
+    ch->pieces.bytes = 0;
     rpc_agent_deliver(a, ch->peer, &h, payload);
     return true;
 }
 
+/* Where the next stream byte of the payload goes, and how many may go there in a row. */
+static char *payload_dst(rpc_channel *ch, uint64_t *room)
+{
+    uint64_t at = rpc_pieces_place(&ch->pieces, ch->header.payload_len, ch->payload_have, room);
+    return (char *)td_storage_data(ch->payload) + at;
+}
+
 /* Reads what the socket has (up to a bound of recv calls, for fairness between channels; bytes
- * already staged are always consumed, as epoll would not report them again). Headers and small
- * payloads go through the stage; the rest of a large payload is read straight into its storage. */
+ * already staged are always consumed, as epoll would not report them again). Headers, piece
+ * tables and small payloads go through the stage; the rest of a large payload is read straight
+ * into its storage. */
 static void channel_read(td_rpc_agent *a, rpc_channel *ch)
 {
     char why[TD_ERROR_MAX];
@@ -608,6 +810,7 @@ static void channel_read(td_rpc_agent *a, rpc_channel *ch)
         if (ch->peer < 0 && !hello_read(a, ch))
             return;
         bool reading_header = ch->hdr_have < RPC_HEADER_BYTES;
+        bool in_table = !reading_header && reading_table(ch);
         if (ch->stage_off < ch->stage_len) {
             const uint8_t *src = ch->stage + ch->stage_off;
             size_t avail = ch->stage_len - ch->stage_off, used;
@@ -618,28 +821,43 @@ static void channel_read(td_rpc_agent *a, rpc_channel *ch)
                 ch->stage_off += used;
                 if (ch->hdr_have == RPC_HEADER_BYTES && !header_done(a, ch))
                     return;
+            } else if (in_table) {
+                used = ch->table_need - ch->table_have < avail ? ch->table_need - ch->table_have : avail;
+                memcpy(ch->table + ch->table_have, src, used);
+                ch->table_have += used;
+                ch->stage_off += used;
+                if (ch->table_have == ch->table_need && !table_done(a, ch))
+                    return;
             } else {
-                uint64_t left = ch->header.payload_len - ch->payload_have;
-                used = left < avail ? (size_t)left : avail;
-                memcpy((char *)td_storage_data(ch->payload) + ch->payload_have, src, used);
+                uint64_t room;
+                char *dst = payload_dst(ch, &room);
+                uint64_t left = inline_len(ch) - ch->payload_have;
+                if (room > left)
+                    room = left;
+                used = room < avail ? (size_t)room : avail;
+                memcpy(dst, src, used);
                 ch->payload_have += used;
                 ch->stage_off += used;
             }
-            message_done(a, ch);
-            continue;
+            if (message_done(a, ch) || !atomic_load(&ch->dead))
+                continue;
+            return;
         }
         if (ch->drained || reads >= 64) {
             ch->drained = false;
             return;
         }
         /* A large payload's rest goes straight to its storage; anything else through the stage. */
-        bool direct = !reading_header && ch->header.payload_len - ch->payload_have >= RPC_STAGE_BYTES;
+        bool direct = !reading_header && !in_table && inline_len(ch) - ch->payload_have >= RPC_STAGE_BYTES;
         void *dst = ch->stage;
         size_t want = RPC_STAGE_BYTES;
         if (direct) {
-            uint64_t left = ch->header.payload_len - ch->payload_have;
-            dst = (char *)td_storage_data(ch->payload) + ch->payload_have;
-            want = left > (1u << 30) ? (1u << 30) : (size_t)left;
+            uint64_t room;
+            dst = payload_dst(ch, &room);
+            uint64_t left = inline_len(ch) - ch->payload_have;
+            if (room > left)
+                room = left;
+            want = room > (1u << 30) ? (1u << 30) : (size_t)room;
         }
         ssize_t n = recv(ch->fd, dst, want, 0);
         reads++;
@@ -675,10 +893,9 @@ static void where_set(rpc_channel *ch, const td_addr *from)
         addr_str(from, ch->where, sizeof ch->where);
         return;
     }
-    struct ucred cred;
-    socklen_t len = sizeof cred;
-    if (getsockopt(ch->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0)
-        snprintf(ch->where, sizeof ch->where, "process %d on this host (same-host socket)", (int)cred.pid);
+    ch->peer_pid = socket_peer_pid(ch->fd);
+    if (ch->peer_pid > 0)
+        snprintf(ch->where, sizeof ch->where, "process %d on this host (same-host socket)", (int)ch->peer_pid);
     else
         snprintf(ch->where, sizeof ch->where, "a same-host socket");
 }
@@ -853,22 +1070,86 @@ void rpc_io_free(td_rpc_agent *a)
 
 /* ---- sending ---------------------------------------------------------------------------------- */
 
+typedef struct acked_wait {
+    rpc_channel *ch;
+    const rpc_cma_side *side;
+    uint64_t want;
+} acked_wait;
+
+static bool acked_ready(void *ctx)
+{
+    const acked_wait *w = ctx;
+    return atomic_load(&w->side->acked) >= w->want || atomic_load(&w->ch->dead);
+}
+
+/* A sender that stops waiting for the peer to read its pieces shuts the socket down first (send_mu
+ * held, so the fd is still this channel's, or already closed): a peer still reading them sees that
+ * before it delivers (pieces_read), and the caller may then let the memory go. */
+static void gave_up(rpc_channel *ch)
+{
+    if (ch->fd >= 0)
+        shutdown(ch->fd, SHUT_RDWR);
+}
+
+/* Waits (send_mu held) until the peer has read this side's want-th message with pieces: spins for
+ * the budget, then sleeps on this side's bell, which the peer rings, and so does a failure of the
+ * channel here. */
+static td_status wait_acked(td_rpc_agent *a, rpc_channel *ch, uint64_t want, int64_t deadline_ns)
+{
+    acked_wait w = {ch, &ch->cma->side[ch->cma_side], want};
+    int64_t start = clock_now_ns(), spin_end = start + samehost_spin_budget(&a->spin_acked);
+    bool slept = false;
+    while (!acked_ready(&w)) {
+        int64_t now = clock_now_ns();
+        if (now >= deadline_ns) {
+            gave_up(ch);
+            return error_fmt(TD_ERR_TIMEOUT, "worker id %d did not read the message's large parts in time",
+                             ch->peer);
+        }
+        if (now < spin_end) {
+            samehost_spin_pause(&a->spin_acked, now - start);
+            continue;
+        }
+        /* A bounded sleep: the ring of a failure that raced the registration is caught next turn. */
+        int64_t until = now + (int64_t)RPC_TICK_MS * 1000000;
+        slept |= samehost_bell_sleep(&ch->cma->side[ch->cma_side].bell, acked_ready, &w,
+                                     until < deadline_ns ? until : deadline_ns);
+    }
+    samehost_spin_result(&a->spin_acked, slept, start);
+    if (atomic_load(&w.side->acked) >= want)
+        return TD_OK;
+    gave_up(ch);
+    return error_fmt(TD_ERR_PEER_LOST, "the connection closed while worker id %d read the message", ch->peer);
+}
+
 td_status rpc_channel_send(td_rpc_agent *a, rpc_channel *ch, const rpc_outgoing *m, int64_t deadline_ns)
 {
     size_t count = 0;
     const struct iovec *iov = rpc_outgoing_iov(m, &count);
     struct iovec local[16];
-    struct iovec *v = count <= 16 ? local : alloc_or_die(count * sizeof *v);
-    memcpy(v, iov, count * sizeof *v);
+    struct iovec *v = count + 1 <= 16 ? local : alloc_or_die((count + 1) * sizeof *v);
+    /* Single copy when the peer reads this process's memory and the payload has large parts. */
+    rpc_pieces pieces = {0};
+    uint8_t hdr[RPC_HEADER_BYTES], table[RPC_PIECES_WIRE_MAX];
+    size_t n = count;
+    if (ch->cma && a->piece_min > 0 && rpc_outgoing_size(m) >= a->piece_min &&
+        atomic_load(&ch->cma->side[1 - ch->cma_side].can_read))
+        rpc_outgoing_pieces(m, a->piece_min, &pieces, hdr, table, v, &n);
+    if (pieces.count == 0)
+        memcpy(v, iov, count * sizeof *v);
     td_status st;
     pthread_mutex_lock(&ch->send_mu);
     if (atomic_load(&ch->dead) || ch->fd < 0)
         st = error_fmt(TD_ERR_PEER_LOST, "the connection is closed");
     else
-        st = net_sendv_all(ch->fd, v, (int)count, deadline_ns);
+        st = net_sendv_all(ch->fd, v, (int)n, deadline_ns);
+    if (st == TD_OK && pieces.count > 0)
+        st = wait_acked(a, ch, ++ch->cma_sent, deadline_ns);
     pthread_mutex_unlock(&ch->send_mu);
     if (v != local)
         free(v);
+    /* Failing the channel shuts its socket down before the caller lets the payload go: a peer
+     * still reading the pieces sees that and drops them (pieces_read). */
     if (st != TD_OK && !atomic_load(&ch->dead)) {
         char why[TD_ERROR_MAX];
         snprintf(why, sizeof why, "sending failed: %s", td_last_error());

@@ -119,21 +119,22 @@ td_status rpc_header_read(const void *in, uint64_t max_payload, rpc_header *h)
 void rpc_hello_write(const rpc_hello *h, uint8_t out[RPC_HELLO_PAYLOAD])
 {
     le_put(out, h->auth_flags, 4);
-    le_put(out + 4, 0, 4);
+    le_put(out + 4, h->features, 4);
     memcpy(out + 8, h->nonce, RPC_AUTH_NONCE_BYTES);
     memcpy(out + 8 + RPC_AUTH_NONCE_BYTES, h->proof, RPC_AUTH_PROOF_BYTES);
 }
 
 td_status rpc_hello_read(const uint8_t in[RPC_HELLO_PAYLOAD], rpc_hello *h)
 {
-    uint32_t flags = (uint32_t)le_get(in, 4), reserved = (uint32_t)le_get(in + 4, 4);
+    uint32_t flags = (uint32_t)le_get(in, 4), features = (uint32_t)le_get(in + 4, 4);
     if (flags & ~(uint32_t)RPC_AUTH_HAS_SECRET)
         return error_fmt(TD_ERR_INVALID, "RPC hello has unknown auth flags 0x%x (known flags: 0x%x)", (unsigned)flags,
                          (unsigned)RPC_AUTH_HAS_SECRET);
-    if (reserved != 0)
-        return error_fmt(TD_ERR_INVALID, "RPC hello has reserved field 0x%x at payload byte 4; it must be 0",
-                         (unsigned)reserved);
+    if (features & ~(uint32_t)RPC_HELLO_FEATURES_KNOWN)
+        return error_fmt(TD_ERR_INVALID, "RPC hello has unknown features 0x%x (known features: 0x%x)",
+                         (unsigned)features, (unsigned)RPC_HELLO_FEATURES_KNOWN);
     h->auth_flags = flags;
+    h->features = features;
     memcpy(h->nonce, in + 8, RPC_AUTH_NONCE_BYTES);
     memcpy(h->proof, in + 8 + RPC_AUTH_NONCE_BYTES, RPC_AUTH_PROOF_BYTES);
     return TD_OK;
@@ -159,6 +160,72 @@ td_status rpc_answer_read(const uint8_t in[RPC_ANSWER_PAYLOAD], rpc_answer *a)
     a->auth_flags = flags;
     memcpy(a->proof, in + 8, RPC_AUTH_PROOF_BYTES);
     return TD_OK;
+}
+
+/* ---- single-copy pieces -------------------------------------------------------------------- */
+
+size_t rpc_pieces_write(const rpc_pieces *p, uint8_t *out)
+{
+    le_put(out, p->count, 4);
+    le_put(out + 4, 0, 4);
+    uint8_t *e = out + RPC_PIECES_HEAD;
+    for (uint32_t i = 0; i < p->count; i++, e += RPC_PIECE_BYTES) {
+        le_put(e, p->piece[i].offset, 8);
+        le_put(e + 8, p->piece[i].len, 8);
+        le_put(e + 16, p->piece[i].addr, 8);
+    }
+    return RPC_PIECES_HEAD + (size_t)p->count * RPC_PIECE_BYTES;
+}
+
+td_status rpc_pieces_count(const uint8_t *head, uint32_t *count)
+{
+    uint32_t n = (uint32_t)le_get(head, 4), reserved = (uint32_t)le_get(head + 4, 4);
+    if (n < 1 || n > RPC_PIECES_MAX)
+        return error_fmt(TD_ERR_INVALID, "RPC piece table of %u pieces (1 to %d)", (unsigned)n, RPC_PIECES_MAX);
+    if (reserved != 0)
+        return error_fmt(TD_ERR_INVALID, "RPC piece table has reserved field 0x%x; it must be 0", (unsigned)reserved);
+    *count = n;
+    return TD_OK;
+}
+
+td_status rpc_pieces_read(const uint8_t *entries, uint32_t count, uint64_t payload_len, rpc_pieces *p)
+{
+    if (count < 1 || count > RPC_PIECES_MAX)
+        return error_fmt(TD_ERR_INVALID, "RPC piece table of %u pieces (1 to %d)", (unsigned)count, RPC_PIECES_MAX);
+    p->count = count;
+    p->bytes = 0;
+    uint64_t end = 0;
+    for (uint32_t i = 0; i < count; i++, entries += RPC_PIECE_BYTES) {
+        rpc_piece *q = &p->piece[i];
+        q->offset = le_get(entries, 8);
+        q->len = le_get(entries + 8, 8);
+        q->addr = le_get(entries + 16, 8);
+        if (q->len == 0 || q->offset < end || q->offset > payload_len || q->len > payload_len - q->offset)
+            return error_fmt(TD_ERR_INVALID,
+                             "RPC piece %u (bytes %llu to %llu) is empty, out of order or outside the payload of "
+                             "%llu bytes",
+                             (unsigned)i, (unsigned long long)q->offset, (unsigned long long)(q->offset + q->len),
+                             (unsigned long long)payload_len);
+        if (q->addr > UINT64_MAX - q->len)
+            return error_fmt(TD_ERR_INVALID, "RPC piece %u's address range wraps around", (unsigned)i);
+        end = q->offset + q->len;
+        p->bytes += q->len;
+    }
+    return TD_OK;
+}
+
+uint64_t rpc_pieces_place(const rpc_pieces *p, uint64_t payload_len, uint64_t inline_off, uint64_t *room)
+{
+    uint64_t at = inline_off;
+    for (uint32_t i = 0; i < p->count; i++) {
+        if (p->piece[i].offset > at) {
+            *room = p->piece[i].offset - at;
+            return at;
+        }
+        at += p->piece[i].len;
+    }
+    *room = payload_len - at;
+    return at;
 }
 
 /* ---- outgoing messages --------------------------------------------------------------------- */
@@ -218,6 +285,33 @@ void rpc_outgoing_free(rpc_outgoing *m)
     td_encoded_free(m->encoded);
     free(m->iov);
     free(m);
+}
+
+void rpc_outgoing_pieces(const rpc_outgoing *m, size_t min, rpc_pieces *p, uint8_t hdr[RPC_HEADER_BYTES],
+                         uint8_t table[RPC_PIECES_WIRE_MAX], struct iovec *iov, size_t *count)
+{
+    p->count = 0;
+    p->bytes = 0;
+    size_t n = 2;
+    uint64_t offset = 0;
+    for (size_t i = 1; i < m->iov_count; i++) {
+        const struct iovec *v = &m->iov[i];
+        if (v->iov_len >= min && p->count < RPC_PIECES_MAX) {
+            p->piece[p->count++] = (rpc_piece){offset, v->iov_len, (uint64_t)(uintptr_t)v->iov_base};
+            p->bytes += v->iov_len;
+        } else {
+            iov[n++] = *v;
+        }
+        offset += v->iov_len;
+    }
+    if (p->count == 0)
+        return;
+    memcpy(hdr, m->header, RPC_HEADER_BYTES);
+    uint16_t flags = (uint16_t)le_get(hdr + OFF_FLAGS, 2);
+    le_put(hdr + OFF_FLAGS, flags | RPC_FLAG_PIECES, 2);
+    iov[0] = (struct iovec){hdr, RPC_HEADER_BYTES};
+    iov[1] = (struct iovec){table, rpc_pieces_write(p, table)};
+    *count = n;
 }
 
 /* ---- incoming payloads --------------------------------------------------------------------- */

@@ -488,6 +488,19 @@ void samehost_copy_done(bool stream)
 
 /* ---- single-copy reads -------------------------------------------------------------------------- */
 
+/* One process_vm_readv, retried on EINTR: the bytes it read, or 0 with *err the errno of a failed
+ * read (EFAULT for a read of nothing). */
+static size_t read_some(pid_t pid, const struct iovec *local, int nlocal, const struct iovec *remote, int nremote,
+                        int *err)
+{
+    ssize_t got;
+    do
+        got = process_vm_readv(pid, local, (unsigned long)nlocal, remote, (unsigned long)nremote, 0);
+    while (got < 0 && errno == EINTR);
+    *err = got < 0 ? errno : got == 0 ? EFAULT : 0;
+    return got > 0 ? (size_t)got : 0;
+}
+
 int samehost_read_into(pid_t pid, td_xfer *x, const uint64_t *addr, const uint64_t *len, int n)
 {
     size_t total = x->total, done_bytes = 0;
@@ -506,12 +519,25 @@ int samehost_read_into(pid_t pid, td_xfer *x, const uint64_t *addr, const uint64
             remote_count++;
             skip = 0;
         }
-        ssize_t got = process_vm_readv(pid, local, (unsigned long)local_count, remote, (unsigned long)remote_count, 0);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0)
-            return got < 0 ? errno : EFAULT;
-        done_bytes += (size_t)got;
+        int err;
+        size_t got = read_some(pid, local, local_count, remote, remote_count, &err);
+        if (err)
+            return err;
+        done_bytes += got;
+    }
+    return 0;
+}
+
+int samehost_read_span(pid_t pid, void *dst, uint64_t addr, size_t len)
+{
+    size_t done_bytes = 0;
+    while (done_bytes < len) {
+        struct iovec local = {(char *)dst + done_bytes, len - done_bytes};
+        struct iovec remote = {(void *)(uintptr_t)(addr + done_bytes), len - done_bytes};
+        int err;
+        done_bytes += read_some(pid, &local, 1, &remote, 1, &err);
+        if (err)
+            return err;
     }
     return 0;
 }

@@ -14,7 +14,8 @@
  *                                  memory that the direct collectives read and write
  *   writes a peer will read        copies through the caches or around them, whichever the
  *                                  placement of the two CPUs makes cheaper, measured as it runs
- *   single-copy reads              process_vm_readv straight from a peer's memory
+ *   single-copy reads              process_vm_readv straight from a peer's memory (the tcp
+ *                                  transport's large messages, RPC's large payload parts)
  *
  * Whoever owns the segments (today the shm transport, which creates, exchanges and watches them)
  * fills a samehost_set and hands it out through td_transport.samehost; the users of the set need
@@ -234,6 +235,9 @@ td_status samehost_wait_arrival(samehost_set *set, int r, uint64_t e, const same
  * x->total bytes in all, into x's buffers. Returns 0, or the errno of the failed read (EFAULT for
  * a short one). */
 int samehost_read_into(pid_t pid, td_xfer *x, const uint64_t *addr, const uint64_t *len, int n);
+/* Copies len bytes at addr in process pid's memory to dst. Returns 0, or the errno of the failed
+ * read (EFAULT for a short one). */
+int samehost_read_span(pid_t pid, void *dst, uint64_t addr, size_t len);
 /* Whether the 8-byte word at addr in process pid reads as value (false, errno set, when it cannot
  * be read). */
 bool samehost_word_is(pid_t pid, uint64_t addr, uint64_t value);

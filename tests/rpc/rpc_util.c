@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,6 +125,26 @@ double rpc_test_now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+void rpc_test_die_noting_time(const char *path)
+{
+    FILE *fp = fopen(path, "w");
+    if (fp) {
+        fprintf(fp, "%.6f\n", rpc_test_now_s());
+        fclose(fp);
+    }
+    raise(SIGKILL);
+}
+
+int64_t rpc_test_ms_since_death(const char *path)
+{
+    double now = rpc_test_now_s(), died = 0;
+    FILE *fp = fopen(path, "r");
+    TD_CHECK_MSG(fp != NULL, "no time of death in %s", path);
+    TD_CHECK(fscanf(fp, "%lf", &died) == 1);
+    fclose(fp);
+    return (int64_t)((now - died) * 1000);
 }
 
 void rpc_test_wait_debug(const char *key, int64_t want, int64_t timeout_ms)

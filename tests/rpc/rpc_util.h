@@ -57,6 +57,11 @@ void rpc_test_wait_rrefs_flushed(void);
  * forks (polled every 100 ms, 20 s at most). */
 void rpc_test_wait_owners_and_forks(int64_t owners, int64_t forks);
 
+/* A worker that kills itself for a test: writes the monotonic time to path, then SIGKILLs this
+ * process. The survivors learn how long ago that was (fails the test when path is unreadable). */
+void rpc_test_die_noting_time(const char *path);
+int64_t rpc_test_ms_since_death(const char *path);
+
 /* Sleeps ms milliseconds (resumed after signals); the monotonic clock in seconds. */
 void rpc_test_sleep_ms(int64_t ms);
 double rpc_test_now_s(void);

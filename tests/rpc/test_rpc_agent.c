@@ -2,7 +2,6 @@
  * rpc_part2.md C1, C2, C5, C7, C10, C11, C13). Each case is named after the rpc_test.py test it
  * ports. Workers are "worker<rank>" and meet through the harness's FileStore URL; the functions
  * they call are registered in every rank before init, as Python finds them by module and name. */
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -950,10 +949,7 @@ TD_TEST(killed_worker, .world_size = 3, .params = "unix,tcp", .timeout_s = 60, .
     TD_CHECK_OK(td_rpc_barrier(NULL, NULL, 0, 30000));
     if (ctx->rank == 2) {
         rpc_test_sleep_ms(300);
-        FILE *fp = fopen(path, "w");
-        fprintf(fp, "%lld\n", (long long)now_ms());
-        fclose(fp);
-        raise(SIGKILL);
+        rpc_test_die_noting_time(path);
     }
     int other = 1 - ctx->rank;
     td_value *slow = td_value_tuple_of(1, td_value_int(20000));
@@ -965,14 +961,8 @@ TD_TEST(killed_worker, .world_size = 3, .params = "unix,tcp", .timeout_s = 60, .
         TD_CHECK_ERR(td_future_wait(fs[i], 30000), TD_ERR_PEER_LOST, "worker2");
         td_future_release(fs[i]);
     }
-    int64_t failed_at = now_ms();
-    FILE *fp = fopen(path, "r");
-    TD_CHECK(fp != NULL);
-    long long killed_at = 0;
-    TD_CHECK(fscanf(fp, "%lld", &killed_at) == 1);
-    fclose(fp);
-    TD_CHECK_MSG(failed_at - killed_at < 2000, "the calls failed %lld ms after the kill",
-                 (long long)(failed_at - killed_at));
+    int64_t since = rpc_test_ms_since_death(path);
+    TD_CHECK_MSG(since < 2000, "the calls failed %lld ms after the kill", (long long)since);
     /* Later calls to it fail at once, through their future. */
     td_future *f = NULL;
     int64_t t0 = now_ms();

@@ -150,7 +150,7 @@ TD_TEST(header_rejections)
     /* Version 1 (a hello without proofs, never answered) is an older tdist's. */
     put_at(bad + 4, 1, 2);
     TD_CHECK_ERR(rpc_header_read(bad, UINT64_MAX, &back), TD_ERR_INVALID, NULL);
-    TD_CHECK_STR_EQ(td_last_error(), "RPC message of version 1; this tdist speaks version 2");
+    TD_CHECK_STR_EQ(td_last_error(), "RPC message of version 1; this tdist speaks version 3");
     put_at(bad + 4, 0, 2);
     TD_CHECK_ERR(rpc_header_read(bad, UINT64_MAX, &back), TD_ERR_INVALID, "RPC message of version 0;");
 
@@ -166,7 +166,7 @@ TD_TEST(header_rejections)
 
     memcpy(bad, good, sizeof bad);
     put_at(bad + 8, RPC_FLAGS_KNOWN + 1u, 2);
-    TD_CHECK_ERR(rpc_header_read(bad, UINT64_MAX, &back), TD_ERR_INVALID, "unknown flags 0x10");
+    TD_CHECK_ERR(rpc_header_read(bad, UINT64_MAX, &back), TD_ERR_INVALID, "unknown flags 0x20");
     put_at(bad + 8, 0x8001, 2);
     TD_CHECK_ERR(rpc_header_read(bad, UINT64_MAX, &back), TD_ERR_INVALID, "unknown flags 0x8001");
 
@@ -508,8 +508,11 @@ TD_TEST(hello_and_answer_forms)
     put_at(hw, 2, 4);
     TD_CHECK_ERR(rpc_hello_read(hw, &hback), TD_ERR_INVALID, "RPC hello has unknown auth flags 0x2");
     put_at(hw, 0, 4);
-    put_at(hw + 4, 1, 4);
-    TD_CHECK_ERR(rpc_hello_read(hw, &hback), TD_ERR_INVALID, "reserved field");
+    put_at(hw + 4, RPC_HELLO_CMA, 4);
+    TD_CHECK_OK(rpc_hello_read(hw, &hback));
+    TD_CHECK_EQ(hback.features, RPC_HELLO_CMA);
+    put_at(hw + 4, 2, 4);
+    TD_CHECK_ERR(rpc_hello_read(hw, &hback), TD_ERR_INVALID, "RPC hello has unknown features 0x2");
 
     rpc_answer ans = {.status = RPC_ANSWER_ADMITTED, .auth_flags = RPC_AUTH_HAS_SECRET}, aback;
     memset(ans.proof, 0x5a, sizeof ans.proof);
@@ -529,6 +532,112 @@ TD_TEST(hello_and_answer_forms)
     put_at(aw, 0, 4);
     put_at(aw + 4, 0x10, 4);
     TD_CHECK_ERR(rpc_answer_read(aw, &aback), TD_ERR_INVALID, "unknown auth flags 0x10");
+}
+
+/* The single-copy form of a message: which iovecs become pieces, the table's wire form and its
+ * checks, and where the stream's bytes go around the pieces. */
+TD_TEST(piece_tables)
+{
+    /* A payload of three large tensors between small values. */
+    td_tensor *t[3];
+    td_value *list = td_value_list_new();
+    for (int i = 0; i < 3; i++) {
+        TD_CHECK_OK(td_tensor_full(TD_FLOAT32, TD_SHAPE(70000 + i), i, &t[i]));
+        TD_CHECK_OK(td_value_list_append(list, td_value_int(i)));
+        TD_CHECK_OK(td_value_list_append(list, td_value_tensor(t[i])));
+    }
+    rpc_header h = sample_header();
+    rpc_outgoing *m = NULL;
+    TD_CHECK_OK(rpc_outgoing_make(&h, list, &m));
+    size_t count = 0;
+    rpc_outgoing_iov(m, &count);
+    struct iovec iov[64];
+    TD_CHECK(count + 1 <= 64);
+    rpc_pieces p;
+    uint8_t hdr[RPC_HEADER_BYTES], table[RPC_PIECES_WIRE_MAX];
+    size_t n = 0;
+    rpc_outgoing_pieces(m, 1u << 30, &p, hdr, table, iov, &n);
+    TD_CHECK_EQ(p.count, 0u); /* none that large */
+    rpc_outgoing_pieces(m, 256 << 10, &p, hdr, table, iov, &n);
+    TD_CHECK_EQ(p.count, 3u);
+    TD_CHECK_EQ(n, 2 + (count - 1 - 3)); /* header, table, the payload iovecs that stay inline */
+    rpc_header back;
+    TD_CHECK_OK(rpc_header_read(hdr, UINT64_MAX, &back));
+    TD_CHECK(back.flags & RPC_FLAG_PIECES);
+    uint64_t payload_len = rpc_outgoing_size(m) - RPC_HEADER_BYTES;
+    TD_CHECK_EQ(back.payload_len, payload_len);
+    for (int i = 0; i < 3; i++) {
+        TD_CHECK_EQ(p.piece[i].addr, (uint64_t)(uintptr_t)td_tensor_data(t[i]));
+        TD_CHECK_EQ(p.piece[i].len, (uint64_t)(70000 + i) * 4);
+    }
+    TD_CHECK_EQ(iov[1].iov_len, (size_t)(RPC_PIECES_HEAD + 3 * RPC_PIECE_BYTES));
+    uint32_t c = 0;
+    TD_CHECK_OK(rpc_pieces_count(table, &c));
+    TD_CHECK_EQ(c, 3u);
+    rpc_pieces q;
+    TD_CHECK_OK(rpc_pieces_read(table + RPC_PIECES_HEAD, c, payload_len, &q));
+    TD_CHECK(memcmp(q.piece, p.piece, sizeof(rpc_piece) * 3) == 0);
+    TD_CHECK_EQ(q.bytes, p.bytes);
+    /* The stream's bytes fill the gaps between the pieces, in order: each stream byte's place and
+     * room agree with a walk over the payload's bytes. */
+    uint64_t inline_off = 0;
+    for (uint64_t at = 0; at < payload_len;) {
+        uint32_t k = 0;
+        while (k < q.count && !(at >= q.piece[k].offset && at < q.piece[k].offset + q.piece[k].len))
+            k++;
+        if (k < q.count) {
+            at = q.piece[k].offset + q.piece[k].len;
+            continue;
+        }
+        uint64_t run = 0;
+        while (at + run < payload_len) {
+            uint32_t j2 = 0;
+            while (j2 < q.count && q.piece[j2].offset != at + run)
+                j2++;
+            if (j2 < q.count)
+                break;
+            run++;
+        }
+        uint64_t room = 0;
+        TD_CHECK_EQ(rpc_pieces_place(&q, payload_len, inline_off, &room), at);
+        TD_CHECK_EQ(room, run);
+        inline_off += run;
+        at += run;
+    }
+    TD_CHECK_EQ(inline_off, payload_len - q.bytes);
+
+    /* What a reader refuses: counts, order, overlap, bounds, empty pieces, wrapping addresses. */
+    uint8_t head[RPC_PIECES_HEAD] = {0};
+    TD_CHECK_ERR(rpc_pieces_count(head, &c), TD_ERR_INVALID, "RPC piece table of 0 pieces (1 to 8)");
+    put_at(head, RPC_PIECES_MAX + 1, 4);
+    TD_CHECK_ERR(rpc_pieces_count(head, &c), TD_ERR_INVALID, "RPC piece table of 9 pieces");
+    put_at(head, 1, 4);
+    put_at(head + 4, 7, 4);
+    TD_CHECK_ERR(rpc_pieces_count(head, &c), TD_ERR_INVALID, "reserved field 0x7");
+    uint8_t e[2 * RPC_PIECE_BYTES];
+    const struct {
+        uint64_t off0, len0, off1, len1, addr1;
+        const char *want;
+    } bad[] = {
+        {0, 0, 10, 1, 1, "RPC piece 0 (bytes 0 to 0) is empty"},
+        {0, 10, 5, 10, 1, "RPC piece 1 (bytes 5 to 15) is empty, out of order or outside the payload of 100 bytes"},
+        {0, 10, 95, 10, 1, "RPC piece 1 (bytes 95 to 105)"},
+        {0, 10, 101, 1, 1, "RPC piece 1 (bytes 101 to 102)"},
+        {0, 10, 20, 10, UINT64_MAX - 3, "RPC piece 1's address range wraps around"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        put_at(e, bad[i].off0, 8);
+        put_at(e + 8, bad[i].len0, 8);
+        put_at(e + 16, 4096, 8);
+        put_at(e + 24, bad[i].off1, 8);
+        put_at(e + 32, bad[i].len1, 8);
+        put_at(e + 40, bad[i].addr1, 8);
+        TD_CHECK_ERR(rpc_pieces_read(e, 2, 100, &q), TD_ERR_INVALID, bad[i].want);
+    }
+    rpc_outgoing_free(m);
+    td_value_release(list);
+    for (int i = 0; i < 3; i++)
+        td_tensor_release(t[i]);
 }
 
 TD_TEST_MAIN()

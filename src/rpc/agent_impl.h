@@ -57,7 +57,7 @@
 #define RPC_AUTH_GRACE_MS 3000                /* joining: a refused worker's time to connect after all */
 #define RPC_STAGE_BYTES 4096                  /* a channel's read-ahead buffer */
 #define RPC_SPIN_US_DEFAULT 50                 /* the spin budget (TDIST_RPC_SPIN_US) */
-#define RPC_PIECE_MIN_DEFAULT (256u << 10)     /* payload parts this large go as pieces (TDIST_RPC_CMA_MIN) */
+#define RPC_PIECE_MIN_DEFAULT (256u << 10)     /* payload parts this large go as pieces (TDIST_RPC_CMA=0: none) */
 
 /* ---- channels (channel.c) -------------------------------------------------------------------- */
 

@@ -162,7 +162,8 @@ static void cma_probe(td_rpc_agent *a, rpc_channel *ch)
     bool ok = addr != 0 && ch->peer_pid > 0 && samehost_word_is(ch->peer_pid, addr, value);
     if (!ok)
         TD_LOG_DEBUG("RPC agent %s: cannot read process %d's memory (%s): large payloads go through the socket",
-                     a->self.name, (int)ch->peer_pid, strerror(errno));
+                     a->self.name, (int)ch->peer_pid,
+                     addr == 0 || ch->peer_pid <= 0 ? "the peer published no probe" : strerror(errno));
     atomic_store(&ch->cma->side[ch->cma_side].can_read, ok ? 1u : 0u);
 }
 
@@ -787,7 +788,8 @@ static bool message_done(td_rpc_agent *a, rpc_channel *ch)
     return true;
 }
 
-/* Where the next stream byte of the payload goes, and how many may go there in a row. */
+/* Where the next stream byte of the payload goes, and how many may go there in a row (all of them
+ * stream bytes still to come, so never more than are left). */
 static char *payload_dst(rpc_channel *ch, uint64_t *room)
 {
     uint64_t at = rpc_pieces_place(&ch->pieces, ch->header.payload_len, ch->payload_have, room);
@@ -810,7 +812,7 @@ static void channel_read(td_rpc_agent *a, rpc_channel *ch)
         if (ch->peer < 0 && !hello_read(a, ch))
             return;
         bool reading_header = ch->hdr_have < RPC_HEADER_BYTES;
-        bool in_table = !reading_header && reading_table(ch);
+        bool in_table = reading_table(ch);
         if (ch->stage_off < ch->stage_len) {
             const uint8_t *src = ch->stage + ch->stage_off;
             size_t avail = ch->stage_len - ch->stage_off, used;
@@ -831,17 +833,13 @@ static void channel_read(td_rpc_agent *a, rpc_channel *ch)
             } else {
                 uint64_t room;
                 char *dst = payload_dst(ch, &room);
-                uint64_t left = inline_len(ch) - ch->payload_have;
-                if (room > left)
-                    room = left;
                 used = room < avail ? (size_t)room : avail;
                 memcpy(dst, src, used);
                 ch->payload_have += used;
                 ch->stage_off += used;
             }
-            if (message_done(a, ch) || !atomic_load(&ch->dead))
-                continue;
-            return;
+            message_done(a, ch);
+            continue;
         }
         if (ch->drained || reads >= 64) {
             ch->drained = false;
@@ -854,9 +852,6 @@ static void channel_read(td_rpc_agent *a, rpc_channel *ch)
         if (direct) {
             uint64_t room;
             dst = payload_dst(ch, &room);
-            uint64_t left = inline_len(ch) - ch->payload_have;
-            if (room > left)
-                room = left;
             want = room > (1u << 30) ? (1u << 30) : (size_t)room;
         }
         ssize_t n = recv(ch->fd, dst, want, 0);

@@ -21,7 +21,9 @@
  * Import: the per-process base cache maps a memory handle to the one mapping this process opened
  * of it (CUDA lets a process open a handle once), and the identity cache maps (handle, offset) to a
  * weak reference of the storage built at base + offset, so a storage sent twice arrives as one
- * (the second message's counter reference is given back at once). The consumer's current stream
+ * (the second message's counter reference is given back at once). Exports enter the identity
+ * cache too: a message a process receives from itself gives back the storage it sent, as torch's
+ * shared_cache (CUDA cannot open a handle in the process that made it). The consumer's current stream
  * waits on the producer's event before anything uses the memory. The producer's counter files are
  * mapped once per process while a storage of this process holds a slot in them (best effort: a
  * producer that is gone leaves its slots alone). Releasing the storage synchronizes that stream,
@@ -71,6 +73,30 @@ static _Atomic int64_t *slot_at(void *map, int64_t slot)
 }
 
 static pthread_mutex_t dshare_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* The identity cache, under dshare_mu: (memory handle, offset) -> the storage this process holds
+ * there (a weak reference), the storages it received and the ones it sent. A message this
+ * process sent to itself arrives as the storage it sent, as torch's shared_cache does (CUDA
+ * cannot open a handle in the process that made it). */
+static td_map identities = TD_MAP_INIT;
+
+/* hkey names a segment (device and memory handle), ikey a storage in it (hkey and offset). */
+static void identity_keys(td_device d, const void *mem_handle, int64_t offset, char hkey[160], char ikey[192])
+{
+    int at = snprintf(hkey, 160, "%d:%d:", (int)d.type, d.index);
+    for (size_t i = 0; i < sizeof(device_mem_ipc_handle) && at + 2 < 160; i++)
+        at += snprintf(hkey + at, 160 - (size_t)at, "%02x", ((const unsigned char *)mem_handle)[i]);
+    snprintf(ikey, 192, "%s@%" PRId64, hkey, offset);
+}
+
+/* Drops s's entry under key, if the entry is s's. Called with dshare_mu held. */
+static void identity_forget(const char *key, td_storage *s)
+{
+    if (key[0] && map_get_str(&identities, key) == s) {
+        map_remove(&identities, key, strlen(key));
+        storage_weak_release(s);
+    }
+}
 
 /* ---- the producer's reference-counter files --------------------------------------------------- */
 
@@ -185,6 +211,8 @@ typedef TD_VEC(td_event *) event_vec;
 
 typedef struct sent_ctx {
     void *data; /* the block (td_device_free'd when done) */
+    td_storage *storage; /* not a reference: for its entry in the identity cache */
+    char key[192];       /* that entry's key; "" while it has none */
     counter_file *file;
     int64_t slot;      /* messages in flight + consumer storages */
     event_vec events;  /* kept while consumers may still open them */
@@ -265,6 +293,9 @@ static void sent_free(void *data, size_t nbytes, void *p)
     (void)data;
     (void)nbytes;
     sent_ctx *c = p;
+    pthread_mutex_lock(&dshare_mu);
+    identity_forget(c->key, c->storage);
+    pthread_mutex_unlock(&dshare_mu);
     if (atomic_load(sent_slot(c)) <= 0) {
         sent_destroy(c);
     } else {
@@ -331,6 +362,32 @@ static td_value *record_event(sent_ctx *c, td_stream *stream)
     return handle_bytes(eh.bytes, sizeof eh.bytes);
 }
 
+/* Enters a sent storage in the identity cache, so that this process receives it as itself. */
+static void identity_publish(sent_ctx *c, td_device d, const void *mem_handle, int64_t offset)
+{
+    char hkey[160], ikey[192];
+    identity_keys(d, mem_handle, offset, hkey, ikey);
+    pthread_mutex_lock(&dshare_mu);
+    if (strcmp(c->key, ikey) != 0) {
+        identity_forget(c->key, c->storage);
+        td_storage *old = map_get_str(&identities, ikey);
+        td_storage *live = old ? storage_weak_lock(old) : NULL;
+        if (!live) { /* a live entry of the same block is a storage received earlier: it stays */
+            if (old) {
+                map_remove(&identities, ikey, strlen(ikey));
+                storage_weak_release(old);
+            }
+            map_put(&identities, ikey, strlen(ikey), storage_weak_retain(c->storage));
+            snprintf(c->key, sizeof c->key, "%s", ikey);
+        }
+        pthread_mutex_unlock(&dshare_mu);
+        if (live)
+            td_storage_release(live);
+        return;
+    }
+    pthread_mutex_unlock(&dshare_mu);
+}
+
 td_status dshare_export(td_storage *s, td_value **entry)
 {
     *entry = NULL;
@@ -365,6 +422,7 @@ td_status dshare_export(td_storage *s, td_value **entry)
     if (!c) {
         c = TD_NEW(sent_ctx);
         c->data = s->data;
+        c->storage = s;
         st = counter_slot_take(&c->file, &c->slot);
         if (st == TD_OK) {
             /* The storage is ours from now on: its last release decides between freeing and limbo. */
@@ -414,6 +472,7 @@ td_status dshare_export(td_storage *s, td_value **entry)
     if (!event_value)
         event_value = td_value_none();
     uintptr_t offset = (uintptr_t)s->data - (uintptr_t)base;
+    identity_publish(c, seg_device, mh.bytes, (int64_t)offset);
     *entry = td_value_tuple_of(
         13, td_value_int(TD_SHM_DEVICE), td_value_int((int64_t)s->nbytes), td_value_int(seg_device.type),
         td_value_int(seg_device.index), handle_bytes(mh.bytes, sizeof mh.bytes), td_value_int((int64_t)seg_size),
@@ -469,7 +528,6 @@ typedef struct received_ctx {
 } received_ctx;
 
 static td_map bases = TD_MAP_INIT;         /* handle key -> opened_base * */
-static td_map identities = TD_MAP_INIT;    /* handle key + offset -> td_storage * (weak) */
 static td_map counter_views = TD_MAP_INIT; /* "pid:fd:ino" -> counter_view * */
 
 static bool counter_stat_ok(const struct stat *st, int64_t ino)
@@ -577,10 +635,7 @@ static void received_free(void *data, size_t nbytes, void *p)
     counter_view_release(c->counter);
     opened_base *close_it = NULL;
     pthread_mutex_lock(&dshare_mu);
-    if (map_get_str(&identities, c->key) == c->storage) {
-        map_remove(&identities, c->key, strlen(c->key));
-        storage_weak_release(c->storage);
-    }
+    identity_forget(c->key, c->storage);
     if (--c->opened->storages == 0) {
         map_remove(&bases, c->opened->key, strlen(c->opened->key));
         close_it = c->opened;
@@ -740,10 +795,7 @@ td_status dshare_import(const td_value *e, td_storage **out)
 
     /* Keys: the memory handle, and the handle with the offset. */
     char hkey[160], ikey[192];
-    int at = snprintf(hkey, sizeof hkey, "%d:%d:", (int)d.type, d.index);
-    for (size_t i = 0; i < sizeof(device_mem_ipc_handle) && at + 2 < (int)sizeof hkey; i++)
-        at += snprintf(hkey + at, sizeof hkey - (size_t)at, "%02x", ((const unsigned char *)x.mem_handle)[i]);
-    snprintf(ikey, sizeof ikey, "%s@%" PRId64, hkey, x.offset);
+    identity_keys(d, x.mem_handle, x.offset, hkey, ikey);
 
     pthread_mutex_lock(&dshare_mu);
     td_storage *known = map_get_str(&identities, ikey);

@@ -316,6 +316,8 @@ TD_TEST(test_non_leaf_variable_sharing_cuda, DEV_CASE)
     TD_CHECK_OK(td_mp_queue_get(q, 1000, &got));
     td_tensor *t = td_value_get_tensor(got);
     TD_CHECK(t && !td_autograd_requires_grad(t) && td_tensor_device(t).type == dev(0).type);
+    /* Received in the process that sent it: the storage it sent (CUDA cannot open its own handles). */
+    TD_CHECK(td_tensor_storage(t) == td_tensor_storage(detached));
     td_value_release(got);
     td_value_release(dv);
     td_tensor_release(detached);

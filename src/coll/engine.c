@@ -34,7 +34,7 @@ td_status coll_ctx_init(td_coll_ctx *c, td_transport *t, const td_coll_config *c
 
 void coll_ctx_free(td_coll_ctx *c)
 {
-    free(c->scratch);
+    huge_free(c->scratch, c->scratch_cap);
     free(c->xfers);
     free(c->ptrs);
     free(c->steps);
@@ -56,7 +56,7 @@ td_status coll_scratch(coll_run *run, size_t bytes, char **out)
         size_t cap = grow_to(bytes);
         void *p = NULL;
         TD_TRY(huge_try_alloc(cap, "collective scratch buffer", &p));
-        free(c->scratch);
+        huge_free(c->scratch, c->scratch_cap);
         c->scratch = p;
         c->scratch_cap = cap;
     }

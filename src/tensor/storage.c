@@ -14,7 +14,11 @@
 #include "base/hugealloc.h"
 #include "base/error.h"
 
-static void heap_free(void *data, size_t nbytes, void *ctx) { free(data); }
+static void heap_free(void *data, size_t nbytes, void *ctx)
+{
+    (void)ctx;
+    huge_free(data, nbytes ? nbytes : 64);
+}
 
 const td_storage_allocator storage_heap_allocator = {
     .kind = TD_STORAGE_HEAP,
@@ -79,9 +83,12 @@ static td_status heap_alloc(size_t nbytes, bool zero, td_storage **out)
     void *data = NULL;
     /* A zero-byte storage still gets a real block, so element pointers are never NULL-based. Large
      * storages go on transparent huge pages: copies between ranks and the reduce loops then walk
-     * one page-table entry per 2 MiB (base/hugealloc.h). The size is described only on failure:
-     * formatting it costs more than a small allocation. */
-    if (huge_try_alloc(nbytes ? nbytes : 64, "a tensor storage", &data) != TD_OK) {
+     * one page-table entry per 2 MiB, and freed ones are kept for reuse (base/hugealloc.h). The
+     * size is described only on failure: formatting it costs more than a small allocation. */
+    td_status st = huge_try_alloc(nbytes ? nbytes : 64, "a tensor storage", &data);
+    if (st != TD_OK && st != TD_ERR_NOMEM)
+        return st; /* a bad TDIST_STORAGE_CACHE */
+    if (st != TD_OK) {
         char what[64];
         describe_size(what, sizeof what, nbytes);
         return error_fmt(TD_ERR_NOMEM, "out of memory allocating %s (%zu bytes)", what, nbytes ? nbytes : 64);

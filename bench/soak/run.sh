@@ -7,8 +7,12 @@
 #
 #   bash bench/soak/run.sh [BUILD_DIR (build/plain)] [MINUTES (30)] [BACKENDS... (tcp shm auto mpi threaded)]
 # Environment: RESULTS (bench/results/soak), SEED (each run's own, printed, by default),
-# SOAK_ARGS (more tdist-soak flags, e.g. "--max-growth-mib 128").
+# SOAK_ARGS (more tdist-soak flags, e.g. "--max-growth-mib 128"), TDIST_STORAGE_CACHE (0 here
+# unless set: the RSS check looks for leaks, and the freed blocks a process keeps for reuse, up to
+# 128 MiB by default, would move its RSS by tens of MiB either way; tests/base/test_hugealloc.c
+# checks that cache's bound).
 set -euo pipefail
+export TDIST_STORAGE_CACHE=${TDIST_STORAGE_CACHE:-0}
 cd "$(dirname "$0")/../.."
 build=${1:-build/plain}
 minutes=${2:-30}

@@ -83,9 +83,14 @@ static td_map identities = TD_MAP_INIT;
 /* hkey names a segment (device and memory handle), ikey a storage in it (hkey and offset). */
 static void identity_keys(td_device d, const void *mem_handle, int64_t offset, char hkey[160], char ikey[192])
 {
+    static const char hex[] = "0123456789abcdef";
     int at = snprintf(hkey, 160, "%d:%d:", (int)d.type, d.index);
-    for (size_t i = 0; i < sizeof(device_mem_ipc_handle) && at + 2 < 160; i++)
-        at += snprintf(hkey + at, 160 - (size_t)at, "%02x", ((const unsigned char *)mem_handle)[i]);
+    const unsigned char *h = mem_handle;
+    for (size_t i = 0; i < sizeof(device_mem_ipc_handle) && at + 2 < 160; i++) {
+        hkey[at++] = hex[h[i] >> 4];
+        hkey[at++] = hex[h[i] & 15];
+    }
+    hkey[at] = '\0';
     snprintf(ikey, 192, "%s@%" PRId64, hkey, offset);
 }
 
@@ -362,30 +367,31 @@ static td_value *record_event(sent_ctx *c, td_stream *stream)
     return handle_bytes(eh.bytes, sizeof eh.bytes);
 }
 
-/* Enters a sent storage in the identity cache, so that this process receives it as itself. */
+/* Enters a sent storage in the identity cache, so that this process receives it as itself. A
+ * sent storage's block never moves, so its key is made once, at its first export. */
 static void identity_publish(sent_ctx *c, td_device d, const void *mem_handle, int64_t offset)
 {
+    pthread_mutex_lock(&dshare_mu);
+    bool done = c->key[0] != '\0';
+    pthread_mutex_unlock(&dshare_mu);
+    if (done)
+        return;
     char hkey[160], ikey[192];
     identity_keys(d, mem_handle, offset, hkey, ikey);
     pthread_mutex_lock(&dshare_mu);
-    if (strcmp(c->key, ikey) != 0) {
-        identity_forget(c->key, c->storage);
-        td_storage *old = map_get_str(&identities, ikey);
-        td_storage *live = old ? storage_weak_lock(old) : NULL;
-        if (!live) { /* a live entry of the same block is a storage received earlier: it stays */
-            if (old) {
-                map_remove(&identities, ikey, strlen(ikey));
-                storage_weak_release(old);
-            }
-            map_put(&identities, ikey, strlen(ikey), storage_weak_retain(c->storage));
-            snprintf(c->key, sizeof c->key, "%s", ikey);
+    td_storage *old = c->key[0] ? NULL : map_get_str(&identities, ikey);
+    td_storage *live = old ? storage_weak_lock(old) : NULL;
+    if (!c->key[0] && !live) { /* a live entry of the same block is a storage received earlier: it stays */
+        if (old) {
+            map_remove(&identities, ikey, strlen(ikey));
+            storage_weak_release(old);
         }
-        pthread_mutex_unlock(&dshare_mu);
-        if (live)
-            td_storage_release(live);
-        return;
+        map_put(&identities, ikey, strlen(ikey), storage_weak_retain(c->storage));
+        snprintf(c->key, sizeof c->key, "%s", ikey);
     }
     pthread_mutex_unlock(&dshare_mu);
+    if (live)
+        td_storage_release(live);
 }
 
 td_status dshare_export(td_storage *s, td_value **entry)

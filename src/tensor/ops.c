@@ -601,9 +601,11 @@ static td_status gather_wide(const td_tensor *t, wide **out)
  * that a register tile of MM_MR x MM_NR outputs is updated per step along k. The arithmetic is the
  * wide path's, in the same order (each output element sums a[i][p] * b[p][j] over p in double,
  * multiply then add, rounded once into the result's dtype), so the results are bit-identical on
- * every CPU; only the layout and the vector width differ. A float32/float64 b with contiguous rows
- * is read in place (its values converted exactly) instead of packed. The tile kernel is built for
- * the baseline ISA and for AVX2, picked at run time; no FMA, which would round differently. */
+ * every CPU; only the layout and the vector width differ. b is packed one panel at a time into
+ * scratch that stays in the caches, as doubles (converted exactly); a float32/float64 b with
+ * contiguous rows is read in place instead when a has a single tile of rows. A float32 or float64
+ * result is written by the kernel, rounded as it stores; other dtypes go through a double scratch. The tile kernel is built for the baseline ISA and for AVX2,
+ * picked at run time; no FMA, which would round differently. */
 #define MM_MR 4
 #define MM_NR 8
 
@@ -658,27 +660,23 @@ static void gather_rows(const td_tensor *t, int64_t rows, int64_t cols, double *
     gather_block(t, 0, 0, rows, cols, false, dst, cols, 1);
 }
 
-/* b [k x m] into panels: panel q holds columns q*MM_NR .. q*MM_NR+MM_NR-1 as k rows of MM_NR,
- * zero-padded past m. */
-static void gather_panels(const td_tensor *t, int64_t k, int64_t m, double *dst)
-{
-    for (int64_t j0 = 0; j0 < m; j0 += MM_NR, dst += k * MM_NR) {
-        int64_t w = m - j0 < MM_NR ? m - j0 : MM_NR;
-        if (w < MM_NR)
-            memset(dst, 0, (size_t)(k * MM_NR) * sizeof(double));
-        gather_block(t, 0, j0, k, w, true, dst, MM_NR, 1);
-    }
-}
-
 typedef double mm_v4 __attribute__((vector_size(4 * sizeof(double))));
 
 #define MM_LOAD(v, p) memcpy(&(v), (p), sizeof(v)) /* an unaligned vector load */
 
-static inline void mm_store(double *dst, const mm_v4 *acc, int64_t w)
+static inline void mm_store_double(double *dst, const mm_v4 *acc, int64_t w)
 {
     double tmp[MM_NR];
     memcpy(tmp, acc, sizeof tmp);
     memcpy(dst, tmp, (size_t)w * sizeof(double));
+}
+
+static inline void mm_store_float(float *dst, const mm_v4 *acc, int64_t w)
+{
+    double tmp[MM_NR];
+    memcpy(tmp, acc, sizeof tmp);
+    for (int64_t j = 0; j < w; j++)
+        dst[j] = (float)tmp[j];
 }
 
 #define MM_BCAST(x) ((mm_v4){(x), (x), (x), (x)})
@@ -697,11 +695,11 @@ typedef float mm_f4 __attribute__((vector_size(4 * sizeof(float))));
         b1 = __builtin_convertvector(hi_, mm_v4);                                                        \
     } while (0)
 
-/* c[:, j0 .. j0 + w) (row-major doubles, n x m) = a [n x k] @ one panel of b, whose row p starts at
- * b + p * ldb (BT: double or float). */
-#define DEF_MM_PANEL(name, ATTR, BT, ROW)                                                                \
+/* c[:, j0 .. j0 + w) (row-major, n x m, CT: double or float) = a [n x k] @ one panel of b, whose
+ * row p starts at b + p * ldb (BT: double or float). */
+#define DEF_MM_PANEL(name, ATTR, BT, ROW, CT)                                                            \
     ATTR static void name(const double *a, const BT *b, int64_t ldb, int64_t n, int64_t k, int64_t m,   \
-                          int64_t j0, int64_t w, double *c)                                              \
+                          int64_t j0, int64_t w, CT *c)                                                  \
     {                                                                                                    \
         int64_t i = 0;                                                                                   \
         for (; i + MM_MR <= n; i += MM_MR) {                                                             \
@@ -718,7 +716,7 @@ typedef float mm_f4 __attribute__((vector_size(4 * sizeof(float))));
                 acc[3][0] += x3 * b0, acc[3][1] += x3 * b1;                                              \
             }                                                                                            \
             for (int r = 0; r < MM_MR; r++)                                                              \
-                mm_store(c + (i + r) * m + j0, acc[r], w);                                               \
+                mm_store_##CT(c + (i + r) * m + j0, acc[r], w);                                          \
         }                                                                                                \
         for (; i < n; i++) {                                                                             \
             const double *a0 = a + i * k;                                                                \
@@ -728,15 +726,19 @@ typedef float mm_f4 __attribute__((vector_size(4 * sizeof(float))));
                 ROW(b0, b1, b, p, ldb);                                                                  \
                 acc[0] += x0 * b0, acc[1] += x0 * b1;                                                    \
             }                                                                                            \
-            mm_store(c + i * m + j0, acc, w);                                                            \
+            mm_store_##CT(c + i * m + j0, acc, w);                                                       \
         }                                                                                                \
     }
 
-DEF_MM_PANEL(mm_panel_double_base, , double, MM_ROW_DOUBLE)
-DEF_MM_PANEL(mm_panel_float_base, , float, MM_ROW_FLOAT)
+/* mm_panel_<b's type>_<c's type>_<ISA> */
+#define DEF_MM_PANELS(isa, ATTR)                                                                         \
+    DEF_MM_PANEL(mm_panel_double_double_##isa, ATTR, double, MM_ROW_DOUBLE, double)                     \
+    DEF_MM_PANEL(mm_panel_float_double_##isa, ATTR, float, MM_ROW_FLOAT, double)                        \
+    DEF_MM_PANEL(mm_panel_double_float_##isa, ATTR, double, MM_ROW_DOUBLE, float)                       \
+    DEF_MM_PANEL(mm_panel_float_float_##isa, ATTR, float, MM_ROW_FLOAT, float)
+DEF_MM_PANELS(base, )
 #if defined(__x86_64__) && defined(__GNUC__)
-DEF_MM_PANEL(mm_panel_double_avx2, __attribute__((target("avx2"))), double, MM_ROW_DOUBLE)
-DEF_MM_PANEL(mm_panel_float_avx2, __attribute__((target("avx2"))), float, MM_ROW_FLOAT)
+DEF_MM_PANELS(avx2, __attribute__((target("avx2"))))
 
 static bool mm_have_avx2(void)
 {
@@ -751,42 +753,72 @@ static bool mm_have_avx2(void)
 #define MM_PANEL(kind, ...) mm_panel_##kind##_base(__VA_ARGS__)
 #endif
 
+/* One panel of b through the kernel of its (BT) and the result's (CT) types. */
+#define MM_RUN_PANEL(BT, CT, panel, ld)                                                                  \
+    MM_PANEL(BT##_##CT, a, (const BT *)(panel), ld, rows, k, m, j0, w, (CT *)out)
+
+/* The result [rows x m] (out: float if out_float, else double) of a (gathered, rows x k) and b,
+ * one panel of b at a time through bp (scratch of k x MM_NR doubles). */
+static void matmul_panels(const double *a, const td_tensor *b, double *bp, int64_t rows, int64_t k, int64_t m,
+                         void *out, bool out_float)
+{
+    bool b_rows = (b->dtype == TD_FLOAT32 || b->dtype == TD_FLOAT64) && b->ndim == 2 && b->strides[1] == 1;
+    /* Read by several tiles of a's rows, a panel is copied out of b's rows into one contiguous block:
+     * in place, each of its k rows is a different cache line and often a different page. */
+    bool copy_rows = rows > MM_MR;
+    for (int64_t j0 = 0; j0 < m; j0 += MM_NR) {
+        int64_t w = m - j0 < MM_NR ? m - j0 : MM_NR;
+        const void *panel = bp;
+        int64_t ld = MM_NR;
+        bool panel_float = false;
+        if (b_rows && w == MM_NR) {
+            size_t es = dtype_size_of(b->dtype);
+            const char *src = (const char *)tensor_data_of(b) + (size_t)j0 * es;
+            if (copy_rows && b->dtype == TD_FLOAT32) { /* converted once here, not once per tile */
+                for (int64_t p = 0; p < k; p++) {
+                    const float *row = (const float *)src + p * b->strides[0];
+                    for (int j = 0; j < MM_NR; j++)
+                        bp[p * MM_NR + j] = row[j];
+                }
+            } else if (copy_rows) {
+                for (int64_t p = 0; p < k; p++)
+                    memcpy(bp + p * MM_NR, src + (size_t)(p * b->strides[0]) * es, MM_NR * es);
+            } else {
+                panel = src;
+                ld = b->strides[0];
+                panel_float = b->dtype == TD_FLOAT32;
+            }
+        } else { /* converted to doubles; the last, partial panel zero-padded */
+            if (w < MM_NR)
+                memset(bp, 0, (size_t)(k * MM_NR) * sizeof(double));
+            gather_block(b, 0, j0, k, w, true, bp, MM_NR, 1);
+        }
+        if (panel_float && out_float)
+            MM_RUN_PANEL(float, float, panel, ld);
+        else if (panel_float)
+            MM_RUN_PANEL(float, double, panel, ld);
+        else if (out_float)
+            MM_RUN_PANEL(double, float, panel, ld);
+        else
+            MM_RUN_PANEL(double, double, panel, ld);
+    }
+}
+
 static td_status matmul_real(const td_tensor *a, const td_tensor *b, int64_t n, int64_t k, int64_t m, td_tensor *res)
 {
-    bool direct = res->dtype == TD_FLOAT64; /* res is contiguous: the kernel writes it */
-    /* A float32 or float64 b with contiguous rows is read in place, full panels at least: packing a
-     * large b costs as much as the product when a has few rows (a batch through a wide layer). */
-    bool b_rows = (b->dtype == TD_FLOAT32 || b->dtype == TD_FLOAT64) && b->ndim == 2 && b->strides[1] == 1;
-    int64_t mp = b_rows ? MM_NR : (m + MM_NR - 1) / MM_NR * MM_NR; /* b_rows: one panel of scratch */
+    bool direct = res->dtype == TD_FLOAT64 || res->dtype == TD_FLOAT32; /* res is contiguous */
     size_t na = (size_t)(n * k), nb, nc = direct ? 0 : (size_t)(n * m), total;
-    if (__builtin_mul_overflow((size_t)k, (size_t)mp, &nb) || __builtin_add_overflow(na, nb, &total) ||
+    if (__builtin_mul_overflow((size_t)k, (size_t)MM_NR, &nb) || __builtin_add_overflow(na, nb, &total) ||
         __builtin_add_overflow(total, nc + 1, &total) || total > SIZE_MAX / sizeof(double))
         return error_fmt(TD_ERR_INVALID, "matmul: the operands have too many elements");
     double *buf;
     TD_TRY(alloc_try(total * sizeof(double), "matmul operands", (void **)&buf));
-    double *c = direct ? (double *)tensor_data_of(res) : buf + na + nb, *bp = buf + na;
+    double *bp = buf + na;
+    char *out = direct ? tensor_data_of(res) : (char *)(bp + nb);
     gather_rows(a, n, k, buf);
-    if (!b_rows)
-        gather_panels(b, k, m, bp);
-    for (int64_t j0 = 0; j0 < m; j0 += MM_NR) {
-        int64_t w = m - j0 < MM_NR ? m - j0 : MM_NR;
-        if (b_rows && w == MM_NR && b->dtype == TD_FLOAT32) {
-            MM_PANEL(float, buf, (const float *)tensor_data_of(b) + j0, b->strides[0], n, k, m, j0, w, c);
-        } else if (b_rows && w == MM_NR) {
-            MM_PANEL(double, buf, (const double *)tensor_data_of(b) + j0, b->strides[0], n, k, m, j0, w, c);
-        } else if (b_rows) { /* the last, partial panel: packed and zero-padded */
-            memset(bp, 0, (size_t)(k * MM_NR) * sizeof(double));
-            gather_block(b, 0, j0, k, w, true, bp, MM_NR, 1);
-            MM_PANEL(double, buf, bp, MM_NR, n, k, m, j0, w, c);
-        } else {
-            MM_PANEL(double, buf, bp + (j0 / MM_NR) * k * MM_NR, MM_NR, n, k, m, j0, w, c);
-        }
-    }
-    if (res->dtype == TD_FLOAT32) {
-        float *out = tensor_data_of(res);
-        for (size_t j = 0; j < nc; j++)
-            out[j] = (float)c[j];
-    } else if (!direct) {
+    matmul_panels(buf, b, bp, n, k, m, out, res->dtype == TD_FLOAT32);
+    if (!direct) {
+        const double *c = (const double *)out;
         char *dst = tensor_data_of(res);
         size_t es = dtype_size_of(res->dtype);
         for (size_t j = 0; j < nc; j++)

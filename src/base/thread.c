@@ -114,3 +114,18 @@ int thread_count(void)
 }
 
 pid_t thread_process_id(void) { return getpid(); }
+
+static __thread thread_block_hook tl_block_hook;
+static __thread void *tl_block_ctx;
+
+void thread_set_block_hook(thread_block_hook fn, void *ctx)
+{
+    tl_block_hook = fn;
+    tl_block_ctx = ctx;
+}
+
+void thread_blocking(bool blocked)
+{
+    if (tl_block_hook)
+        tl_block_hook(tl_block_ctx, blocked);
+}

@@ -34,6 +34,14 @@ bool thread_cond_wait_until(pthread_cond_t *c, pthread_mutex_t *m, int64_t deadl
 td_status thread_set_name(const char *name);
 td_status thread_get_name(char *out, size_t size);
 
+/* Blocking notices. A thread that others count on to make progress (an RPC pool's thread) installs
+ * a hook; tdist's own waits (td_future_wait and the like) call thread_blocking(true) before they
+ * sleep and thread_blocking(false) once they return, so that the pool can let another thread take
+ * the work this one would have taken. Without a hook, thread_blocking does nothing. */
+typedef void (*thread_block_hook)(void *ctx, bool blocked);
+void thread_set_block_hook(thread_block_hook fn, void *ctx);
+void thread_blocking(bool blocked);
+
 /* The number of threads in this process (from /proc/self/task), for leak checks. */
 int thread_count(void);
 

@@ -399,9 +399,11 @@ static td_status wait_until(td_future *f, int64_t deadline_ns, int64_t timeout_m
         return error_fmt(TD_ERR_INVALID, "td_future_wait: future is NULL");
     bool done = atomic_load(&f->state) != FUT_PENDING; /* complete() stored it last */
     if (!done) {
+        thread_blocking(true);
         pthread_mutex_lock(&f->mu);
         done = wait_locked(f, deadline_ns);
         pthread_mutex_unlock(&f->mu);
+        thread_blocking(false);
     }
     if (!done)
         return error_fmt(TD_ERR_TIMEOUT, "Timed out after %lld ms waiting for the future to complete",
@@ -452,6 +454,7 @@ static td_status wait_all_slow(td_future *const *fs, int n, int64_t deadline_ns,
 
     int failed = -1, pending = n;
     int64_t start = clock_now_ns(), sleep_ns = 0;
+    thread_blocking(true);
     for (;;) {
         /* Read before the scan: whatever completes after it bumps events and ends the wait below. */
         pthread_mutex_lock(&mw.mu);
@@ -495,6 +498,7 @@ static td_status wait_all_slow(td_future *const *fs, int n, int64_t deadline_ns,
         }
         pthread_mutex_unlock(&mw.mu);
     }
+    thread_blocking(false);
 
     /* Under each f->mu, even for a completed f: its completion may still be notifying mw. */
     for (int i = 0; i < n; i++) {

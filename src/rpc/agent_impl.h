@@ -50,6 +50,7 @@
 #define RPC_TICK_MS 50                        /* the I/O thread's longest sleep */
 #define RPC_MAX_PAYLOAD_DEFAULT (1ull << 30)  /* payloads above this are refused (TDIST_RPC_MAX_PAYLOAD) */
 #define RPC_POOL_CAP 512                      /* the pool never grows beyond this many threads */
+#define RPC_POOL_STALL_MS 5                   /* queued work with no taker: one more thread after this */
 #define RPC_POOL_IDLE_EXIT_MS 2000            /* threads beyond the base size exit after this idle */
 #define RPC_DYNAMIC_MAX_ID 1024              /* ids of a dynamic group's members are below this */
 #define RPC_DYNAMIC_CONNECT_MS 1000           /* a newcomer's longest wait to reach one member */
@@ -135,8 +136,11 @@ typedef struct rpc_pool {
     rpc_work *head, *tail;
     size_t queued;
     int base, cap;
-    int nthreads, idle, busy;
-    uint64_t taken, taken_seen; /* dequeues, and their number at the last tick */
+    int nthreads, idle;
+    int running;     /* threads running work and not blocked in a tdist wait (base/thread.h) */
+    int waking;      /* threads signalled or started to take work that have not yet looked */
+    int concurrency; /* running threads beyond which queued work waits for one to finish */
+    int64_t progress_ns; /* the last take, or when the queue last became non-empty */
     bool stop;
     int spinners;             /* idle threads polling for work instead of sleeping (at most one) */
     _Atomic size_t avail;     /* queued, for the spinner to poll without the lock */
@@ -152,8 +156,9 @@ void rpc_pool_init(rpc_pool *p, int base);
  * none is free), or drop(arg) if the pool stops first. Fails only when the pool stopped (then
  * neither is run). */
 td_status rpc_pool_submit(rpc_pool *p, void (*fn)(void *), void (*drop)(void *), void *arg);
-/* From the I/O thread's tick: starts one more thread when work waits and no thread took any since
- * the last tick (every thread is blocked, e.g. in nested calls). */
+/* From the I/O thread's tick, at least every RPC_POOL_STALL_MS while work is queued: wakes or
+ * starts one more thread when work has waited RPC_POOL_STALL_MS with no thread taking any (every
+ * thread is busy or blocked, e.g. in a long function or a nested call). */
 void rpc_pool_tick(rpc_pool *p);
 /* True on one of p's threads. */
 bool rpc_pool_is_current(const rpc_pool *p);

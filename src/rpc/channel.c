@@ -965,12 +965,14 @@ static void *io_main(void *arg)
 {
     td_rpc_agent *a = arg;
     struct epoll_event evs[64];
-    int64_t last_tick = clock_now_ns();
+    int64_t last_tick = clock_now_ns(), last_pool_tick = last_tick;
     while (!atomic_load(&a->io_stop)) {
         pthread_mutex_lock(&a->mu);
         int64_t next = a->next_deadline_ns;
         pthread_mutex_unlock(&a->mu);
-        int wait_ms = RPC_TICK_MS;
+        /* Queued work is the pool's to start within RPC_POOL_STALL_MS (pool.c). */
+        bool work_waits = atomic_load_explicit(&a->pool.avail, memory_order_relaxed) > 0;
+        int wait_ms = work_waits ? RPC_POOL_STALL_MS : RPC_TICK_MS;
         if (next != TD_DEADLINE_NONE) {
             int left = deadline_poll_ms(next);
             if (left < wait_ms)
@@ -1000,7 +1002,11 @@ static void *io_main(void *arg)
             rpc_agent_expire(a);
             rpc_pool_tick(&a->pool);
             close_silent(a, now);
-            last_tick = now;
+            last_tick = last_pool_tick = now;
+        } else if (now - last_pool_tick >= (int64_t)RPC_POOL_STALL_MS * 1000000 &&
+                   atomic_load_explicit(&a->pool.avail, memory_order_relaxed) > 0) {
+            rpc_pool_tick(&a->pool);
+            last_pool_tick = now;
         }
     }
     return NULL;

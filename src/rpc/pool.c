@@ -1,16 +1,23 @@
 /* The RPC agent's pool: the threads that run called functions (agent_impl.h).
  *
  * Work is a FIFO of closures under one mutex. Threads start on demand up to the base size (the
- * agent's num_worker_threads). A function may block, on a nested call back into this worker
- * for example, so a pool whose every thread is blocked while work waits would deadlock; the
- * agent's I/O thread calls rpc_pool_tick at least every RPC_TICK_MS, and when work waited through
- * a whole tick with no thread taking any, one more thread starts (up to RPC_POOL_CAP). Threads
- * beyond the base size exit after RPC_POOL_IDLE_EXIT_MS idle; exited threads are joined by the
- * next start or by rpc_pool_stop, so none is left behind.
+ * agent's num_worker_threads), and run at most `concurrency` pieces of work at once (half the cores
+ * this process may use, at least one: the I/O threads and the callers need the rest). More would
+ * not finish short calls sooner, only make the threads take turns on the cores and on the queue's
+ * lock, which costs more than the call. Work queued beyond that waits for a running thread to come
+ * back for it. A function may block, though, on a nested call back into this worker for example:
+ * - in a tdist wait (td_future_wait and the like), the thread says so (base/thread.h, blocking
+ *   notices), stops counting as running, and another thread is woken for the queued work at once;
+ * - anywhere else, the agent's I/O thread calls rpc_pool_tick at least every RPC_POOL_STALL_MS
+ *   while work is queued, and when work has waited that long with no thread taking any, one more
+ *   is woken, or started (up to RPC_POOL_CAP), so a pool whose every thread is blocked cannot
+ *   deadlock. Calls that block outside tdist thus get a thread each, one per RPC_POOL_STALL_MS.
+ * Threads beyond the base size exit after RPC_POOL_IDLE_EXIT_MS idle; exited threads are joined by
+ * the next start or by rpc_pool_stop, so none is left behind.
  *
  * An idle thread first polls for work for its spin budget (agent_impl.h, "Waiting"), so that a
  * call arriving soon after the last one needs no wake-up; only one thread spins at a time, and a
- * submit wakes a sleeper only when the spinner cannot take all the work queued. */
+ * submit wakes a sleeper only when no thread spins and fewer than `concurrency` run. */
 #include <stdlib.h>
 
 #include "base/alloc.h"
@@ -28,8 +35,11 @@ void rpc_pool_init(rpc_pool *p, int base)
     p->queued = 0;
     p->base = base < 1 ? 1 : base;
     p->cap = p->base > RPC_POOL_CAP ? p->base : RPC_POOL_CAP;
-    p->nthreads = p->idle = p->busy = 0;
-    p->taken = p->taken_seen = 0;
+    p->nthreads = p->idle = p->running = p->waking = 0;
+    p->concurrency = samehost_cpus_available() / 2;
+    if (p->concurrency < 1)
+        p->concurrency = 1;
+    p->progress_ns = 0;
     p->stop = false;
     p->spinners = 0;
     atomic_init(&p->avail, 0);
@@ -42,6 +52,44 @@ void rpc_pool_init(rpc_pool *p, int base)
 static __thread const rpc_pool *tl_pool; /* the pool whose thread this is */
 
 bool rpc_pool_is_current(const rpc_pool *p) { return tl_pool == p; }
+
+static void pool_spawn(rpc_pool *p);
+
+/* p->mu held: wakes a sleeping thread for queued work or, when none sleeps, starts one while the
+ * pool has fewer than `limit` threads. */
+static void pool_wake_one(rpc_pool *p, int limit)
+{
+    if (p->idle > p->waking) {
+        p->waking++;
+        pthread_cond_signal(&p->cv);
+    } else if (p->nthreads < limit) {
+        pool_spawn(p);
+    }
+}
+
+/* p->mu held: whether queued work should have another thread now. */
+static bool pool_wants_thread(const rpc_pool *p)
+{
+    return p->head && p->spinners == 0 && p->running + p->waking < p->concurrency;
+}
+
+/* The blocking notice of a pool thread (base/thread.h): a blocked thread does not count as running,
+ * so the work it would have taken gets another thread. */
+static void pool_blocked(void *ctx, bool blocked)
+{
+    rpc_pool *p = ctx;
+    pthread_mutex_lock(&p->mu);
+    if (blocked) {
+        p->running--;
+        if (pool_wants_thread(p)) {
+            TD_LOG_DEBUG("RPC pool: blocked thread hands off (%d threads)", p->nthreads);
+            pool_wake_one(p, p->cap);
+        }
+    } else {
+        p->running++;
+    }
+    pthread_mutex_unlock(&p->mu);
+}
 
 /* Polls, without the lock, until work is queued or the pool stops (true) or the budget of a wait
  * that began at start is spent (false). */
@@ -64,6 +112,8 @@ static void *pool_main(void *arg)
     rpc_pool *p = self->pool;
     tl_pool = p;
     pthread_mutex_lock(&p->mu);
+    if (p->waking > 0)
+        p->waking--; /* started for work (pool_spawn): looking at the queue now */
     for (;;) {
         bool spun = false, slept = false;
         int64_t wait_start = 0;
@@ -82,6 +132,8 @@ static void *pool_main(void *arg)
             p->idle++;
             bool woke = thread_cond_wait_until(&p->cv, &p->mu, deadline_after_ms(RPC_POOL_IDLE_EXIT_MS));
             p->idle--;
+            if (p->waking > 0)
+                p->waking--;
             if (!woke && !p->head && !p->stop && p->nthreads > p->base)
                 goto out;
         }
@@ -95,13 +147,17 @@ static void *pool_main(void *arg)
             p->tail = NULL;
         p->queued--;
         atomic_store_explicit(&p->avail, p->queued, memory_order_relaxed);
-        p->taken++;
-        p->busy++;
+        p->progress_ns = clock_now_ns();
+        p->running++;
+        if (pool_wants_thread(p))
+            pool_wake_one(p, p->base);
         pthread_mutex_unlock(&p->mu);
+        thread_set_block_hook(pool_blocked, p);
         w->fn(w->arg);
+        thread_set_block_hook(NULL, NULL);
         free(w);
         pthread_mutex_lock(&p->mu);
-        p->busy--;
+        p->running--;
     }
 out:
     p->nthreads--;
@@ -139,6 +195,7 @@ static void pool_spawn(rpc_pool *p)
         return;
     }
     p->nthreads++;
+    p->waking++; /* until it looks at the queue */
     TD_VEC_PUSH(&p->threads, t);
 }
 
@@ -154,19 +211,19 @@ td_status rpc_pool_submit(rpc_pool *p, void (*fn)(void *), void (*drop)(void *),
         free(w);
         return error_fmt(TD_ERR_CLOSED, "the RPC agent is shutting down");
     }
-    if (p->tail)
+    if (p->tail) {
         p->tail->next = w;
-    else
+    } else {
         p->head = w;
+        p->progress_ns = clock_now_ns(); /* the wait for a taker starts */
+    }
     p->tail = w;
     p->queued++;
     atomic_store_explicit(&p->avail, p->queued, memory_order_release);
-    if ((size_t)(p->idle + p->spinners) < p->queued && p->nthreads < p->base)
-        pool_spawn(p);
-    /* The spinner takes the work without a wake-up; it cannot miss it, as it checks the queue
-     * under the lock before it sleeps. */
-    if ((size_t)p->spinners < p->queued)
-        pthread_cond_signal(&p->cv);
+    /* A spinner takes the work without a wake-up; it cannot miss it, as it checks the queue under
+     * the lock before it sleeps. */
+    if (pool_wants_thread(p))
+        pool_wake_one(p, p->base);
     pthread_mutex_unlock(&p->mu);
     return TD_OK;
 }
@@ -174,12 +231,14 @@ td_status rpc_pool_submit(rpc_pool *p, void (*fn)(void *), void (*drop)(void *),
 void rpc_pool_tick(rpc_pool *p)
 {
     pthread_mutex_lock(&p->mu);
-    if (!p->stop && p->head && p->idle + p->spinners == 0 && p->taken == p->taken_seen && p->nthreads < p->cap) {
-        TD_LOG_DEBUG("RPC pool: all %d threads are blocked with %zu calls waiting: starting another",
-                     p->nthreads, p->queued);
-        pool_spawn(p);
+    int64_t now = clock_now_ns();
+    if (!p->stop && p->head && p->spinners == 0 && p->waking == 0 &&
+        now - p->progress_ns >= (int64_t)RPC_POOL_STALL_MS * 1000000) {
+        TD_LOG_DEBUG("RPC pool: %d threads, none free, with %zu calls waiting: waking another", p->nthreads,
+                     p->queued);
+        pool_wake_one(p, p->cap);
+        p->progress_ns = now;
     }
-    p->taken_seen = p->taken;
     pthread_mutex_unlock(&p->mu);
 }
 

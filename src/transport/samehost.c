@@ -184,7 +184,7 @@ bool samehost_bell_sleep(samehost_bell *b, bool (*ready)(void *ctx), void *ctx, 
 
 /* ---- spinning ----------------------------------------------------------------------------------- */
 
-static int cpus_available(void)
+int samehost_cpus_available(void)
 {
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) != 0)
@@ -199,7 +199,7 @@ td_status samehost_spin_init(samehost_spin *s, int ranks)
     s->spin_ns = spin_us * 1000;
     atomic_store(&s->skip, 0);
     atomic_store(&s->skip_next, 0);
-    s->oversubscribed = ranks > cpus_available();
+    s->oversubscribed = ranks > samehost_cpus_available();
     return TD_OK;
 }
 

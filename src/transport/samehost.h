@@ -100,6 +100,9 @@ typedef struct samehost_spin {
     bool oversubscribed; /* more ranks on this host than cores for them */
 } samehost_spin;
 
+/* The cores this process may run on (its affinity mask). */
+int samehost_cpus_available(void);
+
 /* From TDIST_SHM_SPIN_US and the cores this process may run on, for ranks processes of one host. */
 td_status samehost_spin_init(samehost_spin *s, int ranks);
 /* The spin budget of the next wait, in ns. */

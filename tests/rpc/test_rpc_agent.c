@@ -2,6 +2,7 @@
  * rpc_part2.md C1, C2, C5, C7, C10, C11, C13). Each case is named after the rpc_test.py test it
  * ports. Workers are "worker<rank>" and meet through the harness's FileStore URL; the functions
  * they call are registered in every rank before init, as Python finds them by module and name. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,6 +144,34 @@ static td_future *fn_async_add(td_rpc_call *call, const td_value *args, const td
     return st == TD_OK ? f : NULL;
 }
 
+/* meet(n, tdist_wait): returns 1 once n calls of it are running at the same time on this worker (0
+ * after 20 s without). Each waits either outside tdist (polling a counter between sleeps: the pool
+ * cannot know the thread is blocked) or in td_future_wait on a future the n-th arrival completes. */
+static atomic_int meet_arrived;
+static td_future *meet_all_here;
+
+static td_status fn_meet(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
+{
+    (void)call;
+    (void)kwargs;
+    int n = (int)td_value_get_int(td_value_at(args, 0));
+    bool tdist_wait = td_value_get_bool(td_value_at(args, 1));
+    int me = atomic_fetch_add(&meet_arrived, 1) + 1;
+    bool met;
+    if (tdist_wait) {
+        if (me == n)
+            TRY(td_future_set_result(meet_all_here, td_value_none()));
+        met = td_future_wait(meet_all_here, 20000) == TD_OK;
+    } else {
+        int64_t t0 = now_ms();
+        while (atomic_load(&meet_arrived) < n && now_ms() - t0 < 20000)
+            rpc_test_sleep_ms(1);
+        met = atomic_load(&meet_arrived) >= n;
+    }
+    *result = td_value_int(met);
+    return TD_OK;
+}
+
 /* Tries to shut the default agent down from inside a function it runs; returns the status. */
 static td_status fn_shutdown_inside(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
 {
@@ -164,6 +193,7 @@ static void register_functions(void)
         {"nested_default", fn_nested_default, NULL, NULL},
         {"chain", fn_chain, NULL, NULL},               {"shutdown_inside", fn_shutdown_inside, NULL, NULL},
         {"async_add", NULL, fn_async_add, NULL},       {"async_raise", NULL, rpc_test_async_raise, NULL},
+        {"meet", fn_meet, NULL, NULL},
     };
     rpc_test_register(fns, sizeof fns / sizeof fns[0]);
 }
@@ -653,6 +683,40 @@ TD_TEST(nested_rpc_self_pool_grows, .world_size = 1, .timeout_s = 60)
     TD_CHECK_EQ(debug_int("agent.thread_pool_size"), 1);
     TD_CHECK_EQ(debug_int("agent.server_active_calls"), 0);
     rpc_down();
+}
+
+/* The pool runs only as many calls at once as it has cores for (pool.c), yet calls that block
+ * must not keep the others waiting: MEET calls that each wait until all of them run get a thread
+ * each, whether they block where the pool cannot see it or in a tdist wait, which says so. */
+static void calls_that_wait_for_each_other(td_test_ctx *ctx, bool tdist_wait)
+{
+    enum { MEET = 12 };
+    meet_all_here = td_future_new();
+    rpc_up(ctx);
+    if (ctx->rank == 0) {
+        td_value *args = td_value_tuple_of(2, td_value_int(MEET), td_value_bool(tdist_wait));
+        td_future *fs[MEET];
+        for (int i = 0; i < MEET; i++)
+            TD_CHECK_OK(td_rpc_async(NULL, td_rpc_to_id(1), "meet", args, NULL, 0, &fs[i]));
+        for (int i = 0; i < MEET; i++) {
+            TD_CHECK_OK(td_future_wait(fs[i], 0));
+            TD_CHECK_MSG(td_value_get_int(td_future_value(fs[i])) == 1, "call %d did not meet the others", i);
+            td_future_release(fs[i]);
+        }
+        td_value_release(args);
+    }
+    rpc_down();
+    td_future_release(meet_all_here);
+}
+
+TD_TEST(calls_blocked_outside_tdist_each_get_a_thread, .world_size = 2, .timeout_s = 60)
+{
+    calls_that_wait_for_each_other(ctx, false);
+}
+
+TD_TEST(calls_blocked_in_a_tdist_wait_each_get_a_thread, .world_size = 2, .timeout_s = 60)
+{
+    calls_that_wait_for_each_other(ctx, true);
 }
 
 TD_TEST(stress_light_rpc, .world_size = 2, .params = "unix,tcp", .timeout_s = 120)

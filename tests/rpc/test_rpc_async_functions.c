@@ -326,7 +326,9 @@ TD_TEST(async_function_forms_remote, .world_size = 3, .timeout_s = 60)
 }
 
 /* Twenty async calls of each form in flight at once, served by a pool of one thread: an async
- * function holds no pool thread while its future is pending. */
+ * function holds no pool thread while its future is pending. Were it held, the pool would have to
+ * grow a thread for each pending call (pool.c); a loaded machine that keeps the one thread off
+ * its core for RPC_POOL_STALL_MS while calls wait may still get it a helper or two. */
 TD_TEST(async_functions_hold_no_thread, .world_size = 3, .timeout_s = 60)
 {
     register_all();
@@ -347,7 +349,9 @@ TD_TEST(async_functions_hold_no_thread, .world_size = 3, .timeout_s = 60)
     }
     td_value *info = NULL;
     TD_CHECK_OK(td_rpc_debug_info(NULL, &info));
-    TD_CHECK_EQ(strcmp(td_value_get_string(td_value_dict_get_str(info, "agent.thread_pool_size"), NULL), "1"), 0);
+    int64_t pool_size = strtoll(td_value_get_string(td_value_dict_get_str(info, "agent.thread_pool_size"), NULL), NULL, 10);
+    TD_CHECK_MSG(pool_size >= 1 && pool_size <= 4, "the pool grew to %lld threads for %d async calls", (long long)pool_size,
+                 NUM);
     td_value_release(info);
     TD_CHECK_OK(td_rpc_shutdown(true, 0));
 }

@@ -588,6 +588,16 @@ TD_TEST(inner_leftover_file, .world_size = 2, .timeout_s = 10, .hidden = true)
     close(fd);
 }
 
+/* A file named as ThreadSanitizer's runtime names the one it leaves when killed as it starts. */
+TD_TEST(inner_leftover_tsan_rodata, .world_size = 1, .timeout_s = 10, .hidden = true)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/tsan.rodata.%d", getenv("TMPDIR"), (int)getpid());
+    FILE *f = fopen(path, "w");
+    TD_CHECK(f != NULL);
+    fclose(f);
+}
+
 TD_TEST(inner_leftover_shm, .world_size = 1, .timeout_s = 10, .hidden = true)
 {
     char name[64];
@@ -614,6 +624,16 @@ TD_TEST(leftovers_fail, .timeout_s = 60)
     TD_CHECK(starts_with(r.message, "Test left files in its temp dir "));
     TD_CHECK_CONTAINS(r.message, ": tmp");
     TD_CHECK(ends_with(r.message, " (remove them before the test returns, or set .allow_leftovers for a crash test)"));
+    td_test_result_free(&r);
+
+    /* The ThreadSanitizer runtime's own file (supervisor.c) is not the test's in a TSan build. */
+    RUN("inner_leftover_tsan_rodata", &r);
+#if defined(__SANITIZE_THREAD__)
+    TD_CHECK_EQ(r.verdict, TD_TEST_PASS);
+#else
+    TD_CHECK_EQ(r.verdict, TD_TEST_FAIL);
+    TD_CHECK_CONTAINS(r.message, ": tsan.rodata.");
+#endif
     td_test_result_free(&r);
 
     RUN("inner_leftover_shm", &r);

@@ -604,8 +604,9 @@ static td_status gather_wide(const td_tensor *t, wide **out)
  * every CPU; only the layout and the vector width differ. b is packed one panel at a time into
  * scratch that stays in the caches, as doubles (converted exactly); a float32/float64 b with
  * contiguous rows is read in place instead when a has a single tile of rows. A float32 or float64
- * result is written by the kernel, rounded as it stores; other dtypes go through a double scratch. The tile kernel is built for the baseline ISA and for AVX2,
- * picked at run time; no FMA, which would round differently. */
+ * result is written by the kernel, rounded as it stores; other dtypes go through a double scratch.
+ * The tile kernel is built for the baseline ISA and for AVX2, picked at run time; no FMA, which
+ * would round differently. */
 #define MM_MR 4
 #define MM_NR 8
 
@@ -730,10 +731,10 @@ typedef float mm_f4 __attribute__((vector_size(4 * sizeof(float))));
         }                                                                                                \
     }
 
-/* mm_panel_<b's type>_<c's type>_<ISA> */
+/* mm_panel_<b's type>_<c's type>_<ISA>. A float b read in place has a float result (both operands
+ * and the result share a dtype); a packed panel is doubles whatever the result. */
 #define DEF_MM_PANELS(isa, ATTR)                                                                         \
     DEF_MM_PANEL(mm_panel_double_double_##isa, ATTR, double, MM_ROW_DOUBLE, double)                     \
-    DEF_MM_PANEL(mm_panel_float_double_##isa, ATTR, float, MM_ROW_FLOAT, double)                        \
     DEF_MM_PANEL(mm_panel_double_float_##isa, ATTR, double, MM_ROW_DOUBLE, float)                       \
     DEF_MM_PANEL(mm_panel_float_float_##isa, ATTR, float, MM_ROW_FLOAT, float)
 DEF_MM_PANELS(base, )
@@ -760,47 +761,30 @@ static bool mm_have_avx2(void)
 /* The result [rows x m] (out: float if out_float, else double) of a (gathered, rows x k) and b,
  * one panel of b at a time through bp (scratch of k x MM_NR doubles). */
 static void matmul_panels(const double *a, const td_tensor *b, double *bp, int64_t rows, int64_t k, int64_t m,
-                         void *out, bool out_float)
+                          void *out, bool out_float)
 {
-    bool b_rows = (b->dtype == TD_FLOAT32 || b->dtype == TD_FLOAT64) && b->ndim == 2 && b->strides[1] == 1;
-    /* Read by several tiles of a's rows, a panel is copied out of b's rows into one contiguous block:
-     * in place, each of its k rows is a different cache line and often a different page. */
-    bool copy_rows = rows > MM_MR;
+    /* Read by a single tile of a's rows, a full panel of a b with contiguous rows is read in place.
+     * Read by several, it is packed (and a float32 one converted) once: in place, each of its k rows
+     * is a different cache line and often a different page, and converted again for every tile. */
+    bool in_place = rows <= MM_MR && (b->dtype == TD_FLOAT32 || b->dtype == TD_FLOAT64) && b->ndim == 2 &&
+                    b->strides[1] == 1;
     for (int64_t j0 = 0; j0 < m; j0 += MM_NR) {
         int64_t w = m - j0 < MM_NR ? m - j0 : MM_NR;
-        const void *panel = bp;
-        int64_t ld = MM_NR;
-        bool panel_float = false;
-        if (b_rows && w == MM_NR) {
-            size_t es = dtype_size_of(b->dtype);
-            const char *src = (const char *)tensor_data_of(b) + (size_t)j0 * es;
-            if (copy_rows && b->dtype == TD_FLOAT32) { /* converted once here, not once per tile */
-                for (int64_t p = 0; p < k; p++) {
-                    const float *row = (const float *)src + p * b->strides[0];
-                    for (int j = 0; j < MM_NR; j++)
-                        bp[p * MM_NR + j] = row[j];
-                }
-            } else if (copy_rows) {
-                for (int64_t p = 0; p < k; p++)
-                    memcpy(bp + p * MM_NR, src + (size_t)(p * b->strides[0]) * es, MM_NR * es);
-            } else {
-                panel = src;
-                ld = b->strides[0];
-                panel_float = b->dtype == TD_FLOAT32;
-            }
-        } else { /* converted to doubles; the last, partial panel zero-padded */
-            if (w < MM_NR)
-                memset(bp, 0, (size_t)(k * MM_NR) * sizeof(double));
-            gather_block(b, 0, j0, k, w, true, bp, MM_NR, 1);
+        if (in_place && w == MM_NR) {
+            const char *panel = (const char *)tensor_data_of(b) + (size_t)j0 * dtype_size_of(b->dtype);
+            if (b->dtype == TD_FLOAT32)
+                MM_RUN_PANEL(float, float, panel, b->strides[0]);
+            else
+                MM_RUN_PANEL(double, double, panel, b->strides[0]);
+            continue;
         }
-        if (panel_float && out_float)
-            MM_RUN_PANEL(float, float, panel, ld);
-        else if (panel_float)
-            MM_RUN_PANEL(float, double, panel, ld);
-        else if (out_float)
-            MM_RUN_PANEL(double, float, panel, ld);
+        if (w < MM_NR) /* the last, partial panel: zero-padded */
+            memset(bp, 0, (size_t)(k * MM_NR) * sizeof(double));
+        gather_block(b, 0, j0, k, w, true, bp, MM_NR, 1);
+        if (out_float)
+            MM_RUN_PANEL(double, float, bp, MM_NR);
         else
-            MM_RUN_PANEL(double, double, panel, ld);
+            MM_RUN_PANEL(double, double, bp, MM_NR);
     }
 }
 

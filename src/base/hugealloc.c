@@ -70,6 +70,17 @@ static void cache_init(void)
 
 static size_t round_huge(size_t size) { return (size + TD_HUGE_PAGE - 1) & ~(TD_HUGE_PAGE - 1); }
 
+/* cache_mu held: takes the i-th kept block out, keeping the others in order. */
+static huge_block cache_remove(size_t i)
+{
+    huge_block b = cache[i];
+    cache_bytes -= b.size;
+    for (size_t j = i + 1; j < cache_len; j++)
+        cache[j - 1] = cache[j];
+    cache_len--;
+    return b;
+}
+
 /* A kept block of exactly `rounded` bytes, or NULL. */
 static void *cache_take(size_t rounded)
 {
@@ -77,11 +88,7 @@ static void *cache_take(size_t rounded)
     pthread_mutex_lock(&cache_mu);
     for (size_t i = cache_len; i-- > 0;) { /* the newest first: its pages are the likeliest cached */
         if (cache[i].size == rounded) {
-            p = cache[i].p;
-            cache_bytes -= rounded;
-            for (size_t j = i + 1; j < cache_len; j++)
-                cache[j - 1] = cache[j];
-            cache_len--;
+            p = cache_remove(i).p;
             break;
         }
     }
@@ -125,13 +132,8 @@ void huge_free(void *p, size_t size)
     size_t n_evicted = 0;
     HUGE_POISON(p, rounded);
     pthread_mutex_lock(&cache_mu);
-    while (cache_len > 0 && (cache_len == HUGE_CACHE_SLOTS || cache_bytes + rounded > cache_budget)) {
-        evicted[n_evicted++] = cache[0];
-        cache_bytes -= cache[0].size;
-        for (size_t j = 1; j < cache_len; j++)
-            cache[j - 1] = cache[j];
-        cache_len--;
-    }
+    while (cache_len > 0 && (cache_len == HUGE_CACHE_SLOTS || cache_bytes + rounded > cache_budget))
+        evicted[n_evicted++] = cache_remove(0); /* the oldest */
     cache[cache_len++] = (huge_block){p, rounded};
     cache_bytes += rounded;
     pthread_mutex_unlock(&cache_mu);

@@ -378,16 +378,19 @@ static void identity_publish(sent_ctx *c, td_device d, const void *mem_handle, i
         return;
     char hkey[160], ikey[192];
     identity_keys(d, mem_handle, offset, hkey, ikey);
+    td_storage *live = NULL;
     pthread_mutex_lock(&dshare_mu);
-    td_storage *old = c->key[0] ? NULL : map_get_str(&identities, ikey);
-    td_storage *live = old ? storage_weak_lock(old) : NULL;
-    if (!c->key[0] && !live) { /* a live entry of the same block is a storage received earlier: it stays */
-        if (old) {
-            map_remove(&identities, ikey, strlen(ikey));
-            storage_weak_release(old);
+    if (!c->key[0]) { /* unless another export of it entered it meanwhile */
+        td_storage *old = map_get_str(&identities, ikey);
+        live = old ? storage_weak_lock(old) : NULL;
+        if (!live) { /* a live entry of the same block is a storage received earlier: it stays */
+            if (old) {
+                map_remove(&identities, ikey, strlen(ikey));
+                storage_weak_release(old);
+            }
+            map_put(&identities, ikey, strlen(ikey), storage_weak_retain(c->storage));
+            snprintf(c->key, sizeof c->key, "%s", ikey);
         }
-        map_put(&identities, ikey, strlen(ikey), storage_weak_retain(c->storage));
-        snprintf(c->key, sizeof c->key, "%s", ikey);
     }
     pthread_mutex_unlock(&dshare_mu);
     if (live)

@@ -140,7 +140,8 @@ typedef struct rpc_pool {
     int running;     /* threads running work and not blocked in a tdist wait (base/thread.h) */
     int waking;      /* threads signalled or started to take work that have not yet looked */
     int concurrency; /* running threads beyond which queued work waits for one to finish */
-    int64_t progress_ns; /* the last take, or when the queue last became non-empty */
+    uint64_t taken, taken_seen; /* dequeues, and their number at the last tick */
+    int64_t stalled_since_ns;   /* when a tick first saw work waiting and none taken since (0: none) */
     bool stop;
     int spinners;             /* idle threads polling for work instead of sleeping (at most one) */
     _Atomic size_t avail;     /* queued, for the spinner to poll without the lock */

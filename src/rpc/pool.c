@@ -39,7 +39,8 @@ void rpc_pool_init(rpc_pool *p, int base)
     p->concurrency = samehost_cpus_available() / 2;
     if (p->concurrency < 1)
         p->concurrency = 1;
-    p->progress_ns = 0;
+    p->taken = p->taken_seen = 0;
+    p->stalled_since_ns = 0;
     p->stop = false;
     p->spinners = 0;
     atomic_init(&p->avail, 0);
@@ -111,6 +112,7 @@ static void *pool_main(void *arg)
     rpc_pool_thread *self = arg;
     rpc_pool *p = self->pool;
     tl_pool = p;
+    thread_set_block_hook(pool_blocked, p); /* only the work it runs waits in tdist */
     pthread_mutex_lock(&p->mu);
     if (p->waking > 0)
         p->waking--; /* started for work (pool_spawn): looking at the queue now */
@@ -147,14 +149,12 @@ static void *pool_main(void *arg)
             p->tail = NULL;
         p->queued--;
         atomic_store_explicit(&p->avail, p->queued, memory_order_relaxed);
-        p->progress_ns = clock_now_ns();
+        p->taken++;
         p->running++;
         if (pool_wants_thread(p))
             pool_wake_one(p, p->base);
         pthread_mutex_unlock(&p->mu);
-        thread_set_block_hook(pool_blocked, p);
         w->fn(w->arg);
-        thread_set_block_hook(NULL, NULL);
         free(w);
         pthread_mutex_lock(&p->mu);
         p->running--;
@@ -211,12 +211,10 @@ td_status rpc_pool_submit(rpc_pool *p, void (*fn)(void *), void (*drop)(void *),
         free(w);
         return error_fmt(TD_ERR_CLOSED, "the RPC agent is shutting down");
     }
-    if (p->tail) {
+    if (p->tail)
         p->tail->next = w;
-    } else {
+    else
         p->head = w;
-        p->progress_ns = clock_now_ns(); /* the wait for a taker starts */
-    }
     p->tail = w;
     p->queued++;
     atomic_store_explicit(&p->avail, p->queued, memory_order_release);
@@ -232,13 +230,18 @@ void rpc_pool_tick(rpc_pool *p)
 {
     pthread_mutex_lock(&p->mu);
     int64_t now = clock_now_ns();
-    if (!p->stop && p->head && p->spinners == 0 && p->waking == 0 &&
-        now - p->progress_ns >= (int64_t)RPC_POOL_STALL_MS * 1000000) {
+    if (!p->head) {
+        p->stalled_since_ns = 0;
+    } else if (p->taken != p->taken_seen || p->stalled_since_ns == 0) {
+        p->stalled_since_ns = now; /* work waits, but a thread took some since the last tick */
+    } else if (!p->stop && p->spinners == 0 && p->waking == 0 &&
+               now - p->stalled_since_ns >= (int64_t)RPC_POOL_STALL_MS * 1000000) {
         TD_LOG_DEBUG("RPC pool: %d threads, none free, with %zu calls waiting: waking another", p->nthreads,
                      p->queued);
         pool_wake_one(p, p->cap);
-        p->progress_ns = now;
+        p->stalled_since_ns = now;
     }
+    p->taken_seen = p->taken;
     pthread_mutex_unlock(&p->mu);
 }
 

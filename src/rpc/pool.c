@@ -11,7 +11,7 @@
  * - anywhere else, the agent's I/O thread calls rpc_pool_tick at least every RPC_POOL_STALL_MS
  *   while work is queued, and when work has waited that long with no thread taking any, one more
  *   is woken, or started (up to RPC_POOL_CAP), so a pool whose every thread is blocked cannot
- *   deadlock. Calls that block outside tdist thus get a thread each, one per RPC_POOL_STALL_MS.
+ *   deadlock. Calls that block outside tdist thus get a thread each, one every 1-2 RPC_POOL_STALL_MS.
  * Threads beyond the base size exit after RPC_POOL_IDLE_EXIT_MS idle; exited threads are joined by
  * the next start or by rpc_pool_stop, so none is left behind.
  *

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "base/alloc.h"
@@ -48,6 +49,50 @@ td_status thread_start(pthread_t *thread, const char *name, void *(*fn)(void *),
         return error_errno(TD_ERR_IO, "starting thread '%s'", name);
     }
     return TD_OK;
+}
+
+/* struct sched_attr of sched_setattr(2), its first version (glibc before 2.41 has no wrapper). */
+typedef struct sched_attr_v0 {
+    uint32_t size, policy;
+    uint64_t flags;
+    int32_t nice;
+    uint32_t priority;
+    uint64_t runtime, deadline, period;
+} sched_attr_v0;
+
+static bool thread_sched_attr(pid_t tid, sched_attr_v0 *a)
+{
+#ifdef SYS_sched_getattr
+    memset(a, 0, sizeof *a);
+    return syscall(SYS_sched_getattr, tid, a, (unsigned)sizeof *a, 0u) == 0;
+#else
+    (void)tid, (void)a;
+    return false;
+#endif
+}
+
+bool thread_request_slice(int64_t us)
+{
+#ifdef SYS_sched_setattr
+    sched_attr_v0 a;
+    if (us <= 0 || !thread_sched_attr(0, &a) || (a.policy != SCHED_OTHER && a.policy != SCHED_BATCH))
+        return false;
+    a.size = sizeof a;
+    a.flags = 0;
+    a.runtime = (uint64_t)us * 1000;
+    return syscall(SYS_sched_setattr, 0, &a, 0u) == 0;
+#else
+    (void)us;
+    return false;
+#endif
+}
+
+int64_t thread_slice(pid_t tid)
+{
+    sched_attr_v0 a;
+    if (!thread_sched_attr(tid, &a) || (a.policy != SCHED_OTHER && a.policy != SCHED_BATCH))
+        return 0;
+    return (int64_t)(a.runtime / 1000);
 }
 
 void thread_join(pthread_t thread) { pthread_join(thread, NULL); }

@@ -42,6 +42,18 @@ typedef void (*thread_block_hook)(void *ctx, bool blocked);
 void thread_set_block_hook(thread_block_hook fn, void *ctx);
 void thread_blocking(bool blocked);
 
+/* Asks the scheduler to run the calling thread in slices of at most `us` microseconds (Linux 6.12
+ * and later, EEVDF's custom slice: sched_setattr's sched_runtime on a SCHED_OTHER or SCHED_BATCH
+ * thread, no privilege needed; the kernel clamps it to 100 us..100 ms). A thread with a short slice
+ * gets an early deadline, so when it wakes it preempts a thread that is computing instead of
+ * waiting for that thread's slice (1.4 ms on a 2-CPU machine) to run out. For the threads that
+ * move collectives while the application computes. The policy and nice value are kept. False where
+ * the kernel has no such call or refuses it; older kernels accept and ignore it. */
+bool thread_request_slice(int64_t us);
+/* The scheduler slice of thread `tid` (0: the calling thread) in microseconds: the one it asked
+ * for, or the kernel's default (a new thread inherits its creator's); 0 where it cannot tell. */
+int64_t thread_slice(pid_t tid);
+
 /* The number of threads in this process (from /proc/self/task), for leak checks. */
 int thread_count(void);
 

@@ -39,6 +39,9 @@
  * policy: spins that do not pay off are skipped for exponentially more waits, so a loaded machine
  * soon stops spinning. TDIST_PG_SPIN_US sets the budget (0: never spin). */
 #define PG_DEFAULT_SPIN_US 20
+/* The worker's scheduler slice in microseconds (thread_request_slice; TDIST_WORKER_SLICE_US, 0:
+ * the kernel's default). */
+#define PG_DEFAULT_WORKER_SLICE_US 100
 
 static int64_t spin_budget_ns(void)
 {
@@ -906,6 +909,12 @@ static void *worker_main(void *arg)
 {
     td_pg *pg = arg;
     log_set_rank(pg->global_rank);
+    /* A short scheduler slice, so that a collective this thread runs while the application
+     * computes (DDP's buckets during the backward) is not held a whole slice at each of its
+     * wake-ups when the ranks share cores (docs/performance.md, "DDP against PyTorch DDP"). */
+    int64_t slice_us = PG_DEFAULT_WORKER_SLICE_US;
+    if (env_get_int("TDIST_WORKER_SLICE_US", PG_DEFAULT_WORKER_SLICE_US, 0, 100000, &slice_us) == TD_OK && slice_us > 0)
+        thread_request_slice(slice_us);
     td_net_spin spin;
     net_spin_init(&spin, spin_budget_ns());
     bool spun = false; /* since the last work or wake-up */

@@ -1,8 +1,9 @@
 /* Thread helpers (base/thread.h): names (Linux keeps 15 characters), the signal mask of started
- * threads, thread counting, process identity. */
+ * threads, thread counting, process identity, the scheduler slice. */
 #include <pthread.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <tdist/testing.h>
@@ -85,4 +86,37 @@ TD_TEST(set_and_get_name)
 TD_TEST(process_id)
 {
     TD_CHECK_EQ(thread_process_id(), getpid());
+}
+
+typedef struct slice_probe {
+    pid_t tid;
+    int64_t before, after;
+    bool granted;
+} slice_probe;
+
+static void *slice_main(void *arg)
+{
+    slice_probe *p = arg;
+    p->tid = (pid_t)syscall(SYS_gettid);
+    p->before = thread_slice(0);
+    p->granted = thread_request_slice(250);
+    p->after = thread_slice(0);
+    return NULL;
+}
+
+/* The slice is the calling thread's own: another thread (here the test's) reads it by its id,
+ * and the rest of the process keeps the kernel's default. */
+TD_TEST(requested_slice_is_the_threads_own)
+{
+    slice_probe p = {0};
+    pthread_t t;
+    TD_CHECK_OK(thread_start(&t, "td-slice", slice_main, &p));
+    thread_join(t);
+    if (!p.granted || p.before <= 0 || p.after == p.before)
+        TD_SKIP(TD_SKIP_GENERIC, "this kernel has no per-thread scheduler slice (EEVDF custom slices: Linux 6.12)");
+    TD_CHECK_EQ(p.after, 250);
+    TD_CHECK_EQ(thread_slice(0), p.before); /* this thread's is untouched */
+    TD_CHECK(!thread_request_slice(0));
+    TD_CHECK(!thread_request_slice(-5));
+    TD_CHECK_EQ(thread_slice(0), p.before);
 }

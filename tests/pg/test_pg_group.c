@@ -1,6 +1,7 @@
 /* Process-group lifecycle (spec/c10d.md C1, C2, C9): the default group and its errors, creating,
  * destroying and re-creating groups, subgroups with rank translation and non-members, several
  * groups used at once, the backend registry, and every argument error of the collectives. */
+#include <dirent.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +9,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
+#include "base/thread.h"
 #include "pg_util.h"
 
 #define NOT_INIT_MSG "Default process group has not been initialized, please make sure to call init_process_group."
@@ -310,6 +313,73 @@ TD_TEST(threaded_ranks_in_two_processes, .world_size = 2, .params = TD_PG_THREAD
 }
 
 /* ---- explicit groups ------------------------------------------------------------------------- */
+
+/* The scheduler slices of this process's threads named `name`: how many were found, and whether
+ * every one has `slice_us`. */
+static int worker_slices(const char *name, int64_t slice_us, bool *all_match)
+{
+    int found = 0;
+    *all_match = true;
+    DIR *d = opendir("/proc/self/task");
+    TD_CHECK(d != NULL);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[300], comm[32] = {0};
+        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue; /* the thread ended meanwhile */
+        if (fgets(comm, sizeof comm, f))
+            comm[strcspn(comm, "\n")] = 0;
+        fclose(f);
+        if (strcmp(comm, name) != 0)
+            continue;
+        found++;
+        if (thread_slice((pid_t)atoi(e->d_name)) != slice_us)
+            *all_match = false;
+    }
+    closedir(d);
+    return found;
+}
+
+/* The worker names itself and asks for its slice as it starts: wait for both. */
+static bool wait_worker_slice(const char *name, int64_t slice_us)
+{
+    int64_t deadline = deadline_after_ms(20000);
+    for (;;) {
+        bool match = false;
+        if (worker_slices(name, slice_us, &match) >= 1 && match)
+            return true;
+        if (deadline_passed(deadline))
+            return false;
+        clock_sleep_ms(1);
+    }
+}
+
+/* A group's worker runs collectives while the application computes: it asks for a short scheduler
+ * slice (100 us) so that its wake-ups do not wait out the compute thread's slice; TDIST_WORKER_SLICE_US
+ * sets it and 0 leaves the kernel's default. Ranks as processes: the case sets the environment. */
+TD_TEST(worker_asks_for_a_short_slice, .world_size = 2, .params = "tcp", .static_skip = pg_test_skip_unavailable,
+        .timeout_s = 60)
+{
+    int64_t base = thread_slice(0);
+    if (base <= 0 || !thread_request_slice(base == 300 ? 400 : 300) || thread_slice(0) == base)
+        TD_SKIP(TD_SKIP_GENERIC, "this kernel has no per-thread scheduler slice (EEVDF custom slices: Linux 6.12)");
+    int64_t mine = thread_slice(0);
+    td_pg *pg = pg_test_init(ctx, NULL);
+    TD_CHECK(wait_worker_slice("td-pg-0", 100));
+    TD_CHECK_EQ(thread_slice(0), mine); /* the creating thread keeps its own */
+
+    TD_CHECK_EQ(setenv("TDIST_WORKER_SLICE_US", "0", 1), 0);
+    pg_test_opts o2 = {.init_url = pg_test_url(ctx, "other"), .group_name = "nodefault"};
+    td_pg *pg2 = pg_test_init(ctx, &o2);
+    TD_CHECK(wait_worker_slice("td-pg-nodefault", mine)); /* inherited from its creator */
+    TD_CHECK_EQ(unsetenv("TDIST_WORKER_SLICE_US"), 0);
+    pg_test_done(ctx, pg2);
+    pg_test_done(ctx, pg);
+}
 
 TD_PG_TEST(lifecycle, 3, .timeout_s = 60)
 {

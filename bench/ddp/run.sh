@@ -10,9 +10,11 @@
 #
 #   bash bench/ddp/run.sh [BUILD_DIR (build/plain)] [REPEATS (3)] [MODELS ("mlp wide")] [WORLDS ("2 4")]
 #
-# STEPS (500) and WIDE_STEPS (30) set the timed steps per run; TORCH_LIB_DIR, when set, is put first
-# on PyTorch's LD_LIBRARY_PATH (a folder with another libblas.so.3, say OpenBLAS's, for a check of
-# how much of the wide model's ratio is the BLAS that Debian's PyTorch calls).
+# STEPS (500) and WIDE_STEPS (30) set the timed steps per run; BIND=core pins each rank of both
+# programs to one CPU (tdrun --bind-to core, the same in torch_ddp_bench.py; default none);
+# TORCH_LIB_DIR, when set, is put first on PyTorch's LD_LIBRARY_PATH (a folder with another
+# libblas.so.3, say OpenBLAS's, for a check of how much of the wide model's ratio is the BLAS that
+# Debian's PyTorch calls).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build/plain}
@@ -21,6 +23,7 @@ models=${3:-mlp wide}
 worlds=${4:-2 4}
 steps=${STEPS:-500}
 wide_steps=${WIDE_STEPS:-30}
+bind=${BIND:-none}
 bin=$build/bench/ddp/ddp_bench
 tdrun=$build/tools/tdrun/tdrun
 for b in "$bin" "$tdrun"; do
@@ -37,9 +40,9 @@ for r in $(seq "$reps"); do
     if [ "$model" = wide ]; then n=$wide_steps; warm=5; kb=0; else n=$steps; warm=50; kb=1; fi
     for w in $worlds; do
       args=(--model "$model" --steps "$n" --warmup "$warm" --bucket-kb "$kb")
-      line=$("$tdrun" --standalone --quiet --nproc-per-node "$w" "$bin" "${args[@]}" | sed -n 's/.*\(step_ms .*\)/\1/p')
+      line=$("$tdrun" --standalone --quiet --bind-to "$bind" --nproc-per-node "$w" "$bin" "${args[@]}" | sed -n 's/.*\(step_ms .*\)/\1/p')
       [ -n "$line" ] && echo "$model $w $line" >> "$out/tdist" || echo "bench/ddp: ddp_bench $model at $w failed (run $r)" >&2
-      line=$("${ptenv[@]}" $py bench/ddp/torch_ddp_bench.py --world "$w" "${args[@]}" 2>"$out/torch.err" | sed -n 's/^\(step_ms .*\)/\1/p')
+      line=$("${ptenv[@]}" $py bench/ddp/torch_ddp_bench.py --world "$w" --bind-to "$bind" "${args[@]}" 2>"$out/torch.err" | sed -n 's/^\(step_ms .*\)/\1/p')
       [ -n "$line" ] && echo "$model $w $line" >> "$out/torch" ||
         { echo "bench/ddp: torch_ddp_bench.py $model at $w failed (run $r):" >&2; tail -5 "$out/torch.err" >&2; }
     done
@@ -48,7 +51,7 @@ done
 echo "# raw lines: MODEL WORLD step_ms M steps_per_s S backward_ms B comm_ms C hidden_pct H buckets K"
 sed 's/^/tdist /' "$out/tdist"
 sed 's/^/torch /' "$out/torch"
-$py - "$out/tdist" "$out/torch" "$reps" "$($py -c 'import torch; print(torch.__version__)')" <<'PY'
+$py - "$out/tdist" "$out/torch" "$reps" "$($py -c 'import torch; print(torch.__version__)')" "$bind" <<'PY'
 import statistics, sys
 
 def load(path):
@@ -63,8 +66,8 @@ def load(path):
 td, pt = load(sys.argv[1]), load(sys.argv[2])
 med = lambda rows, k: statistics.median(r[k] for r in rows)
 names = {"mlp": "MLP 16-96-96-4 (demo, 3 buckets)", "wide": "MLP 16-1024-1024-1024-4 (2 buckets)"}
-print("\nDDP training step, float32, batch 32 per rank, one host; medians of %s runs (PyTorch %s, Gloo)" %
-      (sys.argv[3], sys.argv[4]))
+print("\nDDP training step, float32, batch 32 per rank, one host, ranks bound to CPUs: %s; medians of %s runs "
+      "(PyTorch %s, Gloo)" % (sys.argv[5], sys.argv[3], sys.argv[4]))
 print("| model | world | tdist step (ms) | tdist steps/s | tdist hidden | PyTorch step (ms) | PyTorch steps/s "
       "| PyTorch hidden | tdist speed-up |")
 print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")

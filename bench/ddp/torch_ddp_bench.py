@@ -10,7 +10,8 @@ avg_backward_compute_comm_overlap_time, sampled every iteration here) in ddp_ben
     step_ms M steps_per_s S backward_ms B comm_ms C hidden_pct H buckets K
 
     python3 torch_ddp_bench.py [--world N] [--model mlp|wide] [--steps N] [--warmup N] [--batch B]
-                               [--bucket-kb K]"""
+                               [--bucket-kb K] [--bind-to none|core]
+--bind-to core pins rank i to the i-th CPU the script may use (modulo their count), as tdrun's flag."""
 import argparse
 import os
 import socket
@@ -48,6 +49,9 @@ class MLP(torch.nn.Module):
 
 
 def run(rank, args, port):
+    if args.bind_to == "core":
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
@@ -103,5 +107,6 @@ if __name__ == "__main__":
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--bucket-kb", type=int, default=0)
+    ap.add_argument("--bind-to", choices=["none", "core"], default="none")
     a = ap.parse_args()
     mp.spawn(run, args=(a, free_port()), nprocs=a.world, join=True)

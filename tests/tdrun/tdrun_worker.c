@@ -16,6 +16,7 @@
  *   record              td_record_error("bad batch 7 of rank R") on rank 1, which exits 1
  *   log                 log through tdist's log (with and without its rank, one message in PyTorch's
  *                       "[Rank R]" form) beside a plain line */
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,6 +82,18 @@ int main(int argc, char **argv)
         } else {
             printf("STRANGER refused: %s\n", td_last_error());
         }
+        return 0;
+    }
+    if (strcmp(mode, "cpus") == 0) { /* the CPUs this worker may run on, "CPUS 0,1" */
+        cpu_set_t set;
+        if (sched_getaffinity(0, sizeof set, &set) != 0)
+            return 3;
+        char list[256] = "";
+        size_t len = 0;
+        for (int c = 0; c < CPU_SETSIZE && len < sizeof list - 8; c++)
+            if (CPU_ISSET(c, &set))
+                len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", len ? "," : "", c);
+        printf("CPUS LOCAL_RANK=%s %s\n", env_str("LOCAL_RANK"), list);
         return 0;
     }
     if (strcmp(mode, "torchenv") == 0) {

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -841,6 +842,42 @@ TD_TEST(flag_role, .timeout_s = 30)
 {
     char *a1[] = {TDRUN_BIN, "--standalone", "--role", "worker", WORKER_BIN, "torchenv", NULL};
     expect_run(a1, 0, "ROLE_NAME=worker ROLE_RANK=0 ");
+}
+
+/* --bind-to core: local rank i on the i-th of tdrun's CPUs, wrapping around; none (the default)
+ * leaves every worker tdrun's whole set. */
+TD_TEST(flag_bind_to, .timeout_s = 60)
+{
+    cpu_set_t mine;
+    TD_CHECK(sched_getaffinity(0, sizeof mine, &mine) == 0);
+    int cpus[CPU_SETSIZE], n = 0;
+    char all[512] = "";
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &mine)) {
+            snprintf(all + strlen(all), sizeof all - strlen(all), "%s%d", n ? "," : "", c);
+            cpus[n++] = c;
+        }
+    int workers = n + 1; /* one more than the CPUs: the last wraps around to the first CPU */
+    char nproc[16];
+    snprintf(nproc, sizeof nproc, "%d", workers);
+    for (int bind = 0; bind < 2; bind++) {
+        proc p;
+        char *argv[] = {TDRUN_BIN, "--standalone", "--nproc-per-node", nproc, "--bind-to", bind ? "core" : "none",
+                        WORKER_BIN, "cpus", NULL};
+        run_tdrun(&p, argv, 30000);
+        TD_CHECK_MSG(p.code == 0, "tdrun exited %d:\n%s", p.code, p.out.data);
+        for (int r = 0; r < workers; r++) {
+            char want[600];
+            if (bind)
+                snprintf(want, sizeof want, "[rank%d]: CPUS LOCAL_RANK=%d %d\n", r, r, cpus[r % n]);
+            else
+                snprintf(want, sizeof want, "[rank%d]: CPUS LOCAL_RANK=%d %s\n", r, r, all);
+            TD_CHECK_CONTAINS(p.out.data, want);
+        }
+        proc_free(&p);
+    }
+    char *bad[] = {TDRUN_BIN, "--standalone", "--bind-to", "socket", WORKER_BIN, "cpus", NULL};
+    expect_run(bad, 2, "--bind-to must be none or core, got 'socket'");
 }
 
 TD_TEST(flag_version, .timeout_s = 30)

@@ -42,6 +42,8 @@ void tdrun_usage(FILE *f)
           "  --local-ranks-filter R,...  only these local ranks' output on the console (their\n"
           "                            files under --log-dir are written as usual)\n"
           "  --no-python, --run-path   accepted, no effect (the program runs itself)\n"
+          "  --bind-to none|core       core: pin local rank i to the i-th of tdrun's CPUs (modulo\n"
+          "                            their count), as mpirun's --bind-to core [none]\n"
           "  --quiet                   no tdrun status lines\n"
           "  -h, --help                this text\n",
           f);
@@ -235,7 +237,8 @@ static void random_run_id(char *out, size_t size)
 }
 
 enum { NPROC = 256, NNODES, NODE_RANK, MADDR, MPORT, RDZV, STANDALONE, RESTARTS, MONITOR, TERM, LOGDIR, REDIRECTS,
-       TEE, QUIET, RANKS_FILTER, EXIT_BARRIER, RDZV_BACKEND, RDZV_ID, RDZV_CONF, ROLE, NO_PYTHON, RUN_PATH, MODULE, VERSION };
+       TEE, QUIET, RANKS_FILTER, EXIT_BARRIER, RDZV_BACKEND, RDZV_ID, RDZV_CONF, ROLE, NO_PYTHON, RUN_PATH, MODULE, VERSION,
+       BIND_TO };
 static const struct option longopts[] = {
     {"nproc-per-node", required_argument, NULL, NPROC},
     {"nnodes", required_argument, NULL, NNODES},
@@ -259,6 +262,7 @@ static const struct option longopts[] = {
     {"redirects", required_argument, NULL, REDIRECTS},
     {"tee", required_argument, NULL, TEE},
     {"quiet", no_argument, NULL, QUIET},
+    {"bind-to", required_argument, NULL, BIND_TO},
     {"local-ranks-filter", required_argument, NULL, RANKS_FILTER},
     {"exit-barrier-timeout", required_argument, NULL, EXIT_BARRIER},
     {"version", no_argument, NULL, VERSION},
@@ -401,6 +405,11 @@ td_status tdrun_parse_options(int argc, char **argv, tdrun_options *o)
             break;
         case QUIET:
             o->quiet = true;
+            break;
+        case BIND_TO:
+            if (strcmp(optarg, "core") != 0 && strcmp(optarg, "none") != 0)
+                return error_fmt(TD_ERR_INVALID, "--bind-to must be none or core, got '%s'", optarg);
+            o->bind_core = strcmp(optarg, "core") == 0;
             break;
         case RANKS_FILTER:
             TD_TRY(parse_ranks_filter(optarg, o->console_hidden));

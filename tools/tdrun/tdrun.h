@@ -36,6 +36,7 @@ typedef struct tdrun_options {
     int tee[TDRUN_MAX_LOCAL];       /* per local rank: same bits, to files and the console */
     bool console_hidden[TDRUN_MAX_LOCAL]; /* --local-ranks-filter: local ranks kept off the console */
     bool quiet;             /* no tdrun status lines (the workers' output still shows) */
+    bool bind_core;         /* --bind-to core: local rank i runs on CPU i mod n of tdrun's own CPUs */
     char **argv;            /* program and its arguments */
 } tdrun_options;
 

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -243,6 +244,23 @@ static void free_env(char **env)
     free(env);
 }
 
+/* --bind-to core: the local rank's CPU, the (local_rank mod n)-th of the n CPUs tdrun may run on. */
+static bool worker_cpu(int local_rank, cpu_set_t *out)
+{
+    cpu_set_t mine;
+    if (sched_getaffinity(0, sizeof mine, &mine) != 0 || CPU_COUNT(&mine) == 0)
+        return false;
+    int want = local_rank % CPU_COUNT(&mine);
+    for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
+        if (CPU_ISSET(cpu, &mine) && want-- == 0) {
+            CPU_ZERO(out);
+            CPU_SET(cpu, out);
+            return true;
+        }
+    }
+    return false;
+}
+
 static td_status start_worker(tdrun_group *g, worker *w, const char *addr, int port, int restart)
 {
     const tdrun_options *o = g->o;
@@ -270,6 +288,8 @@ static td_status start_worker(tdrun_group *g, worker *w, const char *addr, int p
                 return error_errno(TD_ERR_IO, "opening log file %s", w->log_path[i]);
         }
     }
+    cpu_set_t cpus;
+    bool bind = o->bind_core && worker_cpu(w->local_rank, &cpus);
     char **env = build_env(o, w, addr, port, restart);
     pid_t parent = getpid();
     pid_t pid = fork();
@@ -288,6 +308,8 @@ static td_status start_worker(tdrun_group *g, worker *w, const char *addr, int p
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
+        if (bind)
+            sched_setaffinity(0, sizeof cpus, &cpus);
         execvpe(o->argv[0], o->argv, env);
         static const char msg[] = "tdrun: cannot execute the worker program\n";
         (void)!write(STDERR_FILENO, msg, sizeof msg - 1);

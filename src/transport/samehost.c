@@ -274,9 +274,11 @@ void samehost_arrive(samehost_set *set, uint64_t e, const samehost_desc *d)
 {
     samehost_arrival *a = set->members[set->rank].arrival;
     int k = (int)(e & 1);
-    a->desc_epoch[k] = e;
-    a->what[k] = d ? d->what : 0;
-    a->count[k] = d ? d->count : 0;
+    atomic_store_explicit(&a->desc_epoch[k], 0, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    atomic_store_explicit(&a->what[k], d ? d->what : 0, memory_order_relaxed);
+    atomic_store_explicit(&a->count[k], d ? d->count : 0, memory_order_relaxed);
+    atomic_store_explicit(&a->desc_epoch[k], e, memory_order_release);
     atomic_store_explicit(&a->epoch, e, memory_order_release);
     atomic_thread_fence(memory_order_seq_cst);
     for (int r = 0; r < set->size; r++) {
@@ -295,8 +297,12 @@ static int check_member(samehost_set *set, int r, uint64_t e, const samehost_des
         return 0;
     if (d) {
         int k = (int)(e & 1);
-        uint64_t de = a->desc_epoch[k], what = a->what[k], count = a->count[k];
-        if (de == e && (what != d->what || count != d->count)) {
+        uint64_t de = atomic_load_explicit(&a->desc_epoch[k], memory_order_acquire);
+        uint64_t what = atomic_load_explicit(&a->what[k], memory_order_relaxed);
+        uint64_t count = atomic_load_explicit(&a->count[k], memory_order_relaxed);
+        atomic_thread_fence(memory_order_acquire);
+        bool intact = atomic_load_explicit(&a->desc_epoch[k], memory_order_relaxed) == de;
+        if (de == e && intact && (what != d->what || count != d->count)) {
             char mine[96], theirs[96], msg[TD_XFER_ERROR_MAX + 64];
             d->describe(d->what, d->count, mine, sizeof mine);
             d->describe(what, count, theirs, sizeof theirs);

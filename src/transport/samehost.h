@@ -122,12 +122,16 @@ void samehost_spin_pause(const samehost_spin *s, int64_t spun_ns);
  * their data. */
 
 /* A rank's arrival counter, with a description of the operation per epoch parity (entry e % 2
- * holds epoch e's), all in one cache line that the peers poll. Lives in the rank's segment. */
+ * holds epoch e's), all in one cache line that the peers poll. Lives in the rank's segment.
+ * A rank that writes no slots in an epoch does not wait before it arrives, so it can be two
+ * epochs ahead of a peer that is still reading its entry: entries are written and read like a
+ * seqlock (desc_epoch cleared first and set last), and a reader that saw the entry change under
+ * it does not compare it. */
 typedef struct samehost_arrival {
     _Alignas(SAMEHOST_LINE) _Atomic uint64_t epoch;
-    uint64_t desc_epoch[2];
-    uint64_t what[2];
-    uint64_t count[2];
+    _Atomic uint64_t desc_epoch[2];
+    _Atomic uint64_t what[2];
+    _Atomic uint64_t count[2];
     _Atomic uint64_t writes_plan; /* rank 0's samehost_writes plan: period << 1 | around */
 } samehost_arrival;
 

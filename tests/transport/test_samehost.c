@@ -3,6 +3,7 @@
  * live in this process's memory, with an owner that records how it was told to fail. The shm
  * transport and collective tests run the same code between processes. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -304,6 +305,48 @@ TD_TEST(arrivals_that_disagree_fail_the_owner)
                  TD_ERR_INVALID, "Ranks disagree about a collective: rank 1 runs op 1 of 8, rank 0 runs op 2 of 8");
     TD_CHECK_EQ(w->owner[1].status, TD_ERR_INVALID);
     TD_CHECK(atomic_load(&w->owner[1].failed));
+    free(w);
+}
+
+/* A rank that writes no slots arrives without waiting, so it can run epochs ahead of a peer that
+ * is still checking its description of an earlier one (a scatter's non-roots do). The peer must
+ * never mistake the entry being rewritten for a disagreement: rank 0 arrives at every epoch as
+ * fast as it can, each epoch described differently, while rank 1 checks each epoch in turn. */
+typedef struct racing_arrivals {
+    two_ranks *w;
+    uint64_t epochs;
+} racing_arrivals;
+
+static void *arrive_ahead(void *p)
+{
+    racing_arrivals *r = p;
+    for (uint64_t e = 1; e <= r->epochs; e++) {
+        samehost_desc d = {.what = e, .count = e * 3, .describe = describe};
+        samehost_arrive(&r->w->set[0], e, &d);
+    }
+    return NULL;
+}
+
+TD_TEST(arrivals_far_ahead_are_not_a_disagreement, .timeout_s = 120)
+{
+    two_ranks *w = two_ranks_new();
+    racing_arrivals r = {w, 1000000};
+    pthread_t t;
+    TD_CHECK_EQ(pthread_create(&t, NULL, arrive_ahead, &r), 0);
+    for (uint64_t e = 1; e <= r.epochs; e++) {
+        samehost_desc d = {.what = e, .count = e * 3, .describe = describe};
+        td_status st = samehost_wait_arrival(&w->set[1], 0, e, &d, TD_DEADLINE_NONE);
+        if (st != TD_OK) {
+            pthread_join(t, NULL);
+            TD_FAIL("epoch %llu: %s", (unsigned long long)e, td_last_error());
+        }
+    }
+    pthread_join(t, NULL);
+    TD_CHECK(!atomic_load(&w->owner[1].failed));
+    /* The check still works when the entry holds the epoch: a real disagreement is caught. */
+    samehost_desc other = {.what = 1, .count = 2, .describe = describe};
+    TD_CHECK_ERR(samehost_wait_arrival(&w->set[1], 0, r.epochs, &other, TD_DEADLINE_NONE), TD_ERR_INVALID,
+                 "rank 0 runs op 1000000 of 3000000");
     free(w);
 }
 

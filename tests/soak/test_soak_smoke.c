@@ -15,8 +15,11 @@
 
 extern char **environ;
 
-/* ASan's quarantine keeps freed memory resident for a while: the RSS bound means nothing there. */
-#if defined(__SANITIZE_ADDRESS__)
+/* The RSS bound means nothing under a sanitizer: ASan's quarantine keeps freed memory resident for
+ * a while, and under TSan a 4-thread run grows by 60-95 MB in 3-8 s (its allocator caches and the
+ * metadata of every address synchronized on) where the plain build grows by 0.2 MB. The plain
+ * build checks the bound; the 30-minute soaks measure memory (docs/testing.md). */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define MAX_GROWTH_MIB "4096"
 #else
 #define MAX_GROWTH_MIB "64"

@@ -78,7 +78,7 @@ bool thread_request_slice(int64_t us)
     if (us <= 0 || !thread_sched_attr(0, &a) || (a.policy != SCHED_OTHER && a.policy != SCHED_BATCH))
         return false;
     a.size = sizeof a;
-    a.flags = 0;
+    a.flags &= 0x01; /* SCHED_FLAG_RESET_ON_FORK is kept; the other flags ask for changes */
     a.runtime = (uint64_t)us * 1000;
     return syscall(SYS_sched_setattr, 0, &a, 0u) == 0;
 #else

@@ -144,6 +144,20 @@ td_status thread_get_name(char *out, size_t size)
     return TD_OK;
 }
 
+bool thread_name_of(pid_t tid, char *out, size_t size)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/task/%d/comm", (int)tid);
+    FILE *f = fopen(path, "re");
+    bool ok = f && fgets(out, (int)size, f);
+    if (f)
+        fclose(f);
+    if (!ok)
+        snprintf(out, size, "?");
+    out[strcspn(out, "\n")] = '\0';
+    return ok;
+}
+
 int thread_count(void)
 {
     DIR *d = opendir("/proc/self/task");

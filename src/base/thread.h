@@ -33,6 +33,9 @@ bool thread_cond_wait_until(pthread_cond_t *c, pthread_mutex_t *m, int64_t deadl
 /* Sets / reads the calling thread's name (Linux keeps 15 characters plus the NUL). */
 td_status thread_set_name(const char *name);
 td_status thread_get_name(char *out, size_t size);
+/* The name of this process's thread `tid` (from /proc/self/task/TID/comm); false, with out set to
+ * "?", when there is no such thread (any more). */
+bool thread_name_of(pid_t tid, char *out, size_t size);
 
 /* Blocking notices. A thread that others count on to make progress (an RPC pool's thread) installs
  * a hook; tdist's own waits (td_future_wait and the like) call thread_blocking(true) before they

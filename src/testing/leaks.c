@@ -13,6 +13,7 @@
 #include "base/alloc.h"
 #include "base/buf.h"
 #include "base/clock.h"
+#include "base/thread.h"
 #include "testing/harness.h"
 
 static void list_numbers(const char *dir, int **out, size_t *count)
@@ -88,14 +89,8 @@ static char *describe(const td_leak_snapshot *before, const td_leak_snapshot *no
         int tid = (int)now->tids[i];
         if (contains((const int *)before->tids, before->ntids, tid))
             continue;
-        char path[64], name[64] = "?";
-        snprintf(path, sizeof path, "/proc/self/task/%d/comm", tid);
-        FILE *f = fopen(path, "re");
-        if (f) {
-            if (fgets(name, sizeof name, f))
-                name[strcspn(name, "\n")] = '\0';
-            fclose(f);
-        }
+        char name[64];
+        thread_name_of(tid, name, sizeof name);
         buf_printf(&threads, "%s%d (%s)", threads.len ? ", " : "", tid, name);
     }
     if (!fds.len && !threads.len)

@@ -276,9 +276,8 @@ void stacks_dump_all(td_buf *out)
         clock_sleep_ms(2);
     }
     for (int i = 0; i < n; i++) {
-        char path[64], name[64] = "?", stat[256] = "";
-        snprintf(path, sizeof path, "/proc/self/task/%d/comm", (int)tids[i]);
-        read_small(path, name, sizeof name);
+        char path[64], name[64], stat[256] = "";
+        thread_name_of(tids[i], name, sizeof name);
         snprintf(path, sizeof path, "/proc/self/task/%d/wchan", (int)tids[i]);
         read_small(path, stat, sizeof stat);
         dump_slot *s = &g_slots[i];

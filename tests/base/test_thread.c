@@ -120,3 +120,18 @@ TD_TEST(requested_slice_is_the_threads_own)
     TD_CHECK(!thread_request_slice(-5));
     TD_CHECK_EQ(thread_slice(0), p.before);
 }
+
+/* Another thread's name, by its id; a thread that has ended has none. */
+TD_TEST(name_of_a_thread_by_id)
+{
+    slice_probe p = {0};
+    pthread_t t;
+    TD_CHECK_OK(thread_start(&t, "td-named-probe", slice_main, &p));
+    thread_join(t);
+    char mine[32], got[32];
+    TD_CHECK_OK(thread_get_name(mine, sizeof mine));
+    TD_CHECK(thread_name_of((pid_t)syscall(SYS_gettid), got, sizeof got));
+    TD_CHECK_STR_EQ(got, mine);
+    TD_CHECK(!thread_name_of(p.tid, got, sizeof got)); /* joined: gone from /proc */
+    TD_CHECK_STR_EQ(got, "?");
+}

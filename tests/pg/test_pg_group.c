@@ -314,48 +314,35 @@ TD_TEST(threaded_ranks_in_two_processes, .world_size = 2, .params = TD_PG_THREAD
 
 /* ---- explicit groups ------------------------------------------------------------------------- */
 
-/* The scheduler slices of this process's threads named `name`: how many were found, and whether
- * every one has `slice_us`. */
-static int worker_slices(const char *name, int64_t slice_us, bool *all_match)
+/* Whether this process has a thread named `name` and every such thread has `slice_us`. */
+static bool named_threads_have_slice(const char *name, int64_t slice_us)
 {
-    int found = 0;
-    *all_match = true;
+    int found = 0, matched = 0;
     DIR *d = opendir("/proc/self/task");
     TD_CHECK(d != NULL);
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.')
-            continue;
-        char path[300], comm[32] = {0};
-        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
-        FILE *f = fopen(path, "r");
-        if (!f)
-            continue; /* the thread ended meanwhile */
-        if (fgets(comm, sizeof comm, f))
-            comm[strcspn(comm, "\n")] = 0;
-        fclose(f);
-        if (strcmp(comm, name) != 0)
-            continue;
+        pid_t tid = (pid_t)atoi(e->d_name);
+        char comm[32];
+        if (tid <= 0 || !thread_name_of(tid, comm, sizeof comm) || strcmp(comm, name) != 0)
+            continue; /* ".", "..", another thread, or one that ended meanwhile */
         found++;
-        if (thread_slice((pid_t)atoi(e->d_name)) != slice_us)
-            *all_match = false;
+        matched += thread_slice(tid) == slice_us;
     }
     closedir(d);
-    return found;
+    return found > 0 && matched == found;
 }
 
 /* The worker names itself and asks for its slice as it starts: wait for both. */
 static bool wait_worker_slice(const char *name, int64_t slice_us)
 {
     int64_t deadline = deadline_after_ms(20000);
-    for (;;) {
-        bool match = false;
-        if (worker_slices(name, slice_us, &match) >= 1 && match)
-            return true;
+    while (!named_threads_have_slice(name, slice_us)) {
         if (deadline_passed(deadline))
             return false;
         clock_sleep_ms(1);
     }
+    return true;
 }
 
 /* A group's worker runs collectives while the application computes: it asks for a short scheduler

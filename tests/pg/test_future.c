@@ -163,6 +163,11 @@ TD_TEST(future_callbacks_on_executor, .world_size = 1, .params = TD_PG_THREAD_BA
     TD_CHECK_EQ(pthread_create(&th, NULL, complete_later, f), 0);
     TD_CHECK_OK(td_future_wait(f, 10000));
     pthread_join(th, NULL);
+    /* The wait ends when f completes; its callback runs on the executor after that, in its own
+     * time: let it log first, so that entry 0 is f's and entry 1 the all_reduce's. */
+    for (int i = 0; i < 5000 && log_count(&l) < 1; i++)
+        sleep_ms(2);
+    TD_CHECK_EQ(log_count(&l), 1);
 
     td_tensor *t = NULL;
     TD_CHECK_OK(td_tensor_ones(TD_FLOAT32, TD_SHAPE(3), &t));

@@ -2,6 +2,7 @@
  * ("RPC against TorchRPC").
  *
  *   rpc_bench [--tcp] [--seconds S] [--sizes B,B,...] [--pingpong-only | --no-pingpong] [--profile]
+ *   rpc_bench --self [--seconds S]
  *
  * Forks itself into worker0 (the caller, which measures) and worker1 (which only serves), meeting
  * through a FileStore in a temporary directory; --tcp sets td_rpc_options.tcp_only, otherwise the
@@ -15,6 +16,9 @@
  * (and over a UNIX-domain socket pair, the same-host floor): the median round trip (us).
  * With --profile, worker0 measures the empty round trip a second time with an RPC profiler
  * running on its thread (tdist/profiler.h): "empty_profiled_us", for the profiler's cost per call.
+ * --self measures only the empty round trip of a worker calling itself, in a world of one
+ * ("empty_us self"): the call's own path (encoding, the pending map, the hand-over to a pool thread,
+ * the reply, the future) with no socket and no second process, the floor under a same-host call.
  * Prints one line per measurement: "<metric> <path> [<bytes>] <value>", path being samehost or tcp;
  * bench/rpc/run.sh runs torch_rpc_bench.py for the same lines and makes the table. */
 #include <errno.h>
@@ -80,11 +84,12 @@ static void add_sample(samples *s, double x)
 }
 
 /* Round trips of fn(args) for about secs seconds (at least min_calls), after a few to warm up. */
-static double sync_median_us(td_rpc_agent *a, const char *fn, const td_value *args, double secs, size_t min_calls)
+static double sync_median_us(td_rpc_agent *a, const char *to, const char *fn, const td_value *args, double secs,
+                             size_t min_calls)
 {
     for (int i = 0; i < 20; i++) {
         td_value *r = NULL;
-        if (td_rpc_sync(a, td_rpc_to_name("worker1"), fn, args, NULL, 0, &r) != TD_OK)
+        if (td_rpc_sync(a, td_rpc_to_name(to), fn, args, NULL, 0, &r) != TD_OK)
             bench_die("rpc_bench", fn);
         td_value_release(r);
     }
@@ -93,7 +98,7 @@ static double sync_median_us(td_rpc_agent *a, const char *fn, const td_value *ar
     while (s.n < min_calls || bench_now_s() < end) {
         double t0 = bench_now_s();
         td_value *r = NULL;
-        if (td_rpc_sync(a, td_rpc_to_name("worker1"), fn, args, NULL, 0, &r) != TD_OK)
+        if (td_rpc_sync(a, td_rpc_to_name(to), fn, args, NULL, 0, &r) != TD_OK)
             bench_die("rpc_bench", fn);
         add_sample(&s, (bench_now_s() - t0) * 1e6);
         td_value_release(r);
@@ -147,7 +152,7 @@ static void run_worker(int rank, const char *url, bool tcp, double secs, const l
         bench_die("rpc_bench", "agent");
     const char *path = tcp ? "tcp" : "samehost";
     if (rank == 0) {
-        printf("empty_us %s %.2f\n", path, sync_median_us(a, "noop", NULL, secs, 100));
+        printf("empty_us %s %.2f\n", path, sync_median_us(a, "worker1", "noop", NULL, secs, 100));
         fflush(stdout);
         if (profile) {
             td_profiler_options po;
@@ -155,7 +160,7 @@ static void run_worker(int rank, const char *url, bool tcp, double secs, const l
             td_profiler *p = NULL;
             if (td_profiler_start(&po, &p) != TD_OK)
                 bench_die("rpc_bench", "profiler");
-            printf("empty_profiled_us %s %.2f\n", path, sync_median_us(a, "noop", NULL, secs, 100));
+            printf("empty_profiled_us %s %.2f\n", path, sync_median_us(a, "worker1", "noop", NULL, secs, 100));
             fflush(stdout);
             td_profiler_free(p);
         }
@@ -168,11 +173,26 @@ static void run_worker(int rank, const char *url, bool tcp, double secs, const l
             td_value *args = td_value_tuple_new(1);
             td_value_set(args, 0, td_value_tensor(t));
             td_tensor_release(t);
-            printf("tensor_us %s %ld %.2f\n", path, sizes[i], sync_median_us(a, "echo", args, secs, 10));
+            printf("tensor_us %s %ld %.2f\n", path, sizes[i], sync_median_us(a, "worker1", "echo", args, secs, 10));
             fflush(stdout);
             td_value_release(args);
         }
     }
+    if (td_rpc_agent_shutdown(a, true, 0) != TD_OK)
+        bench_die("rpc_bench", "shutdown");
+}
+
+/* A world of one: worker0 calls itself. */
+static void run_self(const char *url, double secs)
+{
+    td_rpc_options o;
+    td_rpc_options_init(&o);
+    o.init_method = url;
+    td_rpc_agent *a;
+    if (td_rpc_agent_create("worker0", 0, 1, &o, &a) != TD_OK)
+        bench_die("rpc_bench", "agent");
+    printf("empty_us self %.2f\n", sync_median_us(a, "worker0", "noop", NULL, secs, 100));
+    fflush(stdout);
     if (td_rpc_agent_shutdown(a, true, 0) != TD_OK)
         bench_die("rpc_bench", "shutdown");
 }
@@ -257,7 +277,7 @@ static double pingpong_us(bool tcp, double secs)
 
 int main(int argc, char **argv)
 {
-    bool tcp = false, pingpong = true, rpc = true, profile = false;
+    bool tcp = false, pingpong = true, rpc = true, profile = false, self = false;
     double secs = 1.0;
     long sizes[16] = {1024, 65536, 1048576, 16777216, 67108864};
     int nsizes = 5;
@@ -279,11 +299,19 @@ int main(int argc, char **argv)
             pingpong = false;
         } else if (strcmp(argv[i], "--profile") == 0) {
             profile = true;
+        } else if (strcmp(argv[i], "--self") == 0) {
+            self = true;
         } else {
             fprintf(stderr, "usage: rpc_bench [--tcp] [--seconds S] [--sizes B,B,...] [--pingpong-only | --no-pingpong] "
-                            "[--profile]\n");
+                            "[--profile]\n       rpc_bench --self [--seconds S]\n");
             return 2;
         }
+    }
+    if (self) {
+        if (td_rpc_register("noop", fn_noop, NULL) != TD_OK)
+            bench_die("rpc_bench", "register");
+        run_self(bench_store_url("rpc_bench"), secs);
+        return 0;
     }
     if (pingpong) {
         printf("pingpong_us %s %.2f\n", tcp ? "tcp" : "samehost", pingpong_us(tcp, secs));

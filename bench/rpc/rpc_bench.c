@@ -3,6 +3,7 @@
  *
  *   rpc_bench [--tcp] [--seconds S] [--sizes B,B,...] [--pingpong-only | --no-pingpong] [--profile]
  *   rpc_bench --self [--seconds S]
+ *   rpc_bench [--tcp] --floor B [--seconds S]
  *
  * Forks itself into worker0 (the caller, which measures) and worker1 (which only serves), meeting
  * through a FileStore in a temporary directory; --tcp sets td_rpc_options.tcp_only, otherwise the
@@ -19,6 +20,8 @@
  * --self measures only the empty round trip of a worker calling itself, in a world of one
  * ("empty_us self"): the call's own path (encoding, the pending map, the hand-over to a pool thread,
  * the reply, the future) with no socket and no second process, the floor under a same-host call.
+ * --floor B measures only the raw ping-pong with a message of B bytes ("floor_us <path> B"): what
+ * a tensor round trip of B bytes costs on that path with no RPC at all.
  * Prints one line per measurement: "<metric> <path> [<bytes>] <value>", path being samehost or tcp;
  * bench/rpc/run.sh runs torch_rpc_bench.py for the same lines and makes the table. */
 #include <errno.h>
@@ -199,11 +202,11 @@ static void run_self(const char *url, double secs)
 
 /* ---- the raw ping-pong ------------------------------------------------------------------------- */
 
-static void xfer(int fd, char *buf, bool send_it)
+static void xfer(int fd, char *buf, size_t bytes, bool send_it)
 {
     size_t at = 0;
-    while (at < PING_BYTES) {
-        ssize_t n = send_it ? send(fd, buf + at, PING_BYTES - at, MSG_NOSIGNAL) : recv(fd, buf + at, PING_BYTES - at, 0);
+    while (at < bytes) {
+        ssize_t n = send_it ? send(fd, buf + at, bytes - at, MSG_NOSIGNAL) : recv(fd, buf + at, bytes - at, 0);
         if (n <= 0) {
             if (n < 0 && errno == EINTR)
                 continue;
@@ -214,8 +217,9 @@ static void xfer(int fd, char *buf, bool send_it)
     }
 }
 
-/* The median round trip between this process (the pinger) and a forked echoing child. */
-static double pingpong_us(bool tcp, double secs)
+/* The median round trip of a message of `bytes` between this process (the pinger) and a forked
+ * child that reads it whole and sends it back. */
+static double pingpong_us(bool tcp, size_t bytes, double secs)
 {
     int fds[2];
     if (tcp) {
@@ -241,7 +245,9 @@ static double pingpong_us(bool tcp, double secs)
         perror("rpc_bench: socketpair");
         exit(1);
     }
-    char buf[PING_BYTES] = {0};
+    char *buf = calloc(1, bytes);
+    if (!buf)
+        abort();
     pid_t pid = fork();
     if (pid == 0) {
         close(fds[0]);
@@ -249,24 +255,25 @@ static double pingpong_us(bool tcp, double secs)
             ssize_t n = recv(fds[1], buf, 1, MSG_PEEK);
             if (n <= 0)
                 _exit(0);
-            xfer(fds[1], buf, false);
-            xfer(fds[1], buf, true);
+            xfer(fds[1], buf, bytes, false);
+            xfer(fds[1], buf, bytes, true);
         }
     }
     close(fds[1]);
     samples s = {0};
-    for (int i = 0; i < 1000; i++) {
-        xfer(fds[0], buf, true);
-        xfer(fds[0], buf, false);
+    for (int i = 0; i < (bytes <= 65536 ? 1000 : 3); i++) {
+        xfer(fds[0], buf, bytes, true);
+        xfer(fds[0], buf, bytes, false);
     }
     double end = bench_now_s() + secs;
-    while (bench_now_s() < end) {
+    while (bench_now_s() < end || s.n < 10) {
         double t0 = bench_now_s();
-        xfer(fds[0], buf, true);
-        xfer(fds[0], buf, false);
+        xfer(fds[0], buf, bytes, true);
+        xfer(fds[0], buf, bytes, false);
         add_sample(&s, (bench_now_s() - t0) * 1e6);
     }
     close(fds[0]);
+    free(buf);
     waitpid(pid, NULL, 0);
     double m = bench_median(s.v, s.n);
     free(s.v);
@@ -278,6 +285,7 @@ static double pingpong_us(bool tcp, double secs)
 int main(int argc, char **argv)
 {
     bool tcp = false, pingpong = true, rpc = true, profile = false, self = false;
+    long floor_bytes = 0;
     double secs = 1.0;
     long sizes[16] = {1024, 65536, 1048576, 16777216, 67108864};
     int nsizes = 5;
@@ -301,11 +309,18 @@ int main(int argc, char **argv)
             profile = true;
         } else if (strcmp(argv[i], "--self") == 0) {
             self = true;
+        } else if (strcmp(argv[i], "--floor") == 0 && i + 1 < argc) {
+            floor_bytes = strtol(argv[++i], NULL, 10);
         } else {
             fprintf(stderr, "usage: rpc_bench [--tcp] [--seconds S] [--sizes B,B,...] [--pingpong-only | --no-pingpong] "
-                            "[--profile]\n       rpc_bench --self [--seconds S]\n");
+                            "[--profile]\n       rpc_bench --self [--seconds S]\n       rpc_bench [--tcp] --floor B [--seconds S]\n");
             return 2;
         }
+    }
+    if (floor_bytes > 0) {
+        printf("floor_us %s %ld %.2f\n", tcp ? "tcp" : "samehost", floor_bytes,
+               pingpong_us(tcp, (size_t)floor_bytes, secs));
+        return 0;
     }
     if (self) {
         if (td_rpc_register("noop", fn_noop, NULL) != TD_OK)
@@ -314,7 +329,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (pingpong) {
-        printf("pingpong_us %s %.2f\n", tcp ? "tcp" : "samehost", pingpong_us(tcp, secs));
+        printf("pingpong_us %s %.2f\n", tcp ? "tcp" : "samehost", pingpong_us(tcp, PING_BYTES, secs));
         fflush(stdout);
     }
     if (!rpc)

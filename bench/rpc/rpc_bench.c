@@ -4,6 +4,7 @@
  *   rpc_bench [--tcp] [--seconds S] [--sizes B,B,...] [--pingpong-only | --no-pingpong] [--profile]
  *   rpc_bench --self [--seconds S]
  *   rpc_bench [--tcp] --floor B [--seconds S]
+ *   rpc_bench [--seconds S] --flag-floor
  *
  * Forks itself into worker0 (the caller, which measures) and worker1 (which only serves), meeting
  * through a FileStore in a temporary directory; --tcp sets td_rpc_options.tcp_only, otherwise the
@@ -21,7 +22,9 @@
  * ("empty_us self"): the call's own path (encoding, the pending map, the hand-over to a pool thread,
  * the reply, the future) with no socket and no second process, the floor under a same-host call.
  * --floor B measures only the raw ping-pong with a message of B bytes ("floor_us <path> B"): what
- * a tensor round trip of B bytes costs on that path with no RPC at all.
+ * a tensor round trip of B bytes costs on that path with no RPC at all. --flag-floor measures a
+ * flag passed back and forth through a shared page by two spinning processes (no system call): the
+ * floor under any same-host message.
  * Prints one line per measurement: "<metric> <path> [<bytes>] <value>", path being samehost or tcp;
  * bench/rpc/run.sh runs torch_rpc_bench.py for the same lines and makes the table. */
 #include <errno.h>
@@ -31,6 +34,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -280,6 +285,47 @@ static double pingpong_us(bool tcp, size_t bytes, double secs)
     return m;
 }
 
+/* The median round trip of a flag between this process and a forked child, both spinning on a
+ * shared page (no system call, no sleep): the floor under any same-host message. */
+static double flag_pingpong_us(double secs)
+{
+    _Atomic uint64_t *words = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (words == MAP_FAILED) {
+        perror("rpc_bench: mmap");
+        exit(1);
+    }
+    _Atomic uint64_t *ping = &words[0], *pong = &words[64 / sizeof *words]; /* a cache line apart */
+    atomic_init(ping, 0);
+    atomic_init(pong, 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        for (uint64_t i = 1;; i++) {
+            uint64_t v;
+            while ((v = atomic_load_explicit(ping, memory_order_acquire)) < i)
+                ;
+            if (v == UINT64_MAX)
+                _exit(0);
+            atomic_store_explicit(pong, i, memory_order_release);
+        }
+    }
+    samples s = {0};
+    double end = bench_now_s() + secs;
+    for (uint64_t i = 1; bench_now_s() < end || s.n < 1000; i++) {
+        double t0 = bench_now_s();
+        atomic_store_explicit(ping, i, memory_order_release);
+        while (atomic_load_explicit(pong, memory_order_acquire) < i)
+            ;
+        if (i > 1000)
+            add_sample(&s, (bench_now_s() - t0) * 1e6);
+    }
+    atomic_store(ping, UINT64_MAX);
+    waitpid(pid, NULL, 0);
+    munmap((void *)words, 4096);
+    double m = bench_median(s.v, s.n);
+    free(s.v);
+    return m;
+}
+
 /* ---- main -------------------------------------------------------------------------------------- */
 
 int main(int argc, char **argv)
@@ -309,11 +355,14 @@ int main(int argc, char **argv)
             profile = true;
         } else if (strcmp(argv[i], "--self") == 0) {
             self = true;
+        } else if (strcmp(argv[i], "--flag-floor") == 0) {
+            printf("flag_pingpong_us samehost %.3f\n", flag_pingpong_us(secs));
+            return 0;
         } else if (strcmp(argv[i], "--floor") == 0 && i + 1 < argc) {
             floor_bytes = strtol(argv[++i], NULL, 10);
         } else {
             fprintf(stderr, "usage: rpc_bench [--tcp] [--seconds S] [--sizes B,B,...] [--pingpong-only | --no-pingpong] "
-                            "[--profile]\n       rpc_bench --self [--seconds S]\n       rpc_bench [--tcp] --floor B [--seconds S]\n");
+                            "[--profile]\n       rpc_bench --self [--seconds S]\n       rpc_bench [--tcp] --floor B [--seconds S]\n       rpc_bench [--seconds S] --flag-floor\n");
             return 2;
         }
     }

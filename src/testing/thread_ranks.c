@@ -23,6 +23,7 @@
 
 #include "base/alloc.h"
 #include "base/log.h"
+#include "base/thread.h"
 #include "base/vec.h"
 #include "pg/pg_impl.h"
 #include "testing/harness.h"
@@ -145,6 +146,10 @@ bool harness_threaded_pending(td_buf *out)
 static void *rank_main(void *arg)
 {
     rank_thread *self = arg;
+    /* Named here, before anything runs: threads the rank starts inherit the name it has then. */
+    char name[16];
+    snprintf(name, sizeof name, "td-rank-%d", self->ctx.rank % 100000);
+    thread_set_name(name);
     tl_self = self;
     stacks_set_thread_rank(self->ctx.rank);
     log_set_rank(self->ctx.rank);
@@ -184,10 +189,6 @@ int harness_threaded_main(td_test_case *c, const td_test_ctx *proto, int ctl_fd)
             start_error = alloc_printf("could not start the thread of rank %d: %s", i, strerror(rc));
             break;
         }
-        char name[32];
-        snprintf(name, sizeof name, "td-rank-%d", i % 100000);
-        name[15] = '\0';
-        pthread_setname_np(ranks[i].thread, name);
         started++;
     }
     if (start_error)

@@ -60,6 +60,11 @@ TD_TEST(inner_th_pass, .world_size = 4, .threads = true, .timeout_s = 20, .hidde
     TD_CHECK(ctx->threaded);
     TD_CHECK_EQ(ctx->world_size, 4);
     TD_CHECK(ctx->rank >= 0 && ctx->rank < 4);
+    /* The rank's thread bears its name from its first instruction (threads it starts inherit it). */
+    char name[16], want[16];
+    TD_CHECK_EQ(pthread_getname_np(pthread_self(), name, sizeof name), 0);
+    snprintf(want, sizeof want, "td-rank-%d", ctx->rank);
+    TD_CHECK_STR_EQ(name, want);
     TD_CHECK_STR_EQ(getenv("TMPDIR"), ctx->tmpdir);
     TD_CHECK(getenv("RANK") == NULL);
     TD_CHECK(fake_collective(ctx));

@@ -650,8 +650,13 @@ static td_status dec_object(dec *d, const td_value *e, td_value **out)
     if (!ok)
         return bad(cls->entry_form);
     int fds[MP_OBJECT_MAX_FDS];
-    for (int i = 0; i < cls->nfds; i++)
-        TD_TRY(take_fd(d, fi[i], &fds[i]));
+    for (int i = 0; i < cls->nfds; i++) {
+        td_status st = take_fd(d, fi[i], &fds[i]);
+        if (st != TD_OK) {
+            close_fds(fds, i); /* taken from the message: no longer its to close */
+            return st;
+        }
+    }
     void *obj;
     TD_TRY(cls->from_wire(param, fds, &obj));
     *out = mp_object_value(cls, obj);

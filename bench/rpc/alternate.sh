@@ -4,16 +4,22 @@
 # output lines), each on the same-host path and over TCP, REPS times, appending their lines to
 # $out/tdist and $out/torch ($out: a temporary folder removed at exit). Sets py, out and
 # torch_version.
-rpc_alternate() {
-  local build=$1 name=$2 secs=$3 reps=$4
-  local bin=$build/bench/rpc/$name
-  [ -x "$bin" ] || { echo "bench/rpc: $bin is missing (make build)" >&2; exit 1; }
+# rpc_need_torch: sets py to Debian's Python and installs python3-torch when it lacks TorchRPC
+# (also for bench/rpc/large_floor.sh).
+rpc_need_torch() {
   py=/usr/bin/python3
   if ! $py -c 'import torch.distributed.rpc' 2>/dev/null; then
     echo "bench/rpc: installing python3-torch (Debian) for the TorchRPC peer" >&2
     local sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
     $sudo apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y python3-torch >/dev/null
   fi
+}
+
+rpc_alternate() {
+  local build=$1 name=$2 secs=$3 reps=$4
+  local bin=$build/bench/rpc/$name
+  [ -x "$bin" ] || { echo "bench/rpc: $bin is missing (make build)" >&2; exit 1; }
+  rpc_need_torch
   out=$(mktemp -d)
   trap 'rm -rf "$out"' EXIT
   local r mode

@@ -13,10 +13,8 @@ bytes=${2:-16777216}
 rounds=${3:-3}
 secs=${4:-1}
 label=${5:-large_floor}
-py=/usr/bin/python3
-if ! $py -c "import torch" 2>/dev/null; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch >/dev/null
-fi
+. bench/rpc/alternate.sh
+rpc_need_torch
 bench=$build/bench/rpc/rpc_bench
 out=bench/results/rpc/$label.txt
 mkdir -p bench/results/rpc

@@ -554,3 +554,101 @@ bool samehost_word_is(pid_t pid, uint64_t addr, uint64_t value)
     struct iovec local = {&got, sizeof got}, remote = {(void *)(uintptr_t)addr, sizeof got};
     return process_vm_readv(pid, &local, 1, &remote, 1, 0) == (ssize_t)sizeof got && got == value;
 }
+
+/* ---- lanes ------------------------------------------------------------------------------------ */
+
+static size_t lane_span(size_t n) { return SAMEHOST_LANE_ENTRY + ((n + 7) & ~(size_t)7); }
+
+static void lane_word_put(uint8_t *at, uint32_t len, uint32_t kind)
+{
+    memcpy(at, &len, 4);
+    memcpy(at + 4, &kind, 4);
+}
+
+void *samehost_lane_reserve(samehost_lane_writer *w, uint32_t kind, size_t n, bool *corrupt)
+{
+    *corrupt = false;
+    if (n > SAMEHOST_LANE_MAX)
+        return NULL;
+    uint64_t tail = atomic_load_explicit(&w->lane->tail, memory_order_acquire);
+    if (tail > w->head || w->head - tail > SAMEHOST_LANE_BYTES) {
+        *corrupt = true;
+        return NULL;
+    }
+    size_t at = (size_t)(w->head % SAMEHOST_LANE_BYTES), span = lane_span(n);
+    size_t to_end = SAMEHOST_LANE_BYTES - at;
+    size_t need = span <= to_end ? span : to_end + span; /* a filler to the end first */
+    if (SAMEHOST_LANE_BYTES - (size_t)(w->head - tail) < need)
+        return NULL;
+    if (span > to_end) {
+        lane_word_put(w->lane->ring + at, (uint32_t)(to_end - SAMEHOST_LANE_ENTRY), SAMEHOST_LANE_PAD);
+        w->head += to_end;
+        at = 0;
+    }
+    lane_word_put(w->lane->ring + at, (uint32_t)n, kind);
+    w->head += span;
+    return w->lane->ring + at + SAMEHOST_LANE_ENTRY;
+}
+
+bool samehost_lane_publish(samehost_lane_writer *w)
+{
+    atomic_store_explicit(&w->lane->head, w->head, memory_order_release);
+    atomic_thread_fence(memory_order_seq_cst);
+    return atomic_load_explicit(&w->lane->asleep, memory_order_relaxed) &&
+           !atomic_load_explicit(&w->lane->pollers, memory_order_relaxed);
+}
+
+bool samehost_lane_ready(const samehost_lane_reader *r)
+{
+    /* The published tail, not the reader's copy: any thread may ask, without the reader's lock. */
+    return atomic_load_explicit(&r->lane->head, memory_order_acquire) !=
+           atomic_load_explicit(&r->lane->tail, memory_order_relaxed);
+}
+
+int samehost_lane_next(samehost_lane_reader *r, uint32_t *kind, const uint8_t **data, size_t *n)
+{
+    for (;;) {
+        uint64_t head = atomic_load_explicit(&r->lane->head, memory_order_acquire);
+        if (head == r->tail) {
+            /* The published tail is the reader's word, but in the peer's reach: put it right. */
+            if (atomic_load_explicit(&r->lane->tail, memory_order_relaxed) != r->tail)
+                atomic_store_explicit(&r->lane->tail, r->tail, memory_order_release);
+            return 0;
+        }
+        if (head < r->tail || head - r->tail > SAMEHOST_LANE_BYTES)
+            return SAMEHOST_LANE_CORRUPT;
+        size_t at = (size_t)(r->tail % SAMEHOST_LANE_BYTES);
+        size_t avail = (size_t)(head - r->tail), to_end = SAMEHOST_LANE_BYTES - at;
+        if (avail < SAMEHOST_LANE_ENTRY || to_end < SAMEHOST_LANE_ENTRY)
+            return SAMEHOST_LANE_CORRUPT; /* entries are whole and 8-aligned */
+        uint32_t len, k;
+        memcpy(&len, r->lane->ring + at, 4);
+        memcpy(&k, r->lane->ring + at + 4, 4);
+        if (len > SAMEHOST_LANE_MAX && k != SAMEHOST_LANE_PAD)
+            return SAMEHOST_LANE_CORRUPT;
+        size_t span = lane_span(len);
+        if (span > avail || span > to_end)
+            return SAMEHOST_LANE_CORRUPT;
+        if (k == SAMEHOST_LANE_PAD) {
+            if (span != to_end)
+                return SAMEHOST_LANE_CORRUPT;
+            r->tail += span; /* the filler is the reader's to skip, published at once (see ready) */
+            atomic_store_explicit(&r->lane->tail, r->tail, memory_order_release);
+            continue;
+        }
+        *kind = k;
+        *data = r->lane->ring + at + SAMEHOST_LANE_ENTRY;
+        *n = len;
+        r->span = span;
+        return 1;
+    }
+}
+
+bool samehost_lane_consume(samehost_lane_reader *r)
+{
+    r->tail += r->span;
+    r->span = 0;
+    atomic_store_explicit(&r->lane->tail, r->tail, memory_order_release);
+    atomic_thread_fence(memory_order_seq_cst);
+    return atomic_load_explicit(&r->lane->waiting, memory_order_relaxed) != 0;
+}

@@ -235,6 +235,61 @@ void samehost_arrive(samehost_set *set, uint64_t e, const samehost_desc *d);
  * r has left. */
 td_status samehost_wait_arrival(samehost_set *set, int r, uint64_t e, const samehost_desc *d, int64_t deadline_ns);
 
+/* ---- lanes -------------------------------------------------------------------------------------
+ * A lane: a ring of variable-size messages from one writer to one reader of another process, in a
+ * segment both map, for messages that should cost no system call. An entry is a 4-byte length, a
+ * 4-byte kind (the user's; SAMEHOST_LANE_PAD is the lane's own filler at the ring's end) and the
+ * bytes, padded to 8; an entry never wraps. head (bytes ever published) is the writer's, tail
+ * (bytes ever consumed) the reader's; each side keeps its own copy and reads the other's as a
+ * peer's word, never trusted: a reader refuses a head more than the ring ahead of its tail or an
+ * entry that does not fit what was published (SAMEHOST_LANE_CORRUPT), a writer a tail beyond its
+ * head. Serializing writers, and readers, is the user's (one lock per side). Wake-ups are the
+ * user's too; the lane only carries the words they need: the reader's `asleep` (its last resort
+ * sleeps elsewhere and wants a ring) and `pollers` (threads polling the lane now, so no ring is
+ * needed), and the writer's `waiting` (for room). */
+#define SAMEHOST_LANE_BYTES ((size_t)64 << 10)
+#define SAMEHOST_LANE_ENTRY 8u                               /* an entry's length and kind */
+#define SAMEHOST_LANE_MAX (SAMEHOST_LANE_BYTES / 4)          /* the largest entry's bytes */
+#define SAMEHOST_LANE_PAD UINT32_MAX
+#define SAMEHOST_LANE_CORRUPT (-1)
+typedef struct samehost_lane {
+    _Alignas(SAMEHOST_LINE) _Atomic uint64_t head;
+    _Alignas(SAMEHOST_LINE) _Atomic uint64_t tail;
+    _Alignas(SAMEHOST_LINE) _Atomic uint32_t asleep, pollers, waiting;
+    _Alignas(SAMEHOST_LINE) uint8_t ring[SAMEHOST_LANE_BYTES];
+} samehost_lane;
+
+/* The writer's side: its own head. */
+typedef struct samehost_lane_writer {
+    samehost_lane *lane;
+    uint64_t head;
+} samehost_lane_writer;
+
+/* Room for an entry of n bytes (at most SAMEHOST_LANE_MAX) of kind: where to write them, or NULL
+ * when the lane is full for now (*corrupt set when the reader's tail makes no sense). Nothing is
+ * visible to the reader before samehost_lane_publish. */
+void *samehost_lane_reserve(samehost_lane_writer *w, uint32_t kind, size_t n, bool *corrupt);
+/* Publishes the entry reserved last; returns whether the reader wants a ring (asleep and no
+ * poller), read after the publication with a full fence, so that a reader that goes to sleep after
+ * it looks once more and sees the entry. */
+bool samehost_lane_publish(samehost_lane_writer *w);
+
+/* The reader's side: its own tail. */
+typedef struct samehost_lane_reader {
+    samehost_lane *lane;
+    uint64_t tail;
+    size_t span; /* of the entry samehost_lane_next returned (the ring's length word may change) */
+} samehost_lane_reader;
+
+/* The next entry: 1 with *kind, *data (inside the ring, to be copied out before consuming: the
+ * writer may reuse it after) and *n set; 0 when none is published; SAMEHOST_LANE_CORRUPT. */
+int samehost_lane_next(samehost_lane_reader *r, uint32_t *kind, const uint8_t **data, size_t *n);
+/* Consumes the entry samehost_lane_next returned; returns whether the writer waits for room. */
+bool samehost_lane_consume(samehost_lane_reader *r);
+/* Whether an entry (or a corrupt head) is there, without reading it: from any thread, without
+ * the readers' lock (it compares the published words). */
+bool samehost_lane_ready(const samehost_lane_reader *r);
+
 /* ---- single-copy reads ------------------------------------------------------------------------- */
 
 #define SAMEHOST_READ_MAX_PIECES 4

@@ -4,6 +4,8 @@
  * transport and collective tests run the same code between processes. */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -357,6 +359,133 @@ TD_TEST(a_member_that_left_ends_the_wait)
     TD_CHECK_ERR(samehost_wait_arrival(&w->set[1], 0, 1, NULL, TD_DEADLINE_NONE), TD_ERR_TIMEOUT, "timed out");
     TD_CHECK_EQ(w->owner[1].missing, 0);
     free(w);
+}
+
+/* ---- lanes ----------------------------------------------------------------------------------- */
+
+#define LANE_MSGS 200000
+
+/* Message i: a length from a cheap generator (0 to SAMEHOST_LANE_MAX, mostly small), kind i, bytes
+ * (i + j) & 0xff. */
+static size_t lane_len(uint64_t i)
+{
+    uint64_t x = i * 0x9e3779b97f4a7c15ull;
+    x ^= x >> 29;
+    return (x % 8 == 0) ? (size_t)(x % (SAMEHOST_LANE_MAX + 1)) : (size_t)(x % 200);
+}
+
+static void *lane_writer_main(void *arg)
+{
+    samehost_lane_writer w = {.lane = arg, .head = 0};
+    for (uint64_t i = 0; i < LANE_MSGS; i++) {
+        size_t n = lane_len(i);
+        bool corrupt;
+        uint8_t *p;
+        while (!(p = samehost_lane_reserve(&w, (uint32_t)i, n, &corrupt))) {
+            if (corrupt)
+                return (void *)1;
+            sched_yield();
+        }
+        for (size_t j = 0; j < n; j++)
+            p[j] = (uint8_t)(i + j);
+        samehost_lane_publish(&w);
+    }
+    return NULL;
+}
+
+/* One writer and one reader threads over a lane: every message arrives once, in order, whole,
+ * across many wrap-arounds of the ring (sizes up to the largest entry). */
+TD_TEST(lane_carries_messages_in_order, .timeout_s = 120)
+{
+    samehost_lane *lane = aligned_alloc(SAMEHOST_LINE, sizeof *lane);
+    TD_CHECK(lane != NULL);
+    memset(lane, 0, sizeof *lane);
+    pthread_t th;
+    TD_CHECK_EQ(pthread_create(&th, NULL, lane_writer_main, lane), 0);
+    samehost_lane_reader r = {.lane = lane};
+    uint64_t bytes = 0;
+    for (uint64_t i = 0; i < LANE_MSGS;) {
+        uint32_t kind;
+        const uint8_t *data;
+        size_t n;
+        int got = samehost_lane_next(&r, &kind, &data, &n);
+        TD_CHECK(got >= 0);
+        if (got == 0) {
+            sched_yield();
+            continue;
+        }
+        TD_CHECK_EQ(kind, (uint32_t)i);
+        TD_CHECK_EQ(n, lane_len(i));
+        for (size_t j = 0; j < n; j++)
+            if (data[j] != (uint8_t)(i + j))
+                TD_CHECK_EQ(data[j], (uint8_t)(i + j));
+        samehost_lane_consume(&r);
+        bytes += n;
+        i++;
+    }
+    void *rc;
+    pthread_join(th, &rc);
+    TD_CHECK(rc == NULL);
+    TD_CHECK(bytes > 20 * SAMEHOST_LANE_BYTES); /* the ring wrapped many times */
+    TD_CHECK(!samehost_lane_ready(&r));
+    free(lane);
+}
+
+/* A peer's words are not trusted: a head beyond the ring, a length beyond what was published or a
+ * filler that does not end the ring is refused, and so is a tail ahead of the writer's head. */
+TD_TEST(lane_refuses_what_makes_no_sense)
+{
+    samehost_lane *lane = aligned_alloc(SAMEHOST_LINE, sizeof *lane);
+    TD_CHECK(lane != NULL);
+    memset(lane, 0, sizeof *lane);
+    samehost_lane_reader r = {.lane = lane};
+    uint32_t kind;
+    const uint8_t *data;
+    size_t n;
+    TD_CHECK_EQ(samehost_lane_next(&r, &kind, &data, &n), 0);
+    atomic_store(&lane->head, SAMEHOST_LANE_BYTES + 8); /* more than the ring ahead */
+    TD_CHECK_EQ(samehost_lane_next(&r, &kind, &data, &n), SAMEHOST_LANE_CORRUPT);
+    uint32_t word[2] = {64, 7}; /* 64 bytes announced, 8 published */
+    memcpy(lane->ring, word, sizeof word);
+    atomic_store(&lane->head, 8);
+    TD_CHECK_EQ(samehost_lane_next(&r, &kind, &data, &n), SAMEHOST_LANE_CORRUPT);
+    word[0] = UINT32_MAX - 3; /* a length that overflows the span */
+    memcpy(lane->ring, word, sizeof word);
+    atomic_store(&lane->head, 64);
+    TD_CHECK_EQ(samehost_lane_next(&r, &kind, &data, &n), SAMEHOST_LANE_CORRUPT);
+    word[0] = 8;
+    word[1] = SAMEHOST_LANE_PAD; /* a filler in the middle of the ring */
+    memcpy(lane->ring, word, sizeof word);
+    atomic_store(&lane->head, 64);
+    TD_CHECK_EQ(samehost_lane_next(&r, &kind, &data, &n), SAMEHOST_LANE_CORRUPT);
+    word[0] = 0;
+    word[1] = 5; /* an empty message is fine */
+    memcpy(lane->ring, word, sizeof word);
+    atomic_store(&lane->head, 8);
+    TD_CHECK_EQ(samehost_lane_next(&r, &kind, &data, &n), 1);
+    TD_CHECK_EQ(kind, 5u);
+    TD_CHECK_EQ(n, 0u);
+    samehost_lane_consume(&r);
+    TD_CHECK_EQ(atomic_load(&lane->tail), 8u);
+
+    samehost_lane_writer w = {.lane = lane, .head = 8};
+    bool corrupt;
+    atomic_store(&lane->tail, 16); /* the reader claims more than was written */
+    TD_CHECK(samehost_lane_reserve(&w, 1, 8, &corrupt) == NULL);
+    TD_CHECK(corrupt);
+    atomic_store(&lane->tail, 8);
+    TD_CHECK(samehost_lane_reserve(&w, 1, SAMEHOST_LANE_MAX + 1, &corrupt) == NULL); /* too large */
+    TD_CHECK(!corrupt);
+    TD_CHECK(samehost_lane_reserve(&w, 1, 8, &corrupt) != NULL);
+    /* Nobody asleep: no ring wanted; the reader asleep with no poller: a ring. */
+    TD_CHECK(!samehost_lane_publish(&w));
+    atomic_store(&lane->asleep, 1);
+    TD_CHECK(samehost_lane_reserve(&w, 1, 8, &corrupt) != NULL);
+    TD_CHECK(samehost_lane_publish(&w));
+    atomic_store(&lane->pollers, 1);
+    TD_CHECK(samehost_lane_reserve(&w, 1, 8, &corrupt) != NULL);
+    TD_CHECK(!samehost_lane_publish(&w));
+    free(lane);
 }
 
 TD_TEST_MAIN()

@@ -1181,6 +1181,10 @@ static td_status agent_create(const char *name, int rank, int world_size, const 
     int64_t cma = 1;
     TD_TRY(env_get_int("TDIST_RPC_CMA", 1, 0, 1, &cma));
 
+    /* TDIST_RPC_LANES: same-host messages through lanes in the shared segment (channel.c). */
+    int64_t lanes_on = 1;
+    TD_TRY(env_get_int("TDIST_RPC_LANES", 1, 0, 1, &lanes_on));
+
     auth_key auth;
     TD_TRY(auth_key_init(NULL, &auth));
 
@@ -1197,6 +1201,7 @@ static td_status agent_create(const char *name, int rank, int world_size, const 
     atomic_init(&a->default_timeout_ms, o.rpc_timeout_ms);
     a->tcp_only = o.tcp_only;
     a->piece_min = cma ? RPC_PIECE_MIN_DEFAULT : 0;
+    a->lanes_on = lanes_on != 0;
     a->ignore_rref_leak = o.ignore_rref_leak;
     a->rrefs = rpc_rref_ctx_new();
     a->max_payload = max_payload;
@@ -1208,6 +1213,7 @@ static td_status agent_create(const char *name, int rank, int world_size, const 
     a->next_deadline_ns = TD_DEADLINE_NONE;
     atomic_init(&a->next_call_id, 1);
     rpc_pool_init(&a->pool, o.num_worker_threads);
+    a->pool.lanes = a;
     /* A dynamic group's size is unknown: its table's size counts, so its waiters yield while they
      * spin, as when the workers outnumber the cores. */
     td_status spin_st = spin_init(&a->pool.spin, world_size);
@@ -1802,6 +1808,9 @@ static td_status wait_reply(td_rpc_agent *a, td_future *f)
     int64_t start = clock_now_ns();
     int64_t end = start + samehost_spin_budget(&a->spin_call);
     bool slept = false;
+    /* The caller polls the lanes itself (channel.c): its reply, when it comes through one, is
+     * delivered by this thread, with no wake-up and no other thread on the way. */
+    size_t lanes = end > start ? rpc_lanes_enter(a) : 0;
     for (;;) {
         if (td_future_is_completed(f))
             break;
@@ -1810,8 +1819,11 @@ static td_status wait_reply(td_rpc_agent *a, td_future *f)
             slept = true;
             break;
         }
+        if (lanes > 0 && rpc_lanes_poll(a))
+            continue;
         samehost_spin_pause(&a->spin_call, now - start);
     }
+    rpc_lanes_leave(a, lanes);
     td_status st = td_future_wait(f, 0);
     samehost_spin_result(&a->spin_call, slept, start);
     return st;
@@ -1990,7 +2002,7 @@ td_status td_rpc_debug_info(td_rpc_agent *agent, td_value **info)
     rpc_pool_counts(&a->pool, &nthreads, &idle, &queued);
     pthread_mutex_lock(&a->mu);
     long long pending = (long long)a->pending.len, client = a->client_active;
-    long long unix_channels = 0, tcp_channels = 0, single_copy = 0, nmembers = 0;
+    long long unix_channels = 0, tcp_channels = 0, single_copy = 0, lane_channels = 0, nmembers = 0;
     for (int i = 0; i < a->world_size; i++) {
         nmembers += a->peers[i].member;
         const rpc_channel *ch = a->peers[i].chan;
@@ -1998,6 +2010,7 @@ td_status td_rpc_debug_info(td_rpc_agent *agent, td_value **info)
             unix_channels += ch->is_unix;
             tcp_channels += !ch->is_unix;
             single_copy += ch->cma && atomic_load(&ch->cma->side[1 - ch->cma_side].can_read);
+            lane_channels += ch->lanes;
         }
     }
     pthread_mutex_unlock(&a->mu);
@@ -2015,6 +2028,8 @@ td_status td_rpc_debug_info(td_rpc_agent *agent, td_value **info)
     /* peers that read this worker's large payload parts from its memory (single copy) */
     put_int(d, "agent.num_single_copy_channels", single_copy);
     put_int(d, "agent.single_copy_messages_received", (long long)atomic_load(&a->pieces_received));
+    put_int(d, "agent.num_lane_channels", lane_channels); /* same-host peers whose messages go through lanes */
+    put_int(d, "agent.lane_bells_rung", (long long)atomic_load(&a->lane_rings));
     rpc_rref_debug_info(a, d);
     const rpc_autograd_hooks *ag = atomic_load(&rpc_autograd);
     if (ag) {

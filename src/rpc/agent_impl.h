@@ -12,9 +12,10 @@
  *     every thread is blocked and work waits;
  *   - the pending calls: call id -> future, peer and deadline, under the agent's lock.
  *
- * Waiting (DESIGN.md: spin briefly, then sleep): an empty round trip passes four threads (the
- * callee's I/O thread, its pool thread, the caller's I/O thread, the caller), and a sleep at each
- * costs a wake-up of several microseconds. So the I/O thread polls its epoll set, an idle pool
+ * Waiting (DESIGN.md: spin briefly, then sleep): over a socket an empty round trip passes four
+ * threads (the callee's I/O thread, its pool thread, the caller's I/O thread, the caller), and a
+ * sleep at each costs a wake-up of several microseconds; through lanes (below) two, the callee's
+ * polling pool thread and the caller, and the I/O thread stops spinning while they poll. So the I/O thread polls its epoll set, an idle pool
  * thread (one at a time) polls the queue, and td_rpc_sync's caller polls its future, each for the
  * budget of its own samehost_spin before sleeping: the same-host layer's policy
  * (transport/samehost.h: cut short after spins that ended in long sleeps, yielding the core when
@@ -59,6 +60,7 @@
 #define RPC_STAGE_BYTES 4096                  /* a channel's read-ahead buffer */
 #define RPC_SPIN_US_DEFAULT 50                 /* the spin budget (TDIST_RPC_SPIN_US) */
 #define RPC_PIECE_MIN_DEFAULT (256u << 10)     /* payload parts this large go as pieces (TDIST_RPC_CMA=0: none) */
+#define RPC_LANE_CHANNELS 1024                 /* channels in lane mode per agent, at most */
 
 /* ---- channels (channel.c) -------------------------------------------------------------------- */
 
@@ -75,10 +77,20 @@ typedef struct rpc_cma_side {
     samehost_bell bell;                             /* this side's sender sleeps here for acked */
     _Atomic uint64_t probe_addr, probe_value;       /* written once, before the other side looks */
     _Atomic uint32_t can_read;                      /* this side reads the other's memory */
+    _Atomic uint32_t lane_reads;                    /* this side takes messages from its lane */
 } rpc_cma_side;
 
+/* Lanes (TDIST_RPC_LANES): when both sides set lane_reads before the hello's answer, every message
+ * of the channel travels through lane[s] (written by side s, read by the other; a message's wire
+ * bytes split into entries of at most SAMEHOST_LANE_MAX, read by the same stream parser as the
+ * socket's bytes), and the socket carries only the hello, bells (a byte each: "look at your lane",
+ * sent when the reader said it sleeps and nobody polls) and the end of the connection. A message
+ * then costs no system call when a thread of the reader polls: its I/O thread, an idle pool thread
+ * or a td_rpc_sync caller waiting for its reply, whichever takes the lane's reader lock first; the
+ * writer waits for room on its side's bell. */
 typedef struct rpc_cma {
     rpc_cma_side side[2];
+    samehost_lane lane[2];
 } rpc_cma;
 
 typedef struct rpc_channel {
@@ -112,6 +124,12 @@ typedef struct rpc_channel {
     /* Sends, from any thread. */
     pthread_mutex_t send_mu;
     uint64_t cma_sent;        /* under send_mu: this side's messages sent with pieces */
+    samehost_lane_writer lane_w; /* under send_mu */
+    /* Lanes: set before the channel is bound, then read-only. In lane mode the stream parser's
+     * state above (hdr ... table) is under lane_mu, not the I/O thread's. */
+    bool lanes;
+    pthread_mutex_t lane_mu;
+    samehost_lane_reader lane_r; /* under lane_mu */
     _Atomic bool dead;        /* failed or closed: no more sends, no more reads */
 } rpc_channel;
 
@@ -143,6 +161,7 @@ typedef struct rpc_pool {
     uint64_t taken, taken_seen; /* dequeues, and their number at the last tick */
     int64_t stalled_since_ns;   /* when a tick first saw work waiting and none taken since (0: none) */
     bool stop;
+    struct td_rpc_agent *lanes; /* the spinner polls its lanes (NULL: none) */
     int spinners;             /* idle threads polling for work instead of sleeping (at most one) */
     _Atomic size_t avail;     /* queued, for the spinner to poll without the lock */
     _Atomic bool stopping;    /* stop, likewise */
@@ -220,6 +239,14 @@ struct td_rpc_agent {
     bool io_started;
     _Atomic bool io_stop;
     TD_VEC(rpc_channel *) channels; /* all of them, bound or not (freed with the agent) */
+    bool lanes_on;           /* TDIST_RPC_LANES */
+    /* The bound channels in lane mode, append-only (a->mu) and read without a lock up to
+     * lane_count; beyond RPC_LANE_CHANNELS a same-host channel keeps to its socket. */
+    rpc_channel *lane_chans[RPC_LANE_CHANNELS];
+    _Atomic size_t lane_count;
+    _Atomic size_t lane_reserved; /* lane slots promised to channels being greeted */
+    _Atomic int lane_pollers; /* threads in rpc_lanes_enter..leave (the I/O thread then need not spin) */
+    _Atomic int socket_chans; /* bound channels not in lane mode (the I/O thread spins for them) */
 
     td_map pending;          /* call id (8 bytes) -> rpc_pending */
     int64_t next_deadline_ns;
@@ -231,6 +258,7 @@ struct td_rpc_agent {
     int64_t calls_started, calls_done;
     _Atomic int64_t server_active, server_active_async;
     _Atomic uint64_t pieces_received; /* messages whose large parts this worker read single-copy */
+    _Atomic uint64_t lane_rings;      /* bells this worker rang for a peer sleeping on its lane */
 
     rpc_pool pool;
     samehost_spin spin_io;   /* the I/O thread's, polling epoll before it sleeps */
@@ -342,5 +370,11 @@ td_status rpc_loopback_send(td_rpc_agent *a, const rpc_outgoing *m);
 void rpc_channel_free(rpc_channel *ch);
 /* Wakes a sender of ch that waits for the peer to read its pieces (the channel failed). */
 void rpc_channel_wake_sender(rpc_channel *ch);
+/* Polling the lanes (any thread of the agent): enter counts this thread as a poller on the first n
+ * lanes (returns n: the count to leave with), so writers need not ring; poll takes and delivers
+ * what they hold (true when it took anything); leave stops counting and takes what came meanwhile. */
+size_t rpc_lanes_enter(td_rpc_agent *a);
+bool rpc_lanes_poll(td_rpc_agent *a);
+void rpc_lanes_leave(td_rpc_agent *a, size_t n);
 
 #endif

@@ -35,7 +35,17 @@
  * thread reads the parts with process_vm_readv straight into the payload's storage, checks that
  * the sender has not given up meanwhile (a sender that gives up shuts the socket down before its
  * memory can go), acknowledges through the segment, and delivers. The sender waits for the
- * acknowledgement under its send lock, so the send returns once the bytes are the peer's. */
+ * acknowledgement under its send lock, so the send returns once the bytes are the peer's.
+ *
+ * Lanes (agent_impl.h, rpc_cma; docs/protocols.md "Lanes on one host"): when both ends agree, a
+ * same-host channel's messages go through the segment's two lanes instead of the socket, in the
+ * same wire form, read by the same stream parser (stream_take), so order and checks are the
+ * socket's. Any thread of the reader that polls takes a lane under its reader lock and delivers
+ * what it completes: the I/O thread, the pool's spinning thread (a call then reaches the thread
+ * that runs it with no wake-up) and a td_rpc_sync caller waiting for its reply (which then
+ * completes its own future). The socket then carries bells, bytes that wake an I/O thread that
+ * said on the lane that it sleeps while no thread polls, and the connection's end. An empty round
+ * trip thus passes two threads and no system call when both ends poll. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -111,6 +121,7 @@ static rpc_channel *channel_new(int fd, int peer, bool is_unix)
     ch->is_unix = is_unix;
     ch->opened_ns = clock_now_ns();
     thread_mutex_init(&ch->send_mu);
+    thread_mutex_init(&ch->lane_mu);
     atomic_init(&ch->dead, false);
     ch->hello_fd = -1;
     ch->cma_seg = (td_segment)TD_SEGMENT_INIT;
@@ -129,6 +140,7 @@ void rpc_channel_free(rpc_channel *ch)
         segment_unmap(&ch->cma_seg);
     td_storage_release(ch->payload);
     pthread_mutex_destroy(&ch->send_mu);
+    pthread_mutex_destroy(&ch->lane_mu);
     free(ch);
 }
 
@@ -146,17 +158,47 @@ static const uint64_t cma_probe_word = UINT64_C(0x74646973742d636d);
 
 #define CMA_SEGMENT_BYTES ((sizeof(rpc_cma) + 4095) & ~(size_t)4095)
 
-/* Publishes side's probe word in the segment, before the other side looks. */
-static void cma_publish(rpc_cma *cma, int side)
+/* Publishes side's probe word in the segment, and whether it reads its lane (a slot for the
+ * channel in the agent's lane list promised), before the other side looks. A reader starts out
+ * asleep: the peer's first messages ring until a thread of this side polls. */
+static void cma_publish(td_rpc_agent *a, rpc_cma *cma, int side)
 {
     atomic_store(&cma->side[side].probe_addr, (uint64_t)(uintptr_t)&cma_probe_word);
     atomic_store(&cma->side[side].probe_value, cma_probe_word);
+    bool lanes = a->lanes_on && atomic_fetch_add(&a->lane_reserved, 1) < RPC_LANE_CHANNELS;
+    atomic_store(&cma->lane[1 - side].asleep, 1u);
+    atomic_store(&cma->side[side].lane_reads, lanes ? 1u : 0u);
+}
+
+/* Once the other side published too: lane mode when both read their lanes. */
+static void lanes_agree(rpc_channel *ch)
+{
+    rpc_cma *c = ch->cma;
+    ch->lanes = atomic_load(&c->side[0].lane_reads) == 1 && atomic_load(&c->side[1].lane_reads) == 1;
+    if (ch->lanes) {
+        ch->lane_w = (samehost_lane_writer){.lane = &c->lane[ch->cma_side]};
+        ch->lane_r = (samehost_lane_reader){.lane = &c->lane[1 - ch->cma_side]};
+    }
+}
+
+/* a->mu held, as ch is bound: counts it where its kind of transport is counted. */
+static void channel_bound(td_rpc_agent *a, rpc_channel *ch)
+{
+    if (ch->lanes) {
+        size_t i = atomic_load_explicit(&a->lane_count, memory_order_relaxed);
+        a->lane_chans[i] = ch; /* reserved in cma_publish, so i < RPC_LANE_CHANNELS */
+        atomic_store_explicit(&a->lane_count, i + 1, memory_order_release);
+    } else {
+        atomic_fetch_add(&a->socket_chans, 1);
+    }
 }
 
 /* Reads the other side's probe word (published before this side looks): sets this side's
  * can_read when it reads right. */
 static void cma_probe(td_rpc_agent *a, rpc_channel *ch)
 {
+    if (a->piece_min == 0)
+        return; /* TDIST_RPC_CMA=0: can_read stays 0, so the peer sends no pieces */
     rpc_cma_side *other = &ch->cma->side[1 - ch->cma_side];
     uint64_t addr = atomic_load(&other->probe_addr), value = atomic_load(&other->probe_value);
     bool ok = addr != 0 && ch->peer_pid > 0 && samehost_word_is(ch->peer_pid, addr, value);
@@ -365,7 +407,7 @@ td_status rpc_io_connect(td_rpc_agent *a, int peer, const char *addr, const char
     }
     /* Single copy: a segment for the two ends, passed with the hello. */
     td_segment seg = TD_SEGMENT_INIT;
-    if (is_unix && a->piece_min > 0) {
+    if (is_unix && (a->piece_min > 0 || a->lanes_on)) {
         if (segment_create("rpc", CMA_SEGMENT_BYTES, true, true, &seg) == TD_OK)
             hello.features |= RPC_HELLO_CMA;
         else
@@ -379,7 +421,7 @@ td_status rpc_io_connect(td_rpc_agent *a, int peer, const char *addr, const char
     td_status st = TD_OK;
     if (seg.base) {
         /* A fresh socket takes the hello's bytes whole. */
-        cma_publish(seg.base, 0);
+        cma_publish(a, seg.base, 0);
         if (samehost_send_fd(fd, buf, sizeof buf, seg.fd) != (ssize_t)sizeof buf)
             st = error_errno(TD_ERR_PEER_LOST, "sending the hello");
         close(seg.fd); /* the mapping is all this end keeps */
@@ -402,8 +444,10 @@ td_status rpc_io_connect(td_rpc_agent *a, int peer, const char *addr, const char
         ch->cma_side = 0;
         ch->peer_pid = socket_peer_pid(fd);
         cma_probe(a, ch);
+        lanes_agree(ch);
     }
     pthread_mutex_lock(&a->mu);
+    channel_bound(a, ch);
     a->peers[peer].chan = ch;
     a->connected++;
     pthread_cond_broadcast(&a->cv);
@@ -426,8 +470,12 @@ static void channel_fail(td_rpc_agent *a, rpc_channel *ch, const char *reason)
         ch->in_epoll = false;
     }
     rpc_agent_channel_failed(a, ch, reason);
+    if (ch->lanes)
+        pthread_mutex_lock(&ch->lane_mu); /* the parser's state is the lane reader's */
     td_storage_release(ch->payload);
     ch->payload = NULL;
+    if (ch->lanes)
+        pthread_mutex_unlock(&ch->lane_mu);
     bool unbound = false;
     pthread_mutex_lock(&a->mu);
     pthread_mutex_lock(&ch->send_mu);
@@ -589,15 +637,16 @@ static bool channel_hello(td_rpc_agent *a, rpc_channel *ch)
         }
         /* Single copy: the segment that came with the hello, with this side's probe word in it
          * before the answer lets the connector look; then the connector's word probed. */
-        if ((hello.features & RPC_HELLO_CMA) && ch->hello_fd >= 0 && a->piece_min > 0 &&
+        if ((hello.features & RPC_HELLO_CMA) && ch->hello_fd >= 0 && (a->piece_min > 0 || a->lanes_on) &&
             segment_map_fd(ch->hello_fd, CMA_SEGMENT_BYTES, &ch->cma_seg) == TD_OK) {
             close(ch->cma_seg.fd); /* the mapping is all this end keeps */
             ch->cma_seg.fd = -1;
             ch->hello_fd = -1;
             ch->cma = ch->cma_seg.base;
             ch->cma_side = 1;
-            cma_publish(ch->cma, 1);
+            cma_publish(a, ch->cma, 1);
             cma_probe(a, ch);
+            lanes_agree(ch);
         }
         /* Answered before it is bound: once bound, other threads may send on it, and the answer
          * must come first. Only this thread binds accepted channels, so the slot stays open. */
@@ -614,6 +663,7 @@ static bool channel_hello(td_rpc_agent *a, rpc_channel *ch)
                 a->peers[from].lost = false;
             a->peers[from].chan = ch;
             ch->peer = from;
+            channel_bound(a, ch);
             a->connected++;
             pthread_cond_broadcast(&a->cv);
         }
@@ -662,6 +712,21 @@ static bool hello_read(td_rpc_agent *a, rpc_channel *ch)
     return channel_hello(a, ch);
 }
 
+/* The stream parser's failure. On a socket, the parser runs on the I/O thread, which fails the
+ * channel and gives it back at once (channel_fail). In lane mode it runs under lane_mu on whichever
+ * thread took the lane: that fails the channel's calls and shuts its socket down, and the I/O
+ * thread, woken by the shutdown, gives the channel back. */
+static void stream_fail(td_rpc_agent *a, rpc_channel *ch, const char *reason)
+{
+    if (!ch->lanes) {
+        channel_fail(a, ch, reason);
+        return;
+    }
+    td_storage_release(ch->payload);
+    ch->payload = NULL;
+    rpc_agent_channel_failed(a, ch, reason);
+}
+
 /* The payload's storage, once the header (and a piece table) is in. */
 static bool payload_alloc(td_rpc_agent *a, rpc_channel *ch)
 {
@@ -669,7 +734,7 @@ static bool payload_alloc(td_rpc_agent *a, rpc_channel *ch)
     if (ch->header.payload_len > 0 && storage_new_uninit((size_t)ch->header.payload_len, &ch->payload) != TD_OK) {
         char why[TD_ERROR_MAX];
         snprintf(why, sizeof why, "cannot hold a message: %s", td_last_error());
-        channel_fail(a, ch, why);
+        stream_fail(a, ch, why);
         return false;
     }
     return true;
@@ -683,12 +748,12 @@ static bool header_done(td_rpc_agent *a, rpc_channel *ch)
     if (rpc_header_read(ch->hdr, a->max_payload, &ch->header) != TD_OK) {
         snprintf(why, sizeof why, "malformed message: %s", td_last_error());
         TD_LOG_WARN("RPC agent %s: closing a connection (worker id %d): %s", a->self.name, ch->peer, why);
-        channel_fail(a, ch, why);
+        stream_fail(a, ch, why);
         return false;
     }
     if (ch->header.sender != (uint32_t)ch->peer) {
         snprintf(why, sizeof why, "a message claims to come from worker id %u", (unsigned)ch->header.sender);
-        channel_fail(a, ch, why);
+        stream_fail(a, ch, why);
         return false;
     }
     ch->pieces.count = 0;
@@ -698,7 +763,7 @@ static bool header_done(td_rpc_agent *a, rpc_channel *ch)
             TD_LOG_WARN("RPC agent %s: closing the connection of worker id %d: it sent a piece table, which this "
                         "connection did not agree to",
                         a->self.name, ch->peer);
-            channel_fail(a, ch, "a piece table on a connection without single copy");
+            stream_fail(a, ch, "a piece table on a connection without single copy");
             return false;
         }
         ch->table_have = 0;
@@ -728,7 +793,7 @@ static bool table_done(td_rpc_agent *a, rpc_channel *ch)
 malformed:
     snprintf(why, sizeof why, "malformed message: %s", td_last_error());
     TD_LOG_WARN("RPC agent %s: closing a connection (worker id %d): %s", a->self.name, ch->peer, why);
-    channel_fail(a, ch, why);
+    stream_fail(a, ch, why);
     return false;
 }
 
@@ -754,13 +819,13 @@ static bool pieces_read(td_rpc_agent *a, rpc_channel *ch)
             snprintf(why, sizeof why, "reading %llu bytes of worker id %d's memory failed: %s",
                      (unsigned long long)q->len, ch->peer, strerror(err));
             TD_LOG_WARN("RPC agent %s: closing the connection of worker id %d: %s", a->self.name, ch->peer, why);
-            channel_fail(a, ch, why);
+            stream_fail(a, ch, why);
             return false;
         }
     }
     struct pollfd p = {.fd = ch->fd, .events = POLLRDHUP};
     if (poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
-        channel_fail(a, ch, "connection closed by peer");
+        stream_fail(a, ch, "connection closed by peer");
         return false;
     }
     rpc_cma_side *sender = &ch->cma->side[1 - ch->cma_side];
@@ -796,6 +861,191 @@ static char *payload_dst(rpc_channel *ch, uint64_t *room)
     return (char *)td_storage_data(ch->payload) + at;
 }
 
+/* The stream parser: takes the next bytes of the stream (from the stage or a lane entry) into the
+ * message being read, the header, piece table or payload, as far as the part being read goes,
+ * and hands the message over when it is whole. *used: the bytes taken. False when the channel
+ * failed. */
+static bool stream_take(td_rpc_agent *a, rpc_channel *ch, const uint8_t *src, size_t avail, size_t *used)
+{
+    size_t n;
+    if (ch->hdr_have < RPC_HEADER_BYTES) {
+        n = RPC_HEADER_BYTES - ch->hdr_have < avail ? RPC_HEADER_BYTES - ch->hdr_have : avail;
+        memcpy(ch->hdr + ch->hdr_have, src, n);
+        ch->hdr_have += n;
+        *used = n;
+        if (ch->hdr_have == RPC_HEADER_BYTES && !header_done(a, ch))
+            return false;
+    } else if (reading_table(ch)) {
+        n = ch->table_need - ch->table_have < avail ? ch->table_need - ch->table_have : avail;
+        memcpy(ch->table + ch->table_have, src, n);
+        ch->table_have += n;
+        *used = n;
+        if (ch->table_have == ch->table_need && !table_done(a, ch))
+            return false;
+    } else {
+        uint64_t room;
+        char *dst = payload_dst(ch, &room);
+        n = room < avail ? (size_t)room : avail;
+        memcpy(dst, src, n);
+        ch->payload_have += n;
+        *used = n;
+    }
+    message_done(a, ch);
+    return !atomic_load(&ch->dead) || !ch->lanes;
+}
+
+/* ---- lanes (agent_impl.h, rpc_cma) ------------------------------------------------------------ */
+
+#define LANE_BYTES_KIND 1u /* an entry of the stream's bytes: the one kind a lane carries */
+
+/* Takes up to max entries of ch's lane (SIZE_MAX: until it is empty) through the stream parser,
+ * delivering the messages they complete, under the lane's reader lock; a thread that finds the
+ * lock taken leaves the lane to its holder, which looks once more after it lets go. Rings the
+ * writer's bell when it consumed anything (the writer may wait for room). True when it took any. */
+static bool lane_drain(td_rpc_agent *a, rpc_channel *ch, size_t max)
+{
+    bool took = false;
+    size_t taken = 0;
+    while (taken < max && !atomic_load_explicit(&ch->dead, memory_order_relaxed) &&
+           samehost_lane_ready(&ch->lane_r)) {
+        if (pthread_mutex_trylock(&ch->lane_mu) != 0)
+            break;
+        bool failed = false;
+        size_t before = taken;
+        while (taken < max && !failed && !atomic_load_explicit(&ch->dead, memory_order_relaxed)) {
+            uint32_t kind = 0;
+            const uint8_t *data = NULL;
+            size_t n = 0;
+            int r = samehost_lane_next(&ch->lane_r, &kind, &data, &n);
+            if (r == 0)
+                break;
+            if (r < 0 || kind != LANE_BYTES_KIND) {
+                TD_LOG_WARN("RPC agent %s: closing the connection of worker id %d: its lane holds %s", a->self.name,
+                            ch->peer, r < 0 ? "words that make no sense" : "an entry of an unknown kind");
+                stream_fail(a, ch, "a malformed lane");
+                failed = true;
+                break;
+            }
+            /* The parser copies the bytes out before it checks them: the peer may change the ring. */
+            for (size_t at = 0; at < n && !failed;) {
+                size_t used = 0;
+                failed = !stream_take(a, ch, data + at, n - at, &used);
+                at += used;
+            }
+            samehost_lane_consume(&ch->lane_r);
+            taken++;
+        }
+        pthread_mutex_unlock(&ch->lane_mu);
+        if (taken > before) {
+            took = true;
+            samehost_bell_notify(&ch->cma->side[1 - ch->cma_side].bell, SAMEHOST_BELL_WAITER);
+        }
+        if (failed) {
+            rpc_io_wake(a);
+            break;
+        }
+    }
+    return took;
+}
+
+/* The lanes in the list now, and each one's channel. */
+static size_t lanes_now(td_rpc_agent *a) { return atomic_load_explicit(&a->lane_count, memory_order_acquire); }
+
+size_t rpc_lanes_enter(td_rpc_agent *a)
+{
+    size_t n = lanes_now(a);
+    if (n == 0)
+        return 0;
+    atomic_fetch_add(&a->lane_pollers, 1);
+    for (size_t i = 0; i < n; i++)
+        atomic_fetch_add(&a->lane_chans[i]->lane_r.lane->pollers, 1);
+    return n;
+}
+
+bool rpc_lanes_poll(td_rpc_agent *a)
+{
+    bool took = false;
+    size_t n = lanes_now(a);
+    for (size_t i = 0; i < n; i++)
+        took |= lane_drain(a, a->lane_chans[i], 16);
+    return took;
+}
+
+void rpc_lanes_leave(td_rpc_agent *a, size_t n)
+{
+    if (n == 0)
+        return;
+    /* Each decrement is a full barrier: a writer that published before it either saw this poller
+     * (and did not ring) or rang; what it published is taken here. */
+    for (size_t i = 0; i < n; i++)
+        atomic_fetch_sub(&a->lane_chans[i]->lane_r.lane->pollers, 1);
+    atomic_fetch_sub(&a->lane_pollers, 1);
+    for (size_t i = 0; i < n; i++)
+        lane_drain(a, a->lane_chans[i], SIZE_MAX);
+}
+
+/* The I/O thread, about to sleep in epoll: says so on every lane (a writer then rings), then looks
+ * once more. False when a lane had something: the thread takes it instead of sleeping. */
+static bool lanes_sleep(td_rpc_agent *a)
+{
+    size_t n = lanes_now(a);
+    /* Each exchange is a full barrier (as the writer's fence after it published): either the
+     * writer sees asleep and rings, or this thread sees what it published. */
+    for (size_t i = 0; i < n; i++)
+        atomic_exchange(&a->lane_chans[i]->lane_r.lane->asleep, 1u);
+    for (size_t i = 0; i < n; i++) {
+        rpc_channel *ch = a->lane_chans[i];
+        if (!atomic_load_explicit(&ch->dead, memory_order_relaxed) && samehost_lane_ready(&ch->lane_r))
+            return false;
+    }
+    return true;
+}
+
+static void lanes_awake(td_rpc_agent *a)
+{
+    size_t n = lanes_now(a);
+    for (size_t i = 0; i < n; i++)
+        atomic_store_explicit(&a->lane_chans[i]->lane_r.lane->asleep, 0u, memory_order_relaxed);
+}
+
+/* A channel in lane mode whose socket is readable: its bytes are bells (or its end), read and
+ * dropped; then its lane is taken. At the end, what the lane holds first. */
+static void lane_bells(td_rpc_agent *a, rpc_channel *ch)
+{
+    uint8_t bells[256];
+    for (int reads = 0; reads < 16; reads++) {
+        ssize_t n = recv(ch->fd, bells, sizeof bells, 0);
+        if (n > 0 && (size_t)n == sizeof bells)
+            continue;
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+            char why[TD_ERROR_MAX];
+            if (n == 0)
+                snprintf(why, sizeof why, "connection closed by peer");
+            else
+                snprintf(why, sizeof why, "reading from the connection failed: %s", strerror(errno));
+            if (!atomic_load(&ch->dead))
+                lane_drain(a, ch, SIZE_MAX);
+            channel_fail(a, ch, why);
+            return;
+        }
+        break;
+    }
+    lane_drain(a, ch, 64);
+}
+
+/* Rings the reader of ch's lane: a byte on the socket (a full socket has bells enough). */
+static void lane_ring(td_rpc_agent *a, rpc_channel *ch)
+{
+    static const uint8_t bell = 1;
+    atomic_fetch_add_explicit(&a->lane_rings, 1, memory_order_relaxed);
+    if (ch->fd >= 0) {
+        ssize_t r = send(ch->fd, &bell, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+        (void)r;
+    }
+}
+
 /* Reads what the socket has (up to a bound of recv calls, for fairness between channels; bytes
  * already staged are always consumed, as epoll would not report them again). Headers, piece
  * tables and small payloads go through the stage; the rest of a large payload is read straight
@@ -811,34 +1061,18 @@ static void channel_read(td_rpc_agent *a, rpc_channel *ch)
         }
         if (ch->peer < 0 && !hello_read(a, ch))
             return;
+        if (ch->lanes) {
+            lane_bells(a, ch);
+            return;
+        }
         bool reading_header = ch->hdr_have < RPC_HEADER_BYTES;
         bool in_table = reading_table(ch);
         if (ch->stage_off < ch->stage_len) {
-            const uint8_t *src = ch->stage + ch->stage_off;
-            size_t avail = ch->stage_len - ch->stage_off, used;
-            if (reading_header) {
-                used = RPC_HEADER_BYTES - ch->hdr_have < avail ? RPC_HEADER_BYTES - ch->hdr_have : avail;
-                memcpy(ch->hdr + ch->hdr_have, src, used);
-                ch->hdr_have += used;
-                ch->stage_off += used;
-                if (ch->hdr_have == RPC_HEADER_BYTES && !header_done(a, ch))
-                    return;
-            } else if (in_table) {
-                used = ch->table_need - ch->table_have < avail ? ch->table_need - ch->table_have : avail;
-                memcpy(ch->table + ch->table_have, src, used);
-                ch->table_have += used;
-                ch->stage_off += used;
-                if (ch->table_have == ch->table_need && !table_done(a, ch))
-                    return;
-            } else {
-                uint64_t room;
-                char *dst = payload_dst(ch, &room);
-                used = room < avail ? (size_t)room : avail;
-                memcpy(dst, src, used);
-                ch->payload_have += used;
-                ch->stage_off += used;
-            }
-            message_done(a, ch);
+            size_t used = 0;
+            bool ok = stream_take(a, ch, ch->stage + ch->stage_off, ch->stage_len - ch->stage_off, &used);
+            ch->stage_off += used;
+            if (!ok)
+                return;
             continue;
         }
         if (ch->drained || reads >= 64) {
@@ -935,28 +1169,46 @@ static void close_silent(td_rpc_agent *a, int64_t now)
 }
 
 /* epoll_wait that polls for the I/O thread's spin budget (agent_impl.h, "Waiting") before it
- * sleeps up to wait_ms: a message arriving within it costs no wake-up. */
+ * sleeps up to wait_ms: a message arriving within it costs no wake-up. The lanes are taken first
+ * and polled beside epoll; the spin stops while another thread polls the lanes and every channel
+ * is in lane mode (two threads polling the same lanes on two cores only take turns). Before it
+ * sleeps, the thread says so on the lanes and looks once more (lanes_sleep). */
 static int io_wait(td_rpc_agent *a, struct epoll_event *evs, int max, int wait_ms)
 {
+    bool took = rpc_lanes_poll(a);
     int n = epoll_wait(a->epoll_fd, evs, max, 0);
-    if (n != 0 || wait_ms <= 0)
+    if (n != 0 || took || wait_ms <= 0)
         return n;
     int64_t start = clock_now_ns();
     int64_t end = start + samehost_spin_budget(&a->spin_io);
     bool slept = false;
     for (;;) {
         int64_t now = clock_now_ns();
-        if (now >= end) {
+        bool others_poll = atomic_load_explicit(&a->lane_pollers, memory_order_relaxed) > 0 &&
+                           atomic_load_explicit(&a->socket_chans, memory_order_relaxed) == 0;
+        if (now >= end || others_poll) {
+            if (!lanes_sleep(a)) {
+                lanes_awake(a);
+                n = 0;
+                took = true;
+                break;
+            }
             n = epoll_wait(a->epoll_fd, evs, max, wait_ms);
+            lanes_awake(a);
             slept = true;
             break;
         }
         samehost_spin_pause(&a->spin_io, now - start);
+        if (rpc_lanes_poll(a)) {
+            n = 0;
+            took = true;
+            break;
+        }
         n = epoll_wait(a->epoll_fd, evs, max, 0);
         if (n != 0)
             break;
     }
-    if (n > 0)
+    if (n > 0 || took)
         samehost_spin_result(&a->spin_io, slept, start);
     return n;
 }
@@ -1123,6 +1375,87 @@ static td_status wait_acked(td_rpc_agent *a, rpc_channel *ch, uint64_t want, int
     return error_fmt(TD_ERR_PEER_LOST, "the connection closed while worker id %d read the message", ch->peer);
 }
 
+/* Room in ch's lane for any entry, wrap-around filler included (or the channel failed). */
+static bool lane_room(void *ctx)
+{
+    rpc_channel *ch = ctx;
+    uint64_t tail = atomic_load_explicit(&ch->lane_w.lane->tail, memory_order_acquire);
+    if (tail > ch->lane_w.head)
+        return true; /* nonsense: samehost_lane_reserve says so */
+    return SAMEHOST_LANE_BYTES - (ch->lane_w.head - tail) >= 2 * (SAMEHOST_LANE_MAX + SAMEHOST_LANE_ENTRY) ||
+           atomic_load(&ch->dead);
+}
+
+/* Waits (send_mu held) until ch's lane has room: spins for the budget, then sleeps on this side's
+ * bell, which the reader rings after it consumed, and a failure of the channel here. */
+static td_status lane_wait_room(td_rpc_agent *a, rpc_channel *ch, int64_t deadline_ns)
+{
+    int64_t start = clock_now_ns(), spin_end = start + samehost_spin_budget(&a->spin_acked);
+    bool slept = false;
+    while (!lane_room(ch)) {
+        int64_t now = clock_now_ns();
+        if (now >= deadline_ns)
+            return error_fmt(TD_ERR_TIMEOUT, "worker id %d took no messages in time", ch->peer);
+        if (now < spin_end) {
+            samehost_spin_pause(&a->spin_acked, now - start);
+            continue;
+        }
+        int64_t until = now + (int64_t)RPC_TICK_MS * 1000000;
+        slept |= samehost_bell_sleep(&ch->cma->side[ch->cma_side].bell, lane_room, ch,
+                                     until < deadline_ns ? until : deadline_ns);
+    }
+    samehost_spin_result(&a->spin_acked, slept, start);
+    if (atomic_load(&ch->dead))
+        return error_fmt(TD_ERR_PEER_LOST, "the connection is closed");
+    return TD_OK;
+}
+
+/* Writes the message's bytes (v[0..n)) into ch's lane (send_mu held), in entries of at most
+ * SAMEHOST_LANE_MAX, each published as it is written so the reader can start; rings the reader
+ * when it sleeps and nobody polls, before any wait for room and at the end. */
+static td_status lane_sendv(td_rpc_agent *a, rpc_channel *ch, const struct iovec *v, size_t n, int64_t deadline_ns)
+{
+    size_t left = 0;
+    for (size_t i = 0; i < n; i++)
+        left += v[i].iov_len;
+    size_t vi = 0, voff = 0;
+    bool ring = false;
+    td_status st = TD_OK;
+    while (left > 0) {
+        size_t want = left < SAMEHOST_LANE_MAX ? left : SAMEHOST_LANE_MAX;
+        bool corrupt = false;
+        uint8_t *dst = samehost_lane_reserve(&ch->lane_w, LANE_BYTES_KIND, want, &corrupt);
+        if (corrupt) {
+            st = error_fmt(TD_ERR_PEER_LOST, "worker id %d's lane words make no sense", ch->peer);
+            break;
+        }
+        if (!dst) {
+            if (ring)
+                lane_ring(a, ch);
+            ring = false;
+            st = lane_wait_room(a, ch, deadline_ns);
+            if (st != TD_OK)
+                break;
+            continue;
+        }
+        for (size_t at = 0; at < want;) {
+            while (voff == v[vi].iov_len) {
+                vi++;
+                voff = 0;
+            }
+            size_t k = v[vi].iov_len - voff < want - at ? v[vi].iov_len - voff : want - at;
+            memcpy(dst + at, (const uint8_t *)v[vi].iov_base + voff, k);
+            at += k;
+            voff += k;
+        }
+        left -= want;
+        ring |= samehost_lane_publish(&ch->lane_w);
+    }
+    if (ring)
+        lane_ring(a, ch);
+    return st;
+}
+
 td_status rpc_channel_send(td_rpc_agent *a, rpc_channel *ch, const rpc_outgoing *m, int64_t deadline_ns)
 {
     size_t count = 0;
@@ -1142,6 +1475,8 @@ td_status rpc_channel_send(td_rpc_agent *a, rpc_channel *ch, const rpc_outgoing 
     pthread_mutex_lock(&ch->send_mu);
     if (atomic_load(&ch->dead) || ch->fd < 0)
         st = error_fmt(TD_ERR_PEER_LOST, "the connection is closed");
+    else if (ch->lanes)
+        st = lane_sendv(a, ch, v, n, deadline_ns);
     else
         st = net_sendv_all(ch->fd, v, (int)n, deadline_ns);
     if (st == TD_OK && pieces.count > 0)

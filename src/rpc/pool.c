@@ -17,7 +17,8 @@
  *
  * An idle thread first polls for work for its spin budget (agent_impl.h, "Waiting"), so that a
  * call arriving soon after the last one needs no wake-up; only one thread spins at a time, and a
- * submit wakes a sleeper only when no thread spins and fewer than `concurrency` run. */
+ * submit wakes a sleeper only when no thread spins and fewer than `concurrency` run. The spinner
+ * also polls the agent's lanes (channel.c), so a call through one reaches a thread with no wake-up. */
 #include <stdlib.h>
 
 #include "base/alloc.h"
@@ -43,6 +44,7 @@ void rpc_pool_init(rpc_pool *p, int base)
     p->stalled_since_ns = 0;
     p->stop = false;
     p->spinners = 0;
+    p->lanes = NULL;
     atomic_init(&p->avail, 0);
     atomic_init(&p->stopping, false);
     p->threads.items = NULL;
@@ -97,14 +99,29 @@ static void pool_blocked(void *ctx, bool blocked)
 static bool pool_spin(rpc_pool *p, int64_t start)
 {
     int64_t end = start + samehost_spin_budget(&p->spin);
+    if (end <= start)
+        return false;
+    /* It polls the agent's lanes too: a call that comes through one is delivered here, to this
+     * pool's queue, and taken by this thread, with no wake-up. */
+    size_t lanes = p->lanes ? rpc_lanes_enter(p->lanes) : 0;
+    bool got;
     for (;;) {
-        if (atomic_load_explicit(&p->avail, memory_order_acquire) > 0 || atomic_load(&p->stopping))
-            return true;
+        if (atomic_load_explicit(&p->avail, memory_order_acquire) > 0 || atomic_load(&p->stopping)) {
+            got = true;
+            break;
+        }
         int64_t now = clock_now_ns();
-        if (now >= end)
-            return false;
+        if (now >= end) {
+            got = false;
+            break;
+        }
+        if (lanes > 0 && rpc_lanes_poll(p->lanes))
+            continue;
         samehost_spin_pause(&p->spin, now - start);
     }
+    if (p->lanes)
+        rpc_lanes_leave(p->lanes, lanes);
+    return got;
 }
 
 static void *pool_main(void *arg)

@@ -27,7 +27,10 @@
  * send_mu serializes writes to its socket; the pool has its own. No lock is held while a future is
  * completed, while a function runs, or across blocking I/O except a channel's own send under its
  * send_mu. Nesting: only teardown takes a send_mu under agent->mu (to close the sockets); nothing
- * takes agent->mu under a send_mu, and pool->mu nests with neither. */
+ * takes agent->mu under a send_mu, and pool->mu nests with neither. A lane channel's lane_mu is
+ * held while the messages it completes are delivered (futures completed, whose callbacks go to the
+ * executor; calls queued), so agent->mu, pool->mu and the RRef context's lock nest under it, and
+ * channel_fail takes it before agent->mu; it is never taken under another of these. */
 #ifndef TDIST_RPC_AGENT_IMPL_H
 #define TDIST_RPC_AGENT_IMPL_H
 

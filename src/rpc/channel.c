@@ -470,12 +470,12 @@ static void channel_fail(td_rpc_agent *a, rpc_channel *ch, const char *reason)
         ch->in_epoll = false;
     }
     rpc_agent_channel_failed(a, ch, reason);
+    /* In lane mode the parser's state and the fd (pieces_read polls it) are also the lane
+     * reader's: its lock comes first (deliveries under it take a->mu). */
     if (ch->lanes)
-        pthread_mutex_lock(&ch->lane_mu); /* the parser's state is the lane reader's */
+        pthread_mutex_lock(&ch->lane_mu);
     td_storage_release(ch->payload);
     ch->payload = NULL;
-    if (ch->lanes)
-        pthread_mutex_unlock(&ch->lane_mu);
     bool unbound = false;
     pthread_mutex_lock(&a->mu);
     pthread_mutex_lock(&ch->send_mu);
@@ -483,6 +483,8 @@ static void channel_fail(td_rpc_agent *a, rpc_channel *ch, const char *reason)
         close(ch->fd);
     ch->fd = -1;
     pthread_mutex_unlock(&ch->send_mu);
+    if (ch->lanes)
+        pthread_mutex_unlock(&ch->lane_mu);
     if (ch->peer < 0) {
         for (size_t i = 0; i < a->channels.len; i++)
             if (a->channels.items[i] == ch) {

@@ -47,6 +47,16 @@ td_status rpc_test_add_ints(td_rpc_call *call, const td_value *args, const td_va
     return st;
 }
 
+td_status rpc_test_echo(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
+{
+    (void)call;
+    const td_value *p[1];
+    td_status st = td_rpc_bind("echo", "x", args, kwargs, p);
+    if (st == TD_OK)
+        *result = td_value_retain((td_value *)p[0]);
+    return st;
+}
+
 td_status rpc_test_callee_id(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
 {
     (void)args;

@@ -21,10 +21,12 @@ typedef struct rpc_test_function {
 /* Functions several test binaries register (under the names each binary's tests call):
  * add_ints(a, b): a + b, Python's binding and TypeErrors;
  * callee_id(): the id of the worker running it;
+ * echo(x): x itself;
  * raise([type, message]): fails with type (default "ValueError") and message ("Expected error");
  * async_raise(): an async function that raises RuntimeError "Expected error" instead of returning
  * a future. */
 td_status rpc_test_add_ints(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result);
+td_status rpc_test_echo(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result);
 td_status rpc_test_callee_id(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result);
 td_status rpc_test_raise(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result);
 td_future *rpc_test_async_raise(td_rpc_call *call, const td_value *args, const td_value *kwargs);

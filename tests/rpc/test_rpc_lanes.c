@@ -16,17 +16,6 @@
 
 #include "rpc_util.h"
 
-/* echo(x): x itself. */
-static td_status fn_echo(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
-{
-    (void)call;
-    const td_value *p[1];
-    if (td_rpc_bind("echo", "x", args, kwargs, p) != TD_OK)
-        return TD_ERR_REMOTE;
-    *result = td_value_retain((td_value *)p[0]);
-    return TD_OK;
-}
-
 static bool lanes_param(const td_test_ctx *ctx) { return strcmp(ctx->param, "lanes") == 0; }
 
 static void rpc_up(td_test_ctx *ctx)
@@ -34,7 +23,7 @@ static void rpc_up(td_test_ctx *ctx)
     setenv("TDIST_RPC_CMA", "0", 1);
     if (!lanes_param(ctx))
         setenv("TDIST_RPC_LANES", "0", 1);
-    const rpc_test_function fns[] = {{"echo", fn_echo, NULL, NULL}};
+    const rpc_test_function fns[] = {{"echo", rpc_test_echo, NULL, NULL}};
     rpc_test_register(fns, sizeof fns / sizeof fns[0]);
     rpc_test_init(ctx, NULL);
     TD_CHECK_EQ(rpc_test_debug_int("agent.num_lane_channels"), lanes_param(ctx) ? ctx->world_size - 1 : 0);

@@ -18,17 +18,6 @@
 
 #include "rpc_util.h"
 
-/* echo(x): x itself. */
-static td_status fn_echo(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result)
-{
-    (void)call;
-    const td_value *p[1];
-    if (td_rpc_bind("echo", "x", args, kwargs, p) != TD_OK)
-        return TD_ERR_REMOTE;
-    *result = td_value_retain((td_value *)p[0]);
-    return TD_OK;
-}
-
 static _Atomic int echo_kill_at; /* echo_or_die: the call that kills this worker (0: none) */
 static _Atomic int echo_calls;
 static char kill_time_path[1024];
@@ -40,14 +29,14 @@ static td_status fn_echo_or_die(td_rpc_call *call, const td_value *args, const t
     int n = atomic_fetch_add(&echo_calls, 1) + 1;
     if (n == atomic_load(&echo_kill_at))
         rpc_test_die_noting_time(kill_time_path);
-    return fn_echo(call, args, kwargs, result);
+    return rpc_test_echo(call, args, kwargs, result);
 }
 
 static void rpc_up(td_test_ctx *ctx)
 {
     if (strcmp(ctx->param, "off") == 0)
         setenv("TDIST_RPC_CMA", "0", 1);
-    const rpc_test_function fns[] = {{"echo", fn_echo, NULL, NULL}, {"echo_or_die", fn_echo_or_die, NULL, NULL}};
+    const rpc_test_function fns[] = {{"echo", rpc_test_echo, NULL, NULL}, {"echo_or_die", fn_echo_or_die, NULL, NULL}};
     rpc_test_register(fns, sizeof fns / sizeof fns[0]);
     rpc_test_init(ctx, NULL);
 }

@@ -5,15 +5,21 @@
  * with TDIST_RPC_LANES=0 (param "socket"), and with single copy off so that large messages go
  * through the lane too: messages of every size around the entry size and the lane's, both
  * directions at once with many calls in flight (several writers and readers of one lane), and
- * calls to a worker whose threads all sleep (the bell). A worker killed while its peers' writers
- * wait for room in its lane is test_rpc_single_copy.killed_worker_mid_transfer/off. */
+ * calls to a worker whose threads all sleep (the bell). A worker whose lane words make no sense
+ * (written here through the channel's internals, as a broken or hostile peer would) loses its
+ * connection: the reader closes it and calls fail on both sides, without a hang. A worker killed
+ * while its peers' writers wait for room in its lane is
+ * test_rpc_single_copy.killed_worker_mid_transfer/off. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <tdist/rpc.h>
 #include <tdist/testing.h>
 
+#include "rpc/agent_impl.h"
 #include "rpc_util.h"
 
 static bool lanes_param(const td_test_ctx *ctx) { return strcmp(ctx->param, "lanes") == 0; }
@@ -110,6 +116,54 @@ TD_TEST(calls_to_a_sleeping_worker, .world_size = 3, .timeout_s = 120, .params =
             TD_CHECK_EQ(rung, 0);
     }
     TD_CHECK_OK(td_rpc_shutdown(true, 0));
+}
+
+TD_TEST(a_malformed_lane_closes_the_connection, .world_size = 2, .timeout_s = 60, .params = "lanes")
+{
+    rpc_up(ctx);
+    echo_checked(1 - ctx->rank, 100, 1);
+    TD_CHECK_OK(td_rpc_barrier(NULL, NULL, 0, 30000));
+    /* worker1 says, through a file, when it expects nothing more from worker0. */
+    char go[1024];
+    snprintf(go, sizeof go, "%s/lane_go", ctx->tmpdir);
+    if (ctx->rank == 1) {
+        echo_checked(0, 8, 2);
+        FILE *f = fopen(go, "w");
+        TD_CHECK(f != NULL);
+        fclose(f);
+    } else {
+        for (int i = 0; i < 2000 && access(go, F_OK) != 0; i++)
+            rpc_test_sleep_ms(10);
+        TD_CHECK_MSG(access(go, F_OK) == 0, "worker1 never said go");
+        TD_CHECK_EQ(unlink(go), 0);
+        /* A head 3 bytes ahead of the last entry, in the lane and in the writer's own copy (so
+         * that anything it might still write keeps it wrong): no whole entry can end there. Then
+         * a bell, in case worker1's threads sleep. */
+        rpc_channel *ch = rpc_test_default_agent()->peers[1].chan;
+        TD_CHECK(ch && ch->lanes);
+        pthread_mutex_lock(&ch->send_mu);
+        ch->lane_w.head += 3;
+        atomic_store(&ch->lane_w.lane->head, ch->lane_w.head);
+        uint8_t bell = 1;
+        TD_CHECK_EQ(send(ch->fd, &bell, 1, MSG_NOSIGNAL), 1);
+        pthread_mutex_unlock(&ch->send_mu);
+    }
+    /* Both ends lose the connection, with no call in flight: worker1 closes it, worker0 sees it
+     * closed. Then calls fail at once, naming the peer (and on worker1, why). */
+    rpc_test_wait_debug("agent.num_lane_channels", 0, 20000);
+    td_value *r = NULL, *args = td_value_tuple_of(1, td_value_int(1));
+    td_status st = td_rpc_sync(NULL, td_rpc_to_id(1 - ctx->rank), "echo", args, NULL, 5000, &r);
+    char why[TD_ERROR_MAX];
+    snprintf(why, sizeof why, "%s", st == TD_OK ? "" : td_last_error());
+    td_value_release(args);
+    td_value_release(r);
+    TD_CHECK_EQ(st, TD_ERR_PEER_LOST);
+    char peer[32];
+    snprintf(peer, sizeof peer, "worker%d", 1 - ctx->rank);
+    TD_CHECK_MSG(strstr(why, peer) != NULL, "the error does not name %s: %s", peer, why);
+    if (ctx->rank == 1)
+        TD_CHECK_MSG(strstr(why, "a malformed lane") != NULL, "worker1's error gives another reason: %s", why);
+    TD_CHECK_OK(td_rpc_shutdown(false, 0));
 }
 
 TD_TEST_MAIN()

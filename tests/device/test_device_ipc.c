@@ -739,6 +739,16 @@ TD_MP_ENTRY(ipc_deadlock_learner)
         }
         sleep_ms(10);
     }
+    /* torch's rule for interprocess device tensors: the producer keeps them alive until the
+     * consumers have them. The seed's learner may exit with its last message still queued, which
+     * the actor then cannot open (in PyTorch too, unseen there: the seed checks only that both
+     * processes exit; here the actor checks every message). So it waits, 5 s at most, until no
+     * block it sent is still held or on its way, but not for a message left in the queue for 1 s
+     * (the actor has finished its iterations and will not take it). */
+    for (int k = 0, queued = 0; k < 500 && queued < 100 && td_mp_ipc_collect() > 0; k++) {
+        queued = td_mp_queue_empty(q) ? 0 : queued + 1;
+        sleep_ms(10);
+    }
     return TD_OK;
 }
 

@@ -978,12 +978,19 @@ void rpc_lanes_leave(td_rpc_agent *a, size_t n)
     if (n == 0)
         return;
     /* Each decrement is a full barrier: a writer that published before it either saw this poller
-     * (and did not ring) or rang; what it published is taken here. */
+     * (and did not ring) or rang; what it published is taken here, up to a bound (a peer that
+     * keeps writing must not keep this thread), and what is left then is the I/O thread's. */
     for (size_t i = 0; i < n; i++)
         atomic_fetch_sub(&a->lane_chans[i]->lane_r.lane->pollers, 1);
     atomic_fetch_sub(&a->lane_pollers, 1);
-    for (size_t i = 0; i < n; i++)
-        lane_drain(a, a->lane_chans[i], SIZE_MAX);
+    bool left = false;
+    for (size_t i = 0; i < n; i++) {
+        rpc_channel *ch = a->lane_chans[i];
+        lane_drain(a, ch, 64);
+        left |= !atomic_load_explicit(&ch->dead, memory_order_relaxed) && samehost_lane_ready(&ch->lane_r);
+    }
+    if (left)
+        rpc_io_wake(a);
 }
 
 /* The I/O thread, about to sleep in epoll: says so on every lane (a writer then rings), then looks

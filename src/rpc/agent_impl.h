@@ -249,7 +249,7 @@ struct td_rpc_agent {
     _Atomic size_t lane_count;
     _Atomic size_t lane_reserved; /* lane slots promised to channels being greeted */
     _Atomic int lane_pollers; /* threads in rpc_lanes_enter..leave (the I/O thread then need not spin) */
-    _Atomic int socket_chans; /* bound channels not in lane mode (the I/O thread spins for them) */
+    _Atomic int socket_chans; /* channels ever bound not in lane mode (the I/O thread spins for them) */
 
     td_map pending;          /* call id (8 bytes) -> rpc_pending */
     int64_t next_deadline_ns;

@@ -900,10 +900,10 @@ static bool stream_take(td_rpc_agent *a, rpc_channel *ch, const uint8_t *src, si
 
 #define LANE_BYTES_KIND 1u /* an entry of the stream's bytes: the one kind a lane carries */
 
-/* Takes up to max entries of ch's lane (SIZE_MAX: until it is empty) through the stream parser,
- * delivering the messages they complete, under the lane's reader lock; a thread that finds the
- * lock taken leaves the lane to its holder, which looks once more after it lets go. Rings the
- * writer's bell when it consumed anything (the writer may wait for room). True when it took any. */
+/* Takes up to max entries of ch's lane through the stream parser, delivering the messages they
+ * complete, under the lane's reader lock; a thread that finds the lock taken leaves the lane to its
+ * holder, which looks once more after it lets go. Rings the writer's bell when it consumed anything
+ * (the writer may wait for room). True when it took any. */
 static bool lane_drain(td_rpc_agent *a, rpc_channel *ch, size_t max)
 {
     bool took = false;
@@ -1035,7 +1035,7 @@ static void lane_bells(td_rpc_agent *a, rpc_channel *ch)
             else
                 snprintf(why, sizeof why, "reading from the connection failed: %s", strerror(errno));
             if (!atomic_load(&ch->dead))
-                lane_drain(a, ch, SIZE_MAX);
+                lane_drain(a, ch, SAMEHOST_LANE_BYTES / SAMEHOST_LANE_ENTRY); /* what a lane can hold */
             channel_fail(a, ch, why);
             return;
         }
@@ -1353,34 +1353,41 @@ static void gave_up(rpc_channel *ch)
         shutdown(ch->fd, SHUT_RDWR);
 }
 
-/* Waits (send_mu held) until the peer has read this side's want-th message with pieces: spins for
- * the budget, then sleeps on this side's bell, which the peer rings, and so does a failure of the
- * channel here. */
-static td_status wait_acked(td_rpc_agent *a, rpc_channel *ch, uint64_t want, int64_t deadline_ns)
+/* A sender's wait on its peer (send_mu held), for the peer to read its pieces or to make room in
+ * its lane: polls ready(ctx) (which is also true once the channel failed) for the spin budget,
+ * then sleeps on this side's bell, which the peer rings when it made progress and a failure of the
+ * channel here rings too. False at the deadline. */
+static bool sender_wait(td_rpc_agent *a, rpc_channel *ch, bool (*ready)(void *), void *ctx, int64_t deadline_ns)
 {
-    acked_wait w = {ch, &ch->cma->side[ch->cma_side], want};
     int64_t start = clock_now_ns(), spin_end = start + samehost_spin_budget(&a->spin_acked);
     bool slept = false;
-    while (!acked_ready(&w)) {
+    while (!ready(ctx)) {
         int64_t now = clock_now_ns();
-        if (now >= deadline_ns) {
-            gave_up(ch);
-            return error_fmt(TD_ERR_TIMEOUT, "worker id %d did not read the message's large parts in time",
-                             ch->peer);
-        }
+        if (now >= deadline_ns)
+            return false;
         if (now < spin_end) {
             samehost_spin_pause(&a->spin_acked, now - start);
             continue;
         }
         /* A bounded sleep: the ring of a failure that raced the registration is caught next turn. */
         int64_t until = now + (int64_t)RPC_TICK_MS * 1000000;
-        slept |= samehost_bell_sleep(&ch->cma->side[ch->cma_side].bell, acked_ready, &w,
+        slept |= samehost_bell_sleep(&ch->cma->side[ch->cma_side].bell, ready, ctx,
                                      until < deadline_ns ? until : deadline_ns);
     }
     samehost_spin_result(&a->spin_acked, slept, start);
-    if (atomic_load(&w.side->acked) >= want)
+    return true;
+}
+
+/* Waits until the peer has read this side's want-th message with pieces. */
+static td_status wait_acked(td_rpc_agent *a, rpc_channel *ch, uint64_t want, int64_t deadline_ns)
+{
+    acked_wait w = {ch, &ch->cma->side[ch->cma_side], want};
+    bool in_time = sender_wait(a, ch, acked_ready, &w, deadline_ns);
+    if (in_time && atomic_load(&w.side->acked) >= want)
         return TD_OK;
     gave_up(ch);
+    if (!in_time)
+        return error_fmt(TD_ERR_TIMEOUT, "worker id %d did not read the message's large parts in time", ch->peer);
     return error_fmt(TD_ERR_PEER_LOST, "the connection closed while worker id %d read the message", ch->peer);
 }
 
@@ -1395,25 +1402,11 @@ static bool lane_room(void *ctx)
            atomic_load(&ch->dead);
 }
 
-/* Waits (send_mu held) until ch's lane has room: spins for the budget, then sleeps on this side's
- * bell, which the reader rings after it consumed, and a failure of the channel here. */
+/* Waits until ch's lane has room. */
 static td_status lane_wait_room(td_rpc_agent *a, rpc_channel *ch, int64_t deadline_ns)
 {
-    int64_t start = clock_now_ns(), spin_end = start + samehost_spin_budget(&a->spin_acked);
-    bool slept = false;
-    while (!lane_room(ch)) {
-        int64_t now = clock_now_ns();
-        if (now >= deadline_ns)
-            return error_fmt(TD_ERR_TIMEOUT, "worker id %d took no messages in time", ch->peer);
-        if (now < spin_end) {
-            samehost_spin_pause(&a->spin_acked, now - start);
-            continue;
-        }
-        int64_t until = now + (int64_t)RPC_TICK_MS * 1000000;
-        slept |= samehost_bell_sleep(&ch->cma->side[ch->cma_side].bell, lane_room, ch,
-                                     until < deadline_ns ? until : deadline_ns);
-    }
-    samehost_spin_result(&a->spin_acked, slept, start);
+    if (!sender_wait(a, ch, lane_room, ch, deadline_ns))
+        return error_fmt(TD_ERR_TIMEOUT, "worker id %d took no messages in time", ch->peer);
     if (atomic_load(&ch->dead))
         return error_fmt(TD_ERR_PEER_LOST, "the connection is closed");
     return TD_OK;

@@ -644,11 +644,9 @@ int samehost_lane_next(samehost_lane_reader *r, uint32_t *kind, const uint8_t **
     }
 }
 
-bool samehost_lane_consume(samehost_lane_reader *r)
+void samehost_lane_consume(samehost_lane_reader *r)
 {
     r->tail += r->span;
     r->span = 0;
     atomic_store_explicit(&r->lane->tail, r->tail, memory_order_release);
-    atomic_thread_fence(memory_order_seq_cst);
-    return atomic_load_explicit(&r->lane->waiting, memory_order_relaxed) != 0;
 }

@@ -244,9 +244,10 @@ td_status samehost_wait_arrival(samehost_set *set, int r, uint64_t e, const same
  * peer's word, never trusted: a reader refuses a head more than the ring ahead of its tail or an
  * entry that does not fit what was published (SAMEHOST_LANE_CORRUPT), a writer a tail beyond its
  * head. Serializing writers, and readers, is the user's (one lock per side). Wake-ups are the
- * user's too; the lane only carries the words they need: the reader's `asleep` (its last resort
- * sleeps elsewhere and wants a ring) and `pollers` (threads polling the lane now, so no ring is
- * needed), and the writer's `waiting` (for room). */
+ * user's too; the lane only carries the words a writer needs to decide whether to ring: the
+ * reader's `asleep` (its last resort sleeps elsewhere and wants a ring) and `pollers` (threads
+ * polling the lane now, so no ring is needed). A writer waiting for room waits on the user's
+ * doorbell, which the reader rings after it consumed (samehost_bell_notify). */
 #define SAMEHOST_LANE_BYTES ((size_t)64 << 10)
 #define SAMEHOST_LANE_ENTRY 8u                               /* an entry's length and kind */
 #define SAMEHOST_LANE_MAX (SAMEHOST_LANE_BYTES / 4)          /* the largest entry's bytes */
@@ -255,7 +256,7 @@ td_status samehost_wait_arrival(samehost_set *set, int r, uint64_t e, const same
 typedef struct samehost_lane {
     _Alignas(SAMEHOST_LINE) _Atomic uint64_t head;
     _Alignas(SAMEHOST_LINE) _Atomic uint64_t tail;
-    _Alignas(SAMEHOST_LINE) _Atomic uint32_t asleep, pollers, waiting;
+    _Alignas(SAMEHOST_LINE) _Atomic uint32_t asleep, pollers;
     _Alignas(SAMEHOST_LINE) uint8_t ring[SAMEHOST_LANE_BYTES];
 } samehost_lane;
 
@@ -284,8 +285,8 @@ typedef struct samehost_lane_reader {
 /* The next entry: 1 with *kind, *data (inside the ring, to be copied out before consuming: the
  * writer may reuse it after) and *n set; 0 when none is published; SAMEHOST_LANE_CORRUPT. */
 int samehost_lane_next(samehost_lane_reader *r, uint32_t *kind, const uint8_t **data, size_t *n);
-/* Consumes the entry samehost_lane_next returned; returns whether the writer waits for room. */
-bool samehost_lane_consume(samehost_lane_reader *r);
+/* Consumes the entry samehost_lane_next returned (publishes the tail). */
+void samehost_lane_consume(samehost_lane_reader *r);
 /* Whether an entry (or a corrupt head) is there, without reading it: from any thread, without
  * the readers' lock (it compares the published words). */
 bool samehost_lane_ready(const samehost_lane_reader *r);

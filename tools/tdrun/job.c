@@ -99,12 +99,15 @@ td_status tdrun_job_join(tdrun_job *j, const tdrun_options *o, td_store *store, 
         return error_fmt(TD_ERR_INVALID, "node %d: the job's store holds a malformed shape '%s'", o->node_rank, theirs);
     if (nnodes == o->nnodes && nproc == o->nproc_per_node && restarts == o->max_restarts)
         return TD_OK;
+    /* The two shapes in one order whichever node came first (the later node reports, and the
+     * first may or may not be node 0): the higher node rank first. */
+    int a[4] = {o->node_rank, o->nnodes, o->nproc_per_node, o->max_restarts}, b[4] = {node, nnodes, nproc, restarts};
+    const int *hi = o->node_rank > node ? a : b, *lo = hi == a ? b : a;
     td_status st = error_fmt(TD_ERR_INVALID,
                              "the nodes disagree about the job: node %d was started with --nnodes %d --nproc-per-node %d "
                              "--max-restarts %d (world size %d), node %d with --nnodes %d --nproc-per-node %d "
                              "--max-restarts %d (world size %d); start every node with the same three",
-                             o->node_rank, o->nnodes, o->nproc_per_node, o->max_restarts,
-                             o->nnodes * o->nproc_per_node, node, nnodes, nproc, restarts, nnodes * nproc);
+                             hi[0], hi[1], hi[2], hi[3], hi[1] * hi[2], lo[0], lo[1], lo[2], lo[3], lo[1] * lo[2]);
     publish_abort(j, td_last_error());
     return st;
 }

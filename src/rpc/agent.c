@@ -1181,6 +1181,10 @@ static td_status agent_create(const char *name, int rank, int world_size, const 
     int64_t cma = 1;
     TD_TRY(env_get_int("TDIST_RPC_CMA", 1, 0, 1, &cma));
 
+    /* TDIST_RPC_CMA_SHARE: a sender of pieces helps its reader copy them (channel.c). */
+    int64_t share_on = 1;
+    TD_TRY(env_get_int("TDIST_RPC_CMA_SHARE", 1, 0, 1, &share_on));
+
     /* TDIST_RPC_LANES: same-host messages through lanes in the shared segment (channel.c). */
     int64_t lanes_on = 1;
     TD_TRY(env_get_int("TDIST_RPC_LANES", 1, 0, 1, &lanes_on));
@@ -1202,6 +1206,7 @@ static td_status agent_create(const char *name, int rank, int world_size, const 
     a->tcp_only = o.tcp_only;
     a->piece_min = cma ? RPC_PIECE_MIN_DEFAULT : 0;
     a->lanes_on = lanes_on != 0;
+    a->share_on = share_on != 0;
     a->ignore_rref_leak = o.ignore_rref_leak;
     a->rrefs = rpc_rref_ctx_new();
     a->max_payload = max_payload;
@@ -2028,6 +2033,9 @@ td_status td_rpc_debug_info(td_rpc_agent *agent, td_value **info)
     /* peers that read this worker's large payload parts from its memory (single copy) */
     put_int(d, "agent.num_single_copy_channels", single_copy);
     put_int(d, "agent.single_copy_messages_received", (long long)atomic_load(&a->pieces_received));
+    /* chunks of those that their senders wrote into this worker's memory (shared copies) */
+    put_int(d, "agent.single_copy_chunks_written_by_peers", (long long)atomic_load(&a->share_chunks_in));
+    put_int(d, "agent.single_copy_chunks_written_to_peers", (long long)atomic_load(&a->share_chunks_out));
     put_int(d, "agent.num_lane_channels", lane_channels); /* same-host peers whose messages go through lanes */
     put_int(d, "agent.lane_bells_rung", (long long)atomic_load(&a->lane_rings));
     rpc_rref_debug_info(a, d);

@@ -64,6 +64,8 @@
 #define RPC_SPIN_US_DEFAULT 50                 /* the spin budget (TDIST_RPC_SPIN_US) */
 #define RPC_PIECE_MIN_DEFAULT (256u << 10)     /* payload parts this large go as pieces (TDIST_RPC_CMA=0: none) */
 #define RPC_LANE_CHANNELS 1024                 /* channels in lane mode per agent, at most */
+#define RPC_SHARE_MIN (2 * SAMEHOST_SHARE_CHUNK) /* pieces this large in all: the sender helps copy them */
+#define RPC_SHARE_STALL_MS 10000               /* a sender holding a chunk this long is given up */
 
 /* ---- channels (channel.c) -------------------------------------------------------------------- */
 
@@ -74,13 +76,18 @@
  * that works (same user, no ptrace restriction). A side sends pieces only to a peer that can read
  * it, then waits, still under its send lock, until the peer has read them: the peer counts the
  * side's acked up and rings its bell. So the send returns once the peer holds the bytes, as a
- * blocking write does, and the I/O thread that acknowledges never waits on a lock or a socket. */
+ * blocking write does, and the I/O thread that acknowledges never waits on a lock or a socket.
+ * While it waits the sender helps (TDIST_RPC_CMA_SHARE): for a message of RPC_SHARE_MIN bytes of
+ * pieces and up the reader offers the copy through side[sender].share (transport/samehost.h,
+ * shared copies), and the sender writes chunks of it into the reader's memory while the reader
+ * reads the others, so the two cores copy at once. */
 typedef struct rpc_cma_side {
     _Alignas(SAMEHOST_LINE) _Atomic uint64_t acked; /* this side's messages with pieces that the peer has read */
     samehost_bell bell;                             /* this side's sender sleeps here for acked */
     _Atomic uint64_t probe_addr, probe_value;       /* written once, before the other side looks */
     _Atomic uint32_t can_read;                      /* this side reads the other's memory */
     _Atomic uint32_t lane_reads;                    /* this side takes messages from its lane */
+    samehost_share share;                           /* the copy of this side's message being read */
 } rpc_cma_side;
 
 /* Lanes (TDIST_RPC_LANES): when both sides set lane_reads before the hello's answer, every message
@@ -120,6 +127,7 @@ typedef struct rpc_channel {
     rpc_cma *cma;
     int cma_side;             /* 0: this end connected, 1: it accepted */
     pid_t peer_pid;
+    int peer_pidfd;           /* when this side reads pieces and shares their copy (-1: not) */
     int hello_fd;             /* accepted, until bound: the segment fd that came with the hello */
     rpc_pieces pieces;        /* the message being read, when it has RPC_FLAG_PIECES */
     uint8_t table[RPC_PIECES_WIRE_MAX];
@@ -227,6 +235,7 @@ struct td_rpc_agent {
     _Atomic int64_t default_timeout_ms;
     bool tcp_only;
     size_t piece_min;        /* same-host payload parts this large go as pieces (0: never; TDIST_RPC_CMA) */
+    bool share_on;           /* readers of pieces share the copy with their sender (TDIST_RPC_CMA_SHARE) */
     uint64_t max_payload;
     uint64_t nonce;          /* what connecting peers must send in their hello */
     auth_key auth;           /* the job's secret as a key (net/auth.h), read once at creation */
@@ -261,6 +270,8 @@ struct td_rpc_agent {
     int64_t calls_started, calls_done;
     _Atomic int64_t server_active, server_active_async;
     _Atomic uint64_t pieces_received; /* messages whose large parts this worker read single-copy */
+    _Atomic uint64_t share_chunks_in;  /* chunks of those that their senders wrote into this worker */
+    _Atomic uint64_t share_chunks_out; /* chunks this worker wrote into its peers while it waited */
     _Atomic uint64_t lane_rings;      /* bells this worker rang for a peer sleeping on its lane */
 
     rpc_pool pool;

@@ -124,6 +124,7 @@ static rpc_channel *channel_new(int fd, int peer, bool is_unix)
     thread_mutex_init(&ch->lane_mu);
     atomic_init(&ch->dead, false);
     ch->hello_fd = -1;
+    ch->peer_pidfd = -1;
     ch->cma_seg = (td_segment)TD_SEGMENT_INIT;
     return ch;
 }
@@ -136,6 +137,8 @@ void rpc_channel_free(rpc_channel *ch)
         close(ch->fd);
     if (ch->hello_fd >= 0)
         close(ch->hello_fd);
+    if (ch->peer_pidfd >= 0)
+        close(ch->peer_pidfd);
     if (ch->cma_seg.base)
         segment_unmap(&ch->cma_seg);
     td_storage_release(ch->payload);
@@ -207,6 +210,10 @@ static void cma_probe(td_rpc_agent *a, rpc_channel *ch)
                      a->self.name, (int)ch->peer_pid,
                      addr == 0 || ch->peer_pid <= 0 ? "the peer published no probe" : strerror(errno));
     atomic_store(&ch->cma->side[ch->cma_side].can_read, ok ? 1u : 0u);
+    /* Sharing the copy of a message with its sender needs to see the sender's end: a sender that
+     * ends while it writes a chunk ends the wait for that chunk. */
+    if (ok && a->share_on)
+        ch->peer_pidfd = samehost_pidfd_open(ch->peer_pid);
 }
 
 static pid_t socket_peer_pid(int fd)
@@ -807,30 +814,61 @@ static bool reading_table(const rpc_channel *ch)
 /* Bytes of the payload that travel in the stream: all of it, less the pieces. */
 static uint64_t inline_len(const rpc_channel *ch) { return ch->header.payload_len - ch->pieces.bytes; }
 
-/* Reads the message's pieces from the sender's memory into its storage, makes sure the sender
- * still waits for them (one that gave up shut the socket down first, and may have let the memory
- * go), and acknowledges them. False when the channel failed. */
+/* The pieces as the same-host layer's spans (both ends of a shared copy cut them alike). */
+static int pieces_spans(const rpc_pieces *p, samehost_span *out)
+{
+    for (uint32_t i = 0; i < p->count; i++)
+        out[i] = (samehost_span){p->piece[i].offset, p->piece[i].addr, p->piece[i].len};
+    return (int)p->count;
+}
+
+/* Reads the message's pieces from the sender's memory into its storage (sharing the copy with the
+ * sender when it is large and the sender's end can be seen), makes sure the sender still waits
+ * for them (one that gave up shut the socket down first, and may have let the memory go), and
+ * acknowledges them. False when the channel failed. */
 static bool pieces_read(td_rpc_agent *a, rpc_channel *ch)
 {
     char why[TD_ERROR_MAX];
     char *base = td_storage_data(ch->payload);
-    for (uint32_t i = 0; i < ch->pieces.count; i++) {
-        const rpc_piece *q = &ch->pieces.piece[i];
-        int err = samehost_read_span(ch->peer_pid, base + q->offset, q->addr, (size_t)q->len);
-        if (err) {
-            snprintf(why, sizeof why, "reading %llu bytes of worker id %d's memory failed: %s",
-                     (unsigned long long)q->len, ch->peer, strerror(err));
-            TD_LOG_WARN("RPC agent %s: closing the connection of worker id %d: %s", a->self.name, ch->peer, why);
+    rpc_cma_side *sender = &ch->cma->side[1 - ch->cma_side];
+    int err = 0;
+    if (ch->peer_pidfd >= 0 && ch->pieces.bytes >= RPC_SHARE_MIN && atomic_load(&sender->can_read)) {
+        samehost_span spans[RPC_PIECES_MAX];
+        int n = pieces_spans(&ch->pieces, spans);
+        samehost_share_offer(&sender->share, atomic_load(&sender->acked) + 1, base);
+        samehost_bell_notify(&sender->bell, SAMEHOST_BELL_WAITER);
+        uint64_t by_peer = 0;
+        err = samehost_share_read(&sender->share, ch->peer_pid, ch->peer_pidfd, base, spans, n,
+                                  clock_now_ns() + (int64_t)RPC_SHARE_STALL_MS * 1000000, &by_peer);
+        atomic_fetch_add(&a->share_chunks_in, by_peer);
+        if (err == ETIMEDOUT) {
+            /* The sender may still write into the payload, so it is never used nor freed. */
+            ch->payload = NULL;
+            snprintf(why, sizeof why, "worker id %d stopped for %d s while it wrote into this worker's memory",
+                     ch->peer, RPC_SHARE_STALL_MS / 1000);
+            TD_LOG_WARN("RPC agent %s: closing the connection of worker id %d and leaving a %llu-byte buffer to "
+                        "it: %s", a->self.name, ch->peer, (unsigned long long)ch->header.payload_len, why);
             stream_fail(a, ch, why);
             return false;
         }
+    } else {
+        for (uint32_t i = 0; i < ch->pieces.count && !err; i++) {
+            const rpc_piece *q = &ch->pieces.piece[i];
+            err = samehost_read_span(ch->peer_pid, base + q->offset, q->addr, (size_t)q->len);
+        }
+    }
+    if (err) {
+        snprintf(why, sizeof why, "reading %llu bytes of worker id %d's memory failed: %s",
+                 (unsigned long long)ch->pieces.bytes, ch->peer, strerror(err));
+        TD_LOG_WARN("RPC agent %s: closing the connection of worker id %d: %s", a->self.name, ch->peer, why);
+        stream_fail(a, ch, why);
+        return false;
     }
     struct pollfd p = {.fd = ch->fd, .events = POLLRDHUP};
     if (poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
         stream_fail(a, ch, "connection closed by peer");
         return false;
     }
-    rpc_cma_side *sender = &ch->cma->side[1 - ch->cma_side];
     atomic_fetch_add(&a->pieces_received, 1);
     atomic_fetch_add(&sender->acked, 1);
     samehost_bell_notify(&sender->bell, SAMEHOST_BELL_WAITER);
@@ -1336,12 +1374,14 @@ typedef struct acked_wait {
     rpc_channel *ch;
     const rpc_cma_side *side;
     uint64_t want;
+    bool help; /* the peer may offer to share the copy, and this side takes it */
 } acked_wait;
 
 static bool acked_ready(void *ctx)
 {
     const acked_wait *w = ctx;
-    return atomic_load(&w->side->acked) >= w->want || atomic_load(&w->ch->dead);
+    return atomic_load(&w->side->acked) >= w->want || atomic_load(&w->ch->dead) ||
+           (w->help && samehost_share_offered(&w->side->share, w->want));
 }
 
 /* A sender that stops waiting for the peer to read its pieces shuts the socket down first (send_mu
@@ -1378,11 +1418,21 @@ static bool sender_wait(td_rpc_agent *a, rpc_channel *ch, bool (*ready)(void *),
     return true;
 }
 
-/* Waits until the peer has read this side's want-th message with pieces. */
-static td_status wait_acked(td_rpc_agent *a, rpc_channel *ch, uint64_t want, int64_t deadline_ns)
+/* Waits until the peer has read this side's want-th message with pieces; when the peer offers to
+ * share the copy, writes chunks of it into the peer meanwhile (transport/samehost.h). */
+static td_status wait_acked(td_rpc_agent *a, rpc_channel *ch, const rpc_pieces *pieces, uint64_t want,
+                            int64_t deadline_ns)
 {
-    acked_wait w = {ch, &ch->cma->side[ch->cma_side], want};
-    bool in_time = sender_wait(a, ch, acked_ready, &w, deadline_ns);
+    rpc_cma_side *side = &ch->cma->side[ch->cma_side];
+    acked_wait w = {ch, side, want, a->share_on && atomic_load(&side->can_read)};
+    bool in_time;
+    while ((in_time = sender_wait(a, ch, acked_ready, &w, deadline_ns)) && w.help &&
+           samehost_share_offered(&side->share, want) && atomic_load(&side->acked) < want) {
+        w.help = false; /* one offer per message */
+        samehost_span spans[RPC_PIECES_MAX];
+        int n = pieces_spans(pieces, spans);
+        atomic_fetch_add(&a->share_chunks_out, samehost_share_write(&side->share, want, ch->peer_pid, spans, n));
+    }
     if (in_time && atomic_load(&w.side->acked) >= want)
         return TD_OK;
     gave_up(ch);
@@ -1482,7 +1532,7 @@ td_status rpc_channel_send(td_rpc_agent *a, rpc_channel *ch, const rpc_outgoing 
     else
         st = net_sendv_all(ch->fd, v, (int)n, deadline_ns);
     if (st == TD_OK && pieces.count > 0)
-        st = wait_acked(a, ch, ++ch->cma_sent, deadline_ns);
+        st = wait_acked(a, ch, &pieces, ++ch->cma_sent, deadline_ns);
     pthread_mutex_unlock(&ch->send_mu);
     if (v != local)
         free(v);

@@ -27,8 +27,9 @@
 #include <tdist/value.h>
 
 #define RPC_MAGIC 0x43505254u /* "TRPC" read as little-endian bytes */
-#define RPC_VERSION 4 /* 2: the hello carries proofs of the job's secret and is answered; 3: single-copy pieces;
-                        * 4: the shared segment holds lanes (docs/protocols.md, "Lanes on one host") */
+#define RPC_VERSION 5 /* 2: the hello carries proofs of the job's secret and is answered; 3: single-copy pieces;
+                        * 4: the shared segment holds lanes (docs/protocols.md, "Lanes on one host");
+                        * 5: and a shared copy per side (docs/protocols.md, "Single copy") */
 #define RPC_HEADER_BYTES 88
 
 typedef enum rpc_msg_type {

@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <poll.h>
 #include <linux/futex.h>
 #include <sched.h>
 #include <stdio.h>
@@ -553,6 +554,176 @@ bool samehost_word_is(pid_t pid, uint64_t addr, uint64_t value)
     uint64_t got = 0;
     struct iovec local = {&got, sizeof got}, remote = {(void *)(uintptr_t)addr, sizeof got};
     return process_vm_readv(pid, &local, 1, &remote, 1, 0) == (ssize_t)sizeof got && got == value;
+}
+
+static size_t write_some(pid_t pid, const struct iovec *local, const struct iovec *remote, int *err)
+{
+    ssize_t put;
+    do
+        put = process_vm_writev(pid, local, 1, remote, 1, 0);
+    while (put < 0 && errno == EINTR);
+    *err = put < 0 ? errno : put == 0 ? EFAULT : 0;
+    return put > 0 ? (size_t)put : 0;
+}
+
+int samehost_write_span(pid_t pid, uint64_t addr, const void *src, size_t len)
+{
+    size_t done_bytes = 0;
+    while (done_bytes < len) {
+        struct iovec local = {(char *)(uintptr_t)src + done_bytes, len - done_bytes};
+        struct iovec remote = {(void *)(uintptr_t)(addr + done_bytes), len - done_bytes};
+        int err;
+        done_bytes += write_some(pid, &local, &remote, &err);
+        if (err)
+            return err;
+    }
+    return 0;
+}
+
+int samehost_pidfd_open(pid_t pid)
+{
+#ifdef SYS_pidfd_open
+    return pid > 0 ? (int)syscall(SYS_pidfd_open, pid, 0) : -1;
+#else
+    (void)pid;
+    return -1;
+#endif
+}
+
+bool samehost_pidfd_ended(int pidfd)
+{
+    struct pollfd p = {.fd = pidfd, .events = POLLIN};
+    return pidfd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL));
+}
+
+/* ---- shared copies ------------------------------------------------------------------------------ */
+
+/* The reader ends an offer by swapping this into claimed: every later claim is past the end. */
+#define SHARE_CLOSED (UINT64_C(1) << 62)
+#define SHARE_CHECK_NS 1000000 /* how often a reader waiting for the writer's chunks looks at its pidfd */
+
+static uint64_t span_chunks(const samehost_span *s) { return (s->len + SAMEHOST_SHARE_CHUNK - 1) / SAMEHOST_SHARE_CHUNK; }
+
+uint64_t samehost_share_chunks(const samehost_span *s, int n)
+{
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += span_chunks(&s[i]);
+    return total;
+}
+
+/* Chunk k of the copy of s[0..n): the span's chunks in order, each SAMEHOST_SHARE_CHUNK bytes but
+ * a span's last. */
+static samehost_span share_chunk(const samehost_span *s, int n, uint64_t k)
+{
+    for (int i = 0; i < n; i++) {
+        uint64_t c = span_chunks(&s[i]);
+        if (k < c) {
+            uint64_t at = k * SAMEHOST_SHARE_CHUNK;
+            uint64_t len = s[i].len - at < SAMEHOST_SHARE_CHUNK ? s[i].len - at : SAMEHOST_SHARE_CHUNK;
+            return (samehost_span){s[i].offset + at, s[i].addr + at, len};
+        }
+        k -= c;
+    }
+    return (samehost_span){0, 0, 0};
+}
+
+void samehost_share_offer(samehost_share *sh, uint64_t job, void *dst)
+{
+    atomic_store_explicit(&sh->failed, 0, memory_order_relaxed);
+    atomic_store_explicit(&sh->written, 0, memory_order_relaxed);
+    atomic_store_explicit(&sh->claimed, 0, memory_order_relaxed);
+    atomic_store_explicit(&sh->dst, (uint64_t)(uintptr_t)dst, memory_order_relaxed);
+    atomic_store_explicit(&sh->job, job, memory_order_release);
+}
+
+bool samehost_share_offered(const samehost_share *sh, uint64_t job)
+{
+    return job != 0 && atomic_load_explicit(&sh->job, memory_order_acquire) == job;
+}
+
+int samehost_share_read(samehost_share *sh, pid_t pid, int pidfd, void *dst, const samehost_span *s, int n,
+                        int64_t stall_deadline_ns, uint64_t *by_writer)
+{
+    uint64_t total = samehost_share_chunks(s, n), mine = 0;
+    int err = 0;
+    *by_writer = 0;
+    for (;;) {
+        uint64_t k = atomic_fetch_add(&sh->claimed, 1);
+        if (k >= total)
+            break;
+        mine++;
+        samehost_span c = share_chunk(s, n, k);
+        err = samehost_read_span(pid, (char *)dst + c.offset, c.addr, (size_t)c.len);
+        if (err)
+            break;
+    }
+    /* The end of the offer: what the writer claimed before this it writes; nothing after. */
+    uint64_t claimed = atomic_exchange(&sh->claimed, SHARE_CLOSED);
+    claimed = claimed < total ? claimed : total;
+    uint64_t theirs = claimed > mine ? claimed - mine : 0;
+    int64_t next_check = clock_now_ns() + SHARE_CHECK_NS;
+    bool ended = false;
+    for (int spins = 0; atomic_load_explicit(&sh->written, memory_order_acquire) < theirs; spins++) {
+        if (spins < 64) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+            continue;
+        }
+        sched_yield();
+        int64_t now = clock_now_ns();
+        if (now < next_check)
+            continue;
+        next_check = now + SHARE_CHECK_NS;
+        if (samehost_pidfd_ended(pidfd)) {
+            ended = atomic_load_explicit(&sh->written, memory_order_acquire) < theirs;
+            break;
+        }
+        if (now >= stall_deadline_ns)
+            return ETIMEDOUT;
+    }
+    atomic_store_explicit(&sh->job, 0, memory_order_relaxed);
+    uint64_t written = atomic_load_explicit(&sh->written, memory_order_relaxed);
+    uint64_t failed = atomic_load_explicit(&sh->failed, memory_order_relaxed);
+    *by_writer = written < theirs ? written : theirs;
+    if (failed > 0 && *by_writer > 0)
+        (*by_writer)--;
+    if (err)
+        return err;
+    if (ended)
+        return ESRCH;
+    if (failed > 0) {
+        if (failed > total)
+            return EPROTO; /* nonsense from the writer */
+        samehost_span c = share_chunk(s, n, failed - 1);
+        return samehost_read_span(pid, (char *)dst + c.offset, c.addr, (size_t)c.len);
+    }
+    return 0;
+}
+
+uint64_t samehost_share_write(samehost_share *sh, uint64_t job, pid_t pid, const samehost_span *s, int n)
+{
+    if (!samehost_share_offered(sh, job))
+        return 0;
+    uint64_t total = samehost_share_chunks(s, n), wrote = 0;
+    uint64_t dst = atomic_load_explicit(&sh->dst, memory_order_relaxed);
+    for (;;) {
+        uint64_t k = atomic_fetch_add(&sh->claimed, 1);
+        if (k >= total)
+            break;
+        samehost_span c = share_chunk(s, n, k);
+        int err = samehost_write_span(pid, dst + c.offset, (const void *)(uintptr_t)c.addr, (size_t)c.len);
+        if (err) {
+            uint64_t none = 0;
+            atomic_compare_exchange_strong(&sh->failed, &none, k + 1);
+            atomic_fetch_add_explicit(&sh->written, 1, memory_order_release);
+            break;
+        }
+        wrote++;
+        atomic_fetch_add_explicit(&sh->written, 1, memory_order_release);
+    }
+    return wrote;
 }
 
 /* ---- lanes ------------------------------------------------------------------------------------ */

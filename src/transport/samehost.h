@@ -16,6 +16,8 @@
  *                                  placement of the two CPUs makes cheaper, measured as it runs
  *   single-copy reads              process_vm_readv straight from a peer's memory (the tcp
  *                                  transport's large messages, RPC's large payload parts)
+ *   shared copies                  such a copy done by both processes at once, the writer
+ *                                  writing chunks into the reader while the reader reads others
  *
  * Whoever owns the segments (today the shm transport, which creates, exchanges and watches them)
  * fills a samehost_set and hands it out through td_transport.samehost; the users of the set need
@@ -304,5 +306,59 @@ int samehost_read_span(pid_t pid, void *dst, uint64_t addr, size_t len);
 /* Whether the 8-byte word at addr in process pid reads as value (false, errno set, when it cannot
  * be read). */
 bool samehost_word_is(pid_t pid, uint64_t addr, uint64_t value);
+/* Copies len bytes at src into process pid's memory at addr (process_vm_writev). Returns 0, or the
+ * errno of the failed write (EFAULT for a short one). */
+int samehost_write_span(pid_t pid, uint64_t addr, const void *src, size_t len);
+
+/* A pidfd for process pid (-1 when the kernel gives none), and whether the process it names has
+ * ended, every thread of it (a pidfd reads as ready then). */
+int samehost_pidfd_open(pid_t pid);
+bool samehost_pidfd_ended(int pidfd);
+
+/* ---- shared copies -----------------------------------------------------------------------------
+ * A copy of spans of a writer process's memory into a reader's, which both processes do at once
+ * when the writer would only wait for the reader otherwise (RPC's large payload parts: the sender
+ * holds them until the peer has read them). The reader offers the copy (a job number both know,
+ * and its destination); then both claim chunks of SAMEHOST_SHARE_CHUNK from one counter, the
+ * reader reading its chunks with process_vm_readv, the writer writing its own with
+ * process_vm_writev. Before the reader uses or lets the destination go it ends the offer: no more
+ * claims, and it waits until every chunk the writer claimed is written, or the writer's process
+ * has ended. A chunk the writer could not write the reader reads itself. Nothing the writer puts
+ * in the share is trusted beyond that wait; nothing the reader puts there makes the writer touch
+ * its own memory beyond its spans. */
+#define SAMEHOST_SHARE_CHUNK (512u << 10)
+
+typedef struct samehost_span {
+    uint64_t offset; /* in the reader's destination */
+    uint64_t addr;   /* in the writer's memory */
+    uint64_t len;
+} samehost_span;
+
+typedef struct samehost_share {
+    _Alignas(SAMEHOST_LINE) _Atomic uint64_t job; /* the job on offer (0: none), published last */
+    _Atomic uint64_t dst;                         /* the reader's destination */
+    _Atomic uint64_t failed;                      /* 1 + the first chunk the writer could not write */
+    _Alignas(SAMEHOST_LINE) _Atomic uint64_t claimed; /* chunks claimed, by either side */
+    _Alignas(SAMEHOST_LINE) _Atomic uint64_t written; /* chunks the writer is done with */
+} samehost_share;
+
+/* The chunks of a copy of the spans s[0..n). */
+uint64_t samehost_share_chunks(const samehost_span *s, int n);
+
+/* Reader: offers job (non-zero, different from the last) into dst. */
+void samehost_share_offer(samehost_share *sh, uint64_t job, void *dst);
+/* Reader, after offering: reads chunks from process pid until none is left, ends the offer and
+ * waits for the writer's chunks (pidfd, the writer's: its end ends the wait), then reads any the
+ * writer could not write. Returns 0; the errno of a failed read (the destination may be let go);
+ * or ETIMEDOUT when the writer still held a chunk at stall_deadline_ns (the destination must then
+ * never be used or let go: the writer may still write into it). *by_writer: the chunks the writer
+ * wrote. */
+int samehost_share_read(samehost_share *sh, pid_t pid, int pidfd, void *dst, const samehost_span *s, int n,
+                        int64_t stall_deadline_ns, uint64_t *by_writer);
+/* Writer: whether the reader offers job. */
+bool samehost_share_offered(const samehost_share *sh, uint64_t job);
+/* Writer, when job is on offer: writes chunks into process pid until none is left to claim.
+ * Returns the chunks it wrote. */
+uint64_t samehost_share_write(samehost_share *sh, uint64_t job, pid_t pid, const samehost_span *s, int n);
 
 #endif

@@ -150,7 +150,7 @@ TD_TEST(header_rejections)
     /* Version 1 (a hello without proofs, never answered) is an older tdist's. */
     put_at(bad + 4, 1, 2);
     TD_CHECK_ERR(rpc_header_read(bad, UINT64_MAX, &back), TD_ERR_INVALID, NULL);
-    TD_CHECK_STR_EQ(td_last_error(), "RPC message of version 1; this tdist speaks version 4");
+    TD_CHECK_STR_EQ(td_last_error(), "RPC message of version 1; this tdist speaks version 5");
     put_at(bad + 4, 0, 2);
     TD_CHECK_ERR(rpc_header_read(bad, UINT64_MAX, &back), TD_ERR_INVALID, "RPC message of version 0;");
 

@@ -1,8 +1,10 @@
 /* Large payloads between worker processes of one host, which travel single-copy (rpc/channel.c,
  * agent_impl.h's rpc_cma): the caller's tensors of 256 KiB and up are read by the callee straight
- * from the caller's memory, and the reply's by the caller from the callee's. Each case runs with
- * single copy (param "on") and with TDIST_RPC_CMA=0 (param "off", everything through the socket),
- * and checks every byte: sizes around the threshold, a payload with more large parts than a piece
+ * from the caller's memory, and the reply's by the caller from the callee's, the sender writing
+ * chunks of it into the reader meanwhile (a shared copy) when it is 1 MiB or more. Each case runs
+ * with single copy and shared copies (param "on"), single copy alone (TDIST_RPC_CMA_SHARE=0, param
+ * "noshare") and TDIST_RPC_CMA=0 (param "off", everything through the socket), and checks every
+ * byte: sizes around the threshold, a payload with more large parts than a piece
  * table holds, a strided view, calls in flight at once, and a reply that the caller changes after
  * it arrived (no aliasing with the callee's tensor). The debug counters tell which path ran. A
  * worker killed while large calls to it and replies from it are in flight (so that peers wait for
@@ -36,6 +38,8 @@ static void rpc_up(td_test_ctx *ctx)
 {
     if (strcmp(ctx->param, "off") == 0)
         setenv("TDIST_RPC_CMA", "0", 1);
+    if (strcmp(ctx->param, "noshare") == 0)
+        setenv("TDIST_RPC_CMA_SHARE", "0", 1);
     const rpc_test_function fns[] = {{"echo", rpc_test_echo, NULL, NULL}, {"echo_or_die", fn_echo_or_die, NULL, NULL}};
     rpc_test_register(fns, sizeof fns / sizeof fns[0]);
     rpc_test_init(ctx, NULL);
@@ -60,10 +64,10 @@ static td_value *echo(td_test_ctx *ctx, td_value *x)
     return r;
 }
 
-TD_TEST(large_payloads_round_trip, .world_size = 2, .timeout_s = 120, .params = "on,off")
+TD_TEST(large_payloads_round_trip, .world_size = 2, .timeout_s = 120, .params = "on,noshare,off")
 {
     rpc_up(ctx);
-    bool on = strcmp(ctx->param, "on") == 0;
+    bool single_copy = strcmp(ctx->param, "off") != 0, share = strcmp(ctx->param, "on") == 0;
     if (ctx->rank == 0) {
         /* Sizes in bytes around the 256 KiB threshold, odd ones, and 16 MiB (4 MiB under
          * ThreadSanitizer). */
@@ -128,17 +132,34 @@ TD_TEST(large_payloads_round_trip, .world_size = 2, .timeout_s = 120, .params = 
             td_future_release(fs[i]);
             td_tensor_release(sent[i]);
         }
+        /* Shared copies: the caller writes into the callee while the callee reads (the call), and
+         * the callee into the caller (the reply). Whether a sender comes to write before its
+         * reader claimed every chunk is up to the scheduler, so this repeats until both did. */
+        td_tensor *t = numbered(largest, 3);
+        for (int i = 0; i < 200 && share && !(rpc_test_debug_int("agent.single_copy_chunks_written_to_peers") > 0 &&
+                                            rpc_test_debug_int("agent.single_copy_chunks_written_by_peers") > 0);
+             i++) {
+            td_value *back = echo(ctx, td_value_tensor(t));
+            TD_CHECK(td_tensor_equal(td_value_get_tensor(back), t));
+            td_value_release(back);
+        }
+        td_tensor_release(t);
+        int64_t to_peer = rpc_test_debug_int("agent.single_copy_chunks_written_to_peers");
+        int64_t by_peer = rpc_test_debug_int("agent.single_copy_chunks_written_by_peers");
+        TD_CHECK_MSG(share ? to_peer > 0 && by_peer > 0 : to_peer == 0 && by_peer == 0,
+                     "worker0 wrote %lld chunks into worker1 and worker1 %lld into worker0 (param %s)",
+                     (long long)to_peer, (long long)by_peer, ctx->param);
     }
     /* Both workers read large parts (worker1 the calls, worker0 the replies), single-copy only when on. */
     TD_CHECK_OK(td_rpc_barrier(NULL, NULL, 0, 30000));
-    TD_CHECK_EQ(rpc_test_debug_int("agent.num_single_copy_channels"), on ? 1 : 0);
+    TD_CHECK_EQ(rpc_test_debug_int("agent.num_single_copy_channels"), single_copy ? 1 : 0);
     int64_t received = rpc_test_debug_int("agent.single_copy_messages_received");
-    TD_CHECK_MSG(on ? received > 0 : received == 0, "%lld messages arrived single-copy with TDIST_RPC_CMA %s",
+    TD_CHECK_MSG(single_copy ? received > 0 : received == 0, "%lld messages arrived single-copy with TDIST_RPC_CMA %s",
                  (long long)received, ctx->param);
     TD_CHECK_OK(td_rpc_shutdown(true, 0));
 }
 
-TD_TEST(killed_worker_mid_transfer, .world_size = 3, .timeout_s = 120, .params = "on,off",
+TD_TEST(killed_worker_mid_transfer, .world_size = 3, .timeout_s = 120, .params = "on,noshare,off",
         .skip_return_code_check = true, .allow_leftovers = true)
 {
     snprintf(kill_time_path, sizeof kill_time_path, "%s/kill_time", ctx->tmpdir);

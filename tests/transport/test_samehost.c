@@ -1,7 +1,8 @@
 /* The same-host layer (transport/samehost.h) on its own, in one process: abstract UNIX-domain
  * sockets and fd passing, single-copy reads, and the arrivals of a segment set whose two members
  * live in this process's memory, with an owner that records how it was told to fail. The shm
- * transport and collective tests run the same code between processes. */
+ * transport and collective tests run the same code between processes. Shared copies run between
+ * this process (the reader) and a child it forks (the writer), whose end the reader sees. */
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -9,7 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <tdist/testing.h>
@@ -486,6 +490,216 @@ TD_TEST(lane_refuses_what_makes_no_sense)
     TD_CHECK(samehost_lane_reserve(&w, 1, 8, &corrupt) != NULL);
     TD_CHECK(!samehost_lane_publish(&w));
     free(lane);
+}
+
+/* ---- shared copies ------------------------------------------------------------------------------ */
+
+/* What the reader and the forked writer share: the share, and what the writer says. */
+typedef struct share_test {
+    samehost_share share;
+    _Atomic int can_write; /* the writer can write into the reader: 1 yes, 2 no */
+    _Atomic uint64_t wrote;
+    _Atomic int reader_done; /* the writer's memory may go (as RPC's sender waits for its ack) */
+} share_test;
+
+enum { SHARE_BYTES = 5 << 20 };
+static uint8_t share_src[SHARE_BYTES]; /* the same address in the child, holding the writer's bytes */
+
+/* Three spans of share_src, of odd lengths, placed in the destination out of their order. */
+static const samehost_span share_spans[3] = {
+    {.offset = 2 << 20, .addr = 0, .len = (2 << 20) + 777},
+    {.offset = 100, .addr = (3 << 20), .len = (1 << 20) + 3},
+    {.offset = (4 << 20) + 1000, .addr = (2 << 20) + 4096, .len = 12345},
+};
+
+static void share_spans_at(samehost_span *s)
+{
+    for (int i = 0; i < 3; i++) {
+        s[i] = share_spans[i];
+        s[i].addr += (uint64_t)(uintptr_t)share_src;
+    }
+}
+
+static uint8_t share_byte(uint64_t i) { return (uint8_t)(i * 7 + (i >> 12) + 1); }
+
+/* Every byte of the spans arrived where they go, and nothing else was written (dst held 0s). */
+static void share_check(const uint8_t *dst, size_t dst_len)
+{
+    uint8_t *want = calloc(dst_len, 1);
+    TD_CHECK(want != NULL);
+    for (int i = 0; i < 3; i++)
+        for (uint64_t j = 0; j < share_spans[i].len; j++)
+            want[share_spans[i].offset + j] = share_byte(share_spans[i].addr + j);
+    for (size_t i = 0; i < dst_len; i++)
+        if (dst[i] != want[i])
+            TD_CHECK_MSG(dst[i] == want[i], "byte %zu is %d, not %d", i, dst[i], want[i]);
+    free(want);
+}
+
+typedef enum { WRITER_WRITES, WRITER_CLAIMS_AND_EXITS, WRITER_CLAIMS_AND_STOPS } writer_kind;
+
+/* Forks the writer of job 1: it fills share_src with its own bytes, says whether it can write into
+ * its parent, then (WRITER_WRITES) waits for the offer and writes chunks, or claims a chunk and
+ * exits, or claims one and stops. */
+static pid_t share_writer(share_test *t, writer_kind kind)
+{
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    TD_CHECK(pid >= 0);
+    if (pid > 0)
+        return pid;
+    for (uint64_t i = 0; i < SHARE_BYTES; i++)
+        share_src[i] = share_byte(i);
+    static const uint64_t probe = 42;
+    bool can = samehost_word_is(parent, (uint64_t)(uintptr_t)&probe, probe);
+    atomic_store(&t->can_write, can ? 1 : 2);
+    if (!can)
+        _exit(0);
+    while (!samehost_share_offered(&t->share, 1))
+        sched_yield();
+    if (kind == WRITER_WRITES) {
+        samehost_span s[3];
+        share_spans_at(s);
+        atomic_store(&t->wrote, samehost_share_write(&t->share, 1, parent, s, 3));
+        while (!atomic_load(&t->reader_done))
+            sched_yield();
+        _exit(0);
+    }
+    atomic_fetch_add(&t->share.claimed, 1);
+    if (kind == WRITER_CLAIMS_AND_STOPS)
+        for (;;)
+            pause();
+    _exit(0);
+}
+
+static share_test *share_setup(void)
+{
+    share_test *t = mmap(NULL, sizeof *t, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    TD_CHECK(t != MAP_FAILED);
+    memset(t, 0, sizeof *t);
+    return t;
+}
+
+/* Waits for the child's word on whether it can write into this process; false (child reaped) if not. */
+static bool share_writer_can(share_test *t, pid_t pid)
+{
+    while (atomic_load(&t->can_write) == 0)
+        sched_yield();
+    if (atomic_load(&t->can_write) == 1)
+        return true;
+    waitpid(pid, NULL, 0);
+    return false;
+}
+
+TD_TEST(shared_copy_by_both_sides)
+{
+    share_test *t = share_setup();
+    pid_t pid = share_writer(t, WRITER_WRITES);
+    int pidfd = samehost_pidfd_open(pid);
+    if (!share_writer_can(t, pid)) {
+        munmap(t, sizeof *t);
+        TD_SKIP(TD_SKIP_GENERIC, "process_vm_writev into another process is not permitted here");
+    }
+    size_t dst_len = (5 << 20) + 64;
+    uint8_t *dst = calloc(dst_len, 1);
+    TD_CHECK(dst != NULL);
+    samehost_span s[3];
+    share_spans_at(s);
+    uint64_t chunks = samehost_share_chunks(s, 3);
+    TD_CHECK_EQ(chunks, 5u + 3u + 1u); /* 2 MiB + 777, 1 MiB + 3, 12345 bytes in chunks of 512 KiB */
+    samehost_share_offer(&t->share, 1, dst);
+    /* The writer is let take two chunks first, so that both sides certainly copy. */
+    while (atomic_load(&t->share.claimed) < 2)
+        sched_yield();
+    uint64_t by_writer = 0;
+    TD_CHECK_EQ(samehost_share_read(&t->share, pid, pidfd, dst, s, 3, TD_DEADLINE_NONE, &by_writer), 0);
+    atomic_store(&t->reader_done, 1);
+    int status;
+    TD_CHECK_EQ(waitpid(pid, &status, 0), pid);
+    TD_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    TD_CHECK(by_writer >= 2 && by_writer <= chunks);
+    TD_CHECK_EQ(atomic_load(&t->wrote), by_writer);
+    TD_CHECK(!samehost_share_offered(&t->share, 1)); /* the offer ended */
+    share_check(dst, dst_len);
+    free(dst);
+    if (pidfd >= 0)
+        close(pidfd);
+    munmap(t, sizeof *t);
+}
+
+/* A writer that cannot write (here: the offered destination is not writable) leaves its chunk to
+ * the reader, which reads it and the rest itself. */
+TD_TEST(a_chunk_the_writer_could_not_write_is_read)
+{
+    share_test *t = share_setup();
+    pid_t pid = share_writer(t, WRITER_WRITES);
+    int pidfd = samehost_pidfd_open(pid);
+    if (!share_writer_can(t, pid)) {
+        munmap(t, sizeof *t);
+        TD_SKIP(TD_SKIP_GENERIC, "process_vm_writev into another process is not permitted here");
+    }
+    size_t dst_len = (5 << 20) + 64;
+    uint8_t *dst = calloc(dst_len, 1);
+    void *locked = mmap(NULL, dst_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    TD_CHECK(dst != NULL && locked != MAP_FAILED);
+    samehost_span s[3];
+    share_spans_at(s);
+    samehost_share_offer(&t->share, 1, locked);
+    while (atomic_load(&t->share.failed) == 0)
+        sched_yield();
+    uint64_t by_writer = 0;
+    TD_CHECK_EQ(samehost_share_read(&t->share, pid, pidfd, dst, s, 3, TD_DEADLINE_NONE, &by_writer), 0);
+    atomic_store(&t->reader_done, 1);
+    TD_CHECK_EQ(waitpid(pid, NULL, 0), pid);
+    TD_CHECK_EQ(by_writer, 0u);
+    TD_CHECK_EQ(atomic_load(&t->wrote), 0u);
+    share_check(dst, dst_len);
+    free(dst);
+    munmap(locked, dst_len);
+    if (pidfd >= 0)
+        close(pidfd);
+    munmap(t, sizeof *t);
+}
+
+/* A writer that ends holding a chunk ends the reader's wait (its pidfd), with ESRCH (the reader's
+ * own reads of the ended writer fail alike); one that stops
+ * holding it keeps the reader until the stall deadline, with ETIMEDOUT (the destination is then
+ * never to be let go: here it is a static buffer). */
+TD_TEST(a_writer_that_ends_or_stops_holding_a_chunk, .params = "ends,stops")
+{
+    bool ends = strcmp(ctx->param, "ends") == 0;
+    share_test *t = share_setup();
+    pid_t pid = share_writer(t, ends ? WRITER_CLAIMS_AND_EXITS : WRITER_CLAIMS_AND_STOPS);
+    int pidfd = samehost_pidfd_open(pid);
+    if (!share_writer_can(t, pid)) {
+        munmap(t, sizeof *t);
+        TD_SKIP(TD_SKIP_GENERIC, "process_vm_writev into another process is not permitted here");
+    }
+    if (ends && pidfd < 0) {
+        waitpid(pid, NULL, 0);
+        munmap(t, sizeof *t);
+        TD_SKIP(TD_SKIP_GENERIC, "no pidfd_open here");
+    }
+    static uint8_t dst[(5 << 20) + 64];
+    samehost_span s[3];
+    share_spans_at(s);
+    samehost_share_offer(&t->share, 1, dst);
+    while (atomic_load(&t->share.claimed) < 1)
+        sched_yield();
+    uint64_t by_writer = 7;
+    int64_t start = clock_now_ns();
+    int err = samehost_share_read(&t->share, pid, pidfd, dst, s, 3, start + 200 * 1000000LL, &by_writer);
+    int64_t took_ms = (clock_now_ns() - start) / 1000000;
+    TD_CHECK_EQ(err, ends ? ESRCH : ETIMEDOUT);
+    TD_CHECK_EQ(by_writer, 0u);
+    if (!ends)
+        TD_CHECK_MSG(took_ms >= 199, "the wait ended after %lld ms, before the stall deadline", (long long)took_ms);
+    if (!ends)
+        kill(pid, SIGKILL);
+    TD_CHECK_EQ(waitpid(pid, NULL, 0), pid);
+    if (pidfd >= 0)
+        close(pidfd);
+    munmap(t, sizeof *t);
 }
 
 TD_TEST_MAIN()

@@ -572,34 +572,39 @@ static pid_t share_writer(share_test *t, writer_kind kind)
     _exit(0);
 }
 
-static share_test *share_setup(void)
+/* The share in memory this process and the writer it forks for kind share; skips the test where
+ * the writer cannot write into this process. */
+static share_test *share_start(writer_kind kind, pid_t *pid, int *pidfd)
 {
     share_test *t = mmap(NULL, sizeof *t, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     TD_CHECK(t != MAP_FAILED);
     memset(t, 0, sizeof *t);
+    *pid = share_writer(t, kind);
+    *pidfd = samehost_pidfd_open(*pid);
+    while (atomic_load(&t->can_write) == 0)
+        sched_yield();
+    if (atomic_load(&t->can_write) != 1) {
+        waitpid(*pid, NULL, 0);
+        if (*pidfd >= 0)
+            close(*pidfd);
+        munmap(t, sizeof *t);
+        TD_SKIP(TD_SKIP_GENERIC, "process_vm_writev into another process is not permitted here");
+    }
     return t;
 }
 
-/* Waits for the child's word on whether it can write into this process; false (child reaped) if not. */
-static bool share_writer_can(share_test *t, pid_t pid)
+static void share_finish(share_test *t, int pidfd)
 {
-    while (atomic_load(&t->can_write) == 0)
-        sched_yield();
-    if (atomic_load(&t->can_write) == 1)
-        return true;
-    waitpid(pid, NULL, 0);
-    return false;
+    if (pidfd >= 0)
+        close(pidfd);
+    munmap(t, sizeof *t);
 }
 
 TD_TEST(shared_copy_by_both_sides)
 {
-    share_test *t = share_setup();
-    pid_t pid = share_writer(t, WRITER_WRITES);
-    int pidfd = samehost_pidfd_open(pid);
-    if (!share_writer_can(t, pid)) {
-        munmap(t, sizeof *t);
-        TD_SKIP(TD_SKIP_GENERIC, "process_vm_writev into another process is not permitted here");
-    }
+    pid_t pid;
+    int pidfd;
+    share_test *t = share_start(WRITER_WRITES, &pid, &pidfd);
     size_t dst_len = (5 << 20) + 64;
     uint8_t *dst = calloc(dst_len, 1);
     TD_CHECK(dst != NULL);
@@ -622,22 +627,16 @@ TD_TEST(shared_copy_by_both_sides)
     TD_CHECK(!samehost_share_offered(&t->share, 1)); /* the offer ended */
     share_check(dst, dst_len);
     free(dst);
-    if (pidfd >= 0)
-        close(pidfd);
-    munmap(t, sizeof *t);
+    share_finish(t, pidfd);
 }
 
 /* A writer that cannot write (here: the offered destination is not writable) leaves its chunk to
  * the reader, which reads it and the rest itself. */
 TD_TEST(a_chunk_the_writer_could_not_write_is_read)
 {
-    share_test *t = share_setup();
-    pid_t pid = share_writer(t, WRITER_WRITES);
-    int pidfd = samehost_pidfd_open(pid);
-    if (!share_writer_can(t, pid)) {
-        munmap(t, sizeof *t);
-        TD_SKIP(TD_SKIP_GENERIC, "process_vm_writev into another process is not permitted here");
-    }
+    pid_t pid;
+    int pidfd;
+    share_test *t = share_start(WRITER_WRITES, &pid, &pidfd);
     size_t dst_len = (5 << 20) + 64;
     uint8_t *dst = calloc(dst_len, 1);
     void *locked = mmap(NULL, dst_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -656,9 +655,7 @@ TD_TEST(a_chunk_the_writer_could_not_write_is_read)
     share_check(dst, dst_len);
     free(dst);
     munmap(locked, dst_len);
-    if (pidfd >= 0)
-        close(pidfd);
-    munmap(t, sizeof *t);
+    share_finish(t, pidfd);
 }
 
 /* A writer that ends holding a chunk ends the reader's wait (its pidfd), with ESRCH (the reader's
@@ -668,16 +665,12 @@ TD_TEST(a_chunk_the_writer_could_not_write_is_read)
 TD_TEST(a_writer_that_ends_or_stops_holding_a_chunk, .params = "ends,stops")
 {
     bool ends = strcmp(ctx->param, "ends") == 0;
-    share_test *t = share_setup();
-    pid_t pid = share_writer(t, ends ? WRITER_CLAIMS_AND_EXITS : WRITER_CLAIMS_AND_STOPS);
-    int pidfd = samehost_pidfd_open(pid);
-    if (!share_writer_can(t, pid)) {
-        munmap(t, sizeof *t);
-        TD_SKIP(TD_SKIP_GENERIC, "process_vm_writev into another process is not permitted here");
-    }
+    pid_t pid;
+    int pidfd;
+    share_test *t = share_start(ends ? WRITER_CLAIMS_AND_EXITS : WRITER_CLAIMS_AND_STOPS, &pid, &pidfd);
     if (ends && pidfd < 0) {
         waitpid(pid, NULL, 0);
-        munmap(t, sizeof *t);
+        share_finish(t, pidfd);
         TD_SKIP(TD_SKIP_GENERIC, "no pidfd_open here");
     }
     static uint8_t dst[(5 << 20) + 64];
@@ -697,9 +690,7 @@ TD_TEST(a_writer_that_ends_or_stops_holding_a_chunk, .params = "ends,stops")
     if (!ends)
         kill(pid, SIGKILL);
     TD_CHECK_EQ(waitpid(pid, NULL, 0), pid);
-    if (pidfd >= 0)
-        close(pidfd);
-    munmap(t, sizeof *t);
+    share_finish(t, pidfd);
 }
 
 TD_TEST_MAIN()

@@ -31,6 +31,7 @@
 #include "base/ref.h"
 #include "base/thread.h"
 #include "pg/executor.h"
+#include "pg/future.h"
 #include "pg/pg_impl.h"
 
 enum { FUT_PENDING = 0, FUT_DONE = 1, FUT_FAILED = 2 };

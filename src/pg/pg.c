@@ -30,6 +30,7 @@
 #include "base/thread.h"
 #include "net/io.h"
 #include "pg/executor.h"
+#include "pg/future.h"
 #include "pg/pg_impl.h"
 
 /* ---- waiting --------------------------------------------------------------------------------- */

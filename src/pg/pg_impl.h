@@ -304,9 +304,6 @@ void pg_destroy_now(td_pg *pg);
 bool pg_drive_wait_locked(bool (*drive)(void), pthread_mutex_t *mu, pthread_cond_t *cv, bool (*done)(const void *),
                           const void *arg, int64_t deadline_ns);
 
-/* Gives f a driver (td_work_set_driver), which waiters on f call until it completes; a waiter
- * already blocked picks it up. */
-void pg_future_set_driver(td_future *f, bool (*drive)(void));
 
 /* ---- debug.c ------------------------------------------------------------------------------- */
 

@@ -64,6 +64,7 @@
 #include "base/thread.h"
 #include "net/addr.h"
 #include "pg/executor.h"
+#include "pg/future.h"
 #include "rpc/agent_impl.h"
 #include "rpc/profiler.h"
 #include "rpc/registry.h"
@@ -1674,6 +1675,37 @@ td_status rpc_agent_call(td_rpc_agent *a, int peer, const char *fn, const td_val
     return agent_call(a, peer, fn, args, kwargs, timeout_ms, extra, mode, future);
 }
 
+/* The driver of an asynchronous call's future over a lane (pg/future.h): a thread that waits on
+ * it polls the default agent's lanes itself, as a td_rpc_sync caller does (wait_reply), taking
+ * its reply and others with no wake-up, and the I/O thread, seeing a poller, need not spin for
+ * them. It keeps polling while polls find messages and for the spin budget after the last one
+ * did (a wait that began after a longer pause starts its budget afresh); then the wait blocks
+ * until the I/O thread completes the future. */
+static _Thread_local int64_t drive_found_ns, drive_last_ns;
+
+static bool call_drive(void)
+{
+    pthread_mutex_lock(&default_mu);
+    td_rpc_agent *a = default_agent;
+    if (a)
+        rpc_agent_retain(a);
+    pthread_mutex_unlock(&default_mu);
+    if (!a)
+        return false;
+    int64_t now = clock_now_ns(), budget = a->spin_call.spin_ns;
+    if (now - drive_last_ns > budget)
+        drive_found_ns = now;
+    drive_last_ns = now;
+    size_t lanes = rpc_lanes_enter(a);
+    if (lanes > 0 && rpc_lanes_poll(a)) {
+        drive_found_ns = now;
+        atomic_fetch_add_explicit(&a->caller_takes, 1, memory_order_relaxed);
+    }
+    rpc_lanes_leave(a, lanes);
+    rpc_agent_release(a);
+    return lanes > 0 && now - drive_found_ns < budget;
+}
+
 static td_status agent_call(td_rpc_agent *a, int peer, const char *fn, const td_value *args, const td_value *kwargs,
                             int64_t timeout_ms, const rpc_header *extra, rpc_prof_mode mode, td_future **future)
 {
@@ -1734,6 +1766,9 @@ static td_status agent_call(td_rpc_agent *a, int peer, const char *fn, const td_
         goto out;
 
     td_future *f = td_future_new();
+    pthread_mutex_lock(&default_mu);
+    bool is_default = a == default_agent;
+    pthread_mutex_unlock(&default_mu);
     pthread_mutex_lock(&a->mu);
     if (atomic_load(&a->closing)) {
         /* Shutdown began after the check above: nothing would complete this call any more. */
@@ -1770,7 +1805,10 @@ static td_status agent_call(td_rpc_agent *a, int peer, const char *fn, const td_
     a->calls_started++;
     rpc_channel *ch = a->peers[peer].chan;
     int64_t send_deadline = p->deadline_ns; /* p is the I/O thread's once the lock is dropped */
+    bool drive = mode != RPC_PROF_SYNC && ch && ch->lanes && is_default;
     pthread_mutex_unlock(&a->mu);
+    if (drive)
+        pg_future_set_driver(f, call_drive); /* td_rpc_sync's caller polls in wait_reply */
     if (earlier)
         rpc_io_wake(a);
     if (peer == (int)a->self.id) {
@@ -1824,8 +1862,10 @@ static td_status wait_reply(td_rpc_agent *a, td_future *f)
             slept = true;
             break;
         }
-        if (lanes > 0 && rpc_lanes_poll(a))
+        if (lanes > 0 && rpc_lanes_poll(a)) {
+            atomic_fetch_add_explicit(&a->caller_takes, 1, memory_order_relaxed);
             continue;
+        }
         samehost_spin_pause(&a->spin_call, now - start);
     }
     rpc_lanes_leave(a, lanes);
@@ -2038,6 +2078,8 @@ td_status td_rpc_debug_info(td_rpc_agent *agent, td_value **info)
     put_int(d, "agent.single_copy_chunks_written_to_peers", (long long)atomic_load(&a->share_chunks_out));
     put_int(d, "agent.num_lane_channels", lane_channels); /* same-host peers whose messages go through lanes */
     put_int(d, "agent.lane_bells_rung", (long long)atomic_load(&a->lane_rings));
+    /* polls by threads waiting for a call's reply that took messages from a lane themselves */
+    put_int(d, "agent.lane_takes_by_callers", (long long)atomic_load(&a->caller_takes));
     rpc_rref_debug_info(a, d);
     const rpc_autograd_hooks *ag = atomic_load(&rpc_autograd);
     if (ag) {

@@ -273,6 +273,7 @@ struct td_rpc_agent {
     _Atomic uint64_t share_chunks_in;  /* chunks of those that their senders wrote into this worker */
     _Atomic uint64_t share_chunks_out; /* chunks this worker wrote into its peers while it waited */
     _Atomic uint64_t lane_rings;      /* bells this worker rang for a peer sleeping on its lane */
+    _Atomic uint64_t caller_takes;    /* polls by callers waiting for a reply that took lane messages */
 
     rpc_pool pool;
     samehost_spin spin_io;   /* the I/O thread's, polling epoll before it sleeps */

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "base/error.h"
+#include "pg/future.h"
 #include "pg/pg_impl.h"
 #include "pg_util.h"
 

@@ -5,7 +5,8 @@
  * with TDIST_RPC_LANES=0 (param "socket"), and with single copy off so that large messages go
  * through the lane too: messages of every size around the entry size and the lane's, both
  * directions at once with many calls in flight (several writers and readers of one lane), and
- * calls to a worker whose threads all sleep (the bell). A worker whose lane words make no sense
+ * calls to a worker whose threads all sleep (the bell), and callers that wait on an asynchronous
+ * call's future taking replies from the lane themselves, as td_rpc_sync's do. A worker whose lane words make no sense
  * (written here through the channel's internals, as a broken or hostile peer would) loses its
  * connection: the reader closes it and calls fail on both sides, without a hang. A worker killed
  * while its peers' writers wait for room in its lane is
@@ -114,6 +115,43 @@ TD_TEST(calls_to_a_sleeping_worker, .world_size = 3, .timeout_s = 120, .params =
             TD_CHECK_MSG(rung > 0, "8 calls to a sleeping worker rang no bell");
         else
             TD_CHECK_EQ(rung, 0);
+    }
+    TD_CHECK_OK(td_rpc_shutdown(true, 0));
+}
+
+TD_TEST(waiting_callers_take_replies_themselves, .world_size = 2, .timeout_s = 120, .params = "lanes,socket")
+{
+    rpc_up(ctx);
+    if (ctx->rank == 0) {
+        /* td_future_wait and td_future_wait_all on rpc_async futures poll the lanes (the call's
+         * driver) before they sleep. Whether a poll or the I/O thread gets a reply first is up to
+         * the scheduler, so this repeats until a poll did; the replies are checked each time. */
+        enum { N = 4 };
+        const int64_t before = rpc_test_debug_int("agent.lane_takes_by_callers"); /* td_rpc_sync's, set-up */
+        for (int round = 0;
+             round < 2000 && (!lanes_param(ctx) || rpc_test_debug_int("agent.lane_takes_by_callers") == before);
+             round++) {
+            td_tensor *sent[N];
+            td_future *fs[N];
+            for (int i = 0; i < N; i++) {
+                sent[i] = pattern(64 * i, round + i);
+                td_value *args = td_value_tuple_of(1, td_value_tensor(sent[i]));
+                TD_CHECK_OK(td_rpc_async(NULL, td_rpc_to_id(1), "echo", args, NULL, TD_RPC_DEFAULT_TIMEOUT, &fs[i]));
+                td_value_release(args);
+            }
+            TD_CHECK_OK(td_future_wait(fs[0], 0));
+            TD_CHECK_OK(td_future_wait_all(fs + 1, N - 1, 0));
+            for (int i = 0; i < N; i++) {
+                TD_CHECK(td_tensor_equal(td_value_get_tensor(td_future_value(fs[i])), sent[i]));
+                td_future_release(fs[i]);
+                td_tensor_release(sent[i]);
+            }
+            if (!lanes_param(ctx) && round == 50)
+                break;
+        }
+        int64_t takes = rpc_test_debug_int("agent.lane_takes_by_callers") - before;
+        TD_CHECK_MSG(lanes_param(ctx) ? takes > 0 : takes == 0, "waiting callers took lane messages %lld times (%s)",
+                     (long long)takes, ctx->param);
     }
     TD_CHECK_OK(td_rpc_shutdown(true, 0));
 }

@@ -9,7 +9,8 @@
  * Forks itself into worker0 (the caller, which measures) and worker1 (which only serves), meeting
  * through a FileStore in a temporary directory; --tcp sets td_rpc_options.tcp_only, otherwise the
  * workers use tdist's default same-host path. Measured, each for about S seconds:
- *   empty   rpc_sync of a function with no arguments returning None: the median round trip (us)
+ *   empty   rpc_sync of a function with no arguments returning None: the median round trip (us);
+ *           also as rpc_async and td_future_wait on its future ("empty_async_wait_us", tdist only)
  *   async   rpc_async of the same function with 64 calls in flight: calls per second
  *   tensor  rpc_sync of a function returning its argument, a float32 tensor of B bytes: the
  *           median round trip (us)
@@ -92,24 +93,33 @@ static void add_sample(samples *s, double x)
 }
 
 /* Round trips of fn(args) for about secs seconds (at least min_calls), after a few to warm up. */
-static double sync_median_us(td_rpc_agent *a, const char *to, const char *fn, const td_value *args, double secs,
-                             size_t min_calls)
+/* One call, rpc_sync or (async_wait) rpc_async and td_future_wait on its future. */
+static void one_call(td_rpc_agent *a, const char *to, const char *fn, const td_value *args, bool async_wait)
 {
-    for (int i = 0; i < 20; i++) {
-        td_value *r = NULL;
-        if (td_rpc_sync(a, td_rpc_to_name(to), fn, args, NULL, 0, &r) != TD_OK)
+    if (async_wait) {
+        td_future *f = NULL;
+        if (td_rpc_async(a, td_rpc_to_name(to), fn, args, NULL, 0, &f) != TD_OK || td_future_wait(f, 0) != TD_OK)
             bench_die("rpc_bench", fn);
-        td_value_release(r);
+        td_future_release(f);
+        return;
     }
+    td_value *r = NULL;
+    if (td_rpc_sync(a, td_rpc_to_name(to), fn, args, NULL, 0, &r) != TD_OK)
+        bench_die("rpc_bench", fn);
+    td_value_release(r);
+}
+
+static double call_median_us(td_rpc_agent *a, const char *to, const char *fn, const td_value *args, double secs,
+                             size_t min_calls, bool async_wait)
+{
+    for (int i = 0; i < 20; i++)
+        one_call(a, to, fn, args, async_wait);
     samples s = {0};
     double end = bench_now_s() + secs;
     while (s.n < min_calls || bench_now_s() < end) {
         double t0 = bench_now_s();
-        td_value *r = NULL;
-        if (td_rpc_sync(a, td_rpc_to_name(to), fn, args, NULL, 0, &r) != TD_OK)
-            bench_die("rpc_bench", fn);
+        one_call(a, to, fn, args, async_wait);
         add_sample(&s, (bench_now_s() - t0) * 1e6);
-        td_value_release(r);
     }
     double m = bench_median(s.v, s.n);
     free(s.v);
@@ -160,7 +170,8 @@ static void run_worker(int rank, const char *url, bool tcp, double secs, const l
         bench_die("rpc_bench", "agent");
     const char *path = tcp ? "tcp" : "samehost";
     if (rank == 0) {
-        printf("empty_us %s %.2f\n", path, sync_median_us(a, "worker1", "noop", NULL, secs, 100));
+        printf("empty_us %s %.2f\n", path, call_median_us(a, "worker1", "noop", NULL, secs, 100, false));
+        printf("empty_async_wait_us %s %.2f\n", path, call_median_us(a, "worker1", "noop", NULL, secs, 100, true));
         fflush(stdout);
         if (profile) {
             td_profiler_options po;
@@ -168,7 +179,7 @@ static void run_worker(int rank, const char *url, bool tcp, double secs, const l
             td_profiler *p = NULL;
             if (td_profiler_start(&po, &p) != TD_OK)
                 bench_die("rpc_bench", "profiler");
-            printf("empty_profiled_us %s %.2f\n", path, sync_median_us(a, "worker1", "noop", NULL, secs, 100));
+            printf("empty_profiled_us %s %.2f\n", path, call_median_us(a, "worker1", "noop", NULL, secs, 100, false));
             fflush(stdout);
             td_profiler_free(p);
         }
@@ -181,7 +192,7 @@ static void run_worker(int rank, const char *url, bool tcp, double secs, const l
             td_value *args = td_value_tuple_new(1);
             td_value_set(args, 0, td_value_tensor(t));
             td_tensor_release(t);
-            printf("tensor_us %s %ld %.2f\n", path, sizes[i], sync_median_us(a, "worker1", "echo", args, secs, 10));
+            printf("tensor_us %s %ld %.2f\n", path, sizes[i], call_median_us(a, "worker1", "echo", args, secs, 10, false));
             fflush(stdout);
             td_value_release(args);
         }
@@ -199,7 +210,7 @@ static void run_self(const char *url, double secs)
     td_rpc_agent *a;
     if (td_rpc_agent_create("worker0", 0, 1, &o, &a) != TD_OK)
         bench_die("rpc_bench", "agent");
-    printf("empty_us self %.2f\n", sync_median_us(a, "worker0", "noop", NULL, secs, 100));
+    printf("empty_us self %.2f\n", call_median_us(a, "worker0", "noop", NULL, secs, 100, false));
     fflush(stdout);
     if (td_rpc_agent_shutdown(a, true, 0) != TD_OK)
         bench_die("rpc_bench", "shutdown");

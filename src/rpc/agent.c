@@ -109,6 +109,10 @@ static pthread_mutex_t default_mu = PTHREAD_MUTEX_INITIALIZER;
 static td_rpc_agent *default_agent;
 static bool default_starting;
 static bool default_stopping; /* td_rpc_shutdown is under way: the agent stays the default meanwhile */
+/* The agents whose calls' futures have a driver (call_drive), from creation to shutdown, under
+ * default_mu; an agent that finds no free slot leaves its waiters to the I/O thread. */
+#define DRIVEN_AGENTS 8
+static td_rpc_agent *driven_agents[DRIVEN_AGENTS];
 
 td_status rpc_agent_get(td_rpc_agent *agent, td_rpc_agent **out)
 {
@@ -1262,6 +1266,13 @@ static td_status agent_create(const char *name, int rank, int world_size, const 
     }
     if (as_default)
         default_publish(a);
+    pthread_mutex_lock(&default_mu);
+    for (int i = 0; i < DRIVEN_AGENTS && a->lanes_on && !a->driven; i++)
+        if (!driven_agents[i]) {
+            driven_agents[i] = a;
+            a->driven = true;
+        }
+    pthread_mutex_unlock(&default_mu);
     pthread_mutex_lock(&a->mu);
     a->ready = true;
     incoming *early = a->early;
@@ -1442,12 +1453,15 @@ static td_status agent_shutdown(td_rpc_agent *agent, bool graceful, int64_t time
         if (st != TD_OK)
             snprintf(msg, sizeof msg, "%s", td_last_error());
     }
+    pthread_mutex_lock(&default_mu);
     if (is_default) {
-        pthread_mutex_lock(&default_mu);
         default_agent = NULL;
         default_stopping = false;
-        pthread_mutex_unlock(&default_mu);
     }
+    for (int i = 0; i < DRIVEN_AGENTS; i++)
+        if (driven_agents[i] == agent)
+            driven_agents[i] = NULL;
+    pthread_mutex_unlock(&default_mu);
     agent_teardown(agent);
     rpc_agent_release(agent);
     return st == TD_OK ? TD_OK : error_set(st, msg);
@@ -1676,34 +1690,44 @@ td_status rpc_agent_call(td_rpc_agent *a, int peer, const char *fn, const td_val
 }
 
 /* The driver of an asynchronous call's future over a lane (pg/future.h): a thread that waits on
- * it polls the default agent's lanes itself, as a td_rpc_sync caller does (wait_reply), taking
- * its reply and others with no wake-up, and the I/O thread, seeing a poller, need not spin for
- * them. It keeps polling while polls find messages and for the spin budget after the last one
- * did (a wait that began after a longer pause starts its budget afresh); then the wait blocks
- * until the I/O thread completes the future. */
+ * it polls the lanes of the process's driven agents itself, as a td_rpc_sync caller does
+ * (wait_reply), taking its reply and others with no wake-up, and the I/O thread, seeing a poller,
+ * need not spin for them. It keeps polling while polls find messages and for the spin budget
+ * after the last one did (a wait that began after a longer pause starts its budget afresh); then
+ * the wait blocks until the I/O thread completes the future. */
 static _Thread_local int64_t drive_found_ns, drive_last_ns;
 
 static bool call_drive(void)
 {
+    td_rpc_agent *agents[DRIVEN_AGENTS];
+    int n = 0;
     pthread_mutex_lock(&default_mu);
-    td_rpc_agent *a = default_agent;
-    if (a)
-        rpc_agent_retain(a);
+    int64_t budget = 0;
+    for (int i = 0; i < DRIVEN_AGENTS; i++)
+        if (driven_agents[i]) {
+            rpc_agent_retain(driven_agents[i]);
+            agents[n++] = driven_agents[i];
+            if (driven_agents[i]->spin_call.spin_ns > budget)
+                budget = driven_agents[i]->spin_call.spin_ns;
+        }
     pthread_mutex_unlock(&default_mu);
-    if (!a)
-        return false;
-    int64_t now = clock_now_ns(), budget = a->spin_call.spin_ns;
+    int64_t now = clock_now_ns();
+    bool polled = false;
     if (now - drive_last_ns > budget)
         drive_found_ns = now;
     drive_last_ns = now;
-    size_t lanes = rpc_lanes_enter(a);
-    if (lanes > 0 && rpc_lanes_poll(a)) {
-        drive_found_ns = now;
-        atomic_fetch_add_explicit(&a->caller_takes, 1, memory_order_relaxed);
+    for (int i = 0; i < n; i++) {
+        td_rpc_agent *a = agents[i];
+        size_t lanes = rpc_lanes_enter(a);
+        polled |= lanes > 0;
+        if (lanes > 0 && rpc_lanes_poll(a)) {
+            drive_found_ns = now;
+            atomic_fetch_add_explicit(&a->caller_takes, 1, memory_order_relaxed);
+        }
+        rpc_lanes_leave(a, lanes);
+        rpc_agent_release(a);
     }
-    rpc_lanes_leave(a, lanes);
-    rpc_agent_release(a);
-    return lanes > 0 && now - drive_found_ns < budget;
+    return polled && now - drive_found_ns < budget;
 }
 
 static td_status agent_call(td_rpc_agent *a, int peer, const char *fn, const td_value *args, const td_value *kwargs,
@@ -1766,9 +1790,6 @@ static td_status agent_call(td_rpc_agent *a, int peer, const char *fn, const td_
         goto out;
 
     td_future *f = td_future_new();
-    pthread_mutex_lock(&default_mu);
-    bool is_default = a == default_agent;
-    pthread_mutex_unlock(&default_mu);
     pthread_mutex_lock(&a->mu);
     if (atomic_load(&a->closing)) {
         /* Shutdown began after the check above: nothing would complete this call any more. */
@@ -1805,7 +1826,7 @@ static td_status agent_call(td_rpc_agent *a, int peer, const char *fn, const td_
     a->calls_started++;
     rpc_channel *ch = a->peers[peer].chan;
     int64_t send_deadline = p->deadline_ns; /* p is the I/O thread's once the lock is dropped */
-    bool drive = mode != RPC_PROF_SYNC && ch && ch->lanes && is_default;
+    bool drive = mode != RPC_PROF_SYNC && ch && ch->lanes && a->driven;
     pthread_mutex_unlock(&a->mu);
     if (drive)
         pg_future_set_driver(f, call_drive); /* td_rpc_sync's caller polls in wait_reply */

@@ -16,8 +16,9 @@
  * threads (the callee's I/O thread, its pool thread, the caller's I/O thread, the caller), and a
  * sleep at each costs a wake-up of several microseconds; through lanes (below) two, the callee's
  * polling pool thread and the caller, and the I/O thread stops spinning while they poll. So the I/O thread polls its epoll set, an idle pool
- * thread (one at a time) polls the queue, and td_rpc_sync's caller polls its future, each for the
- * budget of its own samehost_spin before sleeping: the same-host layer's policy
+ * thread (one at a time) polls the queue, and td_rpc_sync's caller polls its future (and the
+ * lanes), as does a thread waiting on an rpc_async future over a lane (its driver, agent.c's
+ * call_drive), each for the budget of its own samehost_spin before sleeping: the same-host layer's policy
  * (transport/samehost.h: cut short after spins that ended in long sleeps, yielding the core when
  * the workers outnumber the cores), with RPC's budget, TDIST_RPC_SPIN_US (50 us by default, 0: no
  * spinning): long enough to cover the other half of a round trip on one host, which the same-host
@@ -252,6 +253,7 @@ struct td_rpc_agent {
     _Atomic bool io_stop;
     TD_VEC(rpc_channel *) channels; /* all of them, bound or not (freed with the agent) */
     bool lanes_on;           /* TDIST_RPC_LANES */
+    bool driven;             /* its calls' futures have call_drive (agent.c), set before the first call */
     /* The bound channels in lane mode, append-only (a->mu) and read without a lock up to
      * lane_count; beyond RPC_LANE_CHANNELS a same-host channel keeps to its socket. */
     rpc_channel *lane_chans[RPC_LANE_CHANNELS];

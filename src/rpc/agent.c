@@ -1264,8 +1264,7 @@ static td_status agent_create(const char *name, int rank, int world_size, const 
         rpc_agent_release(a);
         return error_set(st, msg);
     }
-    if (as_default)
-        default_publish(a);
+    /* Before any other thread can reach the agent (default_publish, the calls below). */
     pthread_mutex_lock(&default_mu);
     for (int i = 0; i < DRIVEN_AGENTS && a->lanes_on && !a->driven; i++)
         if (!driven_agents[i]) {
@@ -1273,6 +1272,8 @@ static td_status agent_create(const char *name, int rank, int world_size, const 
             a->driven = true;
         }
     pthread_mutex_unlock(&default_mu);
+    if (as_default)
+        default_publish(a);
     pthread_mutex_lock(&a->mu);
     a->ready = true;
     incoming *early = a->early;

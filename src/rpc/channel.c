@@ -1425,13 +1425,13 @@ static td_status wait_acked(td_rpc_agent *a, rpc_channel *ch, const rpc_pieces *
 {
     rpc_cma_side *side = &ch->cma->side[ch->cma_side];
     acked_wait w = {ch, side, want, a->share_on && atomic_load(&side->can_read)};
-    bool in_time;
-    while ((in_time = sender_wait(a, ch, acked_ready, &w, deadline_ns)) && w.help &&
-           samehost_share_offered(&side->share, want) && atomic_load(&side->acked) < want) {
-        w.help = false; /* one offer per message */
+    bool in_time = sender_wait(a, ch, acked_ready, &w, deadline_ns);
+    if (in_time && w.help && samehost_share_offered(&side->share, want)) {
         samehost_span spans[RPC_PIECES_MAX];
         int n = pieces_spans(pieces, spans);
         atomic_fetch_add(&a->share_chunks_out, samehost_share_write(&side->share, want, ch->peer_pid, spans, n));
+        w.help = false; /* one offer per message: now only the acknowledgement */
+        in_time = sender_wait(a, ch, acked_ready, &w, deadline_ns);
     }
     if (in_time && atomic_load(&w.side->acked) >= want)
         return TD_OK;

@@ -662,17 +662,14 @@ int samehost_share_read(samehost_share *sh, pid_t pid, int pidfd, void *dst, con
     uint64_t claimed = atomic_exchange(&sh->claimed, SHARE_CLOSED);
     claimed = claimed < total ? claimed : total;
     uint64_t theirs = claimed > mine ? claimed - mine : 0;
-    int64_t next_check = clock_now_ns() + SHARE_CHECK_NS;
+    /* The writer's last chunk is a copy of at most SAMEHOST_SHARE_CHUNK: the same-host spin (pause,
+     * then yield) until it is written, looking at the writer's end now and then. */
+    static const samehost_spin wait_spin = {.spin_ns = 0};
+    int64_t start = clock_now_ns(), next_check = start + SHARE_CHECK_NS;
     bool ended = false;
-    for (int spins = 0; atomic_load_explicit(&sh->written, memory_order_acquire) < theirs; spins++) {
-        if (spins < 64) {
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
-#endif
-            continue;
-        }
-        sched_yield();
+    while (atomic_load_explicit(&sh->written, memory_order_acquire) < theirs) {
         int64_t now = clock_now_ns();
+        samehost_spin_pause(&wait_spin, now - start);
         if (now < next_check)
             continue;
         next_check = now + SHARE_CHECK_NS;

@@ -37,7 +37,6 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <tdist/tensor.h>
@@ -848,7 +847,7 @@ td_status shm_transport_start(int rank, int size, const int *global_ranks, td_se
         p->tx_head = atomic_load(&p->out_ctl->head);
         p->rx_tail = atomic_load(&p->in_ctl->tail);
         if (p->pid > 0) {
-            p->pidfd = (int)syscall(SYS_pidfd_open, p->pid, 0);
+            p->pidfd = samehost_pidfd_open(p->pid);
             if (p->pidfd < 0)
                 TD_LOG_DEBUG("shm transport: pidfd_open(%d) failed (%s); rank %d's death is seen through its socket "
                              "only",

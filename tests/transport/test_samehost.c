@@ -502,8 +502,9 @@ typedef struct share_test {
     _Atomic int reader_done; /* the writer's memory may go (as RPC's sender waits for its ack) */
 } share_test;
 
-enum { SHARE_BYTES = 5 << 20 };
+enum { SHARE_BYTES = 5 << 20, SHARE_DST_BYTES = (5 << 20) + 64 };
 static uint8_t share_src[SHARE_BYTES]; /* the same address in the child, holding the writer's bytes */
+static uint8_t share_dst[SHARE_DST_BYTES]; /* the reader's destination (each case is a process of its own) */
 
 /* Three spans of share_src, of odd lengths, placed in the destination out of their order. */
 static const samehost_span share_spans[3] = {
@@ -522,9 +523,11 @@ static void share_spans_at(samehost_span *s)
 
 static uint8_t share_byte(uint64_t i) { return (uint8_t)(i * 7 + (i >> 12) + 1); }
 
-/* Every byte of the spans arrived where they go, and nothing else was written (dst held 0s). */
-static void share_check(const uint8_t *dst, size_t dst_len)
+/* Every byte of the spans arrived where they go in share_dst, and nothing else was written. */
+static void share_check(void)
 {
+    const uint8_t *dst = share_dst;
+    size_t dst_len = SHARE_DST_BYTES;
     uint8_t *want = calloc(dst_len, 1);
     TD_CHECK(want != NULL);
     for (int i = 0; i < 3; i++)
@@ -605,19 +608,16 @@ TD_TEST(shared_copy_by_both_sides)
     pid_t pid;
     int pidfd;
     share_test *t = share_start(WRITER_WRITES, &pid, &pidfd);
-    size_t dst_len = (5 << 20) + 64;
-    uint8_t *dst = calloc(dst_len, 1);
-    TD_CHECK(dst != NULL);
     samehost_span s[3];
     share_spans_at(s);
     uint64_t chunks = samehost_share_chunks(s, 3);
     TD_CHECK_EQ(chunks, 5u + 3u + 1u); /* 2 MiB + 777, 1 MiB + 3, 12345 bytes in chunks of 512 KiB */
-    samehost_share_offer(&t->share, 1, dst);
+    samehost_share_offer(&t->share, 1, share_dst);
     /* The writer is let take two chunks first, so that both sides certainly copy. */
     while (atomic_load(&t->share.claimed) < 2)
         sched_yield();
     uint64_t by_writer = 0;
-    TD_CHECK_EQ(samehost_share_read(&t->share, pid, pidfd, dst, s, 3, TD_DEADLINE_NONE, &by_writer), 0);
+    TD_CHECK_EQ(samehost_share_read(&t->share, pid, pidfd, share_dst, s, 3, TD_DEADLINE_NONE, &by_writer), 0);
     atomic_store(&t->reader_done, 1);
     int status;
     TD_CHECK_EQ(waitpid(pid, &status, 0), pid);
@@ -625,8 +625,7 @@ TD_TEST(shared_copy_by_both_sides)
     TD_CHECK(by_writer >= 2 && by_writer <= chunks);
     TD_CHECK_EQ(atomic_load(&t->wrote), by_writer);
     TD_CHECK(!samehost_share_offered(&t->share, 1)); /* the offer ended */
-    share_check(dst, dst_len);
-    free(dst);
+    share_check();
     share_finish(t, pidfd);
 }
 
@@ -637,31 +636,28 @@ TD_TEST(a_chunk_the_writer_could_not_write_is_read)
     pid_t pid;
     int pidfd;
     share_test *t = share_start(WRITER_WRITES, &pid, &pidfd);
-    size_t dst_len = (5 << 20) + 64;
-    uint8_t *dst = calloc(dst_len, 1);
-    void *locked = mmap(NULL, dst_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    TD_CHECK(dst != NULL && locked != MAP_FAILED);
+    void *locked = mmap(NULL, SHARE_DST_BYTES, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    TD_CHECK(locked != MAP_FAILED);
     samehost_span s[3];
     share_spans_at(s);
     samehost_share_offer(&t->share, 1, locked);
     while (atomic_load(&t->share.failed) == 0)
         sched_yield();
     uint64_t by_writer = 0;
-    TD_CHECK_EQ(samehost_share_read(&t->share, pid, pidfd, dst, s, 3, TD_DEADLINE_NONE, &by_writer), 0);
+    TD_CHECK_EQ(samehost_share_read(&t->share, pid, pidfd, share_dst, s, 3, TD_DEADLINE_NONE, &by_writer), 0);
     atomic_store(&t->reader_done, 1);
     TD_CHECK_EQ(waitpid(pid, NULL, 0), pid);
     TD_CHECK_EQ(by_writer, 0u);
     TD_CHECK_EQ(atomic_load(&t->wrote), 0u);
-    share_check(dst, dst_len);
-    free(dst);
-    munmap(locked, dst_len);
+    share_check();
+    munmap(locked, SHARE_DST_BYTES);
     share_finish(t, pidfd);
 }
 
 /* A writer that ends holding a chunk ends the reader's wait (its pidfd), with ESRCH (the reader's
  * own reads of the ended writer fail alike); one that stops
  * holding it keeps the reader until the stall deadline, with ETIMEDOUT (the destination is then
- * never to be let go: here it is a static buffer). */
+ * never to be let go: here it is share_dst, a static buffer). */
 TD_TEST(a_writer_that_ends_or_stops_holding_a_chunk, .params = "ends,stops")
 {
     bool ends = strcmp(ctx->param, "ends") == 0;
@@ -673,15 +669,14 @@ TD_TEST(a_writer_that_ends_or_stops_holding_a_chunk, .params = "ends,stops")
         share_finish(t, pidfd);
         TD_SKIP(TD_SKIP_GENERIC, "no pidfd_open here");
     }
-    static uint8_t dst[(5 << 20) + 64];
     samehost_span s[3];
     share_spans_at(s);
-    samehost_share_offer(&t->share, 1, dst);
+    samehost_share_offer(&t->share, 1, share_dst);
     while (atomic_load(&t->share.claimed) < 1)
         sched_yield();
     uint64_t by_writer = 7;
     int64_t start = clock_now_ns();
-    int err = samehost_share_read(&t->share, pid, pidfd, dst, s, 3, start + 200 * 1000000LL, &by_writer);
+    int err = samehost_share_read(&t->share, pid, pidfd, share_dst, s, 3, start + 200 * 1000000LL, &by_writer);
     int64_t took_ms = (clock_now_ns() - start) / 1000000;
     TD_CHECK_EQ(err, ends ? ESRCH : ETIMEDOUT);
     TD_CHECK_EQ(by_writer, 0u);

@@ -1274,24 +1274,29 @@ static td_status agent_create(const char *name, int rank, int world_size, const 
     pthread_mutex_unlock(&default_mu);
     if (as_default)
         default_publish(a);
-    pthread_mutex_lock(&a->mu);
-    a->ready = true;
-    incoming *early = a->early;
-    a->early = NULL;
-    pthread_mutex_unlock(&a->mu);
-    /* The calls that came while joining, in their order. */
-    incoming *ordered = NULL;
-    while (early) {
-        incoming *next = early->next;
-        early->next = ordered;
-        ordered = early;
-        early = next;
-    }
-    while (ordered) {
-        incoming *next = ordered->next;
-        if (rpc_pool_submit(&a->pool, run_call, drop_call, ordered) != TD_OK)
-            drop_call(ordered);
-        ordered = next;
+    /* The calls that came while joining go to the pool in their order, and before any that comes
+     * after: the agent is ready once none is left (those that come meanwhile join the list). */
+    for (;;) {
+        pthread_mutex_lock(&a->mu);
+        incoming *early = a->early;
+        a->early = NULL;
+        a->ready = early == NULL;
+        pthread_mutex_unlock(&a->mu);
+        if (!early)
+            break;
+        incoming *ordered = NULL;
+        while (early) {
+            incoming *next = early->next;
+            early->next = ordered;
+            ordered = early;
+            early = next;
+        }
+        while (ordered) {
+            incoming *next = ordered->next;
+            if (rpc_pool_submit(&a->pool, run_call, drop_call, ordered) != TD_OK)
+                drop_call(ordered);
+            ordered = next;
+        }
     }
     if (dynamic)
         TD_LOG_INFO("RPC agent %s (id %d, dynamic group) is up", name, rank);

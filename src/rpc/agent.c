@@ -358,7 +358,7 @@ static void send_to(td_rpc_agent *a, int peer, const rpc_outgoing *m, int64_t de
     rpc_channel *ch = a->peers[peer].lost ? NULL : a->peers[peer].chan;
     pthread_mutex_unlock(&a->mu);
     if (ch)
-        rpc_channel_send(a, ch, m, deadline_ns);
+        rpc_channel_send(a, ch, m, true, deadline_ns);
 }
 
 static void reply_error(td_rpc_agent *a, int peer, const rpc_header *call, const char *type, const char *message)
@@ -1193,6 +1193,8 @@ static td_status agent_create(const char *name, int rank, int world_size, const 
     /* TDIST_RPC_LANES: same-host messages through lanes in the shared segment (channel.c). */
     int64_t lanes_on = 1;
     TD_TRY(env_get_int("TDIST_RPC_LANES", 1, 0, 1, &lanes_on));
+    int64_t hand_on = 1;
+    TD_TRY(env_get_int("TDIST_RPC_HAND_SENDS", 1, 0, 1, &hand_on));
 
     auth_key auth;
     TD_TRY(auth_key_init(NULL, &auth));
@@ -1212,6 +1214,7 @@ static td_status agent_create(const char *name, int rank, int world_size, const 
     a->piece_min = cma ? RPC_PIECE_MIN_DEFAULT : 0;
     a->lanes_on = lanes_on != 0;
     a->share_on = share_on != 0;
+    a->hand_on = hand_on != 0;
     a->ignore_rref_leak = o.ignore_rref_leak;
     a->rrefs = rpc_rref_ctx_new();
     a->max_payload = max_payload;
@@ -1849,7 +1852,8 @@ static td_status agent_call(td_rpc_agent *a, int peer, const char *fn, const td_
                 pending_fail(a, q, TD_ERR_INTERNAL, msg);
         }
     } else if (ch) {
-        rpc_channel_send(a, ch, m, send_deadline); /* a failure fails the channel and so this call */
+        /* rpc_sync writes its call itself: its caller waits for nothing else. */
+        rpc_channel_send(a, ch, m, mode != RPC_PROF_SYNC, send_deadline); /* a failure fails this call */
     } else {
         pthread_mutex_lock(&a->mu);
         rpc_pending *q = map_remove(&a->pending, &id, sizeof id);
@@ -2107,6 +2111,11 @@ td_status td_rpc_debug_info(td_rpc_agent *agent, td_value **info)
     put_int(d, "agent.lane_bells_rung", (long long)atomic_load(&a->lane_rings));
     /* polls by threads waiting for a call's reply that took messages from a lane themselves */
     put_int(d, "agent.lane_takes_by_callers", (long long)atomic_load(&a->caller_takes));
+    /* small messages handed to the I/O thread, the writes that sent them, and those of the writes
+     * that found the socket full (channel.c, "Handing sends over") */
+    put_int(d, "agent.sends_handed_to_io_thread", (long long)atomic_load(&a->sends_handed));
+    put_int(d, "agent.io_thread_writes", (long long)atomic_load(&a->io_writes));
+    put_int(d, "agent.io_thread_writes_found_full", (long long)atomic_load(&a->io_write_full));
     rpc_rref_debug_info(a, d);
     const rpc_autograd_hooks *ag = atomic_load(&rpc_autograd);
     if (ag) {

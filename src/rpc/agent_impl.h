@@ -67,6 +67,9 @@
 #define RPC_LANE_CHANNELS 1024                 /* channels in lane mode per agent, at most */
 #define RPC_SHARE_MIN (2 * SAMEHOST_SHARE_CHUNK) /* pieces this large in all: the sender helps copy them */
 #define RPC_SHARE_STALL_MS 10000               /* a sender holding a chunk this long is given up */
+#define RPC_HAND_MAX 8192                      /* messages this small may be handed to the I/O thread */
+#define RPC_OUTBOX_MAX (256u << 10)            /* an outbox this full: senders write themselves */
+#define RPC_LONG_READ (64u << 10)              /* reads this large: the I/O thread stops polling meanwhile */
 
 /* ---- channels (channel.c) -------------------------------------------------------------------- */
 
@@ -137,6 +140,13 @@ typedef struct rpc_channel {
     pthread_mutex_t send_mu;
     uint64_t cma_sent;        /* under send_mu: this side's messages sent with pieces */
     samehost_lane_writer lane_w; /* under send_mu */
+    /* Small messages handed to the I/O thread to write (channel.c, "Handing sends over"): bytes
+     * [outbox_off, outbox_len) wait, under send_mu. */
+    uint8_t *outbox;
+    size_t outbox_off, outbox_len, outbox_cap;
+    _Atomic bool outbox_listed;     /* on the agent's flush list */
+    struct rpc_channel *flush_next; /* in it */
+    bool out_watched;               /* I/O thread only: EPOLLOUT asked for, the outbox part written */
     /* Lanes: set before the channel is bound, then read-only. In lane mode the stream parser's
      * state above (hdr ... table) is under lane_mu, not the I/O thread's. */
     bool lanes;
@@ -253,6 +263,7 @@ struct td_rpc_agent {
     _Atomic bool io_stop;
     TD_VEC(rpc_channel *) channels; /* all of them, bound or not (freed with the agent) */
     bool lanes_on;           /* TDIST_RPC_LANES */
+    bool hand_on;            /* small socket sends may be handed to the I/O thread (TDIST_RPC_HAND_SENDS) */
     bool driven;             /* its calls' futures have call_drive (agent.c), set before the first call */
     /* The bound channels in lane mode, append-only (a->mu) and read without a lock up to
      * lane_count; beyond RPC_LANE_CHANNELS a same-host channel keeps to its socket. */
@@ -261,6 +272,10 @@ struct td_rpc_agent {
     _Atomic size_t lane_reserved; /* lane slots promised to channels being greeted */
     _Atomic int lane_pollers; /* threads in rpc_lanes_enter..leave (the I/O thread then need not spin) */
     _Atomic int socket_chans; /* channels ever bound not in lane mode (the I/O thread spins for them) */
+    /* Handing sends over (channel.c): the channels whose outbox the I/O thread is to write, pushed
+     * by senders and taken whole by it; io_polling is true while it will look at them soon. */
+    struct rpc_channel *_Atomic flush_list;
+    _Atomic bool io_polling;
 
     td_map pending;          /* call id (8 bytes) -> rpc_pending */
     int64_t next_deadline_ns;
@@ -276,6 +291,9 @@ struct td_rpc_agent {
     _Atomic uint64_t share_chunks_out; /* chunks this worker wrote into its peers while it waited */
     _Atomic uint64_t lane_rings;      /* bells this worker rang for a peer sleeping on its lane */
     _Atomic uint64_t caller_takes;    /* polls by callers waiting for a reply that took lane messages */
+    _Atomic uint64_t sends_handed;    /* messages handed to the I/O thread to write */
+    _Atomic uint64_t io_writes;       /* writes of the I/O thread that sent handed messages */
+    _Atomic uint64_t io_write_full;   /* of those, the ones that found the socket full (EPOLLOUT then) */
 
     rpc_pool pool;
     samehost_spin spin_io;   /* the I/O thread's, polling epoll before it sleeps */
@@ -380,8 +398,10 @@ void rpc_io_free(td_rpc_agent *a);
 void rpc_io_wake(td_rpc_agent *a);
 /* True on a's I/O thread (which must not block on a send of its own). */
 bool rpc_io_is_current(const td_rpc_agent *a);
-/* Sends a message on ch under its send lock; on failure fails the channel. */
-td_status rpc_channel_send(td_rpc_agent *a, rpc_channel *ch, const rpc_outgoing *m, int64_t deadline_ns);
+/* Sends a message on ch under its send lock; on failure fails the channel. hand: a small message
+ * may be handed to the I/O thread to write with others (the call returns before it is written; a
+ * failure then fails the channel later). Messages sent on a channel keep their order either way. */
+td_status rpc_channel_send(td_rpc_agent *a, rpc_channel *ch, const rpc_outgoing *m, bool hand, int64_t deadline_ns);
 /* Delivers a message to this agent itself through its wire form (copies the payload). */
 td_status rpc_loopback_send(td_rpc_agent *a, const rpc_outgoing *m);
 void rpc_channel_free(rpc_channel *ch);

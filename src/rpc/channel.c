@@ -14,8 +14,8 @@
  * with its own proof over the connector's nonce (so the connector knows it reached a holder of the
  * secret too), or why not, and closes. The connector waits for that answer before it uses the
  * channel, so a worker whose secret differs fails its init with the reason instead of a timeout.
- * The answer is the only thing the I/O thread sends: a few bytes on a fresh connection whose peer
- * sent nothing else and waits for them, which a non-blocking send always takes whole.
+ * The answer is a few bytes on a fresh connection whose peer sent nothing else and waits for them,
+ * which a non-blocking send always takes whole.
  *
  * The I/O thread waits in epoll on the listeners, a wake-up eventfd and every channel. It reads
  * what is there without blocking, through the channel's read-ahead stage (so that a header and a
@@ -24,8 +24,9 @@
  * allocated), moves the payload into a fresh storage (the rest of a large one read straight into
  * it) and hands the whole message to rpc_agent_deliver. A channel that reaches
  * EOF or fails is shut down and its peer's calls failed. Sends come from the calling threads, one
- * writev at a time per channel under its send lock; the I/O thread never sends, so it never
- * blocks on a slow peer. Self-calls skip the socket but not the wire form (rpc_loopback_send).
+ * writev at a time per channel under its send lock; the I/O thread writes only the small messages
+ * they handed it ("Handing sends over", below), and never blocks on a slow peer to do it.
+ * Self-calls skip the socket but not the wire form (rpc_loopback_send).
  * Before it sleeps in epoll, the I/O thread polls for its spin budget (io_wait).
  *
  * Single copy (agent_impl.h, rpc_cma): on a same-host channel the connector passes a small shared
@@ -142,6 +143,7 @@ void rpc_channel_free(rpc_channel *ch)
     if (ch->cma_seg.base)
         segment_unmap(&ch->cma_seg);
     td_storage_release(ch->payload);
+    free(ch->outbox);
     pthread_mutex_destroy(&ch->send_mu);
     pthread_mutex_destroy(&ch->lane_mu);
     free(ch);
@@ -223,7 +225,9 @@ static pid_t socket_peer_pid(int fd)
     return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 ? cred.pid : -1;
 }
 
-bool rpc_io_is_current(const td_rpc_agent *a) { return a->io_started && pthread_equal(pthread_self(), a->io_thread); }
+static __thread const td_rpc_agent *tl_io_agent; /* set on an agent's I/O thread */
+
+bool rpc_io_is_current(const td_rpc_agent *a) { return tl_io_agent == a; }
 
 void rpc_io_wake(td_rpc_agent *a)
 {
@@ -721,6 +725,128 @@ static bool hello_read(td_rpc_agent *a, rpc_channel *ch)
     return channel_hello(a, ch);
 }
 
+/* ---- handing sends over ------------------------------------------------------------------------ */
+
+/* A small message on a socket channel (an rpc_async call, a reply) may be handed to the I/O thread
+ * while it polls: the sender copies it into the channel's outbox under the send lock, puts the
+ * channel on the agent's flush list, and returns; the I/O thread writes each listed outbox with
+ * one non-blocking send, so the messages handed meanwhile (by one caller issuing many calls, by
+ * the pool replying to a batch) share a write. On a loopback or local network a write costs the
+ * sender the whole trip through the receiver's network stack, several times what the message
+ * itself costs; one write per batch is what lets a stream of calls go faster than one call per
+ * round of system calls. Order stays the channel's: any other send writes what the outbox holds
+ * first, in the same writev. A sender hands over only while the I/O thread polls (io_polling):
+ * before it sleeps in epoll, or starts a long read, the thread clears that and then looks at the
+ * list, and a sender checks it again after it listed, so one of them writes (the sender itself,
+ * as every send did before) and nothing waits on a sleeping thread. What the socket does not take
+ * stays in the outbox and the thread writes it when epoll says the socket has room (EPOLLOUT);
+ * an outbox of RPC_OUTBOX_MAX makes senders write themselves, blocking as before. */
+
+static void flush_list_push(td_rpc_agent *a, rpc_channel *ch)
+{
+    if (atomic_exchange(&ch->outbox_listed, true))
+        return;
+    rpc_channel *head = atomic_load(&a->flush_list);
+    do
+        ch->flush_next = head;
+    while (!atomic_compare_exchange_weak(&a->flush_list, &head, ch));
+}
+
+/* Copies the message's bytes to the outbox (send_mu held). */
+static void outbox_append(rpc_channel *ch, const struct iovec *v, size_t n, size_t bytes)
+{
+    if (ch->outbox_off == ch->outbox_len)
+        ch->outbox_off = ch->outbox_len = 0;
+    if (ch->outbox_len + bytes > ch->outbox_cap) {
+        size_t cap = ch->outbox_cap ? ch->outbox_cap : 4096;
+        while (cap < ch->outbox_len + bytes)
+            cap *= 2;
+        ch->outbox = alloc_resize(ch->outbox, cap);
+        ch->outbox_cap = cap;
+    }
+    for (size_t i = 0; i < n; i++) {
+        memcpy(ch->outbox + ch->outbox_len, v[i].iov_base, v[i].iov_len);
+        ch->outbox_len += v[i].iov_len;
+    }
+}
+
+/* Asks epoll to report room on ch's socket (or stop reporting it). I/O thread. */
+static void out_watch(td_rpc_agent *a, rpc_channel *ch, bool on)
+{
+    if (ch->out_watched == on || !ch->in_epoll)
+        return;
+    struct epoll_event ev = {.events = EPOLLIN | (on ? EPOLLOUT : 0u), .data.ptr = ch};
+    if (epoll_ctl(a->epoll_fd, EPOLL_CTL_MOD, ch->fd, &ev) == 0)
+        ch->out_watched = on;
+}
+
+/* Writes what ch's outbox holds without blocking. I/O thread. A sender holding the send lock
+ * writes the outbox itself or lists the channel again once it has appended, so a busy lock is
+ * left to it. */
+static void outbox_write(td_rpc_agent *a, rpc_channel *ch)
+{
+    if (pthread_mutex_trylock(&ch->send_mu) != 0)
+        return;
+    int err = 0;
+    while (ch->outbox_off < ch->outbox_len && ch->fd >= 0 && !atomic_load(&ch->dead)) {
+        ssize_t n = send(ch->fd, ch->outbox + ch->outbox_off, ch->outbox_len - ch->outbox_off,
+                         MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                err = errno;
+            break;
+        }
+        atomic_fetch_add_explicit(&a->io_writes, 1, memory_order_relaxed);
+        ch->outbox_off += (size_t)n;
+    }
+    bool rest = ch->outbox_off < ch->outbox_len && !err;
+    pthread_mutex_unlock(&ch->send_mu);
+    if (rest && !ch->out_watched)
+        atomic_fetch_add_explicit(&a->io_write_full, 1, memory_order_relaxed);
+    if (err) {
+        /* As a sender's failure: epoll then reports the shut socket and channel_read closes it. */
+        char why[TD_ERROR_MAX];
+        snprintf(why, sizeof why, "sending failed: %s", strerror(err));
+        rpc_agent_channel_failed(a, ch, why);
+        return;
+    }
+    out_watch(a, ch, rest);
+}
+
+/* Writes every listed outbox. I/O thread. */
+static bool flush_all(td_rpc_agent *a)
+{
+    /* Read first: the thread polls this in its spin, and a write would take the line from others. */
+    if (!atomic_load_explicit(&a->flush_list, memory_order_relaxed))
+        return false;
+    rpc_channel *ch = atomic_exchange(&a->flush_list, NULL);
+    bool any = ch != NULL;
+    while (ch) {
+        rpc_channel *next = ch->flush_next; /* read before the channel can be listed again */
+        atomic_store(&ch->outbox_listed, false);
+        outbox_write(a, ch);
+        ch = next;
+    }
+    return any;
+}
+
+/* The I/O thread stops polling (to sleep, or for a long read): senders write themselves from now
+ * on, and what they handed over before is written now. */
+static void io_not_polling(td_rpc_agent *a)
+{
+    atomic_store(&a->io_polling, false);
+    flush_all(a);
+}
+
+/* The I/O thread polls again. */
+static void io_polling(td_rpc_agent *a)
+{
+    if (!atomic_load_explicit(&a->io_polling, memory_order_relaxed))
+        atomic_store(&a->io_polling, true);
+}
+
 /* The stream parser's failure. On a socket, the parser runs on the I/O thread, which fails the
  * channel and gives it back at once (channel_fail). In lane mode it runs under lane_mu on whichever
  * thread took the lane: that fails the channel's calls and shuts its socket down, and the I/O
@@ -832,6 +958,9 @@ static bool pieces_read(td_rpc_agent *a, rpc_channel *ch)
     char *base = td_storage_data(ch->payload);
     rpc_cma_side *sender = &ch->cma->side[1 - ch->cma_side];
     int err = 0;
+    bool io = rpc_io_is_current(a); /* a long read: the I/O thread does not poll meanwhile */
+    if (io)
+        io_not_polling(a);
     if (ch->peer_pidfd >= 0 && ch->pieces.bytes >= RPC_SHARE_MIN && atomic_load(&sender->can_read)) {
         samehost_span spans[RPC_PIECES_MAX];
         int n = pieces_spans(&ch->pieces, spans);
@@ -848,6 +977,8 @@ static bool pieces_read(td_rpc_agent *a, rpc_channel *ch)
                      ch->peer, RPC_SHARE_STALL_MS / 1000);
             TD_LOG_WARN("RPC agent %s: closing the connection of worker id %d and leaving a %llu-byte buffer to "
                         "it: %s", a->self.name, ch->peer, (unsigned long long)ch->header.payload_len, why);
+            if (io)
+                io_polling(a);
             stream_fail(a, ch, why);
             return false;
         }
@@ -857,6 +988,8 @@ static bool pieces_read(td_rpc_agent *a, rpc_channel *ch)
             err = samehost_read_span(ch->peer_pid, base + q->offset, q->addr, (size_t)q->len);
         }
     }
+    if (io)
+        io_polling(a);
     if (err) {
         snprintf(why, sizeof why, "reading %llu bytes of worker id %d's memory failed: %s",
                  (unsigned long long)ch->pieces.bytes, ch->peer, strerror(err));
@@ -1135,7 +1268,12 @@ static void channel_read(td_rpc_agent *a, rpc_channel *ch)
             dst = payload_dst(ch, &room);
             want = room > (1u << 30) ? (1u << 30) : (size_t)room;
         }
+        bool long_read = direct && want >= RPC_LONG_READ;
+        if (long_read)
+            io_not_polling(a);
         ssize_t n = recv(ch->fd, dst, want, 0);
+        if (long_read)
+            io_polling(a);
         reads++;
         if (n == 0) {
             channel_fail(a, ch, "connection closed by peer");
@@ -1222,6 +1360,8 @@ static void close_silent(td_rpc_agent *a, int64_t now)
  * sleeps, the thread says so on the lanes and looks once more (lanes_sleep). */
 static int io_wait(td_rpc_agent *a, struct epoll_event *evs, int max, int wait_ms)
 {
+    io_polling(a);
+    flush_all(a);
     bool took = rpc_lanes_poll(a);
     int n = epoll_wait(a->epoll_fd, evs, max, 0);
     if (n != 0 || took || wait_ms <= 0)
@@ -1234,6 +1374,7 @@ static int io_wait(td_rpc_agent *a, struct epoll_event *evs, int max, int wait_m
         bool others_poll = atomic_load_explicit(&a->lane_pollers, memory_order_relaxed) > 0 &&
                            atomic_load_explicit(&a->socket_chans, memory_order_relaxed) == 0;
         if (now >= end || others_poll) {
+            io_not_polling(a);
             if (!lanes_sleep(a)) {
                 lanes_awake(a);
                 n = 0;
@@ -1246,6 +1387,7 @@ static int io_wait(td_rpc_agent *a, struct epoll_event *evs, int max, int wait_m
             break;
         }
         samehost_spin_pause(&a->spin_io, now - start);
+        flush_all(a);
         if (rpc_lanes_poll(a)) {
             n = 0;
             took = true;
@@ -1263,6 +1405,7 @@ static int io_wait(td_rpc_agent *a, struct epoll_event *evs, int max, int wait_m
 static void *io_main(void *arg)
 {
     td_rpc_agent *a = arg;
+    tl_io_agent = a;
     struct epoll_event evs[64];
     int64_t last_tick = clock_now_ns(), last_pool_tick = last_tick;
     while (!atomic_load(&a->io_stop)) {
@@ -1293,7 +1436,10 @@ static void *io_main(void *arg)
             } else if (tag == &tag_unix_listen) {
                 accept_all(a, a->unix_listen_fd, true);
             } else {
-                channel_read(a, tag);
+                if (evs[i].events & EPOLLOUT)
+                    outbox_write(a, tag);
+                if (evs[i].events & ~(uint32_t)EPOLLOUT)
+                    channel_read(a, tag);
             }
         }
         int64_t now = clock_now_ns();
@@ -1308,6 +1454,7 @@ static void *io_main(void *arg)
             last_pool_tick = now;
         }
     }
+    io_not_polling(a); /* senders write themselves from now on */
     return NULL;
 }
 
@@ -1508,34 +1655,81 @@ static td_status lane_sendv(td_rpc_agent *a, rpc_channel *ch, const struct iovec
     return st;
 }
 
-td_status rpc_channel_send(td_rpc_agent *a, rpc_channel *ch, const rpc_outgoing *m, int64_t deadline_ns)
+/* Hands a small message to the I/O thread (see "Handing sends over"). False when it does not
+ * poll or the outbox is full: the caller writes. */
+static bool hand_over(td_rpc_agent *a, rpc_channel *ch, const struct iovec *v, size_t n, size_t bytes,
+                      int64_t deadline_ns, td_status *st)
+{
+    if (!atomic_load_explicit(&a->io_polling, memory_order_relaxed))
+        return false;
+    pthread_mutex_lock(&ch->send_mu);
+    bool handed = ch->outbox_len - ch->outbox_off < RPC_OUTBOX_MAX && ch->fd >= 0 && !atomic_load(&ch->dead);
+    if (handed)
+        outbox_append(ch, v, n, bytes);
+    pthread_mutex_unlock(&ch->send_mu);
+    if (!handed)
+        return false;
+    atomic_fetch_add_explicit(&a->sends_handed, 1, memory_order_relaxed);
+    flush_list_push(a, ch);
+    *st = TD_OK;
+    if (!atomic_load(&a->io_polling)) {
+        /* The thread stopped polling meanwhile and may not have seen the list: write it here. */
+        pthread_mutex_lock(&ch->send_mu);
+        if (ch->outbox_off < ch->outbox_len && ch->fd >= 0 && !atomic_load(&ch->dead)) {
+            *st = net_send_all(ch->fd, ch->outbox + ch->outbox_off, ch->outbox_len - ch->outbox_off, deadline_ns);
+            ch->outbox_off = ch->outbox_len;
+        }
+        pthread_mutex_unlock(&ch->send_mu);
+    }
+    return true;
+}
+
+/* Writes the message on this thread, after what the outbox holds, and for pieces waits until the
+ * peer has read them. */
+static td_status send_written(td_rpc_agent *a, rpc_channel *ch, const rpc_outgoing *m, int64_t deadline_ns)
 {
     size_t count = 0;
     const struct iovec *iov = rpc_outgoing_iov(m, &count);
-    struct iovec local[16];
-    struct iovec *v = count + 1 <= 16 ? local : alloc_or_die((count + 1) * sizeof *v);
+    /* v[0] is for what the outbox holds. */
+    struct iovec local[17];
+    struct iovec *v = count + 2 <= 17 ? local : alloc_or_die((count + 2) * sizeof *v);
     /* Single copy when the peer reads this process's memory and the payload has large parts. */
     rpc_pieces pieces = {0};
     uint8_t hdr[RPC_HEADER_BYTES], table[RPC_PIECES_WIRE_MAX];
     size_t n = count;
     if (ch->cma && a->piece_min > 0 && rpc_outgoing_size(m) >= a->piece_min &&
         atomic_load(&ch->cma->side[1 - ch->cma_side].can_read))
-        rpc_outgoing_pieces(m, a->piece_min, &pieces, hdr, table, v, &n);
+        rpc_outgoing_pieces(m, a->piece_min, &pieces, hdr, table, v + 1, &n);
     if (pieces.count == 0)
-        memcpy(v, iov, count * sizeof *v);
+        memcpy(v + 1, iov, count * sizeof *v);
     td_status st;
     pthread_mutex_lock(&ch->send_mu);
+    v[0].iov_base = ch->outbox + ch->outbox_off;
+    v[0].iov_len = ch->outbox_len - ch->outbox_off;
     if (atomic_load(&ch->dead) || ch->fd < 0)
         st = error_fmt(TD_ERR_PEER_LOST, "the connection is closed");
     else if (ch->lanes)
-        st = lane_sendv(a, ch, v, n, deadline_ns);
+        st = lane_sendv(a, ch, v + 1, n, deadline_ns);
     else
-        st = net_sendv_all(ch->fd, v, (int)n, deadline_ns);
+        st = net_sendv_all(ch->fd, v, (int)n + 1, deadline_ns);
+    ch->outbox_off = ch->outbox_len;
     if (st == TD_OK && pieces.count > 0)
         st = wait_acked(a, ch, &pieces, ++ch->cma_sent, deadline_ns);
     pthread_mutex_unlock(&ch->send_mu);
     if (v != local)
         free(v);
+    return st;
+}
+
+td_status rpc_channel_send(td_rpc_agent *a, rpc_channel *ch, const rpc_outgoing *m, bool hand, int64_t deadline_ns)
+{
+    size_t count = 0;
+    const struct iovec *iov = rpc_outgoing_iov(m, &count);
+    size_t bytes = rpc_outgoing_size(m);
+    td_status st = TD_OK;
+    if (!hand || !a->hand_on || ch->lanes || bytes > RPC_HAND_MAX ||
+        !hand_over(a, ch, iov, count, bytes, deadline_ns, &st))
+        st = send_written(a, ch, m, deadline_ns);
     /* Failing the channel shuts its socket down before the caller lets the payload go: a peer
      * still reading the pieces sees that and drops them (pieces_read). */
     if (st != TD_OK && !atomic_load(&ch->dead)) {

@@ -211,3 +211,13 @@ int rpc_test_open_fds(void)
     closedir(d);
     return n;
 }
+
+td_tensor *rpc_test_pattern(int64_t n, int seed)
+{
+    td_tensor *t = NULL;
+    TD_CHECK_OK(td_tensor_empty(TD_UINT8, TD_SHAPE(n), &t));
+    uint8_t *d = td_tensor_data(t);
+    for (int64_t i = 0; i < n; i++)
+        d[i] = (uint8_t)((seed + i * 7) % 251);
+    return t;
+}

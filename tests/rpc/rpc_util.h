@@ -31,6 +31,10 @@ td_status rpc_test_callee_id(td_rpc_call *call, const td_value *args, const td_v
 td_status rpc_test_raise(td_rpc_call *call, const td_value *args, const td_value *kwargs, td_value **result);
 td_future *rpc_test_async_raise(td_rpc_call *call, const td_value *args, const td_value *kwargs);
 
+/* n bytes, byte i = (seed + i * 7) mod 251, as a uint8 tensor (a payload whose every byte is
+ * checked when it comes back). */
+td_tensor *rpc_test_pattern(int64_t n, int seed);
+
 /* How many fds this process has open (-1: /proc/self/fd unreadable), for tests that check that a
  * failed init or a shutdown gives every one back. */
 int rpc_test_open_fds(void);

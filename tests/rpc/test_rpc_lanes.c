@@ -36,20 +36,9 @@ static void rpc_up(td_test_ctx *ctx)
     TD_CHECK_EQ(rpc_test_debug_int("agent.num_lane_channels"), lanes_param(ctx) ? ctx->world_size - 1 : 0);
 }
 
-/* n bytes, byte i = (seed + i * 7) mod 251, as a uint8 tensor. */
-static td_tensor *pattern(int64_t n, int seed)
-{
-    td_tensor *t = NULL;
-    TD_CHECK_OK(td_tensor_empty(TD_UINT8, TD_SHAPE(n), &t));
-    uint8_t *d = td_tensor_data(t);
-    for (int64_t i = 0; i < n; i++)
-        d[i] = (uint8_t)((seed + i * 7) % 251);
-    return t;
-}
-
 static void echo_checked(int to, int64_t n, int seed)
 {
-    td_tensor *t = pattern(n, seed);
+    td_tensor *t = rpc_test_pattern(n, seed);
     td_value *args = td_value_tuple_of(1, td_value_tensor(t)), *r = NULL;
     TD_CHECK_OK(td_rpc_sync(NULL, td_rpc_to_id(to), "echo", args, NULL, TD_RPC_DEFAULT_TIMEOUT, &r));
     TD_CHECK_MSG(r && td_tensor_equal(td_value_get_tensor(r), t), "%lld bytes came back different", (long long)n);
@@ -81,7 +70,7 @@ TD_TEST(both_directions_many_in_flight, .world_size = 2, .timeout_s = 120, .para
     td_tensor *sent[N];
     td_future *fs[N];
     for (int i = 0; i < N; i++) {
-        sent[i] = pattern(sizes[i % 6], 100 * ctx->rank + i);
+        sent[i] = rpc_test_pattern(sizes[i % 6], 100 * ctx->rank + i);
         td_value *args = td_value_tuple_of(1, td_value_tensor(sent[i]));
         TD_CHECK_OK(td_rpc_async(NULL, td_rpc_to_id(1 - ctx->rank), "echo", args, NULL, TD_RPC_DEFAULT_TIMEOUT,
                                  &fs[i]));
@@ -134,7 +123,7 @@ TD_TEST(waiting_callers_take_replies_themselves, .world_size = 2, .timeout_s = 1
             td_tensor *sent[N];
             td_future *fs[N];
             for (int i = 0; i < N; i++) {
-                sent[i] = pattern(64 * i, round + i);
+                sent[i] = rpc_test_pattern(64 * i, round + i);
                 td_value *args = td_value_tuple_of(1, td_value_tensor(sent[i]));
                 TD_CHECK_OK(td_rpc_async(NULL, td_rpc_to_id(1), "echo", args, NULL, TD_RPC_DEFAULT_TIMEOUT, &fs[i]));
                 td_value_release(args);

@@ -69,6 +69,7 @@
 #define RPC_SHARE_STALL_MS 10000               /* a sender holding a chunk this long is given up */
 #define RPC_HAND_MAX 8192                      /* messages this small may be handed to the I/O thread */
 #define RPC_OUTBOX_MAX (256u << 10)            /* an outbox this full: senders write themselves */
+#define RPC_OUTBOX_KEEP (64u << 10)            /* an emptied outbox larger than this is freed */
 #define RPC_LONG_READ (64u << 10)              /* reads this large: the I/O thread stops polling meanwhile */
 
 /* ---- channels (channel.c) -------------------------------------------------------------------- */

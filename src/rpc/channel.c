@@ -802,6 +802,12 @@ static void outbox_write(td_rpc_agent *a, rpc_channel *ch)
         ch->outbox_off += (size_t)n;
     }
     bool rest = ch->outbox_off < ch->outbox_len && !err;
+    if (!rest && ch->outbox_cap > RPC_OUTBOX_KEEP) {
+        /* A burst grew it: give the memory back rather than keep it for every peer. */
+        free(ch->outbox);
+        ch->outbox = NULL;
+        ch->outbox_cap = ch->outbox_off = ch->outbox_len = 0;
+    }
     pthread_mutex_unlock(&ch->send_mu);
     if (rest && !ch->out_watched)
         atomic_fetch_add_explicit(&a->io_write_full, 1, memory_order_relaxed);

@@ -757,6 +757,12 @@ static void outbox_append(rpc_channel *ch, const struct iovec *v, size_t n, size
 {
     if (ch->outbox_off == ch->outbox_len)
         ch->outbox_off = ch->outbox_len = 0;
+    if (ch->outbox_off > 0 && ch->outbox_len + bytes > ch->outbox_cap) {
+        /* The part written goes first: an outbox the socket never quite empties must not grow. */
+        memmove(ch->outbox, ch->outbox + ch->outbox_off, ch->outbox_len - ch->outbox_off);
+        ch->outbox_len -= ch->outbox_off;
+        ch->outbox_off = 0;
+    }
     if (ch->outbox_len + bytes > ch->outbox_cap) {
         size_t cap = ch->outbox_cap ? ch->outbox_cap : 4096;
         while (cap < ch->outbox_len + bytes)
@@ -1661,6 +1667,16 @@ static td_status lane_sendv(td_rpc_agent *a, rpc_channel *ch, const struct iovec
     return st;
 }
 
+/* Writes, on this thread (send_mu held, the channel live), what the outbox holds and then
+ * v[1..n]; v[0] is filled here. Blocks until written or the deadline. */
+static td_status outbox_then(rpc_channel *ch, struct iovec *v, size_t n, int64_t deadline_ns)
+{
+    v[0].iov_base = ch->outbox + ch->outbox_off;
+    v[0].iov_len = ch->outbox_len - ch->outbox_off;
+    ch->outbox_off = ch->outbox_len;
+    return net_sendv_all(ch->fd, v, (int)n + 1, deadline_ns);
+}
+
 /* Hands a small message to the I/O thread (see "Handing sends over"). False when it does not
  * poll or the outbox is full: the caller writes. */
 static bool hand_over(td_rpc_agent *a, rpc_channel *ch, const struct iovec *v, size_t n, size_t bytes,
@@ -1680,11 +1696,10 @@ static bool hand_over(td_rpc_agent *a, rpc_channel *ch, const struct iovec *v, s
     *st = TD_OK;
     if (!atomic_load(&a->io_polling)) {
         /* The thread stopped polling meanwhile and may not have seen the list: write it here. */
+        struct iovec outbox[1];
         pthread_mutex_lock(&ch->send_mu);
-        if (ch->outbox_off < ch->outbox_len && ch->fd >= 0 && !atomic_load(&ch->dead)) {
-            *st = net_send_all(ch->fd, ch->outbox + ch->outbox_off, ch->outbox_len - ch->outbox_off, deadline_ns);
-            ch->outbox_off = ch->outbox_len;
-        }
+        if (ch->outbox_off < ch->outbox_len && ch->fd >= 0 && !atomic_load(&ch->dead))
+            *st = outbox_then(ch, outbox, 0, deadline_ns);
         pthread_mutex_unlock(&ch->send_mu);
     }
     return true;
@@ -1692,10 +1707,9 @@ static bool hand_over(td_rpc_agent *a, rpc_channel *ch, const struct iovec *v, s
 
 /* Writes the message on this thread, after what the outbox holds, and for pieces waits until the
  * peer has read them. */
-static td_status send_written(td_rpc_agent *a, rpc_channel *ch, const rpc_outgoing *m, int64_t deadline_ns)
+static td_status send_written(td_rpc_agent *a, rpc_channel *ch, const rpc_outgoing *m, const struct iovec *iov,
+                              size_t count, size_t bytes, int64_t deadline_ns)
 {
-    size_t count = 0;
-    const struct iovec *iov = rpc_outgoing_iov(m, &count);
     /* v[0] is for what the outbox holds. */
     struct iovec local[17];
     struct iovec *v = count + 2 <= 17 ? local : alloc_or_die((count + 2) * sizeof *v);
@@ -1703,22 +1717,19 @@ static td_status send_written(td_rpc_agent *a, rpc_channel *ch, const rpc_outgoi
     rpc_pieces pieces = {0};
     uint8_t hdr[RPC_HEADER_BYTES], table[RPC_PIECES_WIRE_MAX];
     size_t n = count;
-    if (ch->cma && a->piece_min > 0 && rpc_outgoing_size(m) >= a->piece_min &&
+    if (ch->cma && a->piece_min > 0 && bytes >= a->piece_min &&
         atomic_load(&ch->cma->side[1 - ch->cma_side].can_read))
         rpc_outgoing_pieces(m, a->piece_min, &pieces, hdr, table, v + 1, &n);
     if (pieces.count == 0)
         memcpy(v + 1, iov, count * sizeof *v);
     td_status st;
     pthread_mutex_lock(&ch->send_mu);
-    v[0].iov_base = ch->outbox + ch->outbox_off;
-    v[0].iov_len = ch->outbox_len - ch->outbox_off;
     if (atomic_load(&ch->dead) || ch->fd < 0)
         st = error_fmt(TD_ERR_PEER_LOST, "the connection is closed");
-    else if (ch->lanes)
+    else if (ch->lanes) /* never an outbox: lane messages are not handed over */
         st = lane_sendv(a, ch, v + 1, n, deadline_ns);
     else
-        st = net_sendv_all(ch->fd, v, (int)n + 1, deadline_ns);
-    ch->outbox_off = ch->outbox_len;
+        st = outbox_then(ch, v, n, deadline_ns);
     if (st == TD_OK && pieces.count > 0)
         st = wait_acked(a, ch, &pieces, ++ch->cma_sent, deadline_ns);
     pthread_mutex_unlock(&ch->send_mu);
@@ -1735,7 +1746,7 @@ td_status rpc_channel_send(td_rpc_agent *a, rpc_channel *ch, const rpc_outgoing 
     td_status st = TD_OK;
     if (!hand || !a->hand_on || ch->lanes || bytes > RPC_HAND_MAX ||
         !hand_over(a, ch, iov, count, bytes, deadline_ns, &st))
-        st = send_written(a, ch, m, deadline_ns);
+        st = send_written(a, ch, m, iov, count, bytes, deadline_ns);
     /* Failing the channel shuts its socket down before the caller lets the payload go: a peer
      * still reading the pieces sees that and drops them (pieces_read). */
     if (st != TD_OK && !atomic_load(&ch->dead)) {

@@ -421,10 +421,8 @@ bool samehost_writes_begin(samehost_set *set, size_t bytes)
     if (j < SAMEHOST_WARM_UP)
         return w->stream = false;
     w->timed = set->rank == 0;
-    if (w->timed && (w->cost[0] == 0 || w->cost[1] == 0)) {
-        w->stream = w->cost[0] != 0; /* each way once, through the caches first */
-        return w->stream;
-    }
+    if (j < SAMEHOST_WARM_UP + 2 * SAMEHOST_TRIALS)
+        return w->stream = (j - SAMEHOST_WARM_UP) & 1; /* the trials, on every rank alike */
     uint64_t plan = atomic_load_explicit(&set->members[0].arrival->writes_plan, memory_order_relaxed);
     uint64_t period = plan >> 1;
     bool best = plan & 1;
@@ -432,20 +430,17 @@ bool samehost_writes_begin(samehost_set *set, size_t bytes)
     return w->stream;
 }
 
-/* Rank 0: a moving average of each way's cost per byte, and the plan that follows from them. A
- * slow sample moves the average a quarter of the way and at most to twice what it was (a chunk
- * during which a rank lost its CPU should not condemn its way for long); a fast one half the way
- * (nothing makes a chunk look faster than its way can be). */
+/* Rank 0: each way's cost per byte, and the plan that follows from them. A slow sample moves the
+ * figure a quarter of the way and at most to twice what it was (a chunk during which a rank lost
+ * its CPU should not condemn its way for long); a fast one replaces it (samehost.h says why). */
 void samehost_writes_end(samehost_set *set, size_t bytes, int64_t ns)
 {
     samehost_writes *w = &set->writes;
     if (!w->timed || ns <= 0)
         return;
     double c = (double)ns / (double)bytes, *avg = &w->cost[w->stream];
-    if (*avg == 0)
+    if (*avg == 0 || c < *avg)
         *avg = c;
-    else if (c < *avg)
-        *avg += (c - *avg) * 0.5;
     else
         *avg += ((c > 2 * *avg ? 2 * *avg : c) - *avg) * 0.25;
     if (w->cost[0] == 0 || w->cost[1] == 0)

@@ -181,11 +181,17 @@ typedef struct samehost_owner {
  * times its work on each chunk, waits left out (its writes, and its reads of what the others wrote
  * the same way, which is where streamed writes cost: the reader then finds the lines in memory,
  * not in a cache), per byte, and updates the plan. The plan is advice: a rank that reads an old
- * one writes a chunk the other way, which costs time and nothing else. */
+ * one writes a chunk the other way, which costs time and nothing else.
+ * A figure is kept optimistic: a sample faster than it replaces it (nothing makes a chunk look
+ * faster than its way can be), a slower one moves it only part of the way. A figure too low is
+ * corrected at once, since the way it favours is then timed on every chunk; one too high would only
+ * be corrected by the rare chunk that tries the other way. So the first figures are the better of
+ * a few trials, taken by every rank on the same chunks. */
 #define SAMEHOST_EXPLORE 16       /* take the other way for one chunk in this many ... */
 #define SAMEHOST_EXPLORE_FAR 256  /* ... or in this many when it costs over 1.3x the chosen way */
 #define SAMEHOST_TUNED_MIN ((size_t)256 << 10) /* smaller chunks always go through the caches */
 #define SAMEHOST_WARM_UP 8 /* the first tuned chunks (first touches of the slots) go through them, untimed */
+#define SAMEHOST_TRIALS 3  /* then each way this many times, alternating, through the caches first */
 typedef struct samehost_writes {
     int forced;       /* TDIST_SHM_WRITES: -1 auto (measured), 0 through the caches, 1 around them */
     double cost[2];   /* rank 0: work ns per byte of a chunk through the caches [0], around them [1] */

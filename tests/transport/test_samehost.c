@@ -202,9 +202,11 @@ TD_TEST(copies_through_and_around_the_caches)
     free(dst);
 }
 
-/* Rank 0 tries each way once, then keeps the cheaper one, publishes a plan that rank 1 follows
- * chunk for chunk (the same chunks explore the other way), and follows a change of placement;
- * one wild sample moves a way's figure at most to twice what it was. Costs are fed in, not timed. */
+/* Every rank tries each way SAMEHOST_TRIALS times on the same chunks, rank 0 keeps the cheaper one
+ * (a slow first trial, as the first touches of a buffer give, does not condemn its way), publishes
+ * a plan that rank 1 follows chunk for chunk (the same chunks explore the other way), and follows a
+ * change of placement; one wild sample moves a way's figure at most to twice what it was, one fast
+ * sample of the way not taken brings it back at once. Costs are fed in, not timed. */
 TD_TEST(writes_follow_the_measured_cheaper_way)
 {
     two_ranks *w = two_ranks_new();
@@ -221,19 +223,22 @@ TD_TEST(writes_follow_the_measured_cheaper_way)
         samehost_writes_end(&w->set[0], big, 1000 * (int64_t)big);
     }
     TD_CHECK(w->set[0].writes.cost[0] == 0);
-    /* Each way once at rank 0 (rank 1 has no plan yet: through the caches). */
-    TD_CHECK(!samehost_writes_begin(&w->set[0], big));
-    TD_CHECK(!samehost_writes_begin(&w->set[1], big));
-    samehost_writes_end(&w->set[0], big, (int64_t)big); /* 1 ns per byte through the caches */
-    TD_CHECK(samehost_writes_begin(&w->set[0], big));
-    TD_CHECK(!samehost_writes_begin(&w->set[1], big));
-    samehost_writes_end(&w->set[0], big, 3 * (int64_t)big); /* 3 ns per byte around them */
-    samehost_writes_end(&w->set[1], big, 1); /* rank 1 learns nothing */
+    /* The trials, alternating on both ranks, through the caches first: the first costs 10 ns per
+     * byte, the others 1; around the caches 3. */
+    for (int t = 0; t < 2 * SAMEHOST_TRIALS; t++) {
+        bool a = samehost_writes_begin(&w->set[0], big);
+        bool b = samehost_writes_begin(&w->set[1], big);
+        TD_CHECK_MSG(a == (t & 1) && b == a, "trial %d: rank 0 %d, rank 1 %d", t, a, b);
+        samehost_writes_end(&w->set[0], big, (int64_t)big * (a ? 3 : t == 0 ? 10 : 1));
+        samehost_writes_end(&w->set[1], big, 1); /* rank 1 learns nothing */
+    }
     TD_CHECK(w->set[1].writes.cost[0] == 0 && w->set[1].writes.cost[1] == 0);
+    TD_CHECK(w->set[0].writes.cost[0] == 1.0 && w->set[0].writes.cost[1] == 3.0);
     /* Through the caches, around them on one chunk in SAMEHOST_EXPLORE_FAR (it costs 3x), the same
      * chunks on both. */
     int around = 0;
-    for (int j = SAMEHOST_WARM_UP + 2; j < SAMEHOST_WARM_UP + 2 + 2 * SAMEHOST_EXPLORE_FAR; j++) {
+    for (int j = SAMEHOST_WARM_UP + 2 * SAMEHOST_TRIALS; j < SAMEHOST_WARM_UP + 2 * SAMEHOST_TRIALS + 2 * SAMEHOST_EXPLORE_FAR;
+         j++) {
         bool a = samehost_writes_begin(&w->set[0], big);
         bool b = samehost_writes_begin(&w->set[1], big);
         TD_CHECK_MSG(a == b, "chunk %d: rank 0 %d, rank 1 %d", j, a, b);
@@ -258,6 +263,22 @@ TD_TEST(writes_follow_the_measured_cheaper_way)
     /* (All but the chunks that try the other way: one in SAMEHOST_EXPLORE while the figures are
      * close, as they are just after the change.) */
     TD_CHECK_MSG(later >= 64 - 64 / SAMEHOST_EXPLORE, "rank 1 wrote %d of 64 chunks around the caches after the change",
+                 later);
+    /* And back: through the caches costs 1 again. The first chunk that tries it brings its figure
+     * down at once, and the plan back to it. */
+    int tried = -1;
+    for (int k = 0; k < 2 * SAMEHOST_EXPLORE_FAR && tried < 0; k++) {
+        bool a = samehost_writes_begin(&w->set[0], big);
+        samehost_writes_end(&w->set[0], big, (int64_t)big * (a ? 3 : 1));
+        if (!a)
+            tried = k;
+    }
+    TD_CHECK_MSG(tried >= 0, "through the caches was not tried in %d chunks", 2 * SAMEHOST_EXPLORE_FAR);
+    TD_CHECK(w->set[0].writes.cost[0] == 1.0);
+    later = 0;
+    for (int k = 0; k < 64; k++)
+        later += samehost_writes_begin(&w->set[1], big);
+    TD_CHECK_MSG(later <= 64 / SAMEHOST_EXPLORE_FAR + 1, "rank 1 wrote %d of 64 chunks around the caches after the change back",
                  later);
     free(w);
 }

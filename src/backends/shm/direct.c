@@ -17,10 +17,6 @@
  * the slices (two steps per chunk) move and reduce less. The crossover falls with the world size
  * because every rank reads all n inputs in the one step (bench/shm measures it). */
 static size_t flat_max(int n) { return n <= 2 ? (size_t)8 << 10 : n == 3 ? (size_t)2 << 10 : (size_t)1 << 10; }
-/* From this size on, results are written around the caches: for messages larger than the caches
- * the stores then bypass them (no read of the destination's lines first), which saves a third of
- * the memory traffic of a copy. */
-#define STREAM_MIN ((size_t)16 << 20)
 
 /* One direct collective as it runs. */
 typedef struct shm_run {
@@ -191,13 +187,15 @@ static void reduce_into_slot(shm_run *run, char *dst, uint64_t e, const char *ow
 /* The slices of an all_reduce (root < 0) or reduce. Each rank puts in its slot the parts of its
  * input that the others reduce (its own slice it reads from its buffer), reduces its slice of
  * everyone's input in rank order into its other slot, and copies the reduced slices out. Its slot
- * writes go through the caches or around them as the set's measurements say (samehost_writes). */
+ * writes go through the caches or around them as the set's measurements say (samehost_writes). The
+ * copies out go through the caches: the buffer they write is the input this rank read moments
+ * before in the same chunk, so its lines are in this CPU's cache (writing around the caches would
+ * send them to memory and save no read; docs/performance.md, "The copy out"). */
 static td_status reduce_slices(shm_run *run, int root)
 {
     char *buf = run->op->out;
     size_t count = run->op->count, es = run->elem_size;
     size_t chunk = chunk_elems(run, 1);
-    bool stream = count * es >= STREAM_MIN;
     bool gathers = root < 0 || run->rank == root;
     size_t off = 0;
     do {
@@ -235,7 +233,7 @@ static td_status reduce_slices(shm_run *run, int root)
                     TD_TRY(wait_peer(run, q, e2));
                 work_start(&work);
                 if (hi > lo)
-                    samehost_copy(in + lo * es, samehost_slot(run->set, q, e2) + lo * es, (hi - lo) * es, stream);
+                    memcpy(in + lo * es, samehost_slot(run->set, q, e2) + lo * es, (hi - lo) * es);
                 work_stop(&work);
             }
         }
@@ -243,7 +241,6 @@ static td_status reduce_slices(shm_run *run, int root)
             samehost_writes_end(run->set, cn * es, work.total);
         off += cn;
     } while (off < count);
-    samehost_copy_done(stream && gathers);
     return TD_OK;
 }
 

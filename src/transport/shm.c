@@ -125,7 +125,7 @@ td_status shm_layout_from_env(int world, td_shm_layout *l)
     while (world > 9 && l->ring_bytes > ((uint64_t)16 << 10) && l->ring_bytes * (uint64_t)(world - 1) > ((uint64_t)2 << 20))
         l->ring_bytes /= 2;
     l->small_bytes = (uint64_t)64 << 10;
-    l->slot_bytes = (uint64_t)1 << 20;
+    l->slot_bytes = (uint64_t)2 << 20; /* the largest chunk of backends/shm/direct.c */
     if ((s = env_get_str("TDIST_SHM_RING", NULL))) {
         TD_TRY(env_parse_size("TDIST_SHM_RING", s, &v));
         if (v < 4096 || v > ((uint64_t)1 << 30) || (v & (v - 1)))

@@ -128,6 +128,22 @@ CC_COLL_TEST(all_reduce_ways_measured, .timeout_s = 120)
     cc_world_close(&w);
 }
 
+/* Default slots: a reduction whose ranks' buffers together fit in 24 MiB moves in 2 MiB chunks, a
+ * larger one in 1 MiB chunks (backends/shm/direct.c); just below and above the line, each with a
+ * partial last chunk, checked. */
+CC_COLL_TEST(all_reduce_chunks_by_size, .timeout_s = 120)
+{
+    cc_world w = {0};
+    w.tw = shm_test_open(ctx, 0);
+    cc_world_init(&w, (size_t)2 << 20, (size_t)64 << 10, NULL, run_forced);
+    static const td_algo shm_only[] = {TD_ALGO_SHM};
+    static const cc_combo combos2[] = {{TD_FLOAT32, TD_OP_SUM}, {TD_INT32, TD_OP_MAX}};
+    size_t line = ((size_t)24 << 20) / (size_t)ctx->world_size / 4; /* elements of 4 bytes */
+    const size_t around_line[] = {line - 4099, line + 65537};
+    cc_case_all_reduce(&w, shm_only, 1, combos2, 2, around_line, 2);
+    cc_world_close(&w);
+}
+
 CC_COLL_TEST(reduce_scatter, .timeout_s = 120)
 {
     cc_world w = open_cw(ctx, NULL);

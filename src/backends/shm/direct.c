@@ -117,9 +117,18 @@ static void slice_of(const shm_run *run, size_t cn, int q, size_t *lo, size_t *h
         *hi = cn;
 }
 
-static size_t chunk_elems(const shm_run *run, size_t per)
+/* The chunk in which large messages move: 1 MiB, at most the slot. The slices of a reduction take
+ * 2 MiB chunks while the ranks' buffers together fit in 24 MiB, three quarters of this machine's
+ * shared cache: 20-24% faster at 2-8 MiB with 2 ranks and 22% at 2 MiB with 4, but 20% slower at
+ * 16-20 MiB and 5-10% above (docs/performance.md, "Chunks of the reductions"). */
+#define CHUNK_BYTES ((size_t)1 << 20)
+#define CHUNK_BYTES_CACHED ((size_t)2 << 20)
+#define CACHED_TOTAL ((size_t)24 << 20)
+
+static size_t chunk_elems(const shm_run *run, size_t per, size_t bytes)
 {
-    size_t c = run->set->slot_bytes / (run->elem_size * per);
+    size_t c = bytes < run->set->slot_bytes ? bytes : run->set->slot_bytes;
+    c /= run->elem_size * per;
     return c ? c : 1;
 }
 
@@ -195,7 +204,8 @@ static td_status reduce_slices(shm_run *run, int root)
 {
     char *buf = run->op->out;
     size_t count = run->op->count, es = run->elem_size;
-    size_t chunk = chunk_elems(run, 1);
+    bool cached = count * es <= CACHED_TOTAL / (size_t)run->size;
+    size_t chunk = chunk_elems(run, 1, cached ? CHUNK_BYTES_CACHED : CHUNK_BYTES);
     bool gathers = root < 0 || run->rank == root;
     size_t off = 0;
     do {
@@ -250,7 +260,7 @@ static td_status broadcast(shm_run *run)
 {
     char *buf = run->op->out;
     int root = run->op->root;
-    size_t count = run->op->count, es = run->elem_size, chunk = chunk_elems(run, 1), off = 0;
+    size_t count = run->op->count, es = run->elem_size, chunk = chunk_elems(run, 1, CHUNK_BYTES), off = 0;
     do {
         size_t cn = count - off < chunk ? count - off : chunk;
         uint64_t e;
@@ -275,7 +285,7 @@ static td_status gather(shm_run *run, int root)
 {
     const char *in = run->op->in;
     void *const *out = run->op->out_blocks;
-    size_t count = run->op->count, es = run->elem_size, chunk = chunk_elems(run, 1), off = 0;
+    size_t count = run->op->count, es = run->elem_size, chunk = chunk_elems(run, 1, CHUNK_BYTES), off = 0;
     bool reader = root < 0 || run->rank == root;
     if (reader)
         coll_copy(COLL_AT(out[run->rank], 0), in, count * es);
@@ -304,7 +314,7 @@ static td_status scatter(shm_run *run)
     int root = run->op->root, n = run->size;
     const void *const *in = run->op->in_blocks;
     char *out = run->op->out;
-    size_t count = run->op->count, es = run->elem_size, chunk = chunk_elems(run, (size_t)n), off = 0;
+    size_t count = run->op->count, es = run->elem_size, chunk = chunk_elems(run, (size_t)n, CHUNK_BYTES), off = 0;
     if (run->rank == root)
         coll_copy(out, in[root], count * es);
     do {
@@ -333,7 +343,7 @@ static td_status reduce_scatter(shm_run *run)
     int n = run->size;
     const void *const *in = run->op->in_blocks;
     char *out = run->op->out;
-    size_t count = run->op->count, es = run->elem_size, chunk = chunk_elems(run, (size_t)n), off = 0;
+    size_t count = run->op->count, es = run->elem_size, chunk = chunk_elems(run, (size_t)n, CHUNK_BYTES), off = 0;
     do {
         size_t cn = count - off < chunk ? count - off : chunk;
         uint64_t e;

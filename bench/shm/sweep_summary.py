@@ -82,8 +82,9 @@ for w in worlds:
     out.append("")
 
 # The explanation's measurement: the pairs split by the probe. A round trip under NEAR_NS means the
-# two CPUs are near each other (70-280 ns measured); at 500-900 ns they are apart.
-NEAR_NS = 400
+# two CPUs are near each other (70-280 ns measured in November's first sweeps, 50-65 ns on
+# 2026-11-28); apart they took 500-900 ns then and 320-380 ns on 2026-11-28.
+NEAR_NS = 300
 out.append("### By the host's placement of the two CPUs (probed before each pair)")
 out.append("")
 out.append("| world | sizes | CPUs (cache-line round trip) | pairs | tdist median GB/s | MPI median GB/s | paired ratio, median | paired ratio, lowest |")

@@ -118,12 +118,12 @@ static void slice_of(const shm_run *run, size_t cn, int q, size_t *lo, size_t *h
 }
 
 /* The chunk in which large messages move: 1 MiB, at most the slot. The slices of a reduction take
- * 2 MiB chunks while the ranks' buffers together fit in 24 MiB, three quarters of this machine's
- * shared cache: 20-24% faster at 2-8 MiB with 2 ranks and 22% at 2 MiB with 4, but 20% slower at
- * 16-20 MiB and 5-10% above (docs/performance.md, "Chunks of the reductions"). */
+ * 2 MiB chunks while the ranks' buffers together fit in 24 MiB, three quarters of the shared cache
+ * of the machine this was measured on: larger chunks are faster while the data stays in that cache
+ * and slower beyond it (docs/performance.md, "Chunks of the reductions"). */
 #define CHUNK_BYTES ((size_t)1 << 20)
-#define CHUNK_BYTES_CACHED ((size_t)2 << 20)
-#define CACHED_TOTAL ((size_t)24 << 20)
+#define CHUNK_BYTES_FITTING ((size_t)2 << 20)
+#define FITS_TOTAL ((size_t)24 << 20)
 
 static size_t chunk_elems(const shm_run *run, size_t per, size_t bytes)
 {
@@ -204,8 +204,8 @@ static td_status reduce_slices(shm_run *run, int root)
 {
     char *buf = run->op->out;
     size_t count = run->op->count, es = run->elem_size;
-    bool cached = count * es <= CACHED_TOTAL / (size_t)run->size;
-    size_t chunk = chunk_elems(run, 1, cached ? CHUNK_BYTES_CACHED : CHUNK_BYTES);
+    bool fits = count * es <= FITS_TOTAL / (size_t)run->size;
+    size_t chunk = chunk_elems(run, 1, fits ? CHUNK_BYTES_FITTING : CHUNK_BYTES);
     bool gathers = root < 0 || run->rank == root;
     size_t off = 0;
     do {

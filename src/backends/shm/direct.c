@@ -175,13 +175,15 @@ static const char *slice_src(shm_run *run, int q, uint64_t e, const char *own, s
 
 /* dst = slice of rank 0 op slice of rank 1 op ... (count elements at byte offset off of epoch e's
  * chunk, own: this rank's from its buffer), written into a slot through the caches or around them
- * (then in blocks reduced on the stack and streamed out). */
-static void reduce_into_slot(shm_run *run, char *dst, uint64_t e, const char *own, size_t off, size_t count,
-                             bool stream)
+ * (then in blocks reduced on the stack and streamed out). keep: the result also replaces own, block
+ * by block while the block is in the first-level cache (each block's input is read before it is
+ * overwritten), which spares reading the slice back from the slot later. */
+static void reduce_into_slot(shm_run *run, char *dst, uint64_t e, char *own, size_t off, size_t count, bool stream,
+                             bool keep)
 {
     size_t es = run->elem_size;
     _Alignas(64) char block[8192];
-    size_t per = stream ? sizeof block / es : count;
+    size_t per = stream || keep ? sizeof block / es : count;
     for (size_t i = 0; i < count; i += per) {
         size_t n = count - i < per ? count - i : per, at = i * es;
         char *out = stream ? block : dst + at;
@@ -190,16 +192,19 @@ static void reduce_into_slot(shm_run *run, char *dst, uint64_t e, const char *ow
             run->reduce(out, out, slice_src(run, q, e, own, off) + at, n);
         if (stream)
             samehost_copy(dst + at, block, n * es, true);
+        if (keep)
+            memcpy(own + at, out, n * es);
     }
 }
 
 /* The slices of an all_reduce (root < 0) or reduce. Each rank puts in its slot the parts of its
  * input that the others reduce (its own slice it reads from its buffer), reduces its slice of
- * everyone's input in rank order into its other slot, and copies the reduced slices out. Its slot
- * writes go through the caches or around them as the set's measurements say (samehost_writes). The
- * copies out go through the caches: the buffer they write is the input this rank read moments
- * before in the same chunk, so its lines are in this CPU's cache (writing around the caches would
- * send them to memory and save no read; docs/performance.md, "The copy out"). */
+ * everyone's input in rank order into its other slot (and over its own slice of the buffer, when it
+ * gathers), and copies the others' reduced slices out. Its slot writes go through the caches or
+ * around them as the set's measurements say (samehost_writes). The copies out go through the
+ * caches: the buffer they write is the input this rank read moments before in the same chunk, so
+ * its lines are in this CPU's cache (writing around the caches would send them to memory and save
+ * no read; docs/performance.md, "The copy out"). */
 static td_status reduce_slices(shm_run *run, int root)
 {
     char *buf = run->op->out;
@@ -229,18 +234,17 @@ static td_status reduce_slices(shm_run *run, int root)
         char *dst = samehost_slot(run->set, run->rank, e + 1) + lo * es;
         work_start(&work);
         if (hi > lo)
-            reduce_into_slot(run, dst, e, in + lo * es, lo * es, hi - lo, around);
+            reduce_into_slot(run, dst, e, in + lo * es, lo * es, hi - lo, around, gathers);
         samehost_copy_done(around);
         work_stop(&work);
         uint64_t e2;
         TD_TRY(begin(run, &e2, false));
         arrive(run, e2);
         if (gathers) {
-            for (int k = 0; k < run->size; k++) {
+            for (int k = 1; k < run->size; k++) { /* its own slice it kept while reducing */
                 int q = (run->rank + k) % run->size;
                 slice_of(run, cn, q, &lo, &hi);
-                if (q != run->rank)
-                    TD_TRY(wait_peer(run, q, e2));
+                TD_TRY(wait_peer(run, q, e2));
                 work_start(&work);
                 if (hi > lo)
                     memcpy(in + lo * es, samehost_slot(run->set, q, e2) + lo * es, (hi - lo) * es);

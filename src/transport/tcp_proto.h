@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <tdist/backend.h>
+#include <tdist/collective.h>
 #include <tdist/status.h>
 
 #include "net/auth.h"

@@ -57,7 +57,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
-#include <tdist/backend.h>
+#include <tdist/collective.h>
 #include <tdist/status.h>
 
 #include "base/error.h"

@@ -5,7 +5,6 @@
  * applications add theirs with td_register_backend. The table is small and append-only, so a
  * lookup takes the lock only to read it. */
 #include <pthread.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>

@@ -62,30 +62,29 @@ def needs(rel):
             out.setdefault(o, []).append(s)
     return out
 
+need = {rel: needs(rel) for rel in files}
 bad = []
 forbidden = {"transport": ("pg", "coll", "backends"), "coll": ("backends",)}
 for rel in sorted(files):
-    below = forbidden.get(folder(rel))
-    if not below:
-        continue
-    for o, syms in sorted(needs(rel).items()):
+    below = forbidden.get(folder(rel), ())
+    for o, syms in sorted(need[rel].items()):
         if folder(o) in below:
             bad.append("src/%s needs src/%s (%s): %s may not use %s" % (rel, o, ", ".join(sorted(syms)[:3]), folder(rel),
                                                                        folder(o)))
 
 for group in ("coll", "pg", "transport"):
     members = sorted(r for r in files if folder(r) == group)
-    edges = {r: {o for o in needs(r) if folder(o) == group} for r in members}
-    # a circle: some file reaches itself
-    for start in members:
+    edges = {r: {o for o in need[r] if folder(o) == group} for r in members}
+    reported = set()
+    for start in members:  # a circle: a path from a file back to itself; each set of files once
         seen, stack = set(), [(start, [start])]
         while stack:
             node, path = stack.pop()
-            for nxt in edges[node]:
-                if nxt == start:
-                    if start == min(path):  # report each circle once, from its smallest file
-                        bad.append("a circle in src/%s: %s" % (group, " -> ".join(path + [start])))
-                elif nxt not in seen:
+            for nxt in sorted(edges[node]):
+                if nxt == start and frozenset(path) not in reported:
+                    reported.add(frozenset(path))
+                    bad.append("a circle in src/%s: %s" % (group, " -> ".join(path + [start])))
+                elif nxt != start and nxt not in seen:
                     seen.add(nxt)
                     stack.append((nxt, path + [nxt]))
 
